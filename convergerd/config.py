@@ -1,0 +1,289 @@
+"""Settings: typed, frozen, validated, built from a mapping (the environment plus CLI flags).
+
+One table (`SETTINGS`) names every setting once: its environment variable, its CLI flag, its
+default, its parser and its help. The CLI builds its flags from it; tests build `Settings`
+from a plain dict and never touch `os.environ`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import socket
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from convergerd.errors import ConfigError
+
+INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
+ONCE_ENV = "Policies__ConvergeOnce"
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError("expected a number greater than 0")
+    return number
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise ValueError("expected a whole number greater than 0")
+    return number
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("expected HOST:PORT, e.g. 0.0.0.0:8080 or :8080")
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - a server listens on all by default
+
+
+def _text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value.strip()
+
+
+def _dsn(value: str) -> str:
+    parsed = urllib.parse.urlsplit(value.strip())
+    if parsed.scheme not in ("postgres", "postgresql"):
+        raise ValueError("expected postgresql://user[:password]@host[:port]/database")
+    return value.strip()
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with its password replaced, for logs and status."""
+    parsed = urllib.parse.urlsplit(dsn)
+    if parsed.password is None:
+        return dsn
+    netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parsed._replace(netloc=netloc))
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    key: str  # field name in the flat mapping and in `Settings`
+    env: str
+    flag: str
+    parse: Callable[[str], Any]
+    default: str | None
+    help: str
+    secret: bool = False
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("database_url", "CONVERGERD_DATABASE_URL", "--database-url", _dsn, None,
+            "PostgreSQL DSN of the policy database", secret=True),
+    Setting("kubeconfig", "CONVERGERD_KUBECONFIG", "--kubeconfig", Path, None,
+            "kubeconfig with one context per member cluster, named by cluster id"),
+    Setting("home_context", "CONVERGERD_HOME_CONTEXT", "--home-context", _text, None,
+            "kubeconfig context of the home cluster holding the Lease (unset: in-cluster config)"),
+    Setting("leader_election", "CONVERGERD_LEADER_ELECTION", "--leader-election", _bool, "true",
+            "take the Lease before converging; false only for a single replica"),
+    Setting("http_addr", "CONVERGERD_HTTP_ADDR", "--http-addr", _host_port, "0.0.0.0:8080",
+            "listen address of the HTTP server (health, metrics, status, API)"),
+    Setting("api_token", "CONVERGERD_API_TOKEN", "--api-token", _text, None,
+            "bearer token required by the mutating endpoints", secret=True),
+    Setting("identity", "CONVERGERD_IDENTITY", "--identity", _text, None,
+            "this replica's identity in the Lease (default: host name + random suffix)"),
+    Setting("interval_minutes", INTERVAL_ENV, "--interval-minutes", _positive_float, "5",
+            "minutes between converge rounds (decimals allowed: 0.1 = 6 s)"),
+    Setting("once", ONCE_ENV, "--once", _bool, "false",
+            "run one round and stop (exit 0 only if every cluster converged)"),
+    Setting("round_deadline_fraction", "CONVERGERD_ROUND_DEADLINE_FRACTION",
+            "--round-deadline-fraction", _positive_float, "0.8",
+            "a round's deadline as a fraction of the interval (must be below 1)"),
+    Setting("cluster_concurrency", "CONVERGERD_CLUSTER_CONCURRENCY", "--cluster-concurrency",
+            _positive_int, "64", "clusters worked on at once in a round"),
+    Setting("apply_concurrency", "CONVERGERD_APPLY_CONCURRENCY", "--apply-concurrency",
+            _positive_int, "4", "applies in flight at once to one cluster"),
+    Setting("request_timeout_s", "CONVERGERD_REQUEST_TIMEOUT_SECONDS", "--request-timeout-seconds",
+            _positive_float, "5", "timeout of one request to a cluster"),
+    Setting("connect_timeout_s", "CONVERGERD_CONNECT_TIMEOUT_SECONDS", "--connect-timeout-seconds",
+            _positive_float, "3", "timeout of connecting to a cluster"),
+    Setting("cluster_qps", "CONVERGERD_CLUSTER_QPS", "--cluster-qps", _positive_float, "50",
+            "requests per second to one cluster (token bucket rate)"),
+    Setting("cluster_burst", "CONVERGERD_CLUSTER_BURST", "--cluster-burst", _positive_int, "100",
+            "requests allowed in a burst to one cluster"),
+    Setting("lease_name", "CONVERGERD_LEASE_NAME", "--lease-name", _text, "convergerd",
+            "name of the leader-election Lease"),
+    Setting("lease_namespace", "CONVERGERD_LEASE_NAMESPACE", "--lease-namespace", _text,
+            "stackship-system", "namespace of the leader-election Lease"),
+    Setting("lease_duration_s", "CONVERGERD_LEASE_DURATION_SECONDS", "--lease-duration-seconds",
+            _positive_float, "15", "how long a Lease holds without renewal"),
+    Setting("renew_deadline_s", "CONVERGERD_RENEW_DEADLINE_SECONDS", "--renew-deadline-seconds",
+            _positive_float, "10", "a leader that has not renewed for this long stops writing"),
+    Setting("retry_period_s", "CONVERGERD_RETRY_PERIOD_SECONDS", "--retry-period-seconds",
+            _positive_float, "2", "time between attempts to acquire or renew the Lease"),
+    Setting("lease_request_timeout_s", "CONVERGERD_LEASE_REQUEST_TIMEOUT_SECONDS",
+            "--lease-request-timeout-seconds", _positive_float, "2",
+            "timeout of one Lease request (must be shorter than the renew deadline)"),
+    Setting("grace_period_s", "CONVERGERD_GRACE_PERIOD_SECONDS", "--grace-period-seconds",
+            _positive_float, "20", "on SIGTERM, how long current writes may take before exit"),
+    Setting("log_level", "CONVERGERD_LOG_LEVEL", "--log-level", lambda v: v.strip().upper(),
+            "INFO", "DEBUG, INFO, WARNING or ERROR"),
+    Setting("log_format", "CONVERGERD_LOG_FORMAT", "--log-format", _text, "text",
+            "text or json"),
+)
+SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterAccess:
+    kubeconfig: Path | None
+    request_timeout_s: float
+    connect_timeout_s: float
+    qps: float
+    burst: int
+    apply_concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rounds:
+    interval_s: float
+    deadline_s: float
+    once: bool
+    cluster_concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class Election:
+    enabled: bool
+    home_context: str | None
+    lease_name: str
+    lease_namespace: str
+    identity: str
+    lease_duration_s: float
+    renew_deadline_s: float
+    retry_period_s: float
+    request_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    database_url: str | None = field(repr=False)
+    clusters: ClusterAccess
+    rounds: Rounds
+    election: Election
+    http_host: str
+    http_port: int
+    api_token: str | None = field(repr=False)
+    grace_period_s: float
+    log_level: str
+    log_format: str
+
+    @property
+    def database_url_redacted(self) -> str | None:
+        return redact_dsn(self.database_url) if self.database_url else None
+
+
+def default_identity() -> str:
+    """Pod name (the host name in Kubernetes) plus a random suffix, so a restarted pod with the
+    same name is a new holder."""
+    return f"{socket.gethostname()}-{secrets.token_hex(3)}"
+
+
+def _read(values: Mapping[str, str | None], setting: Setting) -> Any:
+    raw = values.get(setting.env)
+    if raw is None:
+        raw = setting.default
+    if raw is None:
+        return None
+    try:
+        return setting.parse(raw)
+    except (ValueError, TypeError) as exc:
+        shown = "<redacted>" if setting.secret else raw
+        raise ConfigError(setting.env, shown, str(exc)) from None
+
+
+def load_settings(
+    env: Mapping[str, str], flags: Mapping[str, str | None] | None = None
+) -> Settings:
+    """Settings from environment variables, overridden by CLI flags (keyed by setting key)."""
+    values: dict[str, str | None] = {s.env: env.get(s.env) for s in SETTINGS}
+    for key, value in (flags or {}).items():
+        if value is not None:
+            values[SETTINGS_BY_KEY[key].env] = value
+    v = {s.key: _read(values, s) for s in SETTINGS}
+    settings = Settings(
+        database_url=v["database_url"],
+        clusters=ClusterAccess(
+            kubeconfig=v["kubeconfig"],
+            request_timeout_s=v["request_timeout_s"],
+            connect_timeout_s=v["connect_timeout_s"],
+            qps=v["cluster_qps"],
+            burst=v["cluster_burst"],
+            apply_concurrency=v["apply_concurrency"],
+        ),
+        rounds=Rounds(
+            interval_s=v["interval_minutes"] * 60.0,
+            deadline_s=v["interval_minutes"] * 60.0 * v["round_deadline_fraction"],
+            once=v["once"],
+            cluster_concurrency=v["cluster_concurrency"],
+        ),
+        election=Election(
+            enabled=v["leader_election"],
+            home_context=v["home_context"],
+            lease_name=v["lease_name"],
+            lease_namespace=v["lease_namespace"],
+            identity=v["identity"] or default_identity(),
+            lease_duration_s=v["lease_duration_s"],
+            renew_deadline_s=v["renew_deadline_s"],
+            retry_period_s=v["retry_period_s"],
+            request_timeout_s=v["lease_request_timeout_s"],
+        ),
+        http_host=v["http_addr"][0],
+        http_port=v["http_addr"][1],
+        api_token=v["api_token"],
+        grace_period_s=v["grace_period_s"],
+        log_level=v["log_level"],
+        log_format=v["log_format"],
+    )
+    check_settings(settings)
+    return settings
+
+
+def check_settings(s: Settings) -> None:
+    """Cross-field rules; each failure names the setting to change."""
+    fraction_env = SETTINGS_BY_KEY["round_deadline_fraction"].env
+    if s.rounds.deadline_s >= s.rounds.interval_s:
+        raise ConfigError(fraction_env, s.rounds.deadline_s / s.rounds.interval_s,
+                          "a round's deadline must be shorter than the interval (use < 1)")
+    e = s.election
+    needed = e.renew_deadline_s + e.retry_period_s + e.request_timeout_s
+    if e.enabled and e.lease_duration_s <= needed:
+        raise ConfigError(
+            SETTINGS_BY_KEY["lease_duration_s"].env, e.lease_duration_s,
+            f"must be longer than renew deadline + retry period + request timeout "
+            f"({e.renew_deadline_s:g} + {e.retry_period_s:g} + {e.request_timeout_s:g}"
+            f" = {needed:g} s), or a deposed leader could still be writing when another takes over",
+        )
+    if e.enabled and e.retry_period_s >= e.renew_deadline_s:
+        raise ConfigError(SETTINGS_BY_KEY["retry_period_s"].env, e.retry_period_s,
+                          "must be shorter than the renew deadline")
+    if s.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(SETTINGS_BY_KEY["log_level"].env, s.log_level,
+                          "expected DEBUG, INFO, WARNING or ERROR")
+    if s.log_format not in ("text", "json"):
+        raise ConfigError(SETTINGS_BY_KEY["log_format"].env, s.log_format,
+                          "expected text or json")
+
+
+def in_cluster() -> bool:
+    """True inside a Kubernetes pod (the service account's environment is present)."""
+    return "KUBERNETES_SERVICE_HOST" in os.environ

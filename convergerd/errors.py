@@ -1,0 +1,142 @@
+"""convergerd's own errors, classified where they enter (cluster API, database, settings).
+
+Retry decisions are made on these classes, never on message text (SPEC.md §5):
+
+| class | from | handling |
+|---|---|---|
+| `ClusterUnreachable` | connect error, timeout | retry with backoff within the deadline |
+| `TransientApiError` | 500, 502, 503, 504 | retry with backoff within the deadline |
+| `Throttled` | 429 | retry after `Retry-After` |
+| `ClusterLevelError` | 401, 403, 404 on the Policy API | stop that cluster for this round |
+| `ObjectRejected` | 400, 409, 422 | that policy fails there; the rest go on |
+"""
+
+from __future__ import annotations
+
+
+class ConvergerdError(Exception):
+    """Base of every error convergerd raises on purpose."""
+
+
+class ConfigError(ConvergerdError):
+    """A setting with a bad value; the message names the setting and the value."""
+
+    def __init__(self, setting: str, value: object, problem: str) -> None:
+        self.setting = setting
+        self.value = value
+        super().__init__(f"{setting}={value!r}: {problem}")
+
+
+class ClusterError(ConvergerdError):
+    """A failure talking to one cluster.
+
+    `reason` is a short, stable slug (a metrics label value, e.g. `connect_error`);
+    the message is the readable reason shown in status and logs. Neither ever holds a secret.
+    """
+
+    reason = "error"
+    retryable = False
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+    @property
+    def cluster_level(self) -> bool:
+        """True when the whole cluster's work for this round must stop."""
+        return not isinstance(self, ObjectRejected)
+
+
+class NoCredentials(ClusterError):
+    """The cluster is in the database but the kubeconfig has no context for it."""
+
+    reason = "no_context"
+
+
+class ClusterUnreachable(ClusterError):
+    """Connect error, TLS failure, reset, or timeout."""
+
+    reason = "unreachable"
+    retryable = True
+
+
+class ClusterApiError(ClusterError):
+    """The cluster answered with an error status."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        k8s_reason: str | None = None,
+        retry_after_s: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message, reason=reason)
+        self.status = status
+        self.k8s_reason = k8s_reason
+        self.retry_after_s = retry_after_s
+
+
+class TransientApiError(ClusterApiError):
+    reason = "server_error"
+    retryable = True
+
+
+class Throttled(ClusterApiError):
+    reason = "throttled"
+    retryable = True
+
+
+class ClusterLevelError(ClusterApiError):
+    """401, 403, or the Policy API missing (CRD not installed)."""
+
+    reason = "cluster_rejected"
+
+
+class ObjectRejected(ClusterApiError):
+    """400, 409, 422: this object on this cluster; other policies go on."""
+
+    reason = "rejected"
+
+
+class Fenced(ConvergerdError):
+    """This replica may no longer write: it is not (or no longer surely) the leader."""
+
+
+class DatabaseUnavailable(ConvergerdError):
+    """The database cannot be reached or failed transiently; callers wait and retry."""
+
+
+class SchemaNotMigrated(ConvergerdError):
+    """The database schema is missing or older than this version needs."""
+
+
+_STATUS_CLASSES: dict[int, tuple[type[ClusterApiError], str]] = {
+    500: (TransientApiError, "server_error"),
+    502: (TransientApiError, "server_error"),
+    503: (TransientApiError, "server_error"),
+    504: (TransientApiError, "server_error"),
+    429: (Throttled, "throttled"),
+    401: (ClusterLevelError, "unauthorized"),
+    403: (ClusterLevelError, "forbidden"),
+    404: (ClusterLevelError, "crd_missing"),
+    400: (ObjectRejected, "bad_request"),
+    409: (ObjectRejected, "conflict"),
+    422: (ObjectRejected, "invalid"),
+}
+
+
+def classify_status(status: int) -> tuple[type[ClusterApiError], str]:
+    """The error class and metrics reason for an HTTP error status from a cluster.
+
+    A 404 is classified as the Policy API missing: convergerd only ever addresses the
+    collection or applies (which creates), so a 404 means the type is not served. Unknown
+    4xx are object-level, unknown 5xx transient.
+    """
+    if status in _STATUS_CLASSES:
+        return _STATUS_CLASSES[status]
+    if status >= 500:
+        return TransientApiError, "server_error"
+    return ObjectRejected, f"http_{status}"

@@ -1,0 +1,209 @@
+"""Plain data for the domain: clusters, boundaries, policies and their validation.
+
+Pure: no I/O. A policy row from the database is validated here into either a `Policy`
+(deliverable) or an `InvalidPolicy` (reported with a reason, never written to a cluster).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NewType
+
+ClusterId = NewType("ClusterId", str)
+BoundaryId = NewType("BoundaryId", str)
+PolicyId = NewType("PolicyId", str)
+
+# Rule types that are written to clusters, and the one answered only in the control plane.
+DELIVERED_RULE_TYPES = ("RequiredLabels", "AllowedRegistries", "ForbidLatestTag")
+CONTROL_PLANE_RULE_TYPES = ("AllowedComputePlans",)
+RULE_TYPES = DELIVERED_RULE_TYPES + CONTROL_PLANE_RULE_TYPES
+
+POLICY_ID_MAX_LEN = 50
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Boundary ids end up as label values: at most 63 characters, alphanumerics plus -_. inside.
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# A registry prefix: host[:port][/path], no scheme, no trailing slash.
+_REGISTRY = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9._-]+)*$")
+# A label key: optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    id: ClusterId
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    id: BoundaryId
+    clusters: frozenset[ClusterId]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A validated rule: `params` holds exactly the keys its type defines."""
+
+    type: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def delivered(self) -> bool:
+        return self.type in DELIVERED_RULE_TYPES
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **{k: list(v) for k, v in self.params.items()}}
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    id: PolicyId
+    boundary: BoundaryId
+    rule: Rule
+    enabled: bool
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRow:
+    """A policy as stored: not yet validated (the database accepts what module-policies wrote)."""
+
+    id: str
+    boundary: str
+    rule: Mapping[str, Any]
+    enabled: bool
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidPolicy:
+    id: str
+    boundary: str
+    revision: int
+    reason: str
+
+
+class RuleError(ValueError):
+    """A rule or id that cannot be delivered; the message names the field and the value."""
+
+
+def check_policy_id(value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise RuleError(f"id: must be a non-empty string, got {value!r}")
+    if len(value) > POLICY_ID_MAX_LEN:
+        raise RuleError(f"id: {value!r} is {len(value)} characters, at most {POLICY_ID_MAX_LEN}")
+    if not _DNS_LABEL.match(value):
+        raise RuleError(
+            f"id: {value!r} is not a DNS label (lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit)"
+        )
+
+
+def check_boundary_id(value: str) -> None:
+    if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+        raise RuleError(
+            f"boundary: {value!r} is not a valid label value (at most 63 characters: "
+            "letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
+        )
+
+
+def check_cluster_id(value: str) -> None:
+    if not isinstance(value, str) or not _DNS_LABEL.match(value) or len(value) > 63:
+        raise RuleError(f"cluster id: {value!r} is not a DNS label of at most 63 characters")
+
+
+def _string_list(params: Mapping[str, Any], key: str, rule_type: str) -> list[str]:
+    value = params.get(key)
+    if not isinstance(value, list) or not value:
+        raise RuleError(f"rule.{key}: {rule_type} needs a non-empty list, got {value!r}")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise RuleError(f"rule.{key}: every entry must be a non-empty string, got {item!r}")
+    if len(set(value)) != len(value):
+        raise RuleError(f"rule.{key}: duplicate entries in {value!r}")
+    return list(value)
+
+
+def _check_label_key(key: str) -> None:
+    prefix, _, name = key.rpartition("/")
+    if (prefix and not _DNS_SUBDOMAIN.match(prefix)) or not _LABEL_NAME.match(name):
+        raise RuleError(f"rule.labels: {key!r} is not a valid label key")
+
+
+def _check_registry(prefix: str) -> None:
+    if not _REGISTRY.match(prefix):
+        raise RuleError(
+            f"rule.registries: {prefix!r} is not a registry prefix like 'registry.example.com' "
+            "or 'registry.example.com/team' (no scheme, no trailing '/')"
+        )
+
+
+def parse_rule(raw: Any) -> Rule:
+    """Validate a rule mapping (`{type: ..., <params>}`) into a `Rule`."""
+    if not isinstance(raw, Mapping):
+        raise RuleError(f"rule: must be a mapping with a 'type', got {raw!r}")
+    rule_type = raw.get("type")
+    if rule_type not in RULE_TYPES:
+        raise RuleError(f"rule.type: unknown type {rule_type!r}; known: {', '.join(RULE_TYPES)}")
+    allowed = {
+        "RequiredLabels": ("labels",),
+        "AllowedRegistries": ("registries",),
+        "ForbidLatestTag": (),
+        "AllowedComputePlans": ("plans",),
+    }[rule_type]
+    unknown = sorted(set(raw) - {"type", *allowed})
+    if unknown:
+        raise RuleError(f"rule: unknown field(s) {', '.join(unknown)} for type {rule_type}")
+    params: dict[str, tuple[str, ...]] = {}
+    for key in allowed:
+        values = _string_list(raw, key, rule_type)
+        check = {"labels": _check_label_key, "registries": _check_registry}.get(key)
+        if check:
+            for value in values:
+                check(value)
+        params[key] = tuple(values)
+    return Rule(type=rule_type, params=params)
+
+
+def validate_policy(row: PolicyRow) -> Policy | InvalidPolicy:
+    """A deliverable `Policy`, or an `InvalidPolicy` with the reason it is not."""
+    try:
+        check_policy_id(row.id)
+        check_boundary_id(row.boundary)
+        rule = parse_rule(row.rule)
+    except RuleError as exc:
+        return InvalidPolicy(row.id, row.boundary, row.revision, reason=str(exc))
+    return Policy(
+        id=PolicyId(row.id),
+        boundary=BoundaryId(row.boundary),
+        rule=rule,
+        enabled=row.enabled,
+        revision=row.revision,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """What the database says should exist: the input of a round."""
+
+    clusters: Sequence[Cluster]
+    boundaries: Mapping[BoundaryId, Boundary]
+    policies: Sequence[Policy]
+    invalid: Sequence[InvalidPolicy]
+
+    def desired_by_cluster(self) -> dict[ClusterId, list[Policy]]:
+        """Per known cluster, the delivered policies its boundaries cover (control-plane rules
+        never leave: they are not in the result)."""
+        result: dict[ClusterId, list[Policy]] = {c.id: [] for c in self.clusters}
+        for policy in self.policies:
+            if not policy.rule.delivered:
+                continue
+            boundary = self.boundaries.get(policy.boundary)
+            if boundary is None:
+                continue
+            for cluster_id in boundary.clusters:
+                if cluster_id in result:
+                    result[cluster_id].append(policy)
+        return result

@@ -1,0 +1,113 @@
+"""What a round found and did, as plain data: produced by the round engine, consumed by the
+store (deliveries), the metrics and the status API. Pure."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from convergerd.model import ClusterId, InvalidPolicy, PolicyId
+
+
+class ApplyResult(StrEnum):
+    CREATED = "created"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"
+    FAILED = "failed"
+
+
+class RoundResult(StrEnum):
+    OK = "ok"  # every cluster converged
+    PARTIAL = "partial"  # some clusters or policies failed
+    FAILED = "failed"  # no cluster converged (or the round could not run)
+
+
+@dataclass(frozen=True, slots=True)
+class Epoch:
+    """Who led when a round ran: the Lease holder and its transition count."""
+
+    holder: str
+    transitions: int
+
+    def __str__(self) -> str:
+        return f"{self.holder}#{self.transitions}"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One policy on one cluster in one round (or one save)."""
+
+    cluster: ClusterId
+    policy: PolicyId
+    revision: int
+    result: ApplyResult
+    at: dt.datetime
+    error: str | None = None
+    reason: str | None = None
+    attempts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseReading:
+    """A Policy's status as read back from a cluster, and when (wall clock, UTC)."""
+
+    cluster: ClusterId
+    policy: PolicyId
+    phase: str | None
+    ready_reason: str | None
+    ready_message: str | None
+    revision: int | None
+    seen_at: dt.datetime
+
+
+@dataclass(slots=True)
+class ClusterOutcome:
+    cluster: ClusterId
+    reached: bool = False
+    desired: int = 0
+    in_sync: int = 0
+    failed: int = 0
+    error: str | None = None  # readable cluster-level reason, e.g. "401 Unauthorized"
+    reason: str | None = None  # its metrics slug
+    server_version: str | None = None
+    duration_s: float = 0.0
+    deliveries: list[Delivery] = field(default_factory=list)
+    phases: list[PhaseReading] = field(default_factory=list)
+
+    @property
+    def converged(self) -> bool:
+        return self.reached and self.error is None and self.in_sync == self.desired
+
+
+@dataclass(slots=True)
+class RoundReport:
+    started_at: dt.datetime
+    finished_at: dt.datetime | None = None
+    epoch: Epoch | None = None
+    clusters: list[ClusterOutcome] = field(default_factory=list)
+    invalid: list[InvalidPolicy] = field(default_factory=list)
+    cancelled: bool = False
+    error: str | None = None  # the round could not run at all (e.g. database down)
+
+    @property
+    def result(self) -> RoundResult:
+        if self.error is not None or self.cancelled:
+            return RoundResult.FAILED
+        if all(c.converged for c in self.clusters):
+            return RoundResult.OK
+        if any(c.converged for c in self.clusters):
+            return RoundResult.PARTIAL
+        return RoundResult.FAILED
+
+    def counts(self) -> dict[str, int]:
+        applies = [d for c in self.clusters for d in c.deliveries]
+        return {
+            "clusters": len(self.clusters),
+            "converged": sum(c.converged for c in self.clusters),
+            "unreached": sum(not c.reached for c in self.clusters),
+            "created": sum(d.result is ApplyResult.CREATED for d in applies),
+            "updated": sum(d.result is ApplyResult.UPDATED for d in applies),
+            "failed": sum(d.result is ApplyResult.FAILED for d in applies),
+            "invalid": len(self.invalid),
+        }
