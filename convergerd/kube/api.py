@@ -1,0 +1,83 @@
+"""The cluster-access boundary: what the round engine, the elector and the status code need
+from a cluster, as Protocols. `convergerd.kube.client` implements them over kubernetes-asyncio;
+tests may pass the simulator-backed real client or a small fake written for the purpose.
+
+Every method raises only `convergerd.errors.ClusterError` subclasses (already classified), and
+honours `timeout_s` as a hard bound on the whole call including the rate limiter's wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from convergerd.model import ClusterId
+
+KubeObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectList:
+    items: Sequence[KubeObject]
+    resource_version: str
+    requests: int  # how many pages it took
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    object: KubeObject
+    created: bool  # 201: the object did not exist before
+
+
+class PolicyApi(Protocol):
+    """Policy custom resources (policies.platform.stackship.se/v1alpha1) in one cluster."""
+
+    @property
+    def cluster(self) -> ClusterId: ...
+
+    async def list_policies(self, *, label_selector: str, timeout_s: float) -> ObjectList:
+        """Every Policy matching the selector, following `continue` until the end.
+        A missing Policy API (CRD not installed) is a `ClusterLevelError` (reason crd_missing)."""
+        ...
+
+    async def apply_policy(self, body: KubeObject, *, timeout_s: float) -> Applied:
+        """Server-side apply as field manager `stackship-platform` with force."""
+        ...
+
+    async def delete_policy(self, name: str, *, timeout_s: float) -> bool:
+        """False when it was already gone."""
+        ...
+
+    async def server_version(self, *, timeout_s: float) -> str:
+        """`gitVersion` from /version: a cheap reachability check."""
+        ...
+
+
+class LeaseApi(Protocol):
+    """coordination.k8s.io/v1 Leases in the home cluster."""
+
+    async def get_lease(self, namespace: str, name: str, *, timeout_s: float) -> KubeObject | None:
+        """None when the Lease does not exist."""
+        ...
+
+    async def create_lease(self, body: KubeObject, *, timeout_s: float) -> KubeObject:
+        """Raises `ObjectRejected` with status 409 when someone created it first."""
+        ...
+
+    async def replace_lease(self, body: KubeObject, *, timeout_s: float) -> KubeObject:
+        """PUT with the body's resourceVersion as precondition: `ObjectRejected` with status 409
+        when the Lease changed since it was read."""
+        ...
+
+
+class RequestObserver(Protocol):
+    """Told about every request to a cluster (metrics hook; never sees bodies or credentials)."""
+
+    def request_done(
+        self, cluster: str, verb: str, status: int | None, duration_s: float
+    ) -> None:
+        """`status` None means no HTTP answer (connect error, timeout, reset)."""
+        ...
+
+    def retry(self, cluster: str, reason: str) -> None: ...
