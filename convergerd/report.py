@@ -63,6 +63,14 @@ class PhaseReading:
 
 @dataclass(slots=True)
 class ClusterOutcome:
+    """One cluster in one round.
+
+    A cluster-level failure (unreached, 401/403, CRD missing, no kubeconfig context) sets
+    `error`/`reason` once and stops that cluster's work: `deliveries` then holds only what was
+    done before the failure, not one failed entry per policy. Object-level failures (400/409/422)
+    are failed `deliveries` with their own error, and `error` stays None.
+    """
+
     cluster: ClusterId
     reached: bool = False
     desired: int = 0
