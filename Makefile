@@ -1,0 +1,42 @@
+# The few commands people run. `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint typecheck unit bench sim clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)  ## the package and its development tools, in .venv
+
+demo: install  ## simulated fleet + database + daemon, on the embedded default
+	$(BIN)/convergerd demo
+
+sim: install  ## just the fleet simulator (50 clusters) with a kubeconfig in .demo/
+	$(BIN)/convergerd sim --clusters 50 --listen 127.0.0.1:8181 --kubeconfig-out .demo/sim-kubeconfig
+
+lint: install
+	$(BIN)/ruff check .
+
+typecheck: install
+	$(BIN)/mypy
+
+test: install  ## lint, types, then the whole suite (real PostgreSQL, simulator, kubectl, promtool)
+	bash .ci/install-tools
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+unit: install  ## the fast part: pure code only
+	$(BIN)/pytest -q tests/unit
+
+bench: install  ## benchmark figures (not a test): 1,000 clusters x 100 policies
+	$(BIN)/python bench/rounds.py
+
+clean:
+	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,5 @@
+import sys
+
+from convergerd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,200 @@
+"""The `convergerd` command. Logging is configured here and nowhere else."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from convergerd import __version__
+from convergerd.config import SETTINGS, SETTINGS_BY_KEY, Settings, load_settings
+from convergerd.errors import ConfigError, ConvergerdError
+
+log = logging.getLogger("convergerd")
+
+EXIT_OK = 0
+EXIT_NOT_CONVERGED = 1
+EXIT_USAGE = 2
+
+_DESCRIPTION = """\
+convergerd delivers tenants' admission policies from the policy database into every
+Kubernetes cluster they cover, keeps them there, and reports which clusters are lagging,
+unreached or not enforcing.
+
+Every setting is an environment variable and a flag; the flag wins.
+Start with `convergerd demo` to see it all on a simulated fleet."""
+
+
+def _add_settings(parser: argparse.ArgumentParser, keys: Sequence[str] | None = None) -> None:
+    group = parser.add_argument_group("settings (environment variable in brackets)")
+    for setting in SETTINGS:
+        if keys is not None and setting.key not in keys:
+            continue
+        default = "" if setting.default is None else f"; default {setting.default}"
+        group.add_argument(
+            setting.flag, dest=f"setting_{setting.key}", metavar="VALUE",
+            help=f"{setting.help} [{setting.env}{default}]",
+        )
+
+
+def _settings(args: argparse.Namespace, **forced: str) -> Settings:
+    flags = {
+        key.removeprefix("setting_"): value
+        for key, value in vars(args).items()
+        if key.startswith("setting_")
+    }
+    flags.update(forced)
+    return load_settings(os.environ, flags)
+
+
+class _JsonFormatter(logging.Formatter):
+    _STD = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update({k: v for k, v in vars(record).items() if k not in self._STD})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # The libraries' INFO lines are per request: too noisy for an operator's log.
+    for noisy in ("aiohttp.access", "kubernetes_asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="convergerd", description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"convergerd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="the daemon: converge rounds under the Lease, HTTP server")
+    _add_settings(run)
+    once = sub.add_parser(
+        "once", help="one converge round, then exit (0 only if every cluster converged)"
+    )
+    _add_settings(once)
+
+    db_keys = ("database_url", "log_level", "log_format")
+    migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
+    _add_settings(migrate, db_keys)
+    imp = sub.add_parser("import", help="upsert clusters, boundaries and policies from YAML")
+    imp.add_argument("file", type=Path, help="YAML with clusters, boundaries and policies")
+    _add_settings(imp, db_keys)
+
+    from convergerd import statuscli
+
+    status = sub.add_parser("status", help="a running daemon's status as a table")
+    statuscli.add_arguments(status)
+
+    operator = sub.add_parser(
+        "operator", help="the in-cluster operator (Policy -> ValidatingAdmissionPolicy)"
+    )
+    operator.add_argument("--context", help="kubeconfig context (default: in-cluster config)")
+
+    from convergerd.sim import main as sim_main
+
+    sim = sub.add_parser(
+        "sim", help="the fleet simulator: many simulated Kubernetes API servers on loopback"
+    )
+    sim_main.add_arguments(sim)
+
+    from convergerd import demo
+
+    demo_parser = sub.add_parser(
+        "demo", help="simulated fleet + database + daemon on the embedded default, one command"
+    )
+    demo.add_arguments(demo_parser)
+    _add_settings(demo_parser, ("database_url", "http_addr", "interval_minutes", "log_level",
+                                "log_format", "api_token"))
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command
+    command: str = args.command
+    if command == "status":
+        from convergerd import statuscli
+
+        return statuscli.run(args)
+    if command == "sim":
+        configure_logging()
+        from convergerd.sim import main as sim_main
+
+        return sim_main.run(args)
+    if command == "operator":
+        print(
+            "convergerd operator is not part of this version yet: the Policy objects are "
+            "delivered, but nothing turns them into ValidatingAdmissionPolicies.",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    forced = {"once": "true"} if command == "once" else {}
+    settings = _settings(args, **forced)
+    configure_logging(settings.log_level, settings.log_format)
+    if command in ("run", "once"):
+        from convergerd import runtime
+
+        return asyncio.run(runtime.run_daemon(settings))
+    if command == "demo":
+        from convergerd import demo
+
+        return asyncio.run(demo.run(args, settings))
+    if settings.database_url is None:
+        raise ConfigError(SETTINGS_BY_KEY["database_url"].env, None, "required for " + command)
+    if command == "migrate":
+        from convergerd.store.schema import migrate
+
+        applied = asyncio.run(migrate(settings.database_url))
+        log.info("schema %s", f"upgraded: {', '.join(applied)}" if applied else "up to date")
+        return EXIT_OK
+    if command == "import":
+        from convergerd.store.importer import import_file
+
+        summary = asyncio.run(import_file(settings.database_url, args.file))
+        print(summary)
+        return EXIT_OK
+    raise AssertionError(command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        print(f"convergerd: setting error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ConvergerdError as exc:
+        print(f"convergerd: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

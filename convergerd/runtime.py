@@ -1,0 +1,375 @@
+"""The one place that wires the components and supervises their tasks.
+
+Tasks: the elector (Lease), the round loop, the reachability prober, the health heartbeat and
+the HTTP server. A crash in any supervised task stops the process (Kubernetes restarts it);
+SIGTERM/SIGINT only set a flag: no new round starts, the running one gets the grace period,
+the Lease is released so a standby takes over at once, pools close, exit 0. A second signal
+exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import functools
+import logging
+import os
+import random
+import signal
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from convergerd import __version__
+from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
+from convergerd.converge import Round, RoundLimits, run_round
+from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced
+from convergerd.http import HealthCheck, make_app
+from convergerd.kube.registry import ClusterRegistry
+from convergerd.leader import Elector, NoElection
+from convergerd.metrics import Metrics
+from convergerd.model import Fleet
+from convergerd.probe import Prober
+from convergerd.report import Epoch, RoundReport, RoundResult
+from convergerd.retry import call_with_retries
+from convergerd.state import StatusState
+from convergerd.store.store import Store
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_NOT_CONVERGED = 1
+EXIT_SETUP = 2
+T = TypeVar("T")
+
+# Waiting for the database: from one second up to half a minute between attempts.
+_DB_BACKOFF_BASE_S = 1.0
+_DB_BACKOFF_CAP_S = 30.0
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+async def _first(*aws: Awaitable[Any]) -> None:
+    """Wait until any of `aws` completes; cancel the rest."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Daemon:
+    """`convergerd run` and `convergerd once`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.identity = settings.election.identity
+        self.stopping = asyncio.Event()
+        self.metrics = Metrics()
+        self.state = StatusState(
+            identity=self.identity, interval_s=settings.rounds.interval_s
+        )
+        self.health = HealthCheck()
+        self._signals = 0
+        self._seen_invalid: set[tuple[str, int]] = set()
+        self._unrecorded: list[RoundReport] = []
+        self.last_report: RoundReport | None = None
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("second signal (%s): exiting now", signal.Signals(signum).name)
+            os._exit(128 + signum)
+        log.info(
+            "%s received: finishing current writes (grace %.0f s), then releasing the Lease",
+            signal.Signals(signum).name, self.settings.grace_period_s,
+        )
+        self.stopping.set()
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def _check_setup(self) -> None:
+        s = self.settings
+        if s.database_url is None:
+            raise ConfigError(SETTINGS_BY_KEY["database_url"].env, None,
+                              "required: the PostgreSQL DSN of the policy database")
+        if s.clusters.kubeconfig is None:
+            raise ConfigError(SETTINGS_BY_KEY["kubeconfig"].env, None,
+                              "required: a kubeconfig with one context per member cluster")
+        if s.election.enabled and s.election.home_context is None and not in_cluster():
+            raise ConfigError(
+                SETTINGS_BY_KEY["home_context"].env, None,
+                "leader election needs the home cluster holding the Lease, and this process "
+                "is not running in a cluster: set CONVERGERD_HOME_CONTEXT to its kubeconfig "
+                "context, or CONVERGERD_LEADER_ELECTION=false for a single replica",
+            )
+
+    async def _connect_store(self) -> Store | None:
+        """Wait for the database (logging each failure once per attempt); None if stopped."""
+        assert self.settings.database_url is not None
+        attempt = 0
+        while not self.stopping.is_set():
+            try:
+                return await Store.connect(self.settings.database_url)
+            except DatabaseUnavailable as exc:
+                attempt += 1
+                wait = min(_DB_BACKOFF_CAP_S, _DB_BACKOFF_BASE_S * 2**attempt)
+                log.warning("database unavailable (%s); retrying in %.0f s", exc, wait)
+                await _first(asyncio.sleep(wait), self.stopping.wait())
+        return None
+
+    # -- the main job ----------------------------------------------------------------------
+
+    async def main(self) -> int:
+        self._check_setup()
+        self._install_signals()
+        s = self.settings
+        async with AsyncExitStack() as stack:
+            store = await self._connect_store()
+            if store is None:
+                return EXIT_OK
+            stack.push_async_callback(store.close)
+
+            registry = ClusterRegistry(
+                kubeconfig=s.clusters.kubeconfig, access=s.clusters,
+                identity=self.identity, observer=self.metrics,
+            )
+            stack.push_async_callback(registry.close)
+            elector = self._elector(registry)
+            self.state.set_leader_source(elector)
+
+            if not s.rounds.once:
+                runner = await self._start_http(store)
+                stack.push_async_callback(runner.cleanup)
+
+            fleet = await store.load_fleet()
+            self.state.set_clusters([c.id for c in fleet.clusters])
+            self.metrics.set_clusters([c.id for c in fleet.clusters])
+            prober = Prober(
+                clusters=self._probe_targets(registry, store),
+                metrics=self.metrics, state=self.state,
+                timeout_s=s.clusters.request_timeout_s,
+            )
+            async with asyncio.TaskGroup() as tg:
+                supervised = [
+                    tg.create_task(elector.run(), name="elector"),
+                    tg.create_task(self.health.heartbeat(), name="heartbeat"),
+                ]
+                if not s.rounds.once:
+                    supervised.append(tg.create_task(prober.run(), name="prober"))
+                self.health.watch(supervised)
+                await self._rounds(store, registry, elector)
+                await elector.release()
+                for task in supervised:
+                    task.cancel()
+        return self._exit_code()
+
+    def _exit_code(self) -> int:
+        if not self.settings.rounds.once:
+            return EXIT_OK
+        report = self.last_report
+        if report is None:
+            return EXIT_NOT_CONVERGED
+        if report.result is not RoundResult.OK:
+            for c in report.clusters:
+                if not c.converged:
+                    reason = c.error or f"{c.failed} of {c.desired} policies failed"
+                    log.error("not converged: cluster %s: %s", c.cluster, reason)
+            return EXIT_NOT_CONVERGED
+        return EXIT_OK
+
+    def _elector(self, registry: ClusterRegistry) -> Elector | NoElection:
+        e = self.settings.election
+        if not e.enabled:
+            log.warning(
+                "LEADER ELECTION IS OFF (CONVERGERD_LEADER_ELECTION=false): run exactly one "
+                "replica, or two replicas will write at once"
+            )
+            return NoElection(identity=self.identity, on_change=self.metrics.set_leader)
+        return Elector(
+            registry.home(e.home_context), e, on_change=self.metrics.set_leader,
+        )
+
+    def _probe_targets(self, registry: ClusterRegistry, store: Store) -> Callable[[], Any]:
+        def targets() -> dict[str, Any]:
+            result = {}
+            for cluster in self.state.cluster_ids():
+                with contextlib.suppress(Exception):  # no context: reported by rounds
+                    result[cluster] = registry.get(cluster)
+            return result
+
+        return targets
+
+    async def _start_http(self, store: Store) -> web.AppRunner:
+        s = self.settings
+        app = make_app(
+            metrics=self.metrics, state=self.state, store=store, settings=s, health=self.health
+        )
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, s.http_host, s.http_port).start()
+        log.info(
+            "convergerd %s (%s) serving health, metrics and status on %s:%d",
+            __version__, self.identity, s.http_host, s.http_port,
+        )
+        return runner
+
+    # -- rounds ----------------------------------------------------------------------------
+
+    async def _rounds(
+        self, store: Store, registry: ClusterRegistry, elector: Elector | NoElection
+    ) -> None:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        while not self.stopping.is_set():
+            leading = asyncio.ensure_future(elector.wait_leading())
+            await _first(leading, self.stopping.wait())
+            if self.stopping.is_set() or leading.cancelled():
+                break
+            epoch = leading.result()
+            started = loop.time()
+            self.state.set_next_round(None)
+            report = await self._guarded_round(store, registry, elector, epoch)
+            self.last_report = report
+            self._observe(report)
+            await self._record(store, report)
+            if s.rounds.once:
+                return
+            next_at = started + s.rounds.interval_s
+            self.state.set_next_round(_utcnow() + dt.timedelta(seconds=next_at - loop.time()))
+            await _first(asyncio.sleep(max(0.0, next_at - loop.time())), self.stopping.wait())
+
+    async def _guarded_round(
+        self, store: Store, registry: ClusterRegistry, elector: Elector | NoElection, epoch: Epoch
+    ) -> RoundReport:
+        """Run one round; cancel it the moment leadership is lost; on SIGTERM let it finish
+        within the grace period."""
+        round_task = asyncio.create_task(self._one_round(store, registry, elector, epoch))
+        lost = asyncio.ensure_future(elector.wait_lost())
+        stopping = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({round_task, lost, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done() and not round_task.done():
+                await asyncio.wait({round_task, lost}, timeout=self.settings.grace_period_s,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            if not round_task.done():
+                why = "leadership lost" if lost.done() else "grace period over"
+                log.warning("cancelling the running round: %s", why)
+                round_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await round_task
+                return RoundReport(started_at=_utcnow(), finished_at=_utcnow(), epoch=epoch,
+                                   cancelled=True, error=why)
+            return round_task.result()
+        finally:
+            lost.cancel()
+            stopping.cancel()
+
+    async def _one_round(
+        self, store: Store, registry: ClusterRegistry, elector: Elector | NoElection, epoch: Epoch
+    ) -> RoundReport:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        started = _utcnow()
+        deadline = loop.time() + s.rounds.deadline_s
+        try:
+            fleet = await self._load_fleet(store, deadline)
+        except DatabaseUnavailable as exc:
+            return RoundReport(started_at=started, finished_at=_utcnow(), epoch=epoch,
+                               error=f"database unavailable: {exc}")
+        self._note_invalid(fleet)
+        self.state.set_clusters([c.id for c in fleet.clusters])
+        self.metrics.set_clusters([c.id for c in fleet.clusters])
+        env = Round(
+            clusters=registry,
+            retrier=functools.partial(call_with_retries, observer=self.metrics),
+            fence=elector.fence(),
+            limits=RoundLimits(
+                deadline_s=max(0.0, deadline - loop.time()),
+                cluster_concurrency=s.rounds.cluster_concurrency,
+                apply_concurrency=s.clusters.apply_concurrency,
+                request_timeout_s=s.clusters.request_timeout_s,
+            ),
+            clock=loop.time,
+            wall=_utcnow,
+        )
+        try:
+            report = await run_round(fleet, env, epoch=epoch)
+        except Fenced as exc:
+            log.warning("round stopped: this replica may no longer write (%s)", exc)
+            return RoundReport(started_at=started, finished_at=_utcnow(), epoch=epoch,
+                               cancelled=True, error=f"fenced: {exc}")
+        report.started_at = started
+        return report
+
+    async def _load_fleet(self, store: Store, deadline: float) -> Fleet:
+        """A database that is down makes the round wait and retry, up to its deadline."""
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            try:
+                return await store.load_fleet()
+            except DatabaseUnavailable as exc:
+                attempt += 1
+                wait = random.uniform(0, min(_DB_BACKOFF_CAP_S, _DB_BACKOFF_BASE_S * 2**attempt))
+                if loop.time() + wait >= deadline:
+                    raise
+                log.warning("database unavailable (%s); retrying in %.1f s", exc, wait)
+                await asyncio.sleep(wait)
+
+    def _note_invalid(self, fleet: Fleet) -> None:
+        """Invalid policies are logged once per revision, not every round."""
+        for bad in fleet.invalid:
+            key = (bad.id, bad.revision)
+            if key not in self._seen_invalid:
+                self._seen_invalid.add(key)
+                log.warning("policy %r (revision %d) is invalid and will not be delivered: %s",
+                            bad.id, bad.revision, bad.reason)
+
+    def _observe(self, report: RoundReport) -> None:
+        self.metrics.observe_round(report)
+        self.state.observe_round(report)
+        counts = report.counts()
+        duration = (
+            (report.finished_at - report.started_at).total_seconds() if report.finished_at else 0
+        )
+        log.info(
+            "round %s in %.1f s: %d clusters, %d converged, %d unreached; applied %d created, "
+            "%d updated, %d failed; %d invalid policies%s",
+            report.result.value, duration, counts["clusters"], counts["converged"],
+            counts["unreached"], counts["created"], counts["updated"], counts["failed"],
+            counts["invalid"], f"; {report.error}" if report.error else "",
+            extra={"round_result": report.result.value, **counts},
+        )
+
+    async def _record(self, store: Store, report: RoundReport) -> None:
+        """Record this round and any earlier one the database missed; keep what fails."""
+        self._unrecorded.append(report)
+        while self._unrecorded:
+            try:
+                await store.record_round(self._unrecorded[0], identity=self.identity)
+            except DatabaseUnavailable as exc:
+                # Keep a bounded backlog: the newest rounds matter most for status.
+                del self._unrecorded[:-10]
+                log.warning("could not record round (database unavailable: %s); "
+                            "%d round(s) kept to record later", exc, len(self._unrecorded))
+                return
+            self._unrecorded.pop(0)
+
+
+async def run_daemon(settings: Settings) -> int:
+    return await Daemon(settings).main()
