@@ -28,7 +28,9 @@ _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _REGISTRY = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9._-]+)*$")
 # A label key: optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# A DNS subdomain: dot-separated DNS labels, at most 253 characters (length checked apart).
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_SUBDOMAIN_MAX_LEN = 253
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,7 @@ def check_policy_id(value: str) -> None:
         raise RuleError(f"id: must be a non-empty string, got {value!r}")
     if len(value) > POLICY_ID_MAX_LEN:
         raise RuleError(f"id: {value!r} is {len(value)} characters, at most {POLICY_ID_MAX_LEN}")
-    if not _DNS_LABEL.match(value):
+    if not _DNS_LABEL.fullmatch(value):
         raise RuleError(
             f"id: {value!r} is not a DNS label (lowercase letters, digits and '-', "
             "starting and ending with a letter or digit)"
@@ -102,7 +104,7 @@ def check_policy_id(value: str) -> None:
 
 
 def check_boundary_id(value: str) -> None:
-    if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+    if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
         raise RuleError(
             f"boundary: {value!r} is not a valid label value (at most 63 characters: "
             "letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
@@ -110,7 +112,7 @@ def check_boundary_id(value: str) -> None:
 
 
 def check_cluster_id(value: str) -> None:
-    if not isinstance(value, str) or not _DNS_LABEL.match(value) or len(value) > 63:
+    if not isinstance(value, str) or not _DNS_LABEL.fullmatch(value) or len(value) > 63:
         raise RuleError(f"cluster id: {value!r} is not a DNS label of at most 63 characters")
 
 
@@ -127,13 +129,16 @@ def _string_list(params: Mapping[str, Any], key: str, rule_type: str) -> list[st
 
 
 def _check_label_key(key: str) -> None:
-    prefix, _, name = key.rpartition("/")
-    if (prefix and not _DNS_SUBDOMAIN.match(prefix)) or not _LABEL_NAME.match(name):
+    prefix, slash, name = key.rpartition("/")
+    bad_prefix = bool(slash) and (
+        len(prefix) > _DNS_SUBDOMAIN_MAX_LEN or not _DNS_SUBDOMAIN.fullmatch(prefix)
+    )
+    if bad_prefix or not _LABEL_NAME.fullmatch(name):
         raise RuleError(f"rule.labels: {key!r} is not a valid label key")
 
 
 def _check_registry(prefix: str) -> None:
-    if not _REGISTRY.match(prefix):
+    if not _REGISTRY.fullmatch(prefix):
         raise RuleError(
             f"rule.registries: {prefix!r} is not a registry prefix like 'registry.example.com' "
             "or 'registry.example.com/team' (no scheme, no trailing '/')"
@@ -153,7 +158,7 @@ def parse_rule(raw: Any) -> Rule:
         "ForbidLatestTag": (),
         "AllowedComputePlans": ("plans",),
     }[rule_type]
-    unknown = sorted(set(raw) - {"type", *allowed})
+    unknown = sorted(str(k) for k in set(raw) - {"type", *allowed})
     if unknown:
         raise RuleError(f"rule: unknown field(s) {', '.join(unknown)} for type {rule_type}")
     params: dict[str, tuple[str, ...]] = {}
