@@ -1,0 +1,395 @@
+"""Prometheus metrics on the process's own registry (SPEC.md §7; no default-registry globals).
+
+Every series is produced at scrape time by one collector from plain values kept here, so
+derived values are true when Prometheus reads them:
+
+- `convergerd_cluster_lag_seconds{cluster}` is `now - last success` computed at scrape time: a
+  cluster that has not converged for an hour shows ~3600 even when no round ran. A cluster that
+  never converged (since this process knows of it) lags since the moment it became known to this
+  process (construction, `set_clusters`, or its first round), unless the database's last success
+  was fed in with `seed_last_success` (the runtime does that at start and on standbys, so a
+  restart does not reset the lag). A success is stamped with the round's *start*: the cluster
+  matched the database as read then.
+- `convergerd_cluster_last_success_timestamp_seconds{cluster}` is absent until a success is
+  known (a 0 would read as "1970").
+- `convergerd_policy_phase{cluster,phase}`: phases read back in the last listing of that cluster.
+  Readings older than two round intervals count under `phase="Stale"` instead of their last
+  known phase (see `convergerd.state`), so `sum by (cluster)` is still the policy count there.
+- Counters carry no `_created` samples (they would double the series count for nothing).
+- Counters of every known cluster exist from the start at zero (applies by result, failures
+  and retries by the known reasons), so `rate()`/`increase()` see the first failure.
+
+No metric has a per-policy label. Beyond §7, for on-call: `convergerd_apply_duration_seconds`
+{cluster} (apply request latency, few buckets), `convergerd_retries_total{cluster,reason}`,
+`convergerd_cluster_requests_total{cluster,verb,code}` (code `none`: no HTTP answer),
+`convergerd_event_loop_lag_seconds`, `convergerd_build_info{version}`,
+`convergerd_unsupported_clusters{version}`, `convergerd_cluster_server_info{cluster,version}`,
+`convergerd_cluster_round_duration_seconds{cluster}`, `convergerd_last_round_timestamp_seconds`,
+`convergerd_round_interval_seconds` (so alert rules can say "three intervals" portably), plus the
+standard `process_*` and `python_gc_*` collectors.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from convergerd import __version__
+from convergerd.report import ApplyResult, ClusterOutcome, PhaseReading, RoundReport, RoundResult
+from convergerd.state import ALL_PHASES, STALE, normalize_phase, phases_refreshed, stale_after_s
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Failure and retry reasons initialised at zero for every cluster (the slugs of errors.py).
+FAILURE_REASONS = (
+    "unreachable", "server_error", "throttled", "unauthorized", "forbidden", "crd_missing",
+    "bad_request", "conflict", "invalid", "no_context",
+)
+RETRY_REASONS = ("unreachable", "server_error", "throttled")
+APPLY_VERBS = frozenset({"apply", "patch"})
+ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 300.0, 450.0, 600.0)
+APPLY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+Labels = tuple[str, ...]
+WallClock = Callable[[], float]
+
+
+class _Histogram:
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.bounds = tuple(sorted(buckets))
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        result: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += count
+            result.append(("+Inf" if math.isinf(bound) else repr(bound), float(running)))
+        return result
+
+
+@dataclass(slots=True)
+class _Cluster:
+    known_since: float
+    up: float | None = None
+    last_success: float | None = None
+    out_of_sync: int | None = None
+    server_version: str | None = None
+    round_duration_s: float | None = None
+    phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, seen at)
+
+
+class Metrics:
+    """The metrics of one convergerd process. Implements `convergerd.kube.api.RequestObserver`.
+
+    `clock` is the wall clock in seconds since the epoch (lag and timestamps); `interval_s` is
+    the round interval, used to decide when a phase reading is stale.
+    """
+
+    def __init__(
+        self,
+        *,
+        interval_s: float,
+        clock: WallClock = time.time,
+        version: str = __version__,
+        clusters: Iterable[str] = (),
+        process_collectors: bool = True,
+    ) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.version = version
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._clusters: dict[str, _Cluster] = {}
+        self._applies: dict[Labels, float] = {}
+        self._failures: dict[Labels, float] = {}
+        self._retries: dict[Labels, float] = {}
+        self._requests: dict[Labels, float] = {}
+        self._apply_latency: dict[str, _Histogram] = {}
+        self._rounds: dict[str, float] = {r.value: 0.0 for r in RoundResult}
+        self._round_duration = _Histogram(ROUND_BUCKETS)
+        self._last_round_end: float | None = None
+        self._is_leader = 0.0
+        self._leader: tuple[bool, str | None] | None = None
+        self._transitions = 0.0
+        self._invalid = 0
+        self._loop_lag_s = 0.0
+        self.registry.register(_Collector(self))
+        if process_collectors:
+            ProcessCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
+        self.set_clusters(clusters)
+
+    # -- cluster set -----------------------------------------------------------------------
+
+    def add_cluster(self, cluster: str) -> None:
+        if cluster in self._clusters:
+            return
+        self._clusters[cluster] = _Cluster(known_since=self.clock())
+        for result in ApplyResult:
+            self._applies.setdefault((cluster, result.value), 0.0)
+        for reason in FAILURE_REASONS:
+            self._failures.setdefault((cluster, reason), 0.0)
+        for reason in RETRY_REASONS:
+            self._retries.setdefault((cluster, reason), 0.0)
+
+    def set_clusters(self, clusters: Iterable[str]) -> None:
+        """The clusters the database knows: new ones get zeroed series, removed ones lose all."""
+        wanted = set(clusters)
+        for gone in set(self._clusters) - wanted:
+            self.remove_cluster(gone)
+        for cluster in sorted(wanted):
+            self.add_cluster(cluster)
+
+    def remove_cluster(self, cluster: str) -> None:
+        self._clusters.pop(cluster, None)
+        self._apply_latency.pop(cluster, None)
+        for series in (self._applies, self._failures, self._retries, self._requests):
+            for key in [k for k in series if k[0] == cluster]:
+                del series[key]
+
+    def seed_last_success(self, cluster: str, at: dt.datetime | float | None) -> None:
+        """A last success known from elsewhere (the database); kept only if newer."""
+        if at is None:
+            return
+        ts = at.timestamp() if isinstance(at, dt.datetime) else at
+        self.add_cluster(cluster)
+        state = self._clusters[cluster]
+        if state.last_success is None or ts > state.last_success:
+            state.last_success = ts
+
+    # -- updates ---------------------------------------------------------------------------
+
+    def observe_round(self, report: RoundReport) -> None:
+        for outcome in report.clusters:
+            self._observe_outcome(report, outcome)
+        self._invalid = len(report.invalid)
+        self._rounds[report.result.value] += 1
+        end = report.finished_at.timestamp() if report.finished_at else self.clock()
+        self._last_round_end = end
+        if report.finished_at is not None:
+            self._round_duration.observe(
+                max(0.0, (report.finished_at - report.started_at).total_seconds()))
+
+    def _observe_outcome(self, report: RoundReport, outcome: ClusterOutcome) -> None:
+        cluster = outcome.cluster
+        self.add_cluster(cluster)
+        state = self._clusters[cluster]
+        state.up = 1.0 if outcome.reached else 0.0
+        state.out_of_sync = max(0, outcome.desired - outcome.in_sync)
+        state.round_duration_s = outcome.duration_s
+        if outcome.server_version:
+            state.server_version = outcome.server_version
+        if outcome.converged:
+            self.seed_last_success(cluster, report.started_at)
+        if phases_refreshed(outcome):
+            state.phases = [_phase_of(r) for r in outcome.phases]
+        counted = dict.fromkeys(ApplyResult, 0)
+        for delivery in outcome.deliveries:
+            counted[delivery.result] += 1
+            self._applies[(cluster, delivery.result.value)] += 1
+            if delivery.result is ApplyResult.FAILED:
+                self._count_failure(cluster, delivery.reason)
+        if outcome.reached and counted[ApplyResult.UNCHANGED] == 0:
+            # The engine records applies only: every other policy in sync was left unchanged.
+            applied = counted[ApplyResult.CREATED] + counted[ApplyResult.UPDATED]
+            unchanged = outcome.in_sync - applied
+            self._applies[(cluster, ApplyResult.UNCHANGED.value)] += max(0, unchanged)
+        if outcome.error is not None and counted[ApplyResult.FAILED] == 0:
+            # A cluster-level failure (nothing applied there): counted once per round.
+            self._count_failure(cluster, outcome.reason)
+
+    def _count_failure(self, cluster: str, reason: str | None) -> None:
+        key = (cluster, reason or "error")
+        self._failures[key] = self._failures.get(key, 0.0) + 1
+
+    def set_cluster_up(self, cluster: str, up: bool, server_version: str | None = None) -> None:
+        """From the reachability prober (or anything else that just tried the cluster)."""
+        self.add_cluster(cluster)
+        state = self._clusters[cluster]
+        state.up = 1.0 if up else 0.0
+        if server_version:
+            state.server_version = server_version
+
+    def set_leader(self, is_leader: bool, holder: str | None) -> None:
+        """What the elector sees. A transition is any change of (leading, holder) after the
+        first observation: this replica gaining or losing it, or another holder taking over."""
+        now = (is_leader, holder)
+        if self._leader is not None and now != self._leader:
+            self._transitions += 1
+        self._leader = now
+        self._is_leader = 1.0 if is_leader else 0.0
+
+    def set_invalid_policies(self, count: int) -> None:
+        self._invalid = count
+
+    def set_loop_lag(self, seconds: float) -> None:
+        self._loop_lag_s = max(0.0, seconds)
+
+    # -- RequestObserver -------------------------------------------------------------------
+
+    def request_done(
+        self, cluster: str, verb: str, status: int | None, duration_s: float
+    ) -> None:
+        key = (cluster, verb, "none" if status is None else str(status))
+        self._requests[key] = self._requests.get(key, 0.0) + 1
+        if verb in APPLY_VERBS:
+            hist = self._apply_latency.get(cluster)
+            if hist is None:
+                hist = self._apply_latency[cluster] = _Histogram(APPLY_BUCKETS)
+            hist.observe(duration_s)
+
+    def retry(self, cluster: str, reason: str) -> None:
+        key = (cluster, reason)
+        self._retries[key] = self._retries.get(key, 0.0) + 1
+
+    # -- exposition ------------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition; serve it with `CONTENT_TYPE`."""
+        return generate_latest(self.registry)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._cluster_families(self.clock())
+        yield from self._fleet_families()
+
+    def _cluster_families(self, now: float) -> Iterator[Metric]:
+        stale_after = stale_after_s(self.interval_s)
+        clusters = sorted(self._clusters.items())
+
+        lag = GaugeMetricFamily("convergerd_cluster_lag_seconds",
+                                "Seconds since the cluster last fully converged (at scrape time)",
+                                labels=["cluster"])
+        last = GaugeMetricFamily("convergerd_cluster_last_success_timestamp_seconds",
+                                 "When the cluster last fully converged (round start, Unix time)",
+                                 labels=["cluster"])
+        up = GaugeMetricFamily("convergerd_cluster_up",
+                               "1 if the last attempt (round or reachability check) reached it",
+                               labels=["cluster"])
+        oos = GaugeMetricFamily("convergerd_cluster_out_of_sync_policies",
+                                "Policies not in sync on the cluster after the last round",
+                                labels=["cluster"])
+        phase = GaugeMetricFamily("convergerd_policy_phase",
+                                  "Policies in each phase on the cluster (Stale: not read back for "
+                                  "more than two intervals)", labels=["cluster", "phase"])
+        info = GaugeMetricFamily("convergerd_cluster_server_info",
+                                 "Kubernetes version of the cluster", labels=["cluster", "version"])
+        cdur = GaugeMetricFamily("convergerd_cluster_round_duration_seconds",
+                                 "How long the last round worked on the cluster",
+                                 labels=["cluster"])
+        unsupported: dict[str, int] = {}
+        for name, c in clusters:
+            since = c.last_success if c.last_success is not None else c.known_since
+            lag.add_metric([name], max(0.0, now - since))
+            if c.last_success is not None:
+                last.add_metric([name], c.last_success)
+            if c.up is not None:
+                up.add_metric([name], c.up)
+            if c.out_of_sync is not None:
+                oos.add_metric([name], float(c.out_of_sync))
+            if c.server_version:
+                info.add_metric([name, c.server_version], 1.0)
+            if c.round_duration_s is not None:
+                cdur.add_metric([name], c.round_duration_s)
+            counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
+            for ph, seen in c.phases:
+                counts[STALE if now - seen > stale_after else ph] += 1
+            for ph, count in counts.items():
+                phase.add_metric([name, ph], float(count))
+            if any(ph == "Unsupported" and now - seen <= stale_after for ph, seen in c.phases):
+                version = c.server_version or "unknown"
+                unsupported[version] = unsupported.get(version, 0) + 1
+        yield from (lag, last, up, oos, phase, info, cdur)
+
+        unsup = GaugeMetricFamily("convergerd_unsupported_clusters",
+                                  "Clusters whose policies are Unsupported (no "
+                                  "ValidatingAdmissionPolicy), by Kubernetes version",
+                                  labels=["version"])
+        for version, count in sorted(unsupported.items()):
+            unsup.add_metric([version], float(count))
+        yield unsup
+
+    def _fleet_families(self) -> Iterator[Metric]:
+        yield _counter("convergerd_applies", "Policy applies by result",
+                       ["cluster", "result"], self._applies)
+        yield _counter("convergerd_apply_failures", "Failed applies and cluster-level failures "
+                       "by reason", ["cluster", "reason"], self._failures)
+        yield _counter("convergerd_retries", "Retried requests to clusters by reason",
+                       ["cluster", "reason"], self._retries)
+        yield _counter("convergerd_cluster_requests", "Requests to clusters by verb and status "
+                       "code (none: no HTTP answer)", ["cluster", "verb", "code"], self._requests)
+        yield _counter("convergerd_rounds", "Converge rounds by result", ["result"],
+                       {(k,): v for k, v in self._rounds.items()})
+        yield _counter("convergerd_leader_transitions", "Leadership changes seen by this replica",
+                       [], {(): self._transitions})
+
+        apply_latency = HistogramMetricFamily(
+            "convergerd_apply_duration_seconds", "Latency of apply requests per cluster",
+            labels=["cluster"])
+        for name, hist in sorted(self._apply_latency.items()):
+            apply_latency.add_metric([name], hist.buckets(), hist.sum)
+        yield apply_latency
+        rounds = HistogramMetricFamily("convergerd_round_duration_seconds",
+                                       "Duration of converge rounds")
+        rounds.add_metric([], self._round_duration.buckets(), self._round_duration.sum)
+        yield rounds
+
+        yield GaugeMetricFamily("convergerd_is_leader", "1 if this replica holds the Lease",
+                                value=self._is_leader)
+        yield GaugeMetricFamily("convergerd_invalid_policies",
+                                "Policies that cannot be delivered (bad id, type or params)",
+                                value=float(self._invalid))
+        yield GaugeMetricFamily("convergerd_event_loop_lag_seconds",
+                                "How late the event loop ran the last heartbeat",
+                                value=self._loop_lag_s)
+        yield GaugeMetricFamily("convergerd_round_interval_seconds",
+                                "Configured time between converge rounds", value=self.interval_s)
+        if self._last_round_end is not None:
+            yield GaugeMetricFamily("convergerd_last_round_timestamp_seconds",
+                                    "When the last converge round ended (Unix time)",
+                                    value=self._last_round_end)
+        build = GaugeMetricFamily("convergerd_build_info", "convergerd version",
+                                  labels=["version"])
+        build.add_metric([self.version], 1.0)
+        yield build
+
+
+def _phase_of(reading: PhaseReading) -> tuple[str, float]:
+    return normalize_phase(reading.phase), reading.seen_at.timestamp()
+
+
+def _counter(
+    name: str, doc: str, labels: list[str], values: dict[Labels, float]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, value in sorted(values.items()):
+        family.add_metric(list(key), value)
+    return family
+
+
+class _Collector:
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return self._metrics.collect()
+
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
