@@ -1,0 +1,517 @@
+"""`ClusterClient`: the `PolicyApi` (and, for the home cluster, `LeaseApi`) of one cluster over
+kubernetes-asyncio, with one bounded aiohttp connection pool reused across rounds.
+
+What the library does by default, and what is done here instead:
+
+- `RESTClientObject` builds an SSL context per client from the system CA store (~34 ms and
+  ~0.8 MB each): here one shared context per CA (`convergerd.kube.tlsctx`).
+- its aiohttp session has `trust_env=True` (~3x CPU per request: proxy and netrc lookups):
+  here our own session with `trust_env=False` and a bounded pool.
+- no timeout on a request: here `sock_connect` + `total` on every request, and `timeout_s`
+  bounds the whole call, the rate limiter's wait included.
+- `patch_cluster_custom_object` sends merge-patch JSON and returns None on 201: here
+  `application/apply-patch+yaml`, the raw answer read, its status kept (`Applied.created`).
+- `ApiException` with the raw body: here our error classes, chained, with messages built from
+  the Status body.
+
+Every request carries `User-Agent: convergerd/<version> (<identity>)` and is reported to the
+`RequestObserver` (cluster, verb, status or None, duration). Credentials are sent as a header
+per request and never kept in the library's `Configuration`, logged, or put in a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client import (
+    ApiClient,
+    Configuration,
+    CoordinationV1Api,
+    CustomObjectsApi,
+    VersionApi,
+)
+from kubernetes_asyncio.client.rest import RESTClientObject
+
+from convergerd.config import ClusterAccess
+from convergerd.errors import (
+    ClusterApiError,
+    ClusterError,
+    ClusterLevelError,
+    ClusterUnreachable,
+    ObjectRejected,
+    classify_status,
+)
+from convergerd.kube.api import Applied, KubeObject, ObjectList, RequestObserver
+from convergerd.kube.kubeconfig import Credentials
+from convergerd.kube.ratelimit import TokenBucket
+from convergerd.model import ClusterId
+from convergerd.render import CRD_NAME, FIELD_MANAGER, GROUP, PLURAL, VERSION
+
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+LIST_PAGE_SIZE = 500
+TOKEN_REREAD_S = 60.0  # a projected service-account token rotates; client-go re-reads each minute
+READ_BUFSIZE = 2**21  # big list pages
+MAX_MESSAGE_CHARS = 500
+# Reason slugs of `ClusterUnreachable` (metrics labels; `retry` keys decisions on them).
+REASON_TIMEOUT = "timeout"
+REASON_CONNECT = "connect_error"
+
+Clock = Callable[[], float]
+
+
+def user_agent(version: str, identity: str) -> str:
+    return f"convergerd/{version} ({identity})"
+
+
+# --- pure: error translation -------------------------------------------------------------------
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def status_message(status: int, reason_phrase: str | None, body: bytes) -> tuple[str, str | None]:
+    """`"<code> <reason>: <message>"` from an error answer, and the Status `reason` if any.
+
+    The body is a `Status` (JSON) from a real apiserver, but proxies and the usual 429 answer
+    plain text: both are handled. The server's message is kept as is (it never holds our
+    credentials), shortened."""
+    head = f"{status} {reason_phrase}" if reason_phrase else str(status)
+    message: str | None = None
+    k8s_reason: str | None = None
+    try:
+        doc = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        doc = None
+    if isinstance(doc, dict):
+        if isinstance(doc.get("message"), str):
+            message = doc["message"]
+        if isinstance(doc.get("reason"), str):
+            k8s_reason = doc["reason"]
+    elif body:
+        message = body.decode("utf-8", "replace").strip()
+    if message:
+        message = " ".join(message.split())
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 1] + "…"
+    if not message or message == reason_phrase:
+        return head, k8s_reason
+    return f"{head}: {message}", k8s_reason
+
+
+def retry_after(header: str | None, body: bytes) -> float | None:
+    """Seconds from a `Retry-After` header (delta-seconds form), else from the Status body's
+    `details.retryAfterSeconds`."""
+    if header is not None:
+        try:
+            seconds = float(header.strip())
+        except ValueError:
+            seconds = -1.0
+        if seconds >= 0:
+            return seconds
+    try:
+        doc = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(doc, dict) and isinstance(doc.get("details"), dict):
+        value = doc["details"].get("retryAfterSeconds")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            return float(value)
+    return None
+
+
+def http_error(
+    status: int, reason_phrase: str | None, headers: Mapping[str, str], body: bytes
+) -> ClusterApiError:
+    cls, reason = classify_status(status)
+    message, k8s_reason = status_message(status, reason_phrase, body)
+    return cls(
+        message,
+        status=status,
+        k8s_reason=k8s_reason,
+        retry_after_s=retry_after(headers.get("Retry-After"), body),
+        reason=reason,
+    )
+
+
+def _not_found_object(body: bytes, name: str) -> bool:
+    """A 404 about this object (NotFound with details.name), not about the resource type."""
+    try:
+        doc = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        return False
+    details = doc.get("details") if isinstance(doc, dict) else None
+    return isinstance(details, dict) and details.get("name") == name
+
+
+def transport_error(exc: BaseException, *, elapsed_s: float, timeout_s: float) -> ClusterError:
+    """A request that got no HTTP answer, as `ClusterUnreachable` (reason timeout or
+    connect_error). Library messages are not reused: they may carry the URL."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return ClusterUnreachable(
+            f"connect timeout after {_seconds(elapsed_s)} s", reason=REASON_TIMEOUT
+        )
+    if isinstance(exc, TimeoutError):
+        return ClusterUnreachable(
+            f"no answer within {_seconds(min(elapsed_s, timeout_s))} s", reason=REASON_TIMEOUT
+        )
+    return ClusterUnreachable(_connect_message(exc), reason=REASON_CONNECT)
+
+
+def _connect_message(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        detail = getattr(exc.certificate_error, "verify_message", None) or "invalid certificate"
+        return f"TLS certificate verification failed: {detail}"
+    if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
+        return "TLS handshake failed"
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return "connection reset"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return _os_message(exc.os_error)
+    if isinstance(exc, OSError):
+        return _os_message(exc)
+    return f"connection failed ({type(exc).__name__})"
+
+
+def _os_message(exc: OSError) -> str:
+    known = {
+        errno.ECONNREFUSED: "connection refused",
+        errno.ECONNRESET: "connection reset",
+        errno.EPIPE: "connection reset",
+        errno.EHOSTUNREACH: "host unreachable",
+        errno.ENETUNREACH: "network unreachable",
+        errno.ETIMEDOUT: "connect timeout",
+    }
+    if exc.errno in known:
+        return known[exc.errno]
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset"
+    if exc.errno is None and "Name or service not known" in str(exc):
+        return "host name not found"
+    return f"connection failed ({exc.strerror or type(exc).__name__})"
+
+
+# --- the library, configured -------------------------------------------------------------------
+
+
+class _RestClient(RESTClientObject):
+    """kubernetes-asyncio's REST client over a session we built (shared SSL context,
+    `trust_env=False`, bounded pool). The upstream constructor is not called: it would build
+    its own SSL context from the system store and a `trust_env=True` session."""
+
+    def __init__(self, session: aiohttp.ClientSession, server_hostname: str | None) -> None:
+        self.pool_manager = session
+        # The upstream attributes are inferred as non-optional; None is what it checks for.
+        self.server_hostname = server_hostname  # type: ignore[assignment]
+        self.proxy = None  # type: ignore[assignment]
+        self.proxy_headers = None  # type: ignore[assignment]
+
+
+class _ApiClient(ApiClient):
+    """`ApiClient` with our REST client; mirrors the upstream constructor's attributes."""
+
+    def __init__(self, configuration: Any, rest_client: _RestClient, agent: str) -> None:
+        self.configuration = configuration
+        self.pool_threads = 1
+        self.rest_client = rest_client
+        self.default_headers = {"User-Agent": agent}
+        self.cookie = None  # type: ignore[assignment]
+        self.client_side_validation = configuration.client_side_validation
+
+
+class _BearerToken:
+    """The Authorization header: a static token, or a token file re-read every minute."""
+
+    def __init__(self, creds: Credentials, clock: Clock) -> None:
+        self._creds = creds
+        self._clock = clock
+        self._header: dict[str, str] = {}
+        self._read_at: float | None = None
+        if creds.token is not None:
+            self._header = {"Authorization": f"Bearer {creds.token}"}
+
+    def __repr__(self) -> str:
+        return f"_BearerToken({self._creds.name!r})"
+
+    def headers(self) -> dict[str, str]:
+        path = self._creds.token_file
+        if self._creds.token is not None or path is None:
+            return dict(self._header)
+        now = self._clock()
+        if self._read_at is None or now - self._read_at >= TOKEN_REREAD_S:
+            try:
+                token = path.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                if not self._header:
+                    raise ClusterLevelError(
+                        f"cannot read the token file {path}: {exc.strerror}",
+                        status=0, reason="no_token",
+                    ) from exc
+            else:
+                self._header = {"Authorization": f"Bearer {token}"}
+            self._read_at = now
+        return dict(self._header)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    status: int
+    reason: str | None
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> KubeObject:
+        try:
+            doc = json.loads(self.body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ClusterUnreachable(
+                f"{self.status} answer is not JSON", reason=REASON_CONNECT
+            ) from exc
+        if not isinstance(doc, dict):
+            raise ClusterUnreachable(f"{self.status} answer is not a JSON object",
+                                     reason=REASON_CONNECT)
+        return doc
+
+
+class ClusterClient:
+    """One cluster: `PolicyApi`, and `LeaseApi` when it is the home cluster.
+
+    Must be created inside the running event loop (it owns an aiohttp session). `close()`
+    releases the pool."""
+
+    def __init__(
+        self,
+        cluster: ClusterId,
+        creds: Credentials,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        access: ClusterAccess,
+        agent: str,
+        observer: RequestObserver | None = None,
+        clock: Clock | None = None,
+        pool_size: int | None = None,
+    ) -> None:
+        self._cluster = cluster
+        self._server = creds.server
+        self._clock = clock or asyncio.get_running_loop().time
+        self._observer = observer
+        self._request_timeout_s = access.request_timeout_s
+        self._connect_timeout_s = access.connect_timeout_s
+        self._auth = _BearerToken(creds, self._clock)
+        self._bucket = TokenBucket(rate=access.qps, burst=access.burst, clock=self._clock)
+        # Applies in flight, plus a list or a Lease call beside them.
+        self.pool_size = pool_size or access.apply_concurrency + 2
+        connector = aiohttp.TCPConnector(
+            limit=self.pool_size,
+            limit_per_host=0,
+            ssl=ssl_context if ssl_context is not None else False,
+            keepalive_timeout=60.0,
+            ttl_dns_cache=300,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            trust_env=False,
+            read_bufsize=READ_BUFSIZE,
+            timeout=aiohttp.ClientTimeout(
+                total=access.request_timeout_s, sock_connect=access.connect_timeout_s
+            ),
+        )
+        self.connector = connector
+        configuration = Configuration(host=creds.server)
+        api = _ApiClient(configuration, _RestClient(self._session, creds.tls_server_name), agent)
+        self._api = api
+        self._custom = CustomObjectsApi(api)
+        self._coordination = CoordinationV1Api(api)
+        self._version = VersionApi(api)
+
+    def __repr__(self) -> str:
+        return f"ClusterClient({self._cluster!r}, {self._server!r})"
+
+    @property
+    def cluster(self) -> ClusterId:
+        return self._cluster
+
+    @property
+    def closed(self) -> bool:
+        return self._session.closed
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    # --- PolicyApi --------------------------------------------------------------------------
+
+    async def list_policies(self, *, label_selector: str, timeout_s: float) -> ObjectList:
+        deadline = self._clock() + timeout_s
+        items: list[KubeObject] = []
+        requests = 0
+        token: str | None = None
+        restarted = False
+        while True:
+            try:
+                answer = await self._request(
+                    "list", self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                    deadline=deadline, label_selector=label_selector,
+                    limit=LIST_PAGE_SIZE, _continue=token,
+                )
+            except ObjectRejected as exc:
+                if exc.status != 410 or token is None or restarted:
+                    raise
+                # The continue token expired between pages: one fresh list, from the start.
+                items, token, restarted = [], None, True
+                requests += 1
+                continue
+            except ClusterLevelError as exc:
+                raise self._policy_api_error(exc) from exc
+            requests += 1
+            page = answer.json()
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                return ObjectList(items=items, resource_version=str(meta.get("resourceVersion",
+                                                                             "")),
+                                  requests=requests)
+
+    async def apply_policy(self, body: KubeObject, *, timeout_s: float) -> Applied:
+        name = body["metadata"]["name"]
+        try:
+            answer = await self._request(
+                "apply", self._custom.patch_cluster_custom_object,
+                GROUP, VERSION, PLURAL, name, body,
+                deadline=self._clock() + timeout_s,
+                field_manager=FIELD_MANAGER, force="true", _content_type=APPLY_CONTENT_TYPE,
+            )
+        except ClusterLevelError as exc:
+            raise self._policy_api_error(exc) from exc
+        return Applied(object=answer.json(), created=answer.status == 201)
+
+    async def delete_policy(self, name: str, *, timeout_s: float) -> bool:
+        try:
+            await self._request(
+                "delete", self._custom.delete_cluster_custom_object, GROUP, VERSION, PLURAL, name,
+                deadline=self._clock() + timeout_s, not_found=name,
+            )
+        except _Gone:
+            return False
+        except ClusterLevelError as exc:
+            raise self._policy_api_error(exc) from exc
+        return True
+
+    async def server_version(self, *, timeout_s: float) -> str:
+        answer = await self._request(
+            "version", self._version.get_code, deadline=self._clock() + timeout_s
+        )
+        return str(answer.json().get("gitVersion", ""))
+
+    # --- LeaseApi ---------------------------------------------------------------------------
+
+    async def get_lease(self, namespace: str, name: str, *, timeout_s: float) -> KubeObject | None:
+        try:
+            answer = await self._request(
+                "get", self._coordination.read_namespaced_lease, name, namespace,
+                deadline=self._clock() + timeout_s, not_found=name,
+            )
+        except _Gone:
+            return None
+        except ClusterLevelError as exc:
+            raise _lease_error(exc) from exc
+        return answer.json()
+
+    async def create_lease(self, body: KubeObject, *, timeout_s: float) -> KubeObject:
+        namespace = body["metadata"]["namespace"]
+        try:
+            answer = await self._request(
+                "create", self._coordination.create_namespaced_lease, namespace, body,
+                deadline=self._clock() + timeout_s,
+            )
+        except ClusterLevelError as exc:
+            raise _lease_error(exc) from exc
+        return answer.json()
+
+    async def replace_lease(self, body: KubeObject, *, timeout_s: float) -> KubeObject:
+        meta = body["metadata"]
+        try:
+            answer = await self._request(
+                "update", self._coordination.replace_namespaced_lease,
+                meta["name"], meta["namespace"], body,
+                deadline=self._clock() + timeout_s,
+            )
+        except ClusterLevelError as exc:
+            raise _lease_error(exc) from exc
+        return answer.json()
+
+    # --- one request ------------------------------------------------------------------------
+
+    def _policy_api_error(self, exc: ClusterLevelError) -> ClusterLevelError:
+        if exc.status != 404:
+            return exc
+        return ClusterLevelError(
+            f"CRD {CRD_NAME} not installed", status=404, k8s_reason=exc.k8s_reason,
+            reason="crd_missing",
+        )
+
+    async def _request(
+        self,
+        verb: str,
+        method: Callable[..., Awaitable[Any]],
+        *args: Any,
+        deadline: float,
+        not_found: str | None = None,
+        **kwargs: Any,
+    ) -> _Answer:
+        """One HTTP request, bounded by `deadline` (clock time) including the rate limiter's
+        wait. Raises our error classes only; `_Gone` for a 404 about object `not_found`."""
+        start = self._clock()
+        budget = deadline - start
+        status: int | None = None
+        try:
+            if budget <= 0:
+                raise ClusterUnreachable("no time left for the request", reason=REASON_TIMEOUT)
+            async with asyncio.timeout(budget):
+                await self._bucket.acquire(deadline)
+                remaining = deadline - self._clock()
+                timeout = aiohttp.ClientTimeout(
+                    total=min(self._request_timeout_s, remaining),
+                    sock_connect=min(self._connect_timeout_s, remaining),
+                )
+                response = await method(
+                    *args, _preload_content=False, _request_timeout=timeout,
+                    _headers=self._auth.headers(), **kwargs,
+                )
+                async with response:
+                    body = await response.read()
+                    answer = _Answer(response.status, response.reason, response.headers, body)
+                    status = answer.status
+        except ClusterError:
+            raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            elapsed = self._clock() - start
+            limit = min(self._request_timeout_s, budget)
+            raise transport_error(exc, elapsed_s=elapsed, timeout_s=limit) from exc
+        finally:
+            if self._observer is not None:
+                self._observer.request_done(self._cluster, verb, status,
+                                            self._clock() - start)
+        if answer.status < 400:
+            return answer
+        if answer.status == 404 and not_found is not None and _not_found_object(answer.body,
+                                                                               not_found):
+            raise _Gone
+        raise http_error(answer.status, answer.reason, answer.headers, answer.body)
+
+
+class _Gone(Exception):
+    """Internal: the addressed object does not exist (never leaves this module)."""
+
+
+def _lease_error(exc: ClusterLevelError) -> ClusterLevelError:
+    if exc.status != 404:
+        return exc
+    return ClusterLevelError(str(exc), status=404, k8s_reason=exc.k8s_reason, reason="not_found")

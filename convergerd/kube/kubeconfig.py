@@ -1,0 +1,262 @@
+"""Cluster credentials from a kubeconfig (one context per cluster, named by cluster id) or from
+the pod's service account (in-cluster config, for the home cluster).
+
+Only what convergerd needs is understood: server URL (a path prefix is kept), the CA
+(`certificate-authority-data` or a `certificate-authority` file), and static credentials (bearer
+`token`, `tokenFile`, client certificate and key as data or files). `exec` and `auth-provider`
+plugins and basic auth are reported as unsupported for that context only; the other contexts
+still load. Relative file paths are resolved against the kubeconfig's directory, as client-go
+does.
+
+Secrets never appear in a repr, str, log line or exception message: `Credentials` hides them,
+and messages name the context and the field, never a value.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from convergerd.errors import ConfigError, NoCredentials
+
+SETTING = "CONVERGERD_KUBECONFIG"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+IN_CLUSTER_NAME = "in-cluster"
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """How to reach and authenticate to one cluster. `repr` shows no secret."""
+
+    name: str  # the context name (the cluster id), or "in-cluster"
+    server: str  # https://host:port[/path-prefix], no trailing slash
+    ca_pem: bytes | None = field(default=None, repr=False)  # None: the system trust store
+    token: str | None = field(default=None, repr=False)
+    token_file: Path | None = None
+    client_cert_pem: bytes | None = field(default=None, repr=False)
+    client_key_pem: bytes | None = field(default=None, repr=False)
+    insecure_skip_tls_verify: bool = False
+    tls_server_name: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.server}, auth: {self.auth_kind})"
+
+    @property
+    def auth_kind(self) -> str:
+        if self.client_cert_pem is not None:
+            return "client certificate"
+        if self.token is not None:
+            return "token"
+        if self.token_file is not None:
+            return "token file"
+        return "none"
+
+    @property
+    def tls(self) -> bool:
+        return self.server.startswith("https://")
+
+
+class Kubeconfig:
+    """A parsed kubeconfig. Contexts are resolved on demand, so one broken context fails only
+    the cluster it belongs to (`NoCredentials`), never the whole file."""
+
+    def __init__(self, doc: Mapping[str, Any], *, base_dir: Path, source: str) -> None:
+        self._base_dir = base_dir
+        self._source = source
+        self._clusters = _named(doc, "clusters", "cluster", source)
+        self._users = _named(doc, "users", "user", source)
+        self._contexts = _named(doc, "contexts", "context", source)
+        current = doc.get("current-context")
+        self.current_context: str | None = current if isinstance(current, str) else None
+
+    def __repr__(self) -> str:
+        return f"Kubeconfig({self._source!r}, {len(self._contexts)} contexts)"
+
+    @property
+    def contexts(self) -> frozenset[str]:
+        return frozenset(self._contexts)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._contexts
+
+    def credentials(self, context: str) -> Credentials:
+        """The credentials of one context; `NoCredentials` when it is missing or unusable."""
+        ctx = self._contexts.get(context)
+        if ctx is None:
+            raise NoCredentials(f"no context named {context!r} in the kubeconfig")
+        cluster_name, user_name = ctx.get("cluster"), ctx.get("user")
+        cluster = self._clusters.get(cluster_name) if isinstance(cluster_name, str) else None
+        if cluster is None:
+            raise NoCredentials(
+                f"context {context!r}: cluster {cluster_name!r} is not in the kubeconfig"
+            )
+        user: Mapping[str, Any] = {}
+        if user_name is not None:
+            found = self._users.get(user_name) if isinstance(user_name, str) else None
+            if found is None:
+                raise NoCredentials(
+                    f"context {context!r}: user {user_name!r} is not in the kubeconfig"
+                )
+            user = found
+        return _credentials(context, cluster, user, self._base_dir)
+
+
+def load_kubeconfig(path: Path) -> Kubeconfig:
+    """Parse the file; a missing or malformed file is a `ConfigError` naming the setting."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(SETTING, str(path), f"cannot read: {exc.strerror}") from exc
+    return parse_kubeconfig(text, base_dir=path.parent, source=str(path))
+
+
+def parse_kubeconfig(text: str, *, base_dir: Path, source: str = "<kubeconfig>") -> Kubeconfig:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        doc = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as exc:
+        # The YAML error's text may quote the document (tokens): give only the position.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(SETTING, source, f"not valid YAML{where}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(SETTING, source, "not a kubeconfig (expected a mapping at the top)")
+    return Kubeconfig(doc, base_dir=base_dir, source=source)
+
+
+def in_cluster_credentials(
+    env: Mapping[str, str], *, sa_dir: Path = SERVICE_ACCOUNT_DIR
+) -> Credentials:
+    """The pod's service account: API server from KUBERNETES_SERVICE_HOST/PORT, CA and token
+    from the mounted secret. The token file is re-read by the client (it rotates)."""
+    host = env.get("KUBERNETES_SERVICE_HOST", "").strip()
+    port = env.get("KUBERNETES_SERVICE_PORT", "").strip() or "443"
+    if not host:
+        raise NoCredentials(
+            "not running in a cluster (KUBERNETES_SERVICE_HOST is unset): "
+            "set CONVERGERD_HOME_CONTEXT to a kubeconfig context for the home cluster"
+        )
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6
+    ca_path, token_path = sa_dir / "ca.crt", sa_dir / "token"
+    try:
+        ca = ca_path.read_bytes()
+    except OSError as exc:
+        raise NoCredentials(
+            f"in-cluster config: cannot read the service account CA {ca_path}: {exc.strerror}"
+        ) from exc
+    if not token_path.is_file():
+        raise NoCredentials(f"in-cluster config: no service account token at {token_path}")
+    return Credentials(
+        name=IN_CLUSTER_NAME, server=f"https://{host}:{port}", ca_pem=ca, token_file=token_path
+    )
+
+
+def _named(
+    doc: Mapping[str, Any], key: str, inner: str, source: str
+) -> dict[str, Mapping[str, Any]]:
+    entries = doc.get(key) or []
+    if not isinstance(entries, list):
+        raise ConfigError(SETTING, source, f"{key}: expected a list")
+    out: dict[str, Mapping[str, Any]] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ConfigError(SETTING, source, f"{key}[{i}]: expected a mapping with a name")
+        body = entry.get(inner) or {}
+        if not isinstance(body, dict):
+            raise ConfigError(SETTING, source, f"{key}[{i}].{inner}: expected a mapping")
+        out[entry["name"]] = body
+    return out
+
+
+def _credentials(
+    context: str, cluster: Mapping[str, Any], user: Mapping[str, Any], base_dir: Path
+) -> Credentials:
+    for unsupported, what in (("exec", "exec credential plugins"),
+                              ("auth-provider", "auth-provider plugins"),
+                              ("username", "basic auth")):
+        if user.get(unsupported):
+            raise NoCredentials(
+                f"context {context!r}: {what} are not supported by convergerd; "
+                "use a bearer token (token or tokenFile) or a client certificate",
+                reason="unsupported_auth",
+            )
+    server = _server(context, cluster.get("server"))
+    ca = _data_or_file(context, cluster, "certificate-authority", base_dir)
+    cert = _data_or_file(context, user, "client-certificate", base_dir)
+    key = _data_or_file(context, user, "client-key", base_dir)
+    if (cert is None) != (key is None):
+        raise NoCredentials(
+            f"context {context!r}: client-certificate and client-key must be given together"
+        )
+    token = user.get("token")
+    if token is not None and not isinstance(token, str):
+        raise NoCredentials(f"context {context!r}: user token must be a string")
+    token_file = _path(context, user.get("tokenFile"), "tokenFile", base_dir)
+    tls_server_name = cluster.get("tls-server-name")
+    return Credentials(
+        name=context,
+        server=server,
+        ca_pem=ca,
+        token=token.strip() if token else None,
+        token_file=token_file,
+        client_cert_pem=cert,
+        client_key_pem=key,
+        insecure_skip_tls_verify=bool(cluster.get("insecure-skip-tls-verify", False)),
+        tls_server_name=tls_server_name if isinstance(tls_server_name, str) else None,
+    )
+
+
+def _server(context: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise NoCredentials(f"context {context!r}: the cluster has no server URL")
+    parsed = urllib.parse.urlsplit(value)
+    if parsed.scheme not in ("https", "http") or not parsed.hostname:
+        raise NoCredentials(
+            f"context {context!r}: server must be an https:// URL with a host"
+        )
+    if parsed.username or parsed.password or parsed.query or parsed.fragment:
+        raise NoCredentials(
+            f"context {context!r}: server URL must not carry credentials, a query or a fragment"
+        )
+    return value.rstrip("/")
+
+
+def _data_or_file(
+    context: str, section: Mapping[str, Any], key: str, base_dir: Path
+) -> bytes | None:
+    data = section.get(f"{key}-data")
+    if data:
+        if not isinstance(data, str):
+            raise NoCredentials(f"context {context!r}: {key}-data must be a base64 string")
+        try:
+            return base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise NoCredentials(f"context {context!r}: {key}-data is not valid base64") from None
+    path = _path(context, section.get(key), key, base_dir)
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise NoCredentials(f"context {context!r}: cannot read {key} {path}: {exc.strerror}"
+                            ) from exc
+
+
+def _path(context: str, value: object, key: str, base_dir: Path) -> Path | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise NoCredentials(f"context {context!r}: {key} must be a file path")
+    path = Path(os.path.expanduser(value))
+    return path if path.is_absolute() else base_dir / path

@@ -1,0 +1,150 @@
+"""`ClusterRegistry`: one `ClusterClient` per cluster, created on first use and reused across
+rounds, SSL contexts shared by CA, all pools closed together.
+
+The kubeconfig is re-read by `refresh()` when the file changed (size or mtime): clients whose
+credentials changed are closed and rebuilt on next use, the others keep their pools.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import convergerd
+from convergerd.config import ClusterAccess
+from convergerd.errors import NoCredentials
+from convergerd.kube.api import RequestObserver
+from convergerd.kube.client import ClusterClient, user_agent
+from convergerd.kube.kubeconfig import (
+    Credentials,
+    Kubeconfig,
+    in_cluster_credentials,
+    load_kubeconfig,
+)
+from convergerd.kube.tlsctx import TlsContexts
+from convergerd.model import ClusterId
+
+log = logging.getLogger(__name__)
+
+HOME_IN_CLUSTER = ClusterId("in-cluster")
+
+
+class ClusterRegistry:
+    def __init__(
+        self,
+        *,
+        kubeconfig: Path | None,
+        access: ClusterAccess,
+        identity: str,
+        observer: RequestObserver | None = None,
+        env: Mapping[str, str] | None = None,
+        sa_dir: Path | None = None,
+        tls: TlsContexts | None = None,
+    ) -> None:
+        self._path = kubeconfig
+        self._access = access
+        self._observer = observer
+        self._env = env if env is not None else os.environ
+        self._sa_dir = sa_dir
+        self.tls = tls or TlsContexts()
+        self.user_agent = user_agent(convergerd.__version__, identity)
+        self._clients: dict[ClusterId, tuple[Credentials, ClusterClient]] = {}
+        self._kubeconfig: Kubeconfig | None = None
+        self._stamp: tuple[int, int] | None = None
+        if kubeconfig is not None:
+            self._kubeconfig, self._stamp = _load(kubeconfig)
+
+    def __repr__(self) -> str:
+        return f"ClusterRegistry({self._path!s}, {len(self._clients)} clients)"
+
+    @property
+    def contexts(self) -> frozenset[str]:
+        return self._kubeconfig.contexts if self._kubeconfig is not None else frozenset()
+
+    def has_context(self, cluster_id: str) -> bool:
+        return self._kubeconfig is not None and cluster_id in self._kubeconfig
+
+    def get(self, cluster_id: ClusterId) -> ClusterClient:
+        """The cluster's client; `NoCredentials` when the kubeconfig has no usable context."""
+        entry = self._clients.get(cluster_id)
+        if entry is not None:
+            return entry[1]
+        if self._kubeconfig is None:
+            raise NoCredentials(
+                f"no kubeconfig configured (CONVERGERD_KUBECONFIG), so no context for "
+                f"{cluster_id!r}"
+            )
+        return self._open(cluster_id, self._kubeconfig.credentials(cluster_id))
+
+    def home(self, context: str | None) -> ClusterClient:
+        """The home cluster (the Lease): a kubeconfig context, or in-cluster config (None)."""
+        if context is not None:
+            return self.get(ClusterId(context))
+        entry = self._clients.get(HOME_IN_CLUSTER)
+        if entry is not None:
+            return entry[1]
+        kwargs = {"sa_dir": self._sa_dir} if self._sa_dir is not None else {}
+        return self._open(HOME_IN_CLUSTER, in_cluster_credentials(self._env, **kwargs))
+
+    async def refresh(self) -> bool:
+        """Re-read the kubeconfig if the file changed; True when it did. Clients whose
+        credentials changed (or whose context is gone) are closed."""
+        if self._path is None:
+            return False
+        try:
+            current = _stamp(self._path)
+        except OSError:
+            return False  # being replaced, or gone: keep what we have
+        if current == self._stamp:
+            return False
+        kubeconfig, loaded = _load(self._path)
+        self._kubeconfig, self._stamp = kubeconfig, loaded
+        stale: list[ClusterClient] = []
+        for cluster_id, (creds, client) in list(self._clients.items()):
+            if cluster_id == HOME_IN_CLUSTER:
+                continue
+            try:
+                fresh = kubeconfig.credentials(cluster_id)
+            except NoCredentials:
+                fresh = None
+            if fresh != creds:
+                del self._clients[cluster_id]
+                stale.append(client)
+        for client in stale:
+            await client.close()
+        log.info("kubeconfig reloaded: %d contexts, %d clients rebuilt on next use",
+                 len(kubeconfig.contexts), len(stale))
+        return True
+
+    async def close(self) -> None:
+        clients = [client for _, client in self._clients.values()]
+        self._clients.clear()
+        for client in clients:
+            await client.close()
+
+    def _open(self, cluster_id: ClusterId, creds: Credentials) -> ClusterClient:
+        client = ClusterClient(
+            cluster_id,
+            creds,
+            ssl_context=self.tls.context_for(creds),
+            access=self._access,
+            agent=self.user_agent,
+            observer=self._observer,
+        )
+        self._clients[cluster_id] = (creds, client)
+        return client
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+def _load(path: Path) -> tuple[Kubeconfig, tuple[int, int] | None]:
+    try:
+        stamp: tuple[int, int] | None = _stamp(path)
+    except OSError:
+        stamp = None
+    return load_kubeconfig(path), stamp

@@ -1,0 +1,131 @@
+"""The retry policy for cluster calls (SPEC.md §5), on tenacity.
+
+Decisions are pure functions of the error's class, the attempt number and the clock:
+
+- `ClusterUnreachable` with reason `timeout` (connect timeout, hung server): no retry in this
+  round, so a down or slow cluster costs one timeout per round, not one per attempt;
+- `ClusterUnreachable` otherwise (refused, reset, TLS): exponential backoff, full jitter;
+- `TransientApiError` (500, 502, 503, 504): exponential backoff, full jitter;
+- `Throttled` (429): wait `Retry-After` (backoff when the server gave none);
+- anything else (`ClusterLevelError`, `ObjectRejected`, `NoCredentials`, not ours): no retry.
+
+No wait may end past the caller's deadline: then the last error is raised at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+import tenacity
+
+from convergerd.errors import ClusterError, ClusterUnreachable, Throttled
+
+T = TypeVar("T")
+
+BASE_S = 0.2
+CAP_S = 5.0
+MAX_ATTEMPTS = 6
+# The reason slug the client gives a timeout (`convergerd.kube.client.REASON_TIMEOUT`).
+TIMEOUT_REASON = "timeout"
+# An attempt needs some time to be worth starting: never wait to end up with less than this.
+MIN_ATTEMPT_S = 0.05
+
+
+class RetryObserver(Protocol):
+    def retry(self, cluster: str, reason: str) -> None: ...
+
+
+class Random(Protocol):
+    def uniform(self, a: float, b: float) -> float: ...
+
+
+def backoff_s(attempt: int, *, base: float, cap: float, rng: Random) -> float:
+    """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))]; `attempt` counts from 1
+    (the attempt that just failed)."""
+    ceiling = min(cap, base * 2.0 ** max(0, attempt - 1))
+    return rng.uniform(0.0, ceiling)
+
+
+def next_wait(
+    exc: BaseException,
+    attempt: int,
+    *,
+    now: float,
+    deadline: float,
+    base: float = BASE_S,
+    cap: float = CAP_S,
+    max_attempts: int = MAX_ATTEMPTS,
+    rng: Random,
+) -> float | None:
+    """Seconds to wait before the next attempt, or None: do not retry (raise `exc`)."""
+    if not isinstance(exc, ClusterError) or not exc.retryable:
+        return None
+    if isinstance(exc, ClusterUnreachable) and exc.reason == TIMEOUT_REASON:
+        return None
+    if attempt >= max_attempts:
+        return None
+    if isinstance(exc, Throttled) and exc.retry_after_s is not None:
+        wait = exc.retry_after_s
+    else:
+        wait = backoff_s(attempt, base=base, cap=cap, rng=rng)
+    if now + wait + MIN_ATTEMPT_S > deadline:
+        return None
+    return wait
+
+
+async def call_with_retries(
+    fn: Callable[[float], Awaitable[T]],
+    *,
+    deadline: float,
+    attempt_timeout_s: float,
+    cluster: str,
+    observer: RetryObserver | None = None,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    rng: Random | None = None,
+    base: float = BASE_S,
+    cap: float = CAP_S,
+    max_attempts: int = MAX_ATTEMPTS,
+) -> T:
+    """`await fn(timeout_s)` until it succeeds or `next_wait` says stop; the last error is
+    raised as is. Each attempt gets `min(attempt_timeout_s, time left to deadline)`;
+    `deadline` is in `clock` time (default: the running loop's)."""
+    now_fn = clock or asyncio.get_running_loop().time
+    jitter: Random = rng or random.Random()
+    decided: list[float | None] = [None]
+
+    def should_retry(state: tenacity.RetryCallState) -> bool:
+        outcome = state.outcome
+        if outcome is None or not outcome.failed:
+            return False
+        exc = outcome.exception()
+        if exc is None:
+            return False
+        wait = next_wait(exc, state.attempt_number, now=now_fn(), deadline=deadline,
+                         base=base, cap=cap, max_attempts=max_attempts, rng=jitter)
+        decided[0] = wait
+        if wait is not None and observer is not None and isinstance(exc, ClusterError):
+            observer.retry(cluster, exc.reason)
+        return wait is not None
+
+    def wait_for(state: tenacity.RetryCallState) -> float:
+        return decided[0] or 0.0
+
+    retrying = tenacity.AsyncRetrying(
+        retry=should_retry,
+        wait=wait_for,
+        stop=tenacity.stop_never,  # next_wait owns every stop decision
+        sleep=sleep,
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            remaining = deadline - now_fn()
+            if remaining <= 0:
+                raise ClusterUnreachable("the round's deadline has passed",
+                                         reason=TIMEOUT_REASON)
+            return await fn(min(attempt_timeout_s, remaining))
+    raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
