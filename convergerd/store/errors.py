@@ -1,0 +1,92 @@
+"""Database errors classified where they enter: by exception class and SQLSTATE, never by
+message text. Transient ones become `DatabaseUnavailable` (callers wait and retry); the rest
+propagate unchanged, as bugs or data errors to look at."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import asyncpg
+
+from convergerd.config import redact_dsn
+from convergerd.errors import DatabaseUnavailable
+
+# SQLSTATE classes and codes that say "the database cannot serve you right now".
+_TRANSIENT_CLASSES = (
+    "08",  # connection exception
+    "53",  # insufficient resources (too many connections, disk full, out of memory)
+)
+_TRANSIENT_CODES = frozenset({
+    "57P01",  # admin_shutdown
+    "57P02",  # crash_shutdown
+    "57P03",  # cannot_connect_now (starting up, recovery)
+    "57P04",  # database_dropped
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "55P03",  # lock_not_available
+})
+# Only meaningful while connecting: the server is up but will not let us in. Retrying is right
+# (credentials rotate, the database gets created), and the message says which it is.
+_CONNECT_CODES = frozenset({
+    "28000",  # invalid_authorization_specification
+    "28P01",  # invalid_password
+    "3D000",  # invalid_catalog_name: the database does not exist
+})
+
+
+def is_transient(exc: BaseException, *, connecting: bool = False) -> bool:
+    """Whether `exc` means the database is unreachable or failed transiently."""
+    if isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError)):
+        return True
+    if isinstance(
+        exc,
+        (
+            asyncpg.PostgresConnectionError,  # SQLSTATE 08, ConnectionDoesNotExistError included
+            asyncpg.CannotConnectNowError,
+            asyncpg.InsufficientResourcesError,
+        ),
+    ):
+        return True
+    if isinstance(exc, asyncpg.InterfaceError):
+        # The client side of a lost connection: the pool or connection was closed under us.
+        return isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError) or connecting
+    if isinstance(exc, asyncpg.PostgresError):
+        code = str(getattr(exc, "sqlstate", "") or "")
+        return (
+            code[:2] in _TRANSIENT_CLASSES
+            or code in _TRANSIENT_CODES
+            or (connecting and code in _CONNECT_CODES)
+        )
+    return False
+
+
+def describe(exc: BaseException) -> str:
+    """A short reason without secrets: the class name and SQLSTATE (message text of server
+    errors never contains the DSN password)."""
+    code = getattr(exc, "sqlstate", None)
+    name = type(exc).__name__
+    text = str(exc).strip()
+    detail = f"{name} (SQLSTATE {code})" if code else name
+    return f"{detail}: {text}" if text else detail
+
+
+@contextmanager
+def database_errors(dsn: str, *, connecting: bool = False) -> Iterator[None]:
+    """Turn transient database errors raised inside into `DatabaseUnavailable` naming the
+    redacted DSN; everything else passes through."""
+    try:
+        yield
+    except DatabaseUnavailable:
+        raise
+    except Exception as exc:
+        if not is_transient(exc, connecting=connecting):
+            raise
+        raise unavailable(dsn, exc, connecting=connecting) from exc
+
+
+def unavailable(dsn: str, exc: BaseException, *, connecting: bool = False) -> DatabaseUnavailable:
+    """The `DatabaseUnavailable` for a transient `exc` (raise it `from exc`)."""
+    action = "cannot connect to" if connecting else "lost the database at"
+    return DatabaseUnavailable(f"{action} {redact_dsn(dsn)}: {describe(exc)}")

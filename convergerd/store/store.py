@@ -1,0 +1,559 @@
+"""`Store`: what convergerd reads from and records in the policy database (asyncpg pool).
+
+Reads give the fleet (clusters, boundaries, validated policies) and the records the status API
+shows on any replica; writes record rounds and deliveries. Transient database failures raise
+`DatabaseUnavailable` (see `convergerd.store.errors`); callers wait and retry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+import asyncpg
+
+from convergerd.config import redact_dsn
+from convergerd.errors import DatabaseUnavailable
+from convergerd.model import (
+    Boundary,
+    BoundaryId,
+    Cluster,
+    ClusterId,
+    Fleet,
+    InvalidPolicy,
+    Policy,
+    PolicyRow,
+    validate_policy,
+)
+from convergerd.report import (
+    ApplyResult,
+    Delivery,
+    Epoch,
+    PhaseReading,
+    RoundReport,
+    RoundResult,
+)
+from convergerd.store.errors import database_errors, is_transient, unavailable
+from convergerd.store.schema import check_schema
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRow:
+    id: int
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    result: RoundResult
+    epoch: Epoch | None
+    identity: str
+    counts: Mapping[str, int]
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStateRow:
+    """A cluster's latest outcome. A cluster never attempted has `reachable` None and no times."""
+
+    cluster: ClusterId
+    reachable: bool | None
+    last_attempt_at: dt.datetime | None
+    last_success_at: dt.datetime | None  # last time it fully converged
+    last_reached_at: dt.datetime | None
+    last_error: str | None
+    last_reason: str | None
+    desired: int
+    in_sync: int
+    failed: int
+    server_version: str | None
+    round_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRow:
+    """One policy on one cluster: the last delivery and the last phase read back."""
+
+    policy: str
+    cluster: str
+    delivered_revision: int | None
+    last_result: ApplyResult | None
+    last_attempt_at: dt.datetime | None
+    last_success_at: dt.datetime | None
+    last_error: str | None
+    last_reason: str | None
+    attempts: int  # consecutive failed attempts; 0 after a success
+    round_id: int | None  # None when written by a save
+    phase: str | None
+    phase_reason: str | None
+    phase_message: str | None
+    phase_revision: int | None
+    phase_seen_at: dt.datetime | None
+
+
+# One statement records deliveries and phase readings (merged per policy and cluster): each row
+# is rewritten once per round. Older facts never overwrite newer ones (a save racing a round).
+_UPSERT_DELIVERIES = """
+INSERT INTO deliveries AS d (
+    policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
+    last_error, last_reason, attempts, round_id,
+    phase, phase_reason, phase_message, phase_revision, phase_seen_at)
+SELECT u.policy_id, u.cluster_id,
+       CASE WHEN u.result <> 'failed' THEN u.revision END,
+       u.result, u.at,
+       CASE WHEN u.result <> 'failed' THEN u.at END,
+       u.error, u.reason,
+       CASE WHEN u.result = 'failed' THEN u.attempts ELSE 0 END,
+       $14::bigint,
+       u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.phase_seen_at
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[], $6::text[],
+            $7::text[], $8::int[], $9::text[], $10::text[], $11::text[], $12::bigint[],
+            $13::timestamptz[])
+     AS u(policy_id, cluster_id, revision, result, at, error, reason, attempts,
+          phase, phase_reason, phase_message, phase_revision, phase_seen_at)
+ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
+    (delivered_revision, last_result, last_attempt_at, last_success_at, last_error,
+     last_reason, attempts, round_id) =
+    (SELECT CASE WHEN NOT fresh THEN d.delivered_revision
+                 ELSE COALESCE(EXCLUDED.delivered_revision, d.delivered_revision) END,
+            CASE WHEN fresh THEN EXCLUDED.last_result ELSE d.last_result END,
+            CASE WHEN fresh THEN EXCLUDED.last_attempt_at ELSE d.last_attempt_at END,
+            CASE WHEN NOT fresh THEN d.last_success_at
+                 ELSE COALESCE(EXCLUDED.last_success_at, d.last_success_at) END,
+            CASE WHEN fresh THEN EXCLUDED.last_error ELSE d.last_error END,
+            CASE WHEN fresh THEN EXCLUDED.last_reason ELSE d.last_reason END,
+            CASE WHEN NOT fresh THEN d.attempts
+                 WHEN EXCLUDED.last_result = 'failed' THEN d.attempts + EXCLUDED.attempts
+                 ELSE 0 END,
+            CASE WHEN fresh THEN EXCLUDED.round_id ELSE d.round_id END
+     FROM (SELECT EXCLUDED.last_attempt_at IS NOT NULL
+                  AND (d.last_attempt_at IS NULL
+                       OR d.last_attempt_at <= EXCLUDED.last_attempt_at) AS fresh) AS f),
+    (phase, phase_reason, phase_message, phase_revision, phase_seen_at) =
+    (SELECT CASE WHEN seen THEN EXCLUDED.phase ELSE d.phase END,
+            CASE WHEN seen THEN EXCLUDED.phase_reason ELSE d.phase_reason END,
+            CASE WHEN seen THEN EXCLUDED.phase_message ELSE d.phase_message END,
+            CASE WHEN seen THEN EXCLUDED.phase_revision ELSE d.phase_revision END,
+            CASE WHEN seen THEN EXCLUDED.phase_seen_at ELSE d.phase_seen_at END
+     FROM (SELECT EXCLUDED.phase_seen_at IS NOT NULL
+                  AND (d.phase_seen_at IS NULL
+                       OR d.phase_seen_at <= EXCLUDED.phase_seen_at) AS seen) AS s)
+"""
+
+_UPSERT_CLUSTER_STATE = """
+INSERT INTO cluster_state AS s (
+    cluster_id, last_attempt_at, last_success_at, last_reached_at, reachable, last_error,
+    last_reason, desired, in_sync, failed, server_version, duration_s, round_id)
+SELECT u.cluster_id, $2::timestamptz,
+       CASE WHEN u.converged THEN $2::timestamptz END,
+       CASE WHEN u.reached THEN $2::timestamptz END,
+       u.reached, u.error, u.reason, u.desired, u.in_sync, u.failed, u.server_version,
+       u.duration_s, $1::bigint
+FROM unnest($3::text[], $4::boolean[], $5::boolean[], $6::text[], $7::text[], $8::int[],
+            $9::int[], $10::int[], $11::text[], $12::float8[])
+     AS u(cluster_id, reached, converged, error, reason, desired, in_sync, failed,
+          server_version, duration_s)
+ON CONFLICT (cluster_id) DO UPDATE SET
+    last_attempt_at = EXCLUDED.last_attempt_at,
+    last_success_at = COALESCE(EXCLUDED.last_success_at, s.last_success_at),
+    last_reached_at = COALESCE(EXCLUDED.last_reached_at, s.last_reached_at),
+    reachable = EXCLUDED.reachable,
+    last_error = EXCLUDED.last_error,
+    last_reason = EXCLUDED.last_reason,
+    desired = EXCLUDED.desired,
+    in_sync = EXCLUDED.in_sync,
+    failed = EXCLUDED.failed,
+    server_version = COALESCE(EXCLUDED.server_version, s.server_version),
+    duration_s = EXCLUDED.duration_s,
+    round_id = EXCLUDED.round_id
+"""
+
+_REPLACE_INVALID = """
+WITH gone AS (
+    DELETE FROM invalid_policies WHERE NOT (policy_id = ANY($1::text[]))
+)
+INSERT INTO invalid_policies AS i (
+    policy_id, boundary_id, revision, reason, first_seen_at, seen_at, round_id)
+SELECT u.policy_id, u.boundary_id, u.revision, u.reason, $4, $4, $5
+FROM unnest($1::text[], $2::text[], $3::bigint[], $6::text[])
+     AS u(policy_id, boundary_id, revision, reason)
+ON CONFLICT (policy_id) DO UPDATE SET
+    boundary_id = EXCLUDED.boundary_id,
+    first_seen_at = CASE WHEN i.revision = EXCLUDED.revision AND i.reason = EXCLUDED.reason
+                         THEN i.first_seen_at ELSE EXCLUDED.first_seen_at END,
+    revision = EXCLUDED.revision,
+    reason = EXCLUDED.reason,
+    seen_at = EXCLUDED.seen_at,
+    round_id = EXCLUDED.round_id
+"""
+
+_DELIVERY_COLUMNS = """
+    policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
+    last_error, last_reason, attempts, round_id, phase, phase_reason, phase_message,
+    phase_revision, phase_seen_at
+"""
+
+
+def _delivery_row(r: asyncpg.Record) -> DeliveryRow:
+    return DeliveryRow(
+        policy=r["policy_id"],
+        cluster=r["cluster_id"],
+        delivered_revision=r["delivered_revision"],
+        last_result=ApplyResult(r["last_result"]) if r["last_result"] else None,
+        last_attempt_at=r["last_attempt_at"],
+        last_success_at=r["last_success_at"],
+        last_error=r["last_error"],
+        last_reason=r["last_reason"],
+        attempts=r["attempts"],
+        round_id=r["round_id"],
+        phase=r["phase"],
+        phase_reason=r["phase_reason"],
+        phase_message=r["phase_message"],
+        phase_revision=r["phase_revision"],
+        phase_seen_at=r["phase_seen_at"],
+    )
+
+
+def _policy_row(r: asyncpg.Record) -> PolicyRow:
+    return PolicyRow(
+        id=r["id"],
+        boundary=r["boundary_id"],
+        rule=r["rule"],
+        enabled=r["enabled"],
+        revision=r["revision"],
+    )
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    if value.tzinfo is None:
+        raise ValueError(f"naive datetime {value!r}: convergerd records UTC-aware times")
+    return value
+
+
+def _delivery_arrays(
+    deliveries: Sequence[Delivery], phases: Sequence[PhaseReading], round_id: int | None
+) -> list[Any]:
+    """Merge deliveries and phase readings per (policy, cluster) into column arrays for
+    `_UPSERT_DELIVERIES` (the latest of duplicates wins: a row is written once)."""
+    merged: dict[tuple[str, str], list[Any]] = {}
+    for d in deliveries:
+        key = (d.policy, d.cluster)
+        row = merged.get(key)
+        if row is not None and row[4] is not None and row[4] > d.at:
+            continue
+        fresh = [d.policy, d.cluster, d.revision, d.result.value, _utc(d.at), d.error,
+                 d.reason, d.attempts, None, None, None, None, None]
+        if row is not None:
+            fresh[8:] = row[8:]
+        merged[key] = fresh
+    for p in phases:
+        key = (p.policy, p.cluster)
+        row = merged.setdefault(
+            key, [p.policy, p.cluster, None, None, None, None, None, 0,
+                  None, None, None, None, None]
+        )
+        if row[12] is not None and row[12] > p.seen_at:
+            continue
+        row[8:] = [p.phase, p.ready_reason, p.ready_message, p.revision, _utc(p.seen_at)]
+    columns = [list(col) for col in zip(*merged.values(), strict=True)] if merged else [
+        [] for _ in range(13)
+    ]
+    return [*columns, round_id]
+
+
+class Store:
+    """The policy database. Create with `await Store.connect(dsn)`; `close()` when done."""
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+        self._pool = pool
+        self._dsn = dsn
+
+    @property
+    def dsn(self) -> str:
+        """The DSN with its password redacted, for logs and status."""
+        return redact_dsn(self._dsn)
+
+    @classmethod
+    async def connect(
+        cls, dsn: str, *, min_size: int = 1, max_size: int = 5, check: bool = True
+    ) -> Self:
+        """Open a pool; with `check`, refuse an unmigrated schema (`SchemaNotMigrated`).
+        Unreachable database: `DatabaseUnavailable` naming the redacted DSN."""
+        try:
+            with database_errors(dsn, connecting=True):
+                pool = await asyncpg.create_pool(
+                    dsn, min_size=min_size, max_size=max_size, init=_init_connection, timeout=10
+                )
+        except (ValueError, asyncpg.ClientConfigurationError) as exc:
+            # asyncpg's DSN parse errors may quote the DSN: never show it.
+            raise DatabaseUnavailable(
+                f"bad database URL {redact_dsn(dsn)}: {type(exc).__name__}"
+            ) from None
+        store = cls(pool, dsn)
+        if check:
+            try:
+                async with store._acquire() as conn:
+                    await check_schema(conn)
+            except BaseException:
+                await pool.close()
+                raise
+        return store
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    def _acquire(self) -> _Acquire:
+        return _Acquire(self._pool, self._dsn)
+
+    async def ping(self) -> None:
+        """A round trip to the database (for /readyz); `DatabaseUnavailable` if it fails."""
+        async with self._acquire() as conn:
+            await conn.fetchval("SELECT 1", timeout=5)
+
+    # ---- the fleet ---------------------------------------------------------------------------
+
+    async def load_fleet(self) -> Fleet:
+        """Clusters, boundaries and validated policies, from one consistent snapshot. A policy
+        naming a boundary that does not exist is invalid (it could reach no cluster)."""
+        async with self._acquire() as conn, conn.transaction(
+            isolation="repeatable_read", readonly=True
+        ):
+            cluster_rows = await conn.fetch("SELECT id FROM clusters ORDER BY id")
+            boundary_rows = await conn.fetch(
+                """SELECT b.id, array_remove(array_agg(bc.cluster_id), NULL) AS clusters
+                   FROM boundaries b LEFT JOIN boundary_clusters bc ON bc.boundary_id = b.id
+                   GROUP BY b.id ORDER BY b.id"""
+            )
+            policy_rows = await conn.fetch(
+                """SELECT id, boundary_id, rule, enabled, revision FROM policies
+                   WHERE deleted_at IS NULL ORDER BY id"""
+            )
+        boundaries = {
+            BoundaryId(r["id"]): Boundary(
+                BoundaryId(r["id"]), frozenset(ClusterId(c) for c in r["clusters"])
+            )
+            for r in boundary_rows
+        }
+        policies: list[Policy] = []
+        invalid: list[InvalidPolicy] = []
+        for result in _validate_all([_policy_row(r) for r in policy_rows], boundaries):
+            if isinstance(result, Policy):
+                policies.append(result)
+            else:
+                invalid.append(result)
+        return Fleet(
+            clusters=[Cluster(ClusterId(r["id"])) for r in cluster_rows],
+            boundaries=boundaries,
+            policies=policies,
+            invalid=invalid,
+        )
+
+    async def get_policy(self, policy_id: str) -> PolicyRow | None:
+        """The stored row (not validated), or None if there is none or it is being deleted."""
+        async with self._acquire() as conn:
+            row = await conn.fetchrow(
+                """SELECT id, boundary_id, rule, enabled, revision FROM policies
+                   WHERE id = $1 AND deleted_at IS NULL""",
+                policy_id,
+            )
+        return _policy_row(row) if row is not None else None
+
+    async def policy_scope(self, policy_id: str) -> frozenset[ClusterId]:
+        """The known clusters the policy's boundary covers now (empty for an unknown policy)."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT bc.cluster_id FROM policies p
+                   JOIN boundary_clusters bc ON bc.boundary_id = p.boundary_id
+                   JOIN clusters c ON c.id = bc.cluster_id
+                   WHERE p.id = $1 AND p.deleted_at IS NULL""",
+                policy_id,
+            )
+        return frozenset(ClusterId(r["cluster_id"]) for r in rows)
+
+    async def invalid_policies(self) -> list[InvalidPolicy]:
+        """Policies that cannot be delivered, validated now from the current rows (so a fixed
+        row stops being reported at once, and standbys answer before any round)."""
+        return list((await self.load_fleet()).invalid)
+
+    # ---- records -----------------------------------------------------------------------------
+
+    async def record_round(self, report: RoundReport, *, identity: str) -> int:
+        """Record a round in one transaction: the round, each cluster's state, every delivery
+        and phase reading, and the invalid policies it saw. Returns the round id."""
+        finished = report.finished_at
+        at = _utc(finished or report.started_at)
+        outcomes = report.clusters
+        deliveries = [d for c in outcomes for d in c.deliveries]
+        phases = [p for c in outcomes for p in c.phases]
+        async with self._acquire() as conn, conn.transaction():
+            round_id: int = await conn.fetchval(
+                """INSERT INTO rounds (started_at, finished_at, result, epoch_holder,
+                       epoch_transitions, identity, counts, error)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id""",
+                _utc(report.started_at),
+                finished,
+                report.result.value,
+                report.epoch.holder if report.epoch else None,
+                report.epoch.transitions if report.epoch else None,
+                identity,
+                report.counts(),
+                report.error,
+            )
+            if outcomes:
+                await conn.execute(
+                    _UPSERT_CLUSTER_STATE,
+                    round_id,
+                    at,
+                    [c.cluster for c in outcomes],
+                    [c.reached for c in outcomes],
+                    [c.converged for c in outcomes],
+                    [c.error for c in outcomes],
+                    [c.reason for c in outcomes],
+                    [c.desired for c in outcomes],
+                    [c.in_sync for c in outcomes],
+                    [c.failed for c in outcomes],
+                    [c.server_version for c in outcomes],
+                    [c.duration_s for c in outcomes],
+                )
+            if deliveries or phases:
+                await conn.execute(
+                    _UPSERT_DELIVERIES, *_delivery_arrays(deliveries, phases, round_id)
+                )
+            if report.error is None:
+                # A round that ran saw the whole fleet: its invalid list replaces the last one.
+                await conn.execute(
+                    _REPLACE_INVALID,
+                    [p.id for p in report.invalid],
+                    [p.boundary for p in report.invalid],
+                    [p.revision for p in report.invalid],
+                    at,
+                    round_id,
+                    [p.reason for p in report.invalid],
+                )
+        return round_id
+
+    async def record_deliveries(self, deliveries: Sequence[Delivery]) -> None:
+        """Record deliveries made outside a round (a save): `round_id` stays NULL."""
+        if not deliveries:
+            return
+        async with self._acquire() as conn:
+            await conn.execute(_UPSERT_DELIVERIES, *_delivery_arrays(deliveries, (), None))
+
+    # ---- what the status API reads -----------------------------------------------------------
+
+    async def last_round(self) -> RoundRow | None:
+        async with self._acquire() as conn:
+            r = await conn.fetchrow("SELECT * FROM rounds ORDER BY id DESC LIMIT 1")
+        if r is None:
+            return None
+        holder = r["epoch_holder"]
+        return RoundRow(
+            id=r["id"],
+            started_at=r["started_at"],
+            finished_at=r["finished_at"],
+            result=RoundResult(r["result"]),
+            epoch=Epoch(holder, r["epoch_transitions"] or 0) if holder is not None else None,
+            identity=r["identity"],
+            counts=r["counts"],
+            error=r["error"],
+        )
+
+    async def cluster_states(self) -> list[ClusterStateRow]:
+        """Every cluster in the fleet, with its latest outcome (never-attempted ones too)."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT c.id AS cluster_id, s.reachable, s.last_attempt_at, s.last_success_at,
+                          s.last_reached_at, s.last_error, s.last_reason,
+                          COALESCE(s.desired, 0) AS desired, COALESCE(s.in_sync, 0) AS in_sync,
+                          COALESCE(s.failed, 0) AS failed, s.server_version, s.round_id
+                   FROM clusters c LEFT JOIN cluster_state s ON s.cluster_id = c.id
+                   ORDER BY c.id"""
+            )
+        return [
+            ClusterStateRow(
+                cluster=ClusterId(r["cluster_id"]),
+                reachable=r["reachable"],
+                last_attempt_at=r["last_attempt_at"],
+                last_success_at=r["last_success_at"],
+                last_reached_at=r["last_reached_at"],
+                last_error=r["last_error"],
+                last_reason=r["last_reason"],
+                desired=r["desired"],
+                in_sync=r["in_sync"],
+                failed=r["failed"],
+                server_version=r["server_version"],
+                round_id=r["round_id"],
+            )
+            for r in rows
+        ]
+
+    async def deliveries_for_policy(self, policy_id: str) -> list[DeliveryRow]:
+        async with self._acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE policy_id = $1 "  # noqa: S608
+                "ORDER BY cluster_id",
+                policy_id,
+            )
+        return [_delivery_row(r) for r in rows]
+
+    async def deliveries_for_cluster(self, cluster_id: str) -> list[DeliveryRow]:
+        async with self._acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE cluster_id = $1 "  # noqa: S608
+                "ORDER BY policy_id",
+                cluster_id,
+            )
+        return [_delivery_row(r) for r in rows]
+
+
+def _validate_all(
+    rows: Sequence[PolicyRow], boundaries: Mapping[BoundaryId, Boundary]
+) -> list[Policy | InvalidPolicy]:
+    results: list[Policy | InvalidPolicy] = []
+    for row in rows:
+        result = validate_policy(row)
+        if isinstance(result, Policy) and result.boundary not in boundaries:
+            result = InvalidPolicy(
+                row.id, row.boundary, row.revision,
+                reason=f"boundary: {row.boundary!r} does not exist",
+            )
+        results.append(result)
+    return results
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for kind in ("json", "jsonb"):
+        await conn.set_type_codec(
+            kind, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+
+class _Acquire:
+    """`async with`: a pooled connection; transient failures inside become
+    `DatabaseUnavailable`."""
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+        self._pool = pool
+        self._dsn = dsn
+        self._conn: Any = None
+
+    async def __aenter__(self) -> asyncpg.Connection:
+        with database_errors(self._dsn, connecting=True):
+            self._conn = await self._pool.acquire(timeout=10)
+        conn: asyncpg.Connection = self._conn
+        return conn
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        try:
+            await self._pool.release(self._conn)
+        except Exception as release_error:
+            # A broken connection is discarded by the pool; the first error is the story.
+            if exc is None and is_transient(release_error):
+                raise unavailable(self._dsn, release_error) from release_error
+        if (
+            isinstance(exc, Exception)
+            and not isinstance(exc, DatabaseUnavailable)
+            and is_transient(exc)
+        ):
+            raise unavailable(self._dsn, exc) from exc
+        return False
