@@ -1,0 +1,314 @@
+"""Lease arithmetic for leader election (coordination.k8s.io/v1), pure: no I/O, no clocks read.
+
+Two kinds of time appear here and never mix:
+
+- **monotonic seconds** (`*_mono`, a float from the caller's monotonic clock) make every
+  decision: when a foreign lease expires, how long the leader may still write;
+- **wall-clock datetimes** only fill the Lease's `acquireTime` / `renewTime` strings, which other
+  clients read for display. They are never compared with our own clock: another replica's wall
+  clock may be off, and ours may jump.
+
+A foreign lease is judged the way client-go judges it: from the monotonic time at which *we
+observed* its record change, plus the record's own `leaseDurationSeconds`.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import math
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+KubeObject = dict[str, Any]
+
+LEASE_API_VERSION = "coordination.k8s.io/v1"
+DEFAULT_LEASE_DURATION_S = 15.0
+RETRY_JITTER = 0.2  # acquire attempts are spread over retry period x [0.8, 1.2]
+
+_MICROTIME = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{6})(Z|[+-]\d{2}:\d{2})$"
+)
+_ONE_MICROSECOND = dt.timedelta(microseconds=1)
+
+
+class LeaseFormatError(ValueError):
+    """A Lease object (or a MicroTime) that does not have the shape the API defines."""
+
+
+# --- MicroTime -------------------------------------------------------------------------------
+
+
+def format_microtime(moment: dt.datetime) -> str:
+    """`2025-01-02T03:04:05.000000Z`: UTC, exactly six fractional digits, `Z`.
+
+    Written explicitly: `isoformat()` drops the fraction at 0 µs and the API server answers
+    such a value with 400."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError("a MicroTime needs a timezone-aware datetime")
+    utc = moment.astimezone(dt.UTC)
+    return f"{utc:%Y-%m-%dT%H:%M:%S}.{utc.microsecond:06d}Z"
+
+
+def parse_microtime(text: str) -> dt.datetime:
+    """The inverse of `format_microtime`; also accepts a numeric offset (RFC3339Micro)."""
+    match = _MICROTIME.match(text)
+    if match is None:
+        raise LeaseFormatError(f"not a MicroTime (RFC3339 with six fractional digits): {text!r}")
+    try:
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise LeaseFormatError(f"not a valid MicroTime: {text!r}") from exc
+    return parsed.astimezone(dt.UTC)
+
+
+# --- the record ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """A Lease's spec as read, plus its resourceVersion (which does not count as content)."""
+
+    holder: str  # "" when nobody holds it (released)
+    duration_s: int | None
+    acquire_time: str | None
+    renew_time: str | None
+    transitions: int
+    resource_version: str | None = field(default=None, compare=False)
+
+    @property
+    def held(self) -> bool:
+        return self.holder != ""
+
+    @classmethod
+    def from_object(cls, obj: object) -> LeaseRecord:
+        """From a Lease as the API returns it. Missing fields take their zero values; a wrong
+        shape (not an object, wrong types) raises `LeaseFormatError`."""
+        if not isinstance(obj, dict):
+            raise LeaseFormatError(f"a Lease must be a JSON object, got {type(obj).__name__}")
+        metadata = obj.get("metadata")
+        spec = obj.get("spec")
+        metadata = {} if metadata is None else metadata
+        spec = {} if spec is None else spec
+        if not isinstance(metadata, dict) or not isinstance(spec, dict):
+            raise LeaseFormatError("a Lease's metadata and spec must be JSON objects")
+        holder = _typed(spec, "holderIdentity", str) or ""
+        duration = _typed(spec, "leaseDurationSeconds", int)
+        transitions = _typed(spec, "leaseTransitions", int) or 0
+        return cls(
+            holder=holder,
+            duration_s=duration,
+            acquire_time=_typed(spec, "acquireTime", str),
+            renew_time=_typed(spec, "renewTime", str),
+            transitions=transitions,
+            resource_version=_typed(metadata, "resourceVersion", str),
+        )
+
+
+def _typed(mapping: dict[str, Any], key: str, kind: type[Any]) -> Any:
+    value = mapping.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise LeaseFormatError(f"Lease field {key} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """A record and the monotonic time at which we first saw it with this content."""
+
+    record: LeaseRecord
+    since_mono: float
+
+    def expires_mono(self, default_duration_s: float = DEFAULT_LEASE_DURATION_S) -> float:
+        """When this record's holder loses its claim unless the record changes before."""
+        duration = self.record.duration_s
+        effective = float(duration) if duration is not None and duration > 0 else default_duration_s
+        return self.since_mono + effective
+
+
+def observe(
+    previous: Observed | None, record: LeaseRecord | None, now_mono: float
+) -> Observed | None:
+    """Update what we know after reading the Lease at `now_mono` (when the answer arrived).
+
+    The observation time only moves when the record's content changed: a holder that stops
+    renewing leaves the same record, and its lease runs out from when we first saw it."""
+    if record is None:
+        return None
+    if previous is not None and previous.record == record:
+        return previous
+    return Observed(record, now_mono)
+
+
+def can_acquire(
+    observed: Observed | None,
+    now_mono: float,
+    identity: str,
+    *,
+    default_duration_s: float = DEFAULT_LEASE_DURATION_S,
+) -> bool:
+    """May `identity` write itself into the Lease now?
+
+    Yes when there is no Lease, nobody holds it, we hold it, or its record has not changed for
+    the record's own duration (measured on our monotonic clock from our observation)."""
+    if observed is None:
+        return True
+    record = observed.record
+    if not record.held or record.holder == identity:
+        return True
+    return now_mono >= observed.expires_mono(default_duration_s)
+
+
+# --- bodies ----------------------------------------------------------------------------------
+
+
+def lease_duration_field(duration_s: float) -> int:
+    """`leaseDurationSeconds` is an int32: round up, so others wait at least as long as we
+    promised."""
+    return max(1, math.ceil(duration_s))
+
+
+def new_lease_body(
+    *, namespace: str, name: str, identity: str, duration_s: float, now: dt.datetime
+) -> KubeObject:
+    """The body that creates the Lease with us as its first holder."""
+    stamp = format_microtime(now)
+    return {
+        "apiVersion": LEASE_API_VERSION,
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "holderIdentity": identity,
+            "leaseDurationSeconds": lease_duration_field(duration_s),
+            "acquireTime": stamp,
+            "renewTime": stamp,
+            "leaseTransitions": 0,
+        },
+    }
+
+
+def acquire_body(
+    current: KubeObject, *, identity: str, duration_s: float, now: dt.datetime
+) -> KubeObject:
+    """Take over (or, when we already hold it, renew) the existing Lease `current`.
+
+    Keeps `current`'s resourceVersion as the precondition. When the holder changes (including
+    from an empty holder after a release), `leaseTransitions` goes up by one and `acquireTime`
+    is now; when it stays ours this is a renewal."""
+    record = LeaseRecord.from_object(current)
+    if record.holder == identity:
+        return renew_body(current, identity=identity, duration_s=duration_s, now=now)
+    body = _replacement(current)
+    stamp = format_microtime(now)
+    body["spec"].update(
+        holderIdentity=identity,
+        leaseDurationSeconds=lease_duration_field(duration_s),
+        acquireTime=stamp,
+        renewTime=stamp,
+        leaseTransitions=record.transitions + 1,
+    )
+    return body
+
+
+def renew_body(
+    current: KubeObject, *, identity: str, duration_s: float, now: dt.datetime
+) -> KubeObject:
+    """Renew our own Lease: a new `renewTime`, everything else as it is."""
+    record = LeaseRecord.from_object(current)
+    if record.holder != identity:
+        raise ValueError(f"cannot renew a Lease held by {record.holder!r} as {identity!r}")
+    body = _replacement(current)
+    body["spec"].update(
+        holderIdentity=identity,
+        leaseDurationSeconds=lease_duration_field(duration_s),
+        renewTime=format_microtime(next_renew_time(record.renew_time, now)),
+        leaseTransitions=record.transitions,
+    )
+    if record.acquire_time is None:
+        body["spec"]["acquireTime"] = body["spec"]["renewTime"]
+    return body
+
+
+def release_body(current: KubeObject, *, now: dt.datetime) -> KubeObject:
+    """Give the Lease up: an empty holder, so a standby may take it at once (it need not wait
+    for the duration). Transitions and times stay so the history is kept."""
+    record = LeaseRecord.from_object(current)
+    body = _replacement(current)
+    body["spec"].update(
+        holderIdentity="",
+        renewTime=format_microtime(next_renew_time(record.renew_time, now)),
+        leaseTransitions=record.transitions,
+    )
+    return body
+
+
+def next_renew_time(previous: str | None, now: dt.datetime) -> dt.datetime:
+    """`now`, but always after the previous `renewTime`.
+
+    Other replicas see a renewal only as a *change* of the record. If our wall clock stood
+    still or went back, writing the same `renewTime` again would be no change at all (the
+    server does not even store an identical object), and a standby would take over while we
+    still think we lead."""
+    if previous is None:
+        return now
+    try:
+        before = parse_microtime(previous)
+    except LeaseFormatError:
+        return now
+    return max(now.astimezone(dt.UTC), before + _ONE_MICROSECOND)
+
+
+def _replacement(current: KubeObject) -> KubeObject:
+    """A PUT body from the object as read: identity and resourceVersion in metadata (the
+    precondition), the whole spec (fields we do not know, e.g. `preferredHolder`, survive)."""
+    metadata = current.get("metadata") or {}
+    kept = {k: copy.deepcopy(metadata[k]) for k in
+            ("name", "namespace", "resourceVersion", "uid", "labels", "annotations")
+            if k in metadata}
+    return {
+        "apiVersion": LEASE_API_VERSION,
+        "kind": "Lease",
+        "metadata": kept,
+        "spec": copy.deepcopy(current.get("spec") or {}),
+    }
+
+
+# --- fencing and timing ------------------------------------------------------------------------
+
+
+def write_budget(last_renew_mono: float, renew_deadline_s: float, now_mono: float) -> float:
+    """Seconds a leader may still spend on a write; `<= 0` means it is fenced.
+
+    `last_renew_mono` is when the last *successful* renew request was sent (not when its answer
+    came): others count the lease from no earlier than that."""
+    return last_renew_mono + renew_deadline_s - now_mono
+
+
+def jittered(base_s: float, rng: random.Random, spread: float = RETRY_JITTER) -> float:
+    """`base_s` spread uniformly over `[1 - spread, 1 + spread]` times itself, so contending
+    replicas do not stay in lockstep."""
+    return base_s * (1.0 + spread * (2.0 * rng.random() - 1.0))
+
+
+def acquire_delay(
+    observed: Observed | None,
+    now_mono: float,
+    identity: str,
+    retry_period_s: float,
+    rng: random.Random,
+    *,
+    default_duration_s: float = DEFAULT_LEASE_DURATION_S,
+) -> float:
+    """How long a standby waits before its next attempt: a jittered retry period, but no longer
+    than until the observed foreign lease expires (plus a little jitter), so a dead leader is
+    replaced as soon as its lease runs out."""
+    delay = jittered(retry_period_s, rng)
+    if observed is not None and observed.record.held and observed.record.holder != identity:
+        until_expiry = observed.expires_mono(default_duration_s) - now_mono
+        if until_expiry >= 0:
+            delay = min(delay, until_expiry + retry_period_s * RETRY_JITTER * rng.random())
+    return max(0.0, delay)
