@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 import socket
 import urllib.parse
@@ -66,13 +67,20 @@ def _dsn(value: str) -> str:
     return value.strip()
 
 
+_QUERY_PASSWORD = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
+
+
 def redact_dsn(dsn: str) -> str:
-    """The DSN with its password replaced, for logs and status."""
+    """The DSN with its password replaced, for logs and status: in the user info, and in a
+    `password=` query parameter (libpq and asyncpg accept both)."""
     parsed = urllib.parse.urlsplit(dsn)
-    if parsed.password is None:
+    netloc = parsed.netloc
+    if parsed.password is not None:
+        netloc = netloc.replace(f":{parsed.password}@", ":***@", 1)
+    query = _QUERY_PASSWORD.sub(r"\1***", parsed.query)
+    if (netloc, query) == (parsed.netloc, parsed.query):
         return dsn
-    netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@", 1)
-    return urllib.parse.urlunsplit(parsed._replace(netloc=netloc))
+    return urllib.parse.urlunsplit(parsed._replace(netloc=netloc, query=query))
 
 
 @dataclass(frozen=True, slots=True)

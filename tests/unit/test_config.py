@@ -1,0 +1,223 @@
+"""Settings from the environment and flags (SPEC.md §4, §6, §9): defaults, units, clear errors,
+and secrets that never leak."""
+
+from __future__ import annotations
+
+import pytest
+
+from convergerd.config import load_settings, redact_dsn
+from convergerd.errors import ConfigError
+
+ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - the documented default listen address
+DSN = "postgresql://convergerd:s3cr3t-pw@db.example:5432/policies"
+
+
+def test_defaults() -> None:
+    s = load_settings({})
+    assert s.rounds.interval_s == 300.0
+    assert s.rounds.once is False
+    assert 0 < s.rounds.deadline_s < s.rounds.interval_s
+    assert s.election.enabled is True
+    assert (s.election.lease_duration_s, s.election.renew_deadline_s,
+            s.election.retry_period_s) == (15.0, 10.0, 2.0)
+    assert (s.election.lease_name, s.election.lease_namespace) == ("convergerd",
+                                                                    "stackship-system")
+    assert s.election.home_context is None
+    assert (s.http_host, s.http_port) == (ALL_INTERFACES, 8080)
+    assert s.database_url is None
+    assert s.api_token is None
+
+
+def test_default_identity_is_unique_per_start() -> None:
+    assert load_settings({}).election.identity != load_settings({}).election.identity
+
+
+def test_identity_can_be_set() -> None:
+    assert load_settings({"CONVERGERD_IDENTITY": "replica-1"}).election.identity == "replica-1"
+
+
+@pytest.mark.parametrize(
+    ("minutes", "seconds"), [("0.1", 6.0), ("1", 60.0), ("5", 300.0), ("2.5", 150.0)]
+)
+def test_interval_minutes_allow_decimals(minutes: str, seconds: float) -> None:
+    s = load_settings({"Policies__ConvergeIntervalMinutes": minutes})
+    assert s.rounds.interval_s == pytest.approx(seconds)
+    assert s.rounds.deadline_s < s.rounds.interval_s
+
+
+@pytest.mark.parametrize(("raw", "once"), [("true", True), ("True", True), ("false", False)])
+def test_converge_once(raw: str, once: bool) -> None:
+    assert load_settings({"Policies__ConvergeOnce": raw}).rounds.once is once
+
+
+@pytest.mark.parametrize(
+    ("addr", "host", "port"),
+    [
+        (":9090", ALL_INTERFACES, 9090),
+        ("127.0.0.1:8081", "127.0.0.1", 8081),
+        ("[::1]:80", "::1", 80),
+    ],
+)
+def test_http_addr(addr: str, host: str, port: int) -> None:
+    s = load_settings({"CONVERGERD_HTTP_ADDR": addr})
+    assert (s.http_host, s.http_port) == (host, port)
+
+
+def test_leader_election_can_be_turned_off() -> None:
+    assert load_settings({"CONVERGERD_LEADER_ELECTION": "false"}).election.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("env", "value"),
+    [
+        ("Policies__ConvergeIntervalMinutes", "abc"),
+        ("Policies__ConvergeIntervalMinutes", "-1"),
+        ("Policies__ConvergeIntervalMinutes", "0"),
+        ("Policies__ConvergeIntervalMinutes", "nan"),
+        ("Policies__ConvergeIntervalMinutes", "inf"),
+        ("Policies__ConvergeIntervalMinutes", ""),
+        ("Policies__ConvergeOnce", "sometimes"),
+        ("CONVERGERD_HTTP_ADDR", "nope"),
+        ("CONVERGERD_HTTP_ADDR", "host:"),
+        ("CONVERGERD_HTTP_ADDR", "host:99999"),
+        ("CONVERGERD_LEADER_ELECTION", "maybe"),
+        ("CONVERGERD_CLUSTER_CONCURRENCY", "0"),
+        ("CONVERGERD_CLUSTER_CONCURRENCY", "1.5"),
+        ("CONVERGERD_REQUEST_TIMEOUT_SECONDS", "-3"),
+        ("CONVERGERD_LEASE_DURATION_SECONDS", "fifteen"),
+        ("CONVERGERD_ROUND_DEADLINE_FRACTION", "1"),
+        ("CONVERGERD_ROUND_DEADLINE_FRACTION", "1.5"),
+        ("CONVERGERD_LOG_LEVEL", "LOUD"),
+        ("CONVERGERD_LOG_FORMAT", "xml"),
+        ("CONVERGERD_LEASE_NAME", "   "),
+    ],
+)
+def test_bad_value_is_an_error_naming_the_setting(env: str, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({env: value})
+    assert caught.value.setting == env
+    assert str(caught.value).startswith(env)
+
+
+def test_bad_value_is_shown_in_the_message_for_ordinary_settings() -> None:
+    with pytest.raises(ConfigError, match=r"Policies__ConvergeIntervalMinutes='abc'"):
+        load_settings({"Policies__ConvergeIntervalMinutes": "abc"})
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "mysql://convergerd:s3cr3t-pw@db.example/policies",
+        "convergerd:s3cr3t-pw@db.example/policies",
+        "s3cr3t-pw",
+        "http://convergerd:s3cr3t-pw@db.example/policies",
+    ],
+)
+def test_non_postgres_dsn_is_rejected_without_echoing_it(dsn: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"CONVERGERD_DATABASE_URL": dsn})
+    assert caught.value.setting == "CONVERGERD_DATABASE_URL"
+    assert "s3cr3t-pw" not in str(caught.value)
+    assert "s3cr3t-pw" not in repr(caught.value.value)
+    assert "postgresql://" in str(caught.value)  # says what is expected
+
+
+def test_empty_api_token_is_rejected_without_echoing_it() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"CONVERGERD_API_TOKEN": "  \t "})
+    assert caught.value.setting == "CONVERGERD_API_TOKEN"
+    assert "\\t" not in str(caught.value)
+
+
+@pytest.mark.parametrize("dsn", [DSN, "postgres://u:s3cr3t-pw@h/db"])
+def test_postgres_dsn_is_accepted(dsn: str) -> None:
+    assert load_settings({"CONVERGERD_DATABASE_URL": dsn}).database_url == dsn
+
+
+@pytest.mark.parametrize(
+    ("lease", "ok"),
+    [("15", True), ("14.5", True), ("14", False), ("10", False), ("3", False)],
+)
+def test_lease_must_outlast_renew_deadline_retry_and_request_timeout(lease: str, ok: bool) -> None:
+    env = {"CONVERGERD_LEASE_DURATION_SECONDS": lease}
+    if ok:
+        assert load_settings(env).election.lease_duration_s == float(lease)
+        return
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env)
+    assert caught.value.setting == "CONVERGERD_LEASE_DURATION_SECONDS"
+    assert "CONVERGERD_LEASE_DURATION_SECONDS" in str(caught.value)
+    assert "14" in str(caught.value)  # the sum it must exceed: 10 + 2 + 2
+
+
+def test_lease_rule_follows_the_other_timings() -> None:
+    env = {
+        "CONVERGERD_LEASE_DURATION_SECONDS": "30",
+        "CONVERGERD_RENEW_DEADLINE_SECONDS": "20",
+        "CONVERGERD_RETRY_PERIOD_SECONDS": "5",
+        "CONVERGERD_LEASE_REQUEST_TIMEOUT_SECONDS": "5",
+    }
+    with pytest.raises(ConfigError, match="CONVERGERD_LEASE_DURATION_SECONDS"):
+        load_settings(env)
+    assert load_settings({**env, "CONVERGERD_LEASE_DURATION_SECONDS": "31"}).election.enabled
+
+
+def test_lease_timings_are_not_checked_without_leader_election() -> None:
+    s = load_settings(
+        {"CONVERGERD_LEADER_ELECTION": "false", "CONVERGERD_LEASE_DURATION_SECONDS": "5"}
+    )
+    assert s.election.enabled is False
+
+
+def test_flags_override_env() -> None:
+    env = {
+        "Policies__ConvergeIntervalMinutes": "5",
+        "CONVERGERD_HTTP_ADDR": ":8080",
+        "CONVERGERD_LEADER_ELECTION": "true",
+    }
+    s = load_settings(
+        env, {"interval_minutes": "0.5", "http_addr": ":9999", "leader_election": "false"}
+    )
+    assert s.rounds.interval_s == pytest.approx(30.0)
+    assert s.http_port == 9999
+    assert s.election.enabled is False
+
+
+def test_unset_flags_leave_env_in_place() -> None:
+    s = load_settings({"CONVERGERD_HTTP_ADDR": ":8181"}, {"http_addr": None})
+    assert s.http_port == 8181
+
+
+def test_bad_flag_value_names_the_setting() -> None:
+    with pytest.raises(ConfigError, match="Policies__ConvergeIntervalMinutes"):
+        load_settings({}, {"interval_minutes": "soon"})
+
+
+def test_secrets_never_appear_in_repr() -> None:
+    s = load_settings({"CONVERGERD_DATABASE_URL": DSN, "CONVERGERD_API_TOKEN": "tok-123456"})
+    shown = repr(s)
+    assert "s3cr3t-pw" not in shown
+    assert "tok-123456" not in shown
+    assert s.api_token == "tok-123456"
+
+
+def test_database_url_redacted_keeps_everything_but_the_password() -> None:
+    s = load_settings({"CONVERGERD_DATABASE_URL": DSN})
+    assert s.database_url_redacted == "postgresql://convergerd:***@db.example:5432/policies"
+    assert load_settings({}).database_url_redacted is None
+
+
+@pytest.mark.parametrize(
+    ("dsn", "redacted"),
+    [
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("postgresql://h/db", "postgresql://h/db"),
+        ("postgresql://u:p%40ss@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u:p:w@h/db", "postgresql://u:***@h/db"),
+        # libpq also takes the password as a query parameter
+        ("postgresql://u@h/db?password=s3cr3t-pw&sslmode=require",
+         "postgresql://u@h/db?password=***&sslmode=require"),
+    ],
+)
+def test_redact_dsn(dsn: str, redacted: str) -> None:
+    assert redact_dsn(dsn) == redacted
