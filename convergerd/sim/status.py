@@ -202,6 +202,14 @@ def force_on_non_apply() -> ApiError:
     return invalid("meta.k8s.io", "PatchOptions", "", [cause])
 
 
+def patch_rejected() -> ApiError:
+    """A JSON patch that fails to apply: patch.go answers `NewGenericServerResponse(422, ...)`
+    with isUnexpectedResponse=false, so the patch library's own message is dropped and
+    details is present but empty."""
+    message = "the server rejected our request due to an error in our request"
+    return ApiError(status_object(422, "Invalid", message, {}))
+
+
 def bad_request(message: str) -> ApiError:
     return _error(400, "BadRequest", message)
 
@@ -252,8 +260,12 @@ def too_many_requests_status(message: str, retry_after: int) -> ApiError:
     return ApiError(status, headers={"Retry-After": str(retry_after)})
 
 
-def unsupported_media_type() -> ApiError:
-    return _error(415, "UnsupportedMediaType", _UNSUPPORTED_PATCH)
+def unsupported_media_type(*, strategic_merge: bool = False) -> ApiError:
+    """415 for a patch type the resource does not accept (CRs: no strategic merge patch)."""
+    message = _UNSUPPORTED_PATCH
+    if strategic_merge:
+        message += ", application/strategic-merge-patch+json"
+    return _error(415, "UnsupportedMediaType", message)
 
 
 def method_not_allowed(rt: ResourceType, action: str) -> ApiError:
