@@ -8,8 +8,8 @@ derived values are true when Prometheus reads them:
   never converged (since this process knows of it) lags since the moment it became known to this
   process (construction, `set_clusters`, or its first round), unless the database's last success
   was fed in with `seed_last_success` (the runtime does that at start and on standbys, so a
-  restart does not reset the lag). A success is stamped with the round's *start*: the cluster
-  matched the database as read then.
+  restart does not reset the lag). A success is stamped with the round's end, as the database
+  records it, so every replica reports the same lag.
 - `convergerd_cluster_last_success_timestamp_seconds{cluster}` is absent until a success is
   known (a 0 would read as "1970").
 - `convergerd_policy_phase{cluster,phase}`: phases read back in the last listing of that cluster.
@@ -107,7 +107,7 @@ class Metrics:
     def __init__(
         self,
         *,
-        interval_s: float,
+        interval_s: float = 300.0,
         clock: WallClock = time.time,
         version: str = __version__,
         clusters: Iterable[str] = (),
@@ -198,22 +198,15 @@ class Metrics:
         if outcome.server_version:
             state.server_version = outcome.server_version
         if outcome.converged:
-            self.seed_last_success(cluster, report.started_at)
+            self.seed_last_success(cluster, report.finished_at or report.started_at)
         if phases_refreshed(outcome):
             state.phases = [_phase_of(r) for r in outcome.phases]
-        counted = dict.fromkeys(ApplyResult, 0)
         for delivery in outcome.deliveries:
-            counted[delivery.result] += 1
             self._applies[(cluster, delivery.result.value)] += 1
             if delivery.result is ApplyResult.FAILED:
                 self._count_failure(cluster, delivery.reason)
-        if outcome.reached and counted[ApplyResult.UNCHANGED] == 0:
-            # The engine records applies only: every other policy in sync was left unchanged.
-            applied = counted[ApplyResult.CREATED] + counted[ApplyResult.UPDATED]
-            unchanged = outcome.in_sync - applied
-            self._applies[(cluster, ApplyResult.UNCHANGED.value)] += max(0, unchanged)
-        if outcome.error is not None and counted[ApplyResult.FAILED] == 0:
-            # A cluster-level failure (nothing applied there): counted once per round.
+        if outcome.error is not None:
+            # A cluster-level failure stops the cluster's work: counted once per round.
             self._count_failure(cluster, outcome.reason)
 
     def _count_failure(self, cluster: str, reason: str | None) -> None:
@@ -278,7 +271,7 @@ class Metrics:
                                 "Seconds since the cluster last fully converged (at scrape time)",
                                 labels=["cluster"])
         last = GaugeMetricFamily("convergerd_cluster_last_success_timestamp_seconds",
-                                 "When the cluster last fully converged (round start, Unix time)",
+                                 "When the cluster last fully converged (Unix time)",
                                  labels=["cluster"])
         up = GaugeMetricFamily("convergerd_cluster_up",
                                "1 if the last attempt (round or reachability check) reached it",

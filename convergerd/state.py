@@ -148,16 +148,17 @@ def phase_view(
 
 
 # ---------------------------------------------------------------------------------------------
-# What the database holds (the store's rows), as far as the status code reads them
+# What the database holds: the fields of `convergerd.store.store` rows the status code reads
+# (Protocols, so this module stays free of the database driver).
 
 
 class ClusterStateRowLike(Protocol):
-    """One cluster's last recorded outcome, as `Store.cluster_states()` returns it."""
+    """One cluster's latest recorded outcome (`Store.cluster_states()`)."""
 
     @property
     def cluster(self) -> str: ...
     @property
-    def reached(self) -> bool | None: ...
+    def reachable(self) -> bool | None: ...
     @property
     def desired(self) -> int: ...
     @property
@@ -165,7 +166,9 @@ class ClusterStateRowLike(Protocol):
     @property
     def failed(self) -> int: ...
     @property
-    def error(self) -> str | None: ...
+    def last_error(self) -> str | None: ...
+    @property
+    def last_reason(self) -> str | None: ...
     @property
     def server_version(self) -> str | None: ...
     @property
@@ -175,18 +178,149 @@ class ClusterStateRowLike(Protocol):
 
 
 class RoundRowLike(Protocol):
-    """The last round, as `Store.last_round()` returns it."""
+    """The last recorded round (`Store.last_round()`)."""
 
     @property
     def started_at(self) -> dt.datetime: ...
     @property
     def finished_at(self) -> dt.datetime | None: ...
     @property
-    def result(self) -> str | None: ...
+    def result(self) -> str: ...
     @property
-    def holder(self) -> str | None: ...
+    def epoch(self) -> Epoch | None: ...
+    @property
+    def identity(self) -> str: ...
     @property
     def counts(self) -> Mapping[str, int]: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+class DeliveryRowLike(Protocol):
+    """One policy on one cluster: last delivery and last phase read back
+    (`Store.deliveries_for_policy()` / `deliveries_for_cluster()`)."""
+
+    @property
+    def policy(self) -> str: ...
+    @property
+    def cluster(self) -> str: ...
+    @property
+    def delivered_revision(self) -> int | None: ...
+    @property
+    def last_result(self) -> str | None: ...
+    @property
+    def last_attempt_at(self) -> dt.datetime | None: ...
+    @property
+    def last_success_at(self) -> dt.datetime | None: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def last_reason(self) -> str | None: ...
+    @property
+    def phase(self) -> str | None: ...
+    @property
+    def phase_reason(self) -> str | None: ...
+    @property
+    def phase_message(self) -> str | None: ...
+    @property
+    def phase_revision(self) -> int | None: ...
+    @property
+    def phase_seen_at(self) -> dt.datetime | None: ...
+
+
+class LeaderSource(Protocol):
+    """The elector, as far as status reads it (`convergerd.leader.Leadership`)."""
+
+    def is_leader(self) -> bool: ...
+    @property
+    def leader(self) -> str | None: ...
+    @property
+    def epoch(self) -> Epoch | None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Per policy and cluster: this replica's observations and the database's, merged
+
+
+@dataclass(slots=True)
+class PolicyRecord:
+    """What is known of one policy on one cluster: the last delivery and the last phase."""
+
+    delivered_revision: int | None = None  # revision of the last successful apply
+    last_result: str | None = None
+    last_attempt_at: dt.datetime | None = None
+    last_success_at: dt.datetime | None = None
+    last_error: str | None = None
+    last_reason: str | None = None
+    phase: PhaseReading | None = None
+
+    def note_delivery(self, delivery: Delivery) -> None:
+        if self.last_attempt_at is not None and self.last_attempt_at > delivery.at:
+            return
+        self.last_result = delivery.result.value
+        self.last_attempt_at = delivery.at
+        self.last_error = delivery.error
+        self.last_reason = delivery.reason
+        if delivery.result is not ApplyResult.FAILED:
+            self.delivered_revision = delivery.revision
+            self.last_success_at = delivery.at
+
+    @classmethod
+    def from_row(cls, row: DeliveryRowLike) -> PolicyRecord:
+        phase = None
+        if row.phase_seen_at is not None:
+            phase = PhaseReading(
+                cluster=ClusterId(row.cluster), policy=PolicyId(row.policy), phase=row.phase,
+                ready_reason=row.phase_reason, ready_message=row.phase_message,
+                revision=row.phase_revision, seen_at=row.phase_seen_at,
+            )
+        return cls(
+            delivered_revision=row.delivered_revision,
+            last_result=str(row.last_result) if row.last_result is not None else None,
+            last_attempt_at=row.last_attempt_at, last_success_at=row.last_success_at,
+            last_error=row.last_error, last_reason=row.last_reason, phase=phase,
+        )
+
+
+def _newer(a: dt.datetime | None, b: dt.datetime | None) -> bool:
+    """True when `a` is known and later than `b` (or `b` unknown)."""
+    return a is not None and (b is None or a > b)
+
+
+def merge_records(mine: PolicyRecord | None, stored: PolicyRecord | None) -> PolicyRecord:
+    """The newer delivery and the newer phase reading of the two."""
+    if mine is None or stored is None:
+        return mine or stored or PolicyRecord()
+    merged = PolicyRecord(**{f: getattr(stored, f) for f in PolicyRecord.__slots__})
+    if _newer(mine.last_attempt_at, stored.last_attempt_at):
+        merged.last_result, merged.last_attempt_at = mine.last_result, mine.last_attempt_at
+        merged.last_error, merged.last_reason = mine.last_error, mine.last_reason
+    if _newer(mine.last_success_at, stored.last_success_at):
+        merged.delivered_revision = mine.delivered_revision
+        merged.last_success_at = mine.last_success_at
+    if mine.phase is not None and (
+        stored.phase is None or mine.phase.seen_at > stored.phase.seen_at
+    ):
+        merged.phase = mine.phase
+    return merged
+
+
+def record_view(
+    record: PolicyRecord, now: dt.datetime, interval_s: float
+) -> dict[str, Any]:
+    """One policy on one cluster as the status API shows it."""
+    delivered = record.delivered_revision
+    if delivered is None and record.phase is not None:
+        delivered = record.phase.revision  # in the cluster without an apply from us (seen)
+    return {
+        "delivered_revision": delivered,
+        "last_result": record.last_result,
+        "last_attempt_at": iso(record.last_attempt_at),
+        "last_success_at": iso(record.last_success_at),
+        "last_error": record.last_error,
+        "last_reason": record.last_reason,
+        **phase_view(record.phase, now, interval_s),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,10 +343,7 @@ class ClusterState:
     failed: int = 0
     server_version: str | None = None
     duration_s: float | None = None
-    phases: dict[PolicyId, PhaseReading] = field(default_factory=dict)
-    deliveries: dict[PolicyId, Delivery] = field(default_factory=dict)  # last per policy
-    successes: dict[PolicyId, dt.datetime] = field(default_factory=dict)  # last ok per policy
-    delivered: dict[PolicyId, int] = field(default_factory=dict)  # revision of the last ok
+    policies: dict[PolicyId, PolicyRecord] = field(default_factory=dict)
 
     @property
     def error(self) -> str | None:
@@ -229,6 +360,16 @@ class ClusterState:
         """Seconds since it last fully converged; before any success, since it became known."""
         return age_s(self.last_success_at or self.known_since, now)
 
+    def readings(self) -> list[PhaseReading]:
+        return [r.phase for r in self.policies.values() if r.phase is not None]
+
+    def record(self, policy: str) -> PolicyRecord:
+        pid = PolicyId(policy)
+        found = self.policies.get(pid)
+        if found is None:
+            found = self.policies[pid] = PolicyRecord()
+        return found
+
 
 @dataclass(frozen=True, slots=True)
 class RoundSummary:
@@ -236,7 +377,7 @@ class RoundSummary:
     finished_at: dt.datetime | None
     result: str | None
     counts: Mapping[str, int]
-    holder: str | None
+    leader: str | None  # who ran it (the epoch holder)
     error: str | None = None
 
     @classmethod
@@ -246,7 +387,9 @@ class RoundSummary:
 
     @classmethod
     def from_row(cls, row: RoundRowLike) -> RoundSummary:
-        return cls(row.started_at, row.finished_at, row.result, dict(row.counts), row.holder)
+        leader = row.epoch.holder if row.epoch else row.identity
+        return cls(row.started_at, row.finished_at, str(row.result), dict(row.counts), leader,
+                   row.error)
 
 
 @dataclass(slots=True)
@@ -271,7 +414,8 @@ class StatusState:
         self.clusters: dict[ClusterId, ClusterState] = {}
         self.last_round: RoundSummary | None = None
         self.next_round_at: dt.datetime | None = None
-        self.leader = LeaderInfo()
+        self._leader = LeaderInfo()
+        self._leader_source: LeaderSource | None = None
         self.invalid: dict[str, str] = {}  # policy id -> reason
 
     # -- updates ---------------------------------------------------------------------------
@@ -282,6 +426,9 @@ class StatusState:
         if found is None:
             found = self.clusters[cid] = ClusterState(cid, known_since=self.clock())
         return found
+
+    def cluster_ids(self) -> list[ClusterId]:
+        return sorted(self.clusters)
 
     def set_clusters(self, clusters: Iterable[str]) -> None:
         """The clusters the database knows: new ones are added, removed ones forgotten."""
@@ -294,7 +441,8 @@ class StatusState:
     def observe_round(self, report: RoundReport) -> None:
         for outcome in report.clusters:
             self._observe_outcome(report, outcome)
-        self.invalid = {p.id: p.reason for p in report.invalid}
+        if report.error is None:  # a round that ran saw every policy
+            self.invalid = {p.id: p.reason for p in report.invalid}
         self.last_round = RoundSummary.from_report(report)
 
     def _observe_outcome(self, report: RoundReport, outcome: ClusterOutcome) -> None:
@@ -304,7 +452,7 @@ class StatusState:
         state.checked_at = at
         if outcome.reached:
             state.probe_error = None
-        state.last_attempt_at = report.started_at
+        state.last_attempt_at = at
         state.last_error = outcome.error
         state.last_reason = outcome.reason
         state.desired, state.in_sync, state.failed = (
@@ -313,15 +461,16 @@ class StatusState:
         if outcome.server_version:
             state.server_version = outcome.server_version
         if outcome.converged:
-            # It matched the database as read when the round started.
-            state.last_success_at = report.started_at
+            state.last_success_at = at  # the round's end, as the database records it
         if phases_refreshed(outcome):
-            state.phases = {r.policy: r for r in outcome.phases}
+            seen = {r.policy for r in outcome.phases}
+            for policy, record in state.policies.items():
+                if policy not in seen:
+                    record.phase = None  # no longer in the cluster
+            for reading in outcome.phases:
+                state.record(reading.policy).phase = reading
         for delivery in outcome.deliveries:
-            state.deliveries[delivery.policy] = delivery
-            if delivery.result is not ApplyResult.FAILED:
-                state.successes[delivery.policy] = delivery.at
-                state.delivered[delivery.policy] = delivery.revision
+            state.record(delivery.policy).note_delivery(delivery)
 
     def observe_probe(
         self, cluster: str, *, reachable: bool, error: str | None = None,
@@ -334,40 +483,58 @@ class StatusState:
         if server_version:
             state.server_version = server_version
 
+    def set_leader_source(self, source: LeaderSource) -> None:
+        """Read who leads from the elector at each status request (live, on every replica)."""
+        self._leader_source = source
+
     def set_leader(self, is_leader: bool, holder: str | None, epoch: Epoch | None = None) -> None:
-        if (is_leader, holder) != (self.leader.is_leader, self.leader.holder):
-            self.leader.since = self.clock()
-        self.leader.is_leader, self.leader.holder, self.leader.epoch = is_leader, holder, epoch
+        """Or be told (an elector `on_change` hook)."""
+        if (is_leader, holder) != (self._leader.is_leader, self._leader.holder):
+            self._leader.since = self.clock()
+        self._leader.is_leader, self._leader.holder, self._leader.epoch = is_leader, holder, epoch
+
+    def leader(self) -> LeaderInfo:
+        source = self._leader_source
+        if source is not None:
+            self.set_leader(source.is_leader(), source.leader, source.epoch)
+        return self._leader
 
     def set_next_round(self, at: dt.datetime | None) -> None:
         self.next_round_at = at
+
+    def set_invalid(self, invalid: Iterable[tuple[str, str]]) -> None:
+        self.invalid = dict(invalid)
 
     def absorb_cluster_rows(self, rows: Iterable[ClusterStateRowLike]) -> None:
         """Take what the database recorded where it is newer than what this replica saw itself
         (a standby, or a leader just after a restart)."""
         for row in rows:
             state = self.cluster(row.cluster)
-            if row.last_success_at and (
-                state.last_success_at is None or row.last_success_at > state.last_success_at
-            ):
+            if _newer(row.last_success_at, state.last_success_at):
                 state.last_success_at = row.last_success_at
-            mine = state.last_attempt_at
-            if row.last_attempt_at is None or (mine is not None and mine >= row.last_attempt_at):
+            if not _newer(row.last_attempt_at, state.last_attempt_at):
                 continue
             state.last_attempt_at = row.last_attempt_at
             state.desired, state.in_sync, state.failed = row.desired, row.in_sync, row.failed
-            state.last_error = row.error
+            state.last_error, state.last_reason = row.last_error, row.last_reason
             if row.server_version:
                 state.server_version = row.server_version
-            if state.reachable is None and row.reached is not None:
-                state.reachable = row.reached
+            if row.reachable is not None and not _newer(state.checked_at, row.last_attempt_at):
+                state.reachable = row.reachable
                 state.checked_at = row.last_attempt_at
 
     def absorb_round_row(self, row: RoundRowLike | None) -> None:
-        if row is None:
-            return
-        if self.last_round is None or row.started_at > self.last_round.started_at:
+        if row is not None and (
+            self.last_round is None or row.started_at > self.last_round.started_at
+        ):
             self.last_round = RoundSummary.from_row(row)
+
+    def absorb_delivery_rows(self, rows: Iterable[DeliveryRowLike]) -> None:
+        """Phase readings and deliveries the database holds (recorded by whoever led)."""
+        for row in rows:
+            state = self.cluster(row.cluster)
+            pid = PolicyId(row.policy)
+            state.policies[pid] = merge_records(state.policies.get(pid), PolicyRecord.from_row(row))
 
     # -- views -----------------------------------------------------------------------------
 
@@ -381,7 +548,7 @@ class StatusState:
     def unsupported(self, now: dt.datetime) -> dict[str, list[str]]:
         return unsupported_rollup(
             (c.id, c.server_version) for c in self.clusters.values()
-            if is_unsupported(c.phases.values(), now, self.interval_s)
+            if is_unsupported(c.readings(), now, self.interval_s)
         )
 
     def cluster_summary(self, state: ClusterState, now: dt.datetime) -> dict[str, Any]:
@@ -395,8 +562,9 @@ class StatusState:
             "desired": state.desired,
             "in_sync": state.in_sync,
             "failed": state.failed,
-            "phases": phase_counts(state.phases.values(), now, self.interval_s),
+            "phases": phase_counts(state.readings(), now, self.interval_s),
             "last_error": state.error,
+            "last_reason": state.last_reason if state.error == state.last_error else "unreachable",
             "server_version": state.server_version,
         }
 
@@ -405,40 +573,23 @@ class StatusState:
         if r is None:
             return None
         return {"started_at": iso(r.started_at), "finished_at": iso(r.finished_at),
-                "result": r.result, "counts": dict(r.counts), "leader": r.holder,
+                "result": r.result, "counts": dict(r.counts), "leader": r.leader,
                 "error": r.error}
 
     def snapshot(self, now: dt.datetime | None = None) -> dict[str, Any]:
         """The `/status` document."""
         now = now or self.clock()
+        leader = self.leader()
         return {
             "identity": self.identity,
             "now": iso(now),
-            "leader": {"is_leader": self.leader.is_leader, "holder": self.leader.holder,
-                       "since": iso(self.leader.since)},
+            "leader": {"is_leader": leader.is_leader, "holder": leader.holder,
+                       "since": iso(leader.since)},
             "interval_seconds": self.interval_s,
+            "stale_after_seconds": stale_after_s(self.interval_s),
             "last_round": self.round_view(),
             "next_round_at": iso(self.next_round_at),
             "invalid_policies": [{"id": k, "reason": v} for k, v in sorted(self.invalid.items())],
             "clusters": [self.cluster_summary(c, now) for c in self.sorted_clusters(now)],
             "unsupported_by_version": self.unsupported(now),
-        }
-
-    def policy_on_cluster(
-        self, cluster: ClusterId, policy: PolicyId, now: dt.datetime
-    ) -> dict[str, Any]:
-        """What this replica saw of one policy on one cluster (delivery and phase)."""
-        state = self.clusters.get(cluster)
-        delivery = state.deliveries.get(policy) if state else None
-        reading = state.phases.get(policy) if state else None
-        delivered = state.delivered.get(policy) if state else None
-        if delivered is None and reading is not None:
-            delivered = reading.revision  # in sync without an apply: what the cluster holds
-        return {
-            "delivered_revision": delivered,
-            "last_result": delivery.result.value if delivery else None,
-            "last_attempt_at": iso(delivery.at) if delivery else None,
-            "last_success_at": iso(state.successes.get(policy)) if state else None,
-            "last_error": delivery.error if delivery else None,
-            **phase_view(reading, now, self.interval_s),
         }

@@ -1,0 +1,430 @@
+"""The HTTP server (aiohttp, one port): health, metrics, status and the save/delete API.
+
+| path | answers |
+|---|---|
+| `GET /healthz` | liveness: the loop turns (heartbeat fresh), no supervised task has ended |
+| `GET /readyz` | readiness: settings valid and the database answers (standbys are ready too) |
+| `GET /metrics` | Prometheus text exposition of the process's own registry |
+| `GET /status` | JSON: identity, leader, rounds, clusters worst first, Unsupported roll-up |
+| `GET /v1/clusters/{id}` | that cluster's policies: delivered vs current revision, error, phase |
+| `GET /v1/policies/{id}/status` | that policy per cluster: in scope, revisions, error, phase |
+| `POST /v1/policies/{id}/apply` | save: bearer token required |
+| `DELETE /v1/policies/{id}` | delete: bearer token required |
+
+Status works on every replica: what this replica observed is merged with what the database
+recorded (whoever led), the newer fact winning, so a standby shows the leader's results.
+
+Liveness: a heartbeat task notes the loop time every second and how late it woke up (the
+event-loop lag, also a metric). A fully blocked loop cannot answer `/healthz` at all, which fails
+the probe by timeout; a loop that was blocked for longer than `stale_after_s` answers 500 on the
+first request after it recovers; a supervised task that ended (crashed or stopped) answers 500
+naming it.
+
+Secrets (the API token, the DSN password, the DSN itself) never appear in a response: handlers
+only show redacted values, and a last middleware replaces any that slipped into a body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from convergerd import __version__
+from convergerd.config import Settings, check_settings
+from convergerd.errors import ConfigError, ConvergerdError
+from convergerd.metrics import CONTENT_TYPE, Metrics
+from convergerd.model import DELIVERED_RULE_TYPES, ClusterId, InvalidPolicy, PolicyId, PolicyRow
+from convergerd.state import (
+    ClusterStateRowLike,
+    DeliveryRowLike,
+    PolicyRecord,
+    RoundRowLike,
+    StatusState,
+    merge_records,
+    record_view,
+)
+
+log = logging.getLogger(__name__)
+
+# How long a status request waits for the database before answering from memory alone.
+DB_TIMEOUT_S = 5.0
+# Per-cluster view: current revisions are read with this many queries in flight.
+_LOOKUP_CONCURRENCY = 4
+
+MutationHandler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
+
+
+class StatusSource(Protocol):
+    """What the HTTP server reads from the database (`convergerd.store.store.Store`)."""
+
+    async def ping(self) -> None: ...
+    async def last_round(self) -> RoundRowLike | None: ...
+    async def cluster_states(self) -> Sequence[ClusterStateRowLike]: ...
+    async def deliveries_for_policy(self, policy_id: str, /) -> Sequence[DeliveryRowLike]: ...
+    async def deliveries_for_cluster(self, cluster_id: str, /) -> Sequence[DeliveryRowLike]: ...
+    async def get_policy(self, policy_id: str, /) -> PolicyRow | None: ...
+    async def policy_scope(self, policy_id: str, /) -> frozenset[ClusterId]: ...
+    async def invalid_policies(self) -> Sequence[InvalidPolicy]: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Liveness
+
+
+class HealthCheck:
+    """The heartbeat and the supervised tasks behind `/healthz`.
+
+    Run `heartbeat()` as a supervised task; hand the supervised tasks to `watch()`. `clock` is
+    monotonic. Until the first beat, the time of construction counts as one (startup grace).
+    """
+
+    def __init__(
+        self,
+        *,
+        period_s: float = 1.0,
+        stale_after_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_lag: Callable[[float], None] | None = None,
+    ) -> None:
+        self.period_s = period_s
+        self.stale_after_s = stale_after_s
+        self.clock = clock
+        self.on_lag = on_lag
+        self.last_beat = clock()
+        self.lag_s = 0.0
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    async def heartbeat(self) -> None:
+        """Forever: sleep one period and note how late the loop woke us."""
+        while True:
+            expected = self.clock() + self.period_s
+            await asyncio.sleep(self.period_s)
+            self.beat(self.clock() - expected)
+
+    def beat(self, lag_s: float = 0.0) -> None:
+        self.last_beat = self.clock()
+        self.lag_s = max(0.0, lag_s)
+        if self.on_lag is not None:
+            self.on_lag(self.lag_s)
+
+    def watch(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
+        self._tasks.extend(tasks)
+
+    def problems(self) -> list[str]:
+        found = []
+        silent_s = self.clock() - self.last_beat
+        if silent_s > self.stale_after_s:
+            found.append(f"event loop heartbeat {silent_s:.1f} s old "
+                         f"(limit {self.stale_after_s:g} s): the loop was blocked")
+        for task in self._tasks:
+            if not task.done():
+                continue
+            if task.cancelled():
+                found.append(f"task {task.get_name()!r} was cancelled")
+            elif (exc := task.exception()) is not None:
+                found.append(f"task {task.get_name()!r} crashed: {type(exc).__name__}")
+            else:
+                found.append(f"task {task.get_name()!r} ended")
+        return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def secrets_of(settings: Settings) -> list[str]:
+    """Every secret value a response must never carry."""
+    found: list[str] = []
+    if settings.api_token:
+        found.append(settings.api_token)
+    if settings.database_url:
+        found.append(settings.database_url)
+        password = urllib.parse.urlsplit(settings.database_url).password
+        if password:
+            found.extend({password, urllib.parse.unquote(password)})
+    return [s for s in found if len(s) >= 4]  # a 1-3 character "secret" would shred text
+
+
+def error_response(status: int, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def _db(aw: Awaitable[Any]) -> Any:
+    return await asyncio.wait_for(aw, DB_TIMEOUT_S)
+
+
+# ---------------------------------------------------------------------------------------------
+# The app
+
+
+class _Handlers:
+    def __init__(
+        self,
+        *,
+        metrics: Metrics,
+        state: StatusState,
+        store: StatusSource,
+        settings: Settings,
+        health: HealthCheck,
+        on_apply: MutationHandler | None,
+        on_delete: MutationHandler | None,
+    ) -> None:
+        self.metrics = metrics
+        self.state = state
+        self.store = store
+        self.settings = settings
+        self.health = health
+        self.on_apply = on_apply
+        self.on_delete = on_delete
+
+    # -- health ----------------------------------------------------------------------------
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        problems = self.health.problems()
+        if problems:
+            return error_response(500, "; ".join(problems), problems=problems)
+        return web.json_response({"ok": True, "loop_lag_seconds": round(self.health.lag_s, 4)})
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        try:
+            check_settings(self.settings)
+        except ConfigError as exc:
+            return error_response(503, f"settings invalid: {exc}", reason="settings")
+        try:
+            await _db(self.store.ping())
+        except TimeoutError:
+            return error_response(503, f"database did not answer within {DB_TIMEOUT_S:g} s",
+                                  reason="database")
+        except (ConvergerdError, OSError) as exc:
+            return error_response(503, f"database unreachable: {_describe(exc)}",
+                                  reason="database")
+        return web.json_response({"ready": True})
+
+    async def metrics_text(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    # -- status ----------------------------------------------------------------------------
+
+    async def _refresh(self) -> str | None:
+        """Merge what the database recorded into the state; the error if it could not."""
+        try:
+            self.state.absorb_cluster_rows(await _db(self.store.cluster_states()))
+            self.state.absorb_round_row(await _db(self.store.last_round()))
+            invalid = await _db(self.store.invalid_policies())
+        except (TimeoutError, ConvergerdError, OSError) as exc:
+            log.warning("status: reading the database failed: %s", _describe(exc))
+            return _describe(exc)
+        self.state.set_invalid((p.id, p.reason) for p in invalid)
+        return None
+
+    def _database(self, error: str | None) -> dict[str, Any]:
+        return {"reachable": error is None, "error": error,
+                "url": self.settings.database_url_redacted}
+
+    async def status(self, _: web.Request) -> web.Response:
+        error = await self._refresh()
+        body = self.state.snapshot()
+        body["version"] = __version__
+        body["database"] = self._database(error)
+        return web.json_response(body)
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        cluster = ClusterId(request.match_info["id"])
+        error = await self._refresh()
+        state = self.state.clusters.get(cluster)
+        if state is None:
+            return error_response(404, f"unknown cluster {cluster!r}", cluster=cluster)
+        if error is None:
+            try:
+                self.state.absorb_delivery_rows(
+                    await _db(self.store.deliveries_for_cluster(cluster)))
+            except (TimeoutError, ConvergerdError, OSError) as exc:
+                error = _describe(exc)
+        now = self.state.clock()
+        current = await self._current(list(state.policies)) if error is None else {}
+        policies = []
+        for pid, record in sorted(state.policies.items()):
+            row = current.get(pid)
+            view = record_view(record, now, self.state.interval_s)
+            policies.append({
+                "id": pid,
+                "in_database": row is not None if error is None else None,
+                "current_revision": row.revision if row else None,
+                **view,
+                "in_sync": row is not None and view["delivered_revision"] == row.revision,
+            })
+        return web.json_response({
+            "cluster": self.state.cluster_summary(state, now),
+            "policies": policies,
+            "database": self._database(error),
+        })
+
+    async def _current(self, policies: list[PolicyId]) -> dict[PolicyId, PolicyRow | None]:
+        gate = asyncio.Semaphore(_LOOKUP_CONCURRENCY)
+
+        async def one(pid: PolicyId) -> PolicyRow | None:
+            async with gate:
+                row: PolicyRow | None = await _db(self.store.get_policy(pid))
+                return row
+
+        try:
+            rows = await asyncio.gather(*(one(p) for p in policies))
+        except (TimeoutError, ConvergerdError, OSError):
+            return {}
+        return dict(zip(policies, rows, strict=True))
+
+    async def policy(self, request: web.Request) -> web.Response:
+        pid = PolicyId(request.match_info["id"])
+        try:
+            row = await _db(self.store.get_policy(pid))
+            if row is None:
+                return error_response(404, f"unknown policy {pid!r}", policy=pid)
+            scope: frozenset[ClusterId] = await _db(self.store.policy_scope(pid))
+            stored = await _db(self.store.deliveries_for_policy(pid))
+        except (TimeoutError, ConvergerdError, OSError) as exc:
+            return error_response(503, f"database unavailable: {_describe(exc)}",
+                                  policy=pid, reason="database")
+        stored_by_cluster = {r.cluster: PolicyRecord.from_row(r) for r in stored}
+        now = self.state.clock()
+        delivered_type = row.rule.get("type") in DELIVERED_RULE_TYPES
+        clusters = []
+        names = scope | set(stored_by_cluster) | {
+            c for c, s in self.state.clusters.items() if pid in s.policies}
+        for cluster in sorted(names):
+            live = self.state.clusters.get(ClusterId(cluster))
+            record = merge_records(live.policies.get(pid) if live else None,
+                                   stored_by_cluster.get(cluster))
+            view = record_view(record, now, self.state.interval_s)
+            clusters.append({
+                "cluster": cluster,
+                "in_scope": cluster in scope,
+                "current_revision": row.revision,
+                **view,
+                "in_sync": view["delivered_revision"] == row.revision,
+                "cluster_reachable": live.reachable if live else None,
+            })
+        return web.json_response({
+            "policy": {
+                "id": row.id, "boundary": row.boundary, "revision": row.revision,
+                "enabled": row.enabled, "rule_type": row.rule.get("type"),
+                "delivered_to_clusters": delivered_type,
+                "invalid": self.state.invalid.get(row.id),
+            },
+            "clusters": clusters,
+        })
+
+    # -- mutations -------------------------------------------------------------------------
+
+    def _unauthorized(self, request: web.Request) -> web.Response | None:
+        token = self.settings.api_token
+        if not token:
+            return error_response(
+                503, "mutating endpoints are disabled: CONVERGERD_API_TOKEN is not set")
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
+            response = error_response(401, "a valid bearer token is required")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="convergerd"'
+            return response
+        return None
+
+    async def apply(self, request: web.Request) -> web.StreamResponse:
+        refused = self._unauthorized(request)
+        if refused is not None:
+            return refused
+        if self.on_apply is None:
+            return error_response(503, "saving policies is not implemented in this version")
+        return await self.on_apply(request, request.match_info["id"])
+
+    async def delete(self, request: web.Request) -> web.StreamResponse:
+        refused = self._unauthorized(request)
+        if refused is not None:
+            return refused
+        if self.on_delete is None:
+            return error_response(503, "deleting policies is not implemented in this version")
+        return await self.on_delete(request, request.match_info["id"])
+
+
+def _json_errors() -> Any:
+    @web.middleware
+    async def middleware(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return error_response(exc.status, exc.reason, path=request.path)
+        except Exception:
+            log.exception("unhandled error serving %s %s", request.method, request.path)
+            return error_response(500, "internal error (see the daemon's log)")
+
+    return middleware
+
+
+def _scrub(secrets: Sequence[str]) -> Any:
+    encoded = [s.encode() for s in secrets]
+
+    @web.middleware
+    async def middleware(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        response = await handler(request)
+        if isinstance(response, web.Response) and isinstance(response.body, bytes):
+            body = response.body
+            for secret in encoded:
+                if secret in body:
+                    body = body.replace(secret, b"***")
+            if body is not response.body:
+                log.error("a secret was about to be sent in the response to %s %s; redacted",
+                          request.method, request.path)
+                response.body = body
+        return response
+
+    return middleware
+
+
+def make_app(
+    *,
+    metrics: Metrics,
+    state: StatusState,
+    store: StatusSource,
+    settings: Settings,
+    health: HealthCheck,
+    on_apply: MutationHandler | None = None,
+    on_delete: MutationHandler | None = None,
+) -> web.Application:
+    """The aiohttp application. `health.on_lag` defaults to the event-loop lag metric.
+    `on_apply(request, policy_id)` / `on_delete(...)` are called after the bearer token checks;
+    without them the mutating endpoints answer 503."""
+    if health.on_lag is None:
+        health.on_lag = metrics.set_loop_lag
+    h = _Handlers(metrics=metrics, state=state, store=store, settings=settings, health=health,
+                  on_apply=on_apply, on_delete=on_delete)
+    # Outermost last: errors become JSON first, then every body is checked for secrets.
+    app = web.Application(middlewares=[_scrub(secrets_of(settings)), _json_errors()])
+    app.add_routes([
+        web.get("/healthz", h.healthz),
+        web.get("/readyz", h.readyz),
+        web.get("/metrics", h.metrics_text),
+        web.get("/status", h.status),
+        web.get("/v1/clusters/{id}", h.cluster),
+        web.get("/v1/policies/{id}/status", h.policy),
+        web.post("/v1/policies/{id}/apply", h.apply),
+        web.delete("/v1/policies/{id}", h.delete),
+    ])
+    return app
