@@ -20,9 +20,6 @@ from typing import Any
 from convergerd.sim.faults import Version
 from convergerd.sim.resources import ALL_TYPES, ResourceType, served
 
-# The apiserver serves admissionregistration.k8s.io/v1 (webhook configurations) long before
-# 1.30, so below 1.30 the group version is there, just without the admission policy types.
-_ALWAYS_SERVED_GVS = frozenset({("admissionregistration.k8s.io", "v1")})
 # The verbs this simulator implements (no deletecollection: clients then delete one by one).
 _VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 _SUBRESOURCE_VERBS = ["get", "patch", "update"]
@@ -67,11 +64,17 @@ def served_types(minor: int, crd: bool) -> tuple[ResourceType, ...]:
 
 @functools.lru_cache(maxsize=64)
 def served_group_versions(minor: int, crd: bool) -> tuple[tuple[str, str], ...]:
-    """Served (group, version) pairs in a stable order, core first."""
+    """Served (group, version) pairs in a stable order, core first.
+
+    A group version with no served type is left out. (A real 1.29 still serves
+    admissionregistration.k8s.io/v1 for webhook configurations, which the simulator does not
+    implement; an empty resource list there makes client-go fail discovery with "received empty
+    response", so leaving the group out is the closer match for clients.)
+    """
     seen: dict[tuple[str, str], None] = {}
     for rt in ALL_TYPES:
         gv = (rt.group, rt.version)
-        if is_served(rt, minor, crd) or gv in _ALWAYS_SERVED_GVS:
+        if is_served(rt, minor, crd):
             seen[gv] = None
     return tuple(sorted(seen, key=lambda gv: (gv[0] != "", gv[0] == "platform.stackship.se")))
 

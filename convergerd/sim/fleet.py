@@ -47,8 +47,11 @@ from convergerd.sim.tls import CertAuthority, server_ssl_context
 log = logging.getLogger(__name__)
 
 HOME = "home"
-# Namespaces every cluster has; stackship-system holds the leader-election Lease.
-BASE_NAMESPACES = ("default", "kube-system", "kube-public", "stackship-system")
+# Namespaces every simulated cluster has on top of the apiserver's own (default, kube-system,
+# ... which the store bootstraps): stackship-system holds the leader-election Lease.
+EXTRA_NAMESPACES = ("stackship-system",)
+# As if an admin had run `kubectl create namespace`.
+_NAMESPACE_MANAGER = "kubectl-create"
 _CONFIG_KEYS = frozenset({"clusters", "caGroups", "defaults", "overrides"})
 _SHUTDOWN_GRACE_S = 1.0
 
@@ -257,13 +260,9 @@ class Fleet:
         if self._now is not None:
             kwargs["now"] = self._now
         store = ClusterStore(**kwargs)
-        for ns in BASE_NAMESPACES:
-            store.create(
-                NAMESPACES,
-                None,
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-                manager="sim",
-            )
+        for ns in EXTRA_NAMESPACES:
+            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+            store.create(NAMESPACES, None, body, manager=_NAMESPACE_MANAGER)
         return store
 
     async def _listen(self, api: ApiServer, listener: Listener) -> None:

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from convergerd.sim import status
 from convergerd.sim.routing import ResourceRoute
-from convergerd.sim.store import ClusterStore
+from convergerd.sim.store import ClusterStore, Watcher
 
 _JSON = "application/json"
 _TRUE = frozenset({"true", "1"})
@@ -85,16 +85,14 @@ class ResourceHandlers:
     ) -> web.StreamResponse:
         query = request.query
         verb = resource_verb(request.method, route, query)
-        rt, ns, name = route.rt, route.namespace, route.name
-        dry_run = query.get("dryRun") == "All"
-        if verb == "get":
-            assert name is not None
-            return _respond(store.get(rt, ns, name))
+        name = route.name
+        if verb == "get" and name is not None:
+            return _respond(store.get(route.rt, route.namespace, name))
         if verb == "list":
             return _respond(
                 store.list(
-                    rt,
-                    ns,
+                    route.rt,
+                    route.namespace,
                     label_selector=query.get("labelSelector"),
                     field_selector=query.get("fieldSelector"),
                     limit=_int_param(query, "limit"),
@@ -103,6 +101,13 @@ class ResourceHandlers:
             )
         if verb == "watch":
             return await self._watch(request, store, route)
+        return await self._write(request, store, route, verb)
+
+    async def _write(
+        self, request: web.BaseRequest, store: ClusterStore, route: ResourceRoute, verb: str
+    ) -> web.Response:
+        rt, ns, name = route.rt, route.namespace, route.name
+        dry_run = request.query.get("dryRun") == "All"
         if verb == "create" and route.subresource is None:
             obj = _decode_object(await request.read(), _media_type(request))
             created = store.create(rt, ns, obj, manager=self._manager(request), dry_run=dry_run)
@@ -200,14 +205,14 @@ class ResourceHandlers:
         return response
 
     async def _stream(
-        self, response: web.StreamResponse, watcher: Any, timeout_s: int, bookmarks: bool
+        self, response: web.StreamResponse, watcher: Watcher, timeout_s: int, bookmarks: bool
     ) -> None:
         """Events until the deadline; bookmarks periodically and just before the deadline."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         final_bookmark_at = deadline - _FINAL_BOOKMARK_LEAD_S if bookmarks else None
         next_bookmark = loop.time() + self._bookmark_interval_s if bookmarks else None
-        while True:
+        while not watcher.done:
             now = loop.time()
             if now >= deadline:
                 return
@@ -221,11 +226,8 @@ class ResourceHandlers:
                 continue
             wake = min(t for t in (deadline, final_bookmark_at, next_bookmark) if t is not None)
             event = await watcher.next(timeout=wake - now)
-            if event is None:
-                if watcher.closed:
-                    return
-                continue
-            await response.write(_encode(event) + b"\n")
+            if event is not None:
+                await response.write(_encode(event) + b"\n")
 
 
 def _int_param(query: Mapping[str, str], name: str) -> int | None:
