@@ -1,0 +1,86 @@
+"""Token bucket arithmetic (tables) and the deadline rule of `acquire`."""
+
+from __future__ import annotations
+
+import pytest
+
+from convergerd.errors import ClusterUnreachable
+from convergerd.kube.ratelimit import BucketState, TokenBucket, refill, reserve
+
+
+@pytest.mark.parametrize(
+    ("tokens", "updated", "now", "rate", "burst", "expected"),
+    [
+        (0.0, 0.0, 0.0, 10.0, 5, 0.0),  # no time passed
+        (0.0, 0.0, 0.1, 10.0, 5, 1.0),  # 0.1 s at 10/s
+        (0.0, 0.0, 10.0, 10.0, 5, 5.0),  # capped at burst
+        (-3.0, 0.0, 0.2, 10.0, 5, -1.0),  # debt is paid back first
+        (2.0, 5.0, 4.0, 10.0, 5, 2.0),  # clock going backwards adds nothing
+    ],
+)
+def test_refill(
+    tokens: float, updated: float, now: float, rate: float, burst: int, expected: float
+) -> None:
+    state = refill(BucketState(tokens, updated), now, rate=rate, burst=burst)
+    assert state.tokens == pytest.approx(expected)
+    assert state.updated == max(now, updated)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "now", "rate", "expected_tokens", "expected_wait"),
+    [
+        (5.0, 0.0, 10.0, 4.0, 0.0),  # a token is there
+        (1.0, 0.0, 10.0, 0.0, 0.0),  # the last one
+        (0.0, 0.0, 10.0, -1.0, 0.1),  # wait for the next one
+        (-1.0, 0.0, 10.0, -2.0, 0.2),  # queue behind an earlier promise
+        (0.0, 0.05, 10.0, -0.5, 0.05),  # half a token accrued
+        (0.0, 0.0, 0.5, -1.0, 2.0),  # slow rate
+    ],
+)
+def test_reserve(
+    tokens: float, now: float, rate: float, expected_tokens: float, expected_wait: float
+) -> None:
+    state, wait = reserve(BucketState(tokens, 0.0), now, rate=rate, burst=5)
+    assert state.tokens == pytest.approx(expected_tokens)
+    assert wait == pytest.approx(expected_wait)
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+async def test_burst_then_rate() -> None:
+    t = FakeTime()
+    bucket = TokenBucket(rate=10.0, burst=3, clock=t.clock, sleep=t.sleep)
+    for _ in range(3):
+        await bucket.acquire(deadline=t.now + 1)
+    assert t.slept == []
+    await bucket.acquire(deadline=t.now + 1)
+    assert t.slept == [pytest.approx(0.1)]
+
+
+async def test_never_waits_past_the_deadline() -> None:
+    t = FakeTime()
+    bucket = TokenBucket(rate=1.0, burst=1, clock=t.clock, sleep=t.sleep)
+    await bucket.acquire(deadline=t.now + 0.5)
+    with pytest.raises(ClusterUnreachable, match="rate limit") as info:
+        await bucket.acquire(deadline=t.now + 0.5)  # the next slot is 1 s away
+    assert info.value.reason == "timeout"
+    assert t.slept == []
+    # The refused caller took no token: a caller with time enough gets the slot at 1 s.
+    await bucket.acquire(deadline=t.now + 2)
+    assert t.slept == [pytest.approx(1.0)]
+
+
+def test_rejects_nonsense_settings() -> None:
+    with pytest.raises(ValueError, match="rate"):
+        TokenBucket(rate=0, burst=1, clock=lambda: 0.0)

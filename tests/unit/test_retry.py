@@ -1,0 +1,181 @@
+"""Retry decisions (tables) and `call_with_retries` on a fake clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from convergerd.errors import (
+    ClusterError,
+    ClusterLevelError,
+    ClusterUnreachable,
+    NoCredentials,
+    ObjectRejected,
+    Throttled,
+    TransientApiError,
+)
+from convergerd.retry import backoff_s, call_with_retries, next_wait
+
+
+class Top:
+    """An rng that always draws the top of the range (so waits are the ceilings)."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+@pytest.mark.parametrize(
+    ("attempt", "expected"),
+    [(1, 0.2), (2, 0.4), (3, 0.8), (4, 1.6), (5, 3.2), (6, 5.0), (30, 5.0)],
+)
+def test_backoff_ceiling_doubles_up_to_cap(attempt: int, expected: float) -> None:
+    assert backoff_s(attempt, base=0.2, cap=5.0, rng=Top()) == pytest.approx(expected)
+
+
+def test_backoff_is_full_jitter() -> None:
+    rng = random.Random(7)
+    draws = [backoff_s(4, base=0.2, cap=5.0, rng=rng) for _ in range(500)]
+    assert min(draws) >= 0.0
+    assert max(draws) <= 1.6
+    assert min(draws) < 0.2  # spread over the whole range, not just near the top
+    assert max(draws) > 1.4
+
+
+UNREACHABLE = ClusterUnreachable("connection refused", reason="connect_error")
+TIMEOUT = ClusterUnreachable("connect timeout after 3 s", reason="timeout")
+E503 = TransientApiError("503 Service Unavailable", status=503)
+E429 = Throttled("429 Too Many Requests", status=429, retry_after_s=2.0)
+E429_BARE = Throttled("429 Too Many Requests", status=429)
+E403 = ClusterLevelError("403 Forbidden", status=403, reason="forbidden")
+E404 = ClusterLevelError("CRD missing", status=404, reason="crd_missing")
+E409 = ObjectRejected("409 Conflict", status=409, reason="conflict")
+E422 = ObjectRejected("422 Unprocessable Entity", status=422, reason="invalid")
+
+
+@pytest.mark.parametrize(
+    ("exc", "attempt", "now", "deadline", "expected"),
+    [
+        (UNREACHABLE, 1, 0.0, 60.0, 0.2),  # refused: backoff
+        (UNREACHABLE, 3, 0.0, 60.0, 0.8),
+        (E503, 2, 0.0, 60.0, 0.4),  # 5xx: backoff
+        (E429, 1, 0.0, 60.0, 2.0),  # 429: Retry-After
+        (E429_BARE, 1, 0.0, 60.0, 0.2),  # 429 without Retry-After: backoff
+        (TIMEOUT, 1, 0.0, 60.0, None),  # a timeout is never retried in the round
+        (E403, 1, 0.0, 60.0, None),  # cluster-level
+        (E404, 1, 0.0, 60.0, None),
+        (E409, 1, 0.0, 60.0, None),  # object-level
+        (E422, 1, 0.0, 60.0, None),
+        (NoCredentials("no context"), 1, 0.0, 60.0, None),
+        (ValueError("a bug"), 1, 0.0, 60.0, None),  # not ours: never retried
+        (E429, 1, 0.0, 1.5, None),  # Retry-After would pass the deadline
+        (UNREACHABLE, 1, 59.9, 60.0, None),  # backoff would pass the deadline
+        (UNREACHABLE, 6, 0.0, 60.0, None),  # attempts used up
+    ],
+)
+def test_next_wait(
+    exc: BaseException, attempt: int, now: float, deadline: float, expected: float | None
+) -> None:
+    wait = next_wait(exc, attempt, now=now, deadline=deadline, rng=Top())
+    assert wait == (pytest.approx(expected) if expected is not None else None)
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+class Retries:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def retry(self, cluster: str, reason: str) -> None:
+        self.seen.append((cluster, reason))
+
+
+class Script:
+    """Fails with the given errors in turn, then returns "ok"; records each timeout given."""
+
+    def __init__(self, t: FakeTime, errors: list[ClusterError], cost_s: float = 0.0) -> None:
+        self.t = t
+        self.errors = list(errors)
+        self.cost_s = cost_s
+        self.timeouts: list[float] = []
+
+    async def __call__(self, timeout_s: float) -> str:
+        self.timeouts.append(timeout_s)
+        self.t.now += self.cost_s
+        if self.errors:
+            raise self.errors.pop(0)
+        return "ok"
+
+
+async def test_retries_transient_errors_then_succeeds() -> None:
+    t, obs = FakeTime(), Retries()
+    fn = Script(t, [UNREACHABLE, E503, E429])
+    result = await call_with_retries(
+        fn, deadline=t.now + 60, attempt_timeout_s=5, cluster="c1", observer=obs,
+        clock=t.clock, sleep=t.sleep, rng=Top(),
+    )
+    assert result == "ok"
+    assert t.slept == [pytest.approx(0.2), pytest.approx(0.4), pytest.approx(2.0)]
+    assert obs.seen == [("c1", "connect_error"), ("c1", "server_error"), ("c1", "throttled")]
+
+
+async def test_a_timeout_costs_one_attempt() -> None:
+    t = FakeTime()
+    fn = Script(t, [TIMEOUT], cost_s=3.0)
+    with pytest.raises(ClusterUnreachable) as info:
+        await call_with_retries(fn, deadline=t.now + 60, attempt_timeout_s=5, cluster="c1",
+                                clock=t.clock, sleep=t.sleep, rng=Top())
+    assert info.value is TIMEOUT
+    assert len(fn.timeouts) == 1
+    assert t.slept == []
+
+
+async def test_non_retryable_error_is_raised_as_is() -> None:
+    t = FakeTime()
+    fn = Script(t, [E409])
+    with pytest.raises(ObjectRejected) as info:
+        await call_with_retries(fn, deadline=t.now + 60, attempt_timeout_s=5, cluster="c1",
+                                clock=t.clock, sleep=t.sleep, rng=Top())
+    assert info.value is E409
+    assert len(fn.timeouts) == 1
+
+
+async def test_attempt_timeout_is_capped_by_the_deadline() -> None:
+    t = FakeTime()
+    fn = Script(t, [UNREACHABLE, UNREACHABLE], cost_s=1.0)
+    await call_with_retries(fn, deadline=t.now + 3.0, attempt_timeout_s=5, cluster="c1",
+                            clock=t.clock, sleep=t.sleep, rng=Top())
+    assert fn.timeouts[0] == pytest.approx(3.0)
+    assert fn.timeouts[1] == pytest.approx(3.0 - 1.0 - 0.2)
+    assert fn.timeouts[2] == pytest.approx(3.0 - 2.0 - 0.6)
+
+
+async def test_gives_up_when_the_wait_would_pass_the_deadline() -> None:
+    t = FakeTime()
+    slow = Throttled("429 Too Many Requests", status=429, retry_after_s=30.0)
+    fn = Script(t, [slow])
+    with pytest.raises(Throttled):
+        await call_with_retries(fn, deadline=t.now + 10, attempt_timeout_s=5, cluster="c1",
+                                clock=t.clock, sleep=t.sleep, rng=Top())
+    assert t.slept == []
+
+
+async def test_deadline_already_passed() -> None:
+    t = FakeTime()
+    fn = Script(t, [])
+    with pytest.raises(ClusterUnreachable, match="deadline") as info:
+        await call_with_retries(fn, deadline=t.now - 1, attempt_timeout_s=5, cluster="c1",
+                                clock=t.clock, sleep=t.sleep, rng=Top())
+    assert info.value.reason == "timeout"
+    assert fn.timeouts == []
