@@ -1,0 +1,437 @@
+"""`convergerd import FILE`: upsert clusters, boundaries and policies from YAML.
+
+    clusters:   [{id: c0001}, {id: c0002}]
+    boundaries: [{id: team-a, clusters: [c0001, c0002]}]
+    policies:
+      - {id: p-latest, boundary: team-a, enabled: true, rule: {type: ForbidLatestTag}}
+
+Validation is pure (`parse_import`, `check_references`) and names the entry and field of every
+problem; a file with any problem changes nothing. The database part applies a valid file in one
+transaction. A boundary's cluster list replaces its previous one; a policy's revision increases
+only when its content (boundary, rule, enabled) changes, and new policies start at 1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import yaml
+
+from convergerd.errors import ConvergerdError
+from convergerd.model import (
+    RuleError,
+    check_boundary_id,
+    check_cluster_id,
+    check_policy_id,
+    parse_rule,
+)
+from convergerd.store.errors import database_errors
+from convergerd.store.schema import check_schema
+
+TOP_LEVEL_KEYS = ("clusters", "boundaries", "policies")
+CLUSTER_FIELDS = ("id",)
+BOUNDARY_FIELDS = ("id", "clusters")
+POLICY_FIELDS = ("id", "boundary", "enabled", "rule")
+# pg_advisory_xact_lock key serialising concurrent imports ("convergerd import").
+IMPORT_LOCK_KEY = 0x636F6E76_696D7072
+
+
+class ImportFileError(ConvergerdError):
+    """The file cannot be imported; `problems` name each entry and field."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        listed = "\n".join(f"  {p}" for p in self.problems)
+        count = len(self.problems)
+        super().__init__(
+            f"{source}: rejected, nothing imported ({count} problem{'s' * (count != 1)}):\n"
+            f"{listed}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ImportedBoundary:
+    id: str
+    clusters: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ImportedPolicy:
+    id: str
+    boundary: str
+    rule: Mapping[str, Any]  # normalised by model.parse_rule
+    enabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ImportPlan:
+    clusters: tuple[str, ...] = ()
+    boundaries: tuple[ImportedBoundary, ...] = ()
+    policies: tuple[ImportedPolicy, ...] = ()
+
+
+@dataclass(slots=True)
+class Counts:
+    created: int = 0
+    updated: int = 0
+    unchanged: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.created} created, {self.updated} updated, {self.unchanged} unchanged"
+
+
+@dataclass(slots=True)
+class ImportSummary:
+    clusters: Counts = field(default_factory=Counts)
+    boundaries: Counts = field(default_factory=Counts)
+    policies: Counts = field(default_factory=Counts)
+
+    def __str__(self) -> str:
+        return "\n".join(
+            f"{kind}: {getattr(self, kind)}" for kind in ("clusters", "boundaries", "policies")
+        )
+
+
+# ---- pure validation ---------------------------------------------------------------------------
+
+
+def _renamed(exc: RuleError, field_name: str) -> str:
+    """model's id messages start with what the id is ("boundary: ", "cluster id: "); in a
+    file the field is `id`."""
+    message = str(exc)
+    for prefix in ("boundary: ", "cluster id: ", "id: "):
+        if message.startswith(prefix):
+            return f"{field_name}: {message.removeprefix(prefix)}"
+    return message
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.items.append(f"{where}: {message}")
+
+
+def _entries(data: Mapping[str, Any], key: str, problems: _Problems) -> list[tuple[str, Any]]:
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        problems.add(key, f"must be a list, got {type(value).__name__}")
+        return []
+    return [(f"{key}[{i}]", entry) for i, entry in enumerate(value)]
+
+
+def _entry_id(
+    where: str, entry: Any, fields: Sequence[str], problems: _Problems
+) -> tuple[str, str | None]:
+    """The entry's label for messages (`policies[1] (id 'p-regs')`) and its id if it has a
+    string one; reports a non-mapping entry and unknown fields."""
+    if not isinstance(entry, Mapping):
+        problems.add(where, f"must be a mapping with {', '.join(fields)}, got {entry!r}")
+        return where, None
+    raw_id = entry.get("id")
+    label = f"{where} (id {raw_id!r})" if raw_id is not None else where
+    unknown = sorted(str(k) for k in entry if k not in fields)
+    if unknown:
+        problems.add(label, f"unknown field(s) {', '.join(unknown)}; known: {', '.join(fields)}")
+    if raw_id is None:
+        problems.add(label, "id: required")
+        return label, None
+    if not isinstance(raw_id, str):
+        problems.add(label, f"id: must be a string, got {raw_id!r}")
+        return label, None
+    return label, raw_id
+
+
+def _check_duplicate(label: str, kind: str, ident: str, seen: set[str], p: _Problems) -> bool:
+    if ident in seen:
+        p.add(label, f"id: duplicate {kind} id {ident!r}")
+        return False
+    seen.add(ident)
+    return True
+
+
+def _parse_clusters(data: Mapping[str, Any], problems: _Problems) -> list[str]:
+    clusters: list[str] = []
+    seen: set[str] = set()
+    for where, entry in _entries(data, "clusters", problems):
+        label, ident = _entry_id(where, entry, CLUSTER_FIELDS, problems)
+        if ident is None:
+            continue
+        try:
+            check_cluster_id(ident)
+        except RuleError as exc:
+            problems.add(label, _renamed(exc, "id"))
+            continue
+        if _check_duplicate(label, "cluster", ident, seen, problems):
+            clusters.append(ident)
+    return clusters
+
+
+def _parse_member_list(label: str, raw: Any, problems: _Problems) -> tuple[str, ...] | None:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        problems.add(label, f"clusters: must be a list of cluster ids, got {raw!r}")
+        return None
+    members: list[str] = []
+    ok = True
+    for i, cluster in enumerate(raw):
+        try:
+            check_cluster_id(cluster)
+        except RuleError as exc:
+            problems.add(label, _renamed(exc, f"clusters[{i}]"))
+            ok = False
+            continue
+        if cluster in members:
+            problems.add(label, f"clusters[{i}]: duplicate cluster {cluster!r}")
+            ok = False
+            continue
+        members.append(cluster)
+    return tuple(members) if ok else None
+
+
+def _parse_boundaries(data: Mapping[str, Any], problems: _Problems) -> list[ImportedBoundary]:
+    boundaries: list[ImportedBoundary] = []
+    seen: set[str] = set()
+    for where, entry in _entries(data, "boundaries", problems):
+        label, ident = _entry_id(where, entry, BOUNDARY_FIELDS, problems)
+        if ident is None:
+            continue
+        try:
+            check_boundary_id(ident)
+        except RuleError as exc:
+            problems.add(label, _renamed(exc, "id"))
+            continue
+        members = _parse_member_list(label, entry.get("clusters"), problems)
+        if _check_duplicate(label, "boundary", ident, seen, problems) and members is not None:
+            boundaries.append(ImportedBoundary(ident, members))
+    return boundaries
+
+
+def _parse_policy(label: str, ident: str, entry: Mapping[str, Any], p: _Problems) -> (
+    ImportedPolicy | None
+):
+    ok = True
+    try:
+        check_policy_id(ident)
+    except RuleError as exc:
+        p.add(label, _renamed(exc, "id"))
+        ok = False
+    boundary = entry.get("boundary")
+    if boundary is None:
+        p.add(label, "boundary: required")
+        ok = False
+    else:
+        try:
+            check_boundary_id(boundary)
+        except RuleError as exc:
+            p.add(label, _renamed(exc, "boundary"))
+            ok = False
+    enabled = entry.get("enabled", True)
+    if not isinstance(enabled, bool):
+        p.add(label, f"enabled: must be true or false, got {enabled!r}")
+        ok = False
+    if "rule" not in entry:
+        p.add(label, "rule: required")
+        return None
+    try:
+        rule = parse_rule(entry["rule"]).as_dict()
+    except RuleError as exc:
+        p.add(label, str(exc))
+        return None
+    if not ok or not isinstance(boundary, str):
+        return None
+    return ImportedPolicy(ident, boundary, rule, enabled)
+
+
+def parse_import(data: Any) -> ImportPlan:
+    """Validate a loaded YAML document into an `ImportPlan`; `ImportFileError` lists every
+    problem, each naming the entry and field."""
+    problems = _Problems()
+    if not isinstance(data, Mapping):
+        shown = "an empty file" if data is None else type(data).__name__
+        raise ImportFileError("file", [
+            f"file: must be a mapping with {', '.join(TOP_LEVEL_KEYS)}, got {shown}"
+        ])
+    unknown = sorted(str(k) for k in data if k not in TOP_LEVEL_KEYS)
+    if unknown:
+        problems.add(
+            "file", f"unknown key(s) {', '.join(unknown)}; known: {', '.join(TOP_LEVEL_KEYS)}"
+        )
+    clusters = _parse_clusters(data, problems)
+    boundaries = _parse_boundaries(data, problems)
+    policies: list[ImportedPolicy] = []
+    seen: set[str] = set()
+    for where, entry in _entries(data, "policies", problems):
+        label, ident = _entry_id(where, entry, POLICY_FIELDS, problems)
+        if ident is None:
+            continue
+        policy = _parse_policy(label, ident, entry, problems)
+        if _check_duplicate(label, "policy", ident, seen, problems) and policy is not None:
+            policies.append(policy)
+    if problems.items:
+        raise ImportFileError("file", problems.items)
+    return ImportPlan(tuple(clusters), tuple(boundaries), tuple(policies))
+
+
+def check_references(
+    plan: ImportPlan, *, known_clusters: Set[str], known_boundaries: Set[str]
+) -> None:
+    """Every boundary's clusters and every policy's boundary must exist, in the file or in the
+    database (`known_*`)."""
+    problems = _Problems()
+    clusters = set(plan.clusters) | set(known_clusters)
+    boundaries = {b.id for b in plan.boundaries} | set(known_boundaries)
+    for i, boundary in enumerate(plan.boundaries):
+        for j, cluster in enumerate(boundary.clusters):
+            if cluster not in clusters:
+                problems.add(
+                    f"boundaries[{i}] (id {boundary.id!r})",
+                    f"clusters[{j}]: unknown cluster {cluster!r} (not in the file nor the "
+                    "database)",
+                )
+    for i, policy in enumerate(plan.policies):
+        if policy.boundary not in boundaries:
+            problems.add(
+                f"policies[{i}] (id {policy.id!r})",
+                f"boundary: unknown boundary {policy.boundary!r} (not in the file nor the "
+                "database)",
+            )
+    if problems.items:
+        raise ImportFileError("file", problems.items)
+
+
+def load_file(path: Path) -> ImportPlan:
+    """Read and validate a file (`ImportFileError` naming the file)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ImportFileError(str(path), [f"cannot read: {exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ImportFileError(str(path), [f"not valid YAML{where}: {problem}"]) from None
+    try:
+        return parse_import(data)
+    except ImportFileError as exc:
+        raise ImportFileError(str(path), exc.problems) from None
+
+
+# ---- the database part -------------------------------------------------------------------------
+
+_UPSERT_POLICIES = """
+INSERT INTO policies AS p (id, boundary_id, rule, enabled)
+SELECT u.id, u.boundary_id, u.rule::jsonb, u.enabled
+FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[]) AS u(id, boundary_id, rule, enabled)
+ON CONFLICT (id) DO UPDATE SET
+    boundary_id = EXCLUDED.boundary_id,
+    rule = EXCLUDED.rule,
+    enabled = EXCLUDED.enabled,
+    revision = p.revision + 1,
+    deleted_at = NULL,
+    updated_at = now()
+WHERE (p.boundary_id, p.rule, p.enabled) IS DISTINCT FROM
+      (EXCLUDED.boundary_id, EXCLUDED.rule, EXCLUDED.enabled)
+   OR p.deleted_at IS NOT NULL
+RETURNING p.id, (p.xmax = 0) AS inserted
+"""
+
+
+async def _apply_clusters(conn: asyncpg.Connection, plan: ImportPlan, counts: Counts) -> None:
+    created = await conn.fetch(
+        "INSERT INTO clusters (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING RETURNING id",
+        list(plan.clusters),
+    )
+    counts.created = len(created)
+    counts.unchanged = len(plan.clusters) - len(created)
+
+
+async def _apply_boundaries(conn: asyncpg.Connection, plan: ImportPlan, counts: Counts) -> None:
+    ids = [b.id for b in plan.boundaries]
+    created = {
+        r["id"]
+        for r in await conn.fetch(
+            "INSERT INTO boundaries (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING "
+            "RETURNING id",
+            ids,
+        )
+    }
+    current = {
+        r["boundary_id"]: set(r["clusters"])
+        for r in await conn.fetch(
+            """SELECT boundary_id, array_agg(cluster_id) AS clusters FROM boundary_clusters
+               WHERE boundary_id = ANY($1::text[]) GROUP BY boundary_id""",
+            ids,
+        )
+    }
+    changed = [b for b in plan.boundaries if set(b.clusters) != current.get(b.id, set())]
+    changed_ids = [b.id for b in changed]
+    await conn.execute(
+        "DELETE FROM boundary_clusters WHERE boundary_id = ANY($1::text[])", changed_ids
+    )
+    await conn.execute(
+        """INSERT INTO boundary_clusters (boundary_id, cluster_id)
+           SELECT * FROM unnest($1::text[], $2::text[])""",
+        [b.id for b in changed for _ in b.clusters],
+        [c for b in changed for c in b.clusters],
+    )
+    updated = [i for i in changed_ids if i not in created]
+    await conn.execute(
+        "UPDATE boundaries SET updated_at = now() WHERE id = ANY($1::text[])", updated
+    )
+    counts.created = len(created)
+    counts.updated = len(updated)
+    counts.unchanged = len(ids) - len(created) - len(updated)
+
+
+async def _apply_policies(conn: asyncpg.Connection, plan: ImportPlan, counts: Counts) -> None:
+    rows = await conn.fetch(
+        _UPSERT_POLICIES,
+        [p.id for p in plan.policies],
+        [p.boundary for p in plan.policies],
+        [json.dumps(p.rule) for p in plan.policies],
+        [p.enabled for p in plan.policies],
+    )
+    counts.created = sum(1 for r in rows if r["inserted"])
+    counts.updated = len(rows) - counts.created
+    counts.unchanged = len(plan.policies) - len(rows)
+
+
+async def apply_plan(conn: asyncpg.Connection, plan: ImportPlan) -> ImportSummary:
+    """Apply a validated plan in one transaction (references are checked inside it)."""
+    summary = ImportSummary()
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", IMPORT_LOCK_KEY)
+        known_clusters = {r["id"] for r in await conn.fetch("SELECT id FROM clusters")}
+        known_boundaries = {r["id"] for r in await conn.fetch("SELECT id FROM boundaries")}
+        check_references(plan, known_clusters=known_clusters, known_boundaries=known_boundaries)
+        await _apply_clusters(conn, plan, summary.clusters)
+        await _apply_boundaries(conn, plan, summary.boundaries)
+        await _apply_policies(conn, plan, summary.policies)
+    return summary
+
+
+async def import_file(dsn: str, path: Path) -> ImportSummary:
+    """`convergerd import FILE`: validate, then upsert everything in one transaction."""
+    plan = load_file(path)
+    with database_errors(dsn, connecting=True):
+        conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        await check_schema(conn)
+        with database_errors(dsn):
+            return await apply_plan(conn, plan)
+    except ImportFileError as exc:
+        raise ImportFileError(str(path), exc.problems) from None
+    finally:
+        await conn.close()
