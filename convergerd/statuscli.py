@@ -1,0 +1,213 @@
+"""`convergerd status [--addr URL]`: a running daemon's `/status` as a table in the terminal.
+
+Clusters are listed worst first (unreached, never checked, failing, then by lag), under a header
+saying which replica answered, who leads, and the last and next round. Any replica can answer:
+standbys read the leader's records from the database.
+
+Exit codes: 0 status shown; 2 the daemon could not be reached or did not answer with status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from convergerd.state import worst_first_key
+
+DEFAULT_ADDR = "http://127.0.0.1:8080"
+EXIT_OK = 0
+EXIT_UNREACHABLE = 2
+_MAX_ERROR = 60
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--addr", default=DEFAULT_ADDR,
+                        help=f"the daemon's HTTP address (default {DEFAULT_ADDR})")
+    parser.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds to wait for the answer (default 10)")
+    parser.add_argument("--json", action="store_true", help="print the raw /status JSON")
+
+
+def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    addr = str(args.addr).rstrip("/")
+    if "://" not in addr:
+        addr = f"http://{addr}"
+    try:
+        doc = fetch_status(addr, timeout_s=float(args.timeout))
+    except StatusUnavailable as exc:
+        err.write(f"convergerd status: {exc}\n")
+        return EXIT_UNREACHABLE
+    if args.json:
+        out.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        out.write(render_status(doc, addr=addr))
+    return EXIT_OK
+
+
+class StatusUnavailable(Exception):
+    pass
+
+
+def fetch_status(addr: str, *, timeout_s: float) -> dict[str, Any]:
+    url = f"{addr}/status"
+    if not url.startswith(("http://", "https://")):
+        raise StatusUnavailable(f"{addr} is not an http(s) address")
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        raise StatusUnavailable(f"{url} answered {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise StatusUnavailable(
+            f"cannot reach convergerd at {addr} ({reason}); is the daemon running, "
+            "and is --addr its CONVERGERD_HTTP_ADDR?"
+        ) from None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise StatusUnavailable(f"{url} did not answer with JSON") from None
+    if not isinstance(doc, dict):
+        raise StatusUnavailable(f"{url} did not answer with a status document")
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering (pure)
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 172800:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def _reachable(value: object) -> str:
+    if value is True:
+        return "up"
+    return "DOWN" if value is False else "?"
+
+
+def _phases(counts: Mapping[str, int] | None) -> str:
+    if not counts:
+        return "-"
+    return " ".join(f"{phase}={n}" for phase, n in sorted(counts.items()) if n)
+
+
+def _short(text: object, limit: int = _MAX_ERROR) -> str:
+    if not text:
+        return ""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def sort_clusters(clusters: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted(clusters, key=lambda c: worst_first_key(
+        cluster=str(c.get("id", "")),
+        reachable=c.get("reachable"),
+        failing=bool(c.get("last_error")) or bool(c.get("failed")),
+        lag_s=c.get("lag_seconds"),
+    ))
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows]
+
+
+def _when(value: object) -> str:
+    if not value:
+        return "-"
+    try:
+        moment = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return str(value)
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _header(doc: Mapping[str, Any], addr: str | None) -> list[str]:
+    leader = doc.get("leader") or {}
+    holder = leader.get("holder")
+    if leader.get("is_leader"):
+        leads = "this replica leads"
+    elif holder:
+        leads = f"leader: {holder} (this replica is a standby)"
+    else:
+        leads = "NO LEADER known"
+    lines = [f"convergerd {doc.get('version', '')} at {addr or '?'}: replica "
+             f"{doc.get('identity', '?')}, {leads}"]
+    last = doc.get("last_round")
+    if last:
+        counts = last.get("counts") or {}
+        lines.append(
+            f"last round: {last.get('result', '?')}, started {_when(last.get('started_at'))}, "
+            f"finished {_when(last.get('finished_at'))} by {last.get('leader') or '?'}: "
+            f"{counts.get('clusters', 0)} clusters, {counts.get('converged', 0)} converged, "
+            f"{counts.get('unreached', 0)} unreached"
+            + (f"; {last['error']}" if last.get("error") else "")
+        )
+    else:
+        lines.append("last round: none recorded yet")
+    lines.append(f"next round: {_when(doc.get('next_round_at'))}")
+    database = doc.get("database") or {}
+    if database and not database.get("reachable", True):
+        lines.append(f"DATABASE UNREACHABLE: {_short(database.get('error'), 120)} "
+                     "(cluster data may be old)")
+    invalid = doc.get("invalid_policies") or []
+    if invalid:
+        lines.append(f"invalid policies ({len(invalid)}, never delivered):")
+        lines.extend(f"  {p.get('id')}: {_short(p.get('reason'), 100)}" for p in invalid)
+    unsupported = doc.get("unsupported_by_version") or {}
+    if unsupported:
+        lines.append("Unsupported (no ValidatingAdmissionPolicy, nothing enforced):")
+        lines.extend(f"  Kubernetes {version}: {', '.join(clusters)}"
+                     for version, clusters in sorted(unsupported.items()))
+    return lines
+
+
+def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
+    lines = _header(doc, addr)
+    clusters = sort_clusters(doc.get("clusters") or [])
+    lines.append("")
+    if not clusters:
+        lines.append("no clusters known")
+        return "\n".join(lines) + "\n"
+    rows = [["CLUSTER", "REACHED", "LAG", "DESIRED", "IN-SYNC", "FAILED", "PHASES", "VERSION",
+             "LAST ERROR"]]
+    rows.extend(
+        [
+            str(c.get("id", "?")),
+            _reachable(c.get("reachable")),
+            format_duration(c.get("lag_seconds")),
+            str(c.get("desired", 0)),
+            str(c.get("in_sync", 0)),
+            str(c.get("failed", 0)),
+            _phases(c.get("phases")),
+            str(c.get("server_version") or "-"),
+            _short(c.get("last_error")),
+        ]
+        for c in clusters
+    )
+    lines.extend(_table(rows))
+    down = sum(c.get("reachable") is False for c in clusters)
+    failing = sum(bool(c.get("last_error")) or bool(c.get("failed")) for c in clusters)
+    lines.append("")
+    lines.append(f"{len(clusters)} clusters: {down} unreached, {failing} failing")
+    return "\n".join(lines) + "\n"
