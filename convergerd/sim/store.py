@@ -1012,7 +1012,7 @@ def _apply_scope(rt: ResourceType, config: Obj, subresource: str | None) -> Obj:
 def _decode_apply(rt: ResourceType, body: bytes) -> Obj:
     """Apply-patch body checks, in the order patch.go and the field manager run them."""
     try:
-        config = yaml.safe_load(body.decode("utf-8")) if body.strip() else None
+        config = _jsonify(yaml.safe_load(body.decode("utf-8"))) if body.strip() else None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise status.bad_request(f"error decoding YAML: {exc}") from None
     if not isinstance(config, dict):
@@ -1029,6 +1029,24 @@ def _decode_apply(rt: ResourceType, body: bytes) -> Obj:
         group, _, version = group_version.rpartition("/")
         raise status.bad_request(f"invalid object type: {group}/{version}, Kind={kind}")
     return config
+
+
+def _jsonify(value: Any) -> Any:
+    """YAML data as JSON data: keys become strings (`on:` is the key "true", as sigs.k8s.io/yaml
+    converts it) and timestamps stay the strings they were written as."""
+    if isinstance(value, dict):
+        return {_json_key(k): _jsonify(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonify(v) for v in value]
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return value
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return key if isinstance(key, str) else json.dumps(_jsonify(key))
 
 
 def _patched(existing: Obj, body: bytes, media: str) -> Any:
