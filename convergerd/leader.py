@@ -1,0 +1,486 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, with fencing.
+
+Not kubernetes-asyncio's `leaderelection` (wall clock, no per-call timeout, keeps leading on
+network errors). The arithmetic lives in `convergerd.lease`; this module does the I/O.
+
+Safety: a leader may write only while `now < last successful renew + renew deadline`, where
+the renew time is the monotonic time at which the successful renew request was *sent*. Another
+replica takes the Lease only after it has seen the record unchanged for the lease duration,
+which the settings check keeps longer than renew deadline + retry period + request timeout. So
+the round (cancelled through `wait_lost()` / `leadership_lost()`, and each write capped at
+`fence().remaining_s()`) stops before anyone else can start.
+
+Any failure of a renewal — timeout, connection error, 409, an answer that is not a Lease, an
+unexpected exception — is a failed renewal: the renew time does not move, and when the deadline
+passes leadership is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+from convergerd.config import Election
+from convergerd.errors import Fenced, ObjectRejected
+from convergerd.kube.api import LeaseApi
+from convergerd.lease import (
+    LeaseFormatError,
+    LeaseRecord,
+    Observed,
+    acquire_body,
+    acquire_delay,
+    can_acquire,
+    new_lease_body,
+    observe,
+    release_body,
+    write_budget,
+)
+from convergerd.report import Epoch
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+ChangeHook = Callable[[bool, str | None], None]
+
+
+class Fence(Protocol):
+    """What the round engine asks before each cluster write."""
+
+    def remaining_s(self) -> float:
+        """Seconds this replica may still write; raises `errors.Fenced` when it may not."""
+        ...
+
+
+class Leadership(Protocol):
+    """The surface the runtime uses; `Elector` and `NoElection` both provide it."""
+
+    async def run(self) -> None: ...
+    def stop(self) -> None: ...
+    def is_leader(self) -> bool: ...
+    @property
+    def leader(self) -> str | None: ...
+    @property
+    def epoch(self) -> Epoch | None: ...
+    @property
+    def transitions(self) -> int: ...
+    async def wait_leading(self) -> Epoch: ...
+    async def wait_lost(self, epoch: Epoch | None = None) -> None: ...
+    def leadership_lost(self) -> asyncio.Event: ...
+    def fence(self, epoch: Epoch | None = None) -> Fence: ...
+    async def release(self) -> None: ...
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class _Term:
+    """One uninterrupted stretch of leadership."""
+
+    __slots__ = ("epoch", "last_renew_mono", "lost", "over")
+
+    def __init__(self, epoch: Epoch, last_renew_mono: float) -> None:
+        self.epoch = epoch
+        self.last_renew_mono = last_renew_mono
+        self.lost = asyncio.Event()
+        self.over = False
+
+
+class _TermFence:
+    """A fence bound to one term: once that term ends it stays closed, even if this replica
+    leads again later (a new round must take a new fence)."""
+
+    def __init__(self, elector: Elector, term: _Term | None) -> None:
+        self._elector = elector
+        self._term = term
+
+    def remaining_s(self) -> float:
+        term = self._term
+        if term is None:
+            raise Fenced("this replica is not the leader")
+        if term.over:
+            raise Fenced(f"leadership as {term.epoch} has ended")
+        budget = self._elector.budget(term)
+        if budget <= 0:
+            self._elector.overdue(term)
+            raise Fenced(f"Lease not renewed within the renew deadline as {term.epoch}")
+        return budget
+
+
+class Elector:
+    """Takes and keeps the Lease named in `settings` through `api`."""
+
+    def __init__(
+        self,
+        api: LeaseApi,
+        settings: Election,
+        *,
+        clock: Callable[[], float] = _loop_time,
+        wall: Callable[[], dt.datetime] = _utc_now,
+        on_change: ChangeHook | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._api = api
+        self._s = settings
+        self._clock = clock
+        self._wall = wall
+        self._on_change = on_change
+        self._rng = rng or random.Random()
+        self._term: _Term | None = None
+        self._leading = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._lock = asyncio.Lock()  # one Lease write sequence at a time (run vs release)
+        self._observed: Observed | None = None
+        self._holder: str | None = None
+        self._changes = 0
+        self._failures = 0
+        self._attempt_started = -math.inf
+        self._watchdog: asyncio.TimerHandle | None = None
+
+    @property
+    def _where(self) -> str:
+        return f"{self._s.lease_namespace}/{self._s.lease_name}"
+
+    # -- public surface ------------------------------------------------------------------------
+
+    @property
+    def identity(self) -> str:
+        return self._s.identity
+
+    def is_leader(self) -> bool:
+        term = self._term
+        return term is not None and not term.over and self.budget(term) > 0
+
+    @property
+    def leader(self) -> str | None:
+        """The holder we last observed (ourselves while leading); None when nobody holds it."""
+        return self._holder
+
+    @property
+    def epoch(self) -> Epoch | None:
+        term = self._term
+        return term.epoch if term is not None and not term.over else None
+
+    @property
+    def transitions(self) -> int:
+        """How many times this replica gained or lost leadership."""
+        return self._changes
+
+    async def wait_leading(self) -> Epoch:
+        """Return once this replica leads, with the epoch it leads as."""
+        while True:
+            term = self._term
+            if term is not None and not term.over:
+                return term.epoch
+            await self._leading.wait()
+
+    async def wait_lost(self, epoch: Epoch | None = None) -> None:
+        """Return once this replica no longer leads (as `epoch`, when given). Returns at once
+        when it does not lead now."""
+        term = self._term
+        if term is None or term.over or (epoch is not None and term.epoch != epoch):
+            return
+        await term.lost.wait()
+
+    def leadership_lost(self) -> asyncio.Event:
+        """Set when the current term ends (lost, overdue, released, stopped); already set when
+        this replica does not lead."""
+        term = self._term
+        if term is None or term.over:
+            done = asyncio.Event()
+            done.set()
+            return done
+        return term.lost
+
+    def fence(self, epoch: Epoch | None = None) -> Fence:
+        """A fence for the current term (for `epoch` only, when given)."""
+        term = self._term
+        if term is not None and (term.over or (epoch is not None and term.epoch != epoch)):
+            term = None
+        return _TermFence(self, term)
+
+    def stop(self) -> None:
+        """Make `run()` return (without releasing the Lease; see `release()`)."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Acquire, then renew, until `stop()`, `release()` or cancellation."""
+        log.info("leader election on Lease %s as %s", self._where, self.identity)
+        try:
+            while not self._stop.is_set():
+                async with self._lock:
+                    if self._stop.is_set():
+                        break
+                    await self._attempt()
+                await self._pause(self._next_delay())
+        finally:
+            term = self._term
+            if term is not None:
+                self._end(term, "the elector stopped", logging.WARNING)
+
+    async def release(self) -> None:
+        """Stop renewing; if the Lease is ours, write an empty holder so a standby takes over at
+        once. One attempt, each request bounded by the request timeout; failures are logged."""
+        self._stop.set()
+        async with self._lock:  # let an in-flight renewal finish: its RV is the precondition
+            term = self._term
+            if term is not None:
+                self._end(term, "releasing the Lease", logging.INFO)
+            if self._holder != self.identity:
+                return
+            try:
+                current = await self._call(
+                    self._api.get_lease(self._s.lease_namespace, self._s.lease_name,
+                                        timeout_s=self._s.request_timeout_s))
+                if current is None or LeaseRecord.from_object(current).holder != self.identity:
+                    return
+                written = await self._call(self._api.replace_lease(
+                    release_body(current, now=self._wall()), timeout_s=self._s.request_timeout_s))
+            except Exception as exc:
+                log.warning("could not release Lease %s: %s; a standby takes over when it "
+                            "expires", self._where, _describe(exc))
+                return
+            record = LeaseRecord.from_object(written)
+            self._observed = Observed(record, self._clock())
+            self._set_holder(None)
+            log.info("released Lease %s (holder was %s, transitions %d)",
+                     self._where, self.identity, record.transitions)
+
+    # -- used by fences ------------------------------------------------------------------------
+
+    def budget(self, term: _Term) -> float:
+        return write_budget(term.last_renew_mono, self._s.renew_deadline_s, self._clock())
+
+    def overdue(self, term: _Term) -> None:
+        if not term.over:
+            self._end(term, f"not renewed within the renew deadline "
+                            f"({self._s.renew_deadline_s:g} s)", logging.WARNING)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    async def _pause(self, delay_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay_s):
+                await self._stop.wait()
+
+    def _next_delay(self) -> float:
+        now = self._clock()
+        term = self._term
+        if term is not None and not term.over:
+            # Renew every retry period, counted from the start of the last attempt.
+            return max(0.0, self._attempt_started + self._s.retry_period_s - now)
+        return acquire_delay(self._observed, now, self.identity, self._s.retry_period_s,
+                             self._rng, default_duration_s=self._s.lease_duration_s)
+
+    async def _attempt(self) -> None:
+        self._attempt_started = self._clock()
+        term = self._term
+        limit = 2 * self._s.request_timeout_s  # a read and a write
+        if term is not None:
+            budget = self.budget(term)
+            if budget <= 0:
+                self.overdue(term)
+                term = None
+            else:
+                limit = min(limit, budget)
+        try:
+            async with asyncio.timeout(limit):
+                await self._try_acquire_or_renew(term)
+        except Exception as exc:
+            self._failed(term, exc)
+        else:
+            if self._failures:
+                log.info("Lease %s reachable again after %d failed attempts",
+                         self._where, self._failures)
+            self._failures = 0
+
+    async def _try_acquire_or_renew(self, term: _Term | None) -> None:
+        s = self._s
+        current = await self._call(
+            self._api.get_lease(s.lease_namespace, s.lease_name, timeout_s=s.request_timeout_s))
+        record = LeaseRecord.from_object(current) if current is not None else None
+        now = self._clock()
+        self._observed = observe(self._observed, record, now)
+        holder = record.holder if record is not None and record.held else None
+        self._set_holder(holder)
+        if term is not None and holder != self.identity:
+            self._end(term, f"the Lease is now held by {holder or 'nobody'}", logging.WARNING)
+            term = None
+        if not can_acquire(self._observed, now, self.identity,
+                           default_duration_s=s.lease_duration_s):
+            return
+        wall = self._wall()
+        sent = self._clock()
+        if current is None:
+            body = new_lease_body(namespace=s.lease_namespace, name=s.lease_name,
+                                  identity=self.identity, duration_s=s.lease_duration_s, now=wall)
+            written = await self._call(self._api.create_lease(body, timeout_s=s.request_timeout_s))
+        else:
+            body = acquire_body(current, identity=self.identity, duration_s=s.lease_duration_s,
+                                now=wall)
+            written = await self._call(
+                self._api.replace_lease(body, timeout_s=s.request_timeout_s))
+        mine = LeaseRecord.from_object(written)
+        if mine.holder != self.identity:
+            raise LeaseFormatError(f"the Lease written back names {mine.holder!r} as holder")
+        self._observed = Observed(mine, sent)
+        self._renewed(sent, mine)
+
+    async def _call(self, request: Awaitable[T]) -> T:
+        """Every Lease request is bounded by the request timeout, whatever the client does."""
+        async with asyncio.timeout(self._s.request_timeout_s):
+            return await request
+
+    def _renewed(self, sent: float, record: LeaseRecord) -> None:
+        epoch = Epoch(self.identity, record.transitions)
+        term = self._term
+        if term is not None and not term.over and term.epoch == epoch:
+            term.last_renew_mono = max(term.last_renew_mono, sent)
+        else:
+            if term is not None:
+                self._end(term, f"the epoch changed to {epoch}", logging.WARNING)
+            term = _Term(epoch, sent)
+            if self.budget(term) <= 0:
+                return  # the answer came too late to lead on
+            self._term = term
+            self._changes += 1
+            self._leading.set()
+            self._set_holder(self.identity, force=True)
+            log.info("leading: acquired Lease %s as %s (transitions %d)",
+                     self._where, self.identity, record.transitions)
+        self._arm_watchdog(term)
+
+    def _failed(self, term: _Term | None, exc: Exception) -> None:
+        self._failures += 1
+        why = _describe(exc)
+        if term is not None and not term.over:
+            left = self.budget(term)
+            log.warning("renewing Lease %s failed: %s (%.1f s left to renew)",
+                        self._where, why, max(0.0, left))
+            if left <= 0:
+                self.overdue(term)
+        elif isinstance(exc, ObjectRejected) and exc.status == 409:
+            log.debug("Lease %s changed while acquiring it (409)", self._where)
+        elif self._failures == 1:
+            log.warning("acquiring Lease %s failed: %s", self._where, why)
+        else:
+            log.debug("acquiring Lease %s failed again (%d): %s", self._where, self._failures, why)
+
+    def _arm_watchdog(self, term: _Term) -> None:
+        """Lose leadership the moment the renew deadline passes, whatever the loop is doing."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        delay = max(0.0, self.budget(term))
+        self._watchdog = asyncio.get_running_loop().call_later(delay, self._check_deadline, term)
+
+    def _check_deadline(self, term: _Term) -> None:
+        self._watchdog = None
+        if term.over or self._term is not term:
+            return
+        if self.budget(term) <= 0:
+            self.overdue(term)
+        else:
+            self._arm_watchdog(term)
+
+    def _end(self, term: _Term, why: str, level: int) -> None:
+        if term.over:
+            return
+        term.over = True
+        term.lost.set()
+        if self._term is term:
+            self._term = None
+            self._leading.clear()
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                self._watchdog = None
+        self._changes += 1
+        log.log(level, "no longer leading: Lease %s, holder %s, transitions %d: %s",
+                self._where, self.identity, term.epoch.transitions, why)
+        self._notify()
+
+    def _set_holder(self, holder: str | None, *, force: bool = False) -> None:
+        if holder != self._holder or force:
+            self._holder = holder
+            self._notify()
+
+    def _notify(self) -> None:
+        if self._on_change is None:
+            return
+        try:
+            self._on_change(self.is_leader(), self._holder)
+        except Exception:
+            log.exception("the leadership change hook failed")
+
+
+class _OpenFence:
+    def remaining_s(self) -> float:
+        return math.inf
+
+
+class NoElection:
+    """`CONVERGERD_LEADER_ELECTION=false`: always the leader, the fence never closes. Same
+    surface as `Elector`."""
+
+    def __init__(self, *, identity: str, on_change: ChangeHook | None = None) -> None:
+        self.identity = identity
+        self._on_change = on_change
+        self._epoch = Epoch(identity, 0)
+        self._stop = asyncio.Event()
+        self._never = asyncio.Event()
+
+    async def run(self) -> None:
+        if self._on_change is not None:
+            self._on_change(True, self.identity)
+        await self._stop.wait()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def is_leader(self) -> bool:
+        return True
+
+    @property
+    def leader(self) -> str | None:
+        return self.identity
+
+    @property
+    def epoch(self) -> Epoch | None:
+        return self._epoch
+
+    @property
+    def transitions(self) -> int:
+        return 0
+
+    async def wait_leading(self) -> Epoch:
+        return self._epoch
+
+    async def wait_lost(self, epoch: Epoch | None = None) -> None:
+        if epoch is not None and epoch != self._epoch:
+            return
+        await self._never.wait()
+
+    def leadership_lost(self) -> asyncio.Event:
+        return self._never
+
+    def fence(self, epoch: Epoch | None = None) -> Fence:
+        return _OpenFence()
+
+    async def release(self) -> None:
+        self._stop.set()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
