@@ -185,17 +185,22 @@ async def _apply_all(
     except* Fenced as group:
         raise group.exceptions[0] from None
     except* ClusterError as group:
-        # Keep what finished before the failure; the cluster's reason is the first error.
-        outcome.deliveries.extend(t.result() for t in tasks if t.done() and not t.cancelled()
-                                  and t.exception() is None)
+        # Keep (and count) what finished before the failure; the cluster's reason is the
+        # first error.
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is None:
+                _record(outcome, task.result())
         raise group.exceptions[0] from None
     for task in tasks:
-        delivery = task.result()
-        outcome.deliveries.append(delivery)
-        if delivery.result is ApplyResult.FAILED:
-            outcome.failed += 1
-        else:
-            outcome.in_sync += 1
+        _record(outcome, task.result())
+
+
+def _record(outcome: ClusterOutcome, delivery: Delivery) -> None:
+    outcome.deliveries.append(delivery)
+    if delivery.result is ApplyResult.FAILED:
+        outcome.failed += 1
+    else:
+        outcome.in_sync += 1
 
 
 async def _apply_one(

@@ -1,0 +1,776 @@
+"""The converge round (SPEC.md §4, §5) against an in-memory fleet.
+
+`FakeCluster` is a small `PolicyApi` written for these tests: a dict of Policy objects with
+server-side-apply semantics (our labels and spec replaced, other labels kept, status untouched),
+a record of every request, and injectable failures raised as our own `convergerd.errors`
+classes. Time is fake (looptime): a hang or a backoff costs no real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pytest
+
+from convergerd.converge import Round, RoundLimits, run_round
+from convergerd.errors import (
+    ClusterApiError,
+    ClusterError,
+    ClusterLevelError,
+    ClusterUnreachable,
+    Fenced,
+    NoCredentials,
+    ObjectRejected,
+    Throttled,
+    TransientApiError,
+)
+from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
+from convergerd.model import (
+    Boundary,
+    BoundaryId,
+    Cluster,
+    ClusterId,
+    Fleet,
+    InvalidPolicy,
+    Policy,
+    PolicyRow,
+    validate_policy,
+)
+from convergerd.render import render_policy
+from convergerd.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
+
+pytestmark = pytest.mark.looptime
+
+T = TypeVar("T")
+WALL = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+REQUEST_TIMEOUT_S = 5.0
+DEADLINE_S = 240.0
+
+
+# --- the fake cluster ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    verb: str  # list, apply, delete, version
+    name: str | None
+    at: float  # loop time when sent
+    timeout_s: float
+
+
+@dataclass(slots=True)
+class Fault:
+    verb: str
+    name: str | None  # None: any object
+    error: ClusterError
+    times: int | None  # None: every time
+
+
+class FakeCluster:
+    """One cluster's Policy API, in memory."""
+
+    def __init__(
+        self, cluster_id: str, *, latency_s: float = 0.0, apply_latency_s: float | None = None
+    ) -> None:
+        self._cluster = ClusterId(cluster_id)
+        self.objects: dict[str, KubeObject] = {}
+        self.calls: list[Call] = []
+        self.completed: list[Call] = []  # requests that got an answer (success or error)
+        self.latency_s = latency_s
+        self.apply_latency_s = latency_s if apply_latency_s is None else apply_latency_s
+        self.hang = False  # every request waits out its timeout, then fails as unreachable
+        self.faults: list[Fault] = []
+        self._rv = 100
+
+    @property
+    def cluster(self) -> ClusterId:
+        return self._cluster
+
+    def fail(
+        self, verb: str, error: ClusterError, *, name: str | None = None, times: int | None = None
+    ) -> None:
+        self.faults.append(Fault(verb, name, error, times))
+
+    def of(self, verb: str) -> list[Call]:
+        return [c for c in self.calls if c.verb == verb]
+
+    async def _request(self, verb: str, name: str | None, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        call = Call(verb, name, loop.time(), timeout_s)
+        self.calls.append(call)
+        if self.hang:
+            await asyncio.sleep(timeout_s)
+            raise ClusterUnreachable(f"{verb}: no answer within {timeout_s:g} s")
+        latency = self.apply_latency_s if verb == "apply" else self.latency_s
+        if latency:
+            await asyncio.sleep(latency)
+        self.completed.append(call)
+        for fault in self.faults:
+            if fault.verb == verb and fault.name in (None, name) and fault.times != 0:
+                if fault.times is not None:
+                    fault.times -= 1
+                raise fault.error
+
+    async def list_policies(self, *, label_selector: str, timeout_s: float) -> ObjectList:
+        await self._request("list", None, timeout_s)
+        key, _, value = label_selector.partition("=")
+        items = [
+            copy.deepcopy(o) for o in self.objects.values()
+            if o["metadata"].get("labels", {}).get(key) == value
+        ]
+        return ObjectList(items=items, resource_version=str(self._rv), requests=1)
+
+    async def apply_policy(self, body: KubeObject, *, timeout_s: float) -> Applied:
+        name = body["metadata"]["name"]
+        await self._request("apply", name, timeout_s)
+        existing = self.objects.get(name)
+        obj = copy.deepcopy(existing) if existing else {
+            "apiVersion": body["apiVersion"], "kind": body["kind"],
+            "metadata": {"name": name, "generation": 0, "uid": f"uid-{name}"},
+        }
+        obj["metadata"].setdefault("labels", {}).update(body["metadata"]["labels"])
+        if obj.get("spec") != body["spec"]:
+            obj["spec"] = copy.deepcopy(body["spec"])
+            obj["metadata"]["generation"] += 1
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        self.objects[name] = obj
+        return Applied(object=copy.deepcopy(obj), created=existing is None)
+
+    async def delete_policy(self, name: str, *, timeout_s: float) -> bool:
+        await self._request("delete", name, timeout_s)
+        return self.objects.pop(name, None) is not None
+
+    async def server_version(self, *, timeout_s: float) -> str:
+        await self._request("version", None, timeout_s)
+        return "v1.31.0"
+
+
+class Clusters:
+    """The `ClusterSource`: fake clusters by id; an id without one has no kubeconfig context."""
+
+    def __init__(self, *clusters: FakeCluster) -> None:
+        self.by_id = {c.cluster: c for c in clusters}
+
+    def get(self, cluster: ClusterId) -> PolicyApi:
+        if cluster not in self.by_id:
+            raise NoCredentials(f"no context {cluster!r} in the kubeconfig")
+        return self.by_id[cluster]
+
+    def __getitem__(self, cluster: str) -> FakeCluster:
+        return self.by_id[ClusterId(cluster)]
+
+
+# --- retries, fence, round ------------------------------------------------------------------
+
+
+class Retrier:
+    """Retries retryable errors a few times with a fixed backoff (or Retry-After), never
+    starting a wait that would end past the deadline."""
+
+    def __init__(self, attempts: int = 3, backoff_s: float = 1.0) -> None:
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.waits: list[float] = []
+
+    async def __call__(
+        self, fn: Callable[[], Awaitable[T]], *, cluster: str, deadline: float
+    ) -> T:
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await fn()
+            except ClusterError as exc:
+                if not exc.retryable or attempt >= self.attempts:
+                    raise
+                wait = self.backoff_s
+                if isinstance(exc, ClusterApiError) and exc.retry_after_s is not None:
+                    wait = exc.retry_after_s
+                if loop.time() + wait >= deadline:
+                    raise
+                self.waits.append(wait)
+                await asyncio.sleep(wait)
+
+
+class Fence:
+    """Grants `allow` write checks (None: unlimited), then refuses with `Fenced`."""
+
+    def __init__(self, *, remaining_s: float = 60.0, allow: int | None = None) -> None:
+        self.remaining = remaining_s
+        self.allow = allow
+        self.checks = 0
+
+    def remaining_s(self) -> float:
+        self.checks += 1
+        if self.allow is not None and self.checks > self.allow:
+            raise Fenced("the Lease was lost")
+        return self.remaining
+
+
+def make_round(
+    clusters: Clusters,
+    *,
+    retrier: Retrier | None = None,
+    fence: Fence | None = None,
+    deadline_s: float = DEADLINE_S,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    apply_concurrency: int = 4,
+) -> Round:
+    return Round(
+        clusters=clusters,
+        retrier=retrier or Retrier(),
+        fence=fence or Fence(),
+        limits=RoundLimits(
+            deadline_s=deadline_s,
+            cluster_concurrency=64,
+            apply_concurrency=apply_concurrency,
+            request_timeout_s=request_timeout_s,
+        ),
+        clock=asyncio.get_running_loop().time,
+        wall=lambda: WALL,
+    )
+
+
+# --- fleets ---------------------------------------------------------------------------------
+
+RULES: dict[str, dict[str, Any]] = {
+    "p-latest": {"type": "ForbidLatestTag"},
+    "p-regs": {"type": "AllowedRegistries", "registries": ["registry.example.com"]},
+    "p-labels": {"type": "RequiredLabels", "labels": ["app", "team"]},
+}
+
+
+def make_fleet(
+    clusters: Iterable[str],
+    boundaries: dict[str, list[str]],
+    rows: Iterable[tuple[str, str, dict[str, Any]]],
+) -> Fleet:
+    """rows: (policy id, boundary, rule) — validated as the store would."""
+    policies: list[Policy] = []
+    invalid: list[InvalidPolicy] = []
+    for pid, boundary, rule in rows:
+        result = validate_policy(PolicyRow(pid, boundary, rule, enabled=True, revision=1))
+        if isinstance(result, Policy):
+            policies.append(result)
+        else:
+            invalid.append(result)
+    return Fleet(
+        clusters=[Cluster(ClusterId(c)) for c in clusters],
+        boundaries={
+            BoundaryId(b): Boundary(BoundaryId(b), frozenset(ClusterId(c) for c in cs))
+            for b, cs in boundaries.items()
+        },
+        policies=policies,
+        invalid=invalid,
+    )
+
+
+def team_a(*clusters: str, rules: dict[str, dict[str, Any]] = RULES) -> Fleet:
+    return make_fleet(clusters, {"team-a": list(clusters)},
+                      [(pid, "team-a", rule) for pid, rule in rules.items()])
+
+
+def outcome(report: RoundReport, cluster: str) -> ClusterOutcome:
+    [found] = [c for c in report.clusters if c.cluster == cluster]
+    return found
+
+
+def results(o: ClusterOutcome) -> dict[str, ApplyResult]:
+    return {d.policy: d.result for d in o.deliveries}
+
+
+def fleet_of(*ids: str, latency_s: float = 0.0) -> Clusters:
+    return Clusters(*(FakeCluster(i, latency_s=latency_s) for i in ids))
+
+
+def expected_objects(fleet: Fleet, cluster: str) -> dict[str, dict[str, Any]]:
+    return {
+        render_policy(p)["metadata"]["name"]: render_policy(p)
+        for p in fleet.desired_by_cluster()[ClusterId(cluster)]
+    }
+
+
+OUR_LABELS = ("platform.stackship.se/boundary", "app.kubernetes.io/managed-by")
+
+
+def ours(obj: KubeObject) -> dict[str, Any]:
+    """The part of a stored object that convergerd owns."""
+    labels = obj["metadata"]["labels"]
+    return {
+        "apiVersion": obj["apiVersion"], "kind": obj["kind"],
+        "metadata": {"name": obj["metadata"]["name"],
+                     "labels": {k: labels[k] for k in OUR_LABELS if k in labels}},
+        "spec": obj["spec"],
+    }
+
+
+# --- creating and keeping in sync ---------------------------------------------------------
+
+
+async def test_first_round_creates_everything() -> None:
+    clusters = fleet_of("c1", "c2")
+    fleet = team_a("c1", "c2")
+    report = await run_round(fleet, make_round(clusters))
+
+    assert report.result is RoundResult.OK
+    for cid in ("c1", "c2"):
+        o = outcome(report, cid)
+        assert results(o) == dict.fromkeys(RULES, ApplyResult.CREATED)
+        assert (o.reached, o.error, o.desired, o.in_sync, o.failed) == (True, None, 3, 3, 0)
+        stored = {name: ours(obj) for name, obj in clusters[cid].objects.items()}
+        assert stored == expected_objects(fleet, cid)
+    assert report.counts()["created"] == 6
+    assert report.finished_at == WALL
+
+
+async def test_second_round_makes_no_applies_and_one_list_per_cluster() -> None:
+    clusters = fleet_of("c1", "c2", "c3")
+    fleet = team_a("c1", "c2", "c3")
+    await run_round(fleet, make_round(clusters))
+    for c in clusters.by_id.values():
+        c.calls.clear()
+
+    report = await run_round(fleet, make_round(clusters))
+
+    assert report.result is RoundResult.OK
+    for cid in ("c1", "c2", "c3"):
+        assert [c.verb for c in clusters[cid].calls] == ["list"]
+        o = outcome(report, cid)
+        assert results(o) == dict.fromkeys(RULES, ApplyResult.UNCHANGED)
+        assert (o.in_sync, o.desired) == (3, 3)
+    assert report.counts()["created"] == report.counts()["updated"] == 0
+
+
+async def test_drift_is_corrected() -> None:
+    clusters = fleet_of("c1")
+    fleet = team_a("c1")
+    await run_round(fleet, make_round(clusters))
+    objs = clusters["c1"].objects
+    objs["policy-p-regs"]["spec"]["rule"]["registries"] = ["evil.example.com"]
+    objs["policy-p-labels"]["spec"]["enabled"] = False
+    objs["policy-p-latest"]["metadata"]["labels"]["team.example.com/owner"] = "alice"  # not ours
+
+    report = await run_round(fleet, make_round(clusters))
+
+    assert results(outcome(report, "c1")) == {
+        "p-regs": ApplyResult.UPDATED,
+        "p-labels": ApplyResult.UPDATED,
+        "p-latest": ApplyResult.UNCHANGED,
+    }
+    assert {n: ours(o) for n, o in objs.items()} == expected_objects(fleet, "c1")
+    assert objs["policy-p-latest"]["metadata"]["labels"]["team.example.com/owner"] == "alice"
+    assert report.result is RoundResult.OK
+
+
+async def test_object_whose_managed_by_label_was_removed_is_taken_back() -> None:
+    # Without our label it no longer shows in the label-selected list: it must be re-applied.
+    clusters = fleet_of("c1")
+    fleet = team_a("c1")
+    await run_round(fleet, make_round(clusters))
+    labels = clusters["c1"].objects["policy-p-regs"]["metadata"]["labels"]
+    del labels["app.kubernetes.io/managed-by"]
+
+    report = await run_round(fleet, make_round(clusters))
+
+    assert results(outcome(report, "c1"))["p-regs"] is not ApplyResult.UNCHANGED
+    restored = clusters["c1"].objects["policy-p-regs"]["metadata"]["labels"]
+    assert restored["app.kubernetes.io/managed-by"] == "convergerd"
+
+
+async def test_object_deleted_in_the_cluster_is_recreated() -> None:
+    clusters = fleet_of("c1", "c2")
+    fleet = team_a("c1", "c2")
+    await run_round(fleet, make_round(clusters))
+    del clusters["c2"].objects["policy-p-latest"]
+
+    report = await run_round(fleet, make_round(clusters))
+
+    assert results(outcome(report, "c2"))["p-latest"] is ApplyResult.CREATED
+    assert [c.name for c in clusters["c2"].of("apply")][-1:] == ["policy-p-latest"]
+    assert "policy-p-latest" in clusters["c2"].objects
+    assert clusters["c1"].of("apply")[3:] == []  # c1 untouched in round 2
+
+
+async def test_cluster_no_longer_covered_keeps_its_policies() -> None:
+    clusters = fleet_of("c1", "c2")
+    await run_round(team_a("c1", "c2"), make_round(clusters))
+    narrowed = make_fleet(["c1", "c2"], {"team-a": ["c1"]},
+                          [(pid, "team-a", rule) for pid, rule in RULES.items()])
+
+    report = await run_round(narrowed, make_round(clusters))
+
+    assert set(clusters["c2"].objects) == {f"policy-{pid}" for pid in RULES}
+    assert clusters["c2"].of("delete") == clusters["c1"].of("delete") == []
+    assert len(clusters["c2"].of("apply")) == 3  # only round 1's
+    assert outcome(report, "c2").desired == 0
+    assert report.result is RoundResult.OK
+
+
+async def test_policy_moved_to_another_boundary_stays_in_the_old_clusters() -> None:
+    clusters = fleet_of("c1", "c2")
+    rows = [("p-latest", "team-a", RULES["p-latest"])]
+    boundaries = {"team-a": ["c1"], "team-b": ["c2"]}
+    await run_round(make_fleet(["c1", "c2"], boundaries, rows), make_round(clusters))
+    moved = [("p-latest", "team-b", RULES["p-latest"])]
+
+    await run_round(make_fleet(["c1", "c2"], boundaries, moved), make_round(clusters))
+
+    assert "policy-p-latest" in clusters["c1"].objects  # not deleted by a round
+    assert clusters["c1"].of("delete") == []
+    on_c2 = clusters["c2"].objects["policy-p-latest"]
+    assert on_c2["spec"]["boundary"] == "team-b"
+
+
+async def test_compute_plans_and_invalid_policies_never_reach_a_cluster() -> None:
+    clusters = fleet_of("c1")
+    fleet = make_fleet(["c1"], {"team-a": ["c1"]}, [
+        ("p-latest", "team-a", RULES["p-latest"]),
+        ("p-plans", "team-a", {"type": "AllowedComputePlans", "plans": ["small"]}),
+        ("Bad_Id", "team-a", RULES["p-latest"]),
+        ("p-broken", "team-a", {"type": "AllowedRegistries", "registries": ["https://x"]}),
+    ])
+
+    report = await run_round(fleet, make_round(clusters))
+
+    assert set(clusters["c1"].objects) == {"policy-p-latest"}
+    assert [c.name for c in clusters["c1"].of("apply")] == ["policy-p-latest"]
+    assert sorted(i.id for i in report.invalid) == ["Bad_Id", "p-broken"]
+    assert report.counts()["invalid"] == 2
+    assert report.result is RoundResult.OK  # the valid ones converged
+
+
+# --- errors from a cluster (SPEC.md §5) -----------------------------------------------------
+
+
+async def test_rejected_policy_fails_alone() -> None:
+    clusters = fleet_of("c1", "c2")
+    clusters["c1"].fail("apply", ObjectRejected(
+        'Policy.platform.stackship.se "policy-p-regs" is invalid: spec.rule: Invalid value',
+        status=422, reason="invalid"), name="policy-p-regs")
+
+    report = await run_round(team_a("c1", "c2"), make_round(clusters))
+
+    o = outcome(report, "c1")
+    assert results(o) == {"p-regs": ApplyResult.FAILED, "p-latest": ApplyResult.CREATED,
+                          "p-labels": ApplyResult.CREATED}
+    [failed] = [d for d in o.deliveries if d.result is ApplyResult.FAILED]
+    assert failed.error is not None
+    assert "spec.rule: Invalid value" in failed.error
+    assert failed.reason == "invalid"
+    assert len(clusters["c1"].of("apply")) == 3  # a 422 is not retried
+    assert (o.reached, o.error, o.in_sync, o.failed) == (True, None, 2, 1)
+    assert outcome(report, "c2").converged
+    assert report.result is RoundResult.PARTIAL
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "message"),
+    [
+        (401, "unauthorized", "401 Unauthorized"),
+        (403, "forbidden", 'policies.platform.stackship.se is forbidden: User "x" cannot list'),
+        (404, "crd_missing", "the server could not find the requested resource (policies)"),
+    ],
+)
+async def test_cluster_level_error_on_list_stops_that_cluster_with_one_reason(
+    status: int, reason: str, message: str
+) -> None:
+    clusters = fleet_of("c1", "c2")
+    clusters["c1"].fail("list", ClusterLevelError(message, status=status, reason=reason))
+
+    report = await run_round(team_a("c1", "c2"), make_round(clusters))
+
+    o = outcome(report, "c1")
+    assert (o.error, o.reason, o.reached) == (message, reason, True)
+    assert o.deliveries == []  # one reason, not one failure per policy
+    assert o.failed == 0
+    assert clusters["c1"].of("apply") == []
+    assert len(clusters["c1"].of("list")) == 1  # not retried
+    assert outcome(report, "c2").converged
+    assert report.result is RoundResult.PARTIAL
+
+
+def counted(o: ClusterOutcome) -> tuple[int, int]:
+    """(in sync, failed) as the deliveries show them."""
+    failed = sum(d.result is ApplyResult.FAILED for d in o.deliveries)
+    return len(o.deliveries) - failed, failed
+
+
+SIX = {f"p-{i}": {"type": "ForbidLatestTag"} for i in range(6)}
+
+
+async def test_cluster_level_error_on_apply_stops_that_cluster() -> None:
+    clusters = fleet_of("c1", latency_s=0.1)  # requests take time, as real ones do
+    clusters["c1"].fail("apply", ClusterLevelError("403 Forbidden", status=403, reason="forbidden"),
+                        name="policy-p-1")
+
+    report = await run_round(team_a("c1", rules=SIX), make_round(clusters, apply_concurrency=1))
+
+    o = outcome(report, "c1")
+    assert (o.error, o.reason, o.reached) == ("403 Forbidden", "forbidden", True)
+    sent = [c.name for c in clusters["c1"].of("apply")]
+    assert sent[:2] == ["policy-p-0", "policy-p-1"]
+    assert len(sent) <= 3  # at most the one already let through; not the other three
+    assert results(o)["p-0"] is ApplyResult.CREATED  # done before the failure is kept
+    assert ApplyResult.FAILED not in results(o).values()  # one reason, not per policy
+    assert (o.in_sync, o.failed) == counted(o)  # what the status page shows as in sync
+    assert not o.converged
+
+
+async def test_counts_stay_true_when_a_cluster_fails_after_a_rejection() -> None:
+    clusters = fleet_of("c1", latency_s=0.1)  # requests take time, as real ones do
+    clusters["c1"].fail("apply", ObjectRejected("422 bad", status=422, reason="invalid"),
+                        name="policy-p-0")
+    clusters["c1"].fail("apply", ClusterLevelError("401", status=401, reason="unauthorized"),
+                        name="policy-p-2")
+
+    report = await run_round(team_a("c1", rules=SIX), make_round(clusters, apply_concurrency=1))
+
+    o = outcome(report, "c1")
+    assert results(o)["p-0"] is ApplyResult.FAILED
+    assert results(o)["p-1"] is ApplyResult.CREATED
+    assert "p-2" not in results(o)
+    assert o.reason == "unauthorized"
+    assert (o.in_sync, o.failed) == counted(o)
+    assert o.failed == 1
+
+
+async def test_transient_errors_are_retried() -> None:
+    clusters = fleet_of("c1")
+    clusters["c1"].fail("list", TransientApiError("503", status=503), times=1)
+    clusters["c1"].fail("apply", TransientApiError("502", status=502), name="policy-p-regs",
+                        times=2)
+    retrier = Retrier(attempts=3, backoff_s=1.0)
+
+    report = await run_round(team_a("c1"), make_round(clusters, retrier=retrier))
+
+    o = outcome(report, "c1")
+    assert o.converged
+    [regs] = [d for d in o.deliveries if d.policy == "p-regs"]
+    assert (regs.result, regs.attempts) == (ApplyResult.CREATED, 3)
+    assert len(clusters["c1"].of("list")) == 2
+
+
+async def test_throttled_request_waits_retry_after() -> None:
+    clusters = fleet_of("c1")
+    clusters["c1"].fail("apply", Throttled("429", status=429, retry_after_s=7.0),
+                        name="policy-p-latest", times=1)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    report = await run_round(team_a("c1"), make_round(clusters))
+
+    assert outcome(report, "c1").converged
+    retry = clusters["c1"].of("apply")[-1]
+    assert retry.name == "policy-p-latest"
+    assert retry.at - start == pytest.approx(7.0)
+
+
+async def test_persistent_server_errors_fail_the_cluster_within_the_round() -> None:
+    clusters = fleet_of("c1", "c2")
+    clusters["c1"].fail("list", TransientApiError("503 Service Unavailable", status=503))
+
+    report = await run_round(team_a("c1", "c2"), make_round(clusters, retrier=Retrier(3)))
+
+    o = outcome(report, "c1")
+    assert (o.error, o.reason) == ("503 Service Unavailable", "server_error")
+    assert len(clusters["c1"].of("list")) == 3
+    assert outcome(report, "c2").converged
+
+
+async def test_cluster_without_credentials_is_reported_and_others_converge() -> None:
+    clusters = fleet_of("c1")
+    report = await run_round(team_a("c1", "c-nocreds"), make_round(clusters))
+
+    o = outcome(report, "c-nocreds")
+    assert (o.reached, o.reason) == (False, "no_context")
+    assert o.error is not None
+    assert "c-nocreds" in o.error
+    assert outcome(report, "c1").converged
+    assert report.result is RoundResult.PARTIAL
+
+
+# --- a down or hung cluster ------------------------------------------------------------------
+
+
+async def test_unreachable_cluster_does_not_delay_the_others() -> None:
+    clusters = fleet_of("c1", "c2", "c-down", latency_s=0.1)
+    clusters["c-down"].hang = True
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    report = await run_round(team_a("c1", "c2", "c-down"), make_round(clusters))
+
+    down = outcome(report, "c-down")
+    assert (down.reached, down.reason) == (False, "unreachable")
+    assert down.deliveries == []
+    assert clusters["c-down"].of("apply") == []  # no per-policy timeouts
+    for cid in ("c1", "c2"):
+        o = outcome(report, cid)
+        assert o.converged
+        assert o.duration_s == pytest.approx(0.2)  # one list + one wave of applies
+        assert max(c.at for c in clusters[cid].calls) - start == pytest.approx(0.1)
+    assert down.duration_s > 3 * REQUEST_TIMEOUT_S - 0.01  # it was hanging all along
+    assert report.result is RoundResult.PARTIAL
+
+
+async def test_down_cluster_costs_one_request_timeout_not_one_per_policy() -> None:
+    many = {f"p-{i:02d}": {"type": "ForbidLatestTag"} for i in range(20)}
+    clusters = fleet_of("c-down")
+    clusters["c-down"].hang = True
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    report = await run_round(team_a("c-down", rules=many),
+                             make_round(clusters, retrier=Retrier(attempts=1)))
+
+    assert loop.time() - start == pytest.approx(REQUEST_TIMEOUT_S)
+    assert [c.verb for c in clusters["c-down"].calls] == ["list"]
+    assert report.result is RoundResult.FAILED
+
+
+async def test_round_deadline_bounds_a_hung_cluster() -> None:
+    clusters = fleet_of("c1", "c-hung")
+    clusters["c-hung"].hang = True
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    # A request timeout longer than the round: only the deadline can end the wait.
+    report = await run_round(
+        team_a("c1", "c-hung"),
+        make_round(clusters, deadline_s=30.0, request_timeout_s=1000.0),
+    )
+
+    assert loop.time() - start == pytest.approx(30.0)
+    hung = outcome(report, "c-hung")
+    assert (hung.reached, hung.reason) == (False, "deadline")
+    assert hung.error is not None
+    assert outcome(report, "c1").converged
+    assert report.result is RoundResult.PARTIAL
+
+
+async def test_retries_stop_at_the_deadline() -> None:
+    clusters = fleet_of("c-down")
+    clusters["c-down"].hang = True
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    await run_round(team_a("c-down"), make_round(
+        clusters, retrier=Retrier(attempts=100, backoff_s=1.0), deadline_s=20.0))
+
+    assert loop.time() - start <= 20.0
+    assert all(c.at - start < 20.0 for c in clusters["c-down"].calls)
+
+
+# --- fencing --------------------------------------------------------------------------------
+
+
+async def test_fenced_from_the_start_writes_nothing() -> None:
+    clusters = fleet_of("c1", "c2")
+    with pytest.raises(Fenced):
+        await run_round(team_a("c1", "c2"), make_round(clusters, fence=Fence(allow=0)))
+    assert clusters["c1"].of("apply") == clusters["c2"].of("apply") == []
+    assert clusters["c1"].objects == clusters["c2"].objects == {}
+
+
+async def test_fenced_mid_round_aborts_every_cluster_at_once() -> None:
+    fast = FakeCluster("c-fast", apply_latency_s=1.0)
+    slow = FakeCluster("c-slow", apply_latency_s=10.0)
+    clusters = Clusters(fast, slow)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    # Write checks: fast#1 and slow#1 at t=0, fast#2 at t=1 is refused.
+    with pytest.raises(Fenced):
+        await run_round(team_a("c-fast", "c-slow"),
+                        make_round(clusters, fence=Fence(allow=2), apply_concurrency=1))
+
+    assert loop.time() - start == pytest.approx(1.0)  # did not wait for the slow apply
+    assert [c.name for c in fast.of("apply")] == ["policy-p-latest"]
+    assert [c.name for c in slow.of("apply")] == ["policy-p-latest"]
+    assert [c.verb for c in slow.completed] == ["list"]  # its in-flight apply was cancelled
+    assert list(slow.objects) == []
+
+
+async def test_a_write_never_outlives_the_fence() -> None:
+    clusters = fleet_of("c1")
+    await run_round(team_a("c1"), make_round(clusters, fence=Fence(remaining_s=1.5)))
+    assert {c.timeout_s for c in clusters["c1"].of("apply")} == {1.5}
+
+    clusters = fleet_of("c1")
+    await run_round(team_a("c1"), make_round(clusters, fence=Fence(remaining_s=600.0)))
+    assert {c.timeout_s for c in clusters["c1"].of("apply")} == {REQUEST_TIMEOUT_S}
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("down", "result"),
+    [
+        ((), RoundResult.OK),
+        (("c2",), RoundResult.PARTIAL),
+        (("c1", "c2"), RoundResult.FAILED),
+    ],
+)
+async def test_round_result(down: tuple[str, ...], result: RoundResult) -> None:
+    clusters = fleet_of("c1", "c2")
+    for cid in down:
+        clusters[cid].fail("list", ClusterUnreachable("connection refused"))
+
+    report = await run_round(team_a("c1", "c2"), make_round(clusters))
+
+    assert report.result is result
+    assert report.counts()["unreached"] == len(down)
+
+
+async def test_phases_are_read_back_from_the_listed_objects() -> None:
+    clusters = fleet_of("c1")
+    fleet = team_a("c1")
+    await run_round(fleet, make_round(clusters))
+    objs = clusters["c1"].objects
+    objs["policy-p-latest"]["status"] = {
+        "phase": "Enforcing", "observedGeneration": 1,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Installed",
+                        "message": "admission policy and binding installed"}],
+    }
+    objs["policy-p-regs"]["status"] = {
+        "phase": "Unsupported",
+        "conditions": [{"type": "Ready", "status": "False", "reason": "NoAdmissionPolicyApi",
+                        "message": "Kubernetes v1.29 has no ValidatingAdmissionPolicy"}],
+    }
+    clusters["c1"].calls.clear()
+
+    report = await run_round(fleet, make_round(clusters))
+
+    assert [c.verb for c in clusters["c1"].calls] == ["list"]  # no extra requests
+    phases = {p.policy: (p.phase, p.ready_reason, p.ready_message, p.revision)
+              for p in outcome(report, "c1").phases}
+    assert phases == {
+        "p-latest": ("Enforcing", "Installed", "admission policy and binding installed", 1),
+        "p-regs": ("Unsupported", "NoAdmissionPolicyApi",
+                   "Kubernetes v1.29 has no ValidatingAdmissionPolicy", 1),
+        "p-labels": (None, None, None, 1),  # the operator has not reported yet
+    }
+    assert {p.cluster for p in outcome(report, "c1").phases} == {"c1"}
+    assert report.result is RoundResult.OK  # status is not drift
+
+
+async def test_status_is_left_alone_by_applies() -> None:
+    clusters = fleet_of("c1")
+    fleet = team_a("c1")
+    await run_round(fleet, make_round(clusters))
+    obj = clusters["c1"].objects["policy-p-regs"]
+    obj["status"] = {"phase": "Enforcing"}
+    obj["spec"]["revision"] = 0
+
+    await run_round(fleet, make_round(clusters))
+
+    assert clusters["c1"].objects["policy-p-regs"]["status"] == {"phase": "Enforcing"}
+    assert clusters["c1"].objects["policy-p-regs"]["spec"]["revision"] == 1
