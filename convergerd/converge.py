@@ -182,15 +182,21 @@ async def _apply_all(
     try:
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(apply(a)) for a in actions]
-    except* Fenced as group:
-        raise group.exceptions[0] from None
-    except* ClusterError as group:
+    except ExceptionGroup as group:
+        # Fenced wins over anything raised alongside it (two `except*` clauses that both
+        # raise would hand the caller a group instead of `Fenced`).
+        fenced, rest = group.split(Fenced)
+        if fenced is not None:
+            raise fenced.exceptions[0] from None
+        errors, other = rest.split(ClusterError) if rest is not None else (None, None)
+        if errors is None or other is not None:
+            raise
         # Keep (and count) what finished before the failure; the cluster's reason is the
         # first error.
         for task in tasks:
             if task.done() and not task.cancelled() and task.exception() is None:
                 _record(outcome, task.result())
-        raise group.exceptions[0] from None
+        raise errors.exceptions[0] from None
     for task in tasks:
         _record(outcome, task.result())
 

@@ -698,6 +698,18 @@ async def test_fenced_mid_round_aborts_every_cluster_at_once() -> None:
     assert list(slow.objects) == []
 
 
+async def test_fenced_together_with_a_cluster_error_is_still_fenced() -> None:
+    # The Lease is often lost when the network is in trouble: a member cluster's 403 or
+    # timeout can land in the same moment. The caller must still get `Fenced`, not a group.
+    clusters = fleet_of("c1")
+    clusters["c1"].fail("apply", ClusterLevelError("403 Forbidden", status=403, reason="forbidden"),
+                        name="policy-p-0")
+
+    with pytest.raises(Fenced):
+        await run_round(team_a("c1", rules=SIX),
+                        make_round(clusters, fence=Fence(allow=1), apply_concurrency=2))
+
+
 async def test_a_write_never_outlives_the_fence() -> None:
     clusters = fleet_of("c1")
     await run_round(team_a("c1"), make_round(clusters, fence=Fence(remaining_s=1.5)))
