@@ -1,0 +1,252 @@
+"""Metrics: SPEC.md §7 names, labels and types exactly, read back from the exposition text."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from convergerd.metrics import Metrics
+from convergerd.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.report import (
+    ApplyResult,
+    ClusterOutcome,
+    Delivery,
+    Epoch,
+    PhaseReading,
+    RoundReport,
+)
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+INTERVAL = 300.0
+
+# SPEC.md §7: family name (as the parser reports it) -> (type, labels)
+SPEC = {
+    "convergerd_cluster_lag_seconds": ("gauge", {"cluster"}),
+    "convergerd_cluster_last_success_timestamp_seconds": ("gauge", {"cluster"}),
+    "convergerd_cluster_up": ("gauge", {"cluster"}),
+    "convergerd_cluster_out_of_sync_policies": ("gauge", {"cluster"}),
+    "convergerd_apply_failures": ("counter", {"cluster", "reason"}),
+    "convergerd_applies": ("counter", {"cluster", "result"}),
+    "convergerd_policy_phase": ("gauge", {"cluster", "phase"}),
+    "convergerd_round_duration_seconds": ("histogram", set()),
+    "convergerd_rounds": ("counter", {"result"}),
+    "convergerd_is_leader": ("gauge", set()),
+    "convergerd_leader_transitions": ("counter", set()),
+    "convergerd_invalid_policies": ("gauge", set()),
+}
+
+
+class WallClock:
+    def __init__(self) -> None:
+        self.now = T0.timestamp()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def parse(metrics: Metrics) -> dict[str, tuple[str, list[Sample]]]:
+    text = metrics.render().decode()
+    return {f.name: (f.type, f.samples) for f in text_string_to_metric_families(text)}
+
+
+def value(metrics: Metrics, sample: str, **labels: str) -> float | None:
+    for _type, samples in parse(metrics).values():
+        for s in samples:
+            if s.name == sample and s.labels == labels:
+                return float(s.value)
+    return None
+
+
+def outcome(cluster: str, **kwargs: object) -> ClusterOutcome:
+    return ClusterOutcome(ClusterId(cluster), **kwargs)  # type: ignore[arg-type]
+
+
+def round_at(at: dt.datetime, *clusters: ClusterOutcome, seconds: float = 42) -> RoundReport:
+    return RoundReport(started_at=at - dt.timedelta(seconds=seconds), finished_at=at,
+                       epoch=Epoch("rep-a", 1), clusters=list(clusters))
+
+
+def delivery(cluster: str, policy: str, result: ApplyResult, reason: str | None = None
+             ) -> Delivery:
+    return Delivery(ClusterId(cluster), PolicyId(policy), 1, result, T0,
+                    error="rejected" if reason else None, reason=reason)
+
+
+@pytest.fixture
+def clock() -> WallClock:
+    return WallClock()
+
+
+@pytest.fixture
+def metrics(clock: WallClock) -> Metrics:
+    m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c1", "c2"])
+    m.set_cluster_up("c1", True)
+    m.set_cluster_up("c2", False)
+    m.observe_round(round_at(T0, outcome(
+        "c1", reached=True, desired=2, in_sync=2,
+        phases=[PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0)],
+        deliveries=[delivery("c1", "p1", ApplyResult.CREATED),
+                    delivery("c1", "p2", ApplyResult.UNCHANGED)],
+    )))
+    return m
+
+
+def test_every_spec_metric_has_its_exact_name_type_and_labels(metrics: Metrics) -> None:
+    families = parse(metrics)
+    for name, (kind, labels) in SPEC.items():
+        assert name in families, name
+        found_kind, samples = families[name]
+        assert found_kind == kind, name
+        assert samples, f"{name} has no samples"
+        for sample in samples:
+            assert set(sample.labels) - {"le"} == labels, (name, sample.labels)
+
+
+def test_counters_are_exposed_with_total_and_without_created(metrics: Metrics) -> None:
+    text = metrics.render().decode()
+    for name in ("convergerd_applies_total", "convergerd_apply_failures_total",
+                 "convergerd_rounds_total", "convergerd_leader_transitions_total"):
+        assert f"\n{name}" in text
+    assert "_created" not in text
+
+
+def test_no_per_policy_label(metrics: Metrics) -> None:
+    for _kind, samples in parse(metrics).values():
+        for sample in samples:
+            assert not {"policy", "policy_id", "name"} & set(sample.labels), sample
+            assert "p1" not in sample.labels.values()
+
+
+def test_lag_is_true_at_scrape_time(metrics: Metrics, clock: WallClock) -> None:
+    assert value(metrics, "convergerd_cluster_lag_seconds", cluster="c1") == 0
+    assert value(metrics, "convergerd_cluster_last_success_timestamp_seconds",
+                 cluster="c1") == T0.timestamp()
+    clock.now += 3600  # no round ran in between
+    assert value(metrics, "convergerd_cluster_lag_seconds", cluster="c1") == 3600
+
+
+def test_a_cluster_that_never_converged_lags_since_it_became_known(
+    metrics: Metrics, clock: WallClock
+) -> None:
+    clock.now += 90
+    assert value(metrics, "convergerd_cluster_lag_seconds", cluster="c2") == 90
+    assert value(metrics, "convergerd_cluster_last_success_timestamp_seconds",
+                 cluster="c2") is None
+
+
+def test_seeded_last_success_from_the_database(clock: WallClock) -> None:
+    m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c1"])
+    m.seed_last_success("c1", T0 - dt.timedelta(hours=2))
+    assert value(m, "convergerd_cluster_lag_seconds", cluster="c1") == 7200
+    m.seed_last_success("c1", T0 - dt.timedelta(hours=3))  # older: ignored
+    assert value(m, "convergerd_cluster_lag_seconds", cluster="c1") == 7200
+
+
+def test_known_clusters_have_zero_counters_from_the_start(clock: WallClock) -> None:
+    m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c9"])
+    for result in ("created", "updated", "unchanged", "failed"):
+        assert value(m, "convergerd_applies_total", cluster="c9", result=result) == 0
+    assert value(m, "convergerd_apply_failures_total", cluster="c9", reason="unreachable") == 0
+    for result in ("ok", "partial", "failed"):
+        assert value(m, "convergerd_rounds_total", result=result) == 0
+    m.set_clusters([])
+    assert value(m, "convergerd_applies_total", cluster="c9", result="created") is None
+
+
+def test_round_counts(metrics: Metrics) -> None:
+    assert value(metrics, "convergerd_applies_total", cluster="c1", result="created") == 1
+    assert value(metrics, "convergerd_applies_total", cluster="c1", result="unchanged") == 1
+    assert value(metrics, "convergerd_rounds_total", result="ok") == 1
+    assert value(metrics, "convergerd_round_duration_seconds_count") == 1
+    assert value(metrics, "convergerd_round_duration_seconds_sum") == 42
+    assert value(metrics, "convergerd_round_duration_seconds_bucket", le="60.0") == 1
+    assert value(metrics, "convergerd_round_duration_seconds_bucket", le="30.0") == 0
+    assert value(metrics, "convergerd_cluster_out_of_sync_policies", cluster="c1") == 0
+
+
+def test_failures_by_reason_object_and_cluster_level(metrics: Metrics) -> None:
+    metrics.observe_round(round_at(
+        T0,
+        outcome("c1", reached=True, desired=2, in_sync=1, failed=1,
+                deliveries=[delivery("c1", "p1", ApplyResult.FAILED, reason="invalid"),
+                            delivery("c1", "p2", ApplyResult.UNCHANGED)]),
+        outcome("c2", reached=False, desired=2, error="connect timeout", reason="unreachable"),
+    ))
+    assert value(metrics, "convergerd_apply_failures_total", cluster="c1", reason="invalid") == 1
+    assert value(metrics, "convergerd_apply_failures_total", cluster="c2",
+                 reason="unreachable") == 1
+    assert value(metrics, "convergerd_applies_total", cluster="c1", result="failed") == 1
+    assert value(metrics, "convergerd_cluster_up", cluster="c2") == 0
+    assert value(metrics, "convergerd_cluster_out_of_sync_policies", cluster="c2") == 2
+    assert value(metrics, "convergerd_rounds_total", result="failed") == 1
+
+
+def test_phases_per_cluster_and_stale_after_two_intervals(
+    metrics: Metrics, clock: WallClock
+) -> None:
+    assert value(metrics, "convergerd_policy_phase", cluster="c1", phase="Enforcing") == 1
+    assert value(metrics, "convergerd_policy_phase", cluster="c1", phase="Stale") == 0
+    clock.now += 2 * INTERVAL + 1
+    assert value(metrics, "convergerd_policy_phase", cluster="c1", phase="Enforcing") == 0
+    assert value(metrics, "convergerd_policy_phase", cluster="c1", phase="Stale") == 1
+
+
+def test_unsupported_clusters_by_version(clock: WallClock) -> None:
+    m = Metrics(interval_s=INTERVAL, clock=clock)
+    for name in ("a", "b"):
+        m.observe_round(round_at(T0, outcome(
+            name, reached=True, server_version="v1.29.8",
+            phases=[PhaseReading(ClusterId(name), PolicyId("p"), "Unsupported", None, None, 1,
+                                 T0)])))
+    assert value(m, "convergerd_unsupported_clusters", version="v1.29.8") == 2
+
+
+def test_leader_and_transitions(metrics: Metrics) -> None:
+    metrics.set_leader(False, "rep-b")  # first observation: no transition
+    assert value(metrics, "convergerd_leader_transitions_total") == 0
+    metrics.set_leader(True, "rep-a")
+    metrics.set_leader(True, "rep-a")
+    assert value(metrics, "convergerd_is_leader") == 1
+    assert value(metrics, "convergerd_leader_transitions_total") == 1
+    metrics.set_leader(False, None)
+    assert value(metrics, "convergerd_is_leader") == 0
+    assert value(metrics, "convergerd_leader_transitions_total") == 2
+
+
+def test_invalid_policies_gauge(metrics: Metrics) -> None:
+    r = round_at(T0)
+    r.invalid = [InvalidPolicy("X", "b", 1, "bad id")]
+    metrics.observe_round(r)
+    assert value(metrics, "convergerd_invalid_policies") == 1
+
+
+def test_request_observer(metrics: Metrics) -> None:
+    metrics.request_done("c1", "apply", 200, 0.3)
+    metrics.request_done("c1", "list", None, 5.0)
+    metrics.retry("c1", "throttled")
+    assert value(metrics, "convergerd_cluster_requests_total", cluster="c1", verb="apply",
+                 code="200") == 1
+    assert value(metrics, "convergerd_cluster_requests_total", cluster="c1", verb="list",
+                 code="none") == 1
+    assert value(metrics, "convergerd_retries_total", cluster="c1", reason="throttled") == 1
+    assert value(metrics, "convergerd_apply_duration_seconds_count", cluster="c1") == 1
+    assert value(metrics, "convergerd_apply_duration_seconds_bucket", cluster="c1",
+                 le="0.25") == 0
+
+
+def test_on_call_extras(metrics: Metrics) -> None:
+    metrics.set_loop_lag(0.25)
+    assert value(metrics, "convergerd_event_loop_lag_seconds") == 0.25
+    assert value(metrics, "convergerd_build_info", version=metrics.version) == 1
+    assert value(metrics, "convergerd_round_interval_seconds") == INTERVAL
+    assert value(metrics, "convergerd_last_round_timestamp_seconds") == T0.timestamp()
+
+
+def test_own_registry_per_instance(clock: WallClock) -> None:
+    a = Metrics(interval_s=INTERVAL, clock=clock, clusters=["only-a"])
+    b = Metrics(interval_s=INTERVAL, clock=clock, clusters=["only-b"])
+    assert b"only-a" not in b.render()
+    assert b"only-b" not in a.render()

@@ -1,0 +1,271 @@
+"""StatusState and its pure helpers: staleness, worst-first order, roll-ups, merging."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import pytest
+
+from convergerd.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.report import (
+    ApplyResult,
+    ClusterOutcome,
+    Delivery,
+    Epoch,
+    PhaseReading,
+    RoundReport,
+)
+from convergerd.state import (
+    STALE,
+    PolicyRecord,
+    StatusState,
+    is_stale,
+    merge_records,
+    normalize_phase,
+    phase_counts,
+    record_view,
+    unsupported_rollup,
+    worst_first_key,
+)
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+INTERVAL = 300.0
+
+
+class Clock:
+    def __init__(self, now: dt.datetime = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += dt.timedelta(seconds=seconds)
+
+
+def reading(cluster: str, policy: str, phase: str | None, at: dt.datetime,
+            revision: int = 1) -> PhaseReading:
+    return PhaseReading(ClusterId(cluster), PolicyId(policy), phase, None, None, revision, at)
+
+
+def outcome(cluster: str, *, reached: bool = True, desired: int = 1, in_sync: int = 1,
+            error: str | None = None, phases: list[PhaseReading] | None = None,
+            deliveries: list[Delivery] | None = None, version: str | None = None
+            ) -> ClusterOutcome:
+    return ClusterOutcome(ClusterId(cluster), reached=reached, desired=desired, in_sync=in_sync,
+                          error=error, reason="crd_missing" if error else None,
+                          server_version=version, phases=phases or [],
+                          deliveries=deliveries or [])
+
+
+def report(at: dt.datetime, *clusters: ClusterOutcome) -> RoundReport:
+    return RoundReport(started_at=at - dt.timedelta(seconds=5), finished_at=at,
+                       epoch=Epoch("rep-a", 1), clusters=list(clusters))
+
+
+# -- pure helpers --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("age", "stale"), [(0, False), (600, False), (600.001, True), (9999, True)])
+def test_a_phase_is_stale_after_two_intervals(age: float, stale: bool) -> None:
+    assert is_stale(T0, T0 + dt.timedelta(seconds=age), INTERVAL) is stale
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    ("Enforcing", "Enforcing"), ("Inert", "Inert"), ("Unsupported", "Unsupported"),
+    ("Error", "Error"), (None, "Unknown"), ("Pending", "Unknown"), ("enforcing", "Unknown"),
+])
+def test_phases_are_normalised(raw: str | None, shown: str) -> None:
+    assert normalize_phase(raw) == shown
+
+
+def test_phase_counts_put_stale_readings_under_stale() -> None:
+    now = T0 + dt.timedelta(seconds=700)
+    readings = [
+        reading("c1", "p1", "Enforcing", now),
+        reading("c1", "p2", "Enforcing", T0),  # 700 s old: stale
+        reading("c1", "p3", None, now),
+        reading("c1", "p4", "Error", now),
+    ]
+    assert phase_counts(readings, now, INTERVAL) == {
+        "Enforcing": 1, "Error": 1, STALE: 1, "Unknown": 1}
+
+
+def test_worst_first_order() -> None:
+    clusters = [
+        ("fine-lagging", True, False, 900.0),
+        ("fine", True, False, 10.0),
+        ("failing", True, True, 5.0),
+        ("never-checked", None, False, 50.0),
+        ("down-long", False, True, 5000.0),
+        ("down", False, True, 100.0),
+    ]
+    order = sorted(clusters, key=lambda c: worst_first_key(
+        cluster=c[0], reachable=c[1], failing=c[2], lag_s=c[3]))
+    assert [c[0] for c in order] == [
+        "down-long", "down", "never-checked", "failing", "fine-lagging", "fine"]
+
+
+def test_unsupported_rollup_by_version() -> None:
+    assert unsupported_rollup([("c3", "v1.29.4"), ("c1", "v1.29.4"), ("c2", "v1.28.0"),
+                               ("c9", None)]) == {
+        "unknown": ["c9"], "v1.28.0": ["c2"], "v1.29.4": ["c1", "c3"]}
+
+
+# -- the live state ------------------------------------------------------------------------------
+
+
+def test_round_updates_clusters_and_lag_grows_without_rounds() -> None:
+    clock = Clock()
+    state = StatusState(identity="rep-a", interval_s=INTERVAL, clock=clock)
+    state.set_clusters(["c1", "c2"])
+    state.observe_round(report(
+        T0, outcome("c1", phases=[reading("c1", "p1", "Enforcing", T0)]),
+        outcome("c2", reached=False, in_sync=0, error="connect timeout"),
+    ))
+    clock.advance(3600)
+    doc = state.snapshot()
+    by_id = {c["id"]: c for c in doc["clusters"]}
+    assert [c["id"] for c in doc["clusters"]] == ["c2", "c1"]  # unreached first
+    assert by_id["c1"]["lag_seconds"] == 3600  # true now, though no round ran since
+    assert by_id["c1"]["last_success_at"] == "2026-01-01T12:00:00Z"
+    assert by_id["c2"]["lag_seconds"] == 3600  # never converged: since it became known
+    assert by_id["c2"]["last_error"] == "connect timeout"
+    assert by_id["c2"]["reachable"] is False
+    assert by_id["c1"]["phases"] == {STALE: 1}  # an hour without a fresh reading
+    assert doc["last_round"]["result"] == "partial"
+    assert doc["last_round"]["leader"] == "rep-a"
+
+
+def test_unreached_cluster_keeps_its_old_phases_which_become_stale() -> None:
+    clock = Clock()
+    state = StatusState(identity="rep-a", interval_s=INTERVAL, clock=clock)
+    state.observe_round(report(T0, outcome("c1", phases=[reading("c1", "p1", "Enforcing", T0)])))
+    clock.advance(400)
+    state.observe_round(report(clock.now, outcome("c1", reached=False, in_sync=0,
+                                                  error="connect timeout")))
+    record = state.clusters[ClusterId("c1")].policies[PolicyId("p1")]
+    view = record_view(record, clock.now, INTERVAL)
+    assert (view["phase"], view["stale"], view["age_seconds"]) == ("Enforcing", False, 400)
+    clock.advance(300)
+    view = record_view(record, clock.now, INTERVAL)
+    assert (view["phase"], view["stale"], view["age_seconds"]) == ("Enforcing", True, 700)
+
+
+def test_a_policy_gone_from_the_listing_loses_its_phase() -> None:
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=Clock())
+    state.observe_round(report(T0, outcome("c1", phases=[reading("c1", "p1", "Enforcing", T0)])))
+    state.observe_round(report(T0, outcome("c1", desired=0, in_sync=0, phases=[])))
+    assert state.clusters[ClusterId("c1")].policies[PolicyId("p1")].phase is None
+
+
+def test_probe_marks_a_cluster_down_between_rounds() -> None:
+    clock = Clock()
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=clock)
+    state.observe_round(report(T0, outcome("c1")))
+    state.observe_probe("c1", reachable=False, error="no answer within 5 s")
+    summary = state.snapshot()["clusters"][0]
+    assert summary["reachable"] is False
+    assert summary["last_error"] == "no answer within 5 s"
+    state.observe_probe("c1", reachable=True, server_version="v1.31.0")
+    summary = state.snapshot()["clusters"][0]
+    assert (summary["reachable"], summary["last_error"]) == (True, None)
+    assert summary["server_version"] == "v1.31.0"
+
+
+def test_unsupported_clusters_roll_up_by_version() -> None:
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=Clock())
+    state.observe_round(report(
+        T0,
+        outcome("old1", version="v1.29.2", phases=[reading("old1", "p", "Unsupported", T0)]),
+        outcome("old2", version="v1.29.2", phases=[reading("old2", "p", "Unsupported", T0)]),
+        outcome("new", version="v1.31.0", phases=[reading("new", "p", "Enforcing", T0)]),
+    ))
+    assert state.snapshot()["unsupported_by_version"] == {"v1.29.2": ["old1", "old2"]}
+
+
+def test_invalid_policies_come_from_the_round() -> None:
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=Clock())
+    r = report(T0)
+    r.invalid = [InvalidPolicy("Bad_Id", "team-a", 3, "id: not a DNS label")]
+    state.observe_round(r)
+    assert state.snapshot()["invalid_policies"] == [
+        {"id": "Bad_Id", "reason": "id: not a DNS label"}]
+
+
+def test_leader_read_live_from_the_elector() -> None:
+    class Elector:
+        leading = False
+
+        def is_leader(self) -> bool:
+            return self.leading
+
+        @property
+        def leader(self) -> str | None:
+            return "rep-b"
+
+        @property
+        def epoch(self) -> Epoch | None:
+            return Epoch("rep-b", 4)
+
+    state = StatusState(identity="rep-a", interval_s=INTERVAL, clock=Clock())
+    state.set_leader_source(Elector())
+    assert state.snapshot()["leader"] == {"is_leader": False, "holder": "rep-b",
+                                          "since": "2026-01-01T12:00:00Z"}
+
+
+# -- merging the database's records (standbys) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    cluster: str
+    reachable: bool | None
+    desired: int
+    in_sync: int
+    failed: int
+    last_error: str | None
+    last_reason: str | None
+    server_version: str | None
+    last_attempt_at: dt.datetime | None
+    last_success_at: dt.datetime | None
+
+
+def test_standby_takes_the_database_rows() -> None:
+    clock = Clock(T0 + dt.timedelta(seconds=60))
+    state = StatusState(identity="standby", interval_s=INTERVAL, clock=clock)
+    state.absorb_cluster_rows([
+        Row("c1", True, 3, 3, 0, None, None, "v1.31.0", T0, T0),
+        Row("c2", False, 3, 0, 0, "401 Unauthorized", "unauthorized", None, T0, None),
+    ])
+    doc = state.snapshot()
+    assert [c["id"] for c in doc["clusters"]] == ["c2", "c1"]
+    c1 = doc["clusters"][1]
+    assert (c1["lag_seconds"], c1["desired"], c1["in_sync"]) == (60, 3, 3)
+    assert doc["clusters"][0]["last_error"] == "401 Unauthorized"
+
+
+def test_older_database_rows_do_not_overwrite_fresher_observations() -> None:
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=Clock())
+    later = T0 + dt.timedelta(seconds=10)
+    state.observe_round(report(later, outcome("c1", reached=False, in_sync=0, error="down")))
+    state.absorb_cluster_rows([Row("c1", True, 1, 1, 0, None, None, None, T0, T0)])
+    c1 = state.clusters[ClusterId("c1")]
+    assert (c1.reachable, c1.last_error, c1.last_success_at) == (False, "down", T0)
+
+
+def test_merge_records_takes_the_newer_delivery_and_the_newer_phase() -> None:
+    mine = PolicyRecord()
+    mine.note_delivery(Delivery(ClusterId("c1"), PolicyId("p"), 5, ApplyResult.FAILED,
+                                T0 + dt.timedelta(seconds=9), error="422 Invalid"))
+    stored = PolicyRecord(delivered_revision=4, last_result="updated", last_attempt_at=T0,
+                          last_success_at=T0,
+                          phase=reading("c1", "p", "Enforcing", T0 + dt.timedelta(seconds=1)))
+    merged = merge_records(mine, stored)
+    assert merged.last_result == "failed"
+    assert merged.last_error == "422 Invalid"
+    assert merged.delivered_revision == 4  # the failed apply delivered nothing
+    assert merged.phase is not None
+    assert merged.phase.phase == "Enforcing"
