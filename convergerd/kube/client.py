@@ -25,7 +25,7 @@ import asyncio
 import errno
 import json
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -297,11 +297,14 @@ class ClusterClient:
         observer: RequestObserver | None = None,
         clock: Clock | None = None,
         pool_size: int | None = None,
+        page_size: int = LIST_PAGE_SIZE,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
     ) -> None:
         self._cluster = cluster
         self._server = creds.server
         self._clock = clock or asyncio.get_running_loop().time
         self._observer = observer
+        self._page_size = page_size
         self._request_timeout_s = access.request_timeout_s
         self._connect_timeout_s = access.connect_timeout_s
         self._auth = _BearerToken(creds, self._clock)
@@ -311,7 +314,8 @@ class ClusterClient:
         connector = aiohttp.TCPConnector(
             limit=self.pool_size,
             limit_per_host=0,
-            ssl=ssl_context if ssl_context is not None else False,
+            # None: aiohttp's default verifying context (never "verification off").
+            ssl=ssl_context if ssl_context is not None else True,
             keepalive_timeout=60.0,
             ttl_dns_cache=300,
         )
@@ -319,6 +323,7 @@ class ClusterClient:
             connector=connector,
             trust_env=False,
             read_bufsize=READ_BUFSIZE,
+            trace_configs=list(trace_configs) or None,
             timeout=aiohttp.ClientTimeout(
                 total=access.request_timeout_s, sock_connect=access.connect_timeout_s
             ),
@@ -358,7 +363,7 @@ class ClusterClient:
                 answer = await self._request(
                     "list", self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
                     deadline=deadline, label_selector=label_selector,
-                    limit=LIST_PAGE_SIZE, _continue=token,
+                    limit=self._page_size, _continue=token,
                 )
             except ObjectRejected as exc:
                 if exc.status != 410 or token is None or restarted:

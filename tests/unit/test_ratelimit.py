@@ -9,19 +9,17 @@ from convergerd.kube.ratelimit import BucketState, TokenBucket, refill, reserve
 
 
 @pytest.mark.parametrize(
-    ("tokens", "updated", "now", "rate", "burst", "expected"),
-    [
-        (0.0, 0.0, 0.0, 10.0, 5, 0.0),  # no time passed
-        (0.0, 0.0, 0.1, 10.0, 5, 1.0),  # 0.1 s at 10/s
-        (0.0, 0.0, 10.0, 10.0, 5, 5.0),  # capped at burst
-        (-3.0, 0.0, 0.2, 10.0, 5, -1.0),  # debt is paid back first
-        (2.0, 5.0, 4.0, 10.0, 5, 2.0),  # clock going backwards adds nothing
+    ("tokens", "updated", "now", "expected"),
+    [  # rate 10/s, burst 5
+        (0.0, 0.0, 0.0, 0.0),  # no time passed
+        (0.0, 0.0, 0.1, 1.0),  # 0.1 s at 10/s
+        (0.0, 0.0, 10.0, 5.0),  # capped at burst
+        (-3.0, 0.0, 0.2, -1.0),  # debt is paid back first
+        (2.0, 5.0, 4.0, 2.0),  # clock going backwards adds nothing
     ],
 )
-def test_refill(
-    tokens: float, updated: float, now: float, rate: float, burst: int, expected: float
-) -> None:
-    state = refill(BucketState(tokens, updated), now, rate=rate, burst=burst)
+def test_refill(tokens: float, updated: float, now: float, expected: float) -> None:
+    state = refill(BucketState(tokens, updated), now, rate=10.0, burst=5)
     assert state.tokens == pytest.approx(expected)
     assert state.updated == max(now, updated)
 
