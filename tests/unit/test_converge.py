@@ -710,6 +710,17 @@ async def test_fenced_together_with_a_cluster_error_is_still_fenced() -> None:
                         make_round(clusters, fence=Fence(allow=1), apply_concurrency=2))
 
 
+async def test_every_retry_asks_the_fence_again() -> None:
+    clusters = fleet_of("c1")
+    clusters["c1"].fail("apply", TransientApiError("503", status=503), times=1)
+
+    with pytest.raises(Fenced):
+        await run_round(team_a("c1", rules={"p-0": {"type": "ForbidLatestTag"}}),
+                        make_round(clusters, fence=Fence(allow=1)))
+
+    assert len(clusters["c1"].of("apply")) == 1  # the retry was never sent
+
+
 async def test_a_write_never_outlives_the_fence() -> None:
     clusters = fleet_of("c1")
     await run_round(team_a("c1"), make_round(clusters, fence=Fence(remaining_s=1.5)))
