@@ -77,10 +77,9 @@ def next_wait(
 
 
 async def call_with_retries(
-    fn: Callable[[float], Awaitable[T]],
+    fn: Callable[[], Awaitable[T]],
     *,
     deadline: float,
-    attempt_timeout_s: float,
     cluster: str,
     observer: RetryObserver | None = None,
     clock: Callable[[], float] | None = None,
@@ -90,9 +89,9 @@ async def call_with_retries(
     cap: float = CAP_S,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> T:
-    """`await fn(timeout_s)` until it succeeds or `next_wait` says stop; the last error is
-    raised as is. Each attempt gets `min(attempt_timeout_s, time left to deadline)`;
-    `deadline` is in `clock` time (default: the running loop's)."""
+    """`await fn()` until it succeeds or `next_wait` says stop; the last error is raised as
+    is. `deadline` is in `clock` time (default: the running loop's); an attempt still running
+    at the deadline is cancelled and raised as a timeout-class `ClusterUnreachable`."""
     now_fn = clock or asyncio.get_running_loop().time
     jitter: Random = rng or random.Random()
     decided: list[float | None] = [None]
@@ -123,9 +122,20 @@ async def call_with_retries(
     )
     async for attempt in retrying:
         with attempt:
-            remaining = deadline - now_fn()
-            if remaining <= 0:
-                raise ClusterUnreachable("the round's deadline has passed",
-                                         reason=TIMEOUT_REASON)
-            return await fn(min(attempt_timeout_s, remaining))
+            return await _attempt(fn, deadline - now_fn())
     raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+
+
+async def _attempt(fn: Callable[[], Awaitable[T]], remaining_s: float) -> T:
+    if remaining_s <= 0:
+        raise ClusterUnreachable("the round's deadline has passed", reason=TIMEOUT_REASON)
+    bound = asyncio.timeout(remaining_s)
+    try:
+        async with bound:
+            return await fn()
+    except TimeoutError as exc:
+        if not bound.expired():
+            raise
+        raise ClusterUnreachable(
+            "the round's deadline passed during the request", reason=TIMEOUT_REASON
+        ) from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -102,16 +103,16 @@ class Retries:
 
 
 class Script:
-    """Fails with the given errors in turn, then returns "ok"; records each timeout given."""
+    """Fails with the given errors in turn, then returns "ok"; records when each call began."""
 
     def __init__(self, t: FakeTime, errors: list[ClusterError], cost_s: float = 0.0) -> None:
         self.t = t
         self.errors = list(errors)
         self.cost_s = cost_s
-        self.timeouts: list[float] = []
+        self.calls: list[float] = []
 
-    async def __call__(self, timeout_s: float) -> str:
-        self.timeouts.append(timeout_s)
+    async def __call__(self) -> str:
+        self.calls.append(self.t.now)
         self.t.now += self.cost_s
         if self.errors:
             raise self.errors.pop(0)
@@ -122,7 +123,7 @@ async def test_retries_transient_errors_then_succeeds() -> None:
     t, obs = FakeTime(), Retries()
     fn = Script(t, [UNREACHABLE, E503, E429])
     result = await call_with_retries(
-        fn, deadline=t.now + 60, attempt_timeout_s=5, cluster="c1", observer=obs,
+        fn, deadline=t.now + 60, cluster="c1", observer=obs,
         clock=t.clock, sleep=t.sleep, rng=Top(),
     )
     assert result == "ok"
@@ -134,10 +135,10 @@ async def test_a_timeout_costs_one_attempt() -> None:
     t = FakeTime()
     fn = Script(t, [TIMEOUT], cost_s=3.0)
     with pytest.raises(ClusterUnreachable) as info:
-        await call_with_retries(fn, deadline=t.now + 60, attempt_timeout_s=5, cluster="c1",
+        await call_with_retries(fn, deadline=t.now + 60, cluster="c1",
                                 clock=t.clock, sleep=t.sleep, rng=Top())
     assert info.value is TIMEOUT
-    assert len(fn.timeouts) == 1
+    assert len(fn.calls) == 1
     assert t.slept == []
 
 
@@ -145,20 +146,37 @@ async def test_non_retryable_error_is_raised_as_is() -> None:
     t = FakeTime()
     fn = Script(t, [E409])
     with pytest.raises(ObjectRejected) as info:
-        await call_with_retries(fn, deadline=t.now + 60, attempt_timeout_s=5, cluster="c1",
+        await call_with_retries(fn, deadline=t.now + 60, cluster="c1",
                                 clock=t.clock, sleep=t.sleep, rng=Top())
     assert info.value is E409
-    assert len(fn.timeouts) == 1
+    assert len(fn.calls) == 1
 
 
-async def test_attempt_timeout_is_capped_by_the_deadline() -> None:
-    t = FakeTime()
-    fn = Script(t, [UNREACHABLE, UNREACHABLE], cost_s=1.0)
-    await call_with_retries(fn, deadline=t.now + 3.0, attempt_timeout_s=5, cluster="c1",
-                            clock=t.clock, sleep=t.sleep, rng=Top())
-    assert fn.timeouts[0] == pytest.approx(3.0)
-    assert fn.timeouts[1] == pytest.approx(3.0 - 1.0 - 0.2)
-    assert fn.timeouts[2] == pytest.approx(3.0 - 2.0 - 0.6)
+async def test_an_attempt_running_at_the_deadline_is_cut() -> None:
+    loop = asyncio.get_running_loop()
+    calls = 0
+
+    async def slow() -> str:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(10)
+        return "late"
+
+    start = loop.time()
+    with pytest.raises(ClusterUnreachable, match="deadline passed during") as info:
+        await call_with_retries(slow, deadline=start + 0.05, cluster="c1")
+    assert info.value.reason == "timeout"
+    assert calls == 1
+    assert loop.time() - start < 1.0
+
+
+async def test_a_timeout_raised_by_the_call_itself_is_not_rewritten() -> None:
+    async def broken() -> str:
+        raise TimeoutError("not ours")
+
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TimeoutError, match="not ours"):
+        await call_with_retries(broken, deadline=loop.time() + 5, cluster="c1")
 
 
 async def test_gives_up_when_the_wait_would_pass_the_deadline() -> None:
@@ -166,7 +184,7 @@ async def test_gives_up_when_the_wait_would_pass_the_deadline() -> None:
     slow = Throttled("429 Too Many Requests", status=429, retry_after_s=30.0)
     fn = Script(t, [slow])
     with pytest.raises(Throttled):
-        await call_with_retries(fn, deadline=t.now + 10, attempt_timeout_s=5, cluster="c1",
+        await call_with_retries(fn, deadline=t.now + 10, cluster="c1",
                                 clock=t.clock, sleep=t.sleep, rng=Top())
     assert t.slept == []
 
@@ -175,7 +193,7 @@ async def test_deadline_already_passed() -> None:
     t = FakeTime()
     fn = Script(t, [])
     with pytest.raises(ClusterUnreachable, match="deadline") as info:
-        await call_with_retries(fn, deadline=t.now - 1, attempt_timeout_s=5, cluster="c1",
+        await call_with_retries(fn, deadline=t.now - 1, cluster="c1",
                                 clock=t.clock, sleep=t.sleep, rng=Top())
     assert info.value.reason == "timeout"
-    assert fn.timeouts == []
+    assert fn.calls == []
