@@ -227,6 +227,25 @@ class _Handlers:
             log.warning("status: reading the database failed: %s", _describe(exc))
             return _describe(exc)
         self.state.set_invalid((p.id, p.reason) for p in invalid)
+        return await self._refresh_rows()
+
+    async def _refresh_rows(self) -> str | None:
+        """On a standby: read the per-policy records (phases) of clusters another replica
+        worked on since the last read, so phase counts and roll-ups are the leader's. Costs one
+        query per cluster per round, only on replicas that did not run that round."""
+        wanted = [c.id for c in self.state.clusters.values() if c.needs_rows()]
+        gate = asyncio.Semaphore(_LOOKUP_CONCURRENCY)
+
+        async def one(cluster: ClusterId) -> None:
+            async with gate:
+                rows = await _db(self.store.deliveries_for_cluster(cluster))
+            self.state.absorb_delivery_rows(rows, cluster=cluster)
+
+        try:
+            await asyncio.gather(*(one(c) for c in wanted))
+        except (TimeoutError, ConvergerdError, OSError) as exc:
+            log.warning("status: reading phases from the database failed: %s", _describe(exc))
+            return _describe(exc)
         return None
 
     def _database(self, error: str | None) -> dict[str, Any]:
@@ -249,7 +268,7 @@ class _Handlers:
         if error is None:
             try:
                 self.state.absorb_delivery_rows(
-                    await _db(self.store.deliveries_for_cluster(cluster)))
+                    await _db(self.store.deliveries_for_cluster(cluster)), cluster=cluster)
             except (TimeoutError, ConvergerdError, OSError) as exc:
                 error = _describe(exc)
         now = self.state.clock()

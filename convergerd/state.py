@@ -344,6 +344,18 @@ class ClusterState:
     server_version: str | None = None
     duration_s: float | None = None
     policies: dict[PolicyId, PolicyRecord] = field(default_factory=dict)
+    own_round_at: dt.datetime | None = None  # when this replica's own round last worked on it
+    stored_attempt_at: dt.datetime | None = None  # the database's last attempt, as last read
+    rows_read_for: dt.datetime | None = None  # the database attempt whose rows were absorbed
+
+    def needs_rows(self) -> bool:
+        """Whether the database holds per-policy records newer than this replica has: a round
+        by another replica (this one is a standby) that was not read yet."""
+        stored = self.stored_attempt_at
+        return stored is not None and not (
+            (self.own_round_at is not None and self.own_round_at >= stored)
+            or (self.rows_read_for is not None and self.rows_read_for >= stored)
+        )
 
     @property
     def error(self) -> str | None:
@@ -452,7 +464,7 @@ class StatusState:
         state.checked_at = at
         if outcome.reached:
             state.probe_error = None
-        state.last_attempt_at = at
+        state.last_attempt_at = state.own_round_at = at
         state.last_error = outcome.error
         state.last_reason = outcome.reason
         state.desired, state.in_sync, state.failed = (
@@ -510,6 +522,7 @@ class StatusState:
         (a standby, or a leader just after a restart)."""
         for row in rows:
             state = self.cluster(row.cluster)
+            state.stored_attempt_at = row.last_attempt_at
             if _newer(row.last_success_at, state.last_success_at):
                 state.last_success_at = row.last_success_at
             if not _newer(row.last_attempt_at, state.last_attempt_at):
@@ -529,8 +542,14 @@ class StatusState:
         ):
             self.last_round = RoundSummary.from_row(row)
 
-    def absorb_delivery_rows(self, rows: Iterable[DeliveryRowLike]) -> None:
-        """Phase readings and deliveries the database holds (recorded by whoever led)."""
+    def absorb_delivery_rows(
+        self, rows: Iterable[DeliveryRowLike], *, cluster: str | None = None
+    ) -> None:
+        """Phase readings and deliveries the database holds (recorded by whoever led); with
+        `cluster`, these are all of that cluster's rows as of its stored attempt."""
+        if cluster is not None:
+            whole = self.cluster(cluster)
+            whole.rows_read_for = whole.stored_attempt_at
         for row in rows:
             state = self.cluster(row.cluster)
             pid = PolicyId(row.policy)

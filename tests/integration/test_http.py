@@ -1,0 +1,432 @@
+"""The HTTP server through aiohttp's test client: health, readiness, metrics, status views,
+the token on mutating endpoints, and no secret in any response.
+
+The database side is a small in-memory `StatusSource` returning the store's own row types (the
+real `Store` is exercised at the end against PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from convergerd.config import Settings, load_settings
+from convergerd.errors import DatabaseUnavailable
+from convergerd.http import HealthCheck, make_app
+from convergerd.metrics import Metrics
+from convergerd.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
+from convergerd.report import (
+    ApplyResult,
+    ClusterOutcome,
+    Delivery,
+    Epoch,
+    PhaseReading,
+    RoundReport,
+    RoundResult,
+)
+from convergerd.state import StatusState
+from convergerd.store.store import ClusterStateRow, DeliveryRow, RoundRow, Store
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+TOKEN = "canary-api-token-5e1d9c"
+DB_PASSWORD = "CanaryDbPassword-77f3"
+DSN = f"postgresql://convergerd:{DB_PASSWORD}@db.example:5432/policies"
+Client = TestClient[web.Request, web.Application]
+
+
+class FakeStore:
+    """What the leader recorded: c1 converged, c2 unreached; policy p1 on both."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.policies = {"p1": PolicyRow("p1", "team-a", {"type": "ForbidLatestTag"}, True, 3)}
+        self.scope = {"p1": frozenset({ClusterId("c1"), ClusterId("c2"), ClusterId("c3")})}
+        self.deliveries = [
+            DeliveryRow("p1", "c1", 3, ApplyResult.UPDATED, T0, T0, None, None, 0, 7,
+                        "Enforcing", "Installed", "bound", 3, T0),
+            DeliveryRow("p1", "c2", 2, ApplyResult.FAILED, T0, T0 - dt.timedelta(hours=1),
+                        "connect timeout", "unreachable", 1, 7, "Enforcing", None, None, 2,
+                        T0 - dt.timedelta(hours=1)),
+        ]
+
+    def _check(self) -> None:
+        if self.down:
+            # A careless driver message: the server must not pass the DSN on.
+            raise DatabaseUnavailable(f"could not connect to {DSN}")
+
+    async def ping(self) -> None:
+        self._check()
+
+    async def last_round(self) -> RoundRow | None:
+        self._check()
+        return RoundRow(7, T0 - dt.timedelta(seconds=30), T0, RoundResult.PARTIAL,
+                        Epoch("rep-leader", 2), "rep-leader",
+                        {"clusters": 3, "converged": 1, "unreached": 1}, None)
+
+    async def cluster_states(self) -> list[ClusterStateRow]:
+        self._check()
+        return [
+            ClusterStateRow(ClusterId("c1"), True, T0, T0, T0, None, None, 1, 1, 0,
+                            "v1.31.2", 7),
+            ClusterStateRow(ClusterId("c2"), False, T0, None, None, "connect timeout",
+                            "unreachable", 1, 0, 0, None, 7),
+            ClusterStateRow(ClusterId("c3"), None, None, None, None, None, None, 0, 0, 0,
+                            None, None),
+        ]
+
+    async def deliveries_for_policy(self, policy_id: str) -> list[DeliveryRow]:
+        self._check()
+        return [d for d in self.deliveries if d.policy == policy_id]
+
+    async def deliveries_for_cluster(self, cluster_id: str) -> list[DeliveryRow]:
+        self._check()
+        return [d for d in self.deliveries if d.cluster == cluster_id]
+
+    async def get_policy(self, policy_id: str) -> PolicyRow | None:
+        self._check()
+        return self.policies.get(policy_id)
+
+    async def policy_scope(self, policy_id: str) -> frozenset[ClusterId]:
+        self._check()
+        return self.scope.get(policy_id, frozenset())
+
+    async def invalid_policies(self) -> list[InvalidPolicy]:
+        self._check()
+        return [InvalidPolicy("Bad", "team-a", 1, "id: 'Bad' is not a DNS label")]
+
+
+def settings(**extra: str) -> Settings:
+    env = {"CONVERGERD_DATABASE_URL": DSN, "CONVERGERD_API_TOKEN": TOKEN,
+           "CONVERGERD_IDENTITY": "rep-standby", **extra}
+    return load_settings(env)
+
+
+class Now:
+    def __init__(self) -> None:
+        self.now = T0 + dt.timedelta(seconds=60)
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+
+@pytest.fixture
+def store() -> FakeStore:
+    return FakeStore()
+
+
+@pytest.fixture
+def state() -> StatusState:
+    return StatusState(identity="rep-standby", interval_s=300, clock=Now())
+
+
+@pytest.fixture
+def health() -> HealthCheck:
+    return HealthCheck()
+
+
+@pytest.fixture
+def seen() -> list[str]:
+    """Every response body and header served in the test, for the secrets check."""
+    return []
+
+
+async def _serve(app: web.Application, seen: list[str]) -> AsyncIterator[Client]:
+    async def record(_: web.Request, response: web.StreamResponse) -> None:
+        # Called just before a response goes out: after every middleware.
+        seen.append(str(dict(response.headers)))
+        if isinstance(response, web.Response) and isinstance(response.body, bytes):
+            seen.append(response.body.decode(errors="replace"))
+
+    app.on_response_prepare.append(record)
+    async with TestClient(TestServer(app)) as client:
+        yield client
+
+
+@pytest.fixture
+async def client(
+    store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
+) -> AsyncIterator[Client]:
+    app = make_app(metrics=Metrics(interval_s=300, clusters=["c1", "c2"]), state=state,
+                   store=store, settings=settings(), health=health)
+    async for c in _serve(app, seen):
+        yield c
+    assert seen
+    for text in seen:
+        assert TOKEN not in text
+        assert DB_PASSWORD not in text
+
+
+# -- health ----------------------------------------------------------------------------------------
+
+
+async def test_healthz_ok(client: Client) -> None:
+    response = await client.get("/healthz")
+    assert response.status == 200
+    assert (await response.json())["ok"] is True
+
+
+async def test_healthz_fails_when_the_heartbeat_is_stale(
+    client: Client, health: HealthCheck
+) -> None:
+    health.last_beat -= 60  # as if the loop had been blocked for a minute
+    response = await client.get("/healthz")
+    assert response.status == 500
+    assert "heartbeat" in (await response.json())["error"]
+
+
+async def test_heartbeat_keeps_healthz_green_and_measures_lag() -> None:
+    lags: list[float] = []
+    health = HealthCheck(period_s=0.01, stale_after_s=0.5, on_lag=lags.append)
+    task = asyncio.create_task(health.heartbeat(), name="heartbeat")
+    await asyncio.sleep(0.05)
+    assert lags
+    assert health.problems() == []
+    task.cancel()
+
+
+async def test_healthz_names_a_dead_supervised_task(client: Client, health: HealthCheck) -> None:
+    async def crash() -> None:
+        raise RuntimeError("boom")
+
+    task = asyncio.create_task(crash(), name="prober")
+    await asyncio.sleep(0)
+    health.watch([task])
+    response = await client.get("/healthz")
+    assert response.status == 500
+    assert "prober" in (await response.json())["error"]
+    with pytest.raises(RuntimeError):
+        task.result()
+
+
+async def test_readyz(client: Client, store: FakeStore) -> None:
+    assert (await client.get("/readyz")).status == 200
+    store.down = True
+    response = await client.get("/readyz")
+    assert response.status == 503
+    body = await response.json()
+    assert body["reason"] == "database"
+    assert "database unreachable" in body["error"]
+
+
+async def test_metrics_endpoint(client: Client) -> None:
+    response = await client.get("/metrics")
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/plain")
+    text = await response.text()
+    assert 'convergerd_cluster_lag_seconds{cluster="c1"}' in text
+    assert "convergerd_event_loop_lag_seconds" in text
+
+
+# -- status ----------------------------------------------------------------------------------------
+
+
+async def test_status_on_a_standby_reads_the_database(client: Client, state: StatusState) -> None:
+    state.set_leader(False, "rep-leader")
+    response = await client.get("/status")
+    assert response.status == 200
+    doc = await response.json()
+    assert doc["identity"] == "rep-standby"
+    assert doc["leader"]["is_leader"] is False
+    assert doc["leader"]["holder"] == "rep-leader"
+    assert doc["last_round"]["result"] == "partial"
+    assert doc["last_round"]["leader"] == "rep-leader"
+    assert doc["database"]["reachable"] is True
+    assert "***" in doc["database"]["url"]
+    assert [c["id"] for c in doc["clusters"]] == ["c2", "c3", "c1"]  # worst first
+    c2 = doc["clusters"][0]
+    assert set(c2) >= {"id", "reachable", "lag_seconds", "desired", "in_sync", "failed",
+                       "phases", "last_error", "server_version"}
+    assert c2["reachable"] is False
+    assert c2["last_error"] == "connect timeout"
+    assert doc["clusters"][2]["lag_seconds"] == 60
+    assert doc["invalid_policies"][0]["id"] == "Bad"
+
+
+async def test_status_answers_from_memory_when_the_database_is_down(
+    client: Client, store: FakeStore, state: StatusState
+) -> None:
+    state.observe_round(RoundReport(
+        started_at=T0, finished_at=T0, epoch=Epoch("rep-standby", 1),
+        clusters=[ClusterOutcome(ClusterId("c1"), reached=True, desired=1, in_sync=1)]))
+    store.down = True
+    response = await client.get("/status")
+    assert response.status == 200
+    doc = await response.json()
+    assert doc["database"]["reachable"] is False
+    assert [c["id"] for c in doc["clusters"]] == ["c1"]
+
+
+async def test_cluster_view(client: Client, state: StatusState) -> None:
+    live = PhaseReading(ClusterId("c1"), PolicyId("p9"), "Error", "CELInvalid", "bad", 1,
+                        T0 + dt.timedelta(seconds=50))
+    state.observe_round(RoundReport(
+        started_at=T0, finished_at=T0 + dt.timedelta(seconds=50),
+        clusters=[ClusterOutcome(ClusterId("c1"), reached=True, desired=1, in_sync=1,
+                                 phases=[live], deliveries=[Delivery(
+                                     ClusterId("c1"), PolicyId("p1"), 3, ApplyResult.UNCHANGED,
+                                     T0 + dt.timedelta(seconds=50))])]))
+    response = await client.get("/v1/clusters/c1")
+    assert response.status == 200
+    doc = await response.json()
+    assert doc["cluster"]["id"] == "c1"
+    policies = {p["id"]: p for p in doc["policies"]}
+    p1 = policies["p1"]
+    assert (p1["delivered_revision"], p1["current_revision"], p1["in_sync"]) == (3, 3, True)
+    assert (p1["phase"], p1["stale"], p1["age_seconds"]) == ("Enforcing", False, 60)
+    p9 = policies["p9"]  # in the cluster, no longer in the database
+    assert (p9["in_database"], p9["phase"], p9["ready_reason"]) == (False, "Error", "CELInvalid")
+
+
+async def test_unknown_cluster_is_404(client: Client) -> None:
+    response = await client.get("/v1/clusters/nope")
+    assert response.status == 404
+    assert (await response.json())["error"] == "unknown cluster 'nope'"
+
+
+async def test_policy_status(client: Client, state: StatusState) -> None:
+    assert isinstance(state.clock, Now)
+    state.clock.now = T0 + dt.timedelta(minutes=5)
+    response = await client.get("/v1/policies/p1/status")
+    assert response.status == 200
+    doc = await response.json()
+    assert doc["policy"]["revision"] == 3
+    clusters = {c["cluster"]: c for c in doc["clusters"]}
+    assert set(clusters) == {"c1", "c2", "c3"}
+    c1, c2, c3 = clusters["c1"], clusters["c2"], clusters["c3"]
+    assert (c1["in_scope"], c1["delivered_revision"], c1["in_sync"]) == (True, 3, True)
+    assert (c1["phase"], c1["stale"]) == ("Enforcing", False)
+    assert (c2["delivered_revision"], c2["current_revision"], c2["in_sync"]) == (2, 3, False)
+    assert c2["last_error"] == "connect timeout"
+    assert (c2["phase"], c2["stale"]) == ("Enforcing", True)  # 65 minutes old: stale
+    assert c2["age_seconds"] == 3900
+    assert (c3["in_scope"], c3["delivered_revision"], c3["phase"]) == (True, None, None)
+
+
+async def test_unknown_policy_is_404(client: Client) -> None:
+    response = await client.get("/v1/policies/nope/status")
+    assert response.status == 404
+    assert (await response.json())["policy"] == "nope"
+
+
+async def test_unknown_path_is_json_404(client: Client) -> None:
+    response = await client.get("/v2/whatever")
+    assert response.status == 404
+    assert "error" in await response.json()
+
+
+# -- mutations -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/v1/policies/p1/apply"), ("DELETE", "/v1/policies/p1")])
+async def test_mutations_need_the_bearer_token(client: Client, method: str, path: str) -> None:
+    assert (await client.request(method, path)).status == 401
+    wrong = await client.request(method, path, headers={"Authorization": "Bearer nope"})
+    assert wrong.status == 401
+    assert wrong.headers["WWW-Authenticate"].startswith("Bearer")
+    basic = await client.request(method, path, headers={"Authorization": f"Basic {TOKEN}"})
+    assert basic.status == 401
+    right = await client.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert right.status == 503
+    assert "not implemented" in (await right.json())["error"]
+
+
+async def test_mutation_handlers_are_called_after_auth(
+    store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
+) -> None:
+    calls: list[tuple[str, str]] = []
+
+    async def on_apply(request: web.Request, policy_id: str) -> web.StreamResponse:
+        calls.append(("apply", policy_id))
+        return web.json_response({"saved": policy_id})
+
+    app = make_app(metrics=Metrics(), state=state, store=store, settings=settings(),
+                   health=health, on_apply=on_apply)
+    async for client in _serve(app, seen):
+        assert (await client.post("/v1/policies/p1/apply")).status == 401
+        response = await client.post("/v1/policies/p1/apply",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+        assert response.status == 200
+    assert calls == [("apply", "p1")]
+
+
+async def test_mutations_disabled_without_a_token(
+    store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
+) -> None:
+    s = load_settings({"CONVERGERD_DATABASE_URL": DSN})
+    app = make_app(metrics=Metrics(), state=state, store=store, settings=s, health=health)
+    async for client in _serve(app, seen):
+        response = await client.delete("/v1/policies/p1", headers={"Authorization": "Bearer "})
+        assert response.status == 503
+        assert "CONVERGERD_API_TOKEN" in (await response.json())["error"]
+
+
+async def test_no_secret_even_when_an_error_message_carries_one(
+    client: Client, store: FakeStore, seen: list[str]
+) -> None:
+    store.down = True
+    ready = await (await client.get("/readyz")).json()
+    assert ready["error"].endswith("could not connect to ***")  # redacted on the way out
+    for path in ("/readyz", "/status", "/v1/clusters/c1", "/v1/policies/p1/status", "/metrics",
+                 "/healthz"):
+        await client.get(path)
+    await client.post("/v1/policies/p1/apply", headers={"Authorization": f"Bearer {TOKEN}x"})
+    # (the fixture asserts neither the token nor the password was ever served)
+
+
+# -- against the real store ------------------------------------------------------------------------
+
+
+async def test_status_from_a_real_database(
+    database_url: str, tmp_path: Path, seen: list[str]
+) -> None:
+    from convergerd.store.importer import import_file
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "clusters: [{id: c1}, {id: c2}]\n"
+        "boundaries: [{id: team-a, clusters: [c1, c2]}]\n"
+        "policies: [{id: p1, boundary: team-a, enabled: true, rule: {type: ForbidLatestTag}}]\n"
+    )
+    await import_file(database_url, fleet)
+    real = await Store.connect(database_url)
+    try:
+        leader_report = RoundReport(
+            started_at=T0, finished_at=T0 + dt.timedelta(seconds=2), epoch=Epoch("rep-a", 1),
+            clusters=[
+                ClusterOutcome(ClusterId("c1"), reached=True, desired=1, in_sync=1,
+                               server_version="v1.29.1",
+                               deliveries=[Delivery(ClusterId("c1"), PolicyId("p1"), 1,
+                                                    ApplyResult.CREATED, T0)],
+                               phases=[PhaseReading(ClusterId("c1"), PolicyId("p1"),
+                                                    "Unsupported", "NoVAP", None, 1, T0)]),
+                ClusterOutcome(ClusterId("c2"), reached=False, desired=1,
+                               error="connect timeout", reason="unreachable"),
+            ])
+        await real.record_round(leader_report, identity="rep-a")
+        standby = StatusState(identity="rep-b", interval_s=300, clock=Now())
+        app = make_app(metrics=Metrics(), state=standby, store=real,
+                       settings=settings(CONVERGERD_DATABASE_URL=database_url),
+                       health=HealthCheck())
+        async for client in _serve(app, seen):
+            doc = await (await client.get("/status")).json()
+            assert doc["last_round"]["leader"] == "rep-a"
+            assert [c["id"] for c in doc["clusters"]] == ["c2", "c1"]
+            assert doc["clusters"][0]["last_error"] == "connect timeout"
+            assert (await client.get("/readyz")).status == 200
+            policy = await (await client.get("/v1/policies/p1/status")).json()
+            by_cluster = {c["cluster"]: c for c in policy["clusters"]}
+            assert by_cluster["c1"]["delivered_revision"] == 1
+            assert by_cluster["c1"]["phase"] == "Unsupported"
+            assert by_cluster["c2"]["in_scope"] is True
+            view = await (await client.get("/v1/clusters/c1")).json()
+            assert view["policies"][0]["id"] == "p1"
+            assert doc["unsupported_by_version"] == {"v1.29.1": ["c1"]}
+            assert doc["clusters"][1]["phases"] == {"Unsupported": 1}
+    finally:
+        await real.close()
