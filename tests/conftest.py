@@ -1,3 +1,30 @@
 """Shared fixtures: a real PostgreSQL and the fleet simulator (see tests/fixtures/)."""
 
+from __future__ import annotations
+
+import asyncio
+import inspect
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
 pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.fleet"]
+
+
+@pytest.fixture(autouse=True)
+def _close_stray_event_loop(request: pytest.FixtureRequest) -> Iterator[None]:
+    """looptime's pytest hook asks the policy for an event loop even for plain (sync) tests;
+    on Python 3.11 that creates a loop nobody closes, and the ResourceWarning (an error here)
+    lands on the next async test. Close that loop after each sync test."""
+    yield
+    if inspect.iscoroutinefunction(getattr(request, "function", None)):
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        policy = asyncio.get_event_loop_policy()
+        loop = getattr(getattr(policy, "_local", None), "_loop", None)
+    if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_running() \
+            and not loop.is_closed():
+        loop.close()
+        policy.set_event_loop(None)
