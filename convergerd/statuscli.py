@@ -91,7 +91,7 @@ def format_duration(seconds: float | None) -> str:
     s = round(seconds)
     if s < 120:
         return f"{s}s"
-    if s < 7200:
+    if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     if s < 172800:
         return f"{s // 3600}h{(s % 3600) // 60:02d}m"

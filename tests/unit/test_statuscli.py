@@ -1,0 +1,90 @@
+"""`convergerd status`: the table rendered from a canned /status document."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import socket
+
+from convergerd.statuscli import (
+    EXIT_UNREACHABLE,
+    add_arguments,
+    format_duration,
+    render_status,
+    run,
+)
+
+STATUS = {
+    "version": "0.1.0",
+    "identity": "rep-b",
+    "leader": {"is_leader": False, "holder": "rep-a", "since": "2026-01-01T11:00:00Z"},
+    "last_round": {"started_at": "2026-01-01T12:00:00Z", "finished_at": "2026-01-01T12:00:04Z",
+                   "result": "partial", "leader": "rep-a",
+                   "counts": {"clusters": 4, "converged": 2, "unreached": 1}, "error": None},
+    "next_round_at": "2026-01-01T12:05:00Z",
+    "database": {"reachable": True, "error": None},
+    "invalid_policies": [{"id": "Bad_Id", "reason": "id: 'Bad_Id' is not a DNS label"}],
+    "unsupported_by_version": {"v1.29.4": ["old-1"]},
+    "clusters": [
+        {"id": "fine", "reachable": True, "lag_seconds": 12.0, "desired": 3, "in_sync": 3,
+         "failed": 0, "phases": {"Enforcing": 3}, "last_error": None,
+         "server_version": "v1.31.0"},
+        {"id": "old-1", "reachable": True, "lag_seconds": 400.0, "desired": 3, "in_sync": 3,
+         "failed": 0, "phases": {"Unsupported": 3}, "last_error": None,
+         "server_version": "v1.29.4"},
+        {"id": "failing", "reachable": True, "lag_seconds": 30.0, "desired": 3, "in_sync": 2,
+         "failed": 1, "phases": {"Enforcing": 2, "Stale": 1}, "last_error": None,
+         "server_version": "v1.31.0"},
+        {"id": "down", "reachable": False, "lag_seconds": 3725.0, "desired": 3, "in_sync": 0,
+         "failed": 0, "phases": {"Stale": 3}, "last_error": "connect timeout",
+         "server_version": None},
+    ],
+}
+
+
+def test_table_lists_clusters_worst_first() -> None:
+    text = render_status(STATUS, addr="http://x:8080")
+    rows = [line.split()[0] for line in text.splitlines()
+            if line.split() and line.split()[0] in {"fine", "old-1", "failing", "down"}]
+    assert rows == ["down", "failing", "old-1", "fine"]
+
+
+def test_header_and_cells() -> None:
+    text = render_status(STATUS, addr="http://x:8080")
+    assert "replica rep-b, leader: rep-a (this replica is a standby)" in text
+    assert "last round: partial" in text
+    assert "next round: 2026-01-01 12:05:00 UTC" in text
+    assert "Bad_Id: id: 'Bad_Id' is not a DNS label" in text
+    assert "Kubernetes v1.29.4: old-1" in text
+    down = next(line for line in text.splitlines() if line.startswith("down"))
+    assert "DOWN" in down
+    assert "1h02m" in down
+    assert "connect timeout" in down
+    assert "Stale=3" in down
+    assert "4 clusters: 1 unreached, 1 failing" in text
+
+
+def test_no_leader_and_database_down_are_said_loudly() -> None:
+    doc = {**STATUS, "leader": {"is_leader": False, "holder": None},
+           "database": {"reachable": False, "error": "DatabaseUnavailable: refused"}}
+    text = render_status(doc)
+    assert "NO LEADER" in text
+    assert "DATABASE UNREACHABLE" in text
+
+
+def test_durations() -> None:
+    assert [format_duration(s) for s in (None, 5, 119, 125, 7300, 200000)] == [
+        "-", "5s", "119s", "2m05s", "2h01m", "2d07h"]
+
+
+def test_unreachable_daemon_is_a_clear_error() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--addr", f"127.0.0.1:{port}", "--timeout", "2"])
+    out, err = io.StringIO(), io.StringIO()
+    assert run(args, out=out, err=err) == EXIT_UNREACHABLE
+    assert f"cannot reach convergerd at http://127.0.0.1:{port}" in err.getvalue()
+    assert out.getvalue() == ""
