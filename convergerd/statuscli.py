@@ -207,7 +207,9 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
     )
     lines.extend(_table(rows))
     down = sum(c.get("reachable") is False for c in clusters)
-    failing = sum(bool(c.get("last_error")) or bool(c.get("failed")) for c in clusters)
+    failing = sum(c.get("reachable") is not False and (bool(c.get("last_error"))
+                                                       or bool(c.get("failed")))
+                  for c in clusters)
     lines.append("")
-    lines.append(f"{len(clusters)} clusters: {down} unreached, {failing} failing")
+    lines.append(f"{len(clusters)} clusters: {down} unreached, {failing} reached but failing")
     return "\n".join(lines) + "\n"

@@ -61,7 +61,7 @@ def test_header_and_cells() -> None:
     assert "1h02m" in down
     assert "connect timeout" in down
     assert "Stale=3" in down
-    assert "4 clusters: 1 unreached, 1 failing" in text
+    assert "4 clusters: 1 unreached, 1 reached but failing" in text
 
 
 def test_no_leader_and_database_down_are_said_loudly() -> None:
