@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import ssl
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.fixtures.fleet import start_sim_process
@@ -50,3 +52,33 @@ def test_thousand_clusters_start_and_answer(tmp_path: Path) -> None:
         assert sum(1 for c in listing["clusters"] if c["objects"]) == 4
     finally:
         assert sim.stop() == 0
+
+
+def test_config_file_starts_a_mixed_fleet_and_sigint_exits_cleanly(tmp_path: Path) -> None:
+    config = tmp_path / "fleet.yaml"
+    config.write_text(
+        "clusters: 4\n"
+        "defaults: {latencyMs: 1}\n"
+        "overrides:\n"
+        "  c0002: {version: v1.29.4}\n"
+        "  c0003: {crd: false}\n"
+    )
+    sim = start_sim_process(tmp_path, clusters=4, extra_args=["--config", str(config)])
+    try:
+        code, listing = sim.admin("GET", "/_sim/clusters")
+        assert code == 200
+        faults = {c["id"]: c["faults"] for c in listing["clusters"]}
+        assert faults["c0001"]["latencyMs"] == 1
+        assert faults["c0002"]["version"] == "v1.29.4"
+        assert faults["c0003"]["crd"] is False
+        assert faults["home"]["latencyMs"] == 0
+    finally:
+        sim.proc.send_signal(signal.SIGINT)
+        assert sim.proc.wait(10) == 0
+
+
+def test_bad_config_is_a_startup_error_naming_the_setting(tmp_path: Path) -> None:
+    config = tmp_path / "fleet.yaml"
+    config.write_text("defaults: {latencyMS: 1}\n")
+    with pytest.raises(RuntimeError, match="latencyMS"):
+        start_sim_process(tmp_path, extra_args=["--config", str(config)])
