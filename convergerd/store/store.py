@@ -91,8 +91,20 @@ class DeliveryRow:
     phase_seen_at: dt.datetime | None
 
 
-# One statement records deliveries and phase readings (merged per policy and cluster): each row
-# is rewritten once per round. Older facts never overwrite newer ones (a save racing a round).
+# Deliveries and phase readings, merged per policy and cluster, are copied (binary COPY) into a
+# temporary table, then upserted in one statement: each row is rewritten once per round. Older
+# facts never overwrite newer ones (a save racing a round, a late record).
+_INCOMING_COLUMNS = (
+    "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
+    "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
+)
+_CREATE_INCOMING = """
+CREATE TEMPORARY TABLE incoming_deliveries (
+    policy_id text, cluster_id text, revision bigint, result text, at timestamptz,
+    error text, reason text, attempts integer, phase text, phase_reason text,
+    phase_message text, phase_revision bigint, phase_seen_at timestamptz
+) ON COMMIT DROP
+"""
 _UPSERT_DELIVERIES = """
 INSERT INTO deliveries AS d (
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
@@ -104,13 +116,9 @@ SELECT u.policy_id, u.cluster_id,
        CASE WHEN u.result <> 'failed' THEN u.at END,
        u.error, u.reason,
        CASE WHEN u.result = 'failed' THEN u.attempts ELSE 0 END,
-       $14::bigint,
+       $1::bigint,
        u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.phase_seen_at
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[], $6::text[],
-            $7::text[], $8::int[], $9::text[], $10::text[], $11::text[], $12::bigint[],
-            $13::timestamptz[])
-     AS u(policy_id, cluster_id, revision, result, at, error, reason, attempts,
-          phase, phase_reason, phase_message, phase_revision, phase_seen_at)
+FROM incoming_deliveries u
 ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
     (delivered_revision, last_result, last_attempt_at, last_success_at, last_error,
      last_reason, attempts, round_id) =
@@ -230,35 +238,69 @@ def _utc(value: dt.datetime) -> dt.datetime:
     return value
 
 
-def _delivery_arrays(
-    deliveries: Sequence[Delivery], phases: Sequence[PhaseReading], round_id: int | None
-) -> list[Any]:
-    """Merge deliveries and phase readings per (policy, cluster) into column arrays for
-    `_UPSERT_DELIVERIES` (the latest of duplicates wins: a row is written once)."""
-    merged: dict[tuple[str, str], list[Any]] = {}
+def _delivery_records(
+    deliveries: Sequence[Delivery], phases: Sequence[PhaseReading]
+) -> list[tuple[Any, ...]]:
+    """Merge deliveries and phase readings per (policy, cluster) into `_INCOMING_COLUMNS`
+    records (a row is written once; of duplicates the latest wins). Built column by column:
+    100k rows must not become 100k small lists for the garbage collector."""
+    index: dict[tuple[str, str], int] = {}
+    cols: list[list[Any]] = [[] for _ in range(13)]
+    (policy, cluster, revision, result, attempt_at, error, reason, attempts,
+     phase, phase_reason, phase_message, phase_revision, phase_seen_at) = cols
     for d in deliveries:
         key = (d.policy, d.cluster)
-        row = merged.get(key)
-        if row is not None and row[4] is not None and row[4] > d.at:
+        i = index.get(key)
+        if i is None:
+            index[key] = len(policy)
+            policy.append(d.policy)
+            cluster.append(d.cluster)
+            for col in cols[2:]:
+                col.append(None)
+            i = index[key]
+        elif attempt_at[i] is not None and attempt_at[i] > d.at:
             continue
-        fresh = [d.policy, d.cluster, d.revision, d.result.value, _utc(d.at), d.error,
-                 d.reason, d.attempts, None, None, None, None, None]
-        if row is not None:
-            fresh[8:] = row[8:]
-        merged[key] = fresh
+        revision[i] = d.revision
+        result[i] = d.result.value
+        attempt_at[i] = _utc(d.at)
+        error[i] = d.error
+        reason[i] = d.reason
+        attempts[i] = d.attempts
     for p in phases:
         key = (p.policy, p.cluster)
-        row = merged.setdefault(
-            key, [p.policy, p.cluster, None, None, None, None, None, 0,
-                  None, None, None, None, None]
-        )
-        if row[12] is not None and row[12] > p.seen_at:
+        i = index.get(key)
+        if i is None:
+            index[key] = len(policy)
+            policy.append(p.policy)
+            cluster.append(p.cluster)
+            for col in cols[2:]:
+                col.append(None)
+            i = index[key]
+        elif phase_seen_at[i] is not None and phase_seen_at[i] > p.seen_at:
             continue
-        row[8:] = [p.phase, p.ready_reason, p.ready_message, p.revision, _utc(p.seen_at)]
-    columns = [list(col) for col in zip(*merged.values(), strict=True)] if merged else [
-        [] for _ in range(13)
-    ]
-    return [*columns, round_id]
+        phase[i] = p.phase
+        phase_reason[i] = p.ready_reason
+        phase_message[i] = p.ready_message
+        phase_revision[i] = p.revision
+        phase_seen_at[i] = _utc(p.seen_at)
+    return list(zip(*cols, strict=True))
+
+
+async def _upsert_deliveries(
+    conn: asyncpg.Connection,
+    deliveries: Sequence[Delivery],
+    phases: Sequence[PhaseReading],
+    round_id: int | None,
+) -> None:
+    """Inside a transaction: COPY the merged records in, upsert them into `deliveries`."""
+    await conn.execute(_CREATE_INCOMING)
+    await conn.copy_records_to_table(
+        "incoming_deliveries",
+        records=_delivery_records(deliveries, phases),
+        columns=_INCOMING_COLUMNS,
+    )
+    await conn.execute(_UPSERT_DELIVERIES, round_id)
+    await conn.execute("DROP TABLE incoming_deliveries")
 
 
 class Store:
@@ -416,9 +458,7 @@ class Store:
                     [c.duration_s for c in outcomes],
                 )
             if deliveries or phases:
-                await conn.execute(
-                    _UPSERT_DELIVERIES, *_delivery_arrays(deliveries, phases, round_id)
-                )
+                await _upsert_deliveries(conn, deliveries, phases, round_id)
             if report.error is None:
                 # A round that ran saw the whole fleet: its invalid list replaces the last one.
                 await conn.execute(
@@ -436,8 +476,8 @@ class Store:
         """Record deliveries made outside a round (a save): `round_id` stays NULL."""
         if not deliveries:
             return
-        async with self._acquire() as conn:
-            await conn.execute(_UPSERT_DELIVERIES, *_delivery_arrays(deliveries, (), None))
+        async with self._acquire() as conn, conn.transaction():
+            await _upsert_deliveries(conn, deliveries, (), None)
 
     # ---- what the status API reads -----------------------------------------------------------
 
