@@ -72,7 +72,7 @@ class Daemon:
         self.settings = settings
         self.identity = settings.election.identity
         self.stopping = asyncio.Event()
-        self.metrics = Metrics()
+        self.metrics = Metrics(interval_s=settings.rounds.interval_s)
         self.state = StatusState(
             identity=self.identity, interval_s=settings.rounds.interval_s
         )
@@ -159,6 +159,7 @@ class Daemon:
             fleet = await store.load_fleet()
             self.state.set_clusters([c.id for c in fleet.clusters])
             self.metrics.set_clusters([c.id for c in fleet.clusters])
+            await self._sync_from_store(store)
             prober = Prober(
                 clusters=self._probe_targets(registry, store),
                 metrics=self.metrics, state=self.state,
@@ -171,6 +172,9 @@ class Daemon:
                 ]
                 if not s.rounds.once:
                     supervised.append(tg.create_task(prober.run(), name="prober"))
+                    supervised.append(
+                        tg.create_task(self._standby_sync(store, elector), name="standby sync")
+                    )
                 self.health.watch(supervised)
                 await self._rounds(store, registry, elector)
                 await elector.release()
@@ -206,7 +210,7 @@ class Daemon:
 
     def _probe_targets(self, registry: ClusterRegistry, store: Store) -> Callable[[], Any]:
         def targets() -> dict[str, Any]:
-            result = {}
+            result: dict[str, Any] = {}
             for cluster in self.state.cluster_ids():
                 with contextlib.suppress(Exception):  # no context: reported by rounds
                     result[cluster] = registry.get(cluster)
@@ -227,6 +231,24 @@ class Daemon:
             __version__, self.identity, s.http_host, s.http_port,
         )
         return runner
+
+    async def _sync_from_store(self, store: Store) -> None:
+        """Last successes as the leader recorded them, so lag survives restarts and standbys
+        report the same lag as the leader."""
+        try:
+            rows = await store.cluster_states()
+        except DatabaseUnavailable as exc:
+            log.warning("could not read cluster states (database unavailable: %s)", exc)
+            return
+        for row in rows:
+            self.metrics.seed_last_success(row.cluster, row.last_success_at)
+
+    async def _standby_sync(self, store: Store, elector: Elector | NoElection) -> None:
+        period = min(self.settings.rounds.interval_s, 30.0)
+        while True:
+            await asyncio.sleep(period)
+            if not elector.is_leader():
+                await self._sync_from_store(store)
 
     # -- rounds ----------------------------------------------------------------------------
 
@@ -353,7 +375,7 @@ class Daemon:
             report.result.value, duration, counts["clusters"], counts["converged"],
             counts["unreached"], counts["created"], counts["updated"], counts["failed"],
             counts["invalid"], f"; {report.error}" if report.error else "",
-            extra={"round_result": report.result.value, **counts},
+            extra={"round_result": report.result.value, "round_counts": counts},
         )
 
     async def _record(self, store: Store, report: RoundReport) -> None:
