@@ -495,3 +495,33 @@ def test_operator_rbac_and_deployment() -> None:
     c = container(deployment, "operator")
     assert c["args"] == ["operator"]
     _check_restricted(pod, c)
+
+
+# -- the Grafana dashboard's queries -----------------------------------------------------------
+
+
+def test_every_dashboard_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each query (Grafana's variables replaced by what they expand to)."""
+    promtool = _tool("promtool")
+    dashboard = yaml.safe_load((ROOT / "grafana" / "convergerd.json").read_text())
+
+    def panels(items: list[Obj]) -> Iterator[Obj]:
+        for item in items:
+            yield item
+            yield from panels(item.get("panels", []))
+
+    exprs = [t["expr"] for p in panels(dashboard["panels"]) for t in p.get("targets", [])]
+    assert exprs
+    expand = {"$__rate_interval": "2m", "$namespace": ".*", "$cluster": ".*"}
+    rules = []
+    for i, expr in enumerate(exprs):
+        query = expr
+        for var, value in expand.items():
+            query = query.replace(var, value)
+        assert "$" not in query, f"unexpanded variable in {expr}"
+        rules.append({"record": f"dashboard:query_{i}", "expr": query})
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run([promtool, "check", "rules", str(path)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
