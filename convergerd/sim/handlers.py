@@ -58,8 +58,22 @@ def _respond(obj: Any, code: int = 200) -> web.Response:
     return web.Response(body=_encode(obj), status=code, headers={"Content-Type": _JSON})
 
 
+_BODY_TYPES = frozenset({_JSON, "application/yaml"})
+_UNSUPPORTED_BODY = (
+    "the body of the request was in an unknown format - accepted media types include: "
+    "application/json, application/yaml"
+)
+
+
 def _decode_object(body: bytes, content_type: str) -> dict[str, Any]:
-    """A create/update body (JSON, or YAML when the client says so) as a JSON object."""
+    """A create/update body (JSON, or YAML when the client says so) as a JSON object.
+
+    Protobuf (what client-go sends for built-in kinds, e.g. `kubectl create namespace`) is
+    not decoded: it needs the generated Kubernetes schemas. The answer is the apiserver's 415
+    for a media type it does not accept.
+    """
+    if content_type not in _BODY_TYPES:
+        raise status.ApiError(status.status_object(415, "UnsupportedMediaType", _UNSUPPORTED_BODY))
     try:
         doc = yaml.safe_load(body) if "yaml" in content_type else json.loads(body or b"null")
     except (ValueError, yaml.YAMLError) as e:

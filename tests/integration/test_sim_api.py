@@ -359,6 +359,13 @@ async def test_watch_streams_events_one_json_per_line(fleet: Fleet) -> None:
     ]
     rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
     assert rvs == sorted(rvs)
+    # The client hung up: the server cancels the stream and the store drops the watcher.
+    store = fleet.store("c0001")
+    for _ in range(500):
+        if store.watcher_count() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert store.watcher_count() == 0
 
 
 async def test_watch_bookmarks_and_clean_end_at_timeout(fleet: Fleet) -> None:
