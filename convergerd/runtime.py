@@ -25,7 +25,7 @@ from aiohttp import web
 
 from convergerd import __version__
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
-from convergerd.converge import Round, RoundLimits, run_round
+from convergerd.converge import ClusterSource, Fence, Round, RoundLimits, run_round
 from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced
 from convergerd.http import HealthCheck, make_app
 from convergerd.kube.registry import ClusterRegistry
@@ -34,7 +34,7 @@ from convergerd.metrics import Metrics
 from convergerd.model import Fleet
 from convergerd.probe import Prober
 from convergerd.report import Epoch, RoundReport, RoundResult
-from convergerd.retry import call_with_retries
+from convergerd.retry import RetryObserver, call_with_retries
 from convergerd.state import StatusState
 from convergerd.store.store import Store
 
@@ -63,6 +63,31 @@ async def _first(*aws: Awaitable[Any]) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def round_env(
+    settings: Settings,
+    clusters: ClusterSource,
+    fence: Fence,
+    observer: RetryObserver,
+    *,
+    deadline_s: float,
+) -> Round:
+    """What a round of this daemon runs with: the settings' limits, the retry policy
+    reporting to `observer`, the loop's clock. Pure wiring (tests build rounds with it too)."""
+    return Round(
+        clusters=clusters,
+        retrier=functools.partial(call_with_retries, observer=observer),
+        fence=fence,
+        limits=RoundLimits(
+            deadline_s=deadline_s,
+            cluster_concurrency=settings.rounds.cluster_concurrency,
+            apply_concurrency=settings.clusters.apply_concurrency,
+            request_timeout_s=settings.clusters.request_timeout_s,
+        ),
+        clock=asyncio.get_running_loop().time,
+        wall=_utcnow,
+    )
 
 
 class Daemon:
@@ -316,18 +341,9 @@ class Daemon:
         self._note_invalid(fleet)
         self.state.set_clusters([c.id for c in fleet.clusters])
         self.metrics.set_clusters([c.id for c in fleet.clusters])
-        env = Round(
-            clusters=registry,
-            retrier=functools.partial(call_with_retries, observer=self.metrics),
-            fence=elector.fence(),
-            limits=RoundLimits(
-                deadline_s=max(0.0, deadline - loop.time()),
-                cluster_concurrency=s.rounds.cluster_concurrency,
-                apply_concurrency=s.clusters.apply_concurrency,
-                request_timeout_s=s.clusters.request_timeout_s,
-            ),
-            clock=loop.time,
-            wall=_utcnow,
+        env = round_env(
+            s, registry, elector.fence(), self.metrics,
+            deadline_s=max(0.0, deadline - loop.time()),
         )
         try:
             report = await run_round(fleet, env, epoch=epoch)
