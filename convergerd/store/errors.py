@@ -49,6 +49,10 @@ def is_transient(exc: BaseException, *, connecting: bool = False) -> bool:
         ),
     ):
         return True
+    if isinstance(exc, asyncpg.exceptions.InternalClientError):
+        # The connection's protocol state broke, e.g. the server's FATAL (57P01) arrived while
+        # the connection sat idle in the pool: that connection is gone, a new one will do.
+        return True
     if isinstance(exc, asyncpg.InterfaceError):
         # The client side of a lost connection: the pool or connection was closed under us.
         return isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError) or connecting

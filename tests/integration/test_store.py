@@ -332,6 +332,7 @@ async def test_a_lost_connection_is_unavailable(database_url: str, store: Store)
         (asyncpg.exceptions.ConnectionDoesNotExistError("gone"), True),
         (asyncpg.CannotConnectNowError("starting up"), True),
         (asyncpg.exceptions.AdminShutdownError("terminating"), True),
+        (asyncpg.exceptions.InternalClientError("protocol is in the failed state"), True),
         (asyncpg.exceptions.TooManyConnectionsError("too many"), True),
         (asyncpg.exceptions.SerializationError("retry"), True),
         (asyncpg.exceptions.DeadlockDetectedError("retry"), True),
