@@ -12,11 +12,10 @@ import contextlib
 import importlib.resources
 import logging
 import os
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from convergerd.config import Settings, load_settings
+from convergerd.config import INTERVAL_ENV, Settings, load_settings
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import HOME, Fleet, FleetConfig
 
@@ -67,20 +66,25 @@ def _tenants_file(args: argparse.Namespace, workdir: Path) -> Path:
     return path
 
 
+def _prepare(workdir: Path) -> Path:
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
 async def run(args: argparse.Namespace, settings: Settings) -> int:
     from convergerd.runtime import Daemon
     from convergerd.store.importer import import_file
     from convergerd.store.schema import migrate
 
-    workdir: Path = args.workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = _prepare(args.workdir)
     config = FleetConfig(clusters=args.clusters, overrides=DEMO_FAULTS)
     async with Fleet(config, kubeconfig_path=workdir / "kubeconfig") as fleet, \
             _database(settings, workdir) as dsn:
         await migrate(dsn)
         summary = await import_file(dsn, _tenants_file(args, workdir))
         log.info("imported sample tenants: %s", summary)
-        token = settings.api_token or "demo-token"  # noqa: S105 - a local demo's own token
+        token = settings.api_token or "demo-token"
         flags = {
             "database_url": dsn,
             "kubeconfig": str(fleet.kubeconfig_path),
@@ -88,11 +92,11 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             "identity": "demo",
             "api_token": token,
             "http_addr": f"{settings.http_host}:{settings.http_port}",
-            "interval_minutes": os.environ.get("Policies__ConvergeIntervalMinutes", "0.5"),
+            "interval_minutes": os.environ.get(INTERVAL_ENV, "0.5"),
         }
         daemon_settings = load_settings(os.environ, flags)
         http = f"http://127.0.0.1:{settings.http_port}"
-        print(
+        print(  # noqa: T201 - the demo's banner is for the person who started it
             f"""
 convergerd demo is running ({args.clusters} simulated clusters; Ctrl-C to stop)
   status:        {http}/status      or: convergerd status --addr {http}
@@ -105,7 +109,3 @@ convergerd demo is running ({args.clusters} simulated clusters; Ctrl-C to stop)
             flush=True,
         )
         return await Daemon(daemon_settings).main()
-
-
-def scratch_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="convergerd-demo-"))
