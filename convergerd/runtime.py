@@ -48,6 +48,8 @@ T = TypeVar("T")
 # Waiting for the database: from one second up to half a minute between attempts.
 _DB_BACKOFF_BASE_S = 1.0
 _DB_BACKOFF_CAP_S = 30.0
+# Reachability checks between rounds (convergerd.probe): one GET /version per cluster.
+PROBE_PERIOD_S = 10.0
 
 
 def _utcnow() -> dt.datetime:
@@ -93,8 +95,11 @@ def round_env(
 class Daemon:
     """`convergerd run` and `convergerd once`."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, probe_period_s: float = PROBE_PERIOD_S) -> None:
+        """`probe_period_s`: how often the reachability prober checks every cluster (tests
+        shorten it; the default keeps "up 0 within 30 s" with the default timeouts)."""
         self.settings = settings
+        self.probe_period_s = probe_period_s
         self.identity = settings.election.identity
         self.stopping = asyncio.Event()
         self.metrics = Metrics(interval_s=settings.rounds.interval_s)
@@ -188,7 +193,7 @@ class Daemon:
             prober = Prober(
                 clusters=self._probe_targets(registry, store),
                 metrics=self.metrics, state=self.state,
-                timeout_s=s.clusters.request_timeout_s,
+                period_s=self.probe_period_s, timeout_s=s.clusters.request_timeout_s,
             )
             async with asyncio.TaskGroup() as tg:
                 supervised = [
