@@ -289,8 +289,22 @@ class Daemon:
         loop = asyncio.get_running_loop()
         while not self.stopping.is_set():
             leading = asyncio.ensure_future(elector.wait_leading())
-            await _first(leading, self.stopping.wait())
-            if self.stopping.is_set() or leading.cancelled():
+            waits: list[Awaitable[Any]] = [leading, self.stopping.wait()]
+            if s.rounds.once:
+                # A `once` Job must not wait forever behind a running daemon: a dead holder's
+                # lease is taken within lease duration + retry period (< this bound).
+                e = s.election
+                waits.append(asyncio.sleep(e.lease_duration_s + e.renew_deadline_s))
+            await _first(*waits)
+            if self.stopping.is_set():
+                break
+            if leading.cancelled():
+                log.error(
+                    "not converged: did not get the Lease within %g s: %s leads; "
+                    "a round runs under one leader at a time",
+                    s.election.lease_duration_s + s.election.renew_deadline_s,
+                    elector.leader or "another replica",
+                )
                 break
             epoch = leading.result()
             started = loop.time()
