@@ -1,0 +1,507 @@
+"""Converge rounds end to end: a real PostgreSQL, the fleet simulator, and the round wired as
+the daemon wires it (`runtime.round_env`: ClusterRegistry on the fleet's kubeconfig,
+`call_with_retries`, the fence, the settings' limits; recorded by `Store.record_round`).
+
+Covers issue 3's Tests: first round, in-sync round, drift, scope narrowed, control-plane rules,
+invalid rows, every SPEC.md §5 error class, down/hung clusters, database down, `once` exit codes.
+Timeouts are short and real (the simulator does real network I/O); waits are on conditions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import urllib.parse
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from convergerd.model import ClusterId
+from convergerd.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
+from convergerd.retry import MAX_ATTEMPTS
+from convergerd.runtime import Daemon
+from convergerd.sim.faults import Faults
+from convergerd.sim.fleet import Fleet
+from convergerd.sim.resources import POLICIES
+from convergerd.sim.status import field_error, invalid_object
+from convergerd.sim.store import AdmissionRequest
+from convergerd.store.store import Store
+from tests.integration.rounds_helpers import (
+    DESIRED,
+    FLEET_DOC,
+    Rounds,
+    TcpProxy,
+    import_doc,
+    objects,
+    settings_for,
+    sql,
+    wait_for,
+    writes,
+)
+
+C1, C2, C3 = ClusterId("c0001"), ClusterId("c0002"), ClusterId("c0003")
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@pytest.fixture
+async def rounds(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[Rounds]:
+    await import_doc(database_url, FLEET_DOC)
+    harness = Rounds(fleet, store, settings_for(fleet.kubeconfig_path, database_url))
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+def outcome(report: RoundReport, cluster: str) -> ClusterOutcome:
+    return next(c for c in report.clusters if c.cluster == cluster)
+
+
+def results(o: ClusterOutcome) -> dict[str, ApplyResult]:
+    return {d.policy: d.result for d in o.deliveries}
+
+
+def requests_to(fleet: Fleet, cluster: str) -> list[tuple[str, str, int]]:
+    return [(r.verb, r.path, r.status) for r in fleet.accounting.requests(cluster=cluster)]
+
+
+# --- the happy path -------------------------------------------------------------------------
+
+
+async def test_first_round_creates_everything_and_records_it(
+    rounds: Rounds, fleet: Fleet, store: Store
+) -> None:
+    report = await rounds.run()
+
+    assert report.result is RoundResult.OK
+    assert report.counts()["created"] == 7
+    for cluster, names in DESIRED.items():
+        assert set(objects(fleet, cluster)) == names, cluster
+        assert outcome(report, cluster).converged
+
+    obj = objects(fleet, C2)["policy-p-regs"]
+    assert obj["apiVersion"] == "platform.stackship.se/v1alpha1"
+    assert obj["kind"] == "Policy"
+    assert obj["metadata"]["labels"] == {
+        "platform.stackship.se/boundary": "team-a",
+        "app.kubernetes.io/managed-by": "convergerd",
+    }
+    assert obj["spec"] == {
+        "policyId": "p-regs", "boundary": "team-a", "enabled": True, "revision": 1,
+        "rule": {"type": "AllowedRegistries", "registries": ["registry.example.com"]},
+    }
+    assert "status" not in obj  # written only by the in-cluster operator
+    managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
+    assert managers == {("stackship-platform", "Apply")}
+    # Written as the platform: the requests carry convergerd's User-Agent.
+    patches = fleet.accounting.requests(cluster=C2, verb="patch")
+    assert patches
+    assert all(r.user_agent.startswith("convergerd/") for r in patches)
+
+    rows = await store.deliveries_for_policy("p-regs")
+    assert [(r.cluster, r.delivered_revision, r.last_result, r.last_error) for r in rows] == [
+        (c, 1, ApplyResult.CREATED, None) for c in (C1, C2, C3)
+    ]
+    assert all(r.last_success_at is not None for r in rows)
+    states = {s.cluster: s for s in await store.cluster_states()}
+    assert {c: (s.reachable, s.desired, s.in_sync, s.failed) for c, s in states.items()} == {
+        C1: (True, 3, 3, 0), C2: (True, 2, 2, 0), C3: (True, 2, 2, 0),
+    }
+    last = await store.last_round()
+    assert last is not None
+    assert last.result is RoundResult.OK
+    assert last.counts["created"] == 7
+
+
+async def test_round_in_sync_makes_no_writes_and_one_list_per_cluster(
+    rounds: Rounds, fleet: Fleet, store: Store
+) -> None:
+    await rounds.run()
+    fleet.accounting.reset()
+
+    report = await rounds.run()
+
+    assert report.result is RoundResult.OK
+    counts = report.counts()
+    assert (counts["created"], counts["updated"], counts["failed"]) == (0, 0, 0)
+    for cluster in DESIRED:
+        stats = fleet.accounting.counts(cluster)
+        assert stats["list"] == 1, (cluster, stats)
+        assert stats["total"] == 1, (cluster, stats)  # no discovery, no gets, no writes
+        assert writes(fleet, cluster) == 0
+        assert set(results(outcome(report, cluster)).values()) == {ApplyResult.UNCHANGED}
+    rows = await store.deliveries_for_cluster(C1)
+    assert {r.last_result for r in rows} == {ApplyResult.UNCHANGED}
+    assert {r.delivered_revision for r in rows} == {1}
+
+
+async def test_drift_is_corrected_next_round(rounds: Rounds, fleet: Fleet) -> None:
+    await rounds.run()
+    # Someone edits one object with another field manager and deletes another.
+    fleet.store(C2).patch(
+        POLICIES, None, "policy-p-regs",
+        json.dumps({"spec": {"rule": {"registries": ["evil.example.com"]}}}).encode(),
+        content_type=MERGE_PATCH, manager="kubectl-edit", force=None,
+    )
+    fleet.store(C3).delete(POLICIES, None, "policy-p-latest")
+    assert "policy-p-latest" not in objects(fleet, C3)
+    fleet.accounting.reset()
+
+    report = await rounds.run()
+
+    assert report.result is RoundResult.OK
+    assert results(outcome(report, C2))["p-regs"] is ApplyResult.UPDATED
+    assert results(outcome(report, C3))["p-latest"] is ApplyResult.CREATED
+    restored = objects(fleet, C2)["policy-p-regs"]
+    assert restored["spec"]["rule"]["registries"] == ["registry.example.com"]
+    assert objects(fleet, C3)["policy-p-latest"]["spec"]["policyId"] == "p-latest"
+    # Only the drifted objects were written.
+    assert (writes(fleet, C1), writes(fleet, C2), writes(fleet, C3)) == (0, 1, 1)
+
+
+async def test_policy_moved_out_of_a_cluster_stays_there(
+    rounds: Rounds, fleet: Fleet, database_url: str
+) -> None:
+    await rounds.run()
+    before = objects(fleet, C1)["policy-p-labels"]
+    # p-labels moves from team-b (c0001) to team-c (c0002, c0003).
+    await import_doc(database_url, {
+        "boundaries": [{"id": "team-c", "clusters": ["c0002", "c0003"]}],
+        "policies": [{"id": "p-labels", "boundary": "team-c",
+                      "rule": {"type": "RequiredLabels", "labels": ["app", "team"]}}],
+    })
+    fleet.accounting.reset()
+
+    report = await rounds.run()
+
+    assert report.result is RoundResult.OK
+    # Never deleted from the cluster the boundary no longer covers, nor rewritten there.
+    assert objects(fleet, C1)["policy-p-labels"] == before
+    assert writes(fleet, C1) == 0
+    assert all(fleet.accounting.counts(c)["delete"] == 0 for c in DESIRED)
+    for cluster in (C2, C3):
+        moved = objects(fleet, cluster)["policy-p-labels"]
+        assert moved["metadata"]["labels"]["platform.stackship.se/boundary"] == "team-c"
+        assert moved["spec"]["boundary"] == "team-c"
+        assert moved["spec"]["revision"] == 2
+        assert results(outcome(report, cluster))["p-labels"] is ApplyResult.CREATED
+
+
+async def test_allowed_compute_plans_never_reaches_a_cluster(
+    rounds: Rounds, fleet: Fleet, store: Store
+) -> None:
+    await rounds.run()
+    await rounds.run()
+
+    for cluster in fleet.clusters:  # home included
+        for obj in objects(fleet, cluster).values():
+            assert obj["spec"]["rule"]["type"] != "AllowedComputePlans", cluster
+        assert "policy-p-plans" not in objects(fleet, cluster)
+    assert not any("p-plans" in r.path for r in fleet.accounting.requests())
+    assert await store.deliveries_for_policy("p-plans") == []
+    assert "p-plans" not in {i.id for i in await store.invalid_policies()}  # not invalid either
+
+
+async def test_invalid_rows_are_reported_and_the_rest_converge(
+    rounds: Rounds, fleet: Fleet, store: Store, database_url: str
+) -> None:
+    # Rows as module-policies might write them, bypassing `convergerd import`'s checks.
+    await sql(
+        database_url,
+        """INSERT INTO policies (id, boundary_id, rule) VALUES
+           ('Bad_Id', 'team-a', '{"type": "ForbidLatestTag"}'),
+           ('p-unknown', 'team-a', '{"type": "DenyEverything"}'),
+           ('p-malformed', 'team-a',
+            '{"type": "AllowedRegistries", "registries": "registry.example.com"}')""",
+    )
+
+    report = await rounds.run()
+
+    assert report.result is RoundResult.OK
+    assert report.counts()["created"] == 7
+    reasons = {i.id: i.reason for i in report.invalid}
+    assert set(reasons) == {"Bad_Id", "p-unknown", "p-malformed"}
+    assert "not a DNS label" in reasons["Bad_Id"]
+    assert reasons["p-unknown"].startswith("rule.type: unknown type 'DenyEverything'")
+    assert reasons["p-malformed"].startswith("rule.registries: AllowedRegistries needs a")
+    assert {i.id: i.reason for i in await store.invalid_policies()} == reasons
+    recorded = await sql(database_url, "SELECT policy_id, reason FROM invalid_policies")
+    assert {r["policy_id"]: r["reason"] for r in recorded} == reasons
+    for cluster, names in DESIRED.items():
+        assert set(objects(fleet, cluster)) == names
+    paths = [r.path.lower() for r in fleet.accounting.requests()]
+    assert not any(bad in p for p in paths for bad in ("bad_id", "p-unknown", "p-malformed"))
+
+
+# --- SPEC.md §5: errors from a cluster --------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 503])
+async def test_server_errors_are_retried_and_converge(
+    rounds: Rounds, fleet: Fleet, status: int
+) -> None:
+    fleet.set_faults(C2, Faults(error_rate=0.5, error_status=status))
+
+    report = await rounds.run()
+
+    assert report.result is RoundResult.OK
+    assert set(objects(fleet, C2)) == DESIRED[C2]
+    answered = [s for _, _, s in requests_to(fleet, C2)]
+    assert status in answered  # errors were injected, and retried past
+    assert answered.count(200) + answered.count(201) == 3  # one list, two applies
+    retried = f'convergerd_retries_total{{cluster="c0002",reason="server_error"}} ' \
+        f'{float(answered.count(status))}'
+    assert retried in rounds.metrics.render().decode()
+
+
+async def test_throttled_requests_wait_for_retry_after(rounds: Rounds, fleet: Fleet) -> None:
+    fleet.set_faults(C2, Faults(error_rate=0.5, error_status=429, retry_after_seconds=1))
+
+    report = await rounds.run()
+
+    assert report.result is RoundResult.OK
+    assert set(objects(fleet, C2)) == DESIRED[C2]
+    log = fleet.accounting.requests(cluster=C2)
+    throttled = [r for r in log if r.status == 429]
+    assert throttled
+    for r in throttled:
+        retry = next(n for n in log if n.seq > r.seq and (n.method, n.path) == (r.method, r.path))
+        assert retry.time - r.time >= 0.95, (r.path, retry.time - r.time)
+
+
+def _kubeconfig_with_token(source: Path, target: Path, context: str, token: str) -> Path:
+    doc: dict[str, Any] = yaml.safe_load(source.read_text())
+    for user in doc["users"]:
+        ctx = next(c for c in doc["contexts"] if c["name"] == context)
+        if user["name"] == ctx["context"]["user"]:
+            user["user"]["token"] = token
+    target.write_text(yaml.safe_dump(doc))
+    return target
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("wrong-token", "401 Unauthorized", "unauthorized"),
+        ("readOnly", '403 Forbidden: policies.platform.stackship.se "policy-p-', "forbidden"),
+        ("crd-missing", "CRD policies.platform.stackship.se not installed", "crd_missing"),
+    ],
+    ids=["401", "403", "404"],
+)
+async def test_cluster_level_failure_stops_that_cluster_only(
+    fleet: Fleet, store: Store, database_url: str, tmp_path: Path, case: tuple[str, str, str]
+) -> None:
+    fault, error, reason = case
+    await import_doc(database_url, FLEET_DOC)
+    kubeconfig = fleet.kubeconfig_path
+    if fault == "wrong-token":
+        kubeconfig = _kubeconfig_with_token(kubeconfig, tmp_path / "kc", C2, "not-the-token")
+    elif fault == "readOnly":
+        fleet.set_faults(C2, Faults(read_only=True))
+    else:
+        fleet.set_faults(C2, Faults(crd=False))
+    harness = Rounds(fleet, store, settings_for(kubeconfig, database_url))
+    try:
+        report = await harness.run()
+    finally:
+        await harness.close()
+
+    assert report.result is RoundResult.PARTIAL
+    failed = outcome(report, C2)
+    assert failed.error is not None
+    assert failed.error.startswith(error)
+    assert failed.reason == reason
+    assert failed.reached  # it answered; it refused
+    assert not any(d.result is ApplyResult.FAILED for d in failed.deliveries)  # one reason
+    for cluster in (C1, C3):
+        assert outcome(report, cluster).converged
+        assert set(objects(fleet, cluster)) == DESIRED[cluster]
+    assert objects(fleet, C2) == {}
+    verbs = [v for v, _, _ in requests_to(fleet, C2)]
+    if fault == "readOnly":  # the list works; the first refused write stops the cluster
+        assert verbs[0] == "list"
+        assert 1 <= verbs.count("patch") <= 2
+    else:
+        assert verbs == ["list"]  # no retry, no applies
+    states = {s.cluster: s for s in await store.cluster_states()}
+    assert states[C2].last_error == failed.error
+    assert states[C2].last_reason == reason
+    assert "not-the-token" not in (states[C2].last_error or "")
+
+
+async def test_rejected_object_fails_alone(
+    rounds: Rounds, fleet: Fleet, store: Store
+) -> None:
+    def reject_regs(request: AdmissionRequest) -> None:
+        if request.rt is POLICIES and request.name == "policy-p-regs":
+            raise invalid_object(POLICIES, request.name, [
+                field_error("spec.rule.registries[0]", "Forbidden", "registry not allowed here"),
+            ])
+
+    fleet.store(C1).admission = reject_regs
+
+    report = await rounds.run()
+
+    assert report.result is RoundResult.PARTIAL
+    c1 = outcome(report, C1)
+    assert c1.error is None  # not a cluster-level failure
+    assert c1.reached
+    assert (c1.desired, c1.in_sync, c1.failed) == (3, 2, 1)
+    assert results(c1) == {"p-latest": ApplyResult.CREATED, "p-labels": ApplyResult.CREATED,
+                           "p-regs": ApplyResult.FAILED}
+    rejected = next(d for d in c1.deliveries if d.policy == "p-regs")
+    assert rejected.error is not None
+    assert rejected.error.startswith("422 ")
+    assert "registry not allowed here" in rejected.error
+    assert rejected.attempts == 1  # a 422 is not retried
+    assert set(objects(fleet, C1)) == {"policy-p-latest", "policy-p-labels"}
+    assert outcome(report, C2).converged
+    assert outcome(report, C3).converged
+    row = next(r for r in await store.deliveries_for_policy("p-regs") if r.cluster == C1)
+    assert row.last_result is ApplyResult.FAILED
+    assert row.last_error == rejected.error
+    assert row.delivered_revision is None
+
+
+# --- one bad cluster does not slow the others -----------------------------------------------
+
+
+async def test_down_and_hung_clusters_do_not_delay_the_others(
+    fleet: Fleet, store: Store, database_url: str
+) -> None:
+    await import_doc(database_url, FLEET_DOC)
+    settings = settings_for(fleet.kubeconfig_path, database_url,
+                            CONVERGERD_REQUEST_TIMEOUT_SECONDS="1.0")
+    fleet.set_faults(C2, Faults(down=True))
+    fleet.set_faults(C3, Faults(hang=True))
+    harness = Rounds(fleet, store, settings)
+    try:
+        report = await harness.run()
+    finally:
+        await harness.close()
+
+    healthy, down, hung = outcome(report, C1), outcome(report, C2), outcome(report, C3)
+    assert report.result is RoundResult.PARTIAL
+    assert healthy.converged
+    assert healthy.duration_s < 0.5, healthy.duration_s  # long before the 1 s timeout
+    assert set(objects(fleet, C1)) == DESIRED[C1]
+
+    assert not hung.reached
+    assert hung.reason == "timeout"
+    assert 0.9 <= hung.duration_s < 2.0, hung.duration_s  # one request timeout
+    assert [(v, s) for v, _, s in requests_to(fleet, C3)] == [("list", 0)]  # not one per policy
+
+    assert not down.reached
+    assert down.error
+    down_requests = requests_to(fleet, C2)
+    assert {v for v, _, _ in down_requests} == {"list"}  # never got as far as applying
+    # Bounded by the retry policy: MAX_ATTEMPTS lists, each sent at most twice (aiohttp resends
+    # an idempotent request once, at once, when the connection is reset under it).
+    assert len(down_requests) <= 2 * MAX_ATTEMPTS
+    assert writes(fleet, C2) == writes(fleet, C3) == 0
+
+
+# --- the database goes down -----------------------------------------------------------------
+
+
+def _via(database_url: str, port: int) -> str:
+    parts = urllib.parse.urlsplit(database_url)
+    user = f"{parts.username}@" if parts.username else ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))
+
+
+async def test_database_down_mid_round_waits_and_records_when_back(
+    fleet: Fleet, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon itself (`Daemon.main`), its database behind a proxy that goes down after the
+    round read the fleet and comes back while the next round waits for it."""
+    await import_doc(database_url, FLEET_DOC)
+    target = urllib.parse.urlsplit(database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.up()
+    settings = settings_for(fleet.kubeconfig_path, _via(database_url, proxy.port),
+                            Policies__ConvergeIntervalMinutes="0.05")  # 3 s, deadline 2.4 s
+    fleet.set_faults(C1, Faults(latency_ms=300))  # round 1 is still busy with c0001
+    daemon = Daemon(settings)
+    task = asyncio.create_task(daemon.main())
+    try:
+        await wait_for(lambda: fleet.accounting.counts(C1)["list"] >= 1, what="round 1's list")
+        await proxy.down()
+        await wait_for(lambda: "could not record round" in caplog.text,
+                       what="round 1 failing to record")
+        assert daemon.last_report is not None
+        assert daemon.last_report.result is RoundResult.OK  # the clusters did converge
+        await wait_for(lambda: "database unavailable" in caplog.text.split(
+            "could not record round", 1)[1], what="round 2 waiting for the database")
+        assert not task.done()
+        await proxy.up()
+
+        async def recorded() -> bool:
+            return len(await sql(database_url, "SELECT id FROM rounds")) >= 2
+
+        await wait_for(recorded, timeout_s=20, what="rounds recorded after the database came back")
+        assert not task.done()
+    finally:
+        daemon.stopping.set()
+        exit_code = await asyncio.wait_for(task, 30)
+        await proxy.down()
+    assert exit_code == 0
+
+    first = (await sql(database_url, "SELECT * FROM rounds ORDER BY id LIMIT 1"))[0]
+    assert first["result"] == "ok"
+    assert first["identity"] == settings.election.identity
+    assert json.loads(first["counts"])["created"] == 7  # jsonb, as text on a plain connection
+    delivered = await sql(database_url,
+                          "SELECT policy_id, cluster_id, delivered_revision FROM deliveries")
+    assert {(r["policy_id"], r["cluster_id"]) for r in delivered} == {
+        (name.removeprefix("policy-"), cluster)
+        for cluster, names in DESIRED.items() for name in names
+    }
+    assert {r["delivered_revision"] for r in delivered} == {1}
+
+
+# --- `convergerd once` ----------------------------------------------------------------------
+
+
+async def _once(fleet: Fleet, database_url: str) -> tuple[int, str]:
+    env = {
+        **{k: v for k, v in os.environ.items()
+           if not k.startswith(("CONVERGERD_", "Policies__"))},
+        "CONVERGERD_DATABASE_URL": database_url,
+        "CONVERGERD_KUBECONFIG": str(fleet.kubeconfig_path),
+        "CONVERGERD_LEADER_ELECTION": "false",
+        "CONVERGERD_REQUEST_TIMEOUT_SECONDS": "0.5",
+        "CONVERGERD_CONNECT_TIMEOUT_SECONDS": "0.5",
+        "Policies__ConvergeIntervalMinutes": "1",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "convergerd", "once", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_once_exit_codes(fleet: Fleet, database_url: str, store: Store) -> None:
+    await import_doc(database_url, FLEET_DOC)
+
+    code, output = await _once(fleet, database_url)
+    assert code == 0, output
+    for cluster, names in DESIRED.items():
+        assert set(objects(fleet, cluster)) == names
+
+    fleet.set_faults(C2, Faults(down=True))
+    code, output = await _once(fleet, database_url)
+    assert code == 1, output
+    summary = [line for line in output.splitlines() if "not converged" in line]
+    assert len(summary) == 1, output
+    assert "c0002" in summary[0]
+    last = await store.last_round()
+    assert last is not None
+    assert last.result is RoundResult.PARTIAL
