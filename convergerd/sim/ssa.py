@@ -76,20 +76,30 @@ def _flatten_value(out: dict[Path, Any], path: Path, value: Any) -> None:
 
 
 def json_equal(a: Any, b: Any) -> bool:
-    """Equality on JSON data where true != 1 (Python says True == 1)."""
+    """Equality on JSON data where true != 1 (Python says True == 1).
+
+    Python's C-level == and repr do nearly all the work; the recursive walk only runs when
+    equal values print differently (key order, or a bool against a number).
+    """
     if a is b:
         return True
+    if a != b:
+        return False
+    return repr(a) == repr(b) or _strict_equal(a, b)
+
+
+def _strict_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return (
             isinstance(b, dict)
             and a.keys() == b.keys()
-            and all(json_equal(v, b[k]) for k, v in a.items())
+            and all(_strict_equal(v, b[k]) for k, v in a.items())
         )
     if isinstance(a, list):
         return (
             isinstance(b, list)
             and len(a) == len(b)
-            and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+            and all(_strict_equal(x, y) for x, y in zip(a, b, strict=True))
         )
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
