@@ -26,7 +26,7 @@ from convergerd.errors import (
     TransientApiError,
 )
 from convergerd.kube.client import ClusterClient
-from convergerd.kube.kubeconfig import load_kubeconfig
+from convergerd.kube.kubeconfig import Credentials, load_kubeconfig
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.kube.tlsctx import TlsContexts
 from convergerd.model import ClusterId
@@ -479,3 +479,55 @@ def _client(fleet: Fleet, cluster: ClusterId, observer: Observer | None = None,
     creds = load_kubeconfig(fleet.kubeconfig_path).credentials(cluster)
     return ClusterClient(cluster, creds, ssl_context=TlsContexts().context_for(creds),
                          access=access(None), agent=AGENT, observer=observer, **kwargs)
+
+
+async def test_expired_continue_restarts_the_list_once(tmp_path: Path) -> None:
+    """Writes between two pages push the token's revision out of history: 410 Expired, and
+    the list starts over (once) instead of failing the round."""
+    from convergerd.sim.resources import POLICIES
+
+    async with Fleet(clusters=1, kubeconfig_path=tmp_path / "kc", history_limit=2) as fleet:
+        store = fleet.store(C1)
+        for i in range(3):
+            store.create(POLICIES, None, policy(f"p{i}"), manager="test")
+        writes = iter(range(3, 6))
+
+        class WriteAfterFirstPage(Observer):
+            def request_done(self, cluster: str, verb: str, status: int | None,
+                             duration_s: float) -> None:
+                super().request_done(cluster, verb, status, duration_s)
+                if len(self.requests) == 1:  # between page 1 and page 2
+                    for i in writes:
+                        store.create(POLICIES, None, policy(f"p{i}"), manager="test")
+
+        observer = WriteAfterFirstPage()
+        client = _client(fleet, C1, observer, page_size=2)
+        try:
+            listed = await client.list_policies(label_selector=MANAGED_SELECTOR, timeout_s=5)
+        finally:
+            await client.close()
+    assert [s for _, _, s, _ in observer.requests][:2] == [200, 410]
+    assert sorted(o["metadata"]["name"] for o in listed.items) == [f"policy-p{i}"
+                                                                   for i in range(6)]
+    assert listed.requests == len(observer.requests)
+
+
+async def test_token_file_is_reread_each_minute(fleet: Fleet, tmp_path: Path) -> None:
+    """A projected service-account token rotates: the file is read again after a minute."""
+    token_file = tmp_path / "token"
+    token_file.write_text(fleet.token(C1) + "\n")
+    creds = Credentials(name=C1, server=fleet.base_url(C1), ca_pem=fleet.ca_pem(C1),
+                        token_file=token_file)
+    now = [0.0]
+    client = ClusterClient(C1, creds, ssl_context=TlsContexts().context_for(creds),
+                           access=access(None), agent=AGENT, clock=lambda: now[0])
+    try:
+        assert await client.server_version(timeout_s=2) == "v1.32.0"
+        token_file.write_text("rotated-to-something-else")
+        now[0] += 30.0
+        assert await client.server_version(timeout_s=2) == "v1.32.0"  # cached
+        now[0] += 31.0
+        with pytest.raises(ClusterLevelError, match="401 Unauthorized"):
+            await client.server_version(timeout_s=2)
+    finally:
+        await client.close()
