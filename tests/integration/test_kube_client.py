@@ -531,3 +531,19 @@ async def test_token_file_is_reread_each_minute(fleet: Fleet, tmp_path: Path) ->
             await client.server_version(timeout_s=2)
     finally:
         await client.close()
+
+
+async def test_apply_forces_fields_owned_by_another_manager(fleet: Fleet,
+                                                            registry: ClusterRegistry) -> None:
+    """Drift by someone else (kubectl edit) is taken back: apply is sent with force."""
+    from convergerd.sim.resources import POLICIES
+
+    drifted = policy("p1")
+    drifted["spec"]["enabled"] = False
+    fleet.store(C1).create(POLICIES, None, drifted, manager="kubectl-edit")
+    applied = await registry.get(C1).apply_policy(policy("p1"), timeout_s=2)
+    assert not applied.created
+    assert applied.object["spec"]["enabled"] is True
+    path = fleet.accounting.requests(cluster=C1)[-1].path
+    assert "fieldManager=stackship-platform" in path
+    assert "force=true" in path
