@@ -53,12 +53,14 @@ from convergerd.state import ALL_PHASES, STALE, normalize_phase, phases_refreshe
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-# Failure and retry reasons initialised at zero for every cluster (the slugs of errors.py).
+# Failure and retry reasons initialised at zero for every cluster: the slugs errors are really
+# raised with (errors.py's status classes; the client's `connect_error` and `timeout` for no
+# answer; the round's `deadline`), so the series that will count a failure exists before it.
 FAILURE_REASONS = (
-    "unreachable", "server_error", "throttled", "unauthorized", "forbidden", "crd_missing",
-    "bad_request", "conflict", "invalid", "no_context",
+    "connect_error", "timeout", "deadline", "server_error", "throttled", "unauthorized",
+    "forbidden", "crd_missing", "bad_request", "conflict", "invalid", "no_context",
 )
-RETRY_REASONS = ("unreachable", "server_error", "throttled")
+RETRY_REASONS = ("connect_error", "server_error", "throttled")
 APPLY_VERBS = frozenset({"apply", "patch"})
 ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 300.0, 450.0, 600.0)
 APPLY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -149,7 +149,9 @@ def test_known_clusters_have_zero_counters_from_the_start(clock: WallClock) -> N
     m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c9"])
     for result in ("created", "updated", "unchanged", "failed"):
         assert value(m, "convergerd_applies_total", cluster="c9", result=result) == 0
-    assert value(m, "convergerd_apply_failures_total", cluster="c9", reason="unreachable") == 0
+    for reason in ("connect_error", "timeout", "crd_missing", "unauthorized", "forbidden"):
+        assert value(m, "convergerd_apply_failures_total", cluster="c9", reason=reason) == 0
+    assert value(m, "convergerd_retries_total", cluster="c9", reason="connect_error") == 0
     for result in ("ok", "partial", "failed"):
         assert value(m, "convergerd_rounds_total", result=result) == 0
     m.set_clusters([])
@@ -173,11 +175,11 @@ def test_failures_by_reason_object_and_cluster_level(metrics: Metrics) -> None:
         outcome("c1", reached=True, desired=2, in_sync=1, failed=1,
                 deliveries=[delivery("c1", "p1", ApplyResult.FAILED, reason="invalid"),
                             delivery("c1", "p2", ApplyResult.UNCHANGED)]),
-        outcome("c2", reached=False, desired=2, error="connect timeout", reason="unreachable"),
+        outcome("c2", reached=False, desired=2, error="connect timeout", reason="timeout"),
     ))
     assert value(metrics, "convergerd_apply_failures_total", cluster="c1", reason="invalid") == 1
     assert value(metrics, "convergerd_apply_failures_total", cluster="c2",
-                 reason="unreachable") == 1
+                 reason="timeout") == 1
     assert value(metrics, "convergerd_applies_total", cluster="c1", result="failed") == 1
     assert value(metrics, "convergerd_cluster_up", cluster="c2") == 0
     assert value(metrics, "convergerd_cluster_out_of_sync_policies", cluster="c2") == 2
