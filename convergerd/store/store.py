@@ -570,7 +570,9 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 class _Acquire:
     """`async with`: a pooled connection; transient failures inside become
-    `DatabaseUnavailable`."""
+    `DatabaseUnavailable`. A connection closed under us (server restart, terminated backend)
+    makes asyncpg raise `InterfaceError` on its next use; that is classified by the
+    connection's state (closed, or taken back by the pool), not by the message."""
 
     def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
         self._pool = pool
@@ -583,7 +585,14 @@ class _Acquire:
         conn: asyncpg.Connection = self._conn
         return conn
 
+    def _closed(self) -> bool:
+        try:
+            return bool(self._conn.is_closed())
+        except asyncpg.InterfaceError:
+            return True  # the proxy was detached: the pool took the closed connection back
+
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        lost = isinstance(exc, asyncpg.InterfaceError) and self._closed()
         try:
             await self._pool.release(self._conn)
         except Exception as release_error:
@@ -593,7 +602,7 @@ class _Acquire:
         if (
             isinstance(exc, Exception)
             and not isinstance(exc, DatabaseUnavailable)
-            and is_transient(exc)
+            and (lost or is_transient(exc))
         ):
             raise unavailable(self._dsn, exc) from exc
         return False
