@@ -358,6 +358,7 @@ class Daemon:
             return RoundReport(started_at=started, finished_at=_utcnow(), epoch=epoch,
                                error=f"database unavailable: {exc}")
         self._note_invalid(fleet)
+        await self._reload_kubeconfig(registry)
         self.state.set_clusters([c.id for c in fleet.clusters])
         self.metrics.set_clusters([c.id for c in fleet.clusters])
         env = round_env(
@@ -372,6 +373,14 @@ class Daemon:
                                cancelled=True, error=f"fenced: {exc}")
         report.started_at = started
         return report
+
+    async def _reload_kubeconfig(self, registry: ClusterRegistry) -> None:
+        """Rotated credentials (the kubeconfig Secret updated in place) count from the next
+        round on; a file that cannot be read keeps the last good one."""
+        try:
+            await registry.refresh()
+        except ConfigError as exc:
+            log.warning("kubeconfig not reloaded, keeping the last good one: %s", exc)
 
     async def _load_fleet(self, store: Store, deadline: float) -> Fleet:
         """A database that is down makes the round wait and retry, up to its deadline."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader import NoElection
 from convergerd.metrics import Metrics
 from convergerd.report import RoundReport
-from convergerd.runtime import round_env
+from convergerd.runtime import Daemon, round_env
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.store.importer import apply_plan, parse_import
@@ -148,6 +148,20 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what or condition}")
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(settings: Settings) -> AsyncIterator[tuple[Daemon, asyncio.Task[int]]]:
+    """`Daemon.main()` (what `convergerd run` runs) as a task; stopped as SIGTERM would stop it
+    on the way out, which must end it with exit code 0."""
+    daemon = Daemon(settings)
+    task = asyncio.create_task(daemon.main(), name="daemon under test")
+    try:
+        yield daemon, task
+    finally:
+        daemon.stopping.set()
+        exit_code = await asyncio.wait_for(task, 30)
+    assert exit_code == 0
 
 
 class TcpProxy:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import urllib.parse
@@ -24,7 +25,6 @@ import yaml
 from convergerd.model import ClusterId
 from convergerd.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.retry import MAX_ATTEMPTS
-from convergerd.runtime import Daemon
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
@@ -38,6 +38,7 @@ from tests.integration.rounds_helpers import (
     TcpProxy,
     import_doc,
     objects,
+    running_daemon,
     settings_for,
     sql,
     wait_for,
@@ -418,8 +419,8 @@ def _via(database_url: str, port: int) -> str:
 async def test_database_down_mid_round_waits_and_records_when_back(
     fleet: Fleet, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The daemon itself (`Daemon.main`), its database behind a proxy that goes down after the
-    round read the fleet and comes back while the next round waits for it."""
+    """The daemon itself (`Daemon.main`), its database behind a proxy that goes down after
+    round 1 read the fleet, and comes back while round 2 waits for it."""
     await import_doc(database_url, FLEET_DOC)
     target = urllib.parse.urlsplit(database_url)
     proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
@@ -427,35 +428,41 @@ async def test_database_down_mid_round_waits_and_records_when_back(
     settings = settings_for(fleet.kubeconfig_path, _via(database_url, proxy.port),
                             Policies__ConvergeIntervalMinutes="0.05")  # 3 s, deadline 2.4 s
     fleet.set_faults(C1, Faults(latency_ms=300))  # round 1 is still busy with c0001
-    daemon = Daemon(settings)
-    task = asyncio.create_task(daemon.main())
+
+    async def rounds_recorded() -> list[Any]:
+        return await sql(database_url, "SELECT * FROM rounds ORDER BY id")
+
     try:
-        await wait_for(lambda: fleet.accounting.counts(C1)["list"] >= 1, what="round 1's list")
-        await proxy.down()
-        await wait_for(lambda: "could not record round" in caplog.text,
-                       what="round 1 failing to record")
-        assert daemon.last_report is not None
-        assert daemon.last_report.result is RoundResult.OK  # the clusters did converge
-        await wait_for(lambda: "database unavailable" in caplog.text.split(
-            "could not record round", 1)[1], what="round 2 waiting for the database")
-        assert not task.done()
-        await proxy.up()
+        async with running_daemon(settings) as (daemon, task):
+            await wait_for(lambda: fleet.accounting.counts(C1)["list"] >= 1,
+                           what="round 1 to list c0001")
+            await proxy.down()
+            await wait_for(lambda: "could not record round" in caplog.text,
+                           what="round 1 failing to record")
+            assert daemon.last_report is not None
+            assert daemon.last_report.result is RoundResult.OK  # the clusters converged
+            await wait_for(lambda: "; retrying in" in caplog.text,
+                           what="round 2 waiting for the database")
+            assert not task.done()
+            await proxy.up()
 
-        async def recorded() -> bool:
-            return len(await sql(database_url, "SELECT id FROM rounds")) >= 2
+            async def caught_up() -> bool:
+                rows = await rounds_recorded()
+                return len(rows) >= 2 and rows[-1]["result"] == "ok"
 
-        await wait_for(recorded, timeout_s=20, what="rounds recorded after the database came back")
-        assert not task.done()
+            await wait_for(caught_up, what="rounds recorded after the database came back")
+            assert not task.done()
     finally:
-        daemon.stopping.set()
-        exit_code = await asyncio.wait_for(task, 30)
         await proxy.down()
-    assert exit_code == 0
 
-    first = (await sql(database_url, "SELECT * FROM rounds ORDER BY id LIMIT 1"))[0]
+    rows = await rounds_recorded()
+    first = rows[0]  # round 1, kept while the database was down, recorded first
     assert first["result"] == "ok"
     assert first["identity"] == settings.election.identity
-    assert json.loads(first["counts"])["created"] == 7  # jsonb, as text on a plain connection
+    assert json.loads(first["counts"])["created"] == 7  # jsonb: text on a plain connection
+    # Round 2 either got the database back within its deadline, or says why it could not.
+    for row in rows[1:]:
+        assert row["result"] == "ok" or row["error"].startswith("database unavailable"), row
     delivered = await sql(database_url,
                           "SELECT policy_id, cluster_id, delivered_revision FROM deliveries")
     assert {(r["policy_id"], r["cluster_id"]) for r in delivered} == {
@@ -463,6 +470,43 @@ async def test_database_down_mid_round_waits_and_records_when_back(
         for cluster, names in DESIRED.items() for name in names
     }
     assert {r["delivered_revision"] for r in delivered} == {1}
+
+
+async def test_daemon_uses_rotated_credentials_from_the_next_round(
+    fleet: Fleet, database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kubeconfig is a mounted Secret: a token rotated in it counts from the next round,
+    without a restart (a wrong one shows as 401 on that cluster only)."""
+    caplog.set_level(logging.INFO, logger="convergerd")
+    await import_doc(database_url, FLEET_DOC)
+    good = fleet.kubeconfig_path.read_text()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(good)
+    settings = settings_for(kubeconfig, database_url,
+                            Policies__ConvergeIntervalMinutes="0.03")  # 1.8 s
+
+    async with running_daemon(settings) as (daemon, _):
+        await wait_for(lambda: daemon.last_report is not None, what="round 1")
+        assert daemon.last_report is not None
+        assert daemon.last_report.result is RoundResult.OK
+
+        _kubeconfig_with_token(kubeconfig, kubeconfig, C2, "rotated-away")
+        await wait_for(lambda: daemon.last_report is not None
+                       and outcome(daemon.last_report, C2).reason == "unauthorized",
+                       what="a round with the wrong token for c0002")
+        report = daemon.last_report
+        assert report is not None
+        assert outcome(report, C2).error == "401 Unauthorized"
+        assert outcome(report, C1).converged
+        assert outcome(report, C3).converged
+
+        kubeconfig.write_text(good)
+        await wait_for(lambda: daemon.last_report is not None
+                       and daemon.last_report.result is RoundResult.OK,
+                       what="a round with the good token again")
+    assert "kubeconfig reloaded" in caplog.text
+    assert "rotated-away" not in caplog.text
+    assert fleet.token(C2) not in caplog.text
 
 
 # --- `convergerd once` ----------------------------------------------------------------------
