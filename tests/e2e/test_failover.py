@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import signal
+import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +25,7 @@ from convergerd.leader import Elector
 from convergerd.lease import format_microtime
 from convergerd.sim.fleet import Fleet
 from tests.e2e.harness import (
+    CONVERGERD,
     LEASE_NAME,
     LEASE_NS,
     LEASE_REQUEST_S,
@@ -30,14 +34,17 @@ from tests.e2e.harness import (
     RENEW_DEADLINE_S,
     RETRY_S,
     STARTUP_S,
+    TIMINGS,
     Daemon,
     Drift,
+    HangingProxy,
     LeaseWatch,
     Request,
     World,
     say,
     wait_for,
 )
+from tests.fixtures.fleet import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +88,7 @@ def test_exactly_one_of_three_leads(world: World) -> None:
     with Drift(world):
         seen = world.last_seq()
         wait_for(lambda: len({w.cluster for w in world.policy_writes()}) == len(MEMBERS)
-                 and len(world.policy_writes(seen)) >= 6, 20,
+                 and len(world.policy_writes(seen)) >= 4, 20,
                  "writes to every member cluster, and several rounds of drift repaired")
     writes = world.policy_writes()
     assert {w.user_agent for w in writes} == {leader.user_agent}
@@ -107,7 +114,7 @@ def test_sigkill_of_the_leader(world: World) -> None:
         f"first write after {first.time - killed_wall:.2f} s "
         f"(bound {LEASE_S:g} + {RETRY_S:g} + {ALLOWANCE_S:g} s)")
     assert took_over_s <= LEASE_S + RETRY_S + ALLOWANCE_S
-    assert old.proc.returncode == -signal.SIGKILL
+    assert old.proc.wait(5) == -signal.SIGKILL
     assert world.lease_holder() == new.identity
     writes = world.policy_writes()
     assert all(w.seq < first.seq for w in writes if w.by(old.identity))
@@ -148,31 +155,35 @@ def test_sigterm_hands_over_at_once(world: World) -> None:
 
 
 def test_leader_cut_off_from_home_stops_writing_before_its_lease_expires(world: World) -> None:
-    """`home` hangs for the leader only (a relay the test stops), so the standbys can see the
-    Lease expire and take over: the interesting case for fencing."""
-    proxy, kubeconfig = world.hanging_home("alpha")
-    old = world.start("alpha", CONVERGERD_KUBECONFIG=str(kubeconfig))
-    wait_for(old.is_leader, STARTUP_S, "alpha leading")
-    _start(world, "bravo", "charlie")
+    """`home` hangs for the leader only (each replica reaches it through a relay, and the test
+    stops the leader's), so the standbys see the Lease expire and take over: the case fencing
+    is for."""
+    proxies: dict[str, HangingProxy] = {}
+    for name in ("alpha", "bravo", "charlie"):
+        proxy, kubeconfig = world.hanging_home(name)
+        proxies[name] = proxy
+        world.start(name, CONVERGERD_KUBECONFIG=str(kubeconfig))
+    old = wait_for(world.leader, STARTUP_S, "a leader")
     with Drift(world):
-        wait_for(lambda: len(_writes_by(world, old.identity)) >= 2, 20, "alpha writing")
-        proxy.hung.set()
+        wait_for(lambda: len(_writes_by(world, old.identity)) >= 2, 20, "the leader writing")
+        proxies[old.identity].hung.set()
         hung_wall = time.time()
         new = wait_for(lambda: _new_leader(world, old), LEASE_S + RETRY_MAX_S + 10,
                        "a standby leading")
         first = wait_for(lambda: _first_write_by(world.policy_writes(), new.identity), 10,
                          "the new leader's first write")
-        wait_for(lambda: not old.is_leader(), 5, "alpha knowing it no longer leads")
+        wait_for(lambda: not old.is_leader(), 5, "the old leader knowing it no longer leads")
     log = world.requests()
     renewed = [r.time for r in log if r.lease_write and r.by(old.identity) and r.status == 200]
     last_renew = max(renewed)
     old_writes = [w for w in log if w.policy_write and w.by(old.identity)]
     last_write = max(w.time for w in old_writes)
     taken = min(r.time for r in log if r.lease_write and r.by(new.identity) and r.status == 200)
-    say(f"home hung for alpha at +0: last renew {last_renew - hung_wall:+.2f} s, last write "
-        f"{last_write - hung_wall:+.2f} s ({last_write - last_renew:.2f} s after the renew; "
-        f"renew deadline {RENEW_DEADLINE_S:g} s), {new.identity} took the Lease "
-        f"{taken - last_renew:.2f} s after alpha's last renew (lease {LEASE_S:g} s), "
+    say(f"home hung for {old.identity} at +0: last renew {last_renew - hung_wall:+.2f} s, "
+        f"last write {last_write - hung_wall:+.2f} s "
+        f"({last_write - last_renew:.2f} s after the renew, deadline {RENEW_DEADLINE_S:g} s), "
+        f"{new.identity} took the Lease "
+        f"{taken - last_renew:.2f} s after the old leader's last renew (lease {LEASE_S:g} s), "
         f"first write {first.time - hung_wall:+.2f} s")
     assert last_write <= last_renew + RENEW_DEADLINE_S
     assert taken >= last_renew + LEASE_S - 0.05  # the standby waited for the lease to expire
@@ -276,10 +287,10 @@ async def test_a_wall_clock_jump_causes_no_takeover(fleet: Fleet) -> None:
                 assert not bravo.is_leader()
                 await asyncio.sleep(0.05)
 
-        await alpha_keeps_leading(3 * 2.0)  # three lease durations
+        await alpha_keeps_leading(2 * 2.0)  # two lease durations
         assert bravo.leader == "alpha"
         offsets["alpha"] = -dt.timedelta(days=1)
-        await alpha_keeps_leading(3 * 2.0)
+        await alpha_keeps_leading(2 * 2.0)
         assert bravo.leader == "alpha"
         assert alpha.transitions == 1
         assert bravo.transitions == 0
@@ -296,8 +307,8 @@ def test_once_exit_codes(world: World) -> None:
     assert done.returncode == 0, done.stderr
     assert {w.cluster for w in _writes_by(world, "once-1")} == set(MEMBERS)
 
-    world.faults(MEMBERS[1], down=True)
     world.delete_policies(MEMBERS[1])
+    world.faults(MEMBERS[1], down=True)
     failed = world.cli("once", CONVERGERD_IDENTITY="once-2")
     assert failed.returncode == 1, failed.stderr
     assert f"cluster {MEMBERS[1]}" in failed.stderr
@@ -330,11 +341,17 @@ def test_election_off_runs_a_single_replica_loudly(world: World) -> None:
     assert not [r for r in world.requests() if r.cluster == "home" and r.by("solo")]
 
 
-def test_election_on_without_a_home_cluster_stops(world: World) -> None:
-    refused = world.cli("run", CONVERGERD_HOME_CONTEXT=None, CONVERGERD_IDENTITY="nohome")
-    assert refused.returncode == 2
+def test_election_on_without_a_home_cluster_stops(tmp_path: Path) -> None:
+    """Outside a cluster, with no home context: stop before touching anything, naming both
+    settings. (Neither the database nor the kubeconfig is reached, so neither exists here.)"""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CONVERGERD_", "Policies__", "KUBERNETES_SERVICE"))}
+    env.update(TIMINGS)
+    env.update(CONVERGERD_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none",
+               CONVERGERD_KUBECONFIG=str(tmp_path / "absent.kubeconfig"),
+               CONVERGERD_HTTP_ADDR=f"127.0.0.1:{free_port()}")
+    refused = subprocess.run([*CONVERGERD, "run"], capture_output=True, text=True, check=False,
+                             timeout=60, env=env)
+    assert refused.returncode == 2, refused.stderr
     assert "CONVERGERD_HOME_CONTEXT" in refused.stderr
     assert "CONVERGERD_LEADER_ELECTION=false" in refused.stderr
-    assert not [r for r in world.requests() if r.by("nohome")]
-
-
