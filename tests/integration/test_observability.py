@@ -108,6 +108,16 @@ def operator_sets_phase(fleet: Fleet, cluster: str, phase: str, reason: str) -> 
     return len(items)
 
 
+async def drop_database(server_dsn: str, database_url: str) -> None:
+    """The database goes away under whoever is connected to it."""
+    name = urllib.parse.urlsplit(database_url).path.lstrip("/")
+    conn = await asyncpg.connect(server_dsn)
+    try:
+        await conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
 def policy_count(fleet: Fleet, cluster: str) -> int:
     return len(fleet.store(cluster).list(POLICIES, None)["items"])
 
@@ -561,7 +571,7 @@ def _log_texts(records: Sequence[logging.LogRecord]) -> list[str]:
 
 
 async def test_no_secret_in_logs_status_metrics_or_errors(
-    fleet: Fleet, database_url: str, caplog: pytest.LogCaptureFixture
+    fleet: Fleet, database_url: str, postgres_server_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     await import_tenants(database_url)
@@ -593,13 +603,26 @@ async def test_no_secret_in_logs_status_metrics_or_errors(
             await run.request(method, path)
             await run.request(method, path, headers={"Authorization": f"Bearer {API_TOKEN}x"})
         await run.status_command()
-        daemon_errors = [c.error or "" for c in run.daemon.last_report.clusters] \
-            if run.daemon.last_report else []
+        report = run.daemon.last_report
+        round_errors = [c.error or "" for c in report.clusters] if report else []
+
+        # Database errors name the database: redacted, in logs, /readyz, /status and rounds.
+        await drop_database(postgres_server_dsn, database_url)
+
+        async def db_errors_everywhere() -> bool:
+            ready, _ = await run.request("GET", "/readyz")
+            await run.request("GET", "/status")
+            return ready == 503 and "could not record round" in caplog.text
+
+        await wait_for(db_errors_everywhere, what="the database errors")
+        await run.status_command()
+        if run.daemon.last_report is not None and run.daemon.last_report.error:
+            round_errors.append(run.daemon.last_report.error)
 
     texts = {
         "logs": "\n".join(_log_texts(caplog.records)),
         "responses": "\n".join(run.bodies),
-        "round errors": "\n".join(daemon_errors),
+        "round errors": "\n".join(round_errors),
     }
     assert "401 Unauthorized" in texts["round errors"]
     assert caplog.records, "nothing logged?"
@@ -633,13 +656,7 @@ async def test_health_readiness_and_token_on_mutating_endpoints(
             right = {"Authorization": f"Bearer {API_TOKEN}"}
             assert (await run.request(method, path, headers=right))[0] != 401
 
-        # The database goes away under the running daemon.
-        name = urllib.parse.urlsplit(database_url).path.lstrip("/")
-        conn = await asyncpg.connect(postgres_server_dsn)
-        try:
-            await conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
+        await drop_database(postgres_server_dsn, database_url)
 
         async def unready() -> bool:
             return (await run.request("GET", "/readyz"))[0] == 503
