@@ -317,14 +317,27 @@ class Store:
 
     @classmethod
     async def connect(
-        cls, dsn: str, *, min_size: int = 1, max_size: int = 5, check: bool = True
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 5,
+        check: bool = True,
+        connect_timeout_s: float = 10.0,
+        command_timeout_s: float = 60.0,
     ) -> Self:
         """Open a pool; with `check`, refuse an unmigrated schema (`SchemaNotMigrated`).
-        Unreachable database: `DatabaseUnavailable` naming the redacted DSN."""
+        Unreachable database: `DatabaseUnavailable` naming the redacted DSN. A statement that
+        hangs longer than `command_timeout_s` is `DatabaseUnavailable` too."""
         try:
             with database_errors(dsn, connecting=True):
                 pool = await asyncpg.create_pool(
-                    dsn, min_size=min_size, max_size=max_size, init=_init_connection, timeout=10
+                    dsn,
+                    min_size=min_size,
+                    max_size=max_size,
+                    init=_init_connection,
+                    timeout=connect_timeout_s,
+                    command_timeout=command_timeout_s,
                 )
         except (ValueError, asyncpg.ClientConfigurationError) as exc:
             # asyncpg's DSN parse errors may quote the DSN: never show it.
