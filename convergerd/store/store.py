@@ -306,6 +306,9 @@ async def _upsert_deliveries(
 class Store:
     """The policy database. Create with `await Store.connect(dsn)`; `close()` when done."""
 
+    # Round history kept (by id): 10,000 rounds is about five weeks at the default interval.
+    rounds_kept = 10_000
+
     def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
         self._pool = pool
         self._dsn = dsn
@@ -454,6 +457,7 @@ class Store:
                 report.counts(),
                 report.error,
             )
+            await conn.execute("DELETE FROM rounds WHERE id <= $1", round_id - self.rounds_kept)
             if outcomes:
                 await conn.execute(
                     _UPSERT_CLUSTER_STATE,

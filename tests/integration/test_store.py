@@ -295,6 +295,20 @@ async def test_record_round_at_fleet_scale(database_url: str, store: Store) -> N
     assert max(timings) < 30
 
 
+async def test_round_history_is_bounded(database_url: str, store: Store) -> None:
+    store.rounds_kept = 2
+    ids = [await store.record_round(RoundReport(started_at=at(n), finished_at=at(n)),
+                                    identity="r") for n in range(4)]
+    last = await store.last_round()
+    assert last is not None
+    assert last.id == ids[-1]
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await conn.fetchval("SELECT array_agg(id ORDER BY id) FROM rounds") == ids[2:]
+    finally:
+        await conn.close()
+
+
 async def test_ping(store: Store) -> None:
     await store.ping()
 
