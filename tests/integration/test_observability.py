@@ -322,7 +322,16 @@ async def test_down_cluster_up_0_lag_growing_reason_and_worst_first(
         assert after.value("convergerd_apply_failures_total", cluster=C2,
                            reason="connect_error") == 0
 
+        assert after.value("convergerd_is_leader") == 1
+        assert (after.value("convergerd_rounds_total", result="partial") or 0) >= 2
+
         doc = await run.status()
+        assert doc["identity"] == "observability-test"
+        assert doc["leader"]["is_leader"] is True
+        assert doc["leader"]["holder"] == "observability-test"
+        assert doc["last_round"]["result"] == "partial"
+        assert doc["last_round"]["counts"]["unreached"] == 1
+        assert doc["next_round_at"] is not None
         ids = [c["id"] for c in doc["clusters"]]
         assert ids[0] == C1, ids
         down = doc["clusters"][0]
@@ -389,6 +398,13 @@ async def test_cluster_that_stops_answering_is_up_0_before_the_next_round(
               f"(prober period {PROBE_PERIOD_S} s, request timeout 0.5 s)")
         assert took < 30  # the product requirement (default period 10 s + timeout 5 s)
         assert await run.rounds() == rounds  # no round ran: the prober noticed
+        # Lag is true at scrape time without rounds too: it keeps growing between scrapes.
+        lag = (await run.scrape()).lag(C2)
+
+        async def lag_grows() -> bool:
+            return (await run.scrape()).lag(C2) > lag + 0.2
+
+        await wait_for(lag_grows, what="c0002's lag to grow between rounds")
 
         entry = await run.cluster(C2)
         assert entry["reachable"] is False
