@@ -144,7 +144,8 @@ def secrets_of(settings: Settings) -> list[str]:
     found: list[str] = []
     if settings.api_token:
         found.append(settings.api_token)
-    if settings.database_url:
+    if settings.database_url and settings.database_url_redacted != settings.database_url:
+        # Only a DSN carrying a password is a secret; a password-less one is what status shows.
         found.append(settings.database_url)
         password = urllib.parse.urlsplit(settings.database_url).password
         if password:
