@@ -325,7 +325,7 @@ class Daemon:
         """Run one round; cancel it the moment leadership is lost; on SIGTERM let it finish
         within the grace period."""
         round_task = asyncio.create_task(self._one_round(store, registry, elector, epoch))
-        lost = asyncio.ensure_future(elector.wait_lost())
+        lost = asyncio.ensure_future(elector.wait_lost(epoch))
         stopping = asyncio.ensure_future(self.stopping.wait())
         try:
             await asyncio.wait({round_task, lost, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -362,7 +362,7 @@ class Daemon:
         self.state.set_clusters([c.id for c in fleet.clusters])
         self.metrics.set_clusters([c.id for c in fleet.clusters])
         env = round_env(
-            s, registry, elector.fence(), self.metrics,
+            s, registry, elector.fence(epoch), self.metrics,
             deadline_s=max(0.0, deadline - loop.time()),
         )
         try:
