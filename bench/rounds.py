@@ -180,6 +180,15 @@ class Sim:
     def peak_rss_mb(self) -> float:
         return _vm_hwm_mb(self.proc.pid)
 
+    def cpu_s(self) -> float:
+        """User + system CPU seconds the simulator has used so far."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        # After "(comm)": state is field 3, utime and stime are fields 14 and 15.
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -302,19 +311,22 @@ class Measurement:
             "policies": self.policies,
             "wall_s": round(self.wall_s, 3),
             **self.fields,
+            # Other work on the machine skews wall times: keep the load next to the figure.
+            "loadavg_1m": round(os.getloadavg()[0], 2),
         }
 
 
 async def timed_round(
     fleet: Fleet, settings: Settings, registry: ClusterRegistry, metrics: Metrics,
     profile: Path | None = None,
-) -> tuple[RoundReport, float]:
+) -> tuple[RoundReport, float, float]:
+    """The report, wall seconds, and this process's CPU seconds of one round."""
     env = round_env(
         settings, registry, NoElection(identity="bench").fence(), metrics,
         deadline_s=settings.rounds.deadline_s,
     )
     profiler = cProfile.Profile() if profile is not None else None
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     if profiler is not None:
         profiler.enable()
     try:
@@ -322,11 +334,11 @@ async def timed_round(
     finally:
         if profiler is not None:
             profiler.disable()
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     if profiler is not None and profile is not None:
         profiler.dump_stats(profile)
         _print_hotspots(profile)
-    return report, wall
+    return report, wall, cpu
 
 
 def _print_hotspots(path: Path, top: int = 25) -> None:
@@ -489,20 +501,25 @@ async def _bench_point(
     try:
         # (a) the first round: creates everything.
         sim.reset_stats()
-        report, wall = await timed_round(fleet, settings, registry, metrics, profile("create"))
+        sim_cpu = sim.cpu_s()
+        report, wall, cpu = await timed_round(
+            fleet, settings, registry, metrics, profile("create")
+        )
+        sim_cpu = sim.cpu_s() - sim_cpu
         fields = _report_fields(report)
         _check(fields["created"] == n * p and fields["converged"] == n,
                f"create round: {fields}, expected {n * p} created on {n} clusters")
         create_rate = fields["created"] / wall
         emit(Measurement("create", n, p, wall, {
             "objects": n * p, **fields, "applies_per_s": round(create_rate, 1),
+            "bench_cpu_s": round(cpu, 2), "sim_cpu_s": round(sim_cpu, 2),
             **_request_fields(sim.stats(), ids),
             **_rss(sim),
         }), out)
 
         # (b) in sync: no writes, one list per cluster.
         sim.reset_stats()
-        report, in_sync_wall = await timed_round(
+        report, in_sync_wall, cpu = await timed_round(
             fleet, settings, registry, metrics, profile("in-sync")
         )
         fields = _report_fields(report)
@@ -513,7 +530,7 @@ async def _bench_point(
                f"in-sync round: expected one list per cluster, got {requests}")
         _check(fields["converged"] == n, f"in-sync round: {fields}")
         emit(Measurement("in-sync", n, p, in_sync_wall, {
-            "objects": n * p, **fields, **requests,
+            "objects": n * p, **fields, **requests, "bench_cpu_s": round(cpu, 2),
             **_rss(sim),
         }), out)
 
@@ -527,7 +544,7 @@ async def _bench_point(
                 sim.set_faults(c, faults)
             sim.reset_stats()
             try:
-                report, wall = await timed_round(fleet, fault_settings, registry, metrics)
+                report, wall, _ = await timed_round(fleet, fault_settings, registry, metrics)
             finally:
                 for c in faulty:
                     sim.set_faults(c, None)
@@ -538,12 +555,16 @@ async def _bench_point(
 
         # (d) the ceiling: the same PATCHes, bare aiohttp, same simulator.
         sim.reset_stats()
-        ok, bad, wall = await bare_patches(sim.kubeconfig, _bare_bodies(fleet), limits)
+        bodies = _bare_bodies(fleet)
+        cpu, sim_cpu = time.process_time(), sim.cpu_s()
+        ok, bad, wall = await bare_patches(sim.kubeconfig, bodies, limits)
+        cpu, sim_cpu = time.process_time() - cpu, sim.cpu_s() - sim_cpu
         _check(ok == n * p and bad == 0, f"bare aiohttp: {ok} ok, {bad} not ok of {n * p}")
         bare_rate = ok / wall
         emit(Measurement("bare-aiohttp", n, p, wall, {
             "objects": n * p, "patches": ok, "patches_per_s": round(bare_rate, 1),
             "ratio": round(create_rate / bare_rate, 3),
+            "bench_cpu_s": round(cpu, 2), "sim_cpu_s": round(sim_cpu, 2),
             **_rss(sim),
         }), out)
     finally:
