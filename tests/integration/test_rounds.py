@@ -549,3 +549,26 @@ async def test_once_exit_codes(fleet: Fleet, database_url: str, store: Store) ->
     last = await store.last_round()
     assert last is not None
     assert last.result is RoundResult.PARTIAL
+
+
+async def test_cluster_without_a_kubeconfig_context_is_reported_not_a_crash(
+    rounds: Rounds, fleet: Fleet, store: Store, database_url: str
+) -> None:
+    await import_doc(database_url, {
+        "clusters": [{"id": "c0099"}],
+        "boundaries": [{"id": "team-a", "clusters": ["c0001", "c0002", "c0003", "c0099"]}],
+    })
+
+    report = await rounds.run()
+
+    assert report.result is RoundResult.PARTIAL
+    missing = outcome(report, ClusterId("c0099"))
+    assert missing.reason == "no_context"
+    assert missing.error is not None
+    assert "c0099" in missing.error
+    assert not missing.reached
+    for cluster, names in DESIRED.items():
+        assert outcome(report, cluster).converged
+        assert set(objects(fleet, cluster)) == names
+    states = {s.cluster: s for s in await store.cluster_states()}
+    assert states[ClusterId("c0099")].last_reason == "no_context"
