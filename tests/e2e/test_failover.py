@@ -187,7 +187,11 @@ def test_leader_cut_off_from_home_stops_writing_before_its_lease_expires(world: 
         f"{new.identity} took the Lease "
         f"{taken - last_renew:.2f} s after the old leader's last renew (lease {LEASE_S:g} s), "
         f"first write {first.time - hung_wall:+.2f} s")
-    assert last_write <= last_renew + RENEW_DEADLINE_S
+    # Times are arrivals at the simulator: the write may arrive a little after the fence
+    # closed (it was sent before), the renew a little after it was sent. Both are far from
+    # the lease expiring.
+    assert last_write - last_renew <= RENEW_DEADLINE_S + 0.1
+    assert last_write < taken
     assert taken >= last_renew + LEASE_S - 0.05  # the standby waited for the lease to expire
     assert all(w.seq < first.seq for w in old_writes)
     assert old.proc.poll() is None  # alive, a standby now
