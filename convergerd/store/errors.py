@@ -33,6 +33,7 @@ _CONNECT_CODES = frozenset({
     "28000",  # invalid_authorization_specification
     "28P01",  # invalid_password
     "3D000",  # invalid_catalog_name: the database does not exist
+    "55000",  # object_not_in_prerequisite_state: database not accepting connections (maintenance)
 })
 
 

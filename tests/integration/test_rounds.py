@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from convergerd.errors import DatabaseUnavailable
 from convergerd.model import ClusterId
 from convergerd.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.retry import MAX_ATTEMPTS
@@ -572,3 +573,26 @@ async def test_cluster_without_a_kubeconfig_context_is_reported_not_a_crash(
         assert set(objects(fleet, cluster)) == names
     states = {s.cluster: s for s in await store.cluster_states()}
     assert states[ClusterId("c0099")].last_reason == "no_context"
+
+
+async def test_database_closed_to_connections_is_unavailable_not_a_crash(
+    database_url: str, store: Store, postgres_server_dsn: str
+) -> None:
+    """A database taken out of service (`ALLOW_CONNECTIONS false`, backends terminated) is
+    "down" like any other: `DatabaseUnavailable`, which rounds wait out, never a raw error
+    that would end the daemon; the same pool works again once it is back."""
+    name = urllib.parse.urlsplit(database_url).path.lstrip("/")
+    await import_doc(database_url, FLEET_DOC)
+    await sql(postgres_server_dsn, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    try:
+        await sql(postgres_server_dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                  "WHERE datname = $1 AND pid <> pg_backend_pid()", name)
+        with pytest.raises(DatabaseUnavailable):
+            await store.load_fleet()
+        with pytest.raises(DatabaseUnavailable) as info:
+            await Store.connect(database_url)
+        assert "not currently accepting connections" in str(info.value)
+    finally:
+        await sql(postgres_server_dsn, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    fleet = await store.load_fleet()
+    assert len(fleet.policies) == 4
