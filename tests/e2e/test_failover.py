@@ -330,6 +330,7 @@ def test_once_exit_codes(world: World) -> None:
     say(f"once behind a leader: exit {blocked.returncode} after {waited_s:.1f} s (bound "
         f"{LEASE_S:g} + {RENEW_DEADLINE_S:g} s + start-up)")
     assert blocked.returncode == 1, blocked.stderr
+    assert waited_s < LEASE_S + RENEW_DEADLINE_S + STARTUP_S  # bounded, not forever
     assert "alpha leads" in blocked.stderr
     assert _writes_by(world, "once-3") == []
     assert daemon.is_leader()
