@@ -248,17 +248,23 @@ def _delivery_records(
     cols: list[list[Any]] = [[] for _ in range(13)]
     (policy, cluster, revision, result, attempt_at, error, reason, attempts,
      phase, phase_reason, phase_message, phase_revision, phase_seen_at) = cols
-    for d in deliveries:
-        key = (d.policy, d.cluster)
+
+    def row(policy_id: str, cluster_id: str) -> tuple[int, bool]:
+        """The row of (policy, cluster), and whether it was new."""
+        key = (policy_id, cluster_id)
         i = index.get(key)
-        if i is None:
-            index[key] = len(policy)
-            policy.append(d.policy)
-            cluster.append(d.cluster)
-            for col in cols[2:]:
-                col.append(None)
-            i = index[key]
-        elif attempt_at[i] is not None and attempt_at[i] > d.at:
+        if i is not None:
+            return i, False
+        index[key] = i = len(policy)
+        policy.append(policy_id)
+        cluster.append(cluster_id)
+        for col in cols[2:]:
+            col.append(None)
+        return i, True
+
+    for d in deliveries:
+        i, new = row(d.policy, d.cluster)
+        if not new and attempt_at[i] is not None and attempt_at[i] > d.at:
             continue
         revision[i] = d.revision
         result[i] = d.result.value
@@ -267,16 +273,8 @@ def _delivery_records(
         reason[i] = d.reason
         attempts[i] = d.attempts
     for p in phases:
-        key = (p.policy, p.cluster)
-        i = index.get(key)
-        if i is None:
-            index[key] = len(policy)
-            policy.append(p.policy)
-            cluster.append(p.cluster)
-            for col in cols[2:]:
-                col.append(None)
-            i = index[key]
-        elif phase_seen_at[i] is not None and phase_seen_at[i] > p.seen_at:
+        i, new = row(p.policy, p.cluster)
+        if not new and phase_seen_at[i] is not None and phase_seen_at[i] > p.seen_at:
             continue
         phase[i] = p.phase
         phase_reason[i] = p.ready_reason

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.harness import MEMBERS, TENANTS, World
-from tests.fixtures.fleet import start_sim_process
+from tests.fixtures.fleet import start_sim_process, stop_sim_process
 
 
 @pytest.fixture
@@ -29,10 +27,4 @@ def world(tmp_path: Path, database_url: str) -> Iterator[World]:
         w.kill_all()
         w.dump_logs()
         w.close()
-        if sim.proc.poll() is None:
-            sim.proc.send_signal(signal.SIGTERM)
-            try:
-                sim.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                sim.proc.kill()
-                sim.proc.wait()
+        stop_sim_process(sim)
