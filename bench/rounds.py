@@ -640,9 +640,9 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def markdown(results: Sequence[Measurement]) -> str:
     head = (
-        "| bench | clusters | policies | wall s | applies/s | req/cluster | "
-        "bench RSS MB | sim RSS MB | notes |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|"
+        "| bench | clusters | policies | wall s | applies/s | req/cluster | bench CPU s | "
+        "sim CPU s | bench RSS MB | sim RSS MB | notes |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     rows = [head]
     for m in results:
@@ -665,6 +665,7 @@ def markdown(results: Sequence[Measurement]) -> str:
         rows.append(
             f"| {m.bench} | {_fmt(m.clusters)} | {_fmt(m.policies)} | {_fmt(m.wall_s, 2)} | "
             f"{_fmt(rate)} | {_fmt(f.get('requests_per_cluster'), 2)} | "
+            f"{_fmt(f.get('bench_cpu_s'), 2)} | {_fmt(f.get('sim_cpu_s'), 2)} | "
             f"{_fmt(f.get('bench_rss_mb'))} | {_fmt(f.get('sim_rss_mb'))} | {notes} |"
         )
     return "\n".join(rows)
