@@ -80,10 +80,15 @@ def test_exactly_one_of_three_leads(world: World) -> None:
     assert world.lease_holder() == leader.identity
     for standby in world.daemons:
         if standby is not leader:
-            doc = standby.status()
-            assert doc is not None
-            assert (doc["leader"]["is_leader"], doc["leader"]["holder"]) == (
-                False, leader.identity)
+            # A standby names the holder once it has read the Lease: its first attempt comes
+            # within a (jittered) retry period of its start.
+            def names_leader(d: Daemon = standby) -> bool:
+                doc = d.status()
+                return doc is not None and (
+                    doc["leader"]["is_leader"], doc["leader"]["holder"]
+                ) == (False, leader.identity)
+
+            wait_for(names_leader, STARTUP_S, f"{standby.identity} naming the leader")
 
     with Drift(world):
         seen = world.last_seq()
