@@ -97,6 +97,26 @@ async def call_with_retries(
     at the deadline is cancelled and raised as a timeout-class `ClusterUnreachable`."""
     now_fn = clock or asyncio.get_running_loop().time
     jitter: Random = rng or _JITTER
+
+    def decide(exc: BaseException, attempt_number: int) -> float | None:
+        wait = next_wait(exc, attempt_number, now=now_fn(), deadline=deadline,
+                         base=base, cap=cap, max_attempts=max_attempts, rng=jitter)
+        if wait is not None and observer is not None and isinstance(exc, ClusterError):
+            observer.retry(cluster, exc.reason)
+        return wait
+
+    # The first attempt runs outside tenacity: nearly every call succeeds at once, and
+    # tenacity's per-call machinery cost more CPU than the rest of a request's own code in a
+    # create round (bench/RESULTS.md). Same decision, same wait, same error as tenacity's path.
+    first_wait: float | None = None
+    try:
+        return await _attempt(fn, deadline - now_fn())
+    except Exception as exc:
+        first_wait = decide(exc, 1)
+        if first_wait is None:
+            raise
+    await sleep(first_wait)
+
     decided: list[float | None] = [None]
 
     def should_retry(state: tenacity.RetryCallState) -> bool:
@@ -106,12 +126,9 @@ async def call_with_retries(
         exc = outcome.exception()
         if exc is None:
             return False
-        wait = next_wait(exc, state.attempt_number, now=now_fn(), deadline=deadline,
-                         base=base, cap=cap, max_attempts=max_attempts, rng=jitter)
-        decided[0] = wait
-        if wait is not None and observer is not None and isinstance(exc, ClusterError):
-            observer.retry(cluster, exc.reason)
-        return wait is not None
+        # tenacity's first attempt is our second.
+        decided[0] = decide(exc, state.attempt_number + 1)
+        return decided[0] is not None
 
     def wait_for(state: tenacity.RetryCallState) -> float:
         return decided[0] or 0.0
