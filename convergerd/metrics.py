@@ -182,7 +182,8 @@ class Metrics:
     def observe_round(self, report: RoundReport) -> None:
         for outcome in report.clusters:
             self._observe_outcome(report, outcome)
-        self._invalid = len(report.invalid)
+        if report.error is None:  # a round that could not run saw no policies at all
+            self._invalid = len(report.invalid)
         self._rounds[report.result.value] += 1
         end = report.finished_at.timestamp() if report.finished_at else self.clock()
         self._last_round_end = end

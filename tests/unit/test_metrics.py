@@ -252,3 +252,17 @@ def test_own_registry_per_instance(clock: WallClock) -> None:
     b = Metrics(interval_s=INTERVAL, clock=clock, clusters=["only-b"])
     assert b"only-a" not in b.render()
     assert b"only-b" not in a.render()
+
+
+def test_a_round_that_could_not_run_keeps_the_invalid_policies_gauge(metrics: Metrics) -> None:
+    r = round_at(T0)
+    r.invalid = [InvalidPolicy("X", "b", 1, "bad id")]
+    metrics.observe_round(r)
+    # The database went away: the round saw no policies at all, so it cannot say none are invalid.
+    metrics.observe_round(RoundReport(started_at=T0, finished_at=T0, epoch=Epoch("rep-a", 1),
+                                      error="database unavailable: lost the database"))
+    assert value(metrics, "convergerd_invalid_policies") == 1
+    cancelled = RoundReport(started_at=T0, finished_at=T0, epoch=Epoch("rep-a", 1),
+                            cancelled=True, error="grace period over")
+    metrics.observe_round(cancelled)
+    assert value(metrics, "convergerd_invalid_policies") == 1
