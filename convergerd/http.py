@@ -31,7 +31,7 @@ import hmac
 import logging
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -313,12 +313,16 @@ class _Handlers:
                 return error_response(404, f"unknown policy {pid!r}", policy=pid)
             scope: frozenset[ClusterId] = await _db(self.store.policy_scope(pid))
             stored = await _db(self.store.deliveries_for_policy(pid))
+            # Validated now from the rows (a standby, or a row fixed since the last round).
+            invalid = {p.id: p.reason for p in await _db(self.store.invalid_policies())}
         except (TimeoutError, ConvergerdError, OSError) as exc:
             return error_response(503, f"database unavailable: {_describe(exc)}",
                                   policy=pid, reason="database")
         stored_by_cluster = {r.cluster: PolicyRecord.from_row(r) for r in stored}
         now = self.state.clock()
-        delivered_type = row.rule.get("type") in DELIVERED_RULE_TYPES
+        # module-policies may have stored any JSON as the rule: report it, do not crash on it.
+        rule_type = row.rule.get("type") if isinstance(row.rule, Mapping) else None
+        delivered_type = row.id not in invalid and rule_type in DELIVERED_RULE_TYPES
         clusters = []
         names = scope | set(stored_by_cluster) | {
             c for c, s in self.state.clusters.items() if pid in s.policies}
@@ -338,9 +342,9 @@ class _Handlers:
         return web.json_response({
             "policy": {
                 "id": row.id, "boundary": row.boundary, "revision": row.revision,
-                "enabled": row.enabled, "rule_type": row.rule.get("type"),
+                "enabled": row.enabled, "rule_type": rule_type,
                 "delivered_to_clusters": delivered_type,
-                "invalid": self.state.invalid.get(row.id),
+                "invalid": invalid.get(row.id),
             },
             "clusters": clusters,
         })

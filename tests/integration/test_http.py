@@ -11,6 +11,7 @@ import datetime as dt
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -428,5 +429,49 @@ async def test_status_from_a_real_database(
             assert view["policies"][0]["id"] == "p1"
             assert doc["unsupported_by_version"] == {"v1.29.1": ["c1"]}
             assert doc["clusters"][1]["phases"] == {"Unsupported": 1}
+    finally:
+        await real.close()
+
+
+async def test_policy_status_reports_an_invalid_row_as_the_database_holds_it_now(
+    database_url: str, tmp_path: Path, seen: list[str]
+) -> None:
+    """A standby that never served /status, asked about rows module-policies wrote badly (a
+    rule that is not a mapping, an unknown type) and about a row fixed since the last round."""
+    from convergerd.store.importer import import_file
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "clusters: [{id: c1}]\n"
+        "boundaries: [{id: team-a, clusters: [c1]}]\n"
+        "policies: [{id: p1, boundary: team-a, rule: {type: ForbidLatestTag}}]\n"
+    )
+    await import_file(database_url, fleet)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            """INSERT INTO policies (id, boundary_id, rule) VALUES
+               ('p-list', 'team-a', '["ForbidLatestTag"]'::jsonb),
+               ('p-string', 'team-a', '"ForbidLatestTag"'::jsonb),
+               ('p-type', 'team-a', '{"type": "NoSuchRule"}'::jsonb)""")
+    finally:
+        await conn.close()
+    real = await Store.connect(database_url)
+    try:
+        standby = StatusState(identity="rep-b", interval_s=300, clock=Now())
+        # What the last round found, before p1 was fixed (it is valid now).
+        standby.set_invalid([("p1", "rule.type: unknown type 'Old'")])
+        app = make_app(metrics=Metrics(), state=standby, store=real,
+                       settings=settings(CONVERGERD_DATABASE_URL=database_url),
+                       health=HealthCheck())
+        async for client in _serve(app, seen):
+            for pid in ("p-list", "p-string", "p-type"):
+                response = await client.get(f"/v1/policies/{pid}/status")
+                assert response.status == 200, pid
+                doc = await response.json()
+                assert doc["policy"]["delivered_to_clusters"] is False, pid
+                assert doc["policy"]["invalid"].startswith("rule"), (pid, doc["policy"])
+            fixed = await (await client.get("/v1/policies/p1/status")).json()
+            assert fixed["policy"]["invalid"] is None
     finally:
         await real.close()
