@@ -235,7 +235,7 @@ class Daemon:
             )
             return NoElection(identity=self.identity, on_change=self.metrics.set_leader)
         return Elector(
-            registry.home(e.home_context), e, on_change=self.metrics.set_leader,
+            registry.home_lease(e.home_context), e, on_change=self.metrics.set_leader,
         )
 
     def _probe_targets(self, registry: ClusterRegistry, store: Store) -> Callable[[], Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import convergerd
 from convergerd.config import ClusterAccess
 from convergerd.errors import NoCredentials
-from convergerd.kube.api import RequestObserver
+from convergerd.kube.api import KubeObject, LeaseApi, RequestObserver
 from convergerd.kube.client import ClusterClient, user_agent
 from convergerd.kube.kubeconfig import (
     Credentials,
@@ -88,6 +88,14 @@ class ClusterRegistry:
         kwargs = {"sa_dir": self._sa_dir} if self._sa_dir is not None else {}
         return self._open(HOME_IN_CLUSTER, in_cluster_credentials(self._env, **kwargs))
 
+    def home_lease(self, context: str | None) -> LeaseApi:
+        """The home cluster's Lease API for a long-lived user (the elector): each call goes
+        through the current client, so a kubeconfig reload that rebuilds home's client does not
+        leave the caller on the closed one. Opens the client now (a missing context is a
+        startup error)."""
+        self.home(context)
+        return _HomeLease(self, context)
+
     async def refresh(self) -> bool:
         """Re-read the kubeconfig if the file changed; True when it did. Clients whose
         credentials changed (or whose context is gone) are closed."""
@@ -135,6 +143,25 @@ class ClusterRegistry:
         )
         self._clients[cluster_id] = (creds, client)
         return client
+
+
+class _HomeLease:
+    def __init__(self, registry: ClusterRegistry, context: str | None) -> None:
+        self._registry = registry
+        self._context = context
+
+    def __repr__(self) -> str:
+        return f"_HomeLease({self._context or HOME_IN_CLUSTER!r})"
+
+    async def get_lease(self, namespace: str, name: str, *, timeout_s: float) -> KubeObject | None:
+        client = self._registry.home(self._context)
+        return await client.get_lease(namespace, name, timeout_s=timeout_s)
+
+    async def create_lease(self, body: KubeObject, *, timeout_s: float) -> KubeObject:
+        return await self._registry.home(self._context).create_lease(body, timeout_s=timeout_s)
+
+    async def replace_lease(self, body: KubeObject, *, timeout_s: float) -> KubeObject:
+        return await self._registry.home(self._context).replace_lease(body, timeout_s=timeout_s)
 
 
 def _stamp(path: Path) -> tuple[int, int]:

@@ -596,3 +596,50 @@ async def test_database_closed_to_connections_is_unavailable_not_a_crash(
         await sql(postgres_server_dsn, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
     fleet = await store.load_fleet()
     assert len(fleet.policies) == 4
+
+
+async def test_leader_keeps_the_lease_when_the_home_context_changes_in_the_kubeconfig(
+    fleet: Fleet, database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kubeconfig Secret is updated and home's entry changes (here: the same token, moved
+    to a token file): the elector must go on renewing through the rebuilt client, not keep the
+    closed one (every renewal then fails and the replica never leads again until restarted)."""
+    caplog.set_level(logging.INFO, logger="convergerd")
+    await import_doc(database_url, FLEET_DOC)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(fleet.kubeconfig_path.read_text())
+    settings = settings_for(
+        kubeconfig, database_url,
+        Policies__ConvergeIntervalMinutes="0.01",  # 0.6 s
+        CONVERGERD_LEADER_ELECTION="true",
+        CONVERGERD_HOME_CONTEXT="home",
+        CONVERGERD_LEASE_DURATION_SECONDS="2.5",
+        CONVERGERD_RENEW_DEADLINE_SECONDS="1.2",
+        CONVERGERD_RETRY_PERIOD_SECONDS="0.2",
+        CONVERGERD_LEASE_REQUEST_TIMEOUT_SECONDS="0.5",
+    )
+
+    async with running_daemon(settings) as (daemon, _):
+        await wait_for(lambda: daemon.last_report is not None, what="round 1 as the leader")
+        token_file = tmp_path / "home-token"
+        token_file.write_text(fleet.token("home"))
+        doc: dict[str, Any] = yaml.safe_load(kubeconfig.read_text())
+        home_user = next(c for c in doc["contexts"] if c["name"] == "home")["context"]["user"]
+        for user in doc["users"]:
+            if user["name"] == home_user:
+                user["user"] = {"tokenFile": str(token_file)}
+        kubeconfig.write_text(yaml.safe_dump(doc))
+        await wait_for(lambda: "kubeconfig reloaded" in caplog.text, what="the reload")
+        reloaded = daemon.last_report
+
+        # Well past the renew deadline: still leading, still renewing, rounds go on.
+        renewals_before = _lease_renewals(fleet)
+        await asyncio.sleep(3 * settings.election.renew_deadline_s)
+        assert "no longer leading" not in caplog.text
+        assert _lease_renewals(fleet) >= renewals_before + 5
+        await wait_for(lambda: daemon.last_report is not reloaded, what="a round after it")
+
+
+def _lease_renewals(fleet: Fleet) -> int:
+    return sum(1 for r in fleet.accounting.requests(cluster="home", verb="update")
+               if r.status == 200)
