@@ -221,7 +221,9 @@ class _Handlers:
     async def _refresh(self) -> str | None:
         """Merge what the database recorded into the state; the error if it could not."""
         try:
-            self.state.absorb_cluster_rows(await _db(self.store.cluster_states()))
+            rows = await _db(self.store.cluster_states())  # every cluster the database knows
+            self.state.set_clusters(r.cluster for r in rows)  # a deleted one leaves status
+            self.state.absorb_cluster_rows(rows)
             self.state.absorb_round_row(await _db(self.store.last_round()))
             invalid = await _db(self.store.invalid_policies())
         except (TimeoutError, ConvergerdError, OSError) as exc:

@@ -248,6 +248,18 @@ async def test_status_on_a_standby_reads_the_database(client: Client, state: Sta
     assert doc["invalid_policies"][0]["id"] == "Bad"
 
 
+async def test_a_cluster_removed_from_the_database_leaves_status(
+    client: Client, state: StatusState
+) -> None:
+    """A standby knew c9 at start (or an old leader's round worked on it); it was deleted from
+    the database since: /status and /v1/clusters/c9 no longer show it, lag growing forever."""
+    state.set_clusters(["c1", "c9"])
+    state.observe_probe("c9", reachable=False, error="connect timeout")
+    doc = await (await client.get("/status")).json()
+    assert [c["id"] for c in doc["clusters"]] == ["c2", "c3", "c1"]
+    assert (await client.get("/v1/clusters/c9")).status == 404
+
+
 async def test_status_answers_from_memory_when_the_database_is_down(
     client: Client, store: FakeStore, state: StatusState
 ) -> None:
