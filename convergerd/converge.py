@@ -117,6 +117,15 @@ async def converge_cluster(
         _fail_cluster(outcome, "round deadline reached before this cluster finished", "deadline")
     except ClusterError as exc:
         _fail_cluster(outcome, str(exc), exc.reason, reached=_reached(exc))
+    except Fenced:
+        raise
+    except Exception as exc:
+        # Not ours (a client or library bug, an odd object in the cluster): this cluster fails
+        # for this round; the round and the daemon go on. Status and metrics get the type
+        # only (a message may quote anything); the traceback goes to the log.
+        log.exception("cluster %s: unexpected error", cluster, extra={"cluster": cluster})
+        _fail_cluster(outcome, f"unexpected error ({type(_first_leaf(exc)).__name__})",
+                      "internal_error")
     finally:
         outcome.duration_s = env.clock() - started
     if outcome.error:
@@ -125,6 +134,12 @@ async def converge_cluster(
             extra={"cluster": cluster, "reason": outcome.reason},
         )
     return outcome
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _reached(exc: ClusterError) -> bool:

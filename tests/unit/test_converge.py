@@ -596,6 +596,63 @@ async def test_cluster_without_credentials_is_reported_and_others_converge() -> 
     assert report.result is RoundResult.PARTIAL
 
 
+class BrokenClient(FakeCluster):
+    """A client that breaks its contract: raises something that is not a `ClusterError` (a
+    closed aiohttp session's RuntimeError, a KeyError on an odd answer, a library bug)."""
+
+    def __init__(self, cluster_id: str, *, verb: str, error: Exception) -> None:
+        super().__init__(cluster_id)
+        self.verb = verb
+        self.error = error
+
+    async def _request(self, verb: str, name: str | None, timeout_s: float) -> None:
+        await super()._request(verb, name, timeout_s)
+        if verb == self.verb:
+            raise self.error
+
+
+@pytest.mark.parametrize("verb", ["list", "apply"])
+async def test_unexpected_error_fails_that_cluster_only(
+    verb: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = BrokenClient("c-broken", verb=verb, error=RuntimeError("Session is closed"))
+    clusters = Clusters(FakeCluster("c1"), broken, FakeCluster("c2"))
+
+    report = await run_round(team_a("c1", "c-broken", "c2"), make_round(clusters))
+
+    o = outcome(report, "c-broken")
+    assert (o.reason, o.error) == ("internal_error", "unexpected error (RuntimeError)")
+    assert not o.converged
+    assert outcome(report, "c1").converged
+    assert outcome(report, "c2").converged
+    assert report.result is RoundResult.PARTIAL
+    assert "c-broken" in caplog.text
+
+
+async def test_malformed_object_in_a_cluster_fails_that_cluster_only() -> None:
+    clusters = fleet_of("c1", "c2")
+    clusters["c2"].objects["policy-p-latest"] = {
+        "apiVersion": "platform.stackship.se/v1alpha1", "kind": "Policy",
+        "metadata": {"name": "policy-p-latest", "resourceVersion": "1",
+                     "labels": {"app.kubernetes.io/managed-by": "convergerd"}},
+        "spec": {}, "status": "not an object",
+    }
+
+    report = await run_round(team_a("c1", "c2"), make_round(clusters))
+
+    assert outcome(report, "c2").reason == "internal_error"
+    assert outcome(report, "c1").converged
+    assert report.result is RoundResult.PARTIAL
+
+
+async def test_fenced_still_wins_over_an_unexpected_error() -> None:
+    broken = BrokenClient("c-broken", verb="apply", error=RuntimeError("boom"))
+    clusters = Clusters(broken)
+    with pytest.raises(Fenced):
+        await run_round(team_a("c-broken", rules=SIX),
+                        make_round(clusters, fence=Fence(allow=1), apply_concurrency=2))
+
+
 # --- a down or hung cluster ------------------------------------------------------------------
 
 
