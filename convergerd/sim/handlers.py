@@ -7,6 +7,7 @@ parameters, status codes (201 on create), field-manager defaulting, and watch st
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import random
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from convergerd.sim import status
+from convergerd.sim import status, tables
 from convergerd.sim.routing import ResourceRoute
 from convergerd.sim.store import ClusterStore, Watcher
 
@@ -101,9 +102,11 @@ class ResourceHandlers:
         verb = resource_verb(request.method, route, query)
         name = route.name
         if verb == "get" and name is not None:
-            return _respond(store.get(route.rt, route.namespace, name))
+            return _read_response(request, route, store.get(route.rt, route.namespace, name))
         if verb == "list":
-            return _respond(
+            return _read_response(
+                request,
+                route,
                 store.list(
                     route.rt,
                     route.namespace,
@@ -111,7 +114,7 @@ class ResourceHandlers:
                     field_selector=query.get("fieldSelector"),
                     limit=_int_param(query, "limit"),
                     continue_token=query.get("continue"),
-                )
+                ),
             )
         if verb == "watch":
             return await self._watch(request, store, route)
@@ -242,6 +245,23 @@ class ResourceHandlers:
             event = await watcher.next(timeout=wake - now)
             if event is not None:
                 await response.write(_encode(event) + b"\n")
+
+
+def _read_response(
+    request: web.BaseRequest, route: ResourceRoute, result: dict[str, Any]
+) -> web.Response:
+    """A get/list answer: plain JSON, or a meta.k8s.io Table when the Accept header asks."""
+    version = tables.requested_table_version(request.headers.get("Accept", ""))
+    if version is None:
+        return _respond(result)
+    table = tables.to_table(
+        route.rt,
+        result,
+        version=version,
+        include_object=request.query.get("includeObject", ""),
+        now=datetime.datetime.now(datetime.UTC),
+    )
+    return _respond(table)
 
 
 def _int_param(query: Mapping[str, str], name: str) -> int | None:

@@ -289,6 +289,69 @@ async def test_pagination_and_selectors(fleet: Fleet) -> None:
     assert bad.status == 400
 
 
+KUBECTL_TABLE_ACCEPT = (
+    "application/json;as=Table;v=v1;g=meta.k8s.io,"
+    "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+)
+
+
+async def test_table_only_when_the_accept_header_asks(fleet: Fleet) -> None:
+    await apply(fleet, policy("t1"))
+    await apply(fleet, policy("t2", team="b"))
+    table_headers = {"Accept": KUBECTL_TABLE_ACCEPT}
+
+    table = await kube_http(fleet, "c0001", "GET", f"{POLICIES}?limit=1", headers=table_headers)
+    assert table.status == 200
+    assert table.headers["Content-Type"] == "application/json"
+    body = table.json()
+    assert (body["kind"], body["apiVersion"]) == ("Table", "meta.k8s.io/v1")
+    assert [c["name"] for c in body["columnDefinitions"]] == [
+        "Name",
+        "Boundary",
+        "Enabled",
+        "Revision",
+        "Phase",
+        "Age",
+    ]
+    # paging survives the conversion
+    assert body["metadata"]["continue"]
+    assert body["metadata"]["remainingItemCount"] == 1
+    [row] = body["rows"]
+    assert row["cells"][:5] == ["t1", None, True, 1, None]
+    assert row["object"]["kind"] == "PartialObjectMetadata"
+    assert row["object"]["metadata"]["labels"] == {"team": "a"}
+
+    one = await kube_http(
+        fleet, "c0001", "GET", f"{POLICIES}/t2?includeObject=Object", headers=table_headers
+    )
+    [row] = one.json()["rows"]
+    assert row["object"]["spec"]["policyId"] == "t2"
+    assert row["object"]["kind"] == "Policy"
+
+    bad = await kube_http(
+        fleet, "c0001", "GET", f"{POLICIES}?includeObject=All", headers=table_headers
+    )
+    assert bad.status == 400
+    assert bad.json()["message"] == 'unrecognized includeObject value: "All"'
+
+    # a plain JSON client (and kubernetes-asyncio) still gets the List
+    plain = await kube_http(fleet, "c0001", "GET", POLICIES, headers={"Accept": "application/json"})
+    assert plain.json()["kind"] == "PolicyList"
+    async with api_client(fleet) as api:
+        objects: Any = client.CustomObjectsApi(api)
+        listing = await objects.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        assert listing["kind"] == "PolicyList"
+    # namespaced built-in: the Lease printer, namespace in the row metadata
+    lease_table = await kube_http(
+        fleet, "home", "GET", LEASES, headers={"Accept": KUBECTL_TABLE_ACCEPT}
+    )
+    assert [c["name"] for c in lease_table.json()["columnDefinitions"]] == [
+        "Name",
+        "Holder",
+        "Age",
+    ]
+
+
 async def test_official_sync_client_in_a_thread(fleet: Fleet) -> None:
     sync: Any = kubernetes  # the generated stubs disagree with dict bodies
 

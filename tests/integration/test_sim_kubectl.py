@@ -7,6 +7,7 @@ apply with field managers, label selectors and Status errors look real enough to
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -113,7 +114,7 @@ def test_server_side_apply_get_and_delete(kubectl: Kubectl) -> None:
     assert "policy.platform.stackship.se/p-apply serverside-applied" in out
 
     table = kubectl.run("get", "policies").stdout.splitlines()
-    assert table[0].split() == ["NAME", "AGE"]
+    assert table[0].split() == ["NAME", "BOUNDARY", "ENABLED", "REVISION", "PHASE", "AGE"]
     assert any(line.split()[0] == "p-apply" for line in table[1:])
 
     obj = kubectl.json("get", "policy", "p-apply")
@@ -132,6 +133,106 @@ def test_server_side_apply_get_and_delete(kubectl: Kubectl) -> None:
     gone = kubectl.run("get", "policy", "p-apply", check=False)
     assert gone.returncode != 0
     assert 'policies.platform.stackship.se "p-apply" not found' in gone.stderr
+
+
+FULL_POLICY = """\
+apiVersion: platform.stackship.se/v1alpha1
+kind: Policy
+metadata:
+  name: policy-{name}
+  labels:
+    tier: {tier}
+spec:
+  policyId: {name}
+  boundary: {boundary}
+  enabled: {enabled}
+  revision: {revision}
+  rule:
+    type: ForbidLatestTag
+"""
+
+
+def _rows(text: str) -> list[list[str]]:
+    return [line.split() for line in text.splitlines()]
+
+
+def test_get_prints_the_crd_printer_columns(kubectl: Kubectl) -> None:
+    """Server-side printing: kubectl asks for a Table and shows the CRD's columns."""
+    ctx = "c0002"
+    kubectl.apply(
+        FULL_POLICY.format(
+            name="tbl-a", tier="gold", boundary="team-a", enabled="true", revision=3
+        ),
+        context=ctx,
+    )
+    kubectl.apply(
+        FULL_POLICY.format(
+            name="tbl-b", tier="silver", boundary="team-b", enabled="false", revision=12
+        ),
+        context=ctx,
+    )
+    kubectl.run(
+        "patch",
+        "policy",
+        "policy-tbl-a",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"status":{"phase":"Enforcing"}}',
+        context=ctx,
+    )
+
+    rows = _rows(kubectl.run("get", "policies", context=ctx).stdout)
+    assert rows[0] == ["NAME", "BOUNDARY", "ENABLED", "REVISION", "PHASE", "AGE"]
+    body = {r[0]: r[1:] for r in rows[1:]}
+    assert body["policy-tbl-a"][:4] == ["team-a", "true", "3", "Enforcing"]
+    # no status yet: the server sends a null cell, which kubectl leaves blank
+    assert body["policy-tbl-b"][:3] == ["team-b", "false", "12"]
+    assert len(body["policy-tbl-b"]) == 4
+    assert re.fullmatch(r"\d+s", body["policy-tbl-a"][4])
+    assert re.fullmatch(r"\d+s", body["policy-tbl-b"][3])
+
+    wide = _rows(kubectl.run("get", "policies", "-o", "wide", context=ctx).stdout)
+    assert wide[0] == rows[0]
+
+    selected = _rows(kubectl.run("get", "policies", "-l", "tier=silver", context=ctx).stdout)
+    assert [r[0] for r in selected[1:]] == ["policy-tbl-b"]
+
+    one = _rows(kubectl.run("get", "policy", "policy-tbl-a", context=ctx).stdout)
+    assert one[1][:5] == ["policy-tbl-a", "team-a", "true", "3", "Enforcing"]
+
+    # --show-labels reads the rows' PartialObjectMetadata
+    labelled = _rows(kubectl.run("get", "policies", "--show-labels", context=ctx).stdout)
+    assert labelled[0][-1] == "LABELS"
+    assert {r[0]: r[-1] for r in labelled[1:]}["policy-tbl-b"] == "tier=silver"
+
+    # --sort-by makes kubectl ask for includeObject=Object and sort on the full objects
+    ordered = _rows(kubectl.run("get", "policies", "--sort-by=.spec.revision", context=ctx).stdout)
+    names = [r[0] for r in ordered[1:]]
+    assert names.index("policy-tbl-a") < names.index("policy-tbl-b")
+    _, log = kubectl.sim.admin("GET", "/_sim/requests")
+    entries = log["requests"] if isinstance(log, dict) else log
+    assert any("includeObject=Object" in e["path"] for e in entries if e["cluster"] == ctx)
+    reverse = _rows(kubectl.run("get", "policies", "--sort-by=.spec.boundary", context=ctx).stdout)
+    assert [r[1] for r in reverse[1:] if r[0].startswith("policy-tbl-")] == ["team-a", "team-b"]
+
+
+def test_get_builtins_uses_their_printers(kubectl: Kubectl) -> None:
+    rows = _rows(kubectl.run("get", "namespaces", context="home").stdout)
+    assert rows[0] == ["NAME", "STATUS", "AGE"]
+    assert {r[0]: r for r in rows[1:]}["default"][1] == "Active"
+
+    lease = (
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\n"
+        "metadata: {name: table-lock, namespace: default}\n"
+        "spec: {holderIdentity: replica-a, leaseDurationSeconds: 15}\n"
+    )
+    kubectl.apply(lease, context="home")
+    rows = _rows(kubectl.run("get", "leases", "-A", context="home").stdout)
+    # -A: kubectl adds NAMESPACE from the rows' PartialObjectMetadata
+    assert rows[0] == ["NAMESPACE", "NAME", "HOLDER", "AGE"]
+    assert ["default", "table-lock", "replica-a"] in [r[:3] for r in rows[1:]]
+    kubectl.run("delete", "lease", "table-lock", "-n", "default", context="home")
 
 
 def test_conflict_between_two_field_managers(kubectl: Kubectl) -> None:
