@@ -115,6 +115,8 @@ def load_kubeconfig(path: Path) -> Kubeconfig:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(SETTING, str(path), f"cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(SETTING, str(path), f"not UTF-8 (byte {exc.start})") from None
     return parse_kubeconfig(text, base_dir=path.parent, source=str(path))
 
 
@@ -220,7 +222,10 @@ def _credentials(
 def _server(context: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise NoCredentials(f"context {context!r}: the cluster has no server URL")
-    parsed = urllib.parse.urlsplit(value)
+    try:
+        parsed = urllib.parse.urlsplit(value)
+    except ValueError:
+        raise NoCredentials(f"context {context!r}: server is not a valid URL") from None
     if parsed.scheme not in ("https", "http") or not parsed.hostname:
         raise NoCredentials(
             f"context {context!r}: server must be an https:// URL with a host"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from convergerd.config import ClusterAccess
 from convergerd.errors import ConfigError, NoCredentials
 from convergerd.kube.kubeconfig import (
     Credentials,
@@ -14,6 +15,7 @@ from convergerd.kube.kubeconfig import (
     load_kubeconfig,
     parse_kubeconfig,
 )
+from convergerd.kube.registry import ClusterRegistry
 from convergerd.kube.tlsctx import TlsContexts, tls_key
 
 TOKEN = "s3cr3t-token-value"
@@ -153,6 +155,39 @@ def test_bad_yaml_does_not_echo_the_document(tmp_path: Path) -> None:
 def test_missing_file_names_the_setting(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="CONVERGERD_KUBECONFIG"):
         load_kubeconfig(tmp_path / "nope")
+
+
+def test_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    # A Secret written with the wrong encoding, or caught half-written: the daemon keeps its
+    # last good kubeconfig only if this is the ConfigError it expects.
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(KUBECONFIG.encode() + b"\xff\xfe")
+    with pytest.raises(ConfigError, match=r"CONVERGERD_KUBECONFIG.*not UTF-8") as info:
+        load_kubeconfig(path)
+    assert TOKEN not in str(info.value)
+
+
+def test_unparsable_server_url_fails_that_context_only() -> None:
+    config = parse_kubeconfig(
+        KUBECONFIG.replace("https://127.0.0.1:40123/clusters/c0002", "https://[::1"),
+        base_dir=Path("/nonexistent"),
+    )
+    with pytest.raises(NoCredentials, match="'c0002': server is not a valid URL"):
+        config.credentials("c0002")
+    assert config.credentials("c0001").token == TOKEN
+
+
+async def test_registry_refresh_of_a_broken_file_is_a_config_error(kubeconfig: Path) -> None:
+    access = ClusterAccess(kubeconfig=kubeconfig, request_timeout_s=1.0, connect_timeout_s=1.0,
+                           qps=10.0, burst=10, apply_concurrency=1)
+    registry = ClusterRegistry(kubeconfig=kubeconfig, access=access, identity="test")
+    try:
+        kubeconfig.write_bytes(b"\xff" + KUBECONFIG.encode())
+        with pytest.raises(ConfigError):
+            await registry.refresh()
+        assert "c0001" in registry.contexts  # the last good one is kept
+    finally:
+        await registry.close()
 
 
 def test_contexts_listed() -> None:
