@@ -64,6 +64,13 @@ def _dsn(value: str) -> str:
     parsed = urllib.parse.urlsplit(value.strip())
     if parsed.scheme not in ("postgres", "postgresql"):
         raise ValueError("expected postgresql://user[:password]@host[:port]/database")
+    # host[:port] after the user info (which holds the password), comma-separated for several
+    # hosts as libpq and asyncpg allow: a bad port is a setting error, not an outage.
+    for host in parsed.netloc.rpartition("@")[2].split(","):
+        port = host.rpartition("]")[2] if host.startswith("[") else host
+        port = port.partition(":")[2]
+        if port and not (port.isdigit() and 0 < int(port) <= 65535):
+            raise ValueError(f"port {port!r} is not a number from 1 to 65535")
     return value.strip()
 
 

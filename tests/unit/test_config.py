@@ -122,6 +122,25 @@ def test_non_postgres_dsn_is_rejected_without_echoing_it(dsn: str) -> None:
     assert "postgresql://" in str(caught.value)  # says what is expected
 
 
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://convergerd:s3cr3t-pw@db.example:notaport/policies",
+        "postgresql://convergerd:s3cr3t-pw@db.example:99999/policies",
+        "postgresql://convergerd:s3cr3t-pw@h1:5432,h2:x/policies",
+        "postgresql://convergerd:s3cr3t-pw@[::1]:port/policies",
+    ],
+)
+def test_dsn_with_a_bad_port_is_a_startup_error(dsn: str) -> None:
+    """Not a database that is "unavailable" and retried forever (run), nor a traceback
+    (migrate, import): a setting error naming the setting, without the password."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"CONVERGERD_DATABASE_URL": dsn})
+    assert caught.value.setting == "CONVERGERD_DATABASE_URL"
+    assert "s3cr3t-pw" not in str(caught.value)
+    assert "port" in str(caught.value)
+
+
 def test_empty_api_token_is_rejected_without_echoing_it() -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings({"CONVERGERD_API_TOKEN": "  \t "})
@@ -129,7 +148,11 @@ def test_empty_api_token_is_rejected_without_echoing_it() -> None:
     assert "\\t" not in str(caught.value)
 
 
-@pytest.mark.parametrize("dsn", [DSN, "postgres://u:s3cr3t-pw@h/db"])
+@pytest.mark.parametrize("dsn", [
+    DSN, "postgres://u:s3cr3t-pw@h/db", "postgresql://u:p@h1:5432,h2:5433/db",
+    "postgresql://u:p@[::1]:5432/db", "postgresql:///db?host=/run/postgresql",
+    "postgresql://u:p:w@h@h:5432/db",
+])
 def test_postgres_dsn_is_accepted(dsn: str) -> None:
     assert load_settings({"CONVERGERD_DATABASE_URL": dsn}).database_url == dsn
 
