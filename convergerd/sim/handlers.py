@@ -10,7 +10,7 @@ import asyncio
 import datetime
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
@@ -194,6 +194,7 @@ class ResourceHandlers:
         if not timeout_s:
             timeout_s = self._rng.randint(_MIN_REQUEST_TIMEOUT_S, 2 * _MIN_REQUEST_TIMEOUT_S)
         bookmarks = query.get("allowWatchBookmarks", "") in _TRUE
+        as_table = _watch_table_encoder(request, route)
         response = web.StreamResponse(status=200, headers={"Content-Type": _JSON})
         response.enable_chunked_encoding()
         try:
@@ -215,14 +216,19 @@ class ResourceHandlers:
             return response
         try:
             await response.prepare(request)
-            await self._stream(response, watcher, timeout_s, bookmarks)
+            await self._stream(response, watcher, timeout_s, bookmarks, as_table)
         finally:
             watcher.close()
         await response.write_eof()
         return response
 
     async def _stream(
-        self, response: web.StreamResponse, watcher: Watcher, timeout_s: int, bookmarks: bool
+        self,
+        response: web.StreamResponse,
+        watcher: Watcher,
+        timeout_s: int,
+        bookmarks: bool,
+        as_table: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         """Events until the deadline; bookmarks periodically and just before the deadline."""
         loop = asyncio.get_running_loop()
@@ -244,6 +250,8 @@ class ResourceHandlers:
             wake = min(t for t in (deadline, final_bookmark_at, next_bookmark) if t is not None)
             event = await watcher.next(timeout=wake - now)
             if event is not None:
+                if as_table is not None:
+                    event = as_table(event)
                 await response.write(_encode(event) + b"\n")
 
 
@@ -262,6 +270,38 @@ def _read_response(
         now=datetime.datetime.now(datetime.UTC),
     )
     return _respond(table)
+
+
+def _watch_table_encoder(
+    request: web.BaseRequest, route: ResourceRoute
+) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """For a watch that asks for Tables: each event's object as a Table, column definitions
+    only on the first one (handlers/watch.go watchEmbeddedEncoder sets NoHeaders after it).
+    BOOKMARK and ERROR events keep their objects."""
+    version = tables.requested_table_version(request.headers.get("Accept", ""))
+    if version is None:
+        return None
+    include_object = request.query.get("includeObject", "")
+    tables.check_include_object(include_object)
+    headers_sent = False
+
+    def encode(event: dict[str, Any]) -> dict[str, Any]:
+        nonlocal headers_sent
+        if event["type"] in ("BOOKMARK", "ERROR"):
+            return event
+        table = tables.to_table(
+            route.rt,
+            event["object"],
+            version=version,
+            include_object=include_object,
+            now=datetime.datetime.now(datetime.UTC),
+        )
+        if headers_sent:
+            table["columnDefinitions"] = None
+        headers_sent = True
+        return {"type": event["type"], "object": table}
+
+    return encode
 
 
 def _int_param(query: Mapping[str, str], name: str) -> int | None:

@@ -106,6 +106,12 @@ def requested_table_version(accept: str) -> str | None:
     return None
 
 
+def check_include_object(include_object: str) -> None:
+    """asTable's 400 for an includeObject it does not know."""
+    if include_object not in ("", "Metadata", "Object", "None"):
+        raise status.bad_request(f"unrecognized includeObject value: {json.dumps(include_object)}")
+
+
 def to_table(
     rt: ResourceType,
     result: Mapping[str, Any],
@@ -115,8 +121,7 @@ def to_table(
     now: datetime.datetime,
 ) -> Obj:
     """The Table for a get (one object) or list (a List object) result."""
-    if include_object not in ("", "Metadata", "Object", "None"):
-        raise status.bad_request(f"unrecognized includeObject value: {json.dumps(include_object)}")
+    check_include_object(include_object)
     is_list = "items" in result and rt.list_kind == result.get("kind", rt.list_kind)
     items: list[Mapping[str, Any]] = list(result["items"]) if is_list else [result]
     columns, cells_of = _convertor(rt, now)

@@ -380,9 +380,13 @@ async def test_official_sync_client_in_a_thread(fleet: Fleet) -> None:
 # -- watch -----------------------------------------------------------------------------------
 
 
-async def _watch_lines(fleet: Fleet, query: str, cluster: str = "c0001") -> AsyncIterator[Any]:
+async def _watch_lines(
+    fleet: Fleet, query: str, cluster: str = "c0001", accept: str | None = None
+) -> AsyncIterator[Any]:
     ssl_ctx = client_ssl_context(fleet.ca_pem(cluster))
     headers = {"Authorization": f"Bearer {fleet.token(cluster)}"}
+    if accept is not None:
+        headers["Accept"] = accept
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
         session.get(
@@ -429,6 +433,34 @@ async def test_watch_streams_events_one_json_per_line(fleet: Fleet) -> None:
             break
         await asyncio.sleep(0.01)
     assert store.watcher_count() == 0
+
+
+async def test_watch_sends_tables_when_asked_headers_once(fleet: Fleet) -> None:
+    """kubectl get -w: every event's object is a Table, column definitions only on the first
+    (apiserver handlers/watch.go); bookmarks stay plain."""
+    await apply(fleet, policy("before"))
+    events: list[Any] = []
+
+    async def consume() -> None:
+        query = "timeoutSeconds=30&allowWatchBookmarks=true"
+        async for event in _watch_lines(fleet, query, accept=KUBECTL_TABLE_ACCEPT):
+            events.append(event)
+            if event["type"] == "MODIFIED":
+                return
+
+    task = asyncio.create_task(consume())
+    while not events:
+        await asyncio.sleep(0.01)
+    await apply(fleet, policy("before", enabled=False))
+    await asyncio.wait_for(task, 10)
+    events = [e for e in events if e["type"] != "BOOKMARK"]
+    assert [e["type"] for e in events] == ["ADDED", "MODIFIED"]
+    first, second = (e["object"] for e in events)
+    assert first["kind"] == second["kind"] == "Table"
+    assert [c["name"] for c in first["columnDefinitions"]][:3] == ["Name", "Boundary", "Enabled"]
+    assert second["columnDefinitions"] is None
+    assert second["rows"][0]["cells"][:3] == ["before", None, False]
+    assert second["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
 
 
 async def test_watch_bookmarks_and_clean_end_at_timeout(fleet: Fleet) -> None:

@@ -217,6 +217,36 @@ def test_get_prints_the_crd_printer_columns(kubectl: Kubectl) -> None:
     assert [r[1] for r in reverse[1:] if r[0].startswith("policy-tbl-")] == ["team-a", "team-b"]
 
 
+def test_get_watch_keeps_the_table_columns(kubectl: Kubectl) -> None:
+    """kubectl get -w prints watch events with the list's columns and one header."""
+    ctx = "c0001"
+    manifest = FULL_POLICY.format(
+        name="tbl-w", tier="gold", boundary="team-w", enabled="true", revision=1
+    )
+    kubectl.apply(manifest, context=ctx)
+    base = kubectl.run("get", "policies", context=ctx).stdout.splitlines()
+    cmd = [
+        "kubectl",
+        f"--kubeconfig={kubectl.sim.kubeconfig_path}",
+        f"--context={ctx}",
+        f"--cache-dir={kubectl.workdir / 'kube-cache'}",
+        "get",
+        "policies",
+        "-w",
+        "--request-timeout=3s",
+    ]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as watch:
+        assert watch.stdout is not None
+        # the initial list: header plus the existing rows
+        seen = [watch.stdout.readline() for _ in base]
+        kubectl.apply(manifest.replace("revision: 1", "revision: 2"), context=ctx)
+        changed = watch.stdout.readline().split()
+        watch.terminate()
+    assert seen[0].split() == ["NAME", "BOUNDARY", "ENABLED", "REVISION", "PHASE", "AGE"]
+    assert changed[:4] == ["policy-tbl-w", "team-w", "true", "2"]
+    kubectl.run("delete", "policy", "policy-tbl-w", context=ctx)
+
+
 def test_get_builtins_uses_their_printers(kubectl: Kubectl) -> None:
     rows = _rows(kubectl.run("get", "namespaces", context="home").stdout)
     assert rows[0] == ["NAME", "STATUS", "AGE"]
