@@ -148,6 +148,8 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
                        OR d.phase_seen_at <= EXCLUDED.phase_seen_at) AS seen) AS s)
 """
 
+# A round recorded late (kept while the database was down) must not overwrite the outcome of a
+# newer one: only a later success or reach time is taken from it.
 _UPSERT_CLUSTER_STATE = """
 INSERT INTO cluster_state AS s (
     cluster_id, last_attempt_at, last_success_at, last_reached_at, reachable, last_error,
@@ -162,18 +164,23 @@ FROM unnest($3::text[], $4::boolean[], $5::boolean[], $6::text[], $7::text[], $8
      AS u(cluster_id, reached, converged, error, reason, desired, in_sync, failed,
           server_version, duration_s)
 ON CONFLICT (cluster_id) DO UPDATE SET
-    last_attempt_at = EXCLUDED.last_attempt_at,
-    last_success_at = COALESCE(EXCLUDED.last_success_at, s.last_success_at),
-    last_reached_at = COALESCE(EXCLUDED.last_reached_at, s.last_reached_at),
-    reachable = EXCLUDED.reachable,
-    last_error = EXCLUDED.last_error,
-    last_reason = EXCLUDED.last_reason,
-    desired = EXCLUDED.desired,
-    in_sync = EXCLUDED.in_sync,
-    failed = EXCLUDED.failed,
-    server_version = COALESCE(EXCLUDED.server_version, s.server_version),
-    duration_s = EXCLUDED.duration_s,
-    round_id = EXCLUDED.round_id
+    last_success_at = GREATEST(EXCLUDED.last_success_at, s.last_success_at),
+    last_reached_at = GREATEST(EXCLUDED.last_reached_at, s.last_reached_at),
+    (last_attempt_at, reachable, last_error, last_reason, desired, in_sync, failed,
+     server_version, duration_s, round_id) =
+    (SELECT CASE WHEN fresh THEN EXCLUDED.last_attempt_at ELSE s.last_attempt_at END,
+            CASE WHEN fresh THEN EXCLUDED.reachable ELSE s.reachable END,
+            CASE WHEN fresh THEN EXCLUDED.last_error ELSE s.last_error END,
+            CASE WHEN fresh THEN EXCLUDED.last_reason ELSE s.last_reason END,
+            CASE WHEN fresh THEN EXCLUDED.desired ELSE s.desired END,
+            CASE WHEN fresh THEN EXCLUDED.in_sync ELSE s.in_sync END,
+            CASE WHEN fresh THEN EXCLUDED.failed ELSE s.failed END,
+            CASE WHEN fresh THEN COALESCE(EXCLUDED.server_version, s.server_version)
+                 ELSE COALESCE(s.server_version, EXCLUDED.server_version) END,
+            CASE WHEN fresh THEN EXCLUDED.duration_s ELSE s.duration_s END,
+            CASE WHEN fresh THEN EXCLUDED.round_id ELSE s.round_id END
+     FROM (SELECT s.last_attempt_at IS NULL
+                  OR s.last_attempt_at <= EXCLUDED.last_attempt_at AS fresh) AS f)
 """
 
 _REPLACE_INVALID = """
@@ -498,7 +505,9 @@ class Store:
 
     async def last_round(self) -> RoundRow | None:
         async with self._acquire() as conn:
-            r = await conn.fetchrow("SELECT * FROM rounds ORDER BY id DESC LIMIT 1")
+            # By start, not by id: a round recorded late is not the last one.
+            r = await conn.fetchrow(
+                "SELECT * FROM rounds ORDER BY started_at DESC, id DESC LIMIT 1")
         if r is None:
             return None
         holder = r["epoch_holder"]

@@ -241,6 +241,32 @@ async def test_older_facts_never_overwrite_newer_ones(database_url: str, store: 
     assert (row.phase, row.phase_revision, row.phase_seen_at) == ("Enforcing", 4, at(150))
 
 
+async def test_a_late_round_does_not_overwrite_a_newer_cluster_state(
+    database_url: str, store: Store
+) -> None:
+    """A round recorded late (kept while the database was down, recorded when its replica next
+    ran one) is older than what the database holds: the newer outcome stays, and stays the
+    last round; only a newer success or reach time is taken from it."""
+    await seed(database_url)
+    newer = RoundReport(started_at=at(290), finished_at=at(300), clusters=[ClusterOutcome(
+        ClusterId("c1"), desired=1, error="connect timeout", reason="unreachable")])
+    newer_id = await store.record_round(newer, identity="replica-b")
+    late = RoundReport(started_at=at(90), finished_at=at(100), clusters=[ClusterOutcome(
+        ClusterId("c1"), reached=True, desired=1, in_sync=1, server_version="v1.30.1")])
+    await store.record_round(late, identity="replica-a")
+
+    states = {s.cluster: s for s in await store.cluster_states()}
+    assert states[ClusterId("c1")] == ClusterStateRow(
+        cluster=ClusterId("c1"), reachable=False, last_attempt_at=at(300),
+        last_success_at=at(100), last_reached_at=at(100), last_error="connect timeout",
+        last_reason="unreachable", desired=1, in_sync=0, failed=0, server_version="v1.30.1",
+        round_id=newer_id,
+    )
+    last = await store.last_round()
+    assert last is not None
+    assert (last.id, last.started_at, last.identity) == (newer_id, at(290), "replica-b")
+
+
 async def test_invalid_policies_snapshot(database_url: str, store: Store) -> None:
     await seed(database_url)
     fleet = await store.load_fleet()
