@@ -92,6 +92,20 @@ def round_env(
     )
 
 
+class StopFence:
+    """The leader's fence, also closed once the daemon is stopping: on SIGTERM the writes in
+    flight finish, and no new write (nor retry) starts, so a standby can take over at once."""
+
+    def __init__(self, fence: Fence, stopping: asyncio.Event) -> None:
+        self._fence = fence
+        self._stopping = stopping
+
+    def remaining_s(self) -> float:
+        if self._stopping.is_set():
+            raise Fenced("shutting down: no new writes")
+        return self._fence.remaining_s()
+
+
 class Daemon:
     """`convergerd run` and `convergerd once`."""
 
@@ -186,9 +200,6 @@ class Daemon:
                 runner = await self._start_http(store)
                 stack.push_async_callback(runner.cleanup)
 
-            fleet = await store.load_fleet()
-            self.state.set_clusters([c.id for c in fleet.clusters])
-            self.metrics.set_clusters([c.id for c in fleet.clusters])
             await self._sync_from_store(store)
             prober = Prober(
                 clusters=self._probe_targets(registry, store),
@@ -263,13 +274,18 @@ class Daemon:
         return runner
 
     async def _sync_from_store(self, store: Store) -> None:
-        """Last successes as the leader recorded them, so lag survives restarts and standbys
-        report the same lag as the leader."""
+        """The clusters the database knows and their last successes as the leader recorded
+        them: lag survives restarts, standbys report the same lag as the leader, and a cluster
+        deleted from the database stops being reported. A database that is down leaves what
+        this replica already knows (startup goes on; rounds wait for the database)."""
         try:
             rows = await store.cluster_states()
         except DatabaseUnavailable as exc:
             log.warning("could not read cluster states (database unavailable: %s)", exc)
             return
+        clusters = [row.cluster for row in rows]
+        self.state.set_clusters(clusters)
+        self.metrics.set_clusters(clusters)
         for row in rows:
             self.metrics.seed_last_success(row.cluster, row.last_success_at)
 
@@ -362,7 +378,7 @@ class Daemon:
         self.state.set_clusters([c.id for c in fleet.clusters])
         self.metrics.set_clusters([c.id for c in fleet.clusters])
         env = round_env(
-            s, registry, elector.fence(epoch), self.metrics,
+            s, registry, StopFence(elector.fence(epoch), self.stopping), self.metrics,
             deadline_s=max(0.0, deadline - loop.time()),
         )
         try:
