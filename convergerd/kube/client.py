@@ -1,5 +1,5 @@
 """`ClusterClient`: the `PolicyApi` (and, for the home cluster, `LeaseApi`) of one cluster over
-kubernetes-asyncio, with one bounded aiohttp connection pool reused across rounds.
+kubernetes-asyncio, with one bounded connection pool (see "Connections" below).
 
 What the library does by default, and what is done here instead:
 
@@ -13,6 +13,15 @@ What the library does by default, and what is done here instead:
   `application/apply-patch+yaml`, the raw answer read, its status kept (`Applied.created`).
 - `ApiException` with the raw body: here our error classes, chained, with messages built from
   the Status body.
+
+Connections: an idle TLS connection costs ~0.3 MB (asyncio's 256 KiB SSL read buffer plus
+OpenSSL state), so only one per cluster outlives a burst of work. The pool (`pool_size`
+connections) is two aiohttp connectors: the *warm* one holds a single connection kept alive
+for `WARM_KEEPALIVE_S`, which the prober (one `/version` every 10 s) keeps open between rounds,
+so neither it nor the round's list handshakes again; a request takes it whenever no other
+request holds it. The other `pool_size - 1` connections, opened only while requests overlap
+(a round's applies), close `BURST_KEEPALIVE_S` to twice that after their last use: reused
+throughout a cluster's part of a round, gone soon after it, never kept until the next round.
 
 Every request carries `User-Agent: convergerd/<version> (<identity>)` and is reported to the
 `RequestObserver` (cluster, verb, status or None, duration). Credentials are sent as a header
@@ -58,6 +67,11 @@ APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 LIST_PAGE_SIZE = 500
 TOKEN_REREAD_S = 60.0  # a projected service-account token rotates; client-go re-reads each minute
 READ_BUFSIZE = 2**21  # big list pages
+# Keep-alive of the one warm connection per cluster: well above the prober's 10 s period.
+WARM_KEEPALIVE_S = 60.0
+# Keep-alive of the overflow connections: longer than the gaps between a cluster's requests
+# within a round (and most retry backoffs), far shorter than the time between rounds.
+BURST_KEEPALIVE_S = 2.0
 MAX_MESSAGE_CHARS = 500
 # Reason slugs of `ClusterUnreachable` (metrics labels; `retry` keys decisions on them).
 REASON_TIMEOUT = "timeout"
@@ -283,8 +297,9 @@ class _Answer:
 class ClusterClient:
     """One cluster: `PolicyApi`, and `LeaseApi` when it is the home cluster.
 
-    Must be created inside the running event loop (it owns an aiohttp session). `close()`
-    releases the pool."""
+    Must be created inside the running event loop (it owns aiohttp sessions). `close()`
+    releases the pool. At most `pool_size` connections: one warm, kept between rounds, and up
+    to `pool_size - 1` (at least one) closed `burst_keepalive_s` after their last use."""
 
     def __init__(
         self,
@@ -299,6 +314,7 @@ class ClusterClient:
         pool_size: int | None = None,
         page_size: int = LIST_PAGE_SIZE,
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        burst_keepalive_s: float = BURST_KEEPALIVE_S,
     ) -> None:
         self._cluster = cluster
         self._server = creds.server
@@ -311,30 +327,32 @@ class ClusterClient:
         self._bucket = TokenBucket(rate=access.qps, burst=access.burst, clock=self._clock)
         # Applies in flight, plus a list or a Lease call beside them.
         self.pool_size = pool_size or access.apply_concurrency + 2
-        connector = aiohttp.TCPConnector(
-            limit=self.pool_size,
-            limit_per_host=0,
-            # None: aiohttp's default verifying context (never "verification off").
-            ssl=ssl_context if ssl_context is not None else True,
-            keepalive_timeout=60.0,
-            ttl_dns_cache=300,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            trust_env=False,
-            read_bufsize=READ_BUFSIZE,
-            trace_configs=list(trace_configs) or None,
-            timeout=aiohttp.ClientTimeout(
-                total=access.request_timeout_s, sock_connect=access.connect_timeout_s
-            ),
-        )
-        self.connector = connector
-        configuration = Configuration(host=creds.server)
-        api = _ApiClient(configuration, _RestClient(self._session, creds.tls_server_name), agent)
-        self._api = api
-        self._custom = CustomObjectsApi(api)
-        self._coordination = CoordinationV1Api(api)
-        self._version = VersionApi(api)
+
+        def apis(limit: int, keepalive_s: float) -> _Apis:
+            connector = aiohttp.TCPConnector(
+                limit=limit,
+                limit_per_host=0,
+                # None: aiohttp's default verifying context (never "verification off").
+                ssl=ssl_context if ssl_context is not None else True,
+                keepalive_timeout=keepalive_s,
+                ttl_dns_cache=300,
+            )
+            session = aiohttp.ClientSession(
+                connector=connector,
+                trust_env=False,
+                read_bufsize=READ_BUFSIZE,
+                trace_configs=list(trace_configs) or None,
+                timeout=aiohttp.ClientTimeout(
+                    total=access.request_timeout_s, sock_connect=access.connect_timeout_s
+                ),
+            )
+            api = _ApiClient(Configuration(host=creds.server),
+                             _RestClient(session, creds.tls_server_name), agent)
+            return _Apis(session, CustomObjectsApi(api), CoordinationV1Api(api), VersionApi(api))
+
+        self._warm = apis(1, WARM_KEEPALIVE_S)
+        self._burst = apis(max(1, self.pool_size - 1), burst_keepalive_s)
+        self._warm_busy = False
 
     def __repr__(self) -> str:
         return f"ClusterClient({self._cluster!r}, {self._server!r})"
@@ -345,10 +363,11 @@ class ClusterClient:
 
     @property
     def closed(self) -> bool:
-        return self._session.closed
+        return self._warm.session.closed and self._burst.session.closed
 
     async def close(self) -> None:
-        await self._session.close()
+        await self._warm.session.close()
+        await self._burst.session.close()
 
     # --- PolicyApi --------------------------------------------------------------------------
 
@@ -361,7 +380,8 @@ class ClusterClient:
         while True:
             try:
                 answer = await self._request(
-                    "list", self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                    "list", lambda api: api.custom.list_cluster_custom_object,
+                    GROUP, VERSION, PLURAL,
                     deadline=deadline, label_selector=label_selector,
                     limit=self._page_size, _continue=token,
                 )
@@ -388,7 +408,7 @@ class ClusterClient:
         name = body["metadata"]["name"]
         try:
             answer = await self._request(
-                "apply", self._custom.patch_cluster_custom_object,
+                "apply", lambda api: api.custom.patch_cluster_custom_object,
                 GROUP, VERSION, PLURAL, name, body,
                 deadline=self._clock() + timeout_s,
                 field_manager=FIELD_MANAGER, force="true", _content_type=APPLY_CONTENT_TYPE,
@@ -400,7 +420,8 @@ class ClusterClient:
     async def delete_policy(self, name: str, *, timeout_s: float) -> bool:
         try:
             await self._request(
-                "delete", self._custom.delete_cluster_custom_object, GROUP, VERSION, PLURAL, name,
+                "delete", lambda api: api.custom.delete_cluster_custom_object,
+                GROUP, VERSION, PLURAL, name,
                 deadline=self._clock() + timeout_s, not_found=name,
             )
         except _Gone:
@@ -411,7 +432,7 @@ class ClusterClient:
 
     async def server_version(self, *, timeout_s: float) -> str:
         answer = await self._request(
-            "version", self._version.get_code, deadline=self._clock() + timeout_s
+            "version", lambda api: api.version.get_code, deadline=self._clock() + timeout_s
         )
         return str(answer.json().get("gitVersion", ""))
 
@@ -420,7 +441,7 @@ class ClusterClient:
     async def get_lease(self, namespace: str, name: str, *, timeout_s: float) -> KubeObject | None:
         try:
             answer = await self._request(
-                "get", self._coordination.read_namespaced_lease, name, namespace,
+                "get", lambda api: api.coordination.read_namespaced_lease, name, namespace,
                 deadline=self._clock() + timeout_s, not_found=name,
             )
         except _Gone:
@@ -433,7 +454,7 @@ class ClusterClient:
         namespace = body["metadata"]["namespace"]
         try:
             answer = await self._request(
-                "create", self._coordination.create_namespaced_lease, namespace, body,
+                "create", lambda api: api.coordination.create_namespaced_lease, namespace, body,
                 deadline=self._clock() + timeout_s,
             )
         except ClusterLevelError as exc:
@@ -444,7 +465,7 @@ class ClusterClient:
         meta = body["metadata"]
         try:
             answer = await self._request(
-                "update", self._coordination.replace_namespaced_lease,
+                "update", lambda api: api.coordination.replace_namespaced_lease,
                 meta["name"], meta["namespace"], body,
                 deadline=self._clock() + timeout_s,
             )
@@ -465,17 +486,20 @@ class ClusterClient:
     async def _request(
         self,
         verb: str,
-        method: Callable[..., Awaitable[Any]],
+        method: Callable[[_Apis], Callable[..., Awaitable[Any]]],
         *args: Any,
         deadline: float,
         not_found: str | None = None,
         **kwargs: Any,
     ) -> _Answer:
         """One HTTP request, bounded by `deadline` (clock time) including the rate limiter's
-        wait. Raises our error classes only; `_Gone` for a 404 about object `not_found`."""
+        wait; `method` picks the library call from the session it goes over (the warm one when
+        no other request holds it). Raises our error classes only; `_Gone` for a 404 about
+        object `not_found`."""
         start = self._clock()
         budget = deadline - start
         status: int | None = None
+        warm = False
         try:
             if budget <= 0:
                 raise ClusterUnreachable("no time left for the request", reason=REASON_TIMEOUT)
@@ -486,7 +510,13 @@ class ClusterClient:
                     total=min(self._request_timeout_s, remaining),
                     sock_connect=min(self._connect_timeout_s, remaining),
                 )
-                response = await method(
+                # The warm session carries one request at a time (held until `finally`), so it
+                # never queues there and never opens a second connection.
+                warm = not self._warm_busy
+                if warm:
+                    self._warm_busy = True
+                call = method(self._warm if warm else self._burst)
+                response = await call(
                     *args, _preload_content=False, _request_timeout=timeout,
                     _headers=self._auth.headers(), **kwargs,
                 )
@@ -501,6 +531,8 @@ class ClusterClient:
             limit = min(self._request_timeout_s, budget)
             raise transport_error(exc, elapsed_s=elapsed, timeout_s=limit) from exc
         finally:
+            if warm:
+                self._warm_busy = False
             if self._observer is not None:
                 self._observer.request_done(self._cluster, verb, status,
                                             self._clock() - start)
@@ -510,6 +542,16 @@ class ClusterClient:
                                                                                not_found):
             raise _Gone
         raise http_error(answer.status, answer.reason, answer.headers, answer.body)
+
+
+@dataclass(frozen=True, slots=True)
+class _Apis:
+    """kubernetes-asyncio's API objects over one of a client's two sessions."""
+
+    session: aiohttp.ClientSession
+    custom: Any
+    coordination: Any
+    version: Any
 
 
 class _Gone(Exception):

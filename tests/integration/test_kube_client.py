@@ -230,6 +230,41 @@ async def test_client_is_cached_and_pool_reused(fleet: Fleet) -> None:
     assert len(created) <= client.pool_size  # 40 requests, a handful of connections
 
 
+async def test_only_the_warm_connection_outlives_a_burst(fleet: Fleet) -> None:
+    """Overlapping requests open overflow connections, reused within the burst; once the
+    burst is over they close (within twice their keep-alive) and one warm connection stays:
+    the next single request (the prober's) reuses it, and of two overlapping requests only
+    one finds a connection to reuse."""
+    created: list[int] = []
+    reused: list[int] = []
+
+    async def on_create(*_: object) -> None:
+        created.append(1)
+
+    async def on_reuse(*_: object) -> None:
+        reused.append(1)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(on_create)
+    trace.on_connection_reuseconn.append(on_reuse)
+    client = _client(fleet, C1, trace_configs=[trace], burst_keepalive_s=0.1)
+    try:
+        await asyncio.gather(*(client.apply_policy(policy(f"p{i}"), timeout_s=2)
+                               for i in range(40)))
+        assert 2 <= len(created) <= client.pool_size
+        assert len(reused) == 40 - len(created)  # reuse within the burst
+        await asyncio.sleep(0.5)  # > 2 x the overflow keep-alive; far below the warm one's
+        created.clear()
+        reused.clear()
+        await client.server_version(timeout_s=2)
+        assert (len(created), len(reused)) == (0, 1)
+        await asyncio.gather(*(client.server_version(timeout_s=2) for _ in range(2)))
+        assert (len(created), len(reused)) == (1, 2)
+    finally:
+        await client.close()
+    assert client.closed
+
+
 async def test_registry_caches_and_closes(registry: ClusterRegistry) -> None:
     client = registry.get(C1)
     assert registry.get(C1) is client

@@ -1,0 +1,244 @@
+"""Memory benchmark: what the daemon's process holds after a round, and what the prober costs.
+
+    .venv/bin/python bench/memory.py [--clusters 100,1000] [--policies 10] [--apply-concurrency 4]
+
+Per point, with the daemon's wiring (`ClusterRegistry` over the simulator's kubeconfig,
+`runtime.round_env`, `Metrics` as observer; pieces of `bench/rounds.py`):
+
+1. start `convergerd sim` in its own process, create every cluster's store (untimed, throwaway
+   sessions), note this process's RSS (`VmRSS`, current, not the peak);
+2. `create` round, then RSS and open TCP sockets right after it and again `--settle` seconds later;
+3. the reachability prober (`convergerd.probe.Prober`) over every cluster, `--probe-passes`
+   passes `--probe-period` seconds apart (the daemon's 10 s by default): CPU seconds and TLS
+   handshakes of each pass;
+4. `in-sync` round, then RSS and sockets right after it and `--settle` seconds later.
+
+TLS handshakes are counted from the shared SSL contexts (`SSLContext.session_stats()`), so they
+are the client's own. One JSON line per measurement on stdout, then a Markdown table.
+
+`--keepalive-override NAME=SECONDS` sets a `convergerd.kube.client` keep-alive constant before
+any client exists: an experiment knob for this script only (the daemon has no such setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import ssl
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import convergerd.kube.client as kube_client
+from convergerd.kube.kubeconfig import load_kubeconfig
+from convergerd.kube.registry import ClusterRegistry
+from convergerd.metrics import Metrics
+from convergerd.probe import Prober
+
+# Run as a script, bench/ (not the repository) is on sys.path: reuse bench/rounds.py's pieces.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.rounds import (
+    Limits,
+    Sim,
+    _default,
+    _int_list,
+    build_fleet,
+    log,
+    timed_round,
+    warm_up,
+)
+
+MB = 1024 * 1024
+
+
+def rss_mb() -> float:
+    """This process's current resident set (not the peak)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024 / MB
+    return float("nan")
+
+
+def open_sockets() -> int:
+    """File descriptors of this process that are sockets (the loop's self-pipe included)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+class _Sink:
+    """The prober's metrics and state sinks: nothing kept."""
+
+    def set_cluster_up(self, cluster: str, up: bool, server_version: str | None = None) -> None:
+        pass
+
+    def observe_probe(self, cluster: str, **_: Any) -> None:
+        pass
+
+
+def _contexts(
+    registry: ClusterRegistry, kubeconfig: Path, ids: Sequence[str]
+) -> list[ssl.SSLContext]:
+    config = load_kubeconfig(kubeconfig)
+    seen: dict[int, ssl.SSLContext] = {}
+    for cluster in ids:
+        ctx = registry.tls.context_for(config.credentials(cluster))
+        if ctx is not None:
+            seen[id(ctx)] = ctx
+    return list(seen.values())
+
+
+def handshakes(contexts: Sequence[ssl.SSLContext]) -> int:
+    return sum(int(ctx.session_stats()["connect"]) for ctx in contexts)
+
+
+def emit(record: dict[str, Any], out: list[dict[str, Any]]) -> None:
+    out.append(record)
+    print(json.dumps(record), flush=True)
+
+
+async def point(
+    n: int, p: int, *, limits: Limits, args: argparse.Namespace, workdir: Path,
+    out: list[dict[str, Any]],
+) -> None:
+    log("== %d clusters x %d policies", n, p)
+    sim = Sim.start(n, workdir)
+    try:
+        fleet = build_fleet(n, p)
+        ids = [c.id for c in fleet.clusters]
+        settings = limits.settings(sim.kubeconfig)
+        metrics = Metrics(interval_s=settings.rounds.interval_s, process_collectors=False)
+        registry = ClusterRegistry(kubeconfig=sim.kubeconfig, access=settings.clusters,
+                                   identity="bench", observer=metrics)
+        try:
+            await warm_up(sim.kubeconfig, ids, limits)
+            contexts = _contexts(registry, sim.kubeconfig, ids)
+            base_rss, base_sockets = rss_mb(), open_sockets()
+            common = {"clusters": n, "policies": p,
+                      "apply_concurrency": limits.apply_concurrency,
+                      "base_rss_mb": round(base_rss, 1)}
+
+            async def after_round(name: str) -> None:
+                hs = handshakes(contexts)
+                report, wall, cpu = await timed_round(fleet, settings, registry, metrics)
+                counts = report.counts()
+                if counts["converged"] != n:
+                    raise RuntimeError(f"{name} round: {counts}")
+                right_after = {"rss_mb": round(rss_mb(), 1),
+                               "sockets": open_sockets() - base_sockets}
+                await asyncio.sleep(args.settle)
+                settled = {"rss_mb": round(rss_mb(), 1),
+                           "sockets": open_sockets() - base_sockets}
+                emit({"bench": name, **common, "wall_s": round(wall, 2),
+                      "cpu_s": round(cpu, 2), "created": counts["created"],
+                      "handshakes": handshakes(contexts) - hs,
+                      "after": right_after, f"after_{args.settle:g}s": settled,
+                      "settled_mb_per_cluster": round((settled["rss_mb"] - base_rss) / n, 3),
+                      "loadavg_1m": round(os.getloadavg()[0], 2)}, out)
+
+            await after_round("create")
+
+            prober = Prober(clusters=lambda: {c: registry.get(c) for c in ids},
+                            metrics=_Sink(), state=_Sink(), period_s=args.probe_period,
+                            timeout_s=limits.request_timeout_s)
+            loop = asyncio.get_running_loop()
+            for i in range(args.probe_passes):
+                started = loop.time()
+                hs, cpu = handshakes(contexts), time.process_time()
+                reached = await prober.probe_once()
+                cpu = time.process_time() - cpu
+                emit({"bench": "probe", **common, "pass": i + 1,
+                      "wall_s": round(loop.time() - started, 2), "cpu_s": round(cpu, 3),
+                      "reached": sum(reached.values()), "handshakes": handshakes(contexts) - hs,
+                      "rss_mb": round(rss_mb(), 1), "sockets": open_sockets() - base_sockets,
+                      "loadavg_1m": round(os.getloadavg()[0], 2)}, out)
+                await asyncio.sleep(max(0.0, started + args.probe_period - loop.time()))
+
+            await after_round("in-sync")
+        finally:
+            await registry.close()
+    finally:
+        sim.stop()
+
+
+def markdown(results: Sequence[dict[str, Any]], settle: float) -> str:
+    key = f"after_{settle:g}s"
+    rows = [
+        f"| bench | clusters | apply conc. | wall s | CPU s | TLS handshakes | RSS MB before | "
+        f"RSS MB right after | sockets right after | RSS MB {settle:g} s later | "
+        f"sockets {settle:g} s later |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if r["bench"] == "probe":
+            rows.append(
+                f"| probe pass {r['pass']} | {r['clusters']:,} | {r['apply_concurrency']} | "
+                f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['handshakes']:,} | "
+                f"{r['base_rss_mb']:,.1f} | {r['rss_mb']:,.1f} | {r['sockets']:,} | | |"
+            )
+            continue
+        rows.append(
+            f"| {r['bench']} | {r['clusters']:,} | {r['apply_concurrency']} | "
+            f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['handshakes']:,} | "
+            f"{r['base_rss_mb']:,.1f} | {r['after']['rss_mb']:,.1f} | "
+            f"{r['after']['sockets']:,} | {r[key]['rss_mb']:,.1f} | {r[key]['sockets']:,} |"
+        )
+    return "\n".join(rows)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--clusters", type=_int_list, default=[100, 1000])
+    parser.add_argument("--policies", type=_int_list, default=[10])
+    parser.add_argument("--cluster-concurrency", type=int,
+                        default=int(_default("cluster_concurrency")))
+    parser.add_argument("--apply-concurrency", type=int, default=int(_default("apply_concurrency")))
+    parser.add_argument("--settle", type=float, default=5.0, metavar="SECONDS",
+                        help="wait this long after a round before reading RSS again (default 5)")
+    parser.add_argument("--probe-passes", type=int, default=3)
+    parser.add_argument("--probe-period", type=float, default=10.0, metavar="SECONDS",
+                        help="seconds between probe passes (the daemon's default: 10)")
+    parser.add_argument("--keepalive-override", action="append", default=[],
+                        metavar="NAME=SECONDS",
+                        help="set convergerd.kube.client.NAME (experiments only)")
+    return parser.parse_args(argv)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    for override in args.keepalive_override:
+        name, _, value = override.partition("=")
+        if not hasattr(kube_client, name):
+            raise SystemExit(f"convergerd.kube.client has no {name}")
+        setattr(kube_client, name, float(value))
+    limits = Limits(
+        cluster_concurrency=args.cluster_concurrency, apply_concurrency=args.apply_concurrency,
+        request_timeout_s=float(_default("request_timeout_s")), fault_timeout_s=2.0,
+        qps=float(_default("cluster_qps")), burst=int(_default("cluster_burst")),
+        interval_minutes=30.0,
+    )
+    results: list[dict[str, Any]] = []
+    for n in sorted(set(args.clusters)):
+        for p in sorted(set(args.policies)):
+            with tempfile.TemporaryDirectory(prefix="convergerd-membench-") as tmp:
+                await point(n, p, limits=limits, args=args, workdir=Path(tmp), out=results)
+    print()
+    print(markdown(results, args.settle), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    asyncio.run(main_async(parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
