@@ -54,6 +54,7 @@ from convergerd.errors import (
     ClusterError,
     ClusterLevelError,
     ClusterUnreachable,
+    NoCredentials,
     ObjectRejected,
     classify_status,
 )
@@ -264,9 +265,8 @@ class _BearerToken:
                 token = path.read_text(encoding="utf-8").strip()
             except OSError as exc:
                 if not self._header:
-                    raise ClusterLevelError(
-                        f"cannot read the token file {path}: {exc.strerror}",
-                        status=0, reason="no_token",
+                    raise NoCredentials(
+                        f"cannot read the token file {path}: {exc.strerror}", reason="no_token"
                     ) from exc
             else:
                 self._header = {"Authorization": f"Bearer {token}"}

@@ -568,6 +568,24 @@ async def test_token_file_is_reread_each_minute(fleet: Fleet, tmp_path: Path) ->
         await client.close()
 
 
+async def test_missing_token_file_is_no_credentials_not_a_reached_cluster(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A token file that cannot be read means the cluster was never contacted: the cluster is
+    reported without credentials (and so not as reached), and nothing is sent."""
+    creds = Credentials(name=C1, server=fleet.base_url(C1), ca_pem=fleet.ca_pem(C1),
+                        token_file=tmp_path / "missing-token")
+    client = ClusterClient(C1, creds, ssl_context=TlsContexts().context_for(creds),
+                           access=access(None), agent=AGENT)
+    try:
+        with pytest.raises(NoCredentials, match="cannot read the token file") as caught:
+            await client.server_version(timeout_s=2)
+    finally:
+        await client.close()
+    assert caught.value.reason == "no_token"
+    assert fleet.accounting.counts(C1)["nonResource"] == 0
+
+
 async def test_apply_forces_fields_owned_by_another_manager(fleet: Fleet,
                                                             registry: ClusterRegistry) -> None:
     """Drift by someone else (kubectl edit) is taken back: apply is sent with force."""
