@@ -6,6 +6,7 @@ import pytest
 
 from convergerd.errors import ClusterUnreachable
 from convergerd.kube.ratelimit import BucketState, TokenBucket, refill, reserve
+from tests.unit.faketime import FakeTime
 
 
 @pytest.mark.parametrize(
@@ -43,17 +44,6 @@ def test_reserve(
     assert wait == pytest.approx(expected_wait)
 
 
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.slept: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
 
 
 async def test_burst_then_rate() -> None:

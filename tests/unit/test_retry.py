@@ -17,6 +17,7 @@ from convergerd.errors import (
     TransientApiError,
 )
 from convergerd.retry import backoff_s, call_with_retries, next_wait
+from tests.unit.faketime import FakeTime
 
 
 class Top:
@@ -81,17 +82,6 @@ def test_next_wait(
     assert wait == (pytest.approx(expected) if expected is not None else None)
 
 
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
 
 
 class Retries:
@@ -120,7 +110,7 @@ class Script:
 
 
 async def test_retries_transient_errors_then_succeeds() -> None:
-    t, obs = FakeTime(), Retries()
+    t, obs = FakeTime(1000.0), Retries()
     fn = Script(t, [UNREACHABLE, E503, E429])
     result = await call_with_retries(
         fn, deadline=t.now + 60, cluster="c1", observer=obs,
@@ -132,7 +122,7 @@ async def test_retries_transient_errors_then_succeeds() -> None:
 
 
 async def test_a_timeout_costs_one_attempt() -> None:
-    t = FakeTime()
+    t = FakeTime(1000.0)
     fn = Script(t, [TIMEOUT], cost_s=3.0)
     with pytest.raises(ClusterUnreachable) as info:
         await call_with_retries(fn, deadline=t.now + 60, cluster="c1",
@@ -143,7 +133,7 @@ async def test_a_timeout_costs_one_attempt() -> None:
 
 
 async def test_non_retryable_error_is_raised_as_is() -> None:
-    t = FakeTime()
+    t = FakeTime(1000.0)
     fn = Script(t, [E409])
     with pytest.raises(ObjectRejected) as info:
         await call_with_retries(fn, deadline=t.now + 60, cluster="c1",
@@ -180,7 +170,7 @@ async def test_a_timeout_raised_by_the_call_itself_is_not_rewritten() -> None:
 
 
 async def test_gives_up_when_the_wait_would_pass_the_deadline() -> None:
-    t = FakeTime()
+    t = FakeTime(1000.0)
     slow = Throttled("429 Too Many Requests", status=429, retry_after_s=30.0)
     fn = Script(t, [slow])
     with pytest.raises(Throttled):
@@ -190,7 +180,7 @@ async def test_gives_up_when_the_wait_would_pass_the_deadline() -> None:
 
 
 async def test_deadline_already_passed() -> None:
-    t = FakeTime()
+    t = FakeTime(1000.0)
     fn = Script(t, [])
     with pytest.raises(ClusterUnreachable, match="deadline") as info:
         await call_with_retries(fn, deadline=t.now - 1, cluster="c1",
