@@ -47,7 +47,7 @@ API_VERSIONS = {
     "PodMonitor": "monitoring.coreos.com/v1",
     "PrometheusRule": "monitoring.coreos.com/v1",
 }
-RENDERED_DIRS = ("base", "sidecar", "member-cluster", "prometheus")
+RENDERED_DIRS = ("base", "sidecar", "member-cluster", "operator", "prometheus")
 
 Obj = dict[str, Any]
 
@@ -472,7 +472,7 @@ def test_convergerd_may_only_touch_policies_in_member_clusters() -> None:
 
 
 def test_operator_rbac_and_deployment() -> None:
-    objs = render("member-cluster")
+    objs = render("operator")
     role = one(objs, "ClusterRole", "stackship:convergerd:operator")
     grants = {
         (group, resource): sorted(rule["verbs"])
