@@ -74,12 +74,21 @@ def _dsn(value: str) -> str:
     return value.strip()
 
 
-_QUERY_PASSWORD = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
+# libpq and asyncpg take passwords in the query too: the server's, and the client key's.
+_QUERY_PASSWORD = re.compile(r"((?:^|&)(?:ssl)?password=)([^&]*)", re.IGNORECASE)
+
+
+def dsn_secrets(dsn: str) -> list[str]:
+    """The passwords a DSN carries (user info, `password=`, `sslpassword=`), as written and
+    percent-decoded, for scrubbing text that might quote them."""
+    parsed = urllib.parse.urlsplit(dsn)
+    found = [parsed.password or ""] + [m.group(2) for m in _QUERY_PASSWORD.finditer(parsed.query)]
+    return sorted({v for raw in found if raw for v in (raw, urllib.parse.unquote(raw))})
 
 
 def redact_dsn(dsn: str) -> str:
-    """The DSN with its password replaced, for logs and status: in the user info, and in a
-    `password=` query parameter (libpq and asyncpg accept both)."""
+    """The DSN with its passwords replaced, for logs and status: in the user info, and in
+    `password=` / `sslpassword=` query parameters (libpq and asyncpg accept them)."""
     parsed = urllib.parse.urlsplit(dsn)
     netloc = parsed.netloc
     if parsed.password is not None:

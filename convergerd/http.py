@@ -30,14 +30,13 @@ import asyncio
 import hmac
 import logging
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
 
 from convergerd import __version__
-from convergerd.config import Settings, check_settings
+from convergerd.config import Settings, check_settings, dsn_secrets
 from convergerd.errors import ConfigError, ConvergerdError
 from convergerd.metrics import CONTENT_TYPE, Metrics
 from convergerd.model import DELIVERED_RULE_TYPES, ClusterId, InvalidPolicy, PolicyId, PolicyRow
@@ -147,9 +146,7 @@ def secrets_of(settings: Settings) -> list[str]:
     if settings.database_url and settings.database_url_redacted != settings.database_url:
         # Only a DSN carrying a password is a secret; a password-less one is what status shows.
         found.append(settings.database_url)
-        password = urllib.parse.urlsplit(settings.database_url).password
-        if password:
-            found.extend({password, urllib.parse.unquote(password)})
+        found.extend(dsn_secrets(settings.database_url))
     return [s for s in found if len(s) >= 4]  # a 1-3 character "secret" would shred text
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from convergerd.config import load_settings, redact_dsn
+from convergerd.config import dsn_secrets, load_settings, redact_dsn
 from convergerd.errors import ConfigError
 
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - the documented default listen address
@@ -240,7 +240,16 @@ def test_database_url_redacted_keeps_everything_but_the_password() -> None:
         # libpq also takes the password as a query parameter
         ("postgresql://u@h/db?password=s3cr3t-pw&sslmode=require",
          "postgresql://u@h/db?password=***&sslmode=require"),
+        # ... and the client key's password
+        ("postgresql://u@h/db?sslmode=verify-full&sslpassword=k3y-pw",
+         "postgresql://u@h/db?sslmode=verify-full&sslpassword=***"),
     ],
 )
 def test_redact_dsn(dsn: str, redacted: str) -> None:
     assert redact_dsn(dsn) == redacted
+
+
+def test_dsn_secrets_lists_every_password_form() -> None:
+    dsn = "postgresql://u:p%40ss@h/db?password=q-pw&sslpassword=k3y-pw"
+    assert dsn_secrets(dsn) == sorted({"p%40ss", "p@ss", "q-pw", "k3y-pw"})
+    assert dsn_secrets("postgresql://u@h/db?sslmode=require") == []
