@@ -19,7 +19,6 @@ from convergerd.errors import ConfigError, ConvergerdError
 log = logging.getLogger("convergerd")
 
 EXIT_OK = 0
-EXIT_NOT_CONVERGED = 1
 EXIT_USAGE = 2
 
 _DESCRIPTION = """\

@@ -76,10 +76,6 @@ class Round:
     wall: Callable[[], dt.datetime]  # UTC, for records
 
 
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
 async def run_round(
     fleet: Fleet, env: Round, *, epoch: Epoch | None = None
 ) -> RoundReport:

@@ -233,9 +233,6 @@ class Metrics:
         self._leader = now
         self._is_leader = 1.0 if is_leader else 0.0
 
-    def set_invalid_policies(self, count: int) -> None:
-        self._invalid = count
-
     def set_loop_lag(self, seconds: float) -> None:
         self._loop_lag_s = max(0.0, seconds)
 

@@ -26,10 +26,10 @@ from aiohttp import web
 from convergerd import __version__
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
 from convergerd.converge import ClusterSource, Fence, Round, RoundLimits, run_round
-from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced
+from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced, NoCredentials
 from convergerd.http import HealthCheck, make_app
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.leader import Elector, NoElection
+from convergerd.leader import Elector, Leadership, NoElection
 from convergerd.metrics import Metrics
 from convergerd.model import Fleet
 from convergerd.probe import Prober
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_NOT_CONVERGED = 1
-EXIT_SETUP = 2
 T = TypeVar("T")
 
 # Waiting for the database: from one second up to half a minute between attempts.
@@ -202,7 +201,7 @@ class Daemon:
 
             await self._sync_from_store(store)
             prober = Prober(
-                clusters=self._probe_targets(registry, store),
+                clusters=self._probe_targets(registry),
                 metrics=self.metrics, state=self.state,
                 period_s=self.probe_period_s, timeout_s=s.clusters.request_timeout_s,
             )
@@ -237,7 +236,7 @@ class Daemon:
             return EXIT_NOT_CONVERGED
         return EXIT_OK
 
-    def _elector(self, registry: ClusterRegistry) -> Elector | NoElection:
+    def _elector(self, registry: ClusterRegistry) -> Leadership:
         e = self.settings.election
         if not e.enabled:
             log.warning(
@@ -249,11 +248,11 @@ class Daemon:
             registry.home_lease(e.home_context), e, on_change=self.metrics.set_leader,
         )
 
-    def _probe_targets(self, registry: ClusterRegistry, store: Store) -> Callable[[], Any]:
+    def _probe_targets(self, registry: ClusterRegistry) -> Callable[[], Any]:
         def targets() -> dict[str, Any]:
             result: dict[str, Any] = {}
             for cluster in self.state.cluster_ids():
-                with contextlib.suppress(Exception):  # no context: reported by rounds
+                with contextlib.suppress(NoCredentials):  # no context: reported by rounds
                     result[cluster] = registry.get(cluster)
             return result
 
@@ -289,7 +288,7 @@ class Daemon:
         for row in rows:
             self.metrics.seed_last_success(row.cluster, row.last_success_at)
 
-    async def _standby_sync(self, store: Store, elector: Elector | NoElection) -> None:
+    async def _standby_sync(self, store: Store, elector: Leadership) -> None:
         period = min(self.settings.rounds.interval_s, 30.0)
         while True:
             await asyncio.sleep(period)
@@ -299,7 +298,7 @@ class Daemon:
     # -- rounds ----------------------------------------------------------------------------
 
     async def _rounds(
-        self, store: Store, registry: ClusterRegistry, elector: Elector | NoElection
+        self, store: Store, registry: ClusterRegistry, elector: Leadership
     ) -> None:
         s = self.settings
         loop = asyncio.get_running_loop()
@@ -336,7 +335,7 @@ class Daemon:
             await _first(asyncio.sleep(max(0.0, next_at - loop.time())), self.stopping.wait())
 
     async def _guarded_round(
-        self, store: Store, registry: ClusterRegistry, elector: Elector | NoElection, epoch: Epoch
+        self, store: Store, registry: ClusterRegistry, elector: Leadership, epoch: Epoch
     ) -> RoundReport:
         """Run one round; cancel it the moment leadership is lost; on SIGTERM let it finish
         within the grace period."""
@@ -362,7 +361,7 @@ class Daemon:
             stopping.cancel()
 
     async def _one_round(
-        self, store: Store, registry: ClusterRegistry, elector: Elector | NoElection, epoch: Epoch
+        self, store: Store, registry: ClusterRegistry, elector: Leadership, epoch: Epoch
     ) -> RoundReport:
         s = self.settings
         loop = asyncio.get_running_loop()
