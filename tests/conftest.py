@@ -8,8 +8,16 @@ import warnings
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.fleet"]
+
+# Property tests: no per-example deadline (two shared cores make timings noisy; performance
+# lives in bench/), a fixed example budget so the suite's time is predictable.
+settings.register_profile(
+    "convergerd", deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("convergerd")
 
 
 @pytest.fixture(autouse=True)
