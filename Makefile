@@ -20,8 +20,9 @@ demo: install  ## simulated fleet + database + daemon, on the embedded default
 sim: install  ## just the fleet simulator (50 clusters) with a kubeconfig in .demo/
 	$(BIN)/convergerd sim --clusters 50 --listen 127.0.0.1:8181 --kubeconfig-out .demo/sim-kubeconfig
 
-lint: install
+lint: install  ## ruff, and the layers (import-linter contracts in pyproject.toml)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 typecheck: install
 	$(BIN)/mypy
@@ -29,6 +30,7 @@ typecheck: install
 test: install  ## lint, types, then the whole suite (real PostgreSQL, simulator, kubectl, promtool)
 	bash .ci/install-tools
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 

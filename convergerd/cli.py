@@ -134,8 +134,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_sim_extra(command: str) -> str | None:
+    """The one-line message for `sim` and `demo` when the `sim` extra is not installed (the
+    daemon itself never needs it), else None."""
+    if command not in ("sim", "demo"):
+        return None
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        return (f"convergerd {command} needs the simulator extra, which is not installed: "
+                "pip install 'convergerd[sim]'")
+    return None
+
+
 def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command
     command: str = args.command
+    missing = missing_sim_extra(command)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return EXIT_USAGE
     if command == "status":
         from convergerd import statuscli
 

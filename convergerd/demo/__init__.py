@@ -17,7 +17,6 @@ from pathlib import Path
 
 from convergerd.config import INTERVAL_ENV, Settings, load_settings
 from convergerd.sim.faults import Faults
-from convergerd.sim.fleet import HOME, Fleet, FleetConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,7 @@ async def _database(settings: Settings, workdir: Path) -> AsyncIterator[str]:
     if settings.database_url:
         yield settings.database_url
         return
-    from convergerd.pgserver import private_postgres
+    from convergerd.demo.pgserver import private_postgres
 
     log.info("no CONVERGERD_DATABASE_URL: starting a private PostgreSQL in %s", workdir / "pg")
     async with private_postgres(workdir / "pg") as dsn:
@@ -74,6 +73,7 @@ def _prepare(workdir: Path) -> Path:
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
     from convergerd.runtime import Daemon
+    from convergerd.sim.fleet import HOME, Fleet, FleetConfig
     from convergerd.store.importer import import_file
     from convergerd.store.schema import migrate
 

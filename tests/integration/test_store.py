@@ -11,9 +11,9 @@ import traceback
 import asyncpg
 import pytest
 
+from convergerd.demo.pgserver import free_port
 from convergerd.errors import DatabaseUnavailable
 from convergerd.model import BoundaryId, ClusterId, InvalidPolicy, PolicyId, PolicyRow
-from convergerd.pgserver import free_port
 from convergerd.report import (
     ApplyResult,
     ClusterOutcome,
