@@ -47,6 +47,13 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _share(value: str) -> float:
+    number = float(value)
+    if not math.isfinite(number) or not 0 <= number <= 1:
+        raise ValueError("expected a share from 0 to 1")
+    return number
+
+
 def _host_port(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -163,6 +170,13 @@ SETTINGS: tuple[Setting, ...] = (
             "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("log_format", "CONVERGERD_LOG_FORMAT", "--log-format", _text, "text",
             "text or json"),
+    Setting("save_deadline_s", "CONVERGERD_SAVE_DEADLINE_SECONDS", "--save-deadline-seconds",
+            _positive_float, "10",
+            "overall deadline of a save or delete fan-out to the clusters (a person waits)"),
+    Setting("removal_guard_share", "CONVERGERD_REMOVAL_GUARD_SHARE", "--removal-guard-share",
+            _share, "0.5",
+            "a save whose scope read came back empty removes nothing when that would remove "
+            "the policy from more than this share of the clusters holding it (0 to 1)"),
 )
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -199,6 +213,14 @@ class Election:
 
 
 @dataclass(frozen=True, slots=True)
+class Saves:
+    """Save and delete through the API or on a database notification (convergerd.fanout)."""
+
+    deadline_s: float = 10.0
+    removal_guard_share: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     database_url: str | None = field(repr=False)
     clusters: ClusterAccess
@@ -210,6 +232,7 @@ class Settings:
     grace_period_s: float
     log_level: str
     log_format: str
+    saves: Saves = field(default_factory=Saves)
 
     @property
     def database_url_redacted(self) -> str | None:
@@ -277,6 +300,8 @@ def load_settings(
         grace_period_s=v["grace_period_s"],
         log_level=v["log_level"],
         log_format=v["log_format"],
+        saves=Saves(deadline_s=v["save_deadline_s"],
+                    removal_guard_share=v["removal_guard_share"]),
     )
     check_settings(settings)
     return settings

@@ -16,11 +16,18 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from convergerd.errors import ClusterError, ClusterLevelError, Fenced
-from convergerd.kube.api import PolicyApi
+from convergerd.errors import (
+    ClusterError,
+    ClusterLevelError,
+    DatabaseUnavailable,
+    Fenced,
+    Superseded,
+)
+from convergerd.kube.api import Applied, PolicyApi
 from convergerd.model import ClusterId, Fleet, Policy, PolicyId
-from convergerd.plan import Apply, Observed, plan_cluster
-from convergerd.render import MANAGED_SELECTOR, object_name, policy_id_of
+from convergerd.plan import Apply, Observed, Why, plan_cluster, with_precondition
+from convergerd.removal import Current
+from convergerd.render import MANAGED_SELECTOR, object_name, policy_id_of, render_policy
 from convergerd.report import (
     ApplyResult,
     ClusterOutcome,
@@ -56,6 +63,13 @@ class ClusterSource(Protocol):
         ...
 
 
+class WriteGuard(Protocol):
+    async def current(self, policies: Sequence[PolicyId]) -> Mapping[PolicyId, Current]:
+        """The database's view of `policies` now; a policy without an entry has no row any
+        more. Raises `DatabaseUnavailable`."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class RoundLimits:
     deadline_s: float  # the whole round, from its start
@@ -74,6 +88,8 @@ class Round:
     limits: RoundLimits
     clock: Callable[[], float]  # monotonic (loop time)
     wall: Callable[[], dt.datetime]  # UTC, for records
+    # Checks creates against the database at write time (see `_guard_creates`); None: no check.
+    guard: WriteGuard | None = None
 
 
 async def run_round(
@@ -176,7 +192,55 @@ async def _converge(
             )
     outcome.in_sync = len(desired) - len(actions)
     if actions:
+        actions = await _guard_creates(outcome, actions, env)
         await _apply_all(outcome, actions, api, env, deadline)
+
+
+async def _guard_creates(
+    outcome: ClusterOutcome, actions: Sequence[Apply], env: Round
+) -> list[Apply]:
+    """Before creating what the list did not have, ask the database again: a policy whose
+    deletion began, or that a save moved to a newer revision, since the round read the fleet is
+    not written (superseded). What lands between this check and the write is settled after it
+    (`_settle_creates`)."""
+    creates = [a.policy.id for a in actions if a.why is Why.MISSING]
+    if env.guard is None or not creates:
+        return list(actions)
+    current = await _ask(env.guard, creates, outcome.cluster)
+    if current is None:
+        return list(actions)
+    kept = []
+    for action in actions:
+        if action.why is Why.MISSING and _stale(action.policy, current.get(action.policy.id)):
+            outcome.superseded += 1
+            outcome.in_sync += 1
+            continue
+        kept.append(action)
+    return kept
+
+
+async def _ask(
+    guard: WriteGuard, policies: list[PolicyId], cluster: ClusterId
+) -> Mapping[PolicyId, Current] | None:
+    """None when the database cannot answer: the round goes on without the check (rounds keep
+    clusters converged through a database outage; a deletion cannot begin while it lasts)."""
+    try:
+        return await guard.current(policies)
+    except DatabaseUnavailable as exc:
+        log.warning("cluster %s: write-time check skipped (database unavailable: %s)",
+                    cluster, exc, extra={"cluster": cluster})
+        return None
+
+
+def _stale(policy: Policy, now: Current | None) -> bool:
+    return now is None or now.deleting or now.revision != policy.revision
+
+
+@dataclass(slots=True)
+class _Done:
+    action: Apply
+    delivery: Delivery | None  # None: superseded
+    applied: Applied | None = None
 
 
 async def _apply_all(
@@ -184,7 +248,7 @@ async def _apply_all(
 ) -> None:
     gate = asyncio.Semaphore(env.limits.apply_concurrency)
 
-    async def apply(action: Apply) -> Delivery:
+    async def apply(action: Apply) -> _Done:
         async with gate:
             return await _apply_one(outcome.cluster, action, api, env, deadline)
 
@@ -204,15 +268,88 @@ async def _apply_all(
             raise
         # Keep (and count) what finished before the failure; the cluster's reason is the
         # first error.
-        for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is None:
-                _record(outcome, task.result())
+        finished = [t.result() for t in tasks
+                    if t.done() and not t.cancelled() and t.exception() is None]
+        await _settle_and_record(outcome, finished, api, env, deadline)
         raise errors.exceptions[0] from None
-    for task in tasks:
-        _record(outcome, task.result())
+    await _settle_and_record(outcome, [t.result() for t in tasks], api, env, deadline)
 
 
-def _record(outcome: ClusterOutcome, delivery: Delivery) -> None:
+async def _settle_and_record(
+    outcome: ClusterOutcome, done: list[_Done], api: PolicyApi, env: Round, deadline: float
+) -> None:
+    try:
+        await _settle_creates(outcome.cluster, done, api, env, deadline)
+    finally:
+        for item in done:
+            _record(outcome, item.delivery)
+
+
+async def _settle_creates(
+    cluster: ClusterId, done: list[_Done], api: PolicyApi, env: Round, deadline: float
+) -> None:
+    """After creating what the list did not have, ask the database once more. A deletion that
+    began meanwhile may have removed the object before this write landed: the write is undone
+    (the deletion marks the database before it removes, so either it removes after this write
+    or this check sees the mark). A save that moved the policy on meanwhile may have been
+    overwritten by this older revision: the current revision is applied over it, with this
+    write's resourceVersion as precondition."""
+    created = {d.action.policy.id: d for d in done
+               if d.action.why is Why.MISSING and d.applied is not None}
+    if env.guard is None or not created:
+        return
+    current = await _ask(env.guard, list(created), cluster)
+    if current is None:
+        return
+    for pid, item in created.items():
+        now = current.get(pid)
+        if not _stale(item.action.policy, now):
+            continue
+        assert item.applied is not None
+        item.delivery = None  # superseded: the newer writer's record stands
+        if now is None or now.deleting:
+            await _undo_create(cluster, item.action, api, env, deadline)
+        elif now.revision > item.action.policy.revision and now.policy is not None:
+            item.delivery = await _repair(cluster, now.policy, item.applied, api, env, deadline)
+
+
+async def _undo_create(
+    cluster: ClusterId, action: Apply, api: PolicyApi, env: Round, deadline: float
+) -> None:
+    name = object_name(action.policy.id)
+
+    async def attempt() -> bool:
+        budget = min(env.limits.request_timeout_s, env.fence.remaining_s())
+        return await api.delete_policy(name, timeout_s=budget)
+
+    try:
+        await env.retrier(attempt, cluster=cluster, deadline=deadline)
+    except ClusterError as exc:
+        # The deletion's own retry removes it (the policy stays marked until every cluster did).
+        log.warning("cluster %s: could not undo the creation of %s, whose deletion began: %s",
+                    cluster, name, exc, extra={"cluster": cluster})
+        return
+    log.info("cluster %s: %s was deleted while this round created it: creation undone",
+             cluster, name, extra={"cluster": cluster})
+
+
+async def _repair(  # noqa: PLR0917 - the same five as _apply_one, plus what to repair
+    cluster: ClusterId, policy: Policy, applied: Applied, api: PolicyApi, env: Round,
+    deadline: float,
+) -> Delivery | None:
+    rv = str((applied.object.get("metadata") or {}).get("resourceVersion") or "")
+    action = Apply(policy, with_precondition(render_policy(policy), rv), Why.DRIFT)
+    log.info("cluster %s: policy %s was saved (revision %d) while this round created it: "
+             "applying the saved revision", cluster, policy.id, policy.revision,
+             extra={"cluster": cluster})
+    return (await _apply_one(cluster, action, api, env, deadline)).delivery
+
+
+def _record(outcome: ClusterOutcome, delivery: Delivery | None) -> None:
+    if delivery is None:
+        outcome.superseded += 1
+        outcome.in_sync += 1
+        return
     outcome.deliveries.append(delivery)
     if delivery.result is ApplyResult.FAILED:
         outcome.failed += 1
@@ -222,30 +359,35 @@ def _record(outcome: ClusterOutcome, delivery: Delivery) -> None:
 
 async def _apply_one(
     cluster: ClusterId, action: Apply, api: PolicyApi, env: Round, deadline: float
-) -> Delivery:
+) -> _Done:
     attempts = 0
 
-    async def attempt() -> bool:
+    async def attempt() -> Applied:
         nonlocal attempts
         attempts += 1
         # Never let a write outlive the fence: a deposed leader must not land one late.
         budget = min(env.limits.request_timeout_s, env.fence.remaining_s())
-        applied = await api.apply_policy(action.body, timeout_s=budget)
-        return applied.created
+        return await api.apply_policy(action.body, timeout_s=budget)
 
     policy = action.policy
     try:
-        created = await env.retrier(attempt, cluster=cluster, deadline=deadline)
+        applied = await env.retrier(attempt, cluster=cluster, deadline=deadline)
+    except Superseded as exc:
+        # A save or a deletion wrote the object after the list: theirs is newer.
+        log.debug("cluster %s: policy %s superseded: %s", cluster, policy.id, exc)
+        return _Done(action, None)
     except ClusterError as exc:
         if exc.cluster_level:
             raise
         log.debug("cluster %s: policy %s rejected: %s", cluster, policy.id, exc)
-        return Delivery(
+        return _Done(action, Delivery(
             cluster, policy.id, policy.revision, ApplyResult.FAILED, env.wall(),
             error=str(exc), reason=exc.reason, attempts=attempts,
-        )
-    result = ApplyResult.CREATED if created else ApplyResult.UPDATED
-    return Delivery(cluster, policy.id, policy.revision, result, env.wall(), attempts=attempts)
+        ))
+    result = ApplyResult.CREATED if applied.created else ApplyResult.UPDATED
+    delivery = Delivery(cluster, policy.id, policy.revision, result, env.wall(),
+                        attempts=attempts)
+    return _Done(action, delivery, applied)
 
 
 def _phases(

@@ -9,6 +9,7 @@ Retry decisions are made on these classes, never on message text (SPEC.md §5):
 | `Throttled` | 429 | retry after `Retry-After` |
 | `ClusterLevelError` | 401, 403, 404 on the Policy API | stop that cluster for this round |
 | `ObjectRejected` | 400, 409, 422 | that policy fails there; the rest go on |
+| `Superseded` | 409 or 404 to a write carrying `metadata.resourceVersion` | a newer write won |
 """
 
 from __future__ import annotations
@@ -99,6 +100,13 @@ class ObjectRejected(ClusterApiError):
     """400, 409, 422: this object on this cluster; other policies go on."""
 
     reason = "rejected"
+
+
+class Superseded(ObjectRejected):
+    """A write made with a precondition (the resourceVersion the writer read) found the object
+    changed or gone since: someone newer wrote or deleted it. Not a failure of the writer."""
+
+    reason = "superseded"
 
 
 class Fenced(ConvergerdError):

@@ -385,4 +385,60 @@ class _Collector:
         return self._metrics.collect()
 
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+FANOUT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
+
+
+class FanoutMetrics:
+    """Saves and deletions (`convergerd.fanout`) and the NOTIFY listener; register with
+    `metrics.registry.register(...)`. No per-policy label:
+
+    - `convergerd_saves_total{trigger,result}` (trigger `api` or `notify`; result `ok`,
+      `partial`, `not_found`, `invalid`, `deleting`), `convergerd_deletes_total{result}`
+      (`ok`, `refused`, `not_found`);
+    - `convergerd_fanout_duration_seconds{operation}` (histogram, `save` or `delete`);
+    - `convergerd_notify_listener_connected` (gauge 1/0) and
+      `convergerd_notify_listener_reconnects_total`.
+    """
+
+    def __init__(self) -> None:
+        self._saves: dict[Labels, float] = {
+            (t, r): 0.0 for t in ("api", "notify") for r in ("ok", "partial")}
+        self._deletes: dict[Labels, float] = {(r,): 0.0 for r in ("ok", "refused")}
+        self._duration = {op: _Histogram(FANOUT_BUCKETS) for op in ("save", "delete")}
+        self._connected = 0.0
+        self._reconnects = 0.0
+
+    def fanout_done(self, operation: str, trigger: str, result: str, duration_s: float) -> None:
+        if operation == "save":
+            key = (trigger, result)
+            self._saves[key] = self._saves.get(key, 0.0) + 1
+        else:
+            self._deletes[(result,)] = self._deletes.get((result,), 0.0) + 1
+        self._duration.setdefault(operation, _Histogram(FANOUT_BUCKETS)).observe(duration_s)
+
+    def listener_connected(self, connected: bool) -> None:
+        self._connected = 1.0 if connected else 0.0
+
+    def listener_reconnect(self) -> None:
+        self._reconnects += 1
+
+    def collect(self) -> Iterator[Metric]:
+        yield _counter("convergerd_saves", "Policy saves by trigger and result",
+                       ["trigger", "result"], self._saves)
+        yield _counter("convergerd_deletes", "Policy deletions by result", ["result"],
+                       self._deletes)
+        duration = HistogramMetricFamily(
+            "convergerd_fanout_duration_seconds", "Duration of save and delete fan-outs",
+            labels=["operation"])
+        for op, hist in sorted(self._duration.items()):
+            duration.add_metric([op], hist.buckets(), hist.sum)
+        yield duration
+        yield GaugeMetricFamily("convergerd_notify_listener_connected",
+                                "1 while the database notification listener is connected",
+                                value=self._connected)
+        yield _counter("convergerd_notify_listener_reconnects",
+                       "Times the notification listener lost its connection and reconnected",
+                       [], {(): self._reconnects})
+
+
+__all__ = ["CONTENT_TYPE", "FanoutMetrics", "Metrics"]

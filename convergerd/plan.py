@@ -58,6 +58,10 @@ class Observed:
 
 @dataclass(frozen=True, slots=True)
 class Apply:
+    """`body` of a DRIFT apply carries the listed object's resourceVersion as a precondition:
+    a save (or delete) that wrote the object after the list makes the apply fail as superseded
+    instead of writing the older revision over it."""
+
     policy: Policy
     body: dict[str, Any]
     why: Why
@@ -74,6 +78,13 @@ def differs(body: Mapping[str, Any], observed: Observed) -> bool:
     return bool(dict(observed.spec) != body["spec"])
 
 
+def with_precondition(body: dict[str, Any], resource_version: str) -> dict[str, Any]:
+    """`body` with `metadata.resourceVersion` set (nothing set when it is empty)."""
+    if not resource_version:
+        return body
+    return {**body, "metadata": {**body["metadata"], "resourceVersion": resource_version}}
+
+
 def plan_cluster(desired: Iterable[Policy], observed: Mapping[str, Observed]) -> list[Apply]:
     """The applies that bring one cluster in line; empty when it is in sync."""
     actions: list[Apply] = []
@@ -83,5 +94,6 @@ def plan_cluster(desired: Iterable[Policy], observed: Mapping[str, Observed]) ->
         if found is None:
             actions.append(Apply(policy, body, Why.MISSING))
         elif differs(body, found):
-            actions.append(Apply(policy, body, Why.DRIFT))
+            actions.append(Apply(policy, with_precondition(body, found.resource_version),
+                                 Why.DRIFT))
     return actions

@@ -82,6 +82,9 @@ class ClusterOutcome:
     duration_s: float = 0.0
     deliveries: list[Delivery] = field(default_factory=list)
     phases: list[PhaseReading] = field(default_factory=list)
+    # Writes skipped or undone because a newer save or a deletion won the race (counted in
+    # `in_sync`, never as failed): the newer writer records its own delivery.
+    superseded: int = 0
 
     @property
     def converged(self) -> bool:

@@ -25,13 +25,15 @@ from aiohttp import web
 
 from convergerd import __version__
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
-from convergerd.converge import ClusterSource, Fence, Round, RoundLimits, run_round
+from convergerd.converge import ClusterSource, Fence, Round, RoundLimits, WriteGuard, run_round
 from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced, NoCredentials
+from convergerd.fanout import FanoutEnv, SaveClusters, Saver, Unfenced
 from convergerd.http import HealthCheck, make_app
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
-from convergerd.metrics import Metrics
+from convergerd.metrics import FanoutMetrics, Metrics
 from convergerd.model import Fleet
+from convergerd.mutations import handlers
 from convergerd.probe import Prober
 from convergerd.report import Epoch, RoundReport, RoundResult
 from convergerd.retry import RetryObserver, call_with_retries
@@ -73,6 +75,7 @@ def round_env(
     observer: RetryObserver,
     *,
     deadline_s: float,
+    guard: WriteGuard | None = None,
 ) -> Round:
     """What a round of this daemon runs with: the settings' limits, the retry policy
     reporting to `observer`, the loop's clock. Pure wiring (tests build rounds with it too)."""
@@ -86,6 +89,24 @@ def round_env(
             apply_concurrency=settings.clusters.apply_concurrency,
             request_timeout_s=settings.clusters.request_timeout_s,
         ),
+        clock=asyncio.get_running_loop().time,
+        wall=_utcnow,
+        guard=guard,
+    )
+
+
+def fanout_env(
+    settings: Settings, clusters: SaveClusters, fence: Fence, observer: RetryObserver
+) -> FanoutEnv:
+    """What a save or delete runs with: the rounds' clients, retry policy and error classes,
+    under the save deadline."""
+    return FanoutEnv(
+        clusters=clusters,
+        retrier=functools.partial(call_with_retries, observer=observer),
+        fence=fence,
+        request_timeout_s=settings.clusters.request_timeout_s,
+        deadline_s=settings.saves.deadline_s,
+        concurrency=settings.rounds.cluster_concurrency,
         clock=asyncio.get_running_loop().time,
         wall=_utcnow,
     )
@@ -120,6 +141,8 @@ class Daemon:
             identity=self.identity, interval_s=settings.rounds.interval_s
         )
         self.health = HealthCheck()
+        self.fanout_metrics = FanoutMetrics()
+        self.metrics.registry.register(self.fanout_metrics)
         self._signals = 0
         self._seen_invalid: set[tuple[str, int]] = set()
         self._unrecorded: list[RoundReport] = []
@@ -195,8 +218,9 @@ class Daemon:
             elector = self._elector(registry)
             self.state.set_leader_source(elector)
 
+            saver = self._saver(store, registry, elector)
             if not s.rounds.once:
-                runner = await self._start_http(store)
+                runner = await self._start_http(store, saver)
                 stack.push_async_callback(runner.cleanup)
 
             await self._sync_from_store(store)
@@ -258,10 +282,25 @@ class Daemon:
 
         return targets
 
-    async def _start_http(self, store: Store) -> web.AppRunner:
+    def _saver(self, store: Store, registry: ClusterRegistry, elector: Leadership) -> Saver:
+        """Saves run on any replica. On the leader they are fenced like rounds (its Lease
+        bounds every write); a standby's are kept safe by the resourceVersion preconditions
+        (never over a newer revision). Neither writes once the daemon is stopping."""
+
+        def env() -> FanoutEnv:
+            fence: Fence = elector.fence() if elector.is_leader() else Unfenced()
+            return fanout_env(self.settings, registry, StopFence(fence, self.stopping),
+                              self.metrics)
+
+        return Saver(store=store, env=env, observer=self.fanout_metrics,
+                     guard_share=self.settings.saves.removal_guard_share)
+
+    async def _start_http(self, store: Store, saver: Saver) -> web.AppRunner:
         s = self.settings
+        on_apply, on_delete = handlers(saver)
         app = make_app(
-            metrics=self.metrics, state=self.state, store=store, settings=s, health=self.health
+            metrics=self.metrics, state=self.state, store=store, settings=s, health=self.health,
+            on_apply=on_apply, on_delete=on_delete,
         )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -378,7 +417,7 @@ class Daemon:
         self.metrics.set_clusters([c.id for c in fleet.clusters])
         env = round_env(
             s, registry, StopFence(elector.fence(epoch), self.stopping), self.metrics,
-            deadline_s=max(0.0, deadline - loop.time()),
+            deadline_s=max(0.0, deadline - loop.time()), guard=store,
         )
         try:
             report = await run_round(fleet, env, epoch=epoch)

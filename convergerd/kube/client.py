@@ -56,6 +56,7 @@ from convergerd.errors import (
     ClusterUnreachable,
     NoCredentials,
     ObjectRejected,
+    Superseded,
     classify_status,
 )
 from convergerd.kube.api import Applied, KubeObject, ObjectList, RequestObserver
@@ -405,17 +406,42 @@ class ClusterClient:
                                   requests=requests)
 
     async def apply_policy(self, body: KubeObject, *, timeout_s: float) -> Applied:
+        """A `metadata.resourceVersion` in `body` is a precondition: the object changed since
+        (409) or deleted since (404 about it) raises `Superseded`."""
         name = body["metadata"]["name"]
+        precondition = bool(body["metadata"].get("resourceVersion"))
         try:
             answer = await self._request(
                 "apply", lambda api: api.custom.patch_cluster_custom_object,
                 GROUP, VERSION, PLURAL, name, body,
                 deadline=self._clock() + timeout_s,
+                not_found=name if precondition else None,
                 field_manager=FIELD_MANAGER, force="true", _content_type=APPLY_CONTENT_TYPE,
             )
+        except _Gone:
+            raise Superseded(f"{name} was deleted since it was read", status=404) from None
+        except ObjectRejected as exc:
+            if precondition and exc.status == 409:
+                raise Superseded(f"{name} changed since it was read: {exc}", status=409,
+                                 k8s_reason=exc.k8s_reason) from exc
+            raise
         except ClusterLevelError as exc:
             raise self._policy_api_error(exc) from exc
         return Applied(object=answer.json(), created=answer.status == 201)
+
+    async def get_policy(self, name: str, *, timeout_s: float) -> KubeObject | None:
+        """The Policy object, or None when there is none."""
+        try:
+            answer = await self._request(
+                "get", lambda api: api.custom.get_cluster_custom_object,
+                GROUP, VERSION, PLURAL, name,
+                deadline=self._clock() + timeout_s, not_found=name,
+            )
+        except _Gone:
+            return None
+        except ClusterLevelError as exc:
+            raise self._policy_api_error(exc) from exc
+        return answer.json()
 
     async def delete_policy(self, name: str, *, timeout_s: float) -> bool:
         try:

@@ -25,9 +25,11 @@ from convergerd.model import (
     Fleet,
     InvalidPolicy,
     Policy,
+    PolicyId,
     PolicyRow,
     validate_policy,
 )
+from convergerd.removal import Current, Target
 from convergerd.report import (
     ApplyResult,
     Delivery,
@@ -568,6 +570,90 @@ class Store:
                 cluster_id,
             )
         return [_delivery_row(r) for r in rows]
+
+    # ---- saves and deletions -----------------------------------------------------------------
+
+    async def save_target(self, policy_id: str) -> Target | None:
+        """The row (being deleted or not), its scope and the clusters holding it, in one
+        snapshot; None when there is no such row."""
+        async with self._acquire() as conn, conn.transaction(
+            isolation="repeatable_read", readonly=True
+        ):
+            target = await _target(conn, policy_id)
+        return target  # noqa: RET504 - returning inside `async with` reads to mypy as maybe-None
+
+    async def begin_deletion(self, policy_id: str) -> Target | None:
+        """Mark the policy as being deleted (rounds stop delivering it from now on; a round
+        that read it before checks again at write time) and return what to remove where."""
+        async with self._acquire() as conn, conn.transaction():
+            marked = await conn.fetchval(
+                """UPDATE policies SET deleted_at = COALESCE(deleted_at, now())
+                   WHERE id = $1 RETURNING id""",
+                policy_id,
+            )
+            target = await _target(conn, policy_id) if marked is not None else None
+        return target  # noqa: RET504 - see save_target
+
+    async def finish_deletion(self, policy_id: str) -> bool:
+        """Delete the marked row (its records go with it); False if it was not marked."""
+        async with self._acquire() as conn:
+            gone = await conn.fetchval(
+                "DELETE FROM policies WHERE id = $1 AND deleted_at IS NOT NULL RETURNING id",
+                policy_id,
+            )
+        return gone is not None
+
+    async def forget_deliveries(self, policy_id: str, clusters: Sequence[str]) -> None:
+        """The policy was removed from these clusters: it is no longer held there."""
+        if not clusters:
+            return
+        async with self._acquire() as conn:
+            await conn.execute(
+                "DELETE FROM deliveries WHERE policy_id = $1 AND cluster_id = ANY($2::text[])",
+                policy_id, list(clusters),
+            )
+
+    async def current(self, policy_ids: Sequence[PolicyId]) -> dict[PolicyId, Current]:
+        """Revision, deletion mark and validated policy of each row that still exists (the
+        round's write-time check)."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT id, boundary_id, rule, enabled, revision, deleted_at IS NOT NULL
+                          AS deleting
+                   FROM policies WHERE id = ANY($1::text[])""",
+                list(policy_ids),
+            )
+        found: dict[PolicyId, Current] = {}
+        for r in rows:
+            valid = validate_policy(_policy_row(r))
+            found[PolicyId(r["id"])] = Current(
+                revision=r["revision"], deleting=r["deleting"],
+                policy=valid if isinstance(valid, Policy) else None,
+            )
+        return found
+
+
+async def _target(conn: asyncpg.Connection, policy_id: str) -> Target | None:
+    row = await conn.fetchrow(
+        """SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision,
+                  p.deleted_at IS NOT NULL AS deleting,
+                  EXISTS (SELECT 1 FROM boundaries b WHERE b.id = p.boundary_id) AS boundary_exists,
+                  ARRAY(SELECT bc.cluster_id FROM boundary_clusters bc
+                        JOIN clusters c ON c.id = bc.cluster_id
+                        WHERE bc.boundary_id = p.boundary_id) AS scope,
+                  ARRAY(SELECT d.cluster_id FROM deliveries d WHERE d.policy_id = p.id) AS holders
+           FROM policies p WHERE p.id = $1""",
+        policy_id,
+    )
+    if row is None:
+        return None
+    return Target(
+        row=_policy_row(row),
+        deleting=row["deleting"],
+        boundary_exists=row["boundary_exists"],
+        scope=frozenset(ClusterId(c) for c in row["scope"]),
+        holders=frozenset(ClusterId(c) for c in row["holders"]),
+    )
 
 
 def _validate_all(

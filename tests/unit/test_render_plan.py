@@ -142,7 +142,10 @@ def test_spec_drift_is_applied(path: tuple[str, str], value: Any) -> None:
     obj[path[0]][path[1]] = value
     [action] = plan_cluster([p], observed(obj))
     assert action.why is Why.DRIFT
-    assert action.body == render_policy(p)
+    # The listed object's resourceVersion rides along as the write's precondition.
+    expected = render_policy(p)
+    expected["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+    assert action.body == expected
 
 
 def test_spec_field_removed_in_cluster_is_drift() -> None:

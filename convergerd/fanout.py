@@ -1,0 +1,367 @@
+"""Save and delete: one policy to (or from) every cluster concerned, at once.
+
+A save reads the policy from the database and, concurrently on every cluster in its scope,
+reads the live object and applies the policy when it differs (with the live object's
+resourceVersion as precondition, so it never writes over a newer revision another writer put
+there), then removes it from clusters that hold it but left its scope (`convergerd.removal`
+decides, with the mass-removal guard). A deletion marks the policy in the database first (rounds
+stop delivering it; a round that read it before checks again at write time), removes
+`policy-<id>` everywhere it may be installed (404 counts as removed), and deletes the row only
+when every cluster removed it.
+
+Clusters are reached through the same registry, retry policy and error classes as rounds, under
+one short overall deadline. A cluster that fails is recorded (deliveries) and reported; it never
+fails the others. Every write asks the fence first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from convergerd.converge import Fence, Retrier
+from convergerd.errors import ClusterError, DatabaseUnavailable, Fenced, Superseded
+from convergerd.kube.api import KubeObject, PolicyApi
+from convergerd.model import ClusterId, Policy, PolicyId, validate_policy
+from convergerd.plan import Observed, differs, with_precondition
+from convergerd.removal import SavePlan, Target, delete_targets, plan_save
+from convergerd.render import object_name, render_policy
+from convergerd.report import ApplyResult, Delivery
+
+log = logging.getLogger(__name__)
+
+# A save re-reads and re-applies when the object changed between its read and its write; a
+# cluster where it keeps changing after this many tries is reported as failed (conflict).
+_SAVE_ATTEMPTS = 3
+
+
+class SaveApi(PolicyApi, Protocol):
+    async def get_policy(self, name: str, *, timeout_s: float) -> KubeObject | None:
+        """The Policy object, or None when there is none."""
+        ...
+
+
+class SaveClusters(Protocol):
+    def get(self, cluster: ClusterId) -> SaveApi:
+        """The cluster's client; raises `NoCredentials` when the kubeconfig lacks it."""
+        ...
+
+
+class SaveStore(Protocol):
+    """What saves and deletions read and record (`convergerd.store.store.Store`)."""
+
+    async def save_target(self, policy_id: str, /) -> Target | None: ...
+    async def begin_deletion(self, policy_id: str, /) -> Target | None: ...
+    async def finish_deletion(self, policy_id: str, /) -> bool: ...
+    async def record_deliveries(self, deliveries: Sequence[Delivery], /) -> None: ...
+    async def forget_deliveries(self, policy_id: str, clusters: Sequence[str], /) -> None: ...
+
+
+class FanoutObserver(Protocol):
+    def fanout_done(self, operation: str, trigger: str, result: str, duration_s: float) -> None:
+        ...
+
+
+class Unfenced:
+    """The fence of a replica that does not lead: its saves are made safe by the
+    resourceVersion preconditions, not by the Lease; only shutdown stops them."""
+
+    def remaining_s(self) -> float:
+        return float("inf")
+
+
+class Result(StrEnum):
+    CREATED = "created"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"
+    SUPERSEDED = "superseded"  # the cluster holds a newer revision than this save read
+    REMOVED = "removed"  # gone from the cluster (404 included)
+    SKIPPED = "skipped"  # a removal the mass-removal guard refused
+    FAILED = "failed"
+
+
+OK_RESULTS = frozenset(Result) - {Result.FAILED}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterResult:
+    cluster: ClusterId
+    action: str  # "apply" or "remove"
+    result: Result
+    reason: str | None = None
+    error: str | None = None
+
+    def as_json(self) -> dict[str, str | None]:
+        return {"cluster": self.cluster, "action": self.action, "result": self.result.value,
+                "reason": self.reason, "error": self.error}
+
+
+@dataclass(frozen=True, slots=True)
+class FanoutEnv:
+    clusters: SaveClusters
+    retrier: Retrier
+    fence: Fence
+    request_timeout_s: float
+    deadline_s: float
+    concurrency: int
+    clock: Callable[[], float]  # monotonic (loop time)
+    wall: Callable[[], dt.datetime]  # UTC, for records
+
+
+class Status(StrEnum):
+    OK = "ok"  # every cluster done
+    PARTIAL = "partial"  # a save with failed clusters (still a success: recorded)
+    REFUSED = "refused"  # a deletion some cluster did not confirm: the row is kept
+    NOT_FOUND = "not_found"
+    INVALID = "invalid"
+    DELETING = "deleting"  # a save of a policy whose deletion has begun
+
+
+@dataclass(slots=True)
+class Report:
+    operation: str  # "save" or "delete"
+    policy: str
+    status: Status
+    revision: int | None = None
+    results: list[ClusterResult] = field(default_factory=list)
+    skipped_reason: str | None = None
+    error: str | None = None  # why INVALID / DELETING / NOT_FOUND
+
+    @property
+    def failed(self) -> list[ClusterResult]:
+        return [r for r in self.results if r.result is Result.FAILED]
+
+
+# ---------------------------------------------------------------------------------------------
+# Per cluster
+
+
+async def _guarded(
+    cluster: ClusterId, action: str, work: Callable[[], Awaitable[ClusterResult]],
+    env: FanoutEnv, deadline: float,
+) -> ClusterResult:
+    """One cluster's work under the overall deadline; every failure becomes its result."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await work()
+    except TimeoutError:
+        return ClusterResult(cluster, action, Result.FAILED, "deadline",
+                             f"not done within the {env.deadline_s:g} s deadline")
+    except ClusterError as exc:
+        return ClusterResult(cluster, action, Result.FAILED, exc.reason, str(exc))
+    except Fenced as exc:
+        return ClusterResult(cluster, action, Result.FAILED, "fenced", str(exc))
+    except Exception as exc:
+        log.exception("cluster %s: unexpected error during %s", cluster, action,
+                      extra={"cluster": cluster})
+        return ClusterResult(cluster, action, Result.FAILED, "internal_error",
+                             f"unexpected error ({type(exc).__name__})")
+
+
+def _budget(env: FanoutEnv) -> float:
+    return min(env.request_timeout_s, env.fence.remaining_s())
+
+
+async def _apply_to(
+    cluster: ClusterId, policy: Policy, env: FanoutEnv, deadline: float
+) -> ClusterResult:
+    api = env.clusters.get(cluster)
+    name = object_name(policy.id)
+    body = render_policy(policy)
+    for _ in range(_SAVE_ATTEMPTS):
+        live = await env.retrier(
+            lambda: api.get_policy(name, timeout_s=env.request_timeout_s),
+            cluster=cluster, deadline=deadline)
+        write = body
+        if live is not None:
+            observed = Observed.from_object(live)
+            revision = observed.spec.get("revision")
+            if isinstance(revision, int) and revision > policy.revision:
+                return ClusterResult(cluster, "apply", Result.SUPERSEDED, None,
+                                     f"the cluster holds revision {revision}")
+            if not differs(body, observed):
+                return ClusterResult(cluster, "apply", Result.UNCHANGED)
+            write = with_precondition(body, observed.resource_version)
+        try:
+            applied = await env.retrier(
+                lambda w=write: api.apply_policy(w, timeout_s=_budget(env)),  # type: ignore[misc]
+                cluster=cluster, deadline=deadline)
+        except Superseded:
+            continue  # written by someone else between our read and our write: look again
+        return ClusterResult(cluster, "apply",
+                             Result.CREATED if applied.created else Result.UPDATED)
+    return ClusterResult(cluster, "apply", Result.FAILED, "conflict",
+                         f"{name} kept changing under {_SAVE_ATTEMPTS} attempts")
+
+
+async def _remove_from(
+    cluster: ClusterId, policy_id: str, env: FanoutEnv, deadline: float
+) -> ClusterResult:
+    api = env.clusters.get(cluster)
+    name = object_name(policy_id)
+    await env.retrier(lambda: api.delete_policy(name, timeout_s=_budget(env)),
+                      cluster=cluster, deadline=deadline)
+    return ClusterResult(cluster, "remove", Result.REMOVED)
+
+
+async def _fan_out(
+    work: Iterable[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]],
+    env: FanoutEnv,
+) -> list[ClusterResult]:
+    deadline = env.clock() + env.deadline_s
+    gate = asyncio.Semaphore(env.concurrency)
+
+    async def one(
+        cluster: ClusterId, action: str, fn: Callable[[float], Awaitable[ClusterResult]]
+    ) -> ClusterResult:
+        async with gate:
+            return await _guarded(cluster, action, lambda: fn(deadline), env, deadline)
+
+    results = await asyncio.gather(*(one(c, a, fn) for c, a, fn in work))
+    return sorted(results, key=lambda r: (r.cluster, r.action))
+
+
+# ---------------------------------------------------------------------------------------------
+# Save and delete
+
+
+def deliveries_of(
+    results: Iterable[ClusterResult], policy_id: str, revision: int, at: dt.datetime
+) -> list[Delivery]:
+    """What the database records: applies by result, failed removals as failed deliveries (so
+    the cluster still counts as holding the policy). Superseded and removed leave no record."""
+    out = []
+    pid = PolicyId(policy_id)
+    for r in results:
+        if r.result in (Result.CREATED, Result.UPDATED, Result.UNCHANGED):
+            out.append(Delivery(r.cluster, pid, revision, ApplyResult(r.result.value), at))
+        elif r.result is Result.FAILED:
+            error = r.error if r.action == "apply" else f"removing failed: {r.error}"
+            out.append(Delivery(r.cluster, pid, revision, ApplyResult.FAILED, at,
+                                error=error, reason=r.reason))
+    return out
+
+
+class Saver:
+    """Saves and deletions for the HTTP API and the database notifications."""
+
+    def __init__(
+        self,
+        *,
+        store: SaveStore,
+        env: Callable[[], FanoutEnv],
+        guard_share: float,
+        observer: FanoutObserver | None = None,
+    ) -> None:
+        self._store = store
+        self._env = env
+        self._guard_share = guard_share
+        self._observer = observer
+
+    async def save(
+        self, policy_id: str, *, allow_mass_removal: bool = False, trigger: str = "api"
+    ) -> Report:
+        """Raises `DatabaseUnavailable` when the policy cannot be read."""
+        started = time.monotonic()
+        report = await self._save(policy_id, allow_mass_removal, trigger)
+        self._observe(report, trigger, started)
+        return report
+
+    async def _save(self, policy_id: str, allow_mass_removal: bool, trigger: str) -> Report:
+        target = await self._store.save_target(policy_id)
+        if target is None:
+            return Report("save", policy_id, Status.NOT_FOUND, error="no such policy")
+        revision = target.row.revision
+        if target.deleting:
+            return Report("save", policy_id, Status.DELETING, revision,
+                          error="its deletion has begun: DELETE it again to finish")
+        policy = validate_policy(target.row)
+        if not isinstance(policy, Policy):
+            return Report("save", policy_id, Status.INVALID, revision, error=policy.reason)
+        if not target.boundary_exists:
+            return Report("save", policy_id, Status.INVALID, revision,
+                          error=f"boundary: {target.row.boundary!r} does not exist")
+        plan = plan_save(target, delivered=policy.rule.delivered,
+                         guard_share=self._guard_share, allow_mass_removal=allow_mass_removal)
+        env = self._env()
+        results = await _fan_out(self._save_work(policy, plan, env), env)
+        results += [ClusterResult(c, "remove", Result.SKIPPED, "guard", plan.skipped_reason)
+                    for c in sorted(plan.skipped)]
+        await self._record(policy_id, revision, results, env)
+        report = Report("save", policy_id, Status.OK, revision, results,
+                        skipped_reason=plan.skipped_reason)
+        if report.failed:
+            report.status = Status.PARTIAL
+        log.info("policy %s revision %d saved (%s): %s", policy_id, revision, trigger,
+                 _summary(results), extra={"policy": policy_id, "trigger": trigger})
+        return report
+
+    def _save_work(
+        self, policy: Policy, plan: SavePlan, env: FanoutEnv
+    ) -> list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]]:
+        applies: list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]] = [
+            (c, "apply", lambda d, c=c: _apply_to(c, policy, env, d))  # type: ignore[misc]
+            for c in sorted(plan.apply_to)]
+        removals: list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]] = [
+            (c, "remove", lambda d, c=c: _remove_from(c, policy.id, env, d))  # type: ignore[misc]
+            for c in sorted(plan.remove_from)]
+        return applies + removals
+
+    async def delete(self, policy_id: str) -> Report:
+        """Raises `DatabaseUnavailable` when the deletion cannot be marked or finished."""
+        started = time.monotonic()
+        report = await self._delete(policy_id)
+        self._observe(report, "api", started)
+        return report
+
+    async def _delete(self, policy_id: str) -> Report:
+        target = await self._store.begin_deletion(policy_id)
+        if target is None:
+            return Report("delete", policy_id, Status.NOT_FOUND, error="no such policy")
+        env = self._env()
+        work: list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]] = [
+            (c, "remove", lambda d, c=c: _remove_from(c, policy_id, env, d))  # type: ignore[misc]
+            for c in sorted(delete_targets(target))
+        ]
+        results = await _fan_out(work, env)
+        report = Report("delete", policy_id, Status.OK, target.row.revision, results)
+        if report.failed:
+            report.status = Status.REFUSED
+            await self._record(policy_id, target.row.revision, results, env)
+            log.warning("policy %s not deleted: %d cluster(s) still hold it: %s", policy_id,
+                        len(report.failed), _summary(report.failed),
+                        extra={"policy": policy_id})
+            return report
+        await self._store.finish_deletion(policy_id)
+        log.info("policy %s deleted from %d cluster(s) and from the database", policy_id,
+                 len(results), extra={"policy": policy_id})
+        return report
+
+    async def _record(
+        self, policy_id: str, revision: int, results: Sequence[ClusterResult], env: FanoutEnv
+    ) -> None:
+        try:
+            await self._store.record_deliveries(
+                deliveries_of(results, policy_id, revision, env.wall()))
+            removed = [r.cluster for r in results if r.result is Result.REMOVED]
+            await self._store.forget_deliveries(policy_id, removed)
+        except DatabaseUnavailable as exc:
+            # The clusters were written; the next round records what they hold.
+            log.warning("policy %s: could not record the fan-out (%s)", policy_id, exc,
+                        extra={"policy": policy_id})
+
+    def _observe(self, report: Report, trigger: str, started: float) -> None:
+        if self._observer is not None:
+            self._observer.fanout_done(report.operation, trigger, report.status.value,
+                                       time.monotonic() - started)
+
+
+def _summary(results: Iterable[ClusterResult]) -> str:
+    return ", ".join(f"{r.cluster} {r.action} {r.result.value}"
+                     + (f" ({r.reason})" if r.reason else "") for r in results) or "no clusters"

@@ -1,0 +1,143 @@
+"""The save and delete endpoints: `POST /v1/policies/{id}/apply`, `DELETE /v1/policies/{id}`.
+
+Called by `convergerd.http` after the bearer token check. Everything in the request is checked
+before the database is touched: the id (a DNS label of at most 50 characters), the body size,
+that the body is a JSON object, and its fields and their types. Answers:
+
+| operation | answer |
+|---|---|
+| save done, every cluster reached | 200, `status: ok`, per-cluster results |
+| save done, some clusters failed (recorded) | 200, `status: partial` |
+| save of a policy that is invalid | 422 with the reason, nothing written |
+| delete done everywhere, row deleted | 200, `status: ok` |
+| delete not confirmed by every cluster | 409 naming them; the policy is kept, marked |
+| save of a policy whose deletion has begun | 409 |
+| unknown policy | 404 |
+| bad id, body or field | 400 (413 for a body over 16 KiB) |
+| database unavailable | 503 |
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from convergerd.errors import DatabaseUnavailable
+from convergerd.fanout import Report, Saver, Status
+from convergerd.http import MutationHandler, error_response
+from convergerd.model import RuleError, check_policy_id
+
+MAX_BODY_BYTES = 16 * 1024
+_SAVE_FIELDS: Mapping[str, type] = {"allow_mass_removal": bool}
+_DELETE_FIELDS: Mapping[str, type] = {}
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def check_fields(doc: Any, allowed: Mapping[str, type]) -> dict[str, Any]:
+    """The body's fields, each known and of its type (pure)."""
+    if not isinstance(doc, dict):
+        raise BadRequest(f"body: expected a JSON object, got {type(doc).__name__}")
+    unknown = sorted(str(k) for k in doc if k not in allowed)
+    if unknown:
+        known = ", ".join(allowed) or "none"
+        raise BadRequest(f"body: unknown field(s) {', '.join(_short(k) for k in unknown)} "
+                         f"(known: {known})")
+    for key, kind in allowed.items():
+        if key in doc and type(doc[key]) is not kind:
+            raise BadRequest(f"body.{key}: expected {kind.__name__}, got {_short(doc[key])}")
+    return dict(doc)
+
+
+async def read_body(request: web.Request, allowed: Mapping[str, type]) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise BadRequest(f"body: {request.content_length} bytes, at most {MAX_BODY_BYTES}", 413)
+    raw = await request.content.read(MAX_BODY_BYTES + 1)
+    if len(raw) > MAX_BODY_BYTES:
+        raise BadRequest(f"body: more than {MAX_BODY_BYTES} bytes", 413)
+    if not raw.strip():
+        return {}
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body: not valid JSON ({exc})") from None
+    return check_fields(doc, allowed)
+
+
+def _policy_id(raw: str) -> str:
+    try:
+        check_policy_id(raw)
+    except RuleError as exc:
+        raise BadRequest(str(exc)) from None
+    return raw
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    return {
+        "operation": report.operation,
+        "policy": report.policy,
+        "status": report.status.value,
+        "revision": report.revision,
+        "clusters": [r.as_json() for r in report.results],
+        "skipped_reason": report.skipped_reason,
+    }
+
+
+def _answer(report: Report) -> web.Response:
+    body = report_json(report)
+    if report.status in (Status.OK, Status.PARTIAL):
+        return web.json_response(body)
+    if report.status is Status.NOT_FOUND:
+        return error_response(404, f"unknown policy {report.policy!r}", **body)
+    if report.status is Status.INVALID:
+        return error_response(422, f"policy {report.policy!r} is invalid: {report.error}",
+                              **body)
+    if report.status is Status.DELETING:
+        return error_response(409, f"policy {report.policy!r}: {report.error}", **body)
+    holding = ", ".join(f"{r.cluster} ({r.reason}: {r.error})" for r in report.failed)
+    return error_response(
+        409, f"policy {report.policy!r} not deleted: still held by {holding}; it is kept "
+        "(rounds no longer deliver it) and a retry finishes the deletion", **body)
+
+
+def handlers(saver: Saver) -> tuple[MutationHandler, MutationHandler]:
+    """`(on_apply, on_delete)` for `convergerd.http.make_app`."""
+
+    async def on_apply(request: web.Request, raw_id: str) -> web.StreamResponse:
+        try:
+            policy_id = _policy_id(raw_id)
+            fields = await read_body(request, _SAVE_FIELDS)
+        except BadRequest as exc:
+            return error_response(exc.status, str(exc))
+        try:
+            report = await saver.save(
+                policy_id, allow_mass_removal=fields.get("allow_mass_removal", False))
+        except DatabaseUnavailable as exc:
+            return error_response(503, f"database unavailable: {exc}", reason="database")
+        return _answer(report)
+
+    async def on_delete(request: web.Request, raw_id: str) -> web.StreamResponse:
+        try:
+            policy_id = _policy_id(raw_id)
+            await read_body(request, _DELETE_FIELDS)
+        except BadRequest as exc:
+            return error_response(exc.status, str(exc))
+        try:
+            report = await saver.delete(policy_id)
+        except DatabaseUnavailable as exc:
+            return error_response(503, f"database unavailable: {exc}", reason="database")
+        return _answer(report)
+
+    return on_apply, on_delete

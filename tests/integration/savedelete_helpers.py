@@ -1,0 +1,77 @@
+"""Shared pieces of the save/delete tests: a `Saver` wired as the daemon wires it (the real
+registry on the simulator's kubeconfig, `runtime.fanout_env`, the store), and a cluster source
+that runs a hook between a round's list and its writes (to inject a save or a delete there)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from convergerd.fanout import Saver, Unfenced
+from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
+from convergerd.kube.registry import ClusterRegistry
+from convergerd.metrics import FanoutMetrics
+from convergerd.model import ClusterId
+from convergerd.runtime import fanout_env
+from convergerd.store.store import Store
+from tests.integration.rounds_helpers import Rounds
+
+Hook = Callable[[], Awaitable[None]]
+
+
+def make_saver(rounds: Rounds, store: Store, *, guard_share: float = 0.5,
+               metrics: FanoutMetrics | None = None) -> Saver:
+    registry: ClusterRegistry = rounds.registry
+    settings = rounds.settings
+    return Saver(
+        store=store,
+        env=lambda: fanout_env(settings, registry, Unfenced(), rounds.metrics),
+        guard_share=guard_share,
+        observer=metrics,
+    )
+
+
+@dataclass
+class HookedApi:
+    """A cluster's real client; `after_list` / `before_apply` run once, at that point."""
+
+    inner: PolicyApi
+    after_list: Hook | None = None
+    before_apply: Hook | None = None
+
+    @property
+    def cluster(self) -> ClusterId:
+        return self.inner.cluster
+
+    async def list_policies(self, *, label_selector: str, timeout_s: float) -> ObjectList:
+        listed = await self.inner.list_policies(label_selector=label_selector,
+                                                timeout_s=timeout_s)
+        hook, self.after_list = self.after_list, None
+        if hook is not None:
+            await hook()
+        return listed
+
+    async def apply_policy(self, body: KubeObject, *, timeout_s: float) -> Applied:
+        hook, self.before_apply = self.before_apply, None
+        if hook is not None:
+            await hook()
+        return await self.inner.apply_policy(body, timeout_s=timeout_s)
+
+    async def delete_policy(self, name: str, *, timeout_s: float) -> bool:
+        return await self.inner.delete_policy(name, timeout_s=timeout_s)
+
+    async def server_version(self, *, timeout_s: float) -> str:
+        return await self.inner.server_version(timeout_s=timeout_s)
+
+
+@dataclass
+class HookedClusters:
+    registry: ClusterRegistry
+    hooked: dict[str, HookedApi] = field(default_factory=dict)
+
+    def hook(self, cluster: str, **hooks: Any) -> None:
+        self.hooked[cluster] = HookedApi(self.registry.get(ClusterId(cluster)), **hooks)
+
+    def get(self, cluster: ClusterId) -> PolicyApi:
+        return self.hooked.get(cluster) or self.registry.get(cluster)
