@@ -15,8 +15,8 @@ from convergerd.metrics import FanoutMetrics, Metrics
 from convergerd.report import RoundReport
 from convergerd.runtime import round_env
 from convergerd.sim.faults import Faults
-from convergerd.sim.resources import POLICIES
 from convergerd.sim.fleet import Fleet
+from convergerd.sim.resources import POLICIES
 from convergerd.store.store import Store
 from tests.integration.rounds_helpers import (
     FLEET_DOC,
