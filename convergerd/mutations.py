@@ -100,16 +100,19 @@ def _answer(report: Report) -> web.Response:
     if report.status in (Status.OK, Status.PARTIAL):
         return web.json_response(body)
     if report.status is Status.NOT_FOUND:
-        return error_response(404, f"unknown policy {report.policy!r}", **body)
+        return _refusal(404, f"unknown policy {report.policy!r}", body)
     if report.status is Status.INVALID:
-        return error_response(422, f"policy {report.policy!r} is invalid: {report.error}",
-                              **body)
+        return _refusal(422, f"policy {report.policy!r} is invalid: {report.error}", body)
     if report.status is Status.DELETING:
-        return error_response(409, f"policy {report.policy!r}: {report.error}", **body)
+        return _refusal(409, f"policy {report.policy!r}: {report.error}", body)
     holding = ", ".join(f"{r.cluster} ({r.reason}: {r.error})" for r in report.failed)
-    return error_response(
+    return _refusal(
         409, f"policy {report.policy!r} not deleted: still held by {holding}; it is kept "
-        "(rounds no longer deliver it) and a retry finishes the deletion", **body)
+        "(rounds no longer deliver it) and a retry finishes the deletion", body)
+
+
+def _refusal(status: int, message: str, body: dict[str, Any]) -> web.Response:
+    return web.json_response({"error": message, **body}, status=status)
 
 
 def handlers(saver: Saver) -> tuple[MutationHandler, MutationHandler]:

@@ -1,0 +1,131 @@
+"""The save and delete endpoints over HTTP (the daemon's app, a real store, the simulator):
+bearer token, input checks before anything is read or written, and the answers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from convergerd.http import HealthCheck, make_app
+from convergerd.metrics import Metrics
+from convergerd.mutations import MAX_BODY_BYTES, handlers
+from convergerd.sim.faults import Faults
+from convergerd.sim.fleet import Fleet
+from convergerd.state import StatusState
+from convergerd.store.store import Store
+from tests.integration.rounds_helpers import FLEET_DOC, Rounds, import_doc, objects, settings_for
+from tests.integration.savedelete_helpers import make_saver
+
+TOKEN = "s3cret-token-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+Client = TestClient[web.Request, web.Application]
+
+
+@pytest.fixture
+async def client(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[Client]:
+    await import_doc(database_url, FLEET_DOC)
+    settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN)
+    rounds = Rounds(fleet, store, settings)
+    on_apply, on_delete = handlers(make_saver(rounds, store))
+    app = make_app(metrics=Metrics(), state=StatusState(identity="t", interval_s=300),
+                   store=store, settings=settings, health=HealthCheck(),
+                   on_apply=on_apply, on_delete=on_delete)
+    try:
+        async with TestClient(TestServer(app)) as c:
+            yield c
+    finally:
+        await rounds.close()
+
+
+async def call(client: Client, method: str, path: str, **kw: Any) -> tuple[int, Any]:
+    async with client.request(method, path, **kw) as resp:
+        return resp.status, await resp.json()
+
+
+def nothing_written(fleet: Fleet) -> bool:
+    return all(not objects(fleet, c) for c in fleet.member_ids)
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
+                                     {"Authorization": f"Basic {TOKEN}"}])
+async def test_mutations_need_the_bearer_token(
+    client: Client, fleet: Fleet, headers: dict[str, str]
+) -> None:
+    assert (await call(client, "POST", "/v1/policies/p-regs/apply", headers=headers))[0] == 401
+    assert (await call(client, "DELETE", "/v1/policies/p-regs", headers=headers))[0] == 401
+    assert nothing_written(fleet)
+
+
+async def test_save_answers_per_cluster_results(client: Client, fleet: Fleet) -> None:
+    status, body = await call(client, "POST", "/v1/policies/p-regs/apply", headers=AUTH)
+    assert status == 200
+    assert body["status"] == "ok"
+    assert {c["cluster"]: c["result"] for c in body["clusters"]} == dict.fromkeys(fleet.member_ids, "created")
+    fleet.set_faults("c0002", Faults(down=True))
+    await call(client, "POST", "/v1/policies/p-latest/apply", headers=AUTH)
+    status, body = await call(client, "POST", "/v1/policies/p-latest/apply", headers=AUTH)
+    assert status == 200
+    assert body["status"] == "partial"
+    [failed] = [c for c in body["clusters"] if c["result"] == "failed"]
+    assert failed["cluster"] == "c0002"
+    assert failed["reason"]
+
+
+async def test_unknown_invalid_and_deleting(client: Client, fleet: Fleet,
+                                            database_url: str) -> None:
+    assert (await call(client, "POST", "/v1/policies/p-none/apply", headers=AUTH))[0] == 404
+    assert (await call(client, "DELETE", "/v1/policies/p-none", headers=AUTH))[0] == 404
+    from tests.integration.rounds_helpers import sql
+
+    await sql(database_url, "UPDATE policies SET rule = '[]' WHERE id = 'p-regs'")
+    status, body = await call(client, "POST", "/v1/policies/p-regs/apply", headers=AUTH)
+    assert status == 422
+    assert "rule" in body["error"]
+    assert nothing_written(fleet)
+
+
+async def test_delete_refused_then_done(client: Client, fleet: Fleet) -> None:
+    await call(client, "POST", "/v1/policies/p-latest/apply", headers=AUTH)
+    fleet.set_faults("c0003", Faults(down=True))
+    status, body = await call(client, "DELETE", "/v1/policies/p-latest", headers=AUTH)
+    assert status == 409
+    assert "c0003" in body["error"]
+    assert (await call(client, "POST", "/v1/policies/p-latest/apply", headers=AUTH))[0] == 409
+    fleet.clear_faults("c0003")
+    status, body = await call(client, "DELETE", "/v1/policies/p-latest", headers=AUTH)
+    assert status == 200
+    assert body["status"] == "ok"
+    assert nothing_written(fleet)
+
+
+@pytest.mark.parametrize(
+    ("path", "data", "status", "names"),
+    [
+        ("/v1/policies/Bad_Id/apply", None, 400, "id"),
+        ("/v1/policies/" + "a" * 51 + "/apply", None, 400, "id"),
+        ("/v1/policies/p-regs/apply", b"{not json", 400, "JSON"),
+        ("/v1/policies/p-regs/apply", b"[1, 2]", 400, "JSON object"),
+        ("/v1/policies/p-regs/apply", b'{"allow_mass_removal": "yes"}', 400,
+         "allow_mass_removal"),
+        ("/v1/policies/p-regs/apply", b'{"force": true}', 400, "force"),
+        ("/v1/policies/p-regs/apply", b"{" + b" " * MAX_BODY_BYTES + b"}", 413, "bytes"),
+    ],
+)
+async def test_bad_input_is_refused_naming_the_problem(  # noqa: PLR0917 - parametrized
+    client: Client, fleet: Fleet, path: str, data: bytes | None, status: int, names: str
+) -> None:
+    got, body = await call(client, "POST", path, headers=AUTH, data=data)
+    assert got == status
+    assert names in body["error"]
+    assert nothing_written(fleet)
+
+
+async def test_delete_takes_no_fields(client: Client, fleet: Fleet) -> None:
+    got, body = await call(client, "DELETE", "/v1/policies/p-regs", headers=AUTH,
+                           data=b'{"cascade": true}')
+    assert got == 400
+    assert "cascade" in body["error"]
