@@ -64,7 +64,8 @@ async def test_save_answers_per_cluster_results(client: Client, fleet: Fleet) ->
     status, body = await call(client, "POST", "/v1/policies/p-regs/apply", headers=AUTH)
     assert status == 200
     assert body["status"] == "ok"
-    assert {c["cluster"]: c["result"] for c in body["clusters"]} == dict.fromkeys(fleet.member_ids, "created")
+    results = {c["cluster"]: c["result"] for c in body["clusters"]}
+    assert results == dict.fromkeys(fleet.member_ids, "created")
     fleet.set_faults("c0002", Faults(down=True))
     await call(client, "POST", "/v1/policies/p-latest/apply", headers=AUTH)
     status, body = await call(client, "POST", "/v1/policies/p-latest/apply", headers=AUTH)
