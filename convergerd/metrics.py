@@ -25,7 +25,9 @@ No metric has a per-policy label. Beyond §7, for on-call: `convergerd_apply_dur
 `convergerd_event_loop_lag_seconds`, `convergerd_build_info{version}`,
 `convergerd_unsupported_clusters{version}`, `convergerd_cluster_server_info{cluster,version}`,
 `convergerd_cluster_round_duration_seconds{cluster}`, `convergerd_last_round_timestamp_seconds`,
-`convergerd_round_interval_seconds` (so alert rules can say "three intervals" portably), plus the
+`convergerd_round_interval_seconds` (so alert rules can say "three intervals" portably),
+`convergerd_cluster_insecure{cluster}` (1 for a cluster reached without TLS verification or over
+http://, allowed by CONVERGERD_ALLOW_INSECURE_CLUSTERS; absent for the others), plus the
 standard `process_*` and `python_gc_*` collectors.
 """
 
@@ -133,6 +135,7 @@ class Metrics:
         self._transitions = 0.0
         self._invalid = 0
         self._loop_lag_s = 0.0
+        self._insecure: set[str] = set()
         self.registry.register(_Collector(self))
         if process_collectors:
             ProcessCollector(registry=self.registry)
@@ -163,6 +166,7 @@ class Metrics:
     def remove_cluster(self, cluster: str) -> None:
         self._clusters.pop(cluster, None)
         self._apply_latency.pop(cluster, None)
+        self._insecure.discard(cluster)
         for series in (self._applies, self._failures, self._retries, self._requests):
             for key in [k for k in series if k[0] == cluster]:
                 del series[key]
@@ -232,6 +236,14 @@ class Metrics:
             self._transitions += 1
         self._leader = now
         self._is_leader = 1.0 if is_leader else 0.0
+
+    def set_cluster_insecure(self, cluster: str, insecure: bool) -> None:
+        """From the cluster registry, for every client it opens (insecure ones only when
+        CONVERGERD_ALLOW_INSECURE_CLUSTERS allows them)."""
+        if insecure:
+            self._insecure.add(cluster)
+        else:
+            self._insecure.discard(cluster)
 
     def set_loop_lag(self, seconds: float) -> None:
         self._loop_lag_s = max(0.0, seconds)
@@ -310,6 +322,13 @@ class Metrics:
                 version = c.server_version or "unknown"
                 unsupported[version] = unsupported.get(version, 0) + 1
         yield from (lag, last, up, oos, phase, info, cdur)
+
+        insecure = GaugeMetricFamily("convergerd_cluster_insecure",
+                                     "1 if the cluster is reached without TLS verification or "
+                                     "over http:// (allowed by a setting)", labels=["cluster"])
+        for name in sorted(self._insecure):
+            insecure.add_metric([name], 1.0)
+        yield insecure
 
         unsup = GaugeMetricFamily("convergerd_unsupported_clusters",
                                   "Clusters whose policies are Unsupported (no "

@@ -190,6 +190,7 @@ class Daemon:
             registry = ClusterRegistry(
                 kubeconfig=s.clusters.kubeconfig, access=s.clusters,
                 identity=self.identity, observer=self.metrics,
+                on_insecure=self.metrics.set_cluster_insecure,
             )
             stack.push_async_callback(registry.close)
             elector = self._elector(registry)

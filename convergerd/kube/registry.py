@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import convergerd
@@ -20,6 +20,7 @@ from convergerd.kube.client import ClusterClient, user_agent
 from convergerd.kube.kubeconfig import (
     Credentials,
     Kubeconfig,
+    check_secure,
     in_cluster_credentials,
     load_kubeconfig,
 )
@@ -42,7 +43,10 @@ class ClusterRegistry:
         env: Mapping[str, str] | None = None,
         sa_dir: Path | None = None,
         tls: TlsContexts | None = None,
+        on_insecure: Callable[[str, bool], None] | None = None,
     ) -> None:
+        """`on_insecure(cluster, insecure)` is told, for every client opened, whether it is
+        reached insecurely (the metrics' `set_cluster_insecure`)."""
         self._path = kubeconfig
         self._access = access
         self._observer = observer
@@ -53,6 +57,8 @@ class ClusterRegistry:
         self._clients: dict[ClusterId, tuple[Credentials, ClusterClient]] = {}
         self._kubeconfig: Kubeconfig | None = None
         self._stamp: tuple[int, int] | None = None
+        self._on_insecure = on_insecure
+        self._warned_insecure: set[str] = set()  # warned once per cluster, not per reload
         if kubeconfig is not None:
             self._kubeconfig, self._stamp = _load(kubeconfig)
 
@@ -109,6 +115,7 @@ class ClusterRegistry:
             return False
         kubeconfig, loaded = _load(self._path)
         self._kubeconfig, self._stamp = kubeconfig, loaded
+        self._warned_insecure &= kubeconfig.contexts  # a context that comes back is new
         stale: list[ClusterClient] = []
         for cluster_id, (creds, client) in list(self._clients.items()):
             if cluster_id == HOME_IN_CLUSTER:
@@ -133,6 +140,16 @@ class ClusterRegistry:
             await client.close()
 
     def _open(self, cluster_id: ClusterId, creds: Credentials) -> ClusterClient:
+        # Every client, the home cluster's too, is opened here: the one place insecure
+        # clusters are refused (NoCredentials, reason `insecure`) or, when allowed, flagged.
+        insecure = check_secure(creds, allow_insecure=self._access.allow_insecure)
+        if insecure is not None and cluster_id not in self._warned_insecure:
+            self._warned_insecure.add(cluster_id)
+            log.warning("cluster %s is reached insecurely (allowed by "
+                        "CONVERGERD_ALLOW_INSECURE_CLUSTERS): %s", cluster_id, insecure,
+                        extra={"cluster": cluster_id})
+        if self._on_insecure is not None:
+            self._on_insecure(cluster_id, insecure is not None)
         client = ClusterClient(
             cluster_id,
             creds,

@@ -266,3 +266,19 @@ def test_a_round_that_could_not_run_keeps_the_invalid_policies_gauge(metrics: Me
                             cancelled=True, error="grace period over")
     metrics.observe_round(cancelled)
     assert value(metrics, "convergerd_invalid_policies") == 1
+
+
+def test_insecure_clusters_gauge_is_1_only_for_them_and_pruned_with_the_cluster(
+    clock: WallClock,
+) -> None:
+    m = Metrics(clock=clock, clusters=["c1", "c2"], process_collectors=False)
+    m.set_cluster_insecure("c1", True)
+    m.set_cluster_insecure("c2", False)
+    assert parse(m)["convergerd_cluster_insecure"][0] == "gauge"
+    assert value(m, "convergerd_cluster_insecure", cluster="c1") == 1
+    assert value(m, "convergerd_cluster_insecure", cluster="c2") is None
+    m.set_clusters(["c2"])  # c1 left the fleet
+    assert value(m, "convergerd_cluster_insecure", cluster="c1") is None
+    m.set_cluster_insecure("c2", True)
+    m.set_cluster_insecure("c2", False)  # its kubeconfig was fixed
+    assert value(m, "convergerd_cluster_insecure", cluster="c2") is None
