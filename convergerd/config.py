@@ -21,6 +21,8 @@ from typing import Any
 from convergerd.errors import ConfigError
 
 INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
+# A list page of 500 Policies is ~1 MiB; 16 MiB leaves room for large rules.
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 2**20
 ONCE_ENV = "Policies__ConvergeOnce"
 
 
@@ -155,6 +157,10 @@ SETTINGS: tuple[Setting, ...] = (
             "requests per second to one cluster (token bucket rate)"),
     Setting("cluster_burst", "CONVERGERD_CLUSTER_BURST", "--cluster-burst", _positive_int, "100",
             "requests allowed in a burst to one cluster"),
+    Setting("max_response_bytes", "CONVERGERD_MAX_RESPONSE_BYTES", "--max-response-bytes",
+            _positive_int, str(DEFAULT_MAX_RESPONSE_BYTES),
+            "largest answer read from a cluster (a list page); a larger one fails that cluster "
+            "with reason bad_response"),
     Setting("lease_name", "CONVERGERD_LEASE_NAME", "--lease-name", _text, "convergerd",
             "name of the leader-election Lease"),
     Setting("lease_namespace", "CONVERGERD_LEASE_NAMESPACE", "--lease-namespace", _text,
@@ -191,6 +197,7 @@ class ClusterAccess:
     burst: int
     apply_concurrency: int
     allow_insecure: bool = False  # see CONVERGERD_ALLOW_INSECURE_CLUSTERS
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +326,7 @@ def load_settings(
             burst=v["cluster_burst"],
             apply_concurrency=v["apply_concurrency"],
             allow_insecure=v["allow_insecure_clusters"],
+            max_response_bytes=v["max_response_bytes"],
         ),
         rounds=Rounds(
             interval_s=v["interval_minutes"] * 60.0,

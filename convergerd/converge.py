@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from convergerd.errors import ClusterError, ClusterLevelError, Fenced
+from convergerd.decode import as_int
+from convergerd.errors import BadResponse, ClusterError, ClusterLevelError, Fenced
 from convergerd.kube.api import PolicyApi
 from convergerd.model import ClusterId, Fleet, Policy, PolicyId
 from convergerd.plan import Apply, Observed, plan_cluster
@@ -139,8 +140,9 @@ def _first_leaf(exc: BaseException) -> BaseException:
 
 
 def _reached(exc: ClusterError) -> bool:
-    """An answer with a status means the cluster was reached, even if it refused us."""
-    return isinstance(exc, ClusterLevelError)
+    """An answer with a status means the cluster was reached, even if it refused us or its
+    answer was unusable."""
+    return isinstance(exc, ClusterLevelError | BadResponse)
 
 
 def _fail_cluster(
@@ -257,7 +259,8 @@ def _phases(
         policy_id = policy_id_of(name)
         if policy_id is None or object_name(policy_id) != name:
             continue
-        revision = obj.spec.get("revision")
+        # The spec is the cluster's copy: anything but a bigint is no revision.
+        revision = as_int(obj.spec.get("revision"))
         readings.append(
             PhaseReading(
                 cluster=cluster,
@@ -265,7 +268,7 @@ def _phases(
                 phase=obj.phase,
                 ready_reason=obj.ready_reason,
                 ready_message=obj.ready_message,
-                revision=revision if isinstance(revision, int) else None,
+                revision=revision,
                 seen_at=seen_at,
             )
         )

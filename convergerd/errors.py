@@ -9,6 +9,7 @@ Retry decisions are made on these classes, never on message text (SPEC.md §5):
 | `Throttled` | 429 | retry after `Retry-After` |
 | `ClusterLevelError` | 401, 403, 404 on the Policy API | stop that cluster for this round |
 | `ObjectRejected` | 400, 409, 422 | that policy fails there; the rest go on |
+| `BadResponse` | not JSON, over the size cap, wrong shape | stop that cluster (it answered) |
 """
 
 from __future__ import annotations
@@ -99,6 +100,14 @@ class ObjectRejected(ClusterApiError):
     """400, 409, 422: this object on this cluster; other policies go on."""
 
     reason = "rejected"
+
+
+class BadResponse(ClusterError):
+    """The cluster answered, with something that cannot be used: not JSON, larger than the
+    size cap, or not the shape the API promises (items not a list, an item not an object).
+    The message names the field and a shortened value."""
+
+    reason = "bad_response"
 
 
 class Fenced(ConvergerdError):
