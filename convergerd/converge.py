@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from convergerd.decode import as_int
-from convergerd.errors import BadResponse, ClusterError, ClusterLevelError, Fenced
+from convergerd.errors import ClusterError, Fenced
 from convergerd.kube.api import PolicyApi
 from convergerd.model import ClusterId, Fleet, Policy, PolicyId
 from convergerd.plan import Apply, Observed, plan_cluster
@@ -113,7 +113,7 @@ async def converge_cluster(
     except TimeoutError:
         _fail_cluster(outcome, "round deadline reached before this cluster finished", "deadline")
     except ClusterError as exc:
-        _fail_cluster(outcome, str(exc), exc.reason, reached=_reached(exc))
+        _fail_cluster(outcome, str(exc), exc.reason, reached=exc.answered)
     except Fenced:
         raise
     except Exception as exc:
@@ -137,12 +137,6 @@ def _first_leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
-
-
-def _reached(exc: ClusterError) -> bool:
-    """An answer with a status means the cluster was reached, even if it refused us or its
-    answer was unusable."""
-    return isinstance(exc, ClusterLevelError | BadResponse)
 
 
 def _fail_cluster(

@@ -48,6 +48,14 @@ class ClusterError(ConvergerdError):
         """True when the whole cluster's work for this round must stop."""
         return not isinstance(self, ObjectRejected)
 
+    @property
+    def answered(self) -> bool:
+        """Did the cluster answer? Any answer with an HTTP status (even 429 or 503), or an
+        unusable one, means its API server was reached; no connection, a timeout or no
+        credentials means it was not. The one rule behind `reached` in rounds and the
+        prober's `convergerd_cluster_up`."""
+        return isinstance(self, ClusterApiError | BadResponse)
+
 
 class NoCredentials(ClusterError):
     """The cluster is in the database but the kubeconfig has no context for it."""

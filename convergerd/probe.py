@@ -21,9 +21,6 @@ from typing import Protocol
 
 from convergerd.errors import (
     ClusterError,
-    ClusterUnreachable,
-    NoCredentials,
-    TransientApiError,
 )
 from convergerd.kube.api import PolicyApi
 from convergerd.state import Clock, utc_now
@@ -43,11 +40,6 @@ class ProbeSink(Protocol):
         self, cluster: str, *, reachable: bool, error: str | None = None,
         server_version: str | None = None, at: dt.datetime | None = None,
     ) -> None: ...
-
-
-def is_reached(exc: ClusterError) -> bool:
-    """Whether the failure still means the API server answered."""
-    return not isinstance(exc, ClusterUnreachable | TransientApiError | NoCredentials)
 
 
 class Prober:
@@ -102,7 +94,7 @@ class Prober:
         except TimeoutError:
             up, error = False, f"no answer within {self.timeout_s:g} s"
         except ClusterError as exc:
-            up, error = is_reached(exc), str(exc)
+            up, error = exc.answered, str(exc)
         except Exception as exc:
             log.exception("reachability check of cluster %s failed unexpectedly", cluster)
             up, error = False, f"reachability check failed: {type(exc).__name__}"

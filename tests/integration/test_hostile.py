@@ -22,7 +22,6 @@ from convergerd.kube.kubeconfig import load_kubeconfig
 from convergerd.kube.tlsctx import TlsContexts
 from convergerd.model import ClusterId
 from convergerd.plan import MALFORMED_REASON, UNKNOWN_PHASE, Observed
-from convergerd.probe import is_reached
 from convergerd.render import MANAGED_SELECTOR
 from convergerd.sim.faults import Faults, Hostile
 from convergerd.sim.fleet import Fleet
@@ -140,7 +139,7 @@ async def test_items_that_are_not_objects_fail_the_list_as_bad_response(
         await client.list_policies(label_selector=MANAGED_SELECTOR, timeout_s=5)
     assert info.value.reason == "bad_response"
     assert not info.value.retryable
-    assert is_reached(info.value)
+    assert info.value.answered
 
 
 # --- invalidJson ---------------------------------------------------------------------------------
