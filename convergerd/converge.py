@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar
 from convergerd.decode import as_int
 from convergerd.errors import ClusterError, Fenced
 from convergerd.kube.api import PolicyApi
+from convergerd.lease import Fence
 from convergerd.model import ClusterId, Fleet, Policy, PolicyId
 from convergerd.plan import Apply, Observed, plan_cluster
 from convergerd.render import MANAGED_SELECTOR, object_name, policy_id_of
@@ -43,12 +44,6 @@ class Retrier(Protocol):
     async def __call__(
         self, fn: Callable[[], Awaitable[T]], *, cluster: str, deadline: float
     ) -> T: ...
-
-
-class Fence(Protocol):
-    def remaining_s(self) -> float:
-        """Seconds this replica may still write; raises `Fenced` when it may not."""
-        ...
 
 
 class ClusterSource(Protocol):

@@ -25,11 +25,12 @@ from aiohttp import web
 
 from convergerd import __version__
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
-from convergerd.converge import ClusterSource, Fence, Round, RoundLimits, run_round
+from convergerd.converge import ClusterSource, Round, RoundLimits, run_round
 from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced, NoCredentials
 from convergerd.http import HealthCheck, make_app
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
+from convergerd.lease import Fence
 from convergerd.metrics import Metrics
 from convergerd.model import Fleet
 from convergerd.probe import Prober
