@@ -103,9 +103,11 @@ class ClusterRegistry:
         return self._kubeconfig is not None and cluster_id in self._kubeconfig
 
     def sizes(self) -> dict[str, int]:
-        """How much this registry holds: open clients, retired ones still draining, SSL
-        contexts (the soak benchmark and the tests watch these stay bounded)."""
+        """How much this registry holds: open clients, retired ones still draining, calls in
+        flight on either, SSL contexts (the soak benchmark and the tests watch these)."""
+        lents = (*self._clients.values(), *self._retiring)
         return {"clients": len(self._clients), "retiring": len(self._retiring),
+                "in_flight": sum(lent.in_flight for lent in lents),
                 "tls_contexts": len(self.tls)}
 
     # -- handing out -----------------------------------------------------------------------
