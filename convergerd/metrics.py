@@ -116,7 +116,10 @@ class Metrics:
         version: str = __version__,
         clusters: Iterable[str] = (),
         process_collectors: bool = True,
+        keep: Iterable[str] = (),
     ) -> None:
+        """`clusters`: known from the start (zeroed series). `keep`: clusters whose series stay
+        whatever the database's set (the home cluster: its Lease requests are counted)."""
         self.interval_s = interval_s
         self.clock = clock
         self.version = version
@@ -136,11 +139,17 @@ class Metrics:
         self._invalid = 0
         self._loop_lag_s = 0.0
         self._insecure: set[str] = set()
+        # Once the database's cluster set is known (`set_clusters`), series exist only for it
+        # and `keep`: a late observation of a removed cluster (a request or probe in flight
+        # when it was deleted) is dropped instead of bringing its series back for good.
+        self._fleet: frozenset[str] | None = None
+        self._keep = frozenset(keep)
         self.registry.register(_Collector(self))
         if process_collectors:
             ProcessCollector(registry=self.registry)
             GCCollector(registry=self.registry)
-        self.set_clusters(clusters)
+        for cluster in clusters:
+            self.add_cluster(cluster)
 
     # -- cluster set -----------------------------------------------------------------------
 
@@ -158,10 +167,25 @@ class Metrics:
     def set_clusters(self, clusters: Iterable[str]) -> None:
         """The clusters the database knows: new ones get zeroed series, removed ones lose all."""
         wanted = set(clusters)
-        for gone in set(self._clusters) - wanted:
-            self.remove_cluster(gone)
+        self._fleet = frozenset(wanted)
+        labelled = {key[0] for series in (self._applies, self._failures, self._retries,
+                                          self._requests) for key in series}
+        for gone in (set(self._clusters) | set(self._apply_latency) | labelled) - wanted:
+            if not self._tracks(gone):
+                self.remove_cluster(gone)
         for cluster in sorted(wanted):
             self.add_cluster(cluster)
+
+    def _tracks(self, cluster: str) -> bool:
+        """Whether `cluster` may have series: all until the set is known, then its members
+        and the kept ones."""
+        return self._fleet is None or cluster in self._fleet or cluster in self._keep
+
+    def sizes(self) -> dict[str, int]:
+        """How many clusters and labelled series are held (watched by the soak benchmark)."""
+        return {"clusters": len(self._clusters),
+                "series": sum(len(s) for s in (self._applies, self._failures, self._retries,
+                                                self._requests, self._apply_latency))}
 
     def remove_cluster(self, cluster: str) -> None:
         self._clusters.pop(cluster, None)
@@ -173,7 +197,7 @@ class Metrics:
 
     def seed_last_success(self, cluster: str, at: dt.datetime | float | None) -> None:
         """A last success known from elsewhere (the database); kept only if newer."""
-        if at is None:
+        if at is None or not self._tracks(cluster):
             return
         ts = at.timestamp() if isinstance(at, dt.datetime) else at
         self.add_cluster(cluster)
@@ -197,6 +221,8 @@ class Metrics:
 
     def _observe_outcome(self, report: RoundReport, outcome: ClusterOutcome) -> None:
         cluster = outcome.cluster
+        if not self._tracks(cluster):
+            return
         self.add_cluster(cluster)
         state = self._clusters[cluster]
         state.up = 1.0 if outcome.reached else 0.0
@@ -222,6 +248,8 @@ class Metrics:
 
     def set_cluster_up(self, cluster: str, up: bool, server_version: str | None = None) -> None:
         """From the reachability prober (or anything else that just tried the cluster)."""
+        if not self._tracks(cluster):
+            return
         self.add_cluster(cluster)
         state = self._clusters[cluster]
         state.up = 1.0 if up else 0.0
@@ -240,7 +268,7 @@ class Metrics:
     def set_cluster_insecure(self, cluster: str, insecure: bool) -> None:
         """From the cluster registry, for every client it opens (insecure ones only when
         CONVERGERD_ALLOW_INSECURE_CLUSTERS allows them)."""
-        if insecure:
+        if insecure and self._tracks(cluster):
             self._insecure.add(cluster)
         else:
             self._insecure.discard(cluster)
@@ -253,6 +281,8 @@ class Metrics:
     def request_done(
         self, cluster: str, verb: str, status: int | None, duration_s: float
     ) -> None:
+        if not self._tracks(cluster):
+            return
         key = (cluster, verb, "none" if status is None else str(status))
         self._requests[key] = self._requests.get(key, 0.0) + 1
         if verb in APPLY_VERBS:
@@ -262,6 +292,8 @@ class Metrics:
             hist.observe(duration_s)
 
     def retry(self, cluster: str, reason: str) -> None:
+        if not self._tracks(cluster):
+            return
         key = (cluster, reason)
         self._retries[key] = self._retries.get(key, 0.0) + 1
 

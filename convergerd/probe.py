@@ -74,6 +74,8 @@ class Prober:
     async def probe_once(self) -> dict[str, bool]:
         """One pass over the current clusters; returns cluster -> reached."""
         targets = dict(self.clusters())
+        # Remember only the clusters still probed: a removed one is forgotten with this pass.
+        self._was_up = {c: up for c, up in self._was_up.items() if c in targets}
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(cluster: str, api: PolicyApi) -> bool:
@@ -82,6 +84,10 @@ class Prober:
 
         results = await asyncio.gather(*(one(c, a) for c, a in sorted(targets.items())))
         return dict(zip(sorted(targets), results, strict=True))
+
+    def __len__(self) -> int:
+        """How many clusters' last state is remembered (the clusters of the last pass)."""
+        return len(self._was_up)
 
     async def _probe(self, cluster: str, api: PolicyApi) -> bool:
         version: str | None = None

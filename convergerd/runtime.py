@@ -17,7 +17,7 @@ import logging
 import os
 import random
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
@@ -28,11 +28,11 @@ from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
 from convergerd.converge import ClusterSource, Round, RoundLimits, run_round
 from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced, NoCredentials
 from convergerd.http import HealthCheck, make_app
-from convergerd.kube.registry import ClusterRegistry
+from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
 from convergerd.lease import Fence
 from convergerd.metrics import Metrics
-from convergerd.model import Fleet
+from convergerd.model import Fleet, InvalidPolicy
 from convergerd.probe import Prober
 from convergerd.report import Epoch, RoundReport, RoundResult
 from convergerd.retry import RetryObserver, call_with_retries
@@ -65,6 +65,16 @@ async def _first(*aws: Awaitable[Any]) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def invalid_to_log(
+    invalid: Iterable[InvalidPolicy], seen: Collection[tuple[str, int]]
+) -> tuple[list[InvalidPolicy], set[tuple[str, int]]]:
+    """Invalid policies are logged once per revision while they stay invalid: which of this
+    round's to log, and what to remember (this round's only, so a fixed or deleted policy is
+    forgotten)."""
+    current = {(bad.id, bad.revision): bad for bad in invalid}
+    return [bad for key, bad in current.items() if key not in seen], set(current)
 
 
 def round_env(
@@ -116,13 +126,19 @@ class Daemon:
         self.probe_period_s = probe_period_s
         self.identity = settings.election.identity
         self.stopping = asyncio.Event()
-        self.metrics = Metrics(interval_s=settings.rounds.interval_s)
+        e = settings.election
+        self.metrics = Metrics(
+            interval_s=settings.rounds.interval_s,
+            keep=[e.home_context or HOME_IN_CLUSTER] if e.enabled else [],
+        )
         self.state = StatusState(
             identity=self.identity, interval_s=settings.rounds.interval_s
         )
         self.health = HealthCheck()
         self._signals = 0
         self._seen_invalid: set[tuple[str, int]] = set()
+        self.registry: ClusterRegistry | None = None  # set by main()
+        self.prober: Prober | None = None
         self._unrecorded: list[RoundReport] = []
         self.last_report: RoundReport | None = None
 
@@ -194,6 +210,7 @@ class Daemon:
                 on_insecure=self.metrics.set_cluster_insecure,
             )
             stack.push_async_callback(registry.close)
+            self.registry = registry
             elector = self._elector(registry)
             self.state.set_leader_source(elector)
 
@@ -207,6 +224,7 @@ class Daemon:
                 metrics=self.metrics, state=self.state,
                 period_s=self.probe_period_s, timeout_s=s.clusters.request_timeout_s,
             )
+            self.prober = prober
             async with asyncio.TaskGroup() as tg:
                 supervised = [
                     tg.create_task(elector.run(), name="elector"),
@@ -284,9 +302,7 @@ class Daemon:
         except DatabaseUnavailable as exc:
             log.warning("could not read cluster states (database unavailable: %s)", exc)
             return
-        clusters = [row.cluster for row in rows]
-        self.state.set_clusters(clusters)
-        self.metrics.set_clusters(clusters)
+        await self._follow_database([row.cluster for row in rows])
         for row in rows:
             self.metrics.seed_last_success(row.cluster, row.last_success_at)
 
@@ -376,8 +392,10 @@ class Daemon:
                                error=f"database unavailable: {exc}")
         self._note_invalid(fleet)
         await self._reload_kubeconfig(registry)
-        self.state.set_clusters([c.id for c in fleet.clusters])
-        self.metrics.set_clusters([c.id for c in fleet.clusters])
+        await self._follow_database(
+            [c.id for c in fleet.clusters],
+            policies=[p.id for p in fleet.policies] + [p.id for p in fleet.invalid],
+        )
         env = round_env(
             s, registry, StopFence(elector.fence(epoch), self.stopping), self.metrics,
             deadline_s=max(0.0, deadline - loop.time()),
@@ -390,6 +408,35 @@ class Daemon:
                                cancelled=True, error=f"fenced: {exc}")
         report.started_at = started
         return report
+
+    async def _follow_database(
+        self, clusters: Collection[str], *, policies: Collection[str] | None = None
+    ) -> None:
+        """The one place where what this replica keeps per cluster and per policy follows the
+        database: status, metrics and cluster clients keep the clusters it lists and drop the
+        rest; given the round's fleet, status drops the records of deleted policies too. (The
+        prober forgets the clusters it no longer probes by itself, each pass.)"""
+        self.state.set_clusters(clusters)
+        self.metrics.set_clusters(clusters)
+        if self.registry is not None:
+            await self.registry.retain(clusters)
+        if policies is not None:
+            self.state.retain_policies(policies)
+
+    def sizes(self) -> dict[str, int]:
+        """How much per-cluster, per-policy and per-client state this replica holds: the soak
+        benchmark checks these stay flat over rounds."""
+        sizes = {
+            "status_clusters": len(self.state.clusters),
+            "status_policy_records": sum(len(c.policies) for c in self.state.clusters.values()),
+            "seen_invalid": len(self._seen_invalid),
+            "unrecorded_rounds": len(self._unrecorded),
+            "prober_clusters": len(self.prober) if self.prober is not None else 0,
+            **{f"metrics_{k}": v for k, v in self.metrics.sizes().items()},
+        }
+        if self.registry is not None:
+            sizes.update({f"registry_{k}": v for k, v in self.registry.sizes().items()})
+        return sizes
 
     async def _reload_kubeconfig(self, registry: ClusterRegistry) -> None:
         """Rotated credentials (the kubeconfig Secret updated in place) count from the next
@@ -416,12 +463,10 @@ class Daemon:
 
     def _note_invalid(self, fleet: Fleet) -> None:
         """Invalid policies are logged once per revision, not every round."""
-        for bad in fleet.invalid:
-            key = (bad.id, bad.revision)
-            if key not in self._seen_invalid:
-                self._seen_invalid.add(key)
-                log.warning("policy %r (revision %d) is invalid and will not be delivered: %s",
-                            bad.id, bad.revision, bad.reason)
+        new, self._seen_invalid = invalid_to_log(fleet.invalid, self._seen_invalid)
+        for bad in new:
+            log.warning("policy %r (revision %d) is invalid and will not be delivered: %s",
+                        bad.id, bad.revision, bad.reason)
 
     def _observe(self, report: RoundReport) -> None:
         self.metrics.observe_round(report)

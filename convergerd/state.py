@@ -450,6 +450,16 @@ class StatusState:
         for cluster in wanted:
             self.cluster(cluster)
 
+    def retain_policies(self, policies: Iterable[str]) -> None:
+        """The policies the database holds: a record of any other one is dropped unless its
+        object is still read back from the cluster (a round never deletes, so that reading
+        is real and bounded by what the cluster holds)."""
+        wanted = {PolicyId(p) for p in policies}
+        for state in self.clusters.values():
+            for gone in [p for p, r in state.policies.items()
+                         if p not in wanted and r.phase is None]:
+                del state.policies[gone]
+
     def observe_round(self, report: RoundReport) -> None:
         for outcome in report.clusters:
             self._observe_outcome(report, outcome)

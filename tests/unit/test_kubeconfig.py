@@ -422,9 +422,9 @@ async def test_registry_allows_insecure_clusters_when_told_and_warns_once(
     )
     try:
         with caplog.at_level(logging.WARNING, logger="convergerd.kube.registry"):
-            before = registry.get(ClusterId("skip"))
+            before = registry.client(ClusterId("skip"))
             registry.get(ClusterId("plain-http"))
-            assert registry.get(ClusterId("skip")) is before  # reused: no second warning
+            assert registry.client(ClusterId("skip")) is before  # reused: no second warning
             # A reload that changes the insecure cluster's credentials rebuilds its client,
             # and still does not warn again.
             insecure_kubeconfig.write_text(
@@ -432,7 +432,7 @@ async def test_registry_allows_insecure_clusters_when_told_and_warns_once(
                                                         "127.0.0.1:40124\", insecure"))
             os.utime(insecure_kubeconfig, ns=(1, 1))
             assert await registry.refresh()
-            assert registry.get(ClusterId("skip")) is not before
+            assert registry.client(ClusterId("skip")) is not before
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 2, warnings
         assert "cluster skip is reached insecurely" in warnings[0]

@@ -72,3 +72,15 @@ async def test_probe_sets_up_and_down() -> None:
     assert (down.reachable, down.error) == (False, "connect timeout")
     assert state.clusters[ClusterId("hang")].error == "no answer within 0.05 s"
     assert state.clusters[ClusterId("ok")].server_version == "v1.31.0"
+
+
+async def test_prober_forgets_clusters_it_no_longer_probes() -> None:
+    metrics = Metrics(process_collectors=False)
+    state = StatusState(identity="r", interval_s=300)
+    apis: dict[str, PolicyApi] = {n: FakeApi(n, "ok") for n in ("a", "b", "c")}
+    prober = Prober(clusters=lambda: apis, metrics=metrics, state=state, timeout_s=0.05)
+    await prober.probe_once()
+    assert len(prober) == 3
+    del apis["b"], apis["c"]
+    assert await prober.probe_once() == {"a": True}
+    assert len(prober) == 1

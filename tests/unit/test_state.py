@@ -269,3 +269,18 @@ def test_merge_records_takes_the_newer_delivery_and_the_newer_phase() -> None:
     assert merged.delivered_revision == 4  # the failed apply delivered nothing
     assert merged.phase is not None
     assert merged.phase.phase == "Enforcing"
+
+
+def test_records_of_deleted_policies_are_dropped_unless_still_read_back() -> None:
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=Clock())
+    deliveries = [Delivery(ClusterId("c1"), PolicyId(p), 1, ApplyResult.CREATED, T0)
+                  for p in ("p1", "p2", "p3")]
+    state.observe_round(RoundReport(started_at=T0, finished_at=T0, clusters=[
+        outcome("c1", desired=3, in_sync=3, deliveries=deliveries,
+                phases=[reading("c1", "p3", "Enforcing", T0)]),
+    ]))
+    assert len(state.clusters[ClusterId("c1")].policies) == 3
+
+    state.retain_policies(["p1"])  # p2 and p3 deleted; p3's object is still in the cluster
+
+    assert sorted(state.clusters[ClusterId("c1")].policies) == ["p1", "p3"]
