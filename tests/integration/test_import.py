@@ -128,8 +128,8 @@ async def test_a_bad_file_changes_nothing(
     with pytest.raises(ImportFileError) as caught:
         await import_file(database_url, path)
     assert str(caught.value) == (
-        f"{path}: rejected, nothing imported (1 problem):\n"
-        "  policies[1] (id 'p-new'): boundary: unknown boundary 'team-z' "
+        f"{path}: rejected, nothing imported: "
+        "policies[1] (id 'p-new'): boundary: unknown boundary 'team-z' "
         "(not in the file nor the database)"
     )
     fleet = await store.load_fleet()
