@@ -36,9 +36,12 @@ _DNS_SUBDOMAIN_MAX_LEN = 253
 # Bounds on a rule's lists, so a row cannot grow the object applied to every cluster in its
 # boundary (or the database, or status) without limit.
 RULE_LIST_MAX_ENTRIES = 64
-RULE_ENTRY_MAX_LEN = 253  # plans; label keys and registries have their own, tighter, rules
 LABEL_NAME_MAX_LEN = 63
+LABEL_KEY_MAX_LEN = _DNS_SUBDOMAIN_MAX_LEN + 1 + LABEL_NAME_MAX_LEN  # prefix/name
 REGISTRY_MAX_LEN = 253
+PLAN_MAX_LEN = 253
+_ENTRY_MAX_LEN = {"labels": LABEL_KEY_MAX_LEN, "registries": REGISTRY_MAX_LEN,
+                  "plans": PLAN_MAX_LEN}
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +152,10 @@ def _string_list(params: Mapping[str, Any], key: str, rule_type: str) -> list[st
             raise RuleError(
                 f"rule.{key}: every entry must be a non-empty string, got {shown(item)}"
             )
-        if len(item) > RULE_ENTRY_MAX_LEN:
+        if len(item) > _ENTRY_MAX_LEN[key]:
             raise RuleError(
                 f"rule.{key}: {shown(item)} is {len(item)} characters, "
-                f"at most {RULE_ENTRY_MAX_LEN}"
+                f"at most {_ENTRY_MAX_LEN[key]}"
             )
     if len(set(value)) != len(value):
         raise RuleError(f"rule.{key}: duplicate entries in {shown(value)}")
@@ -178,8 +181,7 @@ def _label_key_problem(key: str) -> str | None:
 
 
 def _registry_problem(prefix: str) -> str | None:
-    if len(prefix) > REGISTRY_MAX_LEN:
-        return f"is {len(prefix)} characters, at most {REGISTRY_MAX_LEN}"
+    """What is wrong with a registry prefix (its length is checked with the list)."""
     if any(c.isspace() or not c.isprintable() for c in prefix):
         return "contains whitespace or control characters"
     if "://" in prefix:
