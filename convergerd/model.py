@@ -133,8 +133,13 @@ def check_cluster_id(value: str) -> None:
 
 
 def field_names(keys: Iterable[object]) -> str:
-    """Field names for a message: sorted, strings as written, anything else quoted; shortened."""
-    names = sorted(shorten(k, 40) if isinstance(k, str) else shown(k, 40) for k in keys)
+    """Field names for a message: sorted, plain names as written, anything else quoted (so the
+    message stays one line); shortened."""
+    names = sorted(
+        shorten(k, 40) if isinstance(k, str) and k.isprintable() and " " not in k
+        else shown(k, 40)
+        for k in keys
+    )
     return shorten(", ".join(names))
 
 
