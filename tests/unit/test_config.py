@@ -253,3 +253,13 @@ def test_dsn_secrets_lists_every_password_form() -> None:
     dsn = "postgresql://u:p%40ss@h/db?password=q-pw&sslpassword=k3y-pw"
     assert dsn_secrets(dsn) == sorted({"p%40ss", "p@ss", "q-pw", "k3y-pw"})
     assert dsn_secrets("postgresql://u@h/db?sslmode=require") == []
+
+
+def test_import_size_limit_defaults_to_4_mib_and_is_checked() -> None:
+    assert load_settings({}).import_max_bytes == 4 * 1024 * 1024
+    assert load_settings({"CONVERGERD_IMPORT_MAX_BYTES": "100"}).import_max_bytes == 100
+    assert load_settings({}, {"import_max_bytes": "7"}).import_max_bytes == 7
+    for bad in ("0", "-1", "4MiB", "1.5", ""):
+        with pytest.raises(ConfigError) as caught:
+            load_settings({"CONVERGERD_IMPORT_MAX_BYTES": bad})
+        assert caught.value.setting == "CONVERGERD_IMPORT_MAX_BYTES"
