@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(migrate, db_keys)
     imp = sub.add_parser("import", help="upsert clusters, boundaries and policies from YAML")
     imp.add_argument("file", type=Path, help="YAML with clusters, boundaries and policies")
-    _add_settings(imp, db_keys)
+    _add_settings(imp, (*db_keys, "import_max_bytes"))
 
     from convergerd import statuscli
 
@@ -218,7 +218,9 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per com
     if command == "import":
         from convergerd.store.importer import import_file
 
-        summary = asyncio.run(import_file(settings.database_url, args.file))
+        summary = asyncio.run(
+            import_file(settings.database_url, args.file, max_bytes=settings.import_max_bytes)
+        )
         print(summary)
         return EXIT_OK
     raise AssertionError(command)

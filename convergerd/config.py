@@ -24,6 +24,7 @@ INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
 # A list page of 500 Policies is ~1 MiB; 16 MiB leaves room for large rules.
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 2**20
 ONCE_ENV = "Policies__ConvergeOnce"
+IMPORT_MAX_BYTES_DEFAULT = 4 * 1024 * 1024
 
 
 def _bool(value: str) -> bool:
@@ -180,6 +181,9 @@ SETTINGS: tuple[Setting, ...] = (
             "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("log_format", "CONVERGERD_LOG_FORMAT", "--log-format", _text, "text",
             "text or json"),
+    Setting("import_max_bytes", "CONVERGERD_IMPORT_MAX_BYTES", "--import-max-bytes",
+            _positive_int, str(IMPORT_MAX_BYTES_DEFAULT),
+            "largest file `convergerd import` reads, in bytes (checked before parsing)"),
 )
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
 # Secrets that can also be read from a file (a mounted Secret): value key -> file key.
@@ -233,6 +237,7 @@ class Settings:
     grace_period_s: float
     log_level: str
     log_format: str
+    import_max_bytes: int
 
     @property
     def database_url_redacted(self) -> str | None:
@@ -351,6 +356,7 @@ def load_settings(
         grace_period_s=v["grace_period_s"],
         log_level=v["log_level"],
         log_format=v["log_format"],
+        import_max_bytes=v["import_max_bytes"],
     )
     check_settings(settings)
     return settings

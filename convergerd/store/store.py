@@ -26,8 +26,8 @@ from convergerd.model import (
     InvalidPolicy,
     Policy,
     PolicyRow,
-    validate_policy,
 )
+from convergerd.render import validate_policy
 from convergerd.report import (
     ApplyResult,
     Delivery,

@@ -242,6 +242,37 @@ async def test_invalid_rows_are_reported_and_the_rest_converge(
     assert not any(bad in p for p in paths for bad in ("bad_id", "p-unknown", "p-malformed"))
 
 
+async def test_rows_over_the_parameter_limits_are_invalid_and_the_rest_converge(
+    rounds: Rounds, fleet: Fleet, store: Store, database_url: str
+) -> None:
+    # Rows that bypassed `convergerd import`: too many entries, a huge label key.
+    too_many = {"type": "AllowedRegistries",
+                "registries": [f"r{i}.example.com" for i in range(65)]}
+    huge_key = {"type": "RequiredLabels", "labels": ["k" * 100_000]}
+    await sql(
+        database_url,
+        "INSERT INTO policies (id, boundary_id, rule) VALUES "
+        "('p-too-many', 'team-a', $1::text::jsonb), ('p-huge-key', 'team-a', $2::text::jsonb)",
+        json.dumps(too_many), json.dumps(huge_key),
+    )
+
+    report = await rounds.run()
+
+    assert report.result is RoundResult.OK
+    reasons = {i.id: i.reason for i in report.invalid}
+    assert set(reasons) == {"p-too-many", "p-huge-key"}
+    assert reasons["p-too-many"].startswith("rule.registries: 65 entries, at most 64")
+    assert reasons["p-huge-key"].startswith("rule.labels: 'kkkk")
+    assert "100000 characters, at most 317" in reasons["p-huge-key"]
+    assert all(len(r) <= 300 for r in reasons.values())
+    recorded = await sql(database_url, "SELECT policy_id, reason FROM invalid_policies")
+    assert {r["policy_id"]: r["reason"] for r in recorded} == reasons
+    for cluster, names in DESIRED.items():
+        assert set(objects(fleet, cluster)) == names
+    paths = [r.path for r in fleet.accounting.requests()]
+    assert not any(bad in p for p in paths for bad in ("p-too-many", "p-huge-key"))
+
+
 # --- SPEC.md §5: errors from a cluster --------------------------------------------------------
 
 

@@ -378,3 +378,13 @@ def test_secrets_given_as_flags_are_named() -> None:
                                     "api_token_file": "/run/token", "http_addr": ":1"}
     assert [s.flag for s in secrets_in_flags(flags)] == ["--api-token"]
     assert [s.flag for s in secrets_in_flags({"database_url": DSN})] == ["--database-url"]
+
+
+def test_import_size_limit_defaults_to_4_mib_and_is_checked() -> None:
+    assert load_settings({}).import_max_bytes == 4 * 1024 * 1024
+    assert load_settings({"CONVERGERD_IMPORT_MAX_BYTES": "100"}).import_max_bytes == 100
+    assert load_settings({}, {"import_max_bytes": "7"}).import_max_bytes == 7
+    for bad in ("0", "-1", "4MiB", "1.5", ""):
+        with pytest.raises(ConfigError) as caught:
+            load_settings({"CONVERGERD_IMPORT_MAX_BYTES": bad})
+        assert caught.value.setting == "CONVERGERD_IMPORT_MAX_BYTES"

@@ -39,9 +39,8 @@ from convergerd.model import (
     InvalidPolicy,
     Policy,
     PolicyRow,
-    validate_policy,
 )
-from convergerd.render import render_policy
+from convergerd.render import render_policy, validate_policy
 from convergerd.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 
 pytestmark = pytest.mark.looptime
