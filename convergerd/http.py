@@ -22,6 +22,12 @@ naming it.
 
 Secrets (the API token, the DSN password, the DSN itself) never appear in a response: handlers
 only show redacted values, and a last middleware replaces any that slipped into a body.
+
+Every request is untrusted, authenticated or not: an id that is not a valid policy id (a DNS
+label of at most 50 characters) or cluster id is refused with 400 before the database is asked;
+an `Authorization` header that does not decode is a wrong token (401); a request line or header
+longer than `MAX_LINE_BYTES` is refused by the server (400) with one warning, no traceback; ids
+and paths are escaped (`printable`) wherever they are logged, so a request cannot forge a line.
 """
 
 from __future__ import annotations
@@ -34,12 +40,22 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from convergerd import __version__
 from convergerd.config import Settings, check_settings, dsn_secrets
 from convergerd.errors import ConfigError, ConvergerdError
 from convergerd.metrics import CONTENT_TYPE, Metrics
-from convergerd.model import DELIVERED_RULE_TYPES, ClusterId, InvalidPolicy, PolicyId, PolicyRow
+from convergerd.model import (
+    DELIVERED_RULE_TYPES,
+    ClusterId,
+    InvalidPolicy,
+    PolicyId,
+    PolicyRow,
+    RuleError,
+    check_cluster_id,
+    check_policy_id,
+)
 from convergerd.state import (
     ClusterStateRowLike,
     DeliveryRowLike,
@@ -56,6 +72,12 @@ log = logging.getLogger(__name__)
 DB_TIMEOUT_S = 5.0
 # Per-cluster view: current revisions are read with this many queries in flight.
 _LOOKUP_CONCURRENCY = 4
+
+# The server's parser limits: a longer request line (the URL) or header line is refused (400).
+MAX_LINE_BYTES = 8190
+MAX_HEADERS = 64
+# What of a request value (an id, a path) a log line or an error message shows.
+_SHOWN_CHARS = 100
 
 MutationHandler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 
@@ -152,6 +174,76 @@ def secrets_of(settings: Settings) -> list[str]:
 
 def error_response(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
+
+
+def printable(text: str, limit: int = _SHOWN_CHARS) -> str:
+    """`text` for a log line or a message: shortened to `limit` characters, and every character
+    that is not printable (newline, ESC, NUL, an undecodable byte) written as its escape."""
+    short = text if len(text) <= limit else text[:limit] + "..."
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in short)
+
+
+def _bad_id(kind: str, value: str, exc: RuleError) -> web.Response:
+    return error_response(400, f"bad {kind} id: {printable(str(exc), 2 * _SHOWN_CHARS)}",
+                          **{kind: printable(value)})
+
+
+def policy_id_of(request: web.Request) -> PolicyId | web.Response:
+    """The `{id}` of a policy path, or the 400 answer naming why it cannot be one."""
+    value = request.match_info["id"]
+    try:
+        check_policy_id(value)
+    except RuleError as exc:
+        return _bad_id("policy", value, exc)
+    return PolicyId(value)
+
+
+def cluster_id_of(request: web.Request) -> ClusterId | web.Response:
+    value = request.match_info["id"]
+    try:
+        check_cluster_id(value)
+    except RuleError as exc:
+        return _bad_id("cluster", value, exc)
+    return ClusterId(value)
+
+
+def _bearer(header: str) -> bytes | None:
+    """The token of a `Bearer` authorization header; None when it is not one or does not
+    decode (aiohttp keeps undecodable header bytes as surrogates)."""
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    try:
+        return given.strip().encode()
+    except UnicodeEncodeError:
+        return None
+
+
+class _ServerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger, but a request the HTTP parser refused (too long a line, too many
+    headers, bytes that are not HTTP) is one escaped warning, not an ERROR with a traceback:
+    anyone can send one."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            remote = printable(str(args[0])) if args else "?"
+            self.logger.warning("refused a malformed request from %s: %s %s", remote,
+                                exc_info.code, printable(exc_info.message, 2 * _SHOWN_CHARS))
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+def server_options() -> dict[str, Any]:
+    """Keyword arguments for `web.AppRunner` (and aiohttp's `TestServer`): no access log, the
+    parser's limits, and the server logger that does not dump a traceback per bad request."""
+    return {
+        "access_log": None,
+        "max_line_size": MAX_LINE_BYTES,
+        "max_field_size": MAX_LINE_BYTES,
+        "max_headers": MAX_HEADERS,
+        "logger": _ServerLog(logging.getLogger("aiohttp.server"), {}),
+    }
 
 
 def _describe(exc: BaseException) -> str:
@@ -260,7 +352,9 @@ class _Handlers:
         return web.json_response(body)
 
     async def cluster(self, request: web.Request) -> web.Response:
-        cluster = ClusterId(request.match_info["id"])
+        cluster = cluster_id_of(request)
+        if isinstance(cluster, web.Response):
+            return cluster
         error = await self._refresh()
         state = self.state.clusters.get(cluster)
         if state is None:
@@ -305,7 +399,9 @@ class _Handlers:
         return dict(zip(policies, rows, strict=True))
 
     async def policy(self, request: web.Request) -> web.Response:
-        pid = PolicyId(request.match_info["id"])
+        pid = policy_id_of(request)
+        if isinstance(pid, web.Response):
+            return pid
         try:
             row = await _db(self.store.get_policy(pid))
             if row is None:
@@ -355,10 +451,8 @@ class _Handlers:
         if not token:
             return error_response(
                 503, "mutating endpoints are disabled: CONVERGERD_API_TOKEN is not set")
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        ):
+        given = _bearer(request.headers.get("Authorization", ""))
+        if given is None or not hmac.compare_digest(given, token.encode()):
             response = error_response(401, "a valid bearer token is required")
             response.headers["WWW-Authenticate"] = 'Bearer realm="convergerd"'
             return response
@@ -368,17 +462,23 @@ class _Handlers:
         refused = self._unauthorized(request)
         if refused is not None:
             return refused
+        pid = policy_id_of(request)
+        if isinstance(pid, web.Response):
+            return pid
         if self.on_apply is None:
             return error_response(503, "saving policies is not implemented in this version")
-        return await self.on_apply(request, request.match_info["id"])
+        return await self.on_apply(request, pid)
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
         refused = self._unauthorized(request)
         if refused is not None:
             return refused
+        pid = policy_id_of(request)
+        if isinstance(pid, web.Response):
+            return pid
         if self.on_delete is None:
             return error_response(503, "deleting policies is not implemented in this version")
-        return await self.on_delete(request, request.match_info["id"])
+        return await self.on_delete(request, pid)
 
 
 def _json_errors() -> Any:
@@ -391,9 +491,10 @@ def _json_errors() -> Any:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return error_response(exc.status, exc.reason, path=request.path)
+            return error_response(exc.status, exc.reason, path=printable(request.path))
         except Exception:
-            log.exception("unhandled error serving %s %s", request.method, request.path)
+            log.exception("unhandled error serving %s %s", request.method,
+                          printable(request.path))
             return error_response(500, "internal error (see the daemon's log)")
 
     return middleware
@@ -414,7 +515,7 @@ def _scrub(secrets: Sequence[str]) -> Any:
                     body = body.replace(secret, b"***")
             if body is not response.body:
                 log.error("a secret was about to be sent in the response to %s %s; redacted",
-                          request.method, request.path)
+                          request.method, printable(request.path))
                 response.body = body
         return response
 

@@ -27,7 +27,7 @@ from convergerd import __version__
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
 from convergerd.converge import ClusterSource, Fence, Round, RoundLimits, run_round
 from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced, NoCredentials
-from convergerd.http import HealthCheck, make_app
+from convergerd.http import HealthCheck, make_app, server_options
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
 from convergerd.metrics import Metrics
@@ -263,7 +263,7 @@ class Daemon:
         app = make_app(
             metrics=self.metrics, state=self.state, store=store, settings=s, health=self.health
         )
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, **server_options())
         await runner.setup()
         await web.TCPSite(runner, s.http_host, s.http_port).start()
         log.info(
