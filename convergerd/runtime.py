@@ -36,6 +36,7 @@ from convergerd.probe import Prober
 from convergerd.report import Epoch, RoundReport, RoundResult
 from convergerd.retry import RetryObserver, call_with_retries
 from convergerd.state import StatusState
+from convergerd.statussync import StatusSync
 from convergerd.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ _DB_BACKOFF_BASE_S = 1.0
 _DB_BACKOFF_CAP_S = 30.0
 # Reachability checks between rounds (convergerd.probe): one GET /version per cluster.
 PROBE_PERIOD_S = 10.0
+# The database sync of the live status (every replica): at most this long between passes.
+STATUS_SYNC_PERIOD_S = 30.0
 
 
 def _utcnow() -> dt.datetime:
@@ -199,7 +202,11 @@ class Daemon:
                 runner = await self._start_http(store)
                 stack.push_async_callback(runner.cleanup)
 
-            await self._sync_from_store(store)
+            # The clusters the database knows and what was recorded (by whoever led): lag
+            # survives restarts, standbys show the leader's results, a deleted cluster leaves.
+            # A database that is down leaves what this replica knows (rounds wait for it).
+            sync = StatusSync(store=store, state=self.state, metrics=self.metrics)
+            await sync.once()
             prober = Prober(
                 clusters=self._probe_targets(registry),
                 metrics=self.metrics, state=self.state,
@@ -212,9 +219,9 @@ class Daemon:
                 ]
                 if not s.rounds.once:
                     supervised.append(tg.create_task(prober.run(), name="prober"))
-                    supervised.append(
-                        tg.create_task(self._standby_sync(store, elector), name="standby sync")
-                    )
+                    supervised.append(tg.create_task(
+                        sync.run(self._status_sync_period_s(), wait_first=True),
+                        name="status sync"))
                 self.health.watch(supervised)
                 await self._rounds(store, registry, elector)
                 await elector.release()
@@ -272,28 +279,8 @@ class Daemon:
         )
         return runner
 
-    async def _sync_from_store(self, store: Store) -> None:
-        """The clusters the database knows and their last successes as the leader recorded
-        them: lag survives restarts, standbys report the same lag as the leader, and a cluster
-        deleted from the database stops being reported. A database that is down leaves what
-        this replica already knows (startup goes on; rounds wait for the database)."""
-        try:
-            rows = await store.cluster_states()
-        except DatabaseUnavailable as exc:
-            log.warning("could not read cluster states (database unavailable: %s)", exc)
-            return
-        clusters = [row.cluster for row in rows]
-        self.state.set_clusters(clusters)
-        self.metrics.set_clusters(clusters)
-        for row in rows:
-            self.metrics.seed_last_success(row.cluster, row.last_success_at)
-
-    async def _standby_sync(self, store: Store, elector: Leadership) -> None:
-        period = min(self.settings.rounds.interval_s, 30.0)
-        while True:
-            await asyncio.sleep(period)
-            if not elector.is_leader():
-                await self._sync_from_store(store)
+    def _status_sync_period_s(self) -> float:
+        return min(self.settings.rounds.interval_s, STATUS_SYNC_PERIOD_S)
 
     # -- rounds ----------------------------------------------------------------------------
 
