@@ -310,7 +310,9 @@ class Daemon:
                 break
             epoch = leading.result()
             started = loop.time()
-            self.state.set_next_round(None)
+            # Known from the start: the next round starts one interval after this one did
+            # (at once if this one overruns), so status never shows none while a round runs.
+            self.state.set_next_round(_utcnow() + dt.timedelta(seconds=s.rounds.interval_s))
             report = await self._guarded_round(store, registry, elector, epoch)
             self.last_report = report
             self._observe(report)
