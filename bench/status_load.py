@@ -147,8 +147,8 @@ class Load:
         line = await asyncio.wait_for(self.proc.stdout.readline(), 60)
         if line.strip() != b"ready":
             raise RuntimeError(f"the load process did not start: {line!r}")
-        await asyncio.sleep(1.0)  # let the clients reach full concurrency before the round
         self.started = time.perf_counter()
+        await asyncio.sleep(1.0)  # let the clients reach full concurrency before the round
 
     async def stop(self) -> dict[str, Any]:
         assert self.proc is not None

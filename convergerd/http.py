@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -70,6 +71,9 @@ DB_TIMEOUT_S = 5.0
 # waiting at most STATUS_DB_TIMEOUT_S for the gate and its query together.
 STATUS_DB_CONCURRENCY = 2
 STATUS_DB_TIMEOUT_S = 2.0
+# /status is built at most once per this many seconds while the state does not change: 100
+# clients polling it cost the event loop (which the round shares) one build per period.
+STATUS_REUSE_S = 1.0
 
 # The server's parser limits: a longer request line (the URL) or header line is refused (400).
 MAX_LINE_BYTES = 8190
@@ -272,6 +276,7 @@ class _Handlers:
         self.on_apply = on_apply
         self.on_delete = on_delete
         self.db_gate = asyncio.Semaphore(STATUS_DB_CONCURRENCY)
+        self._status_built: tuple[int, float, str] | None = None  # (version, when, body)
         self.db_timeout_s = STATUS_DB_TIMEOUT_S
 
     # -- health ----------------------------------------------------------------------------
@@ -321,10 +326,15 @@ class _Handlers:
         return _describe(exc)
 
     async def status(self, _: web.Request) -> web.Response:
-        body = self.state.snapshot()
-        body["version"] = __version__
-        body["database"] = self._database(self.state.sync_error)
-        return web.json_response(body)
+        self.state.leader()  # read live from the elector: a change is a new state version
+        now = asyncio.get_running_loop().time()
+        built = self._status_built
+        if built is None or built[0] != self.state.version or now - built[1] > STATUS_REUSE_S:
+            body = self.state.snapshot()
+            body["version"] = __version__
+            body["database"] = self._database(self.state.sync_error)
+            built = self._status_built = (self.state.version, now, json.dumps(body))
+        return web.Response(text=built[2], content_type="application/json")
 
     async def cluster(self, request: web.Request) -> web.Response:
         cluster = cluster_id_of(request)

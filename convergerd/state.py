@@ -304,6 +304,7 @@ class StatusState:
         self._leader = LeaderInfo()
         self._leader_source: LeaderSource | None = None
         self.invalid: dict[str, str] = {}  # policy id -> reason
+        self.version = 0  # counts the updates: a status view built at one version stays true
         self.synced_at: dt.datetime | None = None  # the last database sync that answered
         self.sync_error: str | None = None  # why the last database sync failed, if it did
         self.synced = False  # whether any sync was tried yet
@@ -322,6 +323,7 @@ class StatusState:
 
     def set_clusters(self, clusters: Iterable[str]) -> None:
         """The clusters the database knows: new ones are added, removed ones forgotten."""
+        self.version += 1  # what status shows may have changed
         wanted = {ClusterId(c) for c in clusters}
         for gone in set(self.clusters) - wanted:
             del self.clusters[gone]
@@ -329,6 +331,7 @@ class StatusState:
             self.cluster(cluster)
 
     def observe_round(self, report: RoundReport) -> None:
+        self.version += 1  # what status shows may have changed
         for outcome in report.clusters:
             self._observe_outcome(report, outcome)
         if report.error is None:  # a round that ran saw every policy
@@ -366,6 +369,7 @@ class StatusState:
         self, cluster: str, *, reachable: bool, error: str | None = None,
         server_version: str | None = None, at: dt.datetime | None = None,
     ) -> None:
+        self.version += 1  # what status shows may have changed
         state = self.cluster(cluster)
         state.reachable = reachable
         state.checked_at = at or self.clock()
@@ -379,6 +383,9 @@ class StatusState:
 
     def set_leader(self, is_leader: bool, holder: str | None, epoch: Epoch | None = None) -> None:
         """Or be told (an elector `on_change` hook)."""
+        if (is_leader, holder, epoch) != (self._leader.is_leader, self._leader.holder,
+                                          self._leader.epoch):
+            self.version += 1  # what status shows changed
         if (is_leader, holder) != (self._leader.is_leader, self._leader.holder):
             self._leader.since = self.clock()
         self._leader.is_leader, self._leader.holder, self._leader.epoch = is_leader, holder, epoch
@@ -390,9 +397,11 @@ class StatusState:
         return self._leader
 
     def set_next_round(self, at: dt.datetime | None) -> None:
+        self.version += 1  # what status shows may have changed
         self.next_round_at = at
 
     def set_invalid(self, invalid: Iterable[tuple[str, str]]) -> None:
+        self.version += 1  # what status shows may have changed
         self.invalid = dict(invalid)
 
     def absorb_records(
@@ -402,6 +411,7 @@ class StatusState:
         """One database sync: the clusters the database knows (a deleted one leaves status),
         their recorded outcomes, the last recorded round, and the invalid policies that round
         recorded (taken unless this replica ran a newer round itself)."""
+        self.version += 1  # what status shows may have changed
         rows = list(clusters)
         self.set_clusters(r.cluster for r in rows)
         self.absorb_cluster_rows(rows)
@@ -412,6 +422,7 @@ class StatusState:
 
     def note_sync(self, error: str | None) -> None:
         """The outcome of a database sync: None when it answered, else why not."""
+        self.version += 1  # what status shows may have changed
         self.synced = True
         self.sync_error = error
         if error is None:
@@ -420,6 +431,7 @@ class StatusState:
     def absorb_cluster_rows(self, rows: Iterable[ClusterStateRow]) -> None:
         """Take what the database recorded where it is newer than what this replica saw itself
         (a standby, or a leader just after a restart)."""
+        self.version += 1  # what status shows may have changed
         for row in rows:
             state = self.cluster(row.cluster)
             state.stored_attempt_at = row.last_attempt_at
@@ -437,6 +449,7 @@ class StatusState:
                 state.checked_at = row.last_attempt_at
 
     def absorb_round_row(self, row: RoundRow | None) -> None:
+        self.version += 1  # what status shows may have changed
         if row is not None and (
             self.last_round is None or row.started_at > self.last_round.started_at
         ):
@@ -447,6 +460,7 @@ class StatusState:
     ) -> None:
         """Phase readings and deliveries the database holds (recorded by whoever led); with
         `cluster`, these are all of that cluster's rows as of its stored attempt."""
+        self.version += 1  # what status shows may have changed
         if cluster is not None:
             whole = self.cluster(cluster)
             whole.rows_read_for = whole.stored_attempt_at
