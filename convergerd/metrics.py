@@ -14,7 +14,7 @@ derived values are true when Prometheus reads them:
   known (a 0 would read as "1970").
 - `convergerd_policy_phase{cluster,phase}`: phases read back in the last listing of that cluster.
   Readings older than two round intervals count under `phase="Stale"` instead of their last
-  known phase (see `convergerd.state`), so `sum by (cluster)` is still the policy count there.
+  known phase (see `convergerd.phases`), so `sum by (cluster)` is still the policy count there.
 - Counters carry no `_created` samples (they would double the series count for nothing).
 - Counters of every known cluster exist from the start at zero (applies by result, failures
   and retries by the known reasons), so `rate()`/`increase()` see the first failure.
@@ -50,8 +50,15 @@ from prometheus_client.metrics_core import (
 )
 
 from convergerd import __version__
+from convergerd.phases import (
+    ALL_PHASES,
+    STALE,
+    UNSUPPORTED,
+    counted_phase,
+    normalize_phase,
+    phases_refreshed,
+)
 from convergerd.report import ApplyResult, ClusterOutcome, PhaseReading, RoundReport, RoundResult
-from convergerd.state import ALL_PHASES, STALE, normalize_phase, phases_refreshed, stale_after_s
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -308,7 +315,6 @@ class Metrics:
         yield from self._fleet_families()
 
     def _cluster_families(self, now: float) -> Iterator[Metric]:
-        stale_after = stale_after_s(self.interval_s)
         clusters = sorted(self._clusters.items())
 
         lag = GaugeMetricFamily("convergerd_cluster_lag_seconds",
@@ -347,10 +353,10 @@ class Metrics:
                 cdur.add_metric([name], c.round_duration_s)
             counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
             for ph, seen in c.phases:
-                counts[STALE if now - seen > stale_after else ph] += 1
+                counts[counted_phase(ph, now - seen, self.interval_s)] += 1
             for ph, count in counts.items():
                 phase.add_metric([name, ph], float(count))
-            if any(ph == "Unsupported" and now - seen <= stale_after for ph, seen in c.phases):
+            if counts[UNSUPPORTED]:
                 version = c.server_version or "unknown"
                 unsupported[version] = unsupported.get(version, 0) + 1
         yield from (lag, last, up, oos, phase, info, cdur)

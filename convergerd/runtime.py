@@ -27,7 +27,7 @@ from convergerd import __version__
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
 from convergerd.converge import ClusterSource, Round, RoundLimits, run_round
 from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced, NoCredentials
-from convergerd.http import HealthCheck, make_app
+from convergerd.http import HealthCheck, make_app, server_options
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
 from convergerd.lease import Fence
@@ -37,6 +37,7 @@ from convergerd.probe import Prober
 from convergerd.report import Epoch, RoundReport, RoundResult
 from convergerd.retry import RetryObserver, call_with_retries
 from convergerd.state import StatusState
+from convergerd.statussync import StatusSync
 from convergerd.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ _DB_BACKOFF_BASE_S = 1.0
 _DB_BACKOFF_CAP_S = 30.0
 # Reachability checks between rounds (convergerd.probe): one GET /version per cluster.
 PROBE_PERIOD_S = 10.0
+# The database sync of the live status (every replica): at most this long between passes.
+STATUS_SYNC_PERIOD_S = 30.0
 
 
 def _utcnow() -> dt.datetime:
@@ -218,7 +221,12 @@ class Daemon:
                 runner = await self._start_http(store)
                 stack.push_async_callback(runner.cleanup)
 
-            await self._sync_from_store(store)
+            # The clusters the database knows and what was recorded (by whoever led): lag
+            # survives restarts, standbys show the leader's results, a deleted cluster leaves.
+            # A database that is down leaves what this replica knows (rounds wait for it).
+            sync = StatusSync(store=store, state=self.state, metrics=self.metrics,
+                              on_clusters=self._follow_database)
+            await sync.once()
             prober = Prober(
                 clusters=self._probe_targets(registry),
                 metrics=self.metrics, state=self.state,
@@ -232,9 +240,9 @@ class Daemon:
                 ]
                 if not s.rounds.once:
                     supervised.append(tg.create_task(prober.run(), name="prober"))
-                    supervised.append(
-                        tg.create_task(self._standby_sync(store, elector), name="standby sync")
-                    )
+                    supervised.append(tg.create_task(
+                        sync.run(self._status_sync_period_s(), wait_first=True),
+                        name="status sync"))
                 self.health.watch(supervised)
                 await self._rounds(store, registry, elector)
                 await elector.release()
@@ -283,7 +291,7 @@ class Daemon:
         app = make_app(
             metrics=self.metrics, state=self.state, store=store, settings=s, health=self.health
         )
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, **server_options())
         await runner.setup()
         await web.TCPSite(runner, s.http_host, s.http_port).start()
         log.info(
@@ -292,26 +300,8 @@ class Daemon:
         )
         return runner
 
-    async def _sync_from_store(self, store: Store) -> None:
-        """The clusters the database knows and their last successes as the leader recorded
-        them: lag survives restarts, standbys report the same lag as the leader, and a cluster
-        deleted from the database stops being reported. A database that is down leaves what
-        this replica already knows (startup goes on; rounds wait for the database)."""
-        try:
-            rows = await store.cluster_states()
-        except DatabaseUnavailable as exc:
-            log.warning("could not read cluster states (database unavailable: %s)", exc)
-            return
-        await self._follow_database([row.cluster for row in rows])
-        for row in rows:
-            self.metrics.seed_last_success(row.cluster, row.last_success_at)
-
-    async def _standby_sync(self, store: Store, elector: Leadership) -> None:
-        period = min(self.settings.rounds.interval_s, 30.0)
-        while True:
-            await asyncio.sleep(period)
-            if not elector.is_leader():
-                await self._sync_from_store(store)
+    def _status_sync_period_s(self) -> float:
+        return min(self.settings.rounds.interval_s, STATUS_SYNC_PERIOD_S)
 
     # -- rounds ----------------------------------------------------------------------------
 
@@ -341,7 +331,9 @@ class Daemon:
                 break
             epoch = leading.result()
             started = loop.time()
-            self.state.set_next_round(None)
+            # Known from the start: the next round starts one interval after this one did
+            # (at once if this one overruns), so status never shows none while a round runs.
+            self.state.set_next_round(_utcnow() + dt.timedelta(seconds=s.rounds.interval_s))
             report = await self._guarded_round(store, registry, elector, epoch)
             self.last_report = report
             self._observe(report)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 
 import pytest
 
 from convergerd.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.phases import STALE, is_stale, normalize_phase, phase_counts
 from convergerd.report import (
     ApplyResult,
     ClusterOutcome,
@@ -16,14 +16,11 @@ from convergerd.report import (
     PhaseReading,
     RoundReport,
 )
+from convergerd.rows import ClusterStateRow
 from convergerd.state import (
-    STALE,
     PolicyRecord,
     StatusState,
-    is_stale,
     merge_records,
-    normalize_phase,
-    phase_counts,
     record_view,
     unsupported_rollup,
     worst_first_key,
@@ -219,26 +216,13 @@ def test_leader_read_live_from_the_elector() -> None:
 # -- merging the database's records (standbys) ---------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Row:
-    cluster: str
-    reachable: bool | None
-    desired: int
-    in_sync: int
-    failed: int
-    last_error: str | None
-    last_reason: str | None
-    server_version: str | None
-    last_attempt_at: dt.datetime | None
-    last_success_at: dt.datetime | None
-
-
 def test_standby_takes_the_database_rows() -> None:
     clock = Clock(T0 + dt.timedelta(seconds=60))
     state = StatusState(identity="standby", interval_s=INTERVAL, clock=clock)
     state.absorb_cluster_rows([
-        Row("c1", True, 3, 3, 0, None, None, "v1.31.0", T0, T0),
-        Row("c2", False, 3, 0, 0, "401 Unauthorized", "unauthorized", None, T0, None),
+        ClusterStateRow(ClusterId("c1"), True, T0, T0, None, None, None, 3, 3, 0, "v1.31.0", None),
+        ClusterStateRow(ClusterId("c2"), False, T0, None, None, "401 Unauthorized",
+                        "unauthorized", 3, 0, 0, None, None),
     ])
     doc = state.snapshot()
     assert [c["id"] for c in doc["clusters"]] == ["c2", "c1"]
@@ -251,7 +235,8 @@ def test_older_database_rows_do_not_overwrite_fresher_observations() -> None:
     state = StatusState(identity="r", interval_s=INTERVAL, clock=Clock())
     later = T0 + dt.timedelta(seconds=10)
     state.observe_round(report(later, outcome("c1", reached=False, in_sync=0, error="down")))
-    state.absorb_cluster_rows([Row("c1", True, 1, 1, 0, None, None, None, T0, T0)])
+    state.absorb_cluster_rows([
+        ClusterStateRow(ClusterId("c1"), True, T0, T0, None, None, None, 1, 1, 0, None, None)])
     c1 = state.clusters[ClusterId("c1")]
     assert (c1.reachable, c1.last_error, c1.last_success_at) == (False, "down", T0)
 
