@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit bench sim clean
+.PHONY: install demo test lint typecheck unit bench soak sim clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ unit: install  ## the fast part: pure code only
 
 bench: install  ## benchmark figures (not a test): 1,000 clusters x 100 policies
 	$(BIN)/python bench/rounds.py
+
+soak: install  ## resources over 30 faulty rounds, 200 clusters (needs PostgreSQL; see bench/README.md)
+	$(BIN)/python bench/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from convergerd.converge import Fence, Retrier
+from convergerd.converge import Retrier
 from convergerd.errors import ClusterError, DatabaseUnavailable, Fenced, Superseded
 from convergerd.kube.api import KubeObject, PolicyApi
-from convergerd.model import ClusterId, Policy, PolicyId, validate_policy
+from convergerd.lease import Fence
+from convergerd.model import ClusterId, Policy, PolicyId
 from convergerd.plan import Observed, differs, with_precondition
 from convergerd.removal import SavePlan, Target, delete_targets, plan_save
-from convergerd.render import object_name, render_policy
+from convergerd.render import object_name, render_policy, validate_policy
 from convergerd.report import ApplyResult, Delivery
 
 log = logging.getLogger(__name__)

@@ -81,9 +81,9 @@ def _parse_listen(value: str) -> tuple[str, int]:
 
 
 def build_config(args: argparse.Namespace) -> FleetConfig:
+    """Flags over the config file over defaults; errors name the setting."""
     from convergerd.sim.fleet import FleetConfig, FleetConfigError
 
-    """Flags over the config file over defaults; errors name the setting."""
     admin_host, admin_port = _parse_listen(args.listen)
     settings = {
         "clusters": args.clusters,
