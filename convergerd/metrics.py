@@ -454,7 +454,10 @@ class FanoutMetrics:
       (`ok`, `refused`, `not_found`);
     - `convergerd_fanout_duration_seconds{operation}` (histogram, `save` or `delete`);
     - `convergerd_notify_listener_connected` (gauge 1/0) and
-      `convergerd_notify_listener_reconnects_total`.
+      `convergerd_notify_listener_reconnects_total`;
+    - `convergerd_notifications_total{handling}`: notifications received, by what this replica
+      did with them (`queued` for a save, `standby`: left to the leader, `duplicate`: already
+      queued, `invalid`: not a policy id, `overflow`: too many queued).
     """
 
     def __init__(self) -> None:
@@ -464,6 +467,8 @@ class FanoutMetrics:
         self._duration = {op: _Histogram(FANOUT_BUCKETS) for op in ("save", "delete")}
         self._connected = 0.0
         self._reconnects = 0.0
+        self._notifications: dict[Labels, float] = {
+            (h,): 0.0 for h in ("queued", "standby", "duplicate", "invalid", "overflow")}
 
     def fanout_done(self, operation: str, trigger: str, result: str, duration_s: float) -> None:
         if operation == "save":
@@ -478,6 +483,9 @@ class FanoutMetrics:
 
     def listener_reconnect(self) -> None:
         self._reconnects += 1
+
+    def notification(self, handling: str) -> None:
+        self._notifications[(handling,)] = self._notifications.get((handling,), 0.0) + 1
 
     def collect(self) -> Iterator[Metric]:
         yield _counter("convergerd_saves", "Policy saves by trigger and result",
@@ -496,6 +504,9 @@ class FanoutMetrics:
         yield _counter("convergerd_notify_listener_reconnects",
                        "Times the notification listener lost its connection and reconnected",
                        [], {(): self._reconnects})
+        yield _counter("convergerd_notifications",
+                       "Database notifications received, by what this replica did with them",
+                       ["handling"], self._notifications)
 
 
 __all__ = ["CONTENT_TYPE", "FanoutMetrics", "Metrics"]

@@ -1,10 +1,10 @@
 """The one place that wires the components and supervises their tasks.
 
-Tasks: the elector (Lease), the round loop, the reachability prober, the health heartbeat and
-the HTTP server. A crash in any supervised task stops the process (Kubernetes restarts it);
-SIGTERM/SIGINT only set a flag: no new round starts, the running one gets the grace period,
-the Lease is released so a standby takes over at once, pools close, exit 0. A second signal
-exits at once.
+Tasks: the elector (Lease), the round loop, the reachability prober, the health heartbeat,
+the HTTP server and the database notification listener. A crash in any supervised task stops
+the process (Kubernetes restarts it); SIGTERM/SIGINT only set a flag: no new round starts, the
+running one gets the grace period, the Lease is released so a standby takes over at once, pools
+close, exit 0. A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from convergerd.http import HealthCheck, make_app, server_options
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
 from convergerd.lease import Fence
+from convergerd.listener import Listener
 from convergerd.metrics import FanoutMetrics, Metrics
 from convergerd.model import Fleet, InvalidPolicy
 from convergerd.mutations import handlers
@@ -40,6 +41,7 @@ from convergerd.report import Epoch, RoundReport, RoundResult
 from convergerd.retry import RetryObserver, call_with_retries
 from convergerd.state import StatusState
 from convergerd.statussync import StatusSync
+from convergerd.store.notify import PgNotifications
 from convergerd.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -267,6 +269,8 @@ class Daemon:
                     supervised.append(tg.create_task(
                         sync.run(self._status_sync_period_s(), wait_first=True),
                         name="status sync"))
+                    supervised.append(tg.create_task(
+                        self._listener(saver, elector).run(), name="notify listener"))
                 self.health.watch(supervised)
                 await self._rounds(store, registry, elector)
                 await elector.release()
@@ -322,6 +326,12 @@ class Daemon:
 
         return Saver(store=store, env=env, observer=self.fanout_metrics,
                      guard_share=self.settings.saves.removal_guard_share)
+
+    def _listener(self, saver: Saver, elector: Leadership) -> Listener:
+        """Every replica listens; only the leader fans a notification out (once per change)."""
+        assert self.settings.database_url is not None
+        return Listener(source=PgNotifications(self.settings.database_url), saver=saver,
+                        leading=elector.is_leader, observer=self.fanout_metrics)
 
     async def _start_http(self, store: Store, saver: Saver) -> web.AppRunner:
         s = self.settings
