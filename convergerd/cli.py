@@ -130,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="a running daemon's status as a table")
     statuscli.add_arguments(status)
 
+    from convergerd import policycli
+
+    policy = sub.add_parser(
+        "policy", help="save or delete one policy now, through a running daemon",
+        description=policycli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    policycli.add_arguments(policy)
+
     operator = sub.add_parser(
         "operator", help="the in-cluster operator (Policy -> ValidatingAdmissionPolicy)"
     )
@@ -177,6 +185,10 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per com
         from convergerd import statuscli
 
         return statuscli.run(args)
+    if command == "policy":
+        from convergerd import policycli
+
+        return policycli.run(args)
     if command == "sim":
         configure_logging()
         from convergerd.sim import main as sim_main

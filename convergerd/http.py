@@ -10,6 +10,7 @@
 | `GET /v1/policies/{id}/status` | that policy per cluster: in scope, revisions, error, phase |
 | `POST /v1/policies/{id}/apply` | save: bearer token required |
 | `DELETE /v1/policies/{id}` | delete: bearer token required |
+| `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.openapi`) |
 
 Status works on every replica: what this replica observed is merged with what the database
 recorded (whoever led), the newer fact winning, so a standby shows the leader's results. The
@@ -59,6 +60,7 @@ from convergerd.model import (
     check_cluster_id,
     check_policy_id,
 )
+from convergerd.openapi import document
 from convergerd.rows import ClusterStatusRows, PolicyStatusRows
 from convergerd.state import PolicyRecord, StatusState, iso, merge_records, record_view
 
@@ -278,6 +280,7 @@ class _Handlers:
         self.db_gate = asyncio.Semaphore(STATUS_DB_CONCURRENCY)
         self._status_built: tuple[int, float, str] | None = None  # (version, when, body)
         self.db_timeout_s = STATUS_DB_TIMEOUT_S
+        self.openapi_doc = document()
 
     # -- health ----------------------------------------------------------------------------
 
@@ -302,6 +305,9 @@ class _Handlers:
             return error_response(503, f"database unreachable: {_describe(exc)}",
                                   reason="database")
         return web.json_response({"ready": True})
+
+    async def openapi(self, _: web.Request) -> web.Response:
+        return web.json_response(self.openapi_doc)
 
     async def metrics_text(self, _: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
@@ -525,5 +531,6 @@ def make_app(
         web.get("/v1/policies/{id}/status", h.policy),
         web.post("/v1/policies/{id}/apply", h.apply),
         web.delete("/v1/policies/{id}", h.delete),
+        web.get("/openapi.json", h.openapi),
     ])
     return app

@@ -3,7 +3,12 @@ bearer token, input checks before anything is read or written, and the answers."
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,3 +135,85 @@ async def test_delete_takes_no_fields(client: Client, fleet: Fleet) -> None:
                            data=b'{"cascade": true}')
     assert got == 400
     assert "cascade" in body["error"]
+
+
+# ---------------------------------------------------------------------------------------------
+# `convergerd policy apply|delete`: the real command (a process) against this app on its port
+
+
+async def policy_cli(client: Client, *args: str, token: str | None = TOKEN,
+                     **env: str) -> tuple[int, str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGERD_")}
+    if token is not None:
+        base["CONVERGERD_API_TOKEN"] = token
+    addr = f"127.0.0.1:{client.server.port}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "convergerd", "policy", *args, "--addr", addr,
+        env={**base, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_policy_cli_apply_prints_the_clusters_and_exits_by_outcome(
+    client: Client, fleet: Fleet
+) -> None:
+    code, out, _ = await policy_cli(client, "apply", "p-regs")
+    assert code == 0
+    rows = {line.split()[0]: line.split()[2] for line in out.splitlines()
+            if line.startswith("c000")}
+    assert rows == dict.fromkeys(fleet.member_ids, "created")
+
+    fleet.set_faults("c0002", Faults(down=True))
+    code, out, _ = await policy_cli(client, "apply", "p-latest", "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["status"] == "partial"
+    assert [c["cluster"] for c in doc["clusters"] if c["result"] == "failed"] == ["c0002"]
+
+
+async def test_policy_cli_delete_refused_then_done(
+    client: Client, fleet: Fleet, tmp_path: Path
+) -> None:
+    await policy_cli(client, "apply", "p-latest")
+    fleet.set_faults("c0003", Faults(down=True))
+    code, out, _ = await policy_cli(client, "delete", "p-latest")
+    assert code == 1
+    assert "c0003" in out
+    fleet.clear_faults("c0003")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    code, out, _ = await policy_cli(client, "delete", "p-latest", token=None,
+                                    CONVERGERD_API_TOKEN_FILE=str(token_file))
+    assert code == 0
+    assert nothing_written(fleet)
+
+
+@pytest.mark.parametrize(
+    ("args", "token", "names"),
+    [
+        (("apply", "p-regs"), "wrong", "401"),
+        (("apply", "p-regs"), None, "CONVERGERD_API_TOKEN"),
+        (("delete", "p-none"), TOKEN, "404"),
+        (("apply", "Bad_Id"), TOKEN, "DNS label"),
+        (("apply", "p-regs", "--api-token-file", "/nonexistent/token"), None, "cannot read"),
+    ],
+)
+async def test_policy_cli_usage_and_auth_errors_exit_2(
+    client: Client, fleet: Fleet, args: tuple[str, ...], token: str | None, names: str
+) -> None:
+    code, _, err = await policy_cli(client, *args, token=token)
+    assert code == 2
+    assert names in err
+    assert nothing_written(fleet)
+    assert TOKEN not in err
+
+
+async def test_policy_cli_unreachable_daemon_exits_2() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "convergerd", "policy", "apply", "p-regs", "--addr",
+        "127.0.0.1:1", env={**os.environ, "CONVERGERD_API_TOKEN": TOKEN},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert b"cannot reach convergerd" in err

@@ -1,0 +1,260 @@
+"""The HTTP API as an OpenAPI 3 document (plain data), served at `GET /openapi.json`.
+
+Kept true by `tests/integration/test_openapi.py`: every route of the app is documented and
+every documented route is served, and every documented (path, method, answer) is produced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convergerd import __version__
+from convergerd.model import POLICY_ID_MAX_LEN
+
+JSON = "application/json"
+# The id patterns the handlers check (`model.check_policy_id`, `model.check_cluster_id`).
+_DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+_NULLABLE_STRING: dict[str, Any] = {"type": "string", "nullable": True}
+_NULLABLE_TIME: dict[str, Any] = {"type": "string", "format": "date-time", "nullable": True}
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _answer(description: str, schema: str = "Error") -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": _ref(schema)}}}
+
+
+def _id(kind: str, max_length: int) -> dict[str, Any]:
+    return {"name": "id", "in": "path", "required": True,
+            "description": f"the {kind} id (a DNS label of at most {max_length} characters)",
+            "schema": {"type": "string", "pattern": _DNS_LABEL, "maxLength": max_length}}
+
+
+_POLICY_ID = _id("policy", POLICY_ID_MAX_LEN)
+_CLUSTER_ID = _id("cluster", 63)
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object", "required": ["error"], "additionalProperties": True,
+        "properties": {"error": {"type": "string", "description": "what went wrong"},
+                       "reason": {"type": "string", "description": "a slug, e.g. `database`"}},
+    },
+    "Health": {
+        "type": "object", "required": ["ok", "loop_lag_seconds"],
+        "properties": {"ok": {"type": "boolean"}, "loop_lag_seconds": {"type": "number"}},
+    },
+    "Ready": {"type": "object", "required": ["ready"],
+              "properties": {"ready": {"type": "boolean"}}},
+    "Unhealthy": {
+        "type": "object", "required": ["error", "problems"],
+        "properties": {"error": {"type": "string"},
+                       "problems": {"type": "array", "items": {"type": "string"}}},
+    },
+    "Database": {
+        "type": "object",
+        "properties": {"reachable": {"type": "boolean"}, "error": _NULLABLE_STRING,
+                       "url": {"type": "string", "description": "password redacted"},
+                       "synced_at": _NULLABLE_TIME},
+    },
+    "ClusterSummary": {
+        "type": "object", "additionalProperties": True,
+        "properties": {
+            "id": {"type": "string"}, "reachable": {"type": "boolean", "nullable": True},
+            "checked_at": _NULLABLE_TIME, "lag_seconds": {"type": "number"},
+            "last_success_at": _NULLABLE_TIME, "last_attempt_at": _NULLABLE_TIME,
+            "desired": {"type": "integer"}, "in_sync": {"type": "integer"},
+            "failed": {"type": "integer"},
+            "phases": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "last_error": _NULLABLE_STRING, "last_reason": _NULLABLE_STRING,
+            "server_version": _NULLABLE_STRING,
+        },
+    },
+    "Status": {
+        "type": "object", "additionalProperties": True,
+        "required": ["identity", "leader", "clusters", "version", "database"],
+        "properties": {
+            "identity": {"type": "string"}, "version": {"type": "string"},
+            "now": {"type": "string", "format": "date-time"},
+            "leader": {"type": "object", "properties": {
+                "is_leader": {"type": "boolean"}, "holder": _NULLABLE_STRING,
+                "since": _NULLABLE_TIME}},
+            "interval_seconds": {"type": "number"}, "stale_after_seconds": {"type": "number"},
+            "last_round": {"type": "object", "nullable": True, "additionalProperties": True},
+            "next_round_at": _NULLABLE_TIME,
+            "invalid_policies": {"type": "array", "items": {
+                "type": "object", "properties": {"id": {"type": "string"},
+                                                 "reason": {"type": "string"}}}},
+            "clusters": {"type": "array", "items": _ref("ClusterSummary"),
+                         "description": "worst first"},
+            "unsupported_by_version": {"type": "object", "additionalProperties": {
+                "type": "array", "items": {"type": "string"}}},
+            "database": _ref("Database"),
+        },
+    },
+    "PolicyRecord": {
+        "type": "object", "additionalProperties": True,
+        "description": "one policy on one cluster: delivery, last error, phase",
+        "properties": {
+            "delivered_revision": {"type": "integer", "nullable": True},
+            "last_result": _NULLABLE_STRING, "last_attempt_at": _NULLABLE_TIME,
+            "last_success_at": _NULLABLE_TIME, "last_error": _NULLABLE_STRING,
+            "last_reason": _NULLABLE_STRING, "in_sync": {"type": "boolean"},
+        },
+    },
+    "ClusterView": {
+        "type": "object", "required": ["cluster", "policies", "database"],
+        "properties": {
+            "cluster": _ref("ClusterSummary"),
+            "policies": {"type": "array", "items": {"allOf": [_ref("PolicyRecord"), {
+                "type": "object", "properties": {
+                    "id": {"type": "string"},
+                    "in_database": {"type": "boolean", "nullable": True},
+                    "current_revision": {"type": "integer", "nullable": True}}}]}},
+            "database": _ref("Database"),
+        },
+    },
+    "PolicyView": {
+        "type": "object", "required": ["policy", "clusters"],
+        "properties": {
+            "policy": {"type": "object", "properties": {
+                "id": {"type": "string"}, "boundary": {"type": "string"},
+                "revision": {"type": "integer"}, "enabled": {"type": "boolean"},
+                "rule_type": _NULLABLE_STRING, "delivered_to_clusters": {"type": "boolean"},
+                "invalid": _NULLABLE_STRING}},
+            "clusters": {"type": "array", "items": {"allOf": [_ref("PolicyRecord"), {
+                "type": "object", "properties": {
+                    "cluster": {"type": "string"}, "in_scope": {"type": "boolean"},
+                    "current_revision": {"type": "integer"},
+                    "cluster_reachable": {"type": "boolean", "nullable": True}}}]}},
+        },
+    },
+    "ClusterResult": {
+        "type": "object", "required": ["cluster", "action", "result"],
+        "properties": {
+            "cluster": {"type": "string"},
+            "action": {"type": "string", "enum": ["apply", "remove"]},
+            "result": {"type": "string", "enum": [
+                "created", "updated", "unchanged", "superseded", "removed", "skipped",
+                "failed"]},
+            "reason": _NULLABLE_STRING, "error": _NULLABLE_STRING,
+        },
+    },
+    "Report": {
+        "type": "object", "required": ["operation", "policy", "status", "clusters"],
+        "properties": {
+            "operation": {"type": "string", "enum": ["save", "delete"]},
+            "policy": {"type": "string"},
+            "status": {"type": "string", "enum": [
+                "ok", "partial", "refused", "not_found", "invalid", "deleting"]},
+            "revision": {"type": "integer", "nullable": True},
+            "clusters": {"type": "array", "items": _ref("ClusterResult")},
+            "skipped_reason": _NULLABLE_STRING,
+            "error": {"type": "string", "description": "present when refused"},
+        },
+    },
+    "SaveRequest": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"allow_mass_removal": {
+            "type": "boolean", "default": False,
+            "description": "remove from clusters that left the scope even past the guard"}},
+    },
+}
+
+_BAD_ID = _answer("the id is not a valid id (the message says why)")
+_AUTH = _answer("no or a wrong bearer token")
+_NO_TOKEN_OR_DB = _answer("the database is unavailable, or CONVERGERD_API_TOKEN is unset "
+                          "(the mutating endpoints are then disabled)")
+_TOO_BIG = _answer("the body is over 16 KiB")
+
+
+def _mutation(summary: str, description: str, ok: str, extra: dict[str, Any],
+              body: dict[str, Any] | None = None) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "summary": summary, "description": description,
+        "parameters": [_POLICY_ID], "security": [{"bearerAuth": []}],
+        "responses": {
+            "200": _answer(ok, "Report"),
+            "400": _answer("bad id, a body that is not a JSON object, an unknown field or a "
+                           "field of the wrong type"),
+            "401": _AUTH, "404": _answer("no such policy", "Report"),
+            "413": _TOO_BIG, "503": _NO_TOKEN_OR_DB, **extra,
+        },
+    }
+    if body is not None:
+        operation["requestBody"] = body
+    return operation
+
+
+_PATHS: dict[str, Any] = {
+    "/healthz": {"get": {
+        "summary": "liveness", "responses": {
+            "200": _answer("the loop turns and every supervised task runs", "Health"),
+            "500": _answer("the heartbeat is stale or a supervised task ended", "Unhealthy")}}},
+    "/readyz": {"get": {
+        "summary": "readiness (standbys are ready too)", "responses": {
+            "200": _answer("settings valid and the database answers", "Ready"),
+            "503": _answer("settings invalid, or the database does not answer in 5 s")}}},
+    "/metrics": {"get": {
+        "summary": "Prometheus text exposition", "responses": {"200": {
+            "description": "the process's own registry",
+            "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+    "/status": {"get": {
+        "summary": "the replica's view of the fleet: leader, rounds, clusters worst first",
+        "responses": {"200": _answer("status", "Status")}}},
+    "/openapi.json": {"get": {
+        "summary": "this document", "responses": {"200": {
+            "description": "OpenAPI 3",
+            "content": {JSON: {"schema": {"type": "object"}}}}}}},
+    "/v1/clusters/{id}": {"get": {
+        "summary": "one cluster's policies: delivered vs current revision, error, phase",
+        "parameters": [_CLUSTER_ID], "responses": {
+            "200": _answer("the cluster (database errors are reported in `database`)",
+                           "ClusterView"),
+            "400": _BAD_ID, "404": _answer("unknown cluster")}}},
+    "/v1/policies/{id}/status": {"get": {
+        "summary": "one policy per cluster: in scope, revisions, error, phase",
+        "parameters": [_POLICY_ID], "responses": {
+            "200": _answer("the policy", "PolicyView"), "400": _BAD_ID,
+            "404": _answer("no such policy"),
+            "503": _answer("the database is unavailable")}}},
+    "/v1/policies/{id}/apply": {"post": _mutation(
+        "save: apply the policy to every cluster in scope now",
+        "Concurrently, under the save deadline; clusters that left the scope get it removed "
+        "(unless the mass-removal guard skips them). A cluster that fails is recorded and "
+        "reported; the save still succeeds (`partial`).",
+        "done: `status` is `ok`, or `partial` when some cluster failed",
+        {"409": _answer("its deletion has begun: DELETE it again to finish", "Report"),
+         "422": _answer("the policy is invalid: nothing written", "Report")},
+        body={"required": False, "content": {JSON: {"schema": _ref("SaveRequest")}}})},
+    "/v1/policies/{id}": {"delete": _mutation(
+        "delete: remove the policy from every cluster, then from the database",
+        "The policy is marked first (rounds stop delivering it); the row goes only when every "
+        "cluster removed it (404 counts as removed). The body, if any, must be an empty JSON "
+        "object.",
+        "removed everywhere and from the database",
+        {"409": _answer("some cluster did not confirm: named in `error`; the policy is kept "
+                        "(marked) and a retry finishes", "Report")})},
+}
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3 document of the whole HTTP API."""
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "convergerd",
+            "version": __version__,
+            "description": "Health, metrics, status, and saving and deleting policies. Every "
+                           "error is JSON (`{\"error\": ...}`).",
+        },
+        "paths": _PATHS,
+        "components": {
+            "schemas": _SCHEMAS,
+            "securitySchemes": {"bearerAuth": {
+                "type": "http", "scheme": "bearer",
+                "description": "the value of CONVERGERD_API_TOKEN"}},
+        },
+    }

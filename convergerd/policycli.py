@@ -1,0 +1,207 @@
+"""`convergerd policy apply ID` and `convergerd policy delete ID`: ask a running daemon to save
+or delete one policy now (`POST /v1/policies/{id}/apply`, `DELETE /v1/policies/{id}`) and print
+the per-cluster result as a table (`--json`: the daemon's answer as is).
+
+The bearer token comes from `--api-token-file`, else `CONVERGERD_API_TOKEN`, else
+`CONVERGERD_API_TOKEN_FILE` (never from a flag holding the token itself: `ps` would show it).
+
+Exit codes, for scripts:
+
+- 0: done on every cluster (`status: ok`);
+- 1: done but some cluster failed (`partial`), or refused: a deletion some cluster did not
+  confirm or a save of a policy being deleted (409), an invalid policy (422);
+- 2: usage, connection or authentication errors: a bad id, no token, the daemon unreachable,
+  and the answers 400, 401, 404 (no such policy), 413, 503 or any other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from convergerd.config import SETTINGS_BY_KEY, read_secret_file
+from convergerd.errors import ConfigError
+from convergerd.model import RuleError, check_policy_id
+from convergerd.statuscli import DEFAULT_ADDR
+
+EXIT_OK = 0
+EXIT_NOT_DONE = 1
+EXIT_USAGE = 2
+# Answers that say "the request was understood, the work is not (all) done".
+_REFUSED = frozenset({409, 422})
+_MAX_CELL = 80
+_MAX_ANSWER_BYTES = 4 * 1024 * 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    apply = sub.add_parser("apply", help="save a policy now: apply it to every cluster in scope")
+    apply.add_argument("--allow-mass-removal", action="store_true",
+                       help="remove it from the clusters that left its scope even when that "
+                            "is most of them (the guard otherwise skips those removals)")
+    delete = sub.add_parser("delete", help="delete a policy from every cluster, then the "
+                            "database (refused while some cluster still holds it)")
+    for action in (apply, delete):
+        action.add_argument("id", help="the policy id")
+        action.add_argument("--addr", default=DEFAULT_ADDR,
+                            help=f"the daemon's HTTP address (default {DEFAULT_ADDR})")
+        action.add_argument("--api-token-file", type=Path, metavar="PATH",
+                            help="file holding the API token [default: CONVERGERD_API_TOKEN, "
+                                 "else the file in CONVERGERD_API_TOKEN_FILE]")
+        action.add_argument("--timeout", type=float, default=60.0,
+                            help="seconds to wait for the answer (default 60)")
+        action.add_argument("--json", action="store_true",
+                            help="print the daemon's JSON answer as is")
+
+
+class Failed(Exception):
+    """An exit-2 error: the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict[str, Any]
+
+
+def api_token(flag_file: Path | None, env: Mapping[str, str]) -> str:
+    """The token: `--api-token-file`, `CONVERGERD_API_TOKEN`, `CONVERGERD_API_TOKEN_FILE`."""
+    token_env = SETTINGS_BY_KEY["api_token"].env
+    file_env = SETTINGS_BY_KEY["api_token_file"].env
+    try:
+        if flag_file is not None:
+            return read_secret_file("--api-token-file", flag_file)
+        if env.get(token_env):
+            return env[token_env].strip()
+        if env.get(file_env):
+            return read_secret_file(file_env, Path(env[file_env]))
+    except ConfigError as exc:
+        raise Failed(str(exc)) from None
+    raise Failed(f"no API token: set {token_env} or {file_env}, or give --api-token-file")
+
+
+def _base(addr: str) -> str:
+    base = addr.rstrip("/")
+    if "://" not in base:
+        base = f"http://{base}"
+    if not base.startswith(("http://", "https://")):
+        raise Failed(f"{addr} is not an http(s) address")
+    return base
+
+
+def call(addr: str, method: str, path: str, *, token: str, body: dict[str, Any] | None,
+         timeout_s: float) -> Answer:
+    """One request; any HTTP answer with a JSON object body is an `Answer`."""
+    base = _base(addr)
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(  # noqa: S310 - the scheme is checked by _base
+        base + path, data=data, method=method,
+        headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
+                 "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            status, raw = response.status, response.read(_MAX_ANSWER_BYTES)
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read(_MAX_ANSWER_BYTES)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise Failed(f"cannot reach convergerd at {base} ({reason}); is the daemon running, "
+                     "and is --addr its CONVERGERD_HTTP_ADDR?") from None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise Failed(f"{method} {base}{path} answered {status} without a JSON object")
+    return Answer(status, doc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering (pure)
+
+
+def cell(value: object, limit: int = _MAX_CELL) -> str:
+    """A table cell from the daemon's answer: one line, printable, at most `limit` chars."""
+    if value is None or value == "":
+        return "-"
+    flat = " ".join(str(value).split())
+    flat = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in flat)
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def exit_code(answer: Answer) -> int:
+    if answer.status == 200:
+        return EXIT_OK if answer.body.get("status") == "ok" else EXIT_NOT_DONE
+    return EXIT_NOT_DONE if answer.status in _REFUSED else EXIT_USAGE
+
+
+def render(answer: Answer) -> str:
+    body = answer.body
+    clusters = body.get("clusters")
+    rows = [["CLUSTER", "ACTION", "RESULT", "REASON", "ERROR"]]
+    if isinstance(clusters, list):
+        rows.extend([cell(c.get("cluster")), cell(c.get("action")), cell(c.get("result")),
+                     cell(c.get("reason")), cell(c.get("error"))]
+                    for c in clusters if isinstance(c, dict))
+    revision = body.get("revision")
+    lines = [f"{cell(body.get('operation'))} {cell(body.get('policy'))}"
+             + (f" (revision {cell(revision)})" if revision is not None else "")
+             + f": {cell(body.get('status'))}"]
+    if body.get("error"):
+        lines.append(f"error: {cell(body['error'], 400)}")
+    if body.get("skipped_reason"):
+        lines.append(f"removals skipped: {cell(body['skipped_reason'], 400)}")
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines.append("")
+        lines.extend("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+        failed = sum(r[2] == "failed" for r in rows[1:])
+        lines.append("")
+        lines.append(f"{len(rows) - 1} cluster(s), {failed} failed")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
+        out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    action: str = args.policy_command
+    try:
+        check_policy_id(args.id)
+    except RuleError as exc:
+        err.write(f"convergerd policy {action}: {exc}\n")
+        return EXIT_USAGE
+    try:
+        token = api_token(args.api_token_file, os.environ if env is None else env)
+        if action == "apply":
+            body = {"allow_mass_removal": True} if args.allow_mass_removal else None
+            answer = call(args.addr, "POST", f"/v1/policies/{args.id}/apply", token=token,
+                          body=body, timeout_s=float(args.timeout))
+        else:
+            answer = call(args.addr, "DELETE", f"/v1/policies/{args.id}", token=token,
+                          body=None, timeout_s=float(args.timeout))
+    except Failed as exc:
+        err.write(f"convergerd policy {action}: {exc}\n")
+        return EXIT_USAGE
+    code = exit_code(answer)
+    if args.json:
+        out.write(json.dumps(answer.body, indent=2) + "\n")
+    elif "operation" in answer.body:
+        out.write(render(answer))
+    if code == EXIT_USAGE or (args.json and answer.status != 200):
+        err.write(f"convergerd policy {action}: the daemon answered {answer.status}: "
+                  f"{cell(answer.body.get('error'), 400)}\n")
+    return code

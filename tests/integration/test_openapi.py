@@ -1,0 +1,144 @@
+"""`GET /openapi.json` is true: every route the app serves is documented (and nothing else),
+and every documented answer (path, method, status) is produced by a real request here, against
+the daemon's app on a real store (behind a proxy that can take the database away) and the
+simulator. The document validates as OpenAPI 3."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from openapi_spec_validator import validate
+
+from convergerd.http import HealthCheck, make_app, server_options
+from convergerd.metrics import Metrics
+from convergerd.mutations import MAX_BODY_BYTES, handlers
+from convergerd.openapi import document
+from convergerd.sim.faults import Faults
+from convergerd.sim.fleet import Fleet
+from convergerd.state import StatusState
+from convergerd.store.store import Store
+from tests.integration.rounds_helpers import (
+    FLEET_DOC,
+    Rounds,
+    TcpProxy,
+    import_doc,
+    settings_for,
+    sql,
+)
+from tests.integration.savedelete_helpers import make_saver
+
+TOKEN = "openapi-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BIG = b"{" + b" " * MAX_BODY_BYTES + b"}"
+Answer = tuple[str, str, int]  # method, route, status
+
+
+def documented() -> set[Answer]:
+    return {(method.upper(), path, int(status))
+            for path, item in document()["paths"].items()
+            for method, operation in item.items()
+            for status in operation["responses"]}
+
+
+@dataclass
+class World:
+    client: TestClient[web.Request, web.Application]
+    app: web.Application
+    health: HealthCheck
+    proxy: TcpProxy
+    seen: set[Answer] = field(default_factory=set)
+
+    async def call(self, method: str, path: str, **kw: Any) -> int:
+        async with self.client.request(method, path, **kw) as resp:
+            await resp.read()
+            return resp.status
+
+
+@pytest.fixture
+async def world(fleet: Fleet, database_url: str) -> AsyncIterator[World]:
+    await import_doc(database_url, FLEET_DOC)
+    target = urllib.parse.urlsplit(database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.up()
+    store = await Store.connect(database_url.replace(
+        f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}"))
+    settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN)
+    rounds = Rounds(fleet, store, settings)
+    on_apply, on_delete = handlers(make_saver(rounds, store))
+    health = HealthCheck()
+    app = make_app(metrics=Metrics(), state=StatusState(identity="t", interval_s=300),
+                   store=store, settings=settings, health=health,
+                   on_apply=on_apply, on_delete=on_delete, status_db_timeout_s=2)
+    seen: set[Answer] = set()
+
+    async def record(request: web.Request, response: web.StreamResponse) -> None:
+        route = request.match_info.route.resource
+        if route is not None:
+            seen.add((request.method, route.canonical, response.status))
+
+    app.on_response_prepare.append(record)
+    try:
+        async with TestClient(TestServer(app, **server_options())) as client:
+            yield World(client, app, health, proxy, seen)
+    finally:
+        await rounds.close()
+        await proxy.down()
+        await store.close()
+
+
+def test_the_document_is_valid_openapi_3() -> None:
+    validate(document())
+
+
+async def test_every_route_is_documented_and_every_documented_path_is_served(
+    world: World,
+) -> None:
+    served = {(r.method, r.resource.canonical) for r in world.app.router.routes()
+              if r.method != "HEAD" and r.resource is not None}
+    assert served == {(m, p) for m, p, _ in documented()}
+    assert await world.call("GET", "/openapi.json") == 200
+    async with world.client.get("/openapi.json") as resp:
+        assert await resp.json() == document()
+
+
+async def test_every_documented_answer_is_produced(
+    world: World, fleet: Fleet, database_url: str
+) -> None:
+    w = world
+    for path in ("/healthz", "/readyz", "/metrics", "/status", "/openapi.json",
+                 "/v1/clusters/c0001", "/v1/clusters/Bad_Id", "/v1/clusters/c0404",
+                 "/v1/policies/p-regs/status", "/v1/policies/Bad_Id/status",
+                 "/v1/policies/p-none/status"):
+        await w.call("GET", path)
+    for method, path in (("POST", "/v1/policies/{}/apply"), ("DELETE", "/v1/policies/{}")):
+        await w.call(method, path.format("p-regs"), headers=AUTH)  # 200
+        await w.call(method, path.format("Bad_Id"), headers=AUTH)  # 400
+        await w.call(method, path.format("p-regs"))  # 401
+        await w.call(method, path.format("p-none"), headers=AUTH)  # 404
+        await w.call(method, path.format("p-latest"), headers=AUTH, data=BIG)  # 413
+    await sql(database_url, "UPDATE policies SET rule = '[]' WHERE id = 'p-labels'")
+    assert await w.call("POST", "/v1/policies/p-labels/apply", headers=AUTH) == 422
+    fleet.set_faults("c0003", Faults(down=True))
+    assert await w.call("DELETE", "/v1/policies/p-latest", headers=AUTH) == 409
+    assert await w.call("POST", "/v1/policies/p-latest/apply", headers=AUTH) == 409
+    fleet.clear_faults("c0003")
+
+    ended = asyncio.create_task(asyncio.sleep(0))
+    await ended
+    w.health.watch([ended])
+    assert await w.call("GET", "/healthz") == 500
+
+    await w.proxy.down()  # the database goes away
+    for method, path in (("GET", "/readyz"), ("GET", "/v1/policies/p-regs/status"),
+                         ("POST", "/v1/policies/p-regs/apply"),
+                         ("DELETE", "/v1/policies/p-regs")):
+        assert await w.call(method, path, headers=AUTH) == 503, path
+
+    assert w.seen == documented()
