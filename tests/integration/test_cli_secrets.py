@@ -153,8 +153,9 @@ async def test_the_demo_makes_a_random_token_prints_it_once_and_it_works(
         await wait_for(serving, timeout_s=STARTUP_S, what="the demo's HTTP server")
         assert await asyncio.to_thread(_request, "DELETE", delete) == 401
         assert await asyncio.to_thread(_request, "DELETE", delete, "demo-token") == 401
-        # The token is accepted (deleting is not implemented in this version: 503, not 401).
-        assert await asyncio.to_thread(_request, "DELETE", delete, token) == 503
+        # The token is accepted: the deletion of an unknown policy is answered 404, not 401.
+        unknown = f"{base}/v1/policies/no-such-policy"
+        assert await asyncio.to_thread(_request, "DELETE", unknown, token) == 404
     log = (tmp_path / "demo.log").read_text()
     assert token not in log
     assert database_url not in log
