@@ -14,9 +14,13 @@ from typing import Any
 
 from convergerd import __version__
 from convergerd.config import (
+    OPERATOR_SETTINGS,
+    OPERATOR_SHARED_KEYS,
     SECRET_FILES,
     SETTINGS,
     SETTINGS_BY_KEY,
+    Setting,
+    load_operator_settings,
     load_settings,
     secrets_in_flags,
 )
@@ -36,9 +40,10 @@ Every setting is an environment variable and a flag; the flag wins.
 Start with `convergerd demo` to see it all on a simulated fleet."""
 
 
-def _add_settings(parser: argparse.ArgumentParser, keys: Sequence[str] | None = None) -> None:
+def _add_settings(parser: argparse.ArgumentParser, keys: Sequence[str] | None = None,
+                  table: Sequence[Setting] = SETTINGS) -> None:
     group = parser.add_argument_group("settings (environment variable in brackets)")
-    for setting in SETTINGS:
+    for setting in table:
         if keys is not None and setting.key not in keys:
             continue
         default = "" if setting.default is None else f"; default {setting.default}"
@@ -103,6 +108,19 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+_OPERATOR_DESCRIPTION = """\
+The in-cluster operator. It watches the Policy objects convergerd delivers
+(policies.platform.stackship.se) and turns each into a ValidatingAdmissionPolicy
+`stackship-<policy id>` plus, while the policy is enabled, a binding of the same name that
+selects the boundary's namespaces. It reports status.phase (Enforcing, Inert, Unsupported,
+Error), the Ready condition, and the Verified condition: whether a dry-run create of a
+violating pod in a boundary namespace was really denied.
+
+Runs in the cluster it operates (in-cluster config) or, with --context, against a kubeconfig
+context (CONVERGERD_KUBECONFIG). Replicas elect a leader on the Lease convergerd-operator;
+only the leader writes. Health and metrics: /healthz, /readyz, /metrics on :8081."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="convergerd", description=_DESCRIPTION,
@@ -131,9 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     statuscli.add_arguments(status)
 
     operator = sub.add_parser(
-        "operator", help="the in-cluster operator (Policy -> ValidatingAdmissionPolicy)"
+        "operator", help="the in-cluster operator (Policy -> ValidatingAdmissionPolicy)",
+        description=_OPERATOR_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    operator.add_argument("--context", help="kubeconfig context (default: in-cluster config)")
+    _add_settings(operator, table=(*OPERATOR_SETTINGS,
+                                   *(SETTINGS_BY_KEY[k] for k in OPERATOR_SHARED_KEYS)))
 
     from convergerd.sim import main as sim_main
 
@@ -183,12 +203,11 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per com
 
         return sim_main.run(args)
     if command == "operator":
-        print(
-            "convergerd operator is not part of this version yet: the Policy objects are "
-            "delivered, but nothing turns them into ValidatingAdmissionPolicies.",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        operator_settings = load_operator_settings(os.environ, _flags(args))
+        configure_logging(operator_settings.log_level, operator_settings.log_format)
+        from convergerd.operator.main import run_operator
+
+        return asyncio.run(run_operator(operator_settings))
 
     forced = {"once": "true"} if command == "once" else {}
     flags = _flags(args, **forced)
