@@ -45,10 +45,6 @@ WRITE_KINDS = ("policy", "binding", "delete", "status")
 
 class OperatorMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        ProcessCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
-        self.registry.register(_Collector(self))
         self.reconciles = dict.fromkeys(RECONCILE_RESULTS, 0.0)
         self.probes = dict.fromkeys(PROBE_RESULTS, 0.0)
         self.writes = dict.fromkeys(WRITE_KINDS, 0.0)
@@ -57,6 +53,10 @@ class OperatorMetrics:
         self.admitted: set[str] = set()  # policy names whose last probe was admitted
         self.supported: bool | None = None
         self.is_leader = False
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.registry.register(_Collector(self))
 
     def reconciled(self, result: str) -> None:
         self.reconciles[result] = self.reconciles.get(result, 0.0) + 1
