@@ -42,7 +42,7 @@ async def object_client(fleet: Fleet) -> AsyncIterator[ObjectClient]:
 
 def put(fleet: Fleet, name: str, value: int) -> None:
     store = fleet.store(CLUSTER)
-    body = {"apiVersion": SIM_POLICIES.api_version, "kind": "Policy",
+    body: dict[str, Any] = {"apiVersion": SIM_POLICIES.api_version, "kind": "Policy",
             "metadata": {"name": name}, "spec": {"value": value}}
     try:
         existing = store.get(SIM_POLICIES, None, name)
