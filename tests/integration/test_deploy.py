@@ -476,7 +476,8 @@ def test_operator_rbac_and_deployment() -> None:
     role = one(objs, "ClusterRole", "stackship:convergerd:operator")
     grants = {
         (group, resource): sorted(rule["verbs"])
-        for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
+        for rule in role["rules"] if "apiGroups" in rule
+        for group in rule["apiGroups"] for resource in rule["resources"]
     }
     full = sorted(["get", "list", "watch", "create", "update", "patch", "delete"])
     assert grants == {
@@ -485,16 +486,43 @@ def test_operator_rbac_and_deployment() -> None:
         ("admissionregistration.k8s.io", "validatingadmissionpolicies"): full,
         ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): full,
         ("", "namespaces"): ["get", "list", "watch"],
+        ("", "pods"): ["create"],  # the dry-run enforcement probe
     }
+    discovery = [r for r in role["rules"] if "nonResourceURLs" in r]
+    assert discovery == [{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version"],
+                          "verbs": ["get"]}]
+    lease_role = one(objs, "Role", "convergerd-operator-lease")
+    assert lease_role["metadata"]["namespace"] == NAMESPACE
+    named = [r for r in lease_role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": ["convergerd-operator"], "verbs": ["get", "update"]}]
+    lease_binding = one(objs, "RoleBinding", "convergerd-operator-lease")
+    assert lease_binding["subjects"][0]["name"] == "convergerd-operator"
     binding = one(objs, "ClusterRoleBinding", "stackship:convergerd:operator")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "convergerd-operator", "namespace": NAMESPACE}]
     deployment = one(objs, "Deployment", "convergerd-operator")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "convergerd-operator"
+    assert deployment["spec"]["replicas"] == 2
     c = container(deployment, "operator")
     assert c["args"] == ["operator"]
+    assert c["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert c["resources"]["requests"]
+    assert c["resources"]["limits"]
     _check_restricted(pod, c)
+
+
+def test_member_cluster_includes_the_operator() -> None:
+    """Applying deploy/member-cluster installs the CRD, convergerd's access and the operator."""
+    objs = render("member-cluster")
+    one(objs, "CustomResourceDefinition", "policies.platform.stackship.se")
+    one(objs, "ClusterRole", "stackship:convergerd:policies")
+    deployment = one(objs, "Deployment", "convergerd-operator")
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+    one(objs, "ClusterRole", "stackship:convergerd:operator")
 
 
 # -- the Grafana dashboard's queries -----------------------------------------------------------

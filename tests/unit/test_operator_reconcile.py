@@ -126,7 +126,7 @@ def test_next_probe_counts_from_the_recorded_probe_and_a_new_generation_resets()
 
 def test_orphans_are_ours_without_a_policy() -> None:
     ours = {"app.kubernetes.io/managed-by": "convergerd"}
-    existing = [
+    existing: list[dict[str, Any]] = [
         {"metadata": {"name": "stackship-p1", "labels": ours}},
         {"metadata": {"name": "stackship-gone", "labels": ours}},
         {"metadata": {"name": "stackship-foreign"}},
