@@ -20,6 +20,7 @@ from aiohttp import web
 
 from convergerd import __version__
 from convergerd.config import OperatorSettings
+from convergerd.errors import NoCredentials
 from convergerd.http import HealthCheck, error_response, server_options
 from convergerd.kube.objects import ObjectClient
 from convergerd.kube.registry import ClusterRegistry
@@ -88,7 +89,14 @@ class OperatorProcess:
             registry = ClusterRegistry(kubeconfig=s.clusters.kubeconfig, access=s.clusters,
                                        identity=s.election.identity)
             stack.push_async_callback(registry.close)
-            home = registry.home(s.context)
+            try:
+                home = registry.home(s.context)
+            except NoCredentials as exc:
+                if s.context is not None:
+                    raise
+                raise NoCredentials("not running in a cluster (no in-cluster service account): "
+                                    "give --context NAME (CONVERGERD_OPERATOR_CONTEXT) with "
+                                    "CONVERGERD_KUBECONFIG") from exc
             api = ObjectClient(registry.client(home.cluster))
             elector = self._elector(registry)
             operator = self.operator = Operator(
