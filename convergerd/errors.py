@@ -109,6 +109,17 @@ class DatabaseUnavailable(ConvergerdError):
     """The database cannot be reached or failed transiently; callers wait and retry."""
 
 
+class DatabaseRejected(ConvergerdError):
+    """The database refused this write or read for good (bad data, a constraint, a missing
+    privilege, a trigger that raised): retrying the same statement fails the same way. The
+    write is dropped and logged; the daemon goes on. `reason` is a short slug from the
+    SQLSTATE class (a metrics label value, e.g. `data`)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class SchemaNotMigrated(ConvergerdError):
     """The database schema is missing or older than this version needs."""
 

@@ -25,7 +25,9 @@ No metric has a per-policy label. Beyond §7, for on-call: `convergerd_apply_dur
 `convergerd_event_loop_lag_seconds`, `convergerd_build_info{version}`,
 `convergerd_unsupported_clusters{version}`, `convergerd_cluster_server_info{cluster,version}`,
 `convergerd_cluster_round_duration_seconds{cluster}`, `convergerd_last_round_timestamp_seconds`,
-`convergerd_round_interval_seconds` (so alert rules can say "three intervals" portably), plus the
+`convergerd_round_interval_seconds` (so alert rules can say "three intervals" portably),
+`convergerd_record_failures_total{reason}` (records the database refused for good and that were
+dropped: a cluster's rows of a round, or a whole round; reason from the SQLSTATE class), plus the
 standard `process_*` and `python_gc_*` collectors.
 """
 
@@ -61,6 +63,8 @@ FAILURE_REASONS = (
     "forbidden", "crd_missing", "bad_request", "conflict", "invalid", "no_context",
 )
 RETRY_REASONS = ("connect_error", "server_error", "throttled")
+# convergerd.store.errors.REJECTION_REASONS, its `other`, and `internal` (not the database's).
+RECORD_FAILURE_REASONS = ("data", "constraint", "access", "limit", "raised", "other", "internal")
 APPLY_VERBS = frozenset({"apply", "patch"})
 ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 300.0, 450.0, 600.0)
 APPLY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -133,6 +137,8 @@ class Metrics:
         self._transitions = 0.0
         self._invalid = 0
         self._loop_lag_s = 0.0
+        self._record_failures: dict[Labels, float] = {
+            (r,): 0.0 for r in RECORD_FAILURE_REASONS}
         self.registry.register(_Collector(self))
         if process_collectors:
             ProcessCollector(registry=self.registry)
@@ -233,6 +239,11 @@ class Metrics:
         self._leader = now
         self._is_leader = 1.0 if is_leader else 0.0
 
+    def record_refused(self, reason: str) -> None:
+        """A record the database refused for good (`convergerd.store.store.RecordObserver`)."""
+        key = (reason,)
+        self._record_failures[key] = self._record_failures.get(key, 0.0) + 1
+
     def set_loop_lag(self, seconds: float) -> None:
         self._loop_lag_s = max(0.0, seconds)
 
@@ -332,6 +343,8 @@ class Metrics:
                        {(k,): v for k, v in self._rounds.items()})
         yield _counter("convergerd_leader_transitions", "Leadership changes seen by this replica",
                        [], {(): self._transitions})
+        yield _counter("convergerd_record_failures", "Records the database refused for good "
+                       "(dropped), by reason", ["reason"], self._record_failures)
 
         apply_latency = HistogramMetricFamily(
             "convergerd_apply_duration_seconds", "Latency of apply requests per cluster",

@@ -97,6 +97,9 @@ class RoundReport:
     invalid: list[InvalidPolicy] = field(default_factory=list)
     cancelled: bool = False
     error: str | None = None  # the round could not run at all (e.g. database down)
+    # A cancelled round's clusters that had not finished: their completed deliveries and
+    # readings are recorded (they happened); their state is not (the round did not finish it).
+    cut_short: list[ClusterOutcome] = field(default_factory=list)
 
     @property
     def result(self) -> RoundResult:

@@ -4,7 +4,12 @@ Tasks: the elector (Lease), the round loop, the reachability prober, the health 
 the HTTP server. A crash in any supervised task stops the process (Kubernetes restarts it);
 SIGTERM/SIGINT only set a flag: no new round starts, the running one gets the grace period,
 the Lease is released so a standby takes over at once, pools close, exit 0. A second signal
-exits at once.
+exits at once. The Lease is released on every way out (a crashed task, an unexpected error
+too), within a bounded time.
+
+No database error ends the process: "unavailable" is waited out and retried; a permanent
+refusal (`DatabaseRejected`) drops that one write or read, is logged and counted
+(`convergerd_record_failures_total`), and the loops go on.
 """
 
 from __future__ import annotations
@@ -26,7 +31,13 @@ from aiohttp import web
 from convergerd import __version__
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
 from convergerd.converge import ClusterSource, Fence, Round, RoundLimits, run_round
-from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced, NoCredentials
+from convergerd.errors import (
+    ConfigError,
+    DatabaseRejected,
+    DatabaseUnavailable,
+    Fenced,
+    NoCredentials,
+)
 from convergerd.http import HealthCheck, make_app
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
@@ -167,11 +178,14 @@ class Daemon:
         attempt = 0
         while not self.stopping.is_set():
             try:
-                return await Store.connect(self.settings.database_url)
-            except DatabaseUnavailable as exc:
+                return await Store.connect(self.settings.database_url, observer=self.metrics)
+            except (DatabaseUnavailable, DatabaseRejected) as exc:
+                # Refused (e.g. a privilege revoked on the schema): an operator fixes it; a
+                # process that waits is fixed with it, one that exits crash-loops meanwhile.
                 attempt += 1
                 wait = min(_DB_BACKOFF_CAP_S, _DB_BACKOFF_BASE_S * 2**attempt)
-                log.warning("database unavailable (%s); retrying in %.0f s", exc, wait)
+                what = "unavailable" if isinstance(exc, DatabaseUnavailable) else "refused"
+                log.warning("database %s (%s); retrying in %.0f s", what, exc, wait)
                 await _first(asyncio.sleep(wait), self.stopping.wait())
         return None
 
@@ -193,6 +207,9 @@ class Daemon:
             )
             stack.push_async_callback(registry.close)
             elector = self._elector(registry)
+            # Pushed after `registry.close`, so it runs before: the Lease is written through
+            # the registry's home client. Runs on every way out of this block.
+            stack.push_async_callback(self._release, elector)
             self.state.set_leader_source(elector)
 
             if not s.rounds.once:
@@ -217,10 +234,22 @@ class Daemon:
                     )
                 self.health.watch(supervised)
                 await self._rounds(store, registry, elector)
-                await elector.release()
+                await self._release(elector)  # at once: a standby takes over sooner
                 for task in supervised:
                     task.cancel()
         return self._exit_code()
+
+    async def _release(self, elector: Leadership) -> None:
+        """Release the Lease (if held), bounded in time: a wait for a renewal in flight and
+        two requests. Never raises: the process is on its way out, and an unreleased Lease
+        only costs the standby the lease duration."""
+        bound = 3 * self.settings.election.request_timeout_s + 1.0
+        try:
+            async with asyncio.timeout(bound):
+                await elector.release()
+        except Exception as exc:
+            log.warning("could not release the Lease within %.1f s: %s (%s)", bound,
+                        type(exc).__name__, exc)
 
     def _exit_code(self) -> int:
         if not self.settings.rounds.once:
@@ -282,6 +311,10 @@ class Daemon:
         except DatabaseUnavailable as exc:
             log.warning("could not read cluster states (database unavailable: %s)", exc)
             return
+        except DatabaseRejected as exc:
+            log.error("could not read cluster states (%s)", exc,  # noqa: TRY400 - no bug
+                      extra={"reason": exc.reason})
+            return
         clusters = [row.cluster for row in rows]
         self.state.set_clusters(clusters)
         self.metrics.set_clusters(clusters)
@@ -339,7 +372,10 @@ class Daemon:
     ) -> RoundReport:
         """Run one round; cancel it the moment leadership is lost; on SIGTERM let it finish
         within the grace period."""
-        round_task = asyncio.create_task(self._one_round(store, registry, elector, epoch))
+        # Filled in as the round goes: a cancelled round still records what it did.
+        progress = RoundReport(started_at=_utcnow(), epoch=epoch)
+        round_task = asyncio.create_task(
+            self._one_round(store, registry, elector, epoch, progress))
         lost = asyncio.ensure_future(elector.wait_lost(epoch))
         stopping = asyncio.ensure_future(self.stopping.wait())
         try:
@@ -353,25 +389,30 @@ class Daemon:
                 round_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await round_task
-                return RoundReport(started_at=_utcnow(), finished_at=_utcnow(), epoch=epoch,
-                                   cancelled=True, error=why)
+                return _cut(progress, why)
             return round_task.result()
         finally:
             lost.cancel()
             stopping.cancel()
 
     async def _one_round(
-        self, store: Store, registry: ClusterRegistry, elector: Leadership, epoch: Epoch
+        self, store: Store, registry: ClusterRegistry, elector: Leadership, epoch: Epoch,
+        progress: RoundReport,
     ) -> RoundReport:
         s = self.settings
         loop = asyncio.get_running_loop()
-        started = _utcnow()
+        started = progress.started_at
         deadline = loop.time() + s.rounds.deadline_s
         try:
             fleet = await self._load_fleet(store, deadline)
         except DatabaseUnavailable as exc:
             return RoundReport(started_at=started, finished_at=_utcnow(), epoch=epoch,
                                error=f"database unavailable: {exc}")
+        except DatabaseRejected as exc:
+            log.error("round not run: could not read the fleet (%s)", exc,  # noqa: TRY400
+                      extra={"reason": exc.reason})
+            return RoundReport(started_at=started, finished_at=_utcnow(), epoch=epoch,
+                               error=f"database refused: {exc}")
         self._note_invalid(fleet)
         await self._reload_kubeconfig(registry)
         self.state.set_clusters([c.id for c in fleet.clusters])
@@ -381,11 +422,10 @@ class Daemon:
             deadline_s=max(0.0, deadline - loop.time()),
         )
         try:
-            report = await run_round(fleet, env, epoch=epoch)
+            report = await run_round(fleet, env, epoch=epoch, report=progress)
         except Fenced as exc:
             log.warning("round stopped: this replica may no longer write (%s)", exc)
-            return RoundReport(started_at=started, finished_at=_utcnow(), epoch=epoch,
-                               cancelled=True, error=f"fenced: {exc}")
+            return _cut(progress, f"fenced: {exc}")
         report.started_at = started
         return report
 
@@ -441,15 +481,36 @@ class Daemon:
         """Record this round and any earlier one the database missed; keep what fails."""
         self._unrecorded.append(report)
         while self._unrecorded:
+            pending = self._unrecorded[0]
             try:
-                await store.record_round(self._unrecorded[0], identity=self.identity)
+                await store.record_round(pending, identity=self.identity)
             except DatabaseUnavailable as exc:
                 # Keep a bounded backlog: the newest rounds matter most for status.
                 del self._unrecorded[:-10]
                 log.warning("could not record round (database unavailable: %s); "
                             "%d round(s) kept to record later", exc, len(self._unrecorded))
                 return
+            except DatabaseRejected as exc:
+                # It would be refused again: dropped, so later rounds are not held behind it.
+                log.error(  # noqa: TRY400 - a refusal, not a bug: the reason is the story
+                    "round of %s not recorded, dropped: %s", pending.started_at.isoformat(),
+                    exc, extra={"reason": exc.reason})
+                self.metrics.record_refused(exc.reason)
+            except Exception:
+                # Not the database's doing (a bug): the same, with the traceback.
+                log.exception("round of %s not recorded, dropped: unexpected error",
+                              pending.started_at.isoformat())
+                self.metrics.record_refused("internal")
             self._unrecorded.pop(0)
+
+
+def _cut(progress: RoundReport, why: str) -> RoundReport:
+    """A round cancelled mid-way (`why`): what it finished, and what it did on the clusters it
+    did not (`cut_short`), both still recorded."""
+    progress.cancelled = True
+    progress.error = why
+    progress.finished_at = progress.finished_at or _utcnow()
+    return progress
 
 
 async def run_daemon(settings: Settings) -> int:

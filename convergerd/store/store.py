@@ -2,21 +2,24 @@
 
 Reads give the fleet (clusters, boundaries, validated policies) and the records the status API
 shows on any replica; writes record rounds and deliveries. Transient database failures raise
-`DatabaseUnavailable` (see `convergerd.store.errors`); callers wait and retry.
+`DatabaseUnavailable` (see `convergerd.store.errors`); callers wait and retry. Permanent
+refusals raise `DatabaseRejected`; a round's record drops only the rows refused (see
+`Store.record_round`), every value written is cleaned first (`convergerd.store.values`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import asyncpg
 
 from convergerd.config import redact_dsn
-from convergerd.errors import DatabaseUnavailable
+from convergerd.errors import DatabaseRejected, DatabaseUnavailable
 from convergerd.model import (
     Boundary,
     BoundaryId,
@@ -30,14 +33,25 @@ from convergerd.model import (
 )
 from convergerd.report import (
     ApplyResult,
+    ClusterOutcome,
     Delivery,
     Epoch,
     PhaseReading,
     RoundReport,
     RoundResult,
 )
-from convergerd.store.errors import database_errors, is_transient, unavailable
+from convergerd.store.errors import (
+    database_errors,
+    describe,
+    is_transient,
+    rejected,
+    rejection_reason,
+    unavailable,
+)
 from convergerd.store.schema import check_schema
+from convergerd.store.values import for_log, pg_count, pg_revision, pg_text
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,12 +259,72 @@ def _utc(value: dt.datetime) -> dt.datetime:
     return value
 
 
+class _Cleaner:
+    """Applies `convergerd.store.values` to every value a record writes, and notes what it
+    changed or dropped, so one log line per record names the clusters and policies."""
+
+    _EXAMPLES = 5
+
+    def __init__(self) -> None:
+        self.changed = 0
+        self.examples: list[str] = []
+
+    def note(
+        self, cluster: str | None, policy: str | None, column: str, value: object, what: str
+    ) -> None:
+        self.changed += 1
+        if len(self.examples) < self._EXAMPLES:
+            where = " ".join(
+                f"{name} {for_log(v)}" for name, v in (("cluster", cluster), ("policy", policy))
+                if v is not None)
+            self.examples.append(f"{where} {column} {for_log(value)}: {what}".lstrip())
+
+    def text(
+        self, value: str | None, cluster: str | None, policy: str | None, column: str
+    ) -> str | None:
+        cleaned = pg_text(value)
+        if cleaned is not value:
+            self.note(cluster, policy, column, value, "cleaned (NUL, unencodable or too long)")
+        return cleaned
+
+    def revision(
+        self, value: int | None, cluster: str | None, policy: str | None, column: str
+    ) -> int | None:
+        cleaned = pg_revision(value)
+        if cleaned is None and value is not None:
+            self.note(cluster, policy, column, value, "not a bigint, recorded as unknown")
+        return cleaned
+
+    def count(self, value: int, cluster: str | None, policy: str | None, column: str) -> int:
+        cleaned = pg_count(value)
+        if cleaned != value:
+            self.note(cluster, policy, column, value, "out of range, clamped")
+        return cleaned
+
+    def bad_id(self, cluster: str | None, policy: str | None) -> bool:
+        """Ids are keys: one that is not clean cannot be cleaned (it would name another row);
+        its row is dropped."""
+        for column, value in (("cluster_id", cluster), ("policy_id", policy)):
+            if value is not None and pg_text(value) is not value:
+                self.note(cluster, policy, column, value, "not a valid key, row dropped")
+                return True
+        return False
+
+    def log(self, what: str) -> None:
+        if self.changed:
+            log.warning("%s: %d value(s) cleaned or dropped before writing: %s%s",
+                        what, self.changed, "; ".join(self.examples),
+                        "; ..." if self.changed > len(self.examples) else "",
+                        extra={"cleaned_values": self.changed})
+
+
 def _delivery_records(
-    deliveries: Sequence[Delivery], phases: Sequence[PhaseReading]
+    deliveries: Sequence[Delivery], phases: Sequence[PhaseReading], clean: _Cleaner
 ) -> list[tuple[Any, ...]]:
     """Merge deliveries and phase readings per (policy, cluster) into `_INCOMING_COLUMNS`
-    records (a row is written once; of duplicates the latest wins). Built column by column:
-    100k rows must not become 100k small lists for the garbage collector."""
+    records (a row is written once; of duplicates the latest wins), every value cleaned for
+    PostgreSQL. Built column by column: 100k rows must not become 100k small lists for the
+    garbage collector."""
     index: dict[tuple[str, str], int] = {}
     cols: list[list[Any]] = [[] for _ in range(13)]
     (policy, cluster, revision, result, attempt_at, error, reason, attempts,
@@ -270,42 +344,173 @@ def _delivery_records(
         return i, True
 
     for d in deliveries:
+        if clean.bad_id(d.cluster, d.policy):
+            continue
         i, new = row(d.policy, d.cluster)
         if not new and attempt_at[i] is not None and attempt_at[i] > d.at:
             continue
-        revision[i] = d.revision
+        revision[i] = clean.revision(d.revision, d.cluster, d.policy, "revision")
         result[i] = d.result.value
         attempt_at[i] = _utc(d.at)
-        error[i] = d.error
-        reason[i] = d.reason
-        attempts[i] = d.attempts
+        error[i] = clean.text(d.error, d.cluster, d.policy, "last_error")
+        reason[i] = clean.text(d.reason, d.cluster, d.policy, "last_reason")
+        attempts[i] = clean.count(d.attempts, d.cluster, d.policy, "attempts")
     for p in phases:
+        if clean.bad_id(p.cluster, p.policy):
+            continue
         i, new = row(p.policy, p.cluster)
         if not new and phase_seen_at[i] is not None and phase_seen_at[i] > p.seen_at:
             continue
-        phase[i] = p.phase
-        phase_reason[i] = p.ready_reason
-        phase_message[i] = p.ready_message
-        phase_revision[i] = p.revision
+        phase[i] = clean.text(p.phase, p.cluster, p.policy, "phase")
+        phase_reason[i] = clean.text(p.ready_reason, p.cluster, p.policy, "phase_reason")
+        phase_message[i] = clean.text(p.ready_message, p.cluster, p.policy, "phase_message")
+        phase_revision[i] = clean.revision(p.revision, p.cluster, p.policy, "phase_revision")
         phase_seen_at[i] = _utc(p.seen_at)
     return list(zip(*cols, strict=True))
 
 
 async def _upsert_deliveries(
-    conn: asyncpg.Connection,
-    deliveries: Sequence[Delivery],
-    phases: Sequence[PhaseReading],
-    round_id: int | None,
+    conn: asyncpg.Connection, records: Sequence[tuple[Any, ...]], round_id: int | None
 ) -> None:
     """Inside a transaction: COPY the merged records in, upsert them into `deliveries`."""
     await conn.execute(_CREATE_INCOMING)
     await conn.copy_records_to_table(
-        "incoming_deliveries",
-        records=_delivery_records(deliveries, phases),
-        columns=_INCOMING_COLUMNS,
+        "incoming_deliveries", records=records, columns=_INCOMING_COLUMNS
     )
     await conn.execute(_UPSERT_DELIVERIES, round_id)
     await conn.execute("DROP TABLE incoming_deliveries")
+
+
+@dataclass(frozen=True, slots=True)
+class _ClusterPart:
+    """One cluster's share of a round record: its state row (None for a cluster the round
+    was cut short on: its deliveries happened, its state is not known) and its deliveries."""
+
+    cluster: str
+    state: tuple[Any, ...] | None
+    deliveries: list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class _RoundRecord:
+    """A round as the database will hold it: every value cleaned (see `_Cleaner`)."""
+
+    round_row: tuple[Any, ...]
+    at: dt.datetime
+    parts: list[_ClusterPart]
+    invalid: tuple[Any, ...] | None  # the arguments of `_REPLACE_INVALID`, if it applies
+
+    @classmethod
+    def build(cls, report: RoundReport, identity: str, clean: _Cleaner) -> _RoundRecord:
+        at = _utc(report.finished_at or report.started_at)
+        epoch = report.epoch
+        round_row = (
+            _utc(report.started_at),
+            report.finished_at,
+            report.result.value,
+            clean.text(epoch.holder, None, None, "epoch_holder") if epoch else None,
+            clean.revision(epoch.transitions, None, None, "epoch_transitions") if epoch else None,
+            clean.text(identity, None, None, "identity"),
+            {k: pg_count(v, bits=64) for k, v in report.counts().items()},
+            clean.text(report.error, None, None, "error"),
+        )
+        parts = [
+            _ClusterPart(c.cluster, _state_row(c, clean),
+                         _delivery_records(c.deliveries, c.phases, clean))
+            for c in report.clusters if not clean.bad_id(c.cluster, None)
+        ]
+        parts += [
+            _ClusterPart(c.cluster, None, _delivery_records(c.deliveries, c.phases, clean))
+            for c in report.cut_short if not clean.bad_id(c.cluster, None)
+        ]
+        invalid = None
+        if report.error is None:
+            # A round that ran saw the whole fleet: its invalid list replaces the last one.
+            kept = [p for p in report.invalid if not clean.bad_id(None, p.id)]
+            invalid = (
+                [p.id for p in kept],
+                [clean.text(p.boundary, None, p.id, "boundary_id") for p in kept],
+                [clean.revision(p.revision, None, p.id, "revision") or 0 for p in kept],
+                at,
+                [clean.text(p.reason, None, p.id, "reason") for p in kept],
+            )
+        return cls(round_row, at, parts, invalid)
+
+
+def _state_row(c: ClusterOutcome, clean: _Cleaner) -> tuple[Any, ...]:
+    """A cluster's outcome as a row of `_UPSERT_CLUSTER_STATE`'s unnest."""
+    return (
+        c.cluster, c.reached, c.converged,
+        clean.text(c.error, c.cluster, None, "last_error"),
+        clean.text(c.reason, c.cluster, None, "last_reason"),
+        clean.count(c.desired, c.cluster, None, "desired"),
+        clean.count(c.in_sync, c.cluster, None, "in_sync"),
+        clean.count(c.failed, c.cluster, None, "failed"),
+        clean.text(c.server_version, c.cluster, None, "server_version"),
+        float(c.duration_s),
+    )
+
+
+async def _insert_round(conn: asyncpg.Connection, record: _RoundRecord, kept: int) -> int:
+    round_id: int = await conn.fetchval(
+        """INSERT INTO rounds (started_at, finished_at, result, epoch_holder,
+               epoch_transitions, identity, counts, error)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id""",
+        *record.round_row,
+    )
+    await conn.execute("DELETE FROM rounds WHERE id <= $1", round_id - kept)
+    return round_id
+
+
+async def _write_parts(
+    conn: asyncpg.Connection, record: _RoundRecord, round_id: int, parts: Sequence[_ClusterPart]
+) -> None:
+    """Inside a transaction: the clusters' states and deliveries of `parts`."""
+    states = [p.state for p in parts if p.state is not None]
+    if states:
+        await conn.execute(_UPSERT_CLUSTER_STATE, round_id, record.at,
+                           *(list(col) for col in zip(*states, strict=True)))
+    deliveries = [r for p in parts for r in p.deliveries]
+    if deliveries:
+        await _upsert_deliveries(conn, deliveries, round_id)
+
+
+async def _replace_invalid(conn: asyncpg.Connection, record: _RoundRecord, round_id: int) -> None:
+    if record.invalid is not None:
+        ids, boundaries, revisions, at, reasons = record.invalid
+        await conn.execute(_REPLACE_INVALID, ids, boundaries, revisions, at, round_id, reasons)
+
+
+class RecordObserver(Protocol):
+    def record_refused(self, reason: str) -> None:
+        """The database refused part of a record for good (a metrics reason slug)."""
+        ...
+
+
+class _Refusals:
+    """Classifies what the cluster-by-cluster fallback sees, and counts what it drops."""
+
+    def __init__(self, observer: RecordObserver | None) -> None:
+        self._observer = observer
+
+    @staticmethod
+    def refused(exc: BaseException) -> str:
+        """The reason slug of a refusal; re-raises `exc` if it is not one (transient: the
+        whole record is retried later; anything else: not the database's doing)."""
+        reason = rejection_reason(exc)
+        if reason is None:
+            raise exc
+        return reason
+
+    def count(self, reason: str) -> None:
+        """One record dropped (a cluster's rows, in part or whole; the invalid list)."""
+        if self._observer is not None:
+            self._observer.record_refused(reason)
+
+
+# A cluster whose rows the database refused is retried row by row, to drop only the refused
+# rows; past this many refused rows the rest of that cluster's rows are dropped unexamined.
+_ROW_BY_ROW_MAX_REFUSED = 20
 
 
 class Store:
@@ -314,9 +519,12 @@ class Store:
     # Round history kept (by id): 10,000 rounds is about five weeks at the default interval.
     rounds_kept = 10_000
 
-    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, dsn: str, *, observer: RecordObserver | None = None
+    ) -> None:
         self._pool = pool
         self._dsn = dsn
+        self._observer = observer
 
     @property
     def dsn(self) -> str:
@@ -333,10 +541,12 @@ class Store:
         check: bool = True,
         connect_timeout_s: float = 10.0,
         command_timeout_s: float = 60.0,
+        observer: RecordObserver | None = None,
     ) -> Self:
         """Open a pool; with `check`, refuse an unmigrated schema (`SchemaNotMigrated`).
         Unreachable database: `DatabaseUnavailable` naming the redacted DSN. A statement that
-        hangs longer than `command_timeout_s` is `DatabaseUnavailable` too."""
+        hangs longer than `command_timeout_s` is `DatabaseUnavailable` too. `observer` counts the
+        rows the database refused to record."""
         try:
             with database_errors(dsn, connecting=True):
                 pool = await asyncpg.create_pool(
@@ -352,7 +562,7 @@ class Store:
             raise DatabaseUnavailable(
                 f"bad database URL {redact_dsn(dsn)}: {type(exc).__name__}"
             ) from None
-        store = cls(pool, dsn)
+        store = cls(pool, dsn, observer=observer)
         if check:
             try:
                 async with store._acquire() as conn:
@@ -442,64 +652,52 @@ class Store:
 
     async def record_round(self, report: RoundReport, *, identity: str) -> int:
         """Record a round in one transaction: the round, each cluster's state, every delivery
-        and phase reading, and the invalid policies it saw. Returns the round id."""
-        finished = report.finished_at
-        at = _utc(finished or report.started_at)
-        outcomes = report.clusters
-        deliveries = [d for c in outcomes for d in c.deliveries]
-        phases = [p for c in outcomes for p in c.phases]
+        and phase reading, and the invalid policies it saw. Returns the round id.
+
+        Every value is cleaned for PostgreSQL first (`convergerd.store.values`; what changed is
+        logged). If the database still refuses the record for good, it is recorded again
+        cluster by cluster, and within a refused cluster row by row: only the refused rows
+        are dropped, each logged with its cluster and policy, and counted on the observer.
+        Raises `DatabaseUnavailable` (record it later), or `DatabaseRejected` when even the
+        round's own row is refused."""
+        clean = _Cleaner()
+        record = _RoundRecord.build(report, identity, clean)
+        clean.log(f"round of {report.started_at.isoformat()}")
+        try:
+            async with self._acquire() as conn, conn.transaction():
+                round_id = await _insert_round(conn, record, self.rounds_kept)
+                await _write_parts(conn, record, round_id, record.parts)
+                await _replace_invalid(conn, record, round_id)
+        except DatabaseRejected as exc:
+            log.warning("the database refused the round's record (%s); recording it cluster "
+                        "by cluster", exc, extra={"reason": exc.reason})
+        else:
+            return round_id
         async with self._acquire() as conn, conn.transaction():
-            round_id: int = await conn.fetchval(
-                """INSERT INTO rounds (started_at, finished_at, result, epoch_holder,
-                       epoch_transitions, identity, counts, error)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id""",
-                _utc(report.started_at),
-                finished,
-                report.result.value,
-                report.epoch.holder if report.epoch else None,
-                report.epoch.transitions if report.epoch else None,
-                identity,
-                report.counts(),
-                report.error,
-            )
-            await conn.execute("DELETE FROM rounds WHERE id <= $1", round_id - self.rounds_kept)
-            if outcomes:
-                await conn.execute(
-                    _UPSERT_CLUSTER_STATE,
-                    round_id,
-                    at,
-                    [c.cluster for c in outcomes],
-                    [c.reached for c in outcomes],
-                    [c.converged for c in outcomes],
-                    [c.error for c in outcomes],
-                    [c.reason for c in outcomes],
-                    [c.desired for c in outcomes],
-                    [c.in_sync for c in outcomes],
-                    [c.failed for c in outcomes],
-                    [c.server_version for c in outcomes],
-                    [c.duration_s for c in outcomes],
-                )
-            if deliveries or phases:
-                await _upsert_deliveries(conn, deliveries, phases, round_id)
-            if report.error is None:
-                # A round that ran saw the whole fleet: its invalid list replaces the last one.
-                await conn.execute(
-                    _REPLACE_INVALID,
-                    [p.id for p in report.invalid],
-                    [p.boundary for p in report.invalid],
-                    [p.revision for p in report.invalid],
-                    at,
-                    round_id,
-                    [p.reason for p in report.invalid],
-                )
+            round_id = await _insert_round(conn, record, self.rounds_kept)
+            refusals = _Refusals(self._observer)
+            for part in record.parts:
+                await _write_part_alone(conn, record, round_id, part, refusals)
+            try:
+                async with conn.transaction():
+                    await _replace_invalid(conn, record, round_id)
+            except Exception as exc:
+                reason = refusals.refused(exc)
+                refusals.count(reason)
+                log.error(  # noqa: TRY400 - a refusal, not a bug: the reason is the story
+                    "invalid policies of round %d not recorded: %s (%s)", round_id,
+                    for_log(describe(exc), 300), reason, extra={"reason": reason})
         return round_id
 
     async def record_deliveries(self, deliveries: Sequence[Delivery]) -> None:
         """Record deliveries made outside a round (a save): `round_id` stays NULL."""
         if not deliveries:
             return
+        clean = _Cleaner()
+        records = _delivery_records(deliveries, (), clean)
+        clean.log("deliveries of a save")
         async with self._acquire() as conn, conn.transaction():
-            await _upsert_deliveries(conn, deliveries, (), None)
+            await _upsert_deliveries(conn, records, None)
 
     # ---- what the status API reads -----------------------------------------------------------
 
@@ -570,6 +768,52 @@ class Store:
         return [_delivery_row(r) for r in rows]
 
 
+async def _write_part_alone(
+    conn: asyncpg.Connection,
+    record: _RoundRecord,
+    round_id: int,
+    part: _ClusterPart,
+    refusals: _Refusals,
+) -> None:
+    """Inside a transaction: one cluster's rows in a savepoint; if refused, its state and each
+    of its rows in savepoints of their own, so only what the database refuses is dropped."""
+    try:
+        async with conn.transaction():
+            await _write_parts(conn, record, round_id, [part])
+    except Exception as exc:
+        refusals.refused(exc)  # re-raised unless a refusal
+    else:
+        return
+    cluster = part.cluster
+    pieces: list[tuple[str | None, _ClusterPart]] = []
+    if part.state is not None:
+        pieces.append((None, _ClusterPart(cluster, part.state, [])))
+    pieces += [(row[0], _ClusterPart(cluster, None, [row])) for row in part.deliveries]
+    dropped: list[str] = []
+    first: tuple[str, str] | None = None  # the first refusal's message and reason
+    for policy, piece in pieces:
+        if len(dropped) >= _ROW_BY_ROW_MAX_REFUSED:
+            dropped.append(policy or "(cluster state)")
+            continue
+        try:
+            async with conn.transaction():
+                await _write_parts(conn, record, round_id, [piece])
+        except Exception as exc:
+            reason = refusals.refused(exc)
+            first = first or (f"{for_log(describe(exc), 300)} ({reason})", reason)
+            dropped.append(policy or "(cluster state)")
+    if dropped and first is not None:
+        refusals.count(first[1])
+        log.error(
+            "cluster %s: the database refused %d of its %d rows of round %d, dropped: %s%s; "
+            "first refusal: %s", cluster, len(dropped), len(pieces), round_id,
+            ", ".join(for_log(p, 60) for p in dropped[:10]),
+            ", ..." if len(dropped) > 10 else "", first[0],
+            extra={"cluster": cluster, "policies": dropped[:10], "round_id": round_id,
+                   "reason": first[1]},
+        )
+
+
 def _validate_all(
     rows: Sequence[PolicyRow], boundaries: Mapping[BoundaryId, Boundary]
 ) -> list[Policy | InvalidPolicy]:
@@ -594,9 +838,10 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 class _Acquire:
     """`async with`: a pooled connection; transient failures inside become
-    `DatabaseUnavailable`. A connection closed under us (server restart, terminated backend)
-    makes asyncpg raise `InterfaceError` on its next use; that is classified by the
-    connection's state (closed, or taken back by the pool), not by the message."""
+    `DatabaseUnavailable`, permanent refusals `DatabaseRejected`. A connection closed under us
+    (server restart, terminated backend) makes asyncpg raise `InterfaceError` on its next use;
+    that is classified by the connection's state (closed, or taken back by the pool), not by
+    the message."""
 
     def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
         self._pool = pool
@@ -629,4 +874,7 @@ class _Acquire:
             and (lost or is_transient(exc))
         ):
             raise unavailable(self._dsn, exc) from exc
+        reason = rejection_reason(exc) if isinstance(exc, Exception) else None
+        if exc is not None and reason is not None:
+            raise rejected(exc, reason) from exc
         return False
