@@ -268,6 +268,7 @@ class _Cleaner:
     def __init__(self) -> None:
         self.changed = 0
         self.examples: list[str] = []
+        self._good_ids: set[str] = set()  # ids repeat on every row: checked once
 
     def note(
         self, cluster: str | None, policy: str | None, column: str, value: object, what: str
@@ -282,6 +283,8 @@ class _Cleaner:
     def text(
         self, value: str | None, cluster: str | None, policy: str | None, column: str
     ) -> str | None:
+        if value is None:
+            return None
         cleaned = pg_text(value)
         if cleaned is not value:
             self.note(cluster, policy, column, value, "cleaned (NUL, unencodable or too long)")
@@ -305,9 +308,12 @@ class _Cleaner:
         """Ids are keys: one that is not clean cannot be cleaned (it would name another row);
         its row is dropped."""
         for column, value in (("cluster_id", cluster), ("policy_id", policy)):
-            if value is not None and pg_text(value) is not value:
+            if value is None or value in self._good_ids:
+                continue
+            if pg_text(value) is not value:
                 self.note(cluster, policy, column, value, "not a valid key, row dropped")
                 return True
+            self._good_ids.add(value)
         return False
 
     def log(self, what: str) -> None:
