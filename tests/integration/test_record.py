@@ -8,13 +8,18 @@ would."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import AsyncIterator
 
+import aiohttp
 import asyncpg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from convergerd.config import Settings
 from convergerd.errors import DatabaseRejected
 from convergerd.model import ClusterId, PolicyId
 from convergerd.report import (
@@ -25,10 +30,25 @@ from convergerd.report import (
     PhaseReading,
     RoundReport,
 )
+from convergerd.runtime import Daemon
+from convergerd.sim.faults import Faults
+from convergerd.sim.fleet import HOME, Fleet
+from convergerd.sim.resources import LEASES
 from convergerd.store.store import Store
 from convergerd.store.values import INT32_MAX, TEXT_MAX_CHARS
+from tests.fixtures.fleet import free_port
+from tests.integration.rounds_helpers import (
+    FLEET_DOC,
+    import_doc,
+    objects,
+    running_daemon,
+    settings_for,
+    wait_for,
+    writes,
+)
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+C1 = ClusterId("c0001")
 
 # Raises for rows of the cluster (and, given, the policy) named in the trigger's arguments.
 REFUSE_FUNCTION = """
@@ -244,3 +264,172 @@ async def test_a_refused_round_row_is_rejected_not_unavailable(
     assert info.value.reason == "raised"
     assert "P0001" in str(info.value)
     assert await deliveries(database_url) == {}
+
+
+# --- the daemon ------------------------------------------------------------------------------
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(
+        f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)
+    ) as response:
+        return response.status, await response.text()
+
+
+def record_failures(daemon: Daemon, reason: str) -> float:
+    for family in text_string_to_metric_families(daemon.metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name == "convergerd_record_failures_total" \
+                    and sample.labels == {"reason": reason}:
+                return sample.value
+    raise AssertionError("convergerd_record_failures_total not exposed")
+
+
+async def test_database_refusals_never_stop_the_daemon(
+    fleet: Fleet, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon (`Daemon.main`): one cluster's rows refused, then the fleet unreadable (a
+    table renamed under it): each round logs it and goes on, /healthz and /metrics answer, and
+    once the cause is removed the next rounds record everything."""
+    await import_doc(database_url, FLEET_DOC)
+    await sql(database_url, REFUSE_FUNCTION)
+    await refuse(database_url, "deliveries", "c0002")
+    await refuse(database_url, "cluster_state", "c0002")
+    port = free_port()
+    settings = settings_for(fleet.kubeconfig_path, database_url,
+                            Policies__ConvergeIntervalMinutes="0.01",  # 0.6 s
+                            CONVERGERD_HTTP_ADDR=f"127.0.0.1:{port}")
+
+    async def recorded(cluster: str) -> set[str]:
+        return {p for c, p in await deliveries(database_url) if c == cluster}
+
+    async def rounds() -> list[asyncpg.Record]:
+        return await sql(database_url, "SELECT * FROM rounds ORDER BY id")
+
+    async with running_daemon(settings) as (daemon, task):
+        await wait_for(lambda: record_failures(daemon, "raised") >= 2,
+                       what="two rounds with c0002 refused")
+        assert await recorded("c0001") == {"p-latest", "p-regs", "p-labels"}
+        assert await recorded("c0003") == {"p-latest", "p-regs"}
+        assert await recorded("c0002") == set()
+        assert any(getattr(r, "cluster", None) == "c0002" and r.levelno == logging.ERROR
+                   for r in caplog.records)
+        assert (await http_get(port, "/healthz"))[0] == 200
+
+        # The fleet cannot be read at all: rounds say why, and the daemon waits it out.
+        await sql(database_url, "ALTER TABLE boundaries RENAME TO boundaries_away")
+        await wait_for(lambda: "could not read the fleet" in caplog.text,
+                       what="a round refused its fleet")
+
+        async def refused_round_recorded() -> bool:
+            return any((r["error"] or "").startswith("database refused")
+                       for r in await rounds())
+
+        await wait_for(refused_round_recorded, what="the refused round recorded")
+        assert not task.done()
+        status, metrics = await http_get(port, "/metrics")
+        assert status == 200
+        assert 'convergerd_record_failures_total{reason="raised"}' in metrics
+
+        await sql(database_url, "ALTER TABLE boundaries_away RENAME TO boundaries",
+                  "DROP TRIGGER refuse_deliveries ON deliveries",
+                  "DROP TRIGGER refuse_cluster_state ON cluster_state")
+
+        async def c0002_recorded() -> bool:
+            return await recorded("c0002") == {"p-latest", "p-regs"}
+
+        await wait_for(c0002_recorded, what="c0002 recorded once the triggers are gone")
+        last = (await rounds())[-1]
+        assert last["error"] is None
+        assert not task.done()
+
+
+def lease_holder(fleet: Fleet, settings: Settings) -> str | None:
+    lease = fleet.store(HOME).get(LEASES, settings.election.lease_namespace,
+                                  settings.election.lease_name)
+    holder: str | None = lease["spec"].get("holderIdentity")
+    return holder
+
+
+def electing(fleet: Fleet, database_url: str, **env: str) -> Settings:
+    return settings_for(
+        fleet.kubeconfig_path, database_url,
+        Policies__ConvergeIntervalMinutes="0.01",
+        CONVERGERD_LEADER_ELECTION="true",
+        CONVERGERD_HOME_CONTEXT=HOME,
+        CONVERGERD_LEASE_DURATION_SECONDS="2.5",
+        CONVERGERD_RENEW_DEADLINE_SECONDS="1.2",
+        CONVERGERD_RETRY_PERIOD_SECONDS="0.2",
+        CONVERGERD_LEASE_REQUEST_TIMEOUT_SECONDS="0.5",
+        **env,
+    )
+
+
+async def test_sigterm_releases_the_lease_after_refused_rounds(
+    fleet: Fleet, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every round's record refused whole (a trigger on `rounds`): rounds go on, each dropped
+    and counted; SIGTERM still ends with exit 0 and the Lease released (empty holder)."""
+    await import_doc(database_url, FLEET_DOC)
+    await sql(database_url,
+              "CREATE FUNCTION test_no_rounds() RETURNS trigger LANGUAGE plpgsql "
+              "AS $$ BEGIN RAISE EXCEPTION 'no rounds today'; END $$",
+              "CREATE TRIGGER no_rounds BEFORE INSERT ON rounds "
+              "FOR EACH ROW EXECUTE FUNCTION test_no_rounds()")
+    settings = electing(fleet, database_url)
+    async with running_daemon(settings) as (daemon, task):
+        await wait_for(lambda: record_failures(daemon, "raised") >= 2,
+                       what="two rounds refused")
+        assert "not recorded, dropped" in caplog.text
+        assert lease_holder(fleet, settings) == settings.election.identity
+        daemon.stopping.set()  # what the SIGTERM handler does
+        assert await asyncio.wait_for(task, 10) == 0
+    assert lease_holder(fleet, settings) in (None, "")
+    assert await sql(database_url, "SELECT * FROM rounds") == []
+
+
+async def test_an_unexpected_way_out_still_releases_the_lease(
+    fleet: Fleet, database_url: str
+) -> None:
+    """The daemon's main task cancelled mid-run (what a crash of a supervised task does to it):
+    the Lease is released on the way out all the same, so a standby need not wait it out."""
+    await import_doc(database_url, FLEET_DOC)
+    settings = electing(fleet, database_url)
+    daemon = Daemon(settings)
+    task = asyncio.create_task(daemon.main())
+    await wait_for(lambda: daemon.last_report is not None, what="a round as the leader")
+    assert lease_holder(fleet, settings) == settings.election.identity
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert lease_holder(fleet, settings) in (None, "")
+
+
+async def test_a_round_cut_by_sigterm_records_the_writes_it_made(
+    fleet: Fleet, database_url: str
+) -> None:
+    """SIGTERM mid-round: the policies written on the slow cluster before the stop, and the
+    clusters that finished, are recorded; the round itself is recorded as cut short."""
+    await import_doc(database_url, FLEET_DOC)
+    fleet.set_faults(C1, Faults(latency_ms=400))  # one applier: c0001's writes go one by one
+    settings = settings_for(fleet.kubeconfig_path, database_url,
+                            CONVERGERD_APPLY_CONCURRENCY="1",
+                            CONVERGERD_REQUEST_TIMEOUT_SECONDS="2")
+    async with running_daemon(settings) as (daemon, task):
+        await wait_for(lambda: writes(fleet, C1) >= 1, what="c0001's first write")
+        daemon.stopping.set()  # what the SIGTERM handler does
+        assert await asyncio.wait_for(task, 10) == 0
+
+    written = {name.removeprefix("policy-") for name in objects(fleet, C1)}
+    assert 1 <= len(written) < 3
+    rows = await deliveries(database_url)
+    assert {p for c, p in rows if c == C1} == written
+    assert {rows[C1, p]["last_result"] for p in written} == {"created"}
+    for c in ("c0002", "c0003"):  # fast clusters finished before the stop
+        assert {p for cl, p in rows if cl == c} == {"p-latest", "p-regs"}
+    (round_row,) = await sql(database_url, "SELECT * FROM rounds")
+    assert round_row["result"] == "failed"
+    assert round_row["error"].startswith("fenced")
+    assert {r["round_id"] for r in rows.values()} == {round_row["id"]}
+    # c0001 did not finish: its state is not recorded as if it had.
+    assert C1 not in await states(database_url)
