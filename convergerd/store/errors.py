@@ -68,8 +68,7 @@ def rejection_reason(exc: BaseException) -> str | None:
 
 def rejected(exc: BaseException, reason: str) -> DatabaseRejected:
     """The `DatabaseRejected` for `exc` (raise it `from exc`)."""
-    return DatabaseRejected(f"the database refused it: {for_log(describe(exc), 300)}",
-                            reason=reason)
+    return DatabaseRejected(for_log(describe(exc), 300), reason=reason)
 
 
 def is_transient(exc: BaseException, *, connecting: bool = False) -> bool:
