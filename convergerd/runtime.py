@@ -134,6 +134,7 @@ class Daemon:
         self._signals = 0
         self._seen_invalid: set[tuple[str, int]] = set()
         self._unrecorded: list[RoundReport] = []
+        self._released = False
         self.last_report: RoundReport | None = None
 
     # -- signals ---------------------------------------------------------------------------
@@ -241,8 +242,11 @@ class Daemon:
 
     async def _release(self, elector: Leadership) -> None:
         """Release the Lease (if held), bounded in time: a wait for a renewal in flight and
-        two requests. Never raises: the process is on its way out, and an unreleased Lease
-        only costs the standby the lease duration."""
+        two requests. Once per process (the exit path calls it again). Never raises: the process
+        is on its way out, and an unreleased Lease only costs the standby the lease duration."""
+        if self._released:
+            return
+        self._released = True
         bound = 3 * self.settings.election.request_timeout_s + 1.0
         try:
             async with asyncio.timeout(bound):

@@ -33,7 +33,7 @@ from convergerd.report import (
 from convergerd.runtime import Daemon
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import HOME, Fleet
-from convergerd.sim.resources import LEASES
+from convergerd.sim.resources import LEASES, POLICIES
 from convergerd.store.store import Store
 from convergerd.store.values import INT32_MAX, TEXT_MAX_CHARS
 from tests.fixtures.fleet import free_port
@@ -433,3 +433,36 @@ async def test_a_round_cut_by_sigterm_records_the_writes_it_made(
     assert {r["round_id"] for r in rows.values()} == {round_row["id"]}
     # c0001 did not finish: its state is not recorded as if it had.
     assert C1 not in await states(database_url)
+
+
+async def test_a_nul_in_a_policy_status_neither_stops_nor_blocks_the_daemon(
+    fleet: Fleet, database_url: str
+) -> None:
+    """The reported case: one Policy in one cluster reports a Ready condition whose message
+    holds a NUL ("ok\\u0000"). Rounds go on being recorded (the message cleaned), and SIGTERM
+    releases the Lease."""
+    await import_doc(database_url, FLEET_DOC)
+    settings = electing(fleet, database_url)
+    async with running_daemon(settings) as (daemon, task):
+        await wait_for(lambda: "policy-p-latest" in objects(fleet, C1), what="round 1")
+        obj = objects(fleet, C1)["policy-p-latest"]
+        obj["status"] = {"phase": "Enforcing", "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Installed", "message": "ok\x00"}]}
+        fleet.store(C1).update(POLICIES, None, "policy-p-latest", obj, manager="operator",
+                               subresource="status")
+
+        async def message_recorded() -> bool:
+            row = (await deliveries(database_url)).get((C1, "p-latest"))
+            return row is not None and row["phase_message"] is not None
+
+        await wait_for(message_recorded, what="the condition read back and recorded")
+        assert (await deliveries(database_url))[C1, "p-latest"]["phase_message"] == "ok"
+        rounds_before = len(await sql(database_url, "SELECT id FROM rounds"))
+
+        async def more_rounds() -> bool:
+            return len(await sql(database_url, "SELECT id FROM rounds")) >= rounds_before + 2
+
+        await wait_for(more_rounds, what="rounds recorded after it")
+        daemon.stopping.set()
+        assert await asyncio.wait_for(task, 10) == 0
+    assert lease_holder(fleet, settings) in (None, "")
