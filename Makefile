@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit bench sim clean
+.PHONY: install demo test lint typecheck unit bench soak sim clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,9 @@ demo: install  ## simulated fleet + database + daemon, on the embedded default
 sim: install  ## just the fleet simulator (50 clusters) with a kubeconfig in .demo/
 	$(BIN)/convergerd sim --clusters 50 --listen 127.0.0.1:8181 --kubeconfig-out .demo/sim-kubeconfig
 
-lint: install
+lint: install  ## ruff, and the layers (import-linter contracts in pyproject.toml)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 typecheck: install
 	$(BIN)/mypy
@@ -29,6 +30,7 @@ typecheck: install
 test: install  ## lint, types, then the whole suite (real PostgreSQL, simulator, kubectl, promtool)
 	bash .ci/install-tools
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
@@ -37,6 +39,9 @@ unit: install  ## the fast part: pure code only
 
 bench: install  ## benchmark figures (not a test): 1,000 clusters x 100 policies
 	$(BIN)/python bench/rounds.py
+
+soak: install  ## resources over 30 faulty rounds, 200 clusters (needs PostgreSQL; see bench/README.md)
+	$(BIN)/python bench/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache *.egg-info

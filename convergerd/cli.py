@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from convergerd import __version__
-from convergerd.config import SETTINGS, SETTINGS_BY_KEY, Settings, load_settings
+from convergerd.config import (
+    SECRET_FILES,
+    SETTINGS,
+    SETTINGS_BY_KEY,
+    load_settings,
+    secrets_in_flags,
+)
 from convergerd.errors import ConfigError, ConvergerdError
 
 log = logging.getLogger("convergerd")
@@ -42,14 +48,27 @@ def _add_settings(parser: argparse.ArgumentParser, keys: Sequence[str] | None = 
         )
 
 
-def _settings(args: argparse.Namespace, **forced: str) -> Settings:
-    flags = {
+def _flags(args: argparse.Namespace, **forced: str) -> dict[str, str | None]:
+    flags: dict[str, str | None] = {
         key.removeprefix("setting_"): value
         for key, value in vars(args).items()
         if key.startswith("setting_")
     }
     flags.update(forced)
-    return load_settings(os.environ, flags)
+    return flags
+
+
+def _warn_secret_flags(flags: dict[str, str | None]) -> None:
+    """Once, at startup: a secret given as a flag shows in `ps` and in shell history."""
+    file_of = {key: SETTINGS_BY_KEY[file_key] for key, file_key in SECRET_FILES.items()}
+    for setting in secrets_in_flags(flags):
+        instead = file_of.get(setting.key)
+        better = f"{instead.env} ({instead.flag}) or " if instead is not None else ""
+        log.warning(
+            "%s was given on the command line, where `ps` and shell history show it: "
+            "use %s%s instead", setting.flag, better, setting.env,
+            extra={"setting": setting.env},
+        )
 
 
 class _JsonFormatter(logging.Formatter):
@@ -99,12 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_settings(once)
 
-    db_keys = ("database_url", "log_level", "log_format")
+    db_keys = ("database_url", "database_url_file", "log_level", "log_format")
     migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
     _add_settings(migrate, db_keys)
     imp = sub.add_parser("import", help="upsert clusters, boundaries and policies from YAML")
     imp.add_argument("file", type=Path, help="YAML with clusters, boundaries and policies")
-    _add_settings(imp, db_keys)
+    _add_settings(imp, (*db_keys, "import_max_bytes"))
 
     from convergerd import statuscli
 
@@ -130,12 +149,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_arguments(demo_parser)
     _add_settings(demo_parser, ("database_url", "http_addr", "interval_minutes", "log_level",
-                                "log_format", "api_token"))
+                                "log_format", "api_token", "database_url_file",
+                                "api_token_file"))
     return parser
+
+
+def missing_sim_extra(command: str) -> str | None:
+    """The one-line message for `sim` and `demo` when the `sim` extra is not installed (the
+    daemon itself never needs it), else None."""
+    if command not in ("sim", "demo"):
+        return None
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        return (f"convergerd {command} needs the simulator extra, which is not installed: "
+                "pip install 'convergerd[sim]'")
+    return None
 
 
 def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command
     command: str = args.command
+    missing = missing_sim_extra(command)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return EXIT_USAGE
     if command == "status":
         from convergerd import statuscli
 
@@ -154,8 +191,14 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per com
         return EXIT_USAGE
 
     forced = {"once": "true"} if command == "once" else {}
-    settings = _settings(args, **forced)
+    flags = _flags(args, **forced)
+    if command == "demo":
+        from convergerd import demo
+
+        demo.default_flags(flags, os.environ)
+    settings = load_settings(os.environ, flags)
     configure_logging(settings.log_level, settings.log_format)
+    _warn_secret_flags(_flags(args))
     if command in ("run", "once"):
         from convergerd import runtime
 
@@ -175,7 +218,9 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per com
     if command == "import":
         from convergerd.store.importer import import_file
 
-        summary = asyncio.run(import_file(settings.database_url, args.file))
+        summary = asyncio.run(
+            import_file(settings.database_url, args.file, max_bytes=settings.import_max_bytes)
+        )
         print(summary)
         return EXIT_OK
     raise AssertionError(command)

@@ -21,7 +21,10 @@ from typing import Any
 from convergerd.errors import ConfigError
 
 INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
+# A list page of 500 Policies is ~1 MiB; 16 MiB leaves room for large rules.
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 2**20
 ONCE_ENV = "Policies__ConvergeOnce"
+IMPORT_MAX_BYTES_DEFAULT = 4 * 1024 * 1024
 
 
 def _bool(value: str) -> bool:
@@ -113,8 +116,16 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("database_url", "CONVERGERD_DATABASE_URL", "--database-url", _dsn, None,
             "PostgreSQL DSN of the policy database", secret=True),
+    Setting("database_url_file", "CONVERGERD_DATABASE_URL_FILE", "--database-url-file", Path,
+            None, "file holding the PostgreSQL DSN (instead of the DSN itself: kept out of `ps` "
+            "and the environment)"),
     Setting("kubeconfig", "CONVERGERD_KUBECONFIG", "--kubeconfig", Path, None,
             "kubeconfig with one context per member cluster, named by cluster id"),
+    Setting("allow_insecure_clusters", "CONVERGERD_ALLOW_INSECURE_CLUSTERS",
+            "--allow-insecure-clusters", _bool, "false",
+            "use clusters whose kubeconfig turns TLS verification off or names an http:// "
+            "server (each logged once and exported as convergerd_cluster_insecure); "
+            "false: they are reported as 'insecure' and not contacted"),
     Setting("home_context", "CONVERGERD_HOME_CONTEXT", "--home-context", _text, None,
             "kubeconfig context of the home cluster holding the Lease (unset: in-cluster config)"),
     Setting("leader_election", "CONVERGERD_LEADER_ELECTION", "--leader-election", _bool, "true",
@@ -123,6 +134,9 @@ SETTINGS: tuple[Setting, ...] = (
             "listen address of the HTTP server (health, metrics, status, API)"),
     Setting("api_token", "CONVERGERD_API_TOKEN", "--api-token", _text, None,
             "bearer token required by the mutating endpoints", secret=True),
+    Setting("api_token_file", "CONVERGERD_API_TOKEN_FILE", "--api-token-file", Path, None,
+            "file holding the API token (instead of the token itself: kept out of `ps` and the "
+            "environment)"),
     Setting("identity", "CONVERGERD_IDENTITY", "--identity", _text, None,
             "this replica's identity in the Lease (default: host name + random suffix)"),
     Setting("interval_minutes", INTERVAL_ENV, "--interval-minutes", _positive_float, "5",
@@ -144,6 +158,10 @@ SETTINGS: tuple[Setting, ...] = (
             "requests per second to one cluster (token bucket rate)"),
     Setting("cluster_burst", "CONVERGERD_CLUSTER_BURST", "--cluster-burst", _positive_int, "100",
             "requests allowed in a burst to one cluster"),
+    Setting("max_response_bytes", "CONVERGERD_MAX_RESPONSE_BYTES", "--max-response-bytes",
+            _positive_int, str(DEFAULT_MAX_RESPONSE_BYTES),
+            "largest answer read from a cluster (a list page); a larger one fails that cluster "
+            "with reason bad_response"),
     Setting("lease_name", "CONVERGERD_LEASE_NAME", "--lease-name", _text, "convergerd",
             "name of the leader-election Lease"),
     Setting("lease_namespace", "CONVERGERD_LEASE_NAMESPACE", "--lease-namespace", _text,
@@ -163,8 +181,15 @@ SETTINGS: tuple[Setting, ...] = (
             "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("log_format", "CONVERGERD_LOG_FORMAT", "--log-format", _text, "text",
             "text or json"),
+    Setting("import_max_bytes", "CONVERGERD_IMPORT_MAX_BYTES", "--import-max-bytes",
+            _positive_int, str(IMPORT_MAX_BYTES_DEFAULT),
+            "largest file `convergerd import` reads, in bytes (checked before parsing)"),
 )
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
+# Secrets that can also be read from a file (a mounted Secret): value key -> file key.
+SECRET_FILES = {"database_url": "database_url_file", "api_token": "api_token_file"}
+# A DSN or a token is well under 1 KiB; a bigger "secret file" is the wrong file.
+MAX_SECRET_FILE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +200,8 @@ class ClusterAccess:
     qps: float
     burst: int
     apply_concurrency: int
+    allow_insecure: bool = False  # see CONVERGERD_ALLOW_INSECURE_CLUSTERS
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +237,7 @@ class Settings:
     grace_period_s: float
     log_level: str
     log_format: str
+    import_max_bytes: int
 
     @property
     def database_url_redacted(self) -> str | None:
@@ -235,14 +263,63 @@ def _read(values: Mapping[str, str | None], setting: Setting) -> Any:
         raise ConfigError(setting.env, shown, str(exc)) from None
 
 
+def read_secret_file(setting: str, path: Path) -> str:
+    """The secret in `path`, whitespace stripped. A missing, unreadable, oversized, non-UTF-8
+    or empty file is a `ConfigError` naming the setting and the path, never the content."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_SECRET_FILE_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        why = exc.strerror if isinstance(exc, OSError) else "not a valid path"
+        raise ConfigError(setting, str(path), f"cannot read: {why}") from None
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise ConfigError(setting, str(path),
+                          f"larger than {MAX_SECRET_FILE_BYTES} bytes: not a secret file")
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(setting, str(path), "not UTF-8 text") from None
+    if not text:
+        raise ConfigError(setting, str(path), "the file is empty")
+    return text
+
+
+def _secret_from_file(values: dict[str, str | None], key: str, file_key: str) -> None:
+    setting, file_setting = SETTINGS_BY_KEY[key], SETTINGS_BY_KEY[file_key]
+    raw_path = values.get(file_setting.env)
+    if raw_path is None:
+        return
+    if values.get(setting.env) is not None:
+        raise ConfigError(
+            file_setting.env, raw_path,
+            f"{setting.env} ({setting.flag}) is set too: give the secret one way, "
+            f"either {setting.env} or {file_setting.env}",
+        )
+    secret = read_secret_file(file_setting.env, Path(raw_path))
+    try:
+        setting.parse(secret)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(file_setting.env, raw_path, f"the file's content: {exc}") from None
+    values[setting.env] = secret
+
+
+def secrets_in_flags(flags: Mapping[str, str | None]) -> list[Setting]:
+    """The secret settings given as command-line flags (visible in `ps` and shell history)."""
+    return [SETTINGS_BY_KEY[key] for key, value in flags.items()
+            if value is not None and SETTINGS_BY_KEY[key].secret]
+
+
 def load_settings(
     env: Mapping[str, str], flags: Mapping[str, str | None] | None = None
 ) -> Settings:
-    """Settings from environment variables, overridden by CLI flags (keyed by setting key)."""
+    """Settings from environment variables, overridden by CLI flags (keyed by setting key).
+    Secrets named by a `*_FILE` setting are read here, once."""
     values: dict[str, str | None] = {s.env: env.get(s.env) for s in SETTINGS}
     for key, value in (flags or {}).items():
         if value is not None:
             values[SETTINGS_BY_KEY[key].env] = value
+    for key, file_key in SECRET_FILES.items():
+        _secret_from_file(values, key, file_key)
     v = {s.key: _read(values, s) for s in SETTINGS}
     settings = Settings(
         database_url=v["database_url"],
@@ -253,6 +330,8 @@ def load_settings(
             qps=v["cluster_qps"],
             burst=v["cluster_burst"],
             apply_concurrency=v["apply_concurrency"],
+            allow_insecure=v["allow_insecure_clusters"],
+            max_response_bytes=v["max_response_bytes"],
         ),
         rounds=Rounds(
             interval_s=v["interval_minutes"] * 60.0,
@@ -277,6 +356,7 @@ def load_settings(
         grace_period_s=v["grace_period_s"],
         log_level=v["log_level"],
         log_format=v["log_format"],
+        import_max_bytes=v["import_max_bytes"],
     )
     check_settings(settings)
     return settings

@@ -16,8 +16,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from convergerd.errors import ClusterError, ClusterLevelError, Fenced
+from convergerd.decode import as_int
+from convergerd.errors import ClusterError, Fenced
 from convergerd.kube.api import PolicyApi
+from convergerd.lease import Fence
 from convergerd.model import ClusterId, Fleet, Policy, PolicyId
 from convergerd.plan import Apply, Observed, plan_cluster
 from convergerd.render import MANAGED_SELECTOR, object_name, policy_id_of
@@ -42,12 +44,6 @@ class Retrier(Protocol):
     async def __call__(
         self, fn: Callable[[], Awaitable[T]], *, cluster: str, deadline: float
     ) -> T: ...
-
-
-class Fence(Protocol):
-    def remaining_s(self) -> float:
-        """Seconds this replica may still write; raises `Fenced` when it may not."""
-        ...
 
 
 class ClusterSource(Protocol):
@@ -136,7 +132,7 @@ async def converge_cluster(
     except TimeoutError:
         _fail_cluster(outcome, "round deadline reached before this cluster finished", "deadline")
     except ClusterError as exc:
-        _fail_cluster(outcome, str(exc), exc.reason, reached=_reached(exc))
+        _fail_cluster(outcome, str(exc), exc.reason, reached=exc.answered)
     except Fenced:
         raise
     except Exception as exc:
@@ -160,11 +156,6 @@ def _first_leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
-
-
-def _reached(exc: ClusterError) -> bool:
-    """An answer with a status means the cluster was reached, even if it refused us."""
-    return isinstance(exc, ClusterLevelError)
 
 
 def _fail_cluster(
@@ -279,7 +270,8 @@ def _phases(
         policy_id = policy_id_of(name)
         if policy_id is None or object_name(policy_id) != name:
             continue
-        revision = obj.spec.get("revision")
+        # The spec is the cluster's copy: anything but a bigint is no revision.
+        revision = as_int(obj.spec.get("revision"))
         readings.append(
             PhaseReading(
                 cluster=cluster,
@@ -287,7 +279,7 @@ def _phases(
                 phase=obj.phase,
                 ready_reason=obj.ready_reason,
                 ready_message=obj.ready_message,
-                revision=revision if isinstance(revision, int) else None,
+                revision=revision,
                 seen_at=seen_at,
             )
         )

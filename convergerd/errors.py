@@ -9,9 +9,49 @@ Retry decisions are made on these classes, never on message text (SPEC.md §5):
 | `Throttled` | 429 | retry after `Retry-After` |
 | `ClusterLevelError` | 401, 403, 404 on the Policy API | stop that cluster for this round |
 | `ObjectRejected` | 400, 409, 422 | that policy fails there; the rest go on |
+| `BadResponse` | not JSON, over the size cap, wrong shape | stop that cluster (it answered) |
 """
 
 from __future__ import annotations
+
+import builtins
+import reprlib
+
+# How much of an untrusted value a message quotes.
+SHOWN_MAX_CHARS = 100
+
+
+def shorten(text: str, limit: int = SHOWN_MAX_CHARS) -> str:
+    """`text` cut to `limit` characters, the cut marked with '…'."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class _BoundedRepr(reprlib.Repr):
+    """reprlib's depth and item limits, but strings and bytes keep their start (the part a
+    reader recognises) and integers too long for `repr` do not raise."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxstring = self.maxother = self.maxlong = limit
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = self.maxfrozenset = 8
+
+    def repr_str(self, x: str, level: int) -> str:
+        return builtins.repr(x[: self.maxstring + 1])
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        return builtins.repr(x[: self.maxstring + 1])
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 4 * self.maxlong:  # past that repr() is long, or refused
+            return f"<{x.bit_length()}-bit integer>"
+        return builtins.repr(x)
+
+
+def shown(value: object, limit: int = SHOWN_MAX_CHARS) -> str:
+    """`repr(value)` for a message, at most `limit` characters; only the start of a huge or
+    deeply nested value is looked at, so quoting untrusted input costs little."""
+    return shorten(_BoundedRepr(limit).repr(value), limit)
 
 
 class ConvergerdError(Exception):
@@ -46,6 +86,14 @@ class ClusterError(ConvergerdError):
     def cluster_level(self) -> bool:
         """True when the whole cluster's work for this round must stop."""
         return not isinstance(self, ObjectRejected)
+
+    @property
+    def answered(self) -> bool:
+        """Did the cluster answer? Any answer with an HTTP status (even 429 or 503), or an
+        unusable one, means its API server was reached; no connection, a timeout or no
+        credentials means it was not. The one rule behind `reached` in rounds and the
+        prober's `convergerd_cluster_up`."""
+        return isinstance(self, ClusterApiError | BadResponse)
 
 
 class NoCredentials(ClusterError):
@@ -99,6 +147,14 @@ class ObjectRejected(ClusterApiError):
     """400, 409, 422: this object on this cluster; other policies go on."""
 
     reason = "rejected"
+
+
+class BadResponse(ClusterError):
+    """The cluster answered, with something that cannot be used: not JSON, larger than the
+    size cap, or not the shape the API promises (items not a list, an item not an object).
+    The message names the field and a shortened value."""
+
+    reason = "bad_response"
 
 
 class Fenced(ConvergerdError):

@@ -12,7 +12,11 @@
 | `DELETE /v1/policies/{id}` | delete: bearer token required |
 
 Status works on every replica: what this replica observed is merged with what the database
-recorded (whoever led), the newer fact winning, so a standby shows the leader's results.
+recorded (whoever led), the newer fact winning, so a standby shows the leader's results. The
+handlers only read: `/status` is the live state (`convergerd.state`, fed by rounds and the
+periodic database sync, `convergerd.statussync`); the per-cluster and per-policy views add that
+one cluster's or policy's rows, read in one query through a small gate with a short timeout, so
+status requests cannot take the database connections the round needs.
 
 Liveness: a heartbeat task notes the loop time every second and how late it woke up (the
 event-loop lag, also a metric). A fully blocked loop cannot answer `/healthz` at all, which fails
@@ -22,55 +26,74 @@ naming it.
 
 Secrets (the API token, the DSN password, the DSN itself) never appear in a response: handlers
 only show redacted values, and a last middleware replaces any that slipped into a body.
+
+Every request is untrusted, authenticated or not: an id that is not a valid policy id (a DNS
+label of at most 50 characters) or cluster id is refused with 400 before the database is asked;
+an `Authorization` header that does not decode is a wrong token (401); a request line or header
+longer than `MAX_LINE_BYTES` is refused by the server (400) with one warning, no traceback; ids
+and paths are escaped (`printable`) wherever they are logged, so a request cannot forge a line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from convergerd import __version__
 from convergerd.config import Settings, check_settings, dsn_secrets
 from convergerd.errors import ConfigError, ConvergerdError
 from convergerd.metrics import CONTENT_TYPE, Metrics
-from convergerd.model import DELIVERED_RULE_TYPES, ClusterId, InvalidPolicy, PolicyId, PolicyRow
-from convergerd.state import (
-    ClusterStateRowLike,
-    DeliveryRowLike,
-    PolicyRecord,
-    RoundRowLike,
-    StatusState,
-    merge_records,
-    record_view,
+from convergerd.model import (
+    DELIVERED_RULE_TYPES,
+    ClusterId,
+    PolicyId,
+    RuleError,
+    check_cluster_id,
+    check_policy_id,
 )
+from convergerd.rows import ClusterStatusRows, PolicyStatusRows
+from convergerd.state import PolicyRecord, StatusState, iso, merge_records, record_view
 
 log = logging.getLogger(__name__)
 
-# How long a status request waits for the database before answering from memory alone.
+# How long /readyz waits for the database.
 DB_TIMEOUT_S = 5.0
-# Per-cluster view: current revisions are read with this many queries in flight.
-_LOOKUP_CONCURRENCY = 4
+# The per-cluster and per-policy views (and /readyz) read the database through one gate: at most
+# this many queries in flight (the pool has 5 connections, the round needs them), each request
+# waiting at most STATUS_DB_TIMEOUT_S for the gate and its query together.
+STATUS_DB_CONCURRENCY = 2
+STATUS_DB_TIMEOUT_S = 2.0
+# /status is built at most once per this many seconds while the state does not change: 100
+# clients polling it cost the event loop (which the round shares) one build per period.
+STATUS_REUSE_S = 1.0
 
+# The server's parser limits: a longer request line (the URL) or header line is refused (400).
+MAX_LINE_BYTES = 8190
+MAX_HEADERS = 64
+# What of a request value (an id, a path) a log line or an error message shows.
+_SHOWN_CHARS = 100
+
+T = TypeVar("T")
 MutationHandler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 
 
 class StatusSource(Protocol):
-    """What the HTTP server reads from the database (`convergerd.store.store.Store`)."""
+    """What the HTTP server reads from the database (`convergerd.store.store.Store`): one
+    cluster or one policy at a time, never the whole fleet."""
 
     async def ping(self) -> None: ...
-    async def last_round(self) -> RoundRowLike | None: ...
-    async def cluster_states(self) -> Sequence[ClusterStateRowLike]: ...
-    async def deliveries_for_policy(self, policy_id: str, /) -> Sequence[DeliveryRowLike]: ...
-    async def deliveries_for_cluster(self, cluster_id: str, /) -> Sequence[DeliveryRowLike]: ...
-    async def get_policy(self, policy_id: str, /) -> PolicyRow | None: ...
-    async def policy_scope(self, policy_id: str, /) -> frozenset[ClusterId]: ...
-    async def invalid_policies(self) -> Sequence[InvalidPolicy]: ...
+    async def cluster_status(
+        self, cluster_id: str, policies: Sequence[str], /
+    ) -> ClusterStatusRows: ...
+    async def policy_status(self, policy_id: str, /) -> PolicyStatusRows | None: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,13 +177,79 @@ def error_response(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
+def printable(text: str, limit: int = _SHOWN_CHARS) -> str:
+    """`text` for a log line or a message: shortened to `limit` characters, and every character
+    that is not printable (newline, ESC, NUL, an undecodable byte) written as its escape."""
+    short = text if len(text) <= limit else text[:limit] + "..."
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in short)
+
+
+def _bad_id(kind: str, value: str, exc: RuleError) -> web.Response:
+    return error_response(400, f"bad {kind} id: {printable(str(exc), 2 * _SHOWN_CHARS)}",
+                          **{kind: printable(value)})
+
+
+def policy_id_of(request: web.Request) -> PolicyId | web.Response:
+    """The `{id}` of a policy path, or the 400 answer naming why it cannot be one."""
+    value = request.match_info["id"]
+    try:
+        check_policy_id(value)
+    except RuleError as exc:
+        return _bad_id("policy", value, exc)
+    return PolicyId(value)
+
+
+def cluster_id_of(request: web.Request) -> ClusterId | web.Response:
+    value = request.match_info["id"]
+    try:
+        check_cluster_id(value)
+    except RuleError as exc:
+        return _bad_id("cluster", value, exc)
+    return ClusterId(value)
+
+
+def _bearer(header: str) -> bytes | None:
+    """The token of a `Bearer` authorization header; None when it is not one or does not
+    decode (aiohttp keeps undecodable header bytes as surrogates)."""
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    try:
+        return given.strip().encode()
+    except UnicodeEncodeError:
+        return None
+
+
+class _ServerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger, but a request the HTTP parser refused (too long a line, too many
+    headers, bytes that are not HTTP) is one escaped warning, not an ERROR with a traceback:
+    anyone can send one."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            remote = printable(str(args[0])) if args else "?"
+            self.logger.warning("refused a malformed request from %s: %s %s", remote,
+                                exc_info.code, printable(exc_info.message, 2 * _SHOWN_CHARS))
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+def server_options() -> dict[str, Any]:
+    """Keyword arguments for `web.AppRunner` (and aiohttp's `TestServer`): no access log, the
+    parser's limits, and the server logger that does not dump a traceback per bad request."""
+    return {
+        "access_log": None,
+        "max_line_size": MAX_LINE_BYTES,
+        "max_field_size": MAX_LINE_BYTES,
+        "max_headers": MAX_HEADERS,
+        "logger": _ServerLog(logging.getLogger("aiohttp.server"), {}),
+    }
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-async def _db(aw: Awaitable[Any]) -> Any:
-    return await asyncio.wait_for(aw, DB_TIMEOUT_S)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,6 +275,9 @@ class _Handlers:
         self.health = health
         self.on_apply = on_apply
         self.on_delete = on_delete
+        self.db_gate = asyncio.Semaphore(STATUS_DB_CONCURRENCY)
+        self._status_built: tuple[int, float, str] | None = None  # (version, when, body)
+        self.db_timeout_s = STATUS_DB_TIMEOUT_S
 
     # -- health ----------------------------------------------------------------------------
 
@@ -201,7 +293,8 @@ class _Handlers:
         except ConfigError as exc:
             return error_response(503, f"settings invalid: {exc}", reason="settings")
         try:
-            await _db(self.store.ping())
+            async with asyncio.timeout(DB_TIMEOUT_S), self.db_gate:
+                await self.store.ping()
         except TimeoutError:
             return error_response(503, f"database did not answer within {DB_TIMEOUT_S:g} s",
                                   reason="database")
@@ -214,115 +307,90 @@ class _Handlers:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     # -- status ----------------------------------------------------------------------------
+    # /status only reads the live state (kept by rounds and the periodic database sync). The
+    # per-cluster and per-policy views read that one cluster or policy in one query, through
+    # `_read` (a few at a time, short timeout): the rounds' database connections stay free.
 
-    async def _refresh(self) -> str | None:
-        """Merge what the database recorded into the state; the error if it could not."""
-        try:
-            rows = await _db(self.store.cluster_states())  # every cluster the database knows
-            self.state.set_clusters(r.cluster for r in rows)  # a deleted one leaves status
-            self.state.absorb_cluster_rows(rows)
-            self.state.absorb_round_row(await _db(self.store.last_round()))
-            invalid = await _db(self.store.invalid_policies())
-        except (TimeoutError, ConvergerdError, OSError) as exc:
-            log.warning("status: reading the database failed: %s", _describe(exc))
-            return _describe(exc)
-        self.state.set_invalid((p.id, p.reason) for p in invalid)
-        return await self._refresh_rows()
-
-    async def _refresh_rows(self) -> str | None:
-        """On a standby: read the per-policy records (phases) of clusters another replica
-        worked on since the last read, so phase counts and roll-ups are the leader's. Costs one
-        query per cluster per round, only on replicas that did not run that round."""
-        wanted = [c.id for c in self.state.clusters.values() if c.needs_rows()]
-        gate = asyncio.Semaphore(_LOOKUP_CONCURRENCY)
-
-        async def one(cluster: ClusterId) -> None:
-            async with gate:
-                rows = await _db(self.store.deliveries_for_cluster(cluster))
-            self.state.absorb_delivery_rows(rows, cluster=cluster)
-
-        try:
-            await asyncio.gather(*(one(c) for c in wanted))
-        except (TimeoutError, ConvergerdError, OSError) as exc:
-            log.warning("status: reading phases from the database failed: %s", _describe(exc))
-            return _describe(exc)
-        return None
+    async def _read(self, query: Callable[[], Awaitable[T]]) -> T:
+        async with asyncio.timeout(self.db_timeout_s), self.db_gate:
+            return await query()
 
     def _database(self, error: str | None) -> dict[str, Any]:
         return {"reachable": error is None, "error": error,
-                "url": self.settings.database_url_redacted}
+                "url": self.settings.database_url_redacted,
+                "synced_at": iso(self.state.synced_at)}
+
+    def _read_error(self, exc: BaseException) -> str:
+        if isinstance(exc, TimeoutError):
+            return f"the database did not answer within {self.db_timeout_s:g} s"
+        return _describe(exc)
 
     async def status(self, _: web.Request) -> web.Response:
-        error = await self._refresh()
-        body = self.state.snapshot()
-        body["version"] = __version__
-        body["database"] = self._database(error)
-        return web.json_response(body)
+        self.state.leader()  # read live from the elector: a change is a new state version
+        now = asyncio.get_running_loop().time()
+        built = self._status_built
+        if built is None or built[0] != self.state.version or now - built[1] > STATUS_REUSE_S:
+            body = self.state.snapshot()
+            body["version"] = __version__
+            body["database"] = self._database(self.state.sync_error)
+            built = self._status_built = (self.state.version, now, json.dumps(body))
+        return web.Response(text=built[2], content_type="application/json")
 
     async def cluster(self, request: web.Request) -> web.Response:
-        cluster = ClusterId(request.match_info["id"])
-        error = await self._refresh()
-        state = self.state.clusters.get(cluster)
-        if state is None:
+        cluster = cluster_id_of(request)
+        if isinstance(cluster, web.Response):
+            return cluster
+        live = self.state.clusters.get(cluster)
+        error: str | None = None
+        try:
+            stored = await self._read(lambda: self.store.cluster_status(
+                cluster, sorted(live.policies) if live is not None else ()))
+        except (TimeoutError, ConvergerdError, OSError) as exc:
+            error, stored = self._read_error(exc), None
+        known = stored.known if stored is not None else live is not None
+        if not known:
             return error_response(404, f"unknown cluster {cluster!r}", cluster=cluster)
-        if error is None:
-            try:
-                self.state.absorb_delivery_rows(
-                    await _db(self.store.deliveries_for_cluster(cluster)), cluster=cluster)
-            except (TimeoutError, ConvergerdError, OSError) as exc:
-                error = _describe(exc)
         now = self.state.clock()
-        current = await self._current(list(state.policies)) if error is None else {}
+        records = self.state.merged_policies(cluster, stored.deliveries if stored else ())
         policies = []
-        for pid, record in sorted(state.policies.items()):
-            row = current.get(pid)
+        for pid, record in sorted(records.items()):
+            current = stored.current.get(pid) if stored is not None else None
             view = record_view(record, now, self.state.interval_s)
             policies.append({
                 "id": pid,
-                "in_database": row is not None if error is None else None,
-                "current_revision": row.revision if row else None,
+                "in_database": current is not None if stored is not None else None,
+                "current_revision": current,
                 **view,
-                "in_sync": row is not None and view["delivered_revision"] == row.revision,
+                "in_sync": current is not None and view["delivered_revision"] == current,
             })
         return web.json_response({
-            "cluster": self.state.cluster_summary(state, now),
+            "cluster": self.state.cluster_summary(self.state.cluster_or_new(cluster), now),
             "policies": policies,
             "database": self._database(error),
         })
 
-    async def _current(self, policies: list[PolicyId]) -> dict[PolicyId, PolicyRow | None]:
-        gate = asyncio.Semaphore(_LOOKUP_CONCURRENCY)
-
-        async def one(pid: PolicyId) -> PolicyRow | None:
-            async with gate:
-                row: PolicyRow | None = await _db(self.store.get_policy(pid))
-                return row
-
-        try:
-            rows = await asyncio.gather(*(one(p) for p in policies))
-        except (TimeoutError, ConvergerdError, OSError):
-            return {}
-        return dict(zip(policies, rows, strict=True))
-
     async def policy(self, request: web.Request) -> web.Response:
-        pid = PolicyId(request.match_info["id"])
+        pid = policy_id_of(request)
+        if isinstance(pid, web.Response):
+            return pid
         try:
-            row = await _db(self.store.get_policy(pid))
-            if row is None:
-                return error_response(404, f"unknown policy {pid!r}", policy=pid)
-            scope: frozenset[ClusterId] = await _db(self.store.policy_scope(pid))
-            stored = await _db(self.store.deliveries_for_policy(pid))
-            # Validated now from the rows (a standby, or a row fixed since the last round).
-            invalid = {p.id: p.reason for p in await _db(self.store.invalid_policies())}
+            found = await self._read(lambda: self.store.policy_status(pid))
         except (TimeoutError, ConvergerdError, OSError) as exc:
-            return error_response(503, f"database unavailable: {_describe(exc)}",
+            return error_response(503, f"database unavailable: {self._read_error(exc)}",
                                   policy=pid, reason="database")
-        stored_by_cluster = {r.cluster: PolicyRecord.from_row(r) for r in stored}
+        if found is None:
+            return error_response(404, f"unknown policy {pid!r}", policy=pid)
+        return web.json_response(self._policy_view(found))
+
+    def _policy_view(self, found: PolicyStatusRows) -> dict[str, Any]:
+        row, scope = found.policy, found.scope
+        stored_by_cluster = {r.cluster: PolicyRecord.from_row(r) for r in found.deliveries}
         now = self.state.clock()
         # module-policies may have stored any JSON as the rule: report it, do not crash on it.
         rule_type = row.rule.get("type") if isinstance(row.rule, Mapping) else None
-        delivered_type = row.id not in invalid and rule_type in DELIVERED_RULE_TYPES
+        delivered_type = found.invalid is None and rule_type in DELIVERED_RULE_TYPES
         clusters = []
+        pid = PolicyId(row.id)
         names = scope | set(stored_by_cluster) | {
             c for c, s in self.state.clusters.items() if pid in s.policies}
         for cluster in sorted(names):
@@ -338,15 +406,15 @@ class _Handlers:
                 "in_sync": view["delivered_revision"] == row.revision,
                 "cluster_reachable": live.reachable if live else None,
             })
-        return web.json_response({
+        return {
             "policy": {
                 "id": row.id, "boundary": row.boundary, "revision": row.revision,
                 "enabled": row.enabled, "rule_type": rule_type,
                 "delivered_to_clusters": delivered_type,
-                "invalid": invalid.get(row.id),
+                "invalid": found.invalid,
             },
             "clusters": clusters,
-        })
+        }
 
     # -- mutations -------------------------------------------------------------------------
 
@@ -355,10 +423,8 @@ class _Handlers:
         if not token:
             return error_response(
                 503, "mutating endpoints are disabled: CONVERGERD_API_TOKEN is not set")
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        ):
+        given = _bearer(request.headers.get("Authorization", ""))
+        if given is None or not hmac.compare_digest(given, token.encode()):
             response = error_response(401, "a valid bearer token is required")
             response.headers["WWW-Authenticate"] = 'Bearer realm="convergerd"'
             return response
@@ -368,17 +434,23 @@ class _Handlers:
         refused = self._unauthorized(request)
         if refused is not None:
             return refused
+        pid = policy_id_of(request)
+        if isinstance(pid, web.Response):
+            return pid
         if self.on_apply is None:
             return error_response(503, "saving policies is not implemented in this version")
-        return await self.on_apply(request, request.match_info["id"])
+        return await self.on_apply(request, pid)
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
         refused = self._unauthorized(request)
         if refused is not None:
             return refused
+        pid = policy_id_of(request)
+        if isinstance(pid, web.Response):
+            return pid
         if self.on_delete is None:
             return error_response(503, "deleting policies is not implemented in this version")
-        return await self.on_delete(request, request.match_info["id"])
+        return await self.on_delete(request, pid)
 
 
 def _json_errors() -> Any:
@@ -391,9 +463,10 @@ def _json_errors() -> Any:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return error_response(exc.status, exc.reason, path=request.path)
+            return error_response(exc.status, exc.reason, path=printable(request.path))
         except Exception:
-            log.exception("unhandled error serving %s %s", request.method, request.path)
+            log.exception("unhandled error serving %s %s", request.method,
+                          printable(request.path))
             return error_response(500, "internal error (see the daemon's log)")
 
     return middleware
@@ -414,7 +487,7 @@ def _scrub(secrets: Sequence[str]) -> Any:
                     body = body.replace(secret, b"***")
             if body is not response.body:
                 log.error("a secret was about to be sent in the response to %s %s; redacted",
-                          request.method, request.path)
+                          request.method, printable(request.path))
                 response.body = body
         return response
 
@@ -430,14 +503,17 @@ def make_app(
     health: HealthCheck,
     on_apply: MutationHandler | None = None,
     on_delete: MutationHandler | None = None,
+    status_db_timeout_s: float = STATUS_DB_TIMEOUT_S,
 ) -> web.Application:
     """The aiohttp application. `health.on_lag` defaults to the event-loop lag metric.
+    `status_db_timeout_s`: how long a cluster or policy view waits for its database read.
     `on_apply(request, policy_id)` / `on_delete(...)` are called after the bearer token checks;
     without them the mutating endpoints answer 503."""
     if health.on_lag is None:
         health.on_lag = metrics.set_loop_lag
     h = _Handlers(metrics=metrics, state=state, store=store, settings=settings, health=health,
                   on_apply=on_apply, on_delete=on_delete)
+    h.db_timeout_s = status_db_timeout_s
     # Outermost last: errors become JSON first, then every body is checked for secrets.
     app = web.Application(middlewares=[_scrub(secrets_of(settings)), _json_errors()])
     app.add_routes([

@@ -30,6 +30,7 @@ from convergerd.config import Election
 from convergerd.errors import Fenced, ObjectRejected
 from convergerd.kube.api import LeaseApi
 from convergerd.lease import (
+    Fence,
     LeaseFormatError,
     LeaseRecord,
     Observed,
@@ -47,14 +48,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 ChangeHook = Callable[[bool, str | None], None]
-
-
-class Fence(Protocol):
-    """What the round engine asks before each cluster write."""
-
-    def remaining_s(self) -> float:
-        """Seconds this replica may still write; raises `errors.Fenced` when it may not."""
-        ...
 
 
 class Leadership(Protocol):

@@ -20,7 +20,17 @@ import math
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+
+class Fence(Protocol):
+    """What a writer asks before each cluster write: how long this replica's term still
+    covers it. Implemented by the elector per term (`leader`), asked by rounds (`converge`)."""
+
+    def remaining_s(self) -> float:
+        """Seconds this replica may still write; raises `errors.Fenced` when it may not."""
+        ...
+
 
 KubeObject = dict[str, Any]
 

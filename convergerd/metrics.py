@@ -14,7 +14,7 @@ derived values are true when Prometheus reads them:
   known (a 0 would read as "1970").
 - `convergerd_policy_phase{cluster,phase}`: phases read back in the last listing of that cluster.
   Readings older than two round intervals count under `phase="Stale"` instead of their last
-  known phase (see `convergerd.state`), so `sum by (cluster)` is still the policy count there.
+  known phase (see `convergerd.phases`), so `sum by (cluster)` is still the policy count there.
 - Counters carry no `_created` samples (they would double the series count for nothing).
 - Counters of every known cluster exist from the start at zero (applies by result, failures
   and retries by the known reasons), so `rate()`/`increase()` see the first failure.
@@ -27,7 +27,9 @@ No metric has a per-policy label. Beyond §7, for on-call: `convergerd_apply_dur
 `convergerd_cluster_round_duration_seconds{cluster}`, `convergerd_last_round_timestamp_seconds`,
 `convergerd_round_interval_seconds` (so alert rules can say "three intervals" portably),
 `convergerd_record_failures_total{reason}` (records the database refused for good and that were
-dropped: a cluster's rows of a round, or a whole round; reason from the SQLSTATE class), plus the
+dropped: a cluster's rows of a round, or a whole round; reason from the SQLSTATE class),
+`convergerd_cluster_insecure{cluster}` (1 for a cluster reached without TLS verification or over
+http://, allowed by CONVERGERD_ALLOW_INSECURE_CLUSTERS; absent for the others), plus the
 standard `process_*` and `python_gc_*` collectors.
 """
 
@@ -50,8 +52,15 @@ from prometheus_client.metrics_core import (
 )
 
 from convergerd import __version__
+from convergerd.phases import (
+    ALL_PHASES,
+    STALE,
+    UNSUPPORTED,
+    counted_phase,
+    normalize_phase,
+    phases_refreshed,
+)
 from convergerd.report import ApplyResult, ClusterOutcome, PhaseReading, RoundReport, RoundResult
-from convergerd.state import ALL_PHASES, STALE, normalize_phase, phases_refreshed, stale_after_s
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -118,7 +127,10 @@ class Metrics:
         version: str = __version__,
         clusters: Iterable[str] = (),
         process_collectors: bool = True,
+        keep: Iterable[str] = (),
     ) -> None:
+        """`clusters`: known from the start (zeroed series). `keep`: clusters whose series stay
+        whatever the database's set (the home cluster: its Lease requests are counted)."""
         self.interval_s = interval_s
         self.clock = clock
         self.version = version
@@ -139,11 +151,18 @@ class Metrics:
         self._loop_lag_s = 0.0
         self._record_failures: dict[Labels, float] = {
             (r,): 0.0 for r in RECORD_FAILURE_REASONS}
+        self._insecure: set[str] = set()
+        # Once the database's cluster set is known (`set_clusters`), series exist only for it
+        # and `keep`: a late observation of a removed cluster (a request or probe in flight
+        # when it was deleted) is dropped instead of bringing its series back for good.
+        self._fleet: frozenset[str] | None = None
+        self._keep = frozenset(keep)
         self.registry.register(_Collector(self))
         if process_collectors:
             ProcessCollector(registry=self.registry)
             GCCollector(registry=self.registry)
-        self.set_clusters(clusters)
+        for cluster in clusters:
+            self.add_cluster(cluster)
 
     # -- cluster set -----------------------------------------------------------------------
 
@@ -161,21 +180,37 @@ class Metrics:
     def set_clusters(self, clusters: Iterable[str]) -> None:
         """The clusters the database knows: new ones get zeroed series, removed ones lose all."""
         wanted = set(clusters)
-        for gone in set(self._clusters) - wanted:
-            self.remove_cluster(gone)
+        self._fleet = frozenset(wanted)
+        labelled = {key[0] for series in (self._applies, self._failures, self._retries,
+                                          self._requests) for key in series}
+        for gone in (set(self._clusters) | set(self._apply_latency) | labelled) - wanted:
+            if not self._tracks(gone):
+                self.remove_cluster(gone)
         for cluster in sorted(wanted):
             self.add_cluster(cluster)
+
+    def _tracks(self, cluster: str) -> bool:
+        """Whether `cluster` may have series: all until the set is known, then its members
+        and the kept ones."""
+        return self._fleet is None or cluster in self._fleet or cluster in self._keep
+
+    def sizes(self) -> dict[str, int]:
+        """How many clusters and labelled series are held (watched by the soak benchmark)."""
+        return {"clusters": len(self._clusters),
+                "series": sum(len(s) for s in (self._applies, self._failures, self._retries,
+                                                self._requests, self._apply_latency))}
 
     def remove_cluster(self, cluster: str) -> None:
         self._clusters.pop(cluster, None)
         self._apply_latency.pop(cluster, None)
+        self._insecure.discard(cluster)
         for series in (self._applies, self._failures, self._retries, self._requests):
             for key in [k for k in series if k[0] == cluster]:
                 del series[key]
 
     def seed_last_success(self, cluster: str, at: dt.datetime | float | None) -> None:
         """A last success known from elsewhere (the database); kept only if newer."""
-        if at is None:
+        if at is None or not self._tracks(cluster):
             return
         ts = at.timestamp() if isinstance(at, dt.datetime) else at
         self.add_cluster(cluster)
@@ -199,6 +234,8 @@ class Metrics:
 
     def _observe_outcome(self, report: RoundReport, outcome: ClusterOutcome) -> None:
         cluster = outcome.cluster
+        if not self._tracks(cluster):
+            return
         self.add_cluster(cluster)
         state = self._clusters[cluster]
         state.up = 1.0 if outcome.reached else 0.0
@@ -224,6 +261,8 @@ class Metrics:
 
     def set_cluster_up(self, cluster: str, up: bool, server_version: str | None = None) -> None:
         """From the reachability prober (or anything else that just tried the cluster)."""
+        if not self._tracks(cluster):
+            return
         self.add_cluster(cluster)
         state = self._clusters[cluster]
         state.up = 1.0 if up else 0.0
@@ -244,6 +283,14 @@ class Metrics:
         key = (reason,)
         self._record_failures[key] = self._record_failures.get(key, 0.0) + 1
 
+    def set_cluster_insecure(self, cluster: str, insecure: bool) -> None:
+        """From the cluster registry, for every client it opens (insecure ones only when
+        CONVERGERD_ALLOW_INSECURE_CLUSTERS allows them)."""
+        if insecure and self._tracks(cluster):
+            self._insecure.add(cluster)
+        else:
+            self._insecure.discard(cluster)
+
     def set_loop_lag(self, seconds: float) -> None:
         self._loop_lag_s = max(0.0, seconds)
 
@@ -252,6 +299,8 @@ class Metrics:
     def request_done(
         self, cluster: str, verb: str, status: int | None, duration_s: float
     ) -> None:
+        if not self._tracks(cluster):
+            return
         key = (cluster, verb, "none" if status is None else str(status))
         self._requests[key] = self._requests.get(key, 0.0) + 1
         if verb in APPLY_VERBS:
@@ -261,6 +310,8 @@ class Metrics:
             hist.observe(duration_s)
 
     def retry(self, cluster: str, reason: str) -> None:
+        if not self._tracks(cluster):
+            return
         key = (cluster, reason)
         self._retries[key] = self._retries.get(key, 0.0) + 1
 
@@ -275,7 +326,6 @@ class Metrics:
         yield from self._fleet_families()
 
     def _cluster_families(self, now: float) -> Iterator[Metric]:
-        stale_after = stale_after_s(self.interval_s)
         clusters = sorted(self._clusters.items())
 
         lag = GaugeMetricFamily("convergerd_cluster_lag_seconds",
@@ -314,13 +364,20 @@ class Metrics:
                 cdur.add_metric([name], c.round_duration_s)
             counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
             for ph, seen in c.phases:
-                counts[STALE if now - seen > stale_after else ph] += 1
+                counts[counted_phase(ph, now - seen, self.interval_s)] += 1
             for ph, count in counts.items():
                 phase.add_metric([name, ph], float(count))
-            if any(ph == "Unsupported" and now - seen <= stale_after for ph, seen in c.phases):
+            if counts[UNSUPPORTED]:
                 version = c.server_version or "unknown"
                 unsupported[version] = unsupported.get(version, 0) + 1
         yield from (lag, last, up, oos, phase, info, cdur)
+
+        insecure = GaugeMetricFamily("convergerd_cluster_insecure",
+                                     "1 if the cluster is reached without TLS verification or "
+                                     "over http:// (allowed by a setting)", labels=["cluster"])
+        for name in sorted(self._insecure):
+            insecure.add_metric([name], 1.0)
+        yield insecure
 
         unsup = GaugeMetricFamily("convergerd_unsupported_clusters",
                                   "Clusters whose policies are Unsupported (no "

@@ -7,9 +7,11 @@ Pure: no I/O. A policy row from the database is validated here into either a `Po
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NewType
+
+from convergerd.errors import shorten, shown
 
 ClusterId = NewType("ClusterId", str)
 BoundaryId = NewType("BoundaryId", str)
@@ -31,6 +33,15 @@ _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 # A DNS subdomain: dot-separated DNS labels, at most 253 characters (length checked apart).
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_SUBDOMAIN_MAX_LEN = 253
+# Bounds on a rule's lists, so a row cannot grow the object applied to every cluster in its
+# boundary (or the database, or status) without limit.
+RULE_LIST_MAX_ENTRIES = 64
+LABEL_NAME_MAX_LEN = 63
+LABEL_KEY_MAX_LEN = _DNS_SUBDOMAIN_MAX_LEN + 1 + LABEL_NAME_MAX_LEN  # prefix/name
+REGISTRY_MAX_LEN = 253
+PLAN_MAX_LEN = 253
+_ENTRY_MAX_LEN = {"labels": LABEL_KEY_MAX_LEN, "registries": REGISTRY_MAX_LEN,
+                  "plans": PLAN_MAX_LEN}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,74 +104,133 @@ class RuleError(ValueError):
 
 def check_policy_id(value: str) -> None:
     if not isinstance(value, str) or not value:
-        raise RuleError(f"id: must be a non-empty string, got {value!r}")
+        raise RuleError(f"id: must be a non-empty string, got {shown(value)}")
     if len(value) > POLICY_ID_MAX_LEN:
-        raise RuleError(f"id: {value!r} is {len(value)} characters, at most {POLICY_ID_MAX_LEN}")
+        raise RuleError(
+            f"id: {shown(value)} is {len(value)} characters, at most {POLICY_ID_MAX_LEN}"
+        )
     if not _DNS_LABEL.fullmatch(value):
         raise RuleError(
-            f"id: {value!r} is not a DNS label (lowercase letters, digits and '-', "
+            f"id: {shown(value)} is not a DNS label (lowercase letters, digits and '-', "
             "starting and ending with a letter or digit)"
         )
 
 
 def check_boundary_id(value: str) -> None:
-    if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
+    if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
         raise RuleError(
-            f"boundary: {value!r} is not a valid label value (at most 63 characters: "
+            f"boundary: {shown(value)} is not a valid label value (at most 63 characters: "
             "letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
         )
 
 
 def check_cluster_id(value: str) -> None:
-    if not isinstance(value, str) or not _DNS_LABEL.fullmatch(value) or len(value) > 63:
-        raise RuleError(f"cluster id: {value!r} is not a DNS label of at most 63 characters")
+    # Length first: the pattern is then matched on at most 63 characters.
+    if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+        raise RuleError(
+            f"cluster id: {shown(value)} is not a DNS label of at most 63 characters"
+        )
+
+
+def field_names(keys: Iterable[object]) -> str:
+    """Field names for a message: sorted, plain names as written, anything else quoted (so the
+    message stays one line); shortened."""
+    names = sorted(
+        shorten(k, 40) if isinstance(k, str) and k.isprintable() and " " not in k
+        else shown(k, 40)
+        for k in keys
+    )
+    return shorten(", ".join(names))
 
 
 def _string_list(params: Mapping[str, Any], key: str, rule_type: str) -> list[str]:
     value = params.get(key)
     if not isinstance(value, list) or not value:
-        raise RuleError(f"rule.{key}: {rule_type} needs a non-empty list, got {value!r}")
+        raise RuleError(f"rule.{key}: {rule_type} needs a non-empty list, got {shown(value)}")
+    if len(value) > RULE_LIST_MAX_ENTRIES:
+        raise RuleError(
+            f"rule.{key}: {len(value)} entries, at most {RULE_LIST_MAX_ENTRIES}: "
+            f"{shown(value)}"
+        )
     for item in value:
         if not isinstance(item, str) or not item:
-            raise RuleError(f"rule.{key}: every entry must be a non-empty string, got {item!r}")
+            raise RuleError(
+                f"rule.{key}: every entry must be a non-empty string, got {shown(item)}"
+            )
+        if len(item) > _ENTRY_MAX_LEN[key]:
+            raise RuleError(
+                f"rule.{key}: {shown(item)} is {len(item)} characters, "
+                f"at most {_ENTRY_MAX_LEN[key]}"
+            )
     if len(set(value)) != len(value):
-        raise RuleError(f"rule.{key}: duplicate entries in {value!r}")
+        raise RuleError(f"rule.{key}: duplicate entries in {shown(value)}")
     return list(value)
 
 
-def _check_label_key(key: str) -> None:
+def _label_key_problem(key: str) -> str | None:
+    """Kubernetes' rule for a label key (a qualified name): an optional DNS-subdomain prefix
+    of at most 253 characters and '/', then a name of at most 63 characters."""
     prefix, slash, name = key.rpartition("/")
-    bad_prefix = bool(slash) and (
-        len(prefix) > _DNS_SUBDOMAIN_MAX_LEN or not _DNS_SUBDOMAIN.fullmatch(prefix)
-    )
-    if bad_prefix or not _LABEL_NAME.fullmatch(name):
-        raise RuleError(f"rule.labels: {key!r} is not a valid label key")
+    if slash and len(prefix) > _DNS_SUBDOMAIN_MAX_LEN:
+        return f"has a prefix of {len(prefix)} characters, at most {_DNS_SUBDOMAIN_MAX_LEN}"
+    if len(name) > LABEL_NAME_MAX_LEN:
+        return f"has a name of {len(name)} characters, at most {LABEL_NAME_MAX_LEN}"
+    if slash and not _DNS_SUBDOMAIN.fullmatch(prefix):
+        return "has a prefix that is not a DNS subdomain (lowercase, like 'example.com')"
+    if not _LABEL_NAME.fullmatch(name):
+        return (
+            "is not a valid label key (letters, digits, '-', '_', '.', starting and ending "
+            "with a letter or digit, after an optional 'prefix/')"
+        )
+    return None
+
+
+def _registry_problem(prefix: str) -> str | None:
+    """What is wrong with a registry prefix (its length is checked with the list)."""
+    if any(c.isspace() or not c.isprintable() for c in prefix):
+        return "contains whitespace or control characters"
+    if "://" in prefix:
+        return "has a scheme; write only host[:port][/path], e.g. 'registry.example.com'"
+    if prefix.endswith("/"):
+        return "ends with '/'; write it without, e.g. 'registry.example.com/team'"
+    if not _REGISTRY.fullmatch(prefix):
+        return (
+            "is not a registry prefix like 'registry.example.com' or "
+            "'registry.example.com/team' (lowercase host[:port][/path])"
+        )
+    return None
+
+
+def _check_label_key(key: str) -> None:
+    problem = _label_key_problem(key)
+    if problem:
+        raise RuleError(f"rule.labels: {shown(key)} {problem}")
 
 
 def _check_registry(prefix: str) -> None:
-    if not _REGISTRY.fullmatch(prefix):
-        raise RuleError(
-            f"rule.registries: {prefix!r} is not a registry prefix like 'registry.example.com' "
-            "or 'registry.example.com/team' (no scheme, no trailing '/')"
-        )
+    problem = _registry_problem(prefix)
+    if problem:
+        raise RuleError(f"rule.registries: {shown(prefix)} {problem}")
 
 
 def parse_rule(raw: Any) -> Rule:
     """Validate a rule mapping (`{type: ..., <params>}`) into a `Rule`."""
     if not isinstance(raw, Mapping):
-        raise RuleError(f"rule: must be a mapping with a 'type', got {raw!r}")
+        raise RuleError(f"rule: must be a mapping with a 'type', got {shown(raw)}")
     rule_type = raw.get("type")
     if rule_type not in RULE_TYPES:
-        raise RuleError(f"rule.type: unknown type {rule_type!r}; known: {', '.join(RULE_TYPES)}")
+        raise RuleError(
+            f"rule.type: unknown type {shown(rule_type)}; known: {', '.join(RULE_TYPES)}"
+        )
     allowed = {
         "RequiredLabels": ("labels",),
         "AllowedRegistries": ("registries",),
         "ForbidLatestTag": (),
         "AllowedComputePlans": ("plans",),
     }[rule_type]
-    unknown = sorted(str(k) for k in set(raw) - {"type", *allowed})
+    unknown = set(raw) - {"type", *allowed}
     if unknown:
-        raise RuleError(f"rule: unknown field(s) {', '.join(unknown)} for type {rule_type}")
+        raise RuleError(f"rule: unknown field(s) {field_names(unknown)} for type {rule_type}")
     params: dict[str, tuple[str, ...]] = {}
     for key in allowed:
         values = _string_list(raw, key, rule_type)
@@ -172,21 +242,6 @@ def parse_rule(raw: Any) -> Rule:
     return Rule(type=rule_type, params=params)
 
 
-def validate_policy(row: PolicyRow) -> Policy | InvalidPolicy:
-    """A deliverable `Policy`, or an `InvalidPolicy` with the reason it is not."""
-    try:
-        check_policy_id(row.id)
-        check_boundary_id(row.boundary)
-        rule = parse_rule(row.rule)
-    except RuleError as exc:
-        return InvalidPolicy(row.id, row.boundary, row.revision, reason=str(exc))
-    return Policy(
-        id=PolicyId(row.id),
-        boundary=BoundaryId(row.boundary),
-        rule=rule,
-        enabled=row.enabled,
-        revision=row.revision,
-    )
 
 
 @dataclass(frozen=True, slots=True)

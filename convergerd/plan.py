@@ -5,13 +5,25 @@ A round only adds and updates; nothing here ever produces a deletion.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from convergerd.decode import (
+    MAX_NAME_CHARS,
+    MAX_REASON_CHARS,
+    MAX_TOKEN_CHARS,
+    FieldReader,
+    expected,
+)
 from convergerd.model import Policy
 from convergerd.render import object_name, render_policy
+
+# The phase and Ready reason of an object read back with a field of the wrong type.
+UNKNOWN_PHASE = "Unknown"
+MALFORMED_REASON = "Malformed"
 
 
 class Why(StrEnum):
@@ -36,24 +48,41 @@ class Observed:
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Observed:
-        meta = obj.get("metadata") or {}
-        status = obj.get("status") or {}
-        conditions = status.get("conditions") or ()
-        ready = next(
-            (c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), {}
+        """Decoded at the edge (`convergerd.decode`): strings cleaned and capped; a field
+        with the wrong type reads as absent, and the object's phase is then `Unknown`
+        with reason `Malformed` and the field and value as message."""
+        r = FieldReader()
+        meta = r.mapping(obj, "metadata", "metadata")
+        status = r.mapping(obj, "status", "status")
+        spec = r.mapping(obj, "spec", "spec")
+        conditions = r.sequence(status, "conditions", "status.conditions")
+        ready: Mapping[str, Any] = {}
+        for index, condition in enumerate(conditions):
+            if not isinstance(condition, Mapping):
+                r.problems.append(expected(f"status.conditions[{index}]", "an object",
+                                           condition))
+            elif condition.get("type") == "Ready" and not ready:
+                ready = condition
+        where = "status.conditions[Ready]"
+        observed = cls(
+            name=r.text(meta, "name", "metadata.name", MAX_NAME_CHARS) or "",
+            labels=r.labels(meta, "labels", "metadata.labels"),
+            spec=dict(spec),
+            resource_version=r.text(meta, "resourceVersion", "metadata.resourceVersion",
+                                    MAX_TOKEN_CHARS) or "",
+            generation=r.integer(meta, "generation", "metadata.generation"),
+            phase=r.text(status, "phase", "status.phase", MAX_REASON_CHARS),
+            observed_generation=r.integer(status, "observedGeneration",
+                                          "status.observedGeneration"),
+            ready_status=r.text(ready, "status", f"{where}.status", MAX_REASON_CHARS),
+            ready_reason=r.text(ready, "reason", f"{where}.reason", MAX_REASON_CHARS),
+            ready_message=r.message(ready, "message", f"{where}.message"),
         )
-        return cls(
-            name=str(meta.get("name", "")),
-            labels=dict(meta.get("labels") or {}),
-            spec=dict(obj.get("spec") or {}),
-            resource_version=str(meta.get("resourceVersion", "")),
-            generation=meta.get("generation"),
-            phase=status.get("phase"),
-            observed_generation=status.get("observedGeneration"),
-            ready_status=ready.get("status"),
-            ready_reason=ready.get("reason"),
-            ready_message=ready.get("message"),
-        )
+        problem = r.problem
+        if problem is None:
+            return observed
+        return dataclasses.replace(observed, phase=UNKNOWN_PHASE, ready_status=None,
+                                   ready_reason=MALFORMED_REASON, ready_message=problem)
 
 
 @dataclass(frozen=True, slots=True)

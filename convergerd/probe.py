@@ -21,9 +21,6 @@ from typing import Protocol
 
 from convergerd.errors import (
     ClusterError,
-    ClusterUnreachable,
-    NoCredentials,
-    TransientApiError,
 )
 from convergerd.kube.api import PolicyApi
 from convergerd.state import Clock, utc_now
@@ -43,11 +40,6 @@ class ProbeSink(Protocol):
         self, cluster: str, *, reachable: bool, error: str | None = None,
         server_version: str | None = None, at: dt.datetime | None = None,
     ) -> None: ...
-
-
-def is_reached(exc: ClusterError) -> bool:
-    """Whether the failure still means the API server answered."""
-    return not isinstance(exc, ClusterUnreachable | TransientApiError | NoCredentials)
 
 
 class Prober:
@@ -82,6 +74,8 @@ class Prober:
     async def probe_once(self) -> dict[str, bool]:
         """One pass over the current clusters; returns cluster -> reached."""
         targets = dict(self.clusters())
+        # Remember only the clusters still probed: a removed one is forgotten with this pass.
+        self._was_up = {c: up for c, up in self._was_up.items() if c in targets}
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(cluster: str, api: PolicyApi) -> bool:
@@ -90,6 +84,10 @@ class Prober:
 
         results = await asyncio.gather(*(one(c, a) for c, a in sorted(targets.items())))
         return dict(zip(sorted(targets), results, strict=True))
+
+    def __len__(self) -> int:
+        """How many clusters' last state is remembered (the clusters of the last pass)."""
+        return len(self._was_up)
 
     async def _probe(self, cluster: str, api: PolicyApi) -> bool:
         version: str | None = None
@@ -102,7 +100,7 @@ class Prober:
         except TimeoutError:
             up, error = False, f"no answer within {self.timeout_s:g} s"
         except ClusterError as exc:
-            up, error = is_reached(exc), str(exc)
+            up, error = exc.answered, str(exc)
         except Exception as exc:
             log.exception("reachability check of cluster %s failed unexpectedly", cluster)
             up, error = False, f"reachability check failed: {type(exc).__name__}"

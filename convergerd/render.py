@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from convergerd.model import Policy
+from convergerd.model import (
+    BoundaryId,
+    InvalidPolicy,
+    Policy,
+    PolicyId,
+    PolicyRow,
+    RuleError,
+    check_boundary_id,
+    check_policy_id,
+    parse_rule,
+)
 
 GROUP = "platform.stackship.se"
 VERSION = "v1alpha1"
@@ -18,6 +29,9 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "convergerd"
 # What a round lists per cluster: only objects convergerd manages.
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+# The largest Policy object convergerd applies, as JSON: far under etcd's 1.5 MB request limit,
+# so one tenant's row cannot make a cluster's API server refuse it (or slow every list).
+MAX_OBJECT_BYTES = 256 * 1024
 
 
 def object_name(policy_id: str) -> str:
@@ -45,3 +59,42 @@ def render_policy(policy: Policy) -> dict[str, Any]:
             "rule": policy.rule.as_dict(),
         },
     }
+
+
+def object_size(policy: Policy) -> int:
+    """Bytes of the rendered object as compact JSON (about what the apply request carries)."""
+    body = json.dumps(render_policy(policy), separators=(",", ":"), ensure_ascii=False)
+    return len(body.encode("utf-8"))
+
+
+def check_object_size(policy: Policy) -> None:
+    """`RuleError` if the object a round would apply is larger than `MAX_OBJECT_BYTES`."""
+    if not policy.rule.delivered:
+        return  # never rendered: it stays in the control plane
+    size = object_size(policy)
+    if size > MAX_OBJECT_BYTES:
+        raise RuleError(
+            f"rule: the Policy object would be {size} bytes, at most {MAX_OBJECT_BYTES}; "
+            "list fewer or shorter entries"
+        )
+
+
+def validate_policy(row: PolicyRow) -> Policy | InvalidPolicy:
+    """A deliverable `Policy`, or an `InvalidPolicy` with the reason it is not: the row's
+    fields (`model`), and the object a round would apply within `MAX_OBJECT_BYTES`. The one
+    rule for rounds and `import` alike."""
+    try:
+        check_policy_id(row.id)
+        check_boundary_id(row.boundary)
+        rule = parse_rule(row.rule)
+        policy = Policy(
+            id=PolicyId(row.id),
+            boundary=BoundaryId(row.boundary),
+            rule=rule,
+            enabled=row.enabled,
+            revision=row.revision,
+        )
+        check_object_size(policy)
+    except RuleError as exc:
+        return InvalidPolicy(row.id, row.boundary, row.revision, reason=str(exc))
+    return policy

@@ -22,7 +22,7 @@ import logging
 import os
 import random
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
@@ -30,7 +30,7 @@ from aiohttp import web
 
 from convergerd import __version__
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
-from convergerd.converge import ClusterSource, Fence, Round, RoundLimits, run_round
+from convergerd.converge import ClusterSource, Round, RoundLimits, run_round
 from convergerd.errors import (
     ConfigError,
     DatabaseRejected,
@@ -38,15 +38,17 @@ from convergerd.errors import (
     Fenced,
     NoCredentials,
 )
-from convergerd.http import HealthCheck, make_app
-from convergerd.kube.registry import ClusterRegistry
+from convergerd.http import HealthCheck, make_app, server_options
+from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
+from convergerd.lease import Fence
 from convergerd.metrics import Metrics
-from convergerd.model import Fleet
+from convergerd.model import Fleet, InvalidPolicy
 from convergerd.probe import Prober
 from convergerd.report import Epoch, RoundReport, RoundResult
 from convergerd.retry import RetryObserver, call_with_retries
 from convergerd.state import StatusState
+from convergerd.statussync import StatusSync
 from convergerd.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,8 @@ _DB_BACKOFF_BASE_S = 1.0
 _DB_BACKOFF_CAP_S = 30.0
 # Reachability checks between rounds (convergerd.probe): one GET /version per cluster.
 PROBE_PERIOD_S = 10.0
+# The database sync of the live status (every replica): at most this long between passes.
+STATUS_SYNC_PERIOD_S = 30.0
 
 
 def _utcnow() -> dt.datetime:
@@ -75,6 +79,16 @@ async def _first(*aws: Awaitable[Any]) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def invalid_to_log(
+    invalid: Iterable[InvalidPolicy], seen: Collection[tuple[str, int]]
+) -> tuple[list[InvalidPolicy], set[tuple[str, int]]]:
+    """Invalid policies are logged once per revision while they stay invalid: which of this
+    round's to log, and what to remember (this round's only, so a fixed or deleted policy is
+    forgotten)."""
+    current = {(bad.id, bad.revision): bad for bad in invalid}
+    return [bad for key, bad in current.items() if key not in seen], set(current)
 
 
 def round_env(
@@ -126,13 +140,19 @@ class Daemon:
         self.probe_period_s = probe_period_s
         self.identity = settings.election.identity
         self.stopping = asyncio.Event()
-        self.metrics = Metrics(interval_s=settings.rounds.interval_s)
+        e = settings.election
+        self.metrics = Metrics(
+            interval_s=settings.rounds.interval_s,
+            keep=[e.home_context or HOME_IN_CLUSTER] if e.enabled else [],
+        )
         self.state = StatusState(
             identity=self.identity, interval_s=settings.rounds.interval_s
         )
         self.health = HealthCheck()
         self._signals = 0
         self._seen_invalid: set[tuple[str, int]] = set()
+        self.registry: ClusterRegistry | None = None  # set by main()
+        self.prober: Prober | None = None
         self._unrecorded: list[RoundReport] = []
         self._released = False
         self.last_report: RoundReport | None = None
@@ -205,8 +225,10 @@ class Daemon:
             registry = ClusterRegistry(
                 kubeconfig=s.clusters.kubeconfig, access=s.clusters,
                 identity=self.identity, observer=self.metrics,
+                on_insecure=self.metrics.set_cluster_insecure,
             )
             stack.push_async_callback(registry.close)
+            self.registry = registry
             elector = self._elector(registry)
             # Pushed after `registry.close`, so it runs before: the Lease is written through
             # the registry's home client. Runs on every way out of this block.
@@ -217,12 +239,18 @@ class Daemon:
                 runner = await self._start_http(store)
                 stack.push_async_callback(runner.cleanup)
 
-            await self._sync_from_store(store)
+            # The clusters the database knows and what was recorded (by whoever led): lag
+            # survives restarts, standbys show the leader's results, a deleted cluster leaves.
+            # A database that is down leaves what this replica knows (rounds wait for it).
+            sync = StatusSync(store=store, state=self.state, metrics=self.metrics,
+                              on_clusters=self._follow_database)
+            await sync.once()
             prober = Prober(
                 clusters=self._probe_targets(registry),
                 metrics=self.metrics, state=self.state,
                 period_s=self.probe_period_s, timeout_s=s.clusters.request_timeout_s,
             )
+            self.prober = prober
             async with asyncio.TaskGroup() as tg:
                 supervised = [
                     tg.create_task(elector.run(), name="elector"),
@@ -230,9 +258,9 @@ class Daemon:
                 ]
                 if not s.rounds.once:
                     supervised.append(tg.create_task(prober.run(), name="prober"))
-                    supervised.append(
-                        tg.create_task(self._standby_sync(store, elector), name="standby sync")
-                    )
+                    supervised.append(tg.create_task(
+                        sync.run(self._status_sync_period_s(), wait_first=True),
+                        name="status sync"))
                 self.health.watch(supervised)
                 await self._rounds(store, registry, elector)
                 await self._release(elector)  # at once: a standby takes over sooner
@@ -296,7 +324,7 @@ class Daemon:
         app = make_app(
             metrics=self.metrics, state=self.state, store=store, settings=s, health=self.health
         )
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, **server_options())
         await runner.setup()
         await web.TCPSite(runner, s.http_host, s.http_port).start()
         log.info(
@@ -305,32 +333,8 @@ class Daemon:
         )
         return runner
 
-    async def _sync_from_store(self, store: Store) -> None:
-        """The clusters the database knows and their last successes as the leader recorded
-        them: lag survives restarts, standbys report the same lag as the leader, and a cluster
-        deleted from the database stops being reported. A database that is down leaves what
-        this replica already knows (startup goes on; rounds wait for the database)."""
-        try:
-            rows = await store.cluster_states()
-        except DatabaseUnavailable as exc:
-            log.warning("could not read cluster states (database unavailable: %s)", exc)
-            return
-        except DatabaseRejected as exc:
-            log.error("could not read cluster states (%s)", exc,  # noqa: TRY400 - no bug
-                      extra={"reason": exc.reason})
-            return
-        clusters = [row.cluster for row in rows]
-        self.state.set_clusters(clusters)
-        self.metrics.set_clusters(clusters)
-        for row in rows:
-            self.metrics.seed_last_success(row.cluster, row.last_success_at)
-
-    async def _standby_sync(self, store: Store, elector: Leadership) -> None:
-        period = min(self.settings.rounds.interval_s, 30.0)
-        while True:
-            await asyncio.sleep(period)
-            if not elector.is_leader():
-                await self._sync_from_store(store)
+    def _status_sync_period_s(self) -> float:
+        return min(self.settings.rounds.interval_s, STATUS_SYNC_PERIOD_S)
 
     # -- rounds ----------------------------------------------------------------------------
 
@@ -360,7 +364,9 @@ class Daemon:
                 break
             epoch = leading.result()
             started = loop.time()
-            self.state.set_next_round(None)
+            # Known from the start: the next round starts one interval after this one did
+            # (at once if this one overruns), so status never shows none while a round runs.
+            self.state.set_next_round(_utcnow() + dt.timedelta(seconds=s.rounds.interval_s))
             report = await self._guarded_round(store, registry, elector, epoch)
             self.last_report = report
             self._observe(report)
@@ -419,8 +425,10 @@ class Daemon:
                                error=f"database refused: {exc}")
         self._note_invalid(fleet)
         await self._reload_kubeconfig(registry)
-        self.state.set_clusters([c.id for c in fleet.clusters])
-        self.metrics.set_clusters([c.id for c in fleet.clusters])
+        await self._follow_database(
+            [c.id for c in fleet.clusters],
+            policies=[p.id for p in fleet.policies] + [p.id for p in fleet.invalid],
+        )
         env = round_env(
             s, registry, StopFence(elector.fence(epoch), self.stopping), self.metrics,
             deadline_s=max(0.0, deadline - loop.time()),
@@ -432,6 +440,35 @@ class Daemon:
             return _cut(progress, f"fenced: {exc}")
         report.started_at = started
         return report
+
+    async def _follow_database(
+        self, clusters: Collection[str], *, policies: Collection[str] | None = None
+    ) -> None:
+        """The one place where what this replica keeps per cluster and per policy follows the
+        database: status, metrics and cluster clients keep the clusters it lists and drop the
+        rest; given the round's fleet, status drops the records of deleted policies too. (The
+        prober forgets the clusters it no longer probes by itself, each pass.)"""
+        self.state.set_clusters(clusters)
+        self.metrics.set_clusters(clusters)
+        if self.registry is not None:
+            await self.registry.retain(clusters)
+        if policies is not None:
+            self.state.retain_policies(policies)
+
+    def sizes(self) -> dict[str, int]:
+        """How much per-cluster, per-policy and per-client state this replica holds: the soak
+        benchmark checks these stay flat over rounds."""
+        sizes = {
+            "status_clusters": len(self.state.clusters),
+            "status_policy_records": sum(len(c.policies) for c in self.state.clusters.values()),
+            "seen_invalid": len(self._seen_invalid),
+            "unrecorded_rounds": len(self._unrecorded),
+            "prober_clusters": len(self.prober) if self.prober is not None else 0,
+            **{f"metrics_{k}": v for k, v in self.metrics.sizes().items()},
+        }
+        if self.registry is not None:
+            sizes.update({f"registry_{k}": v for k, v in self.registry.sizes().items()})
+        return sizes
 
     async def _reload_kubeconfig(self, registry: ClusterRegistry) -> None:
         """Rotated credentials (the kubeconfig Secret updated in place) count from the next
@@ -458,12 +495,10 @@ class Daemon:
 
     def _note_invalid(self, fleet: Fleet) -> None:
         """Invalid policies are logged once per revision, not every round."""
-        for bad in fleet.invalid:
-            key = (bad.id, bad.revision)
-            if key not in self._seen_invalid:
-                self._seen_invalid.add(key)
-                log.warning("policy %r (revision %d) is invalid and will not be delivered: %s",
-                            bad.id, bad.revision, bad.reason)
+        new, self._seen_invalid = invalid_to_log(fleet.invalid, self._seen_invalid)
+        for bad in new:
+            log.warning("policy %r (revision %d) is invalid and will not be delivered: %s",
+                        bad.id, bad.revision, bad.reason)
 
     def _observe(self, report: RoundReport) -> None:
         self.metrics.observe_round(report)

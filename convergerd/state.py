@@ -1,32 +1,36 @@
-"""What this replica knows live about the fleet, for the status API: per cluster reachability,
-last error, last success, counts and the phases read back per policy; the last round; the
-leader. Updated from `RoundReport`s, the reachability prober and (on standbys, or after a
-restart) the rows the database holds. Pure: no I/O, time is passed in.
+"""The one keeper of this replica's live status of the fleet: per cluster reachability, last
+error, last success, counts and the phases read back per policy; the last round; the leader;
+the invalid policies; whether the database answered the last sync. Written by the round loop
+(`observe_round`), the reachability prober (`observe_probe`) and the periodic database sync
+(`convergerd.statussync`: the leader's records on standbys, and after a restart); the HTTP
+handlers only read it. Pure: no I/O, time is passed in.
 
-Design decisions (SPEC.md §7, issue 5):
+Design decisions (the phase rules themselves are `convergerd.phases`, shared with the metrics):
 
-- **Stale phases.** A phase reading not refreshed for more than `STALE_AFTER_INTERVALS` round
-  intervals is stale. It is never dropped and never shown as current: per policy it is shown as
-  the last known phase with its age and `stale: true`; in per-cluster counts (and in the
-  `convergerd_policy_phase` metric) it is counted under the pseudo-phase `Stale`, so the counts
-  of one cluster still add up to the number of policies read there.
-- **Unknown phases.** A Policy without `status.phase` yet (the operator has not reconciled it),
-  or with a phase this version does not know, counts as `Unknown`.
 - **Worst first.** Clusters are ordered: unreached, never checked, failing (a cluster-level
   error or failed policies), then the rest; within each group by lag, largest first.
 - **Unsupported roll-up.** A cluster whose fresh readings include `Unsupported` (the operator
   found no ValidatingAdmissionPolicy API) is rolled up under its Kubernetes version.
+- **Newer fact wins.** A database row replaces what this replica saw only where it is newer.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from convergerd.model import ClusterId, PolicyId
+from convergerd.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.phases import (
+    age_s,
+    is_stale,
+    is_unsupported,
+    normalize_phase,
+    phase_counts,
+    phases_refreshed,
+    stale_after_s,
+)
 from convergerd.report import (
     ApplyResult,
     ClusterOutcome,
@@ -35,12 +39,8 @@ from convergerd.report import (
     PhaseReading,
     RoundReport,
 )
+from convergerd.rows import ClusterStateRow, DeliveryRow, RoundRow
 
-PHASES = ("Enforcing", "Inert", "Unsupported", "Error")
-UNKNOWN = "Unknown"
-STALE = "Stale"
-ALL_PHASES = (*PHASES, UNKNOWN)
-STALE_AFTER_INTERVALS = 2.0
 UNKNOWN_VERSION = "unknown"
 
 Clock = Callable[[], dt.datetime]
@@ -52,54 +52,6 @@ def utc_now() -> dt.datetime:
 
 # ---------------------------------------------------------------------------------------------
 # Pure helpers
-
-
-def normalize_phase(phase: str | None) -> str:
-    """One of `ALL_PHASES`: a missing or unrecognised phase is `Unknown`."""
-    return phase if phase in PHASES else UNKNOWN
-
-
-def stale_after_s(interval_s: float) -> float:
-    return STALE_AFTER_INTERVALS * interval_s
-
-
-def age_s(then: dt.datetime, now: dt.datetime) -> float:
-    return max(0.0, (now - then).total_seconds())
-
-
-def is_stale(seen_at: dt.datetime, now: dt.datetime, interval_s: float) -> bool:
-    """True when a reading is older than two round intervals."""
-    return age_s(seen_at, now) > stale_after_s(interval_s)
-
-
-def phases_refreshed(outcome: ClusterOutcome) -> bool:
-    """Whether a round's outcome replaces the cluster's phase readings.
-
-    The round lists every managed Policy of a cluster in one go, so a reached cluster without a
-    cluster-level error returns the full set (possibly empty). When the listing did not happen
-    (unreached, 401, ...) the old readings stay, and age into staleness.
-    """
-    return bool(outcome.phases) or (outcome.reached and outcome.error is None)
-
-
-def phase_counts(
-    readings: Iterable[PhaseReading], now: dt.datetime, interval_s: float
-) -> dict[str, int]:
-    """How many policies are in each phase; stale readings count under `Stale`."""
-    counts: Counter[str] = Counter()
-    for reading in readings:
-        if is_stale(reading.seen_at, now, interval_s):
-            counts[STALE] += 1
-        else:
-            counts[normalize_phase(reading.phase)] += 1
-    return dict(sorted(counts.items()))
-
-
-def is_unsupported(readings: Iterable[PhaseReading], now: dt.datetime, interval_s: float) -> bool:
-    return any(
-        normalize_phase(r.phase) == "Unsupported" and not is_stale(r.seen_at, now, interval_s)
-        for r in readings
-    )
 
 
 def unsupported_rollup(clusters: Iterable[tuple[str, str | None]]) -> dict[str, list[str]]:
@@ -148,84 +100,7 @@ def phase_view(
 
 
 # ---------------------------------------------------------------------------------------------
-# What the database holds: the fields of `convergerd.store.store` rows the status code reads
-# (Protocols, so this module stays free of the database driver).
-
-
-class ClusterStateRowLike(Protocol):
-    """One cluster's latest recorded outcome (`Store.cluster_states()`)."""
-
-    @property
-    def cluster(self) -> str: ...
-    @property
-    def reachable(self) -> bool | None: ...
-    @property
-    def desired(self) -> int: ...
-    @property
-    def in_sync(self) -> int: ...
-    @property
-    def failed(self) -> int: ...
-    @property
-    def last_error(self) -> str | None: ...
-    @property
-    def last_reason(self) -> str | None: ...
-    @property
-    def server_version(self) -> str | None: ...
-    @property
-    def last_attempt_at(self) -> dt.datetime | None: ...
-    @property
-    def last_success_at(self) -> dt.datetime | None: ...
-
-
-class RoundRowLike(Protocol):
-    """The last recorded round (`Store.last_round()`)."""
-
-    @property
-    def started_at(self) -> dt.datetime: ...
-    @property
-    def finished_at(self) -> dt.datetime | None: ...
-    @property
-    def result(self) -> str: ...
-    @property
-    def epoch(self) -> Epoch | None: ...
-    @property
-    def identity(self) -> str: ...
-    @property
-    def counts(self) -> Mapping[str, int]: ...
-    @property
-    def error(self) -> str | None: ...
-
-
-class DeliveryRowLike(Protocol):
-    """One policy on one cluster: last delivery and last phase read back
-    (`Store.deliveries_for_policy()` / `deliveries_for_cluster()`)."""
-
-    @property
-    def policy(self) -> str: ...
-    @property
-    def cluster(self) -> str: ...
-    @property
-    def delivered_revision(self) -> int | None: ...
-    @property
-    def last_result(self) -> str | None: ...
-    @property
-    def last_attempt_at(self) -> dt.datetime | None: ...
-    @property
-    def last_success_at(self) -> dt.datetime | None: ...
-    @property
-    def last_error(self) -> str | None: ...
-    @property
-    def last_reason(self) -> str | None: ...
-    @property
-    def phase(self) -> str | None: ...
-    @property
-    def phase_reason(self) -> str | None: ...
-    @property
-    def phase_message(self) -> str | None: ...
-    @property
-    def phase_revision(self) -> int | None: ...
-    @property
-    def phase_seen_at(self) -> dt.datetime | None: ...
+# The elector
 
 
 class LeaderSource(Protocol):
@@ -266,7 +141,7 @@ class PolicyRecord:
             self.last_success_at = delivery.at
 
     @classmethod
-    def from_row(cls, row: DeliveryRowLike) -> PolicyRecord:
+    def from_row(cls, row: DeliveryRow) -> PolicyRecord:
         phase = None
         if row.phase_seen_at is not None:
             phase = PhaseReading(
@@ -398,7 +273,7 @@ class RoundSummary:
                    report.epoch.holder if report.epoch else None, report.error)
 
     @classmethod
-    def from_row(cls, row: RoundRowLike) -> RoundSummary:
+    def from_row(cls, row: RoundRow) -> RoundSummary:
         leader = row.epoch.holder if row.epoch else row.identity
         return cls(row.started_at, row.finished_at, str(row.result), dict(row.counts), leader,
                    row.error)
@@ -429,6 +304,10 @@ class StatusState:
         self._leader = LeaderInfo()
         self._leader_source: LeaderSource | None = None
         self.invalid: dict[str, str] = {}  # policy id -> reason
+        self.version = 0  # counts the updates: a status view built at one version stays true
+        self.synced_at: dt.datetime | None = None  # the last database sync that answered
+        self.sync_error: str | None = None  # why the last database sync failed, if it did
+        self.synced = False  # whether any sync was tried yet
 
     # -- updates ---------------------------------------------------------------------------
 
@@ -444,13 +323,25 @@ class StatusState:
 
     def set_clusters(self, clusters: Iterable[str]) -> None:
         """The clusters the database knows: new ones are added, removed ones forgotten."""
+        self.version += 1  # what status shows may have changed
         wanted = {ClusterId(c) for c in clusters}
         for gone in set(self.clusters) - wanted:
             del self.clusters[gone]
         for cluster in wanted:
             self.cluster(cluster)
 
+    def retain_policies(self, policies: Iterable[str]) -> None:
+        """The policies the database holds: a record of any other one is dropped unless its
+        object is still read back from the cluster (a round never deletes, so that reading
+        is real and bounded by what the cluster holds)."""
+        wanted = {PolicyId(p) for p in policies}
+        for state in self.clusters.values():
+            for gone in [p for p, r in state.policies.items()
+                         if p not in wanted and r.phase is None]:
+                del state.policies[gone]
+
     def observe_round(self, report: RoundReport) -> None:
+        self.version += 1  # what status shows may have changed
         for outcome in report.clusters:
             self._observe_outcome(report, outcome)
         if report.error is None:  # a round that ran saw every policy
@@ -488,6 +379,7 @@ class StatusState:
         self, cluster: str, *, reachable: bool, error: str | None = None,
         server_version: str | None = None, at: dt.datetime | None = None,
     ) -> None:
+        self.version += 1  # what status shows may have changed
         state = self.cluster(cluster)
         state.reachable = reachable
         state.checked_at = at or self.clock()
@@ -501,6 +393,9 @@ class StatusState:
 
     def set_leader(self, is_leader: bool, holder: str | None, epoch: Epoch | None = None) -> None:
         """Or be told (an elector `on_change` hook)."""
+        if (is_leader, holder, epoch) != (self._leader.is_leader, self._leader.holder,
+                                          self._leader.epoch):
+            self.version += 1  # what status shows changed
         if (is_leader, holder) != (self._leader.is_leader, self._leader.holder):
             self._leader.since = self.clock()
         self._leader.is_leader, self._leader.holder, self._leader.epoch = is_leader, holder, epoch
@@ -512,14 +407,41 @@ class StatusState:
         return self._leader
 
     def set_next_round(self, at: dt.datetime | None) -> None:
+        self.version += 1  # what status shows may have changed
         self.next_round_at = at
 
     def set_invalid(self, invalid: Iterable[tuple[str, str]]) -> None:
+        self.version += 1  # what status shows may have changed
         self.invalid = dict(invalid)
 
-    def absorb_cluster_rows(self, rows: Iterable[ClusterStateRowLike]) -> None:
+    def absorb_records(
+        self, clusters: Iterable[ClusterStateRow], last_round: RoundRow | None,
+        invalid: Iterable[InvalidPolicy],
+    ) -> None:
+        """One database sync: the clusters the database knows (a deleted one leaves status),
+        their recorded outcomes, the last recorded round, and the invalid policies that round
+        recorded (taken unless this replica ran a newer round itself)."""
+        self.version += 1  # what status shows may have changed
+        rows = list(clusters)
+        self.set_clusters(r.cluster for r in rows)
+        self.absorb_cluster_rows(rows)
+        mine = self.last_round
+        if last_round is not None and (mine is None or last_round.started_at >= mine.started_at):
+            self.invalid = {p.id: p.reason for p in invalid}
+        self.absorb_round_row(last_round)
+
+    def note_sync(self, error: str | None) -> None:
+        """The outcome of a database sync: None when it answered, else why not."""
+        self.version += 1  # what status shows may have changed
+        self.synced = True
+        self.sync_error = error
+        if error is None:
+            self.synced_at = self.clock()
+
+    def absorb_cluster_rows(self, rows: Iterable[ClusterStateRow]) -> None:
         """Take what the database recorded where it is newer than what this replica saw itself
         (a standby, or a leader just after a restart)."""
+        self.version += 1  # what status shows may have changed
         for row in rows:
             state = self.cluster(row.cluster)
             state.stored_attempt_at = row.last_attempt_at
@@ -536,17 +458,19 @@ class StatusState:
                 state.reachable = row.reachable
                 state.checked_at = row.last_attempt_at
 
-    def absorb_round_row(self, row: RoundRowLike | None) -> None:
+    def absorb_round_row(self, row: RoundRow | None) -> None:
+        self.version += 1  # what status shows may have changed
         if row is not None and (
             self.last_round is None or row.started_at > self.last_round.started_at
         ):
             self.last_round = RoundSummary.from_row(row)
 
     def absorb_delivery_rows(
-        self, rows: Iterable[DeliveryRowLike], *, cluster: str | None = None
+        self, rows: Iterable[DeliveryRow], *, cluster: str | None = None
     ) -> None:
         """Phase readings and deliveries the database holds (recorded by whoever led); with
         `cluster`, these are all of that cluster's rows as of its stored attempt."""
+        self.version += 1  # what status shows may have changed
         if cluster is not None:
             whole = self.cluster(cluster)
             whole.rows_read_for = whole.stored_attempt_at
@@ -556,6 +480,24 @@ class StatusState:
             state.policies[pid] = merge_records(state.policies.get(pid), PolicyRecord.from_row(row))
 
     # -- views -----------------------------------------------------------------------------
+
+    def merged_policies(
+        self, cluster: str, rows: Iterable[DeliveryRow] = ()
+    ) -> dict[PolicyId, PolicyRecord]:
+        """The cluster's per-policy records merged with `rows` just read from the database
+        (the newer fact winning), without changing what this replica keeps."""
+        live = self.clusters.get(ClusterId(cluster))
+        merged = dict(live.policies) if live is not None else {}
+        for row in rows:
+            pid = PolicyId(row.policy)
+            merged[pid] = merge_records(merged.get(pid), PolicyRecord.from_row(row))
+        return merged
+
+    def cluster_or_new(self, cluster: str) -> ClusterState:
+        """The cluster's state, or an empty one (not kept) for a cluster only the database
+        knows yet."""
+        found = self.clusters.get(ClusterId(cluster))
+        return found if found is not None else ClusterState(ClusterId(cluster), self.clock())
 
     def sorted_clusters(self, now: dt.datetime) -> list[ClusterState]:
         return sorted(

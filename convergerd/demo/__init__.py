@@ -3,6 +3,9 @@
 A simulated fleet of a dozen clusters (one down, one slow, one on Kubernetes 1.29, one
 without the Policy CRD), a database (CONVERGERD_DATABASE_URL, or a private PostgreSQL started
 here), the sample tenants imported, and the daemon converging them with its HTTP server up.
+
+The demo listens on 127.0.0.1 (unless CONVERGERD_HTTP_ADDR / --http-addr says otherwise) and,
+unless an API token is given, makes a random one and prints it once, with how to use it.
 """
 
 from __future__ import annotations
@@ -12,12 +15,18 @@ import contextlib
 import importlib.resources
 import logging
 import os
-from collections.abc import AsyncIterator
+import secrets
+from collections.abc import AsyncIterator, Mapping, MutableMapping
 from pathlib import Path
 
-from convergerd.config import INTERVAL_ENV, Settings, load_settings
+from convergerd.config import (
+    INTERVAL_ENV,
+    SECRET_FILES,
+    SETTINGS_BY_KEY,
+    Settings,
+    load_settings,
+)
 from convergerd.sim.faults import Faults
-from convergerd.sim.fleet import HOME, Fleet, FleetConfig
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +37,16 @@ DEMO_FAULTS = {
     "c0007": Faults(version="v1.29.4"),
     "c0010": Faults(crd=False),
 }
+
+
+# Loopback only: the demo's API token is printed on the terminal, and its fleet is fake.
+HTTP_ADDR = "127.0.0.1:8080"
+
+
+def default_flags(flags: MutableMapping[str, str | None], env: Mapping[str, str]) -> None:
+    """The demo's own defaults, where neither a flag nor the environment sets the value."""
+    if flags.get("http_addr") is None and SETTINGS_BY_KEY["http_addr"].env not in env:
+        flags["http_addr"] = HTTP_ADDR
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +68,7 @@ async def _database(settings: Settings, workdir: Path) -> AsyncIterator[str]:
     if settings.database_url:
         yield settings.database_url
         return
-    from convergerd.pgserver import private_postgres
+    from convergerd.demo.pgserver import private_postgres
 
     log.info("no CONVERGERD_DATABASE_URL: starting a private PostgreSQL in %s", workdir / "pg")
     async with private_postgres(workdir / "pg") as dsn:
@@ -74,6 +93,7 @@ def _prepare(workdir: Path) -> Path:
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
     from convergerd.runtime import Daemon
+    from convergerd.sim.fleet import HOME, Fleet, FleetConfig
     from convergerd.store.importer import import_file
     from convergerd.store.schema import migrate
 
@@ -84,7 +104,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         await migrate(dsn)
         summary = await import_file(dsn, _tenants_file(args, workdir))
         log.info("imported sample tenants: %s", summary)
-        token = settings.api_token or "demo-token"
+        token = settings.api_token or secrets.token_urlsafe(24)
         flags = {
             "database_url": dsn,
             "kubeconfig": str(fleet.kubeconfig_path),
@@ -94,18 +114,43 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             "http_addr": f"{settings.http_host}:{settings.http_port}",
             "interval_minutes": os.environ.get(INTERVAL_ENV, "0.5"),
         }
-        daemon_settings = load_settings(os.environ, flags)
-        http = f"http://127.0.0.1:{settings.http_port}"
+        # The secrets were read already (from a *_FILE too): the daemon gets them as values.
+        file_envs = {SETTINGS_BY_KEY[key].env for key in SECRET_FILES.values()}
+        env = {k: v for k, v in os.environ.items() if k not in file_envs}
+        daemon_settings = load_settings(env, flags)
         print(  # noqa: T201 - the demo's banner is for the person who started it
-            f"""
-convergerd demo is running ({args.clusters} simulated clusters; Ctrl-C to stop)
-  status:        {http}/status      or: convergerd status --addr {http}
-  metrics:       {http}/metrics
-  a policy:      {http}/v1/policies/no-latest/status
-  simulator:     {fleet.admin_url}/_sim/clusters   (inject faults: POST .../faults)
-  kubectl:       kubectl --kubeconfig {fleet.kubeconfig_path} --context c0001 get policies
-  faults:        c0003 down, c0006 slow (1.5 s), c0007 Kubernetes 1.29, c0010 no Policy CRD
-""",
+            banner(settings, clusters=args.clusters, admin_url=fleet.admin_url,
+                   kubeconfig=fleet.kubeconfig_path, token=token),
             flush=True,
         )
         return await Daemon(daemon_settings).main()
+
+
+def banner(
+    settings: Settings, *, clusters: int, admin_url: str, kubeconfig: Path, token: str
+) -> str:
+    """What the person who started the demo reads: where to look, and the API token (shown
+    here once when it was made for this run; never when they chose it)."""
+    host = settings.http_host
+    if host in ("0.0.0.0", "::", ""):  # noqa: S104 - listening on all: loopback reaches it
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    http = f"http://{host}:{settings.http_port}"
+    token_line = (
+        f"TOKEN={token}   (random, for this run only; CONVERGERD_API_TOKEN sets one)"
+        if settings.api_token is None else
+        "TOKEN=the API token you set"
+    )
+    return f"""
+convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
+  status:        {http}/status      or: convergerd status --addr {http}
+  metrics:       {http}/metrics
+  a policy:      {http}/v1/policies/no-latest/status
+  simulator:     {admin_url}/_sim/clusters   (inject faults: POST .../faults)
+  kubectl:       kubectl --kubeconfig {kubeconfig} --context c0001 get policies
+  faults:        c0003 down, c0006 slow (1.5 s), c0007 Kubernetes 1.29, c0010 no Policy CRD
+  API token:     {token_line}
+                 the save/delete API (POST /v1/policies/ID/apply, DELETE /v1/policies/ID)
+                 needs it: curl -X DELETE -H "Authorization: Bearer $TOKEN" {http}/v1/policies/ID
+"""

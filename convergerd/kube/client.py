@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +48,18 @@ from kubernetes_asyncio.client import (
 from kubernetes_asyncio.client.rest import RESTClientObject
 
 from convergerd.config import ClusterAccess
+from convergerd.decode import (
+    MAX_REASON_PHRASE_CHARS,
+    StatusBody,
+    git_version,
+    list_page,
+    parse_object,
+    seconds,
+    short_text,
+    status_body,
+)
 from convergerd.errors import (
+    BadResponse,
     ClusterApiError,
     ClusterError,
     ClusterLevelError,
@@ -73,7 +83,10 @@ WARM_KEEPALIVE_S = 60.0
 # Keep-alive of the overflow connections: longer than the gaps between a cluster's requests
 # within a round (and most retry backoffs), far shorter than the time between rounds.
 BURST_KEEPALIVE_S = 2.0
-MAX_MESSAGE_CHARS = 500
+# An error answer is read up to this much (the rest is left unread and the connection
+# closed): its Status message is capped at MAX_MESSAGE_CHARS anyway.
+ERROR_BODY_MAX_BYTES = 64 * 1024
+READ_CHUNK_BYTES = 2**20
 # Reason slugs of `ClusterUnreachable` (metrics labels; `retry` keys decisions on them).
 REASON_TIMEOUT = "timeout"
 REASON_CONNECT = "connect_error"
@@ -96,74 +109,47 @@ def status_message(status: int, reason_phrase: str | None, body: bytes) -> tuple
     """`"<code> <reason>: <message>"` from an error answer, and the Status `reason` if any.
 
     The body is a `Status` (JSON) from a real apiserver, but proxies and the usual 429 answer
-    plain text: both are handled. The server's message is kept as is (it never holds our
-    credentials), shortened."""
-    head = f"{status} {reason_phrase}" if reason_phrase else str(status)
-    message: str | None = None
-    k8s_reason: str | None = None
-    try:
-        doc = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
-        doc = None
-    if isinstance(doc, dict):
-        if isinstance(doc.get("message"), str):
-            message = doc["message"]
-        if isinstance(doc.get("reason"), str):
-            k8s_reason = doc["reason"]
-    elif body:
-        message = body.decode("utf-8", "replace").strip()
-    if message:
-        message = " ".join(message.split())
-        if len(message) > MAX_MESSAGE_CHARS:
-            message = message[: MAX_MESSAGE_CHARS - 1] + "…"
-    if not message or message == reason_phrase:
-        return head, k8s_reason
-    return f"{head}: {message}", k8s_reason
+    plain text: both are handled. The server's message is kept (it never holds our
+    credentials), cleaned and shortened (`decode.status_body`)."""
+    return _status_message(status, short_text(reason_phrase, MAX_REASON_PHRASE_CHARS),
+                           status_body(body))
+
+
+def _status_message(status: int, phrase: str | None, doc: StatusBody) -> tuple[str, str | None]:
+    head = f"{status} {phrase}" if phrase else str(status)
+    if not doc.message or doc.message == phrase:
+        return head, doc.reason
+    return f"{head}: {doc.message}", doc.reason
 
 
 def retry_after(header: str | None, body: bytes) -> float | None:
     """Seconds from a `Retry-After` header (delta-seconds form), else from the Status body's
-    `details.retryAfterSeconds`."""
-    if header is not None:
-        try:
-            seconds = float(header.strip())
-        except ValueError:
-            seconds = -1.0
-        if seconds >= 0:
-            return seconds
-    try:
-        doc = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if isinstance(doc, dict) and isinstance(doc.get("details"), dict):
-        value = doc["details"].get("retryAfterSeconds")
-        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-            return float(value)
-    return None
+    `details.retryAfterSeconds`; finite and non-negative, or None."""
+    from_header = seconds(header) if header is not None else None
+    return from_header if from_header is not None else status_body(body).retry_after_s
 
 
 def http_error(
     status: int, reason_phrase: str | None, headers: Mapping[str, str], body: bytes
 ) -> ClusterApiError:
     cls, reason = classify_status(status)
-    message, k8s_reason = status_message(status, reason_phrase, body)
+    doc = status_body(body)
+    message, k8s_reason = _status_message(
+        status, short_text(reason_phrase, MAX_REASON_PHRASE_CHARS), doc)
+    header = headers.get("Retry-After")
+    wait = seconds(header) if header is not None else None
     return cls(
         message,
         status=status,
         k8s_reason=k8s_reason,
-        retry_after_s=retry_after(headers.get("Retry-After"), body),
+        retry_after_s=wait if wait is not None else doc.retry_after_s,
         reason=reason,
     )
 
 
 def _not_found_object(body: bytes, name: str) -> bool:
     """A 404 about this object (NotFound with details.name), not about the resource type."""
-    try:
-        doc = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
-        return False
-    details = doc.get("details") if isinstance(doc, dict) else None
-    return isinstance(details, dict) and details.get("name") == name
+    return status_body(body).details_name == name
 
 
 def transport_error(exc: BaseException, *, elapsed_s: float, timeout_s: float) -> ClusterError:
@@ -281,17 +267,28 @@ class _Answer:
     headers: Mapping[str, str]
     body: bytes
 
+    verb: str = ""
+
     def json(self) -> KubeObject:
-        try:
-            doc = json.loads(self.body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ClusterUnreachable(
-                f"{self.status} answer is not JSON", reason=REASON_CONNECT
-            ) from exc
-        if not isinstance(doc, dict):
-            raise ClusterUnreachable(f"{self.status} answer is not a JSON object",
-                                     reason=REASON_CONNECT)
-        return doc
+        """The body as a JSON object; `BadResponse` when it is not one."""
+        return parse_object(self.body, f"{self.verb or 'the'} answer ({self.status})")
+
+
+async def read_capped(content: aiohttp.StreamReader, limit: int) -> tuple[bytes, bool]:
+    """At most `limit` bytes of a body, read in chunks; True when there was more (left unread:
+    the caller closes the connection). Memory stays within `limit` plus one chunk whatever the
+    peer sends, and a body trickled slowly is bounded by the request's timeout, not here.
+    Every body read from a cluster goes through this (a watch reader would read each event
+    line with the same cap)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await content.read(min(READ_CHUNK_BYTES, limit + 1 - size))
+        if not chunk:
+            return b"".join(chunks), False
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)[:limit], True
 
 
 class ClusterClient:
@@ -321,6 +318,7 @@ class ClusterClient:
         self._clock = clock or asyncio.get_running_loop().time
         self._observer = observer
         self._page_size = page_size
+        self._max_response_bytes = access.max_response_bytes
         self._request_timeout_s = access.request_timeout_s
         self._connect_timeout_s = access.connect_timeout_s
         self._auth = _BearerToken(creds, self._clock)
@@ -395,13 +393,14 @@ class ClusterClient:
             except ClusterLevelError as exc:
                 raise self._policy_api_error(exc) from exc
             requests += 1
-            page = answer.json()
-            items.extend(page.get("items") or [])
-            meta = page.get("metadata") or {}
-            token = meta.get("continue") or None
+            page = list_page(answer.json())
+            items.extend(page.items)
+            if page.continue_token is not None and page.continue_token == token:
+                raise BadResponse("list answer: metadata.continue: the same token again "
+                                  "(the list would never end)")
+            token = page.continue_token
             if token is None:
-                return ObjectList(items=items, resource_version=str(meta.get("resourceVersion",
-                                                                             "")),
+                return ObjectList(items=items, resource_version=page.resource_version,
                                   requests=requests)
 
     async def apply_policy(self, body: KubeObject, *, timeout_s: float) -> Applied:
@@ -434,7 +433,7 @@ class ClusterClient:
         answer = await self._request(
             "version", lambda api: api.version.get_code, deadline=self._clock() + timeout_s
         )
-        return str(answer.json().get("gitVersion", ""))
+        return git_version(answer.json())
 
     # --- LeaseApi ---------------------------------------------------------------------------
 
@@ -474,6 +473,25 @@ class ClusterClient:
         return answer.json()
 
     # --- one request ------------------------------------------------------------------------
+
+    async def _read(self, verb: str, response: aiohttp.ClientResponse) -> _Answer:
+        """The answer, its body read up to the cap: `max_response_bytes` for a success (over it:
+        `BadResponse`), `ERROR_BODY_MAX_BYTES` for an error (over it: cut). What is left
+        unread stays unread: the connection is closed, never reused."""
+        status = response.status
+        limit = ERROR_BODY_MAX_BYTES if status >= 400 else self._max_response_bytes
+        too_big = BadResponse(f"{verb} answer ({status}) larger than {limit} bytes "
+                              f"(CONVERGERD_MAX_RESPONSE_BYTES)")
+        declared = response.content_length
+        if status < 400 and declared is not None and declared > limit:
+            response.close()
+            raise too_big
+        body, cut = await read_capped(response.content, limit)
+        if cut:
+            response.close()
+            if status < 400:
+                raise too_big
+        return _Answer(status, response.reason, response.headers, body, verb)
 
     def _policy_api_error(self, exc: ClusterLevelError) -> ClusterLevelError:
         if exc.status != 404:
@@ -521,9 +539,8 @@ class ClusterClient:
                     _headers=self._auth.headers(), **kwargs,
                 )
                 async with response:
-                    body = await response.read()
-                    answer = _Answer(response.status, response.reason, response.headers, body)
-                    status = answer.status
+                    status = response.status
+                    answer = await self._read(verb, response)
         except ClusterError:
             raise
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:

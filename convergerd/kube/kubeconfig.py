@@ -8,6 +8,11 @@ plugins and basic auth are reported as unsupported for that context only; the ot
 still load. Relative file paths are resolved against the kubeconfig's directory, as client-go
 does.
 
+`insecure-skip-tls-verify` must be a YAML boolean: a string such as "false" is an error for
+that context, never a truthy value that turns verification off. Whether an insecure cluster
+(verification off, or an `http://` server that would get the bearer token in clear) may be
+used at all is decided by `check_secure`, once, where clients are opened.
+
 Secrets never appear in a repr, str, log line or exception message: `Credentials` hides them,
 and messages name the context and the field, never a value.
 """
@@ -28,6 +33,13 @@ import yaml
 from convergerd.errors import ConfigError, NoCredentials
 
 SETTING = "CONVERGERD_KUBECONFIG"
+ALLOW_INSECURE_SETTING = "CONVERGERD_ALLOW_INSECURE_CLUSTERS"
+INSECURE_REASON = "insecure"
+# CA, client certificate and key files: a few KiB in practice. Bounded so a path such as
+# /dev/zero in a kubeconfig fails that context instead of eating the daemon's memory.
+MAX_CREDENTIAL_FILE_BYTES = 1 << 20
+# Values from the kubeconfig quoted in messages (context names, paths, odd values).
+_SHOWN_CHARS = 100
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 IN_CLUSTER_NAME = "in-cluster"
 
@@ -63,6 +75,35 @@ class Credentials:
     def tls(self) -> bool:
         return self.server.startswith("https://")
 
+    @property
+    def insecurity(self) -> str | None:
+        """Why requests to this cluster could be read or forged on the way, or None."""
+        if not self.tls:
+            return "the server is http:// (the bearer token would go out in clear)"
+        if self.insecure_skip_tls_verify:
+            return "insecure-skip-tls-verify is true (the server's certificate is not verified)"
+        return None
+
+
+def check_secure(creds: Credentials, *, allow_insecure: bool) -> str | None:
+    """None for a cluster reached over verified TLS. For an insecure one: why, when insecure
+    clusters are allowed; otherwise `NoCredentials` with reason `insecure` (the cluster is
+    reported and not contacted)."""
+    why = creds.insecurity
+    if why is not None and not allow_insecure:
+        raise NoCredentials(
+            f"context {shown(creds.name)}: refused as insecure: {why}; fix the kubeconfig, or "
+            f"set {ALLOW_INSECURE_SETTING}=true to allow insecure clusters",
+            reason=INSECURE_REASON,
+        )
+    return why
+
+
+def shown(value: object) -> str:
+    """`repr(value)`, shortened for a message."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
 
 class Kubeconfig:
     """A parsed kubeconfig. Contexts are resolved on demand, so one broken context fails only
@@ -91,19 +132,19 @@ class Kubeconfig:
         """The credentials of one context; `NoCredentials` when it is missing or unusable."""
         ctx = self._contexts.get(context)
         if ctx is None:
-            raise NoCredentials(f"no context named {context!r} in the kubeconfig")
+            raise NoCredentials(f"no context named {shown(context)} in the kubeconfig")
         cluster_name, user_name = ctx.get("cluster"), ctx.get("user")
         cluster = self._clusters.get(cluster_name) if isinstance(cluster_name, str) else None
         if cluster is None:
             raise NoCredentials(
-                f"context {context!r}: cluster {cluster_name!r} is not in the kubeconfig"
+                f"context {shown(context)}: cluster {shown(cluster_name)} is not in the kubeconfig"
             )
         user: Mapping[str, Any] = {}
         if user_name is not None:
             found = self._users.get(user_name) if isinstance(user_name, str) else None
             if found is None:
                 raise NoCredentials(
-                    f"context {context!r}: user {user_name!r} is not in the kubeconfig"
+                    f"context {shown(context)}: user {shown(user_name)} is not in the kubeconfig"
                 )
             user = found
         return _credentials(context, cluster, user, self._base_dir)
@@ -129,6 +170,11 @@ def parse_kubeconfig(text: str, *, base_dir: Path, source: str = "<kubeconfig>")
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(SETTING, source, f"not valid YAML{where}") from None
+    except (ValueError, RecursionError):
+        # PyYAML's constructors raise plain ValueError for values that look typed but are not
+        # (`2020-13-01`, `!!int 0xZZ`, over-long integers); their text may quote the document.
+        raise ConfigError(SETTING, source, "not valid YAML (a value of an impossible type, "
+                          "e.g. a date that does not exist)") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -189,7 +235,7 @@ def _credentials(
                               ("username", "basic auth")):
         if user.get(unsupported):
             raise NoCredentials(
-                f"context {context!r}: {what} are not supported by convergerd; "
+                f"context {shown(context)}: {what} are not supported by convergerd; "
                 "use a bearer token (token or tokenFile) or a client certificate",
                 reason="unsupported_auth",
             )
@@ -199,11 +245,11 @@ def _credentials(
     key = _data_or_file(context, user, "client-key", base_dir)
     if (cert is None) != (key is None):
         raise NoCredentials(
-            f"context {context!r}: client-certificate and client-key must be given together"
+            f"context {shown(context)}: client-certificate and client-key must be given together"
         )
     token = user.get("token")
     if token is not None and not isinstance(token, str):
-        raise NoCredentials(f"context {context!r}: user token must be a string")
+        raise NoCredentials(f"context {shown(context)}: user token must be a string")
     token_file = _path(context, user.get("tokenFile"), "tokenFile", base_dir)
     tls_server_name = cluster.get("tls-server-name")
     return Credentials(
@@ -214,25 +260,39 @@ def _credentials(
         token_file=token_file,
         client_cert_pem=cert,
         client_key_pem=key,
-        insecure_skip_tls_verify=bool(cluster.get("insecure-skip-tls-verify", False)),
+        insecure_skip_tls_verify=_skip_verify(context, cluster),
         tls_server_name=tls_server_name if isinstance(tls_server_name, str) else None,
     )
 
 
+def _skip_verify(context: str, cluster: Mapping[str, Any]) -> bool:
+    # Only a YAML boolean counts: `bool("false")` is True, and would turn verification off.
+    value = cluster.get("insecure-skip-tls-verify")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise NoCredentials(
+            f"context {shown(context)}: insecure-skip-tls-verify must be a YAML boolean "
+            f"(true or false, unquoted), not {type(value).__name__} {shown(value)}"
+        )
+    return value
+
+
 def _server(context: str, value: object) -> str:
     if not isinstance(value, str) or not value:
-        raise NoCredentials(f"context {context!r}: the cluster has no server URL")
+        raise NoCredentials(f"context {shown(context)}: the cluster has no server URL")
     try:
         parsed = urllib.parse.urlsplit(value)
     except ValueError:
-        raise NoCredentials(f"context {context!r}: server is not a valid URL") from None
+        raise NoCredentials(f"context {shown(context)}: server is not a valid URL") from None
     if parsed.scheme not in ("https", "http") or not parsed.hostname:
         raise NoCredentials(
-            f"context {context!r}: server must be an https:// URL with a host"
+            f"context {shown(context)}: server must be an https:// URL with a host"
         )
     if parsed.username or parsed.password or parsed.query or parsed.fragment:
         raise NoCredentials(
-            f"context {context!r}: server URL must not carry credentials, a query or a fragment"
+            f"context {shown(context)}: server URL must not carry credentials, a query or a "
+            "fragment"
         )
     return value.rstrip("/")
 
@@ -243,25 +303,34 @@ def _data_or_file(
     data = section.get(f"{key}-data")
     if data:
         if not isinstance(data, str):
-            raise NoCredentials(f"context {context!r}: {key}-data must be a base64 string")
+            raise NoCredentials(f"context {shown(context)}: {key}-data must be a base64 string")
         try:
             return base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
-            raise NoCredentials(f"context {context!r}: {key}-data is not valid base64") from None
+            raise NoCredentials(
+                f"context {shown(context)}: {key}-data is not valid base64"
+            ) from None
     path = _path(context, section.get(key), key, base_dir)
     if path is None:
         return None
     try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise NoCredentials(f"context {context!r}: cannot read {key} {path}: {exc.strerror}"
-                            ) from exc
+        with path.open("rb") as f:
+            data = f.read(MAX_CREDENTIAL_FILE_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        why = exc.strerror if isinstance(exc, OSError) else "not a valid path"
+        raise NoCredentials(
+            f"context {shown(context)}: cannot read {key} {shown(str(path))}: {why}"
+        ) from exc
+    if len(data) > MAX_CREDENTIAL_FILE_BYTES:
+        raise NoCredentials(f"context {shown(context)}: {key} {shown(str(path))} is larger "
+                            f"than {MAX_CREDENTIAL_FILE_BYTES} bytes")
+    return data
 
 
 def _path(context: str, value: object, key: str, base_dir: Path) -> Path | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise NoCredentials(f"context {context!r}: {key} must be a file path")
+        raise NoCredentials(f"context {shown(context)}: {key} must be a file path")
     path = Path(os.path.expanduser(value))
     return path if path.is_absolute() else base_dir / path

@@ -14,6 +14,7 @@ import hashlib
 import os
 import ssl
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,12 @@ class TlsContexts:
             ctx = _build(creds, key)
             self._contexts[key] = ctx
         return ctx
+
+    def retain(self, keys: Collection[TlsKey]) -> None:
+        """Forget the contexts no client uses any more (a rotated CA, a removed cluster): the
+        cache holds the trusts in use, not every one seen since start."""
+        for key in set(self._contexts) - set(keys):
+            del self._contexts[key]
 
 
 def _build(creds: Credentials, key: TlsKey) -> ssl.SSLContext:

@@ -4,6 +4,8 @@
     GET    /_sim/clusters                  ids, base URLs, CA group, current faults
     POST   /_sim/clusters/{id}/faults      JSON fields replace those fields of the faults
     DELETE /_sim/clusters/{id}/faults      back to a healthy, current cluster
+        e.g. {"latencyMs": 50}, {"readOnly": true}, {"hostile": {"mode": "controlChars"}},
+        {"hostile": {"mode": "trickle", "bytesPerSecond": 10}}, {"hostile": null}
     GET    /_sim/stats[?cluster=ID]        requests per cluster and verb
     DELETE /_sim/stats                     zero the counters and the request log
     GET    /_sim/requests[?cluster=&verb=&since=UNIX&after=SEQ&limit=N]   recent requests

@@ -31,7 +31,15 @@ _JSON_FIELDS = {
     "version": "version",
     "readOnly": "read_only",
     "crd": "crd",
+    "hostile": "hostile",
 }
+# Fault `hostile` (convergerd.sim.hostile): its modes and, per mode, its parameters.
+HOSTILE_MODES = ("controlChars", "wrongTypes", "invalidJson", "oversized", "trickle")
+WRONG_TYPE_FIELDS = ("status.phase", "status.conditions", "metadata.labels",
+                     "metadata.generation", "spec", "items", "message", "gitVersion")
+DEFAULT_OVERSIZED_BYTES = 32 * 2**20  # above the daemon's default 16 MiB cap
+MAX_OVERSIZED_BYTES = 2**33
+DEFAULT_TRICKLE_BYTES_PER_S = 10
 
 
 class FaultsError(ValueError):
@@ -62,6 +70,27 @@ class Version:
 
 
 @dataclass(frozen=True)
+class Hostile:
+    """Fault `hostile`: answers no well-behaved apiserver sends (see convergerd.sim.hostile)."""
+
+    mode: str
+    bytes: int = DEFAULT_OVERSIZED_BYTES  # oversized: the answer's size
+    bytes_per_second: int = DEFAULT_TRICKLE_BYTES_PER_S  # trickle
+    # wrongTypes: which fields get the wrong type (default: all but items).
+    fields: frozenset[str] = frozenset(WRONG_TYPE_FIELDS) - {"items"}
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"mode": self.mode}
+        if self.mode == "oversized":
+            doc["bytes"] = self.bytes
+        elif self.mode == "trickle":
+            doc["bytesPerSecond"] = self.bytes_per_second
+        elif self.mode == "wrongTypes":
+            doc["fields"] = [f for f in WRONG_TYPE_FIELDS if f in self.fields]
+        return doc
+
+
+@dataclass(frozen=True)
 class Faults:
     """How one cluster misbehaves. The defaults describe a healthy, current cluster."""
 
@@ -74,6 +103,7 @@ class Faults:
     version: str = DEFAULT_VERSION
     read_only: bool = False  # the token may read; writes get 403
     crd: bool = True  # the Policy CRD is installed
+    hostile: Hostile | None = None  # answers with bytes a client must survive
 
     @property
     def parsed_version(self) -> Version:
@@ -88,7 +118,9 @@ class Faults:
         return self.minor >= VAP_MIN_MINOR
 
     def to_json(self) -> dict[str, Any]:
-        return {key: getattr(self, attr) for key, attr in _JSON_FIELDS.items()}
+        doc = {key: getattr(self, attr) for key, attr in _JSON_FIELDS.items()}
+        doc["hostile"] = self.hostile.to_json() if self.hostile is not None else None
+        return doc
 
     def merged(self, doc: Mapping[str, Any]) -> Faults:
         """This value with the fields named in `doc` replaced (validated)."""
@@ -174,6 +206,50 @@ def _version(key: str, value: object) -> str:
     return value
 
 
+_HOSTILE_PARAMS = {
+    "controlChars": (),
+    "wrongTypes": ("fields",),
+    "invalidJson": (),
+    "oversized": ("bytes",),
+    "trickle": ("bytesPerSecond",),
+}
+
+
+def _hostile(key: str, value: object) -> Hostile | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise FaultsError(f"{key}: invalid value {json.dumps(value)}: must be an object "
+                          f'like {{"mode": "controlChars"}} or null')
+    mode = value.get("mode")
+    if mode not in _HOSTILE_PARAMS:
+        raise FaultsError(f"{key}.mode: invalid value {json.dumps(mode)}: must be one of "
+                          f"{', '.join(HOSTILE_MODES)}")
+    known = _HOSTILE_PARAMS[mode]
+    unknown = sorted(str(k) for k in value if k != "mode" and k not in known)
+    if unknown:
+        raise FaultsError(f"{key}: unknown field(s) for mode {mode}: {', '.join(unknown)} "
+                          f"(known: {', '.join(('mode', *known))})")
+    out = Hostile(mode=mode)
+    if "bytes" in value:
+        out = dataclasses.replace(out, bytes=_int(f"{key}.bytes", value["bytes"], 1,
+                                                  MAX_OVERSIZED_BYTES))
+    if "bytesPerSecond" in value:
+        out = dataclasses.replace(out, bytes_per_second=_int(
+            f"{key}.bytesPerSecond", value["bytesPerSecond"], 1, 1_000_000_000))
+    if "fields" in value:
+        out = dataclasses.replace(out, fields=_wrong_fields(f"{key}.fields", value["fields"]))
+    return out
+
+
+def _wrong_fields(key: str, value: object) -> frozenset[str]:
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(v, str) and v in WRONG_TYPE_FIELDS for v in value)):
+        raise FaultsError(f"{key}: invalid value {json.dumps(value)}: must be a non-empty "
+                          f"list of {', '.join(WRONG_TYPE_FIELDS)}")
+    return frozenset(value)
+
+
 _PARSERS: dict[str, Any] = {
     "down": _bool,
     "hang": _bool,
@@ -184,4 +260,5 @@ _PARSERS: dict[str, Any] = {
     "version": _version,
     "readOnly": _bool,
     "crd": _bool,
+    "hostile": _hostile,
 }

@@ -15,6 +15,13 @@ A `FleetConfig` can also come from YAML (`--config FILE`):
     overrides:            # per cluster id, on top of the defaults ("home" allowed)
       c0003: {version: v1.29.4}
       c0004: {crd: false}
+      c0005: {hostile: {mode: oversized, bytes: 33554432}}
+
+Fault fields (admin API and config file alike): down, hang, latencyMs, errorRate, errorStatus,
+retryAfterSeconds, version, readOnly, crd (convergerd.sim.faults), and hostile: answers no
+well-behaved apiserver sends, `{"mode": M, ...}` with M one of controlChars, wrongTypes
+(`fields`), invalidJson, oversized (`bytes`), trickle (`bytesPerSecond`); null clears it
+(convergerd.sim.hostile).
 """
 
 from __future__ import annotations

@@ -13,8 +13,11 @@ import random
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from convergerd.sim.fleet import Fleet, FleetConfig, FleetConfigError
+if TYPE_CHECKING:
+    from convergerd.sim.fleet import FleetConfig
+
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _parse_listen(value: str) -> tuple[str, int]:
+    from convergerd.sim.fleet import FleetConfigError
+
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise FleetConfigError(f"--listen: expected HOST:PORT, got {value!r}")
@@ -77,6 +82,8 @@ def _parse_listen(value: str) -> tuple[str, int]:
 
 def build_config(args: argparse.Namespace) -> FleetConfig:
     """Flags over the config file over defaults; errors name the setting."""
+    from convergerd.sim.fleet import FleetConfig, FleetConfigError
+
     admin_host, admin_port = _parse_listen(args.listen)
     settings = {
         "clusters": args.clusters,
@@ -96,6 +103,8 @@ def build_config(args: argparse.Namespace) -> FleetConfig:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    from convergerd.sim.fleet import Fleet
+
     config = build_config(args)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -119,6 +128,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from convergerd.sim.fleet import FleetConfigError
+
     try:
         asyncio.run(serve(args))
     except FleetConfigError as e:

@@ -9,6 +9,7 @@ nothing and `--clusters 1000` starts in about the time it takes to write the kub
 Order of checks (kube-apiserver `DefaultBuildHandlerChain`): authentication (401) ->
 max-in-flight / APF (our injected 429 and 5xx) -> authorization (403) -> routing (404) ->
 the handler. Network faults (down, hang, latency) come first: they model the path to the host.
+Fault `hostile` (convergerd.sim.hostile) comes last: it rewrites the answer the chain built.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from convergerd.sim import discovery, status
+from convergerd.sim import discovery, hostile, status
 from convergerd.sim.accounting import NON_RESOURCE, Accounting
 from convergerd.sim.faults import Faults
 from convergerd.sim.handlers import ResourceHandlers, resource_verb
@@ -44,6 +45,7 @@ _JSON = "application/json"
 # SO_LINGER on, timeout 0: close() sends RST instead of FIN, so a "down" cluster's client sees
 # "connection reset" rather than a clean end of stream.
 _LINGER_RESET = struct.pack("ii", 1, 0)
+_NO_ANSWER = 599  # the status of a dropped connection's placeholder response
 
 
 @dataclass(eq=False, slots=True)
@@ -118,6 +120,9 @@ class ApiServer:
         code = 0  # stays 0 when the request gets no answer (down, hang, client gone)
         try:
             response = await self._serve(request, cluster, route, rel)
+            hostile_fault = cluster.faults.hostile
+            if hostile_fault is not None and response.status != _NO_ANSWER:
+                response = await hostile.answer(hostile_fault, request, response)
             code = response.status
             return response
         finally:
@@ -275,7 +280,7 @@ def _reset_connection(request: web.BaseRequest) -> web.Response:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
         transport.abort()
     # aiohttp finds the transport gone and writes nothing.
-    return web.Response(status=599)
+    return web.Response(status=_NO_ANSWER)
 
 
 def json_response(body: bytes, code: int = 200) -> web.Response:

@@ -5,8 +5,10 @@
     policies:
       - {id: p-latest, boundary: team-a, enabled: true, rule: {type: ForbidLatestTag}}
 
-Validation is pure (`parse_import`, `check_references`) and names the entry and field of every
-problem; a file with any problem changes nothing. The database part applies a valid file in one
+The file is read with bounds (size, UTF-8, one YAML document, nesting, alias expansion: see
+`yamlfile`). Validation is pure (`parse_import`, `check_references`), applies the same rules
+as a converge round (`render.validate_policy`), and names the entry and field of every problem;
+a file with any problem changes nothing. The database part applies a valid file in one
 transaction. A boundary's cluster list replaces its previous one; a policy's revision increases
 only when its content (boundary, rule, enabled) changes, and new policies start at 1.
 """
@@ -20,18 +22,23 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import yaml
 
-from convergerd.errors import ConvergerdError
+from convergerd.config import IMPORT_MAX_BYTES_DEFAULT, SETTINGS_BY_KEY
+from convergerd.errors import ConvergerdError, shorten, shown
 from convergerd.model import (
+    InvalidPolicy,
+    PolicyRow,
     RuleError,
     check_boundary_id,
     check_cluster_id,
     check_policy_id,
+    field_names,
     parse_rule,
 )
+from convergerd.render import validate_policy
 from convergerd.store.errors import database_errors
 from convergerd.store.schema import check_schema
+from convergerd.store.yamlfile import BadFile, load_yaml, read_bounded
 
 TOP_LEVEL_KEYS = ("clusters", "boundaries", "policies")
 CLUSTER_FIELDS = ("id",)
@@ -39,19 +46,34 @@ BOUNDARY_FIELDS = ("id", "clusters")
 POLICY_FIELDS = ("id", "boundary", "enabled", "rule")
 # pg_advisory_xact_lock key serialising concurrent imports ("convergerd import").
 IMPORT_LOCK_KEY = 0x636F6E76_696D7072
+# A file with thousands of bad entries is reported by its first ones and a count.
+MAX_PROBLEMS_LISTED = 50
+MAX_PROBLEM_CHARS = 300
+# Policies are checked as the largest revision the database holds would render them, so a
+# file cannot store a policy that a later round finds too large.
+_REVISION_BOUND = 2**63 - 1
 
 
 class ImportFileError(ConvergerdError):
-    """The file cannot be imported; `problems` name each entry and field."""
+    """The file cannot be imported; `problems` name each entry and field (the first
+    `MAX_PROBLEMS_LISTED`), `more` counts those left out."""
 
-    def __init__(self, source: str, problems: Sequence[str]) -> None:
+    def __init__(self, source: str, problems: Sequence[str], more: int = 0) -> None:
         self.problems = list(problems)
-        listed = "\n".join(f"  {p}" for p in self.problems)
-        count = len(self.problems)
+        self.more = more
+        if len(self.problems) == 1 and not more:
+            super().__init__(f"{source}: rejected, nothing imported: {self.problems[0]}")
+            return
+        count = len(self.problems) + more
+        listed = "".join(f"\n  {p}" for p in self.problems)
+        tail = f"\n  ... and {more} more" if more else ""
         super().__init__(
-            f"{source}: rejected, nothing imported ({count} problem{'s' * (count != 1)}):\n"
-            f"{listed}"
+            f"{source}: rejected, nothing imported ({count} problem{'s' * (count != 1)}):"
+            f"{listed}{tail}"
         )
+
+    def naming(self, source: str) -> ImportFileError:
+        return ImportFileError(source, self.problems, self.more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +135,17 @@ def _renamed(exc: RuleError, field_name: str) -> str:
 class _Problems:
     def __init__(self) -> None:
         self.items: list[str] = []
+        self.more = 0
 
     def add(self, where: str, message: str) -> None:
-        self.items.append(f"{where}: {message}")
+        if len(self.items) < MAX_PROBLEMS_LISTED:
+            self.items.append(shorten(f"{where}: {message}", MAX_PROBLEM_CHARS))
+        else:
+            self.more += 1
+
+    def raise_any(self) -> None:
+        if self.items:
+            raise ImportFileError("file", self.items, self.more)
 
 
 def _entries(data: Mapping[str, Any], key: str, problems: _Problems) -> list[tuple[str, Any]]:
@@ -134,25 +164,25 @@ def _entry_id(
     """The entry's label for messages (`policies[1] (id 'p-regs')`) and its id if it has a
     string one; reports a non-mapping entry and unknown fields."""
     if not isinstance(entry, Mapping):
-        problems.add(where, f"must be a mapping with {', '.join(fields)}, got {entry!r}")
+        problems.add(where, f"must be a mapping with {', '.join(fields)}, got {shown(entry)}")
         return where, None
     raw_id = entry.get("id")
-    label = f"{where} (id {raw_id!r})" if raw_id is not None else where
-    unknown = sorted(str(k) for k in entry if k not in fields)
+    label = f"{where} (id {shown(raw_id, 60)})" if raw_id is not None else where
+    unknown = [k for k in entry if k not in fields]
     if unknown:
-        problems.add(label, f"unknown field(s) {', '.join(unknown)}; known: {', '.join(fields)}")
+        problems.add(label, f"unknown field(s) {field_names(unknown)}; known: {', '.join(fields)}")
     if raw_id is None:
         problems.add(label, "id: required")
         return label, None
     if not isinstance(raw_id, str):
-        problems.add(label, f"id: must be a string, got {raw_id!r}")
+        problems.add(label, f"id: must be a string, got {shown(raw_id)}")
         return label, None
     return label, raw_id
 
 
 def _check_duplicate(label: str, kind: str, ident: str, seen: set[str], p: _Problems) -> bool:
     if ident in seen:
-        p.add(label, f"id: duplicate {kind} id {ident!r}")
+        p.add(label, f"id: duplicate {kind} id {shown(ident)}")
         return False
     seen.add(ident)
     return True
@@ -179,7 +209,7 @@ def _parse_member_list(label: str, raw: Any, problems: _Problems) -> tuple[str, 
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        problems.add(label, f"clusters: must be a list of cluster ids, got {raw!r}")
+        problems.add(label, f"clusters: must be a list of cluster ids, got {shown(raw)}")
         return None
     members: list[str] = []
     ok = True
@@ -191,7 +221,7 @@ def _parse_member_list(label: str, raw: Any, problems: _Problems) -> tuple[str, 
             ok = False
             continue
         if cluster in members:
-            problems.add(label, f"clusters[{i}]: duplicate cluster {cluster!r}")
+            problems.add(label, f"clusters[{i}]: duplicate cluster {shown(cluster)}")
             ok = False
             continue
         members.append(cluster)
@@ -237,19 +267,24 @@ def _parse_policy(label: str, ident: str, entry: Mapping[str, Any], p: _Problems
             ok = False
     enabled = entry.get("enabled", True)
     if not isinstance(enabled, bool):
-        p.add(label, f"enabled: must be true or false, got {enabled!r}")
+        p.add(label, f"enabled: must be true or false, got {shown(enabled)}")
         ok = False
     if "rule" not in entry:
         p.add(label, "rule: required")
         return None
     try:
-        rule = parse_rule(entry["rule"]).as_dict()
+        parse_rule(entry["rule"])
     except RuleError as exc:
         p.add(label, str(exc))
         return None
     if not ok or not isinstance(boundary, str):
         return None
-    return ImportedPolicy(ident, boundary, rule, enabled)
+    # The round's own check, for what only the whole policy shows (the rendered size).
+    result = validate_policy(PolicyRow(ident, boundary, entry["rule"], enabled, _REVISION_BOUND))
+    if isinstance(result, InvalidPolicy):
+        p.add(label, result.reason)
+        return None
+    return ImportedPolicy(ident, boundary, result.rule.as_dict(), enabled)
 
 
 def parse_import(data: Any) -> ImportPlan:
@@ -261,10 +296,10 @@ def parse_import(data: Any) -> ImportPlan:
         raise ImportFileError("file", [
             f"file: must be a mapping with {', '.join(TOP_LEVEL_KEYS)}, got {shown}"
         ])
-    unknown = sorted(str(k) for k in data if k not in TOP_LEVEL_KEYS)
+    unknown = [k for k in data if k not in TOP_LEVEL_KEYS]
     if unknown:
         problems.add(
-            "file", f"unknown key(s) {', '.join(unknown)}; known: {', '.join(TOP_LEVEL_KEYS)}"
+            "file", f"unknown key(s) {field_names(unknown)}; known: {', '.join(TOP_LEVEL_KEYS)}"
         )
     clusters = _parse_clusters(data, problems)
     boundaries = _parse_boundaries(data, problems)
@@ -277,8 +312,7 @@ def parse_import(data: Any) -> ImportPlan:
         policy = _parse_policy(label, ident, entry, problems)
         if _check_duplicate(label, "policy", ident, seen, problems) and policy is not None:
             policies.append(policy)
-    if problems.items:
-        raise ImportFileError("file", problems.items)
+    problems.raise_any()
     return ImportPlan(tuple(clusters), tuple(boundaries), tuple(policies))
 
 
@@ -294,38 +328,38 @@ def check_references(
         for j, cluster in enumerate(boundary.clusters):
             if cluster not in clusters:
                 problems.add(
-                    f"boundaries[{i}] (id {boundary.id!r})",
-                    f"clusters[{j}]: unknown cluster {cluster!r} (not in the file nor the "
+                    f"boundaries[{i}] (id {shown(boundary.id)})",
+                    f"clusters[{j}]: unknown cluster {shown(cluster)} (not in the file nor the "
                     "database)",
                 )
     for i, policy in enumerate(plan.policies):
         if policy.boundary not in boundaries:
             problems.add(
-                f"policies[{i}] (id {policy.id!r})",
-                f"boundary: unknown boundary {policy.boundary!r} (not in the file nor the "
+                f"policies[{i}] (id {shown(policy.id)})",
+                f"boundary: unknown boundary {shown(policy.boundary)} (not in the file nor the "
                 "database)",
             )
-    if problems.items:
-        raise ImportFileError("file", problems.items)
+    problems.raise_any()
 
 
-def load_file(path: Path) -> ImportPlan:
-    """Read and validate a file (`ImportFileError` naming the file)."""
+def parse_file_bytes(data: bytes) -> ImportPlan:
+    """Validate a file's bytes: one bounded YAML document, then `parse_import`."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ImportFileError(str(path), [f"cannot read: {exc}"]) from None
+        document = load_yaml(data)
+    except BadFile as exc:
+        raise ImportFileError("file", [str(exc)]) from None
+    return parse_import(document)
+
+
+def load_file(path: Path, *, max_bytes: int = IMPORT_MAX_BYTES_DEFAULT) -> ImportPlan:
+    """Read (at most `max_bytes`) and validate a file; `ImportFileError` names the file."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ImportFileError(str(path), [f"not valid YAML{where}: {problem}"]) from None
-    try:
-        return parse_import(data)
+        data = read_bounded(path, max_bytes, setting=SETTINGS_BY_KEY["import_max_bytes"].env)
+        return parse_file_bytes(data)
+    except BadFile as exc:
+        raise ImportFileError(str(path), [str(exc)]) from None
     except ImportFileError as exc:
-        raise ImportFileError(str(path), exc.problems) from None
+        raise exc.naming(str(path)) from None
 
 
 # ---- the database part -------------------------------------------------------------------------
@@ -422,9 +456,12 @@ async def apply_plan(conn: asyncpg.Connection, plan: ImportPlan) -> ImportSummar
     return summary
 
 
-async def import_file(dsn: str, path: Path) -> ImportSummary:
-    """`convergerd import FILE`: validate, then upsert everything in one transaction."""
-    plan = load_file(path)
+async def import_file(
+    dsn: str, path: Path, *, max_bytes: int = IMPORT_MAX_BYTES_DEFAULT
+) -> ImportSummary:
+    """`convergerd import FILE`: read at most `max_bytes`, validate, then upsert everything in
+    one transaction."""
+    plan = load_file(path, max_bytes=max_bytes)
     with database_errors(dsn, connecting=True):
         conn = await asyncpg.connect(dsn, timeout=10)
     try:
@@ -432,6 +469,6 @@ async def import_file(dsn: str, path: Path) -> ImportSummary:
         with database_errors(dsn):
             return await apply_plan(conn, plan)
     except ImportFileError as exc:
-        raise ImportFileError(str(path), exc.problems) from None
+        raise exc.naming(str(path)) from None
     finally:
         await conn.close()

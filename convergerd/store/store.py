@@ -9,11 +9,9 @@ value written is cleaned first (how: `convergerd.store.records`).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Self
 
 import asyncpg
@@ -28,15 +26,23 @@ from convergerd.model import (
     Fleet,
     InvalidPolicy,
     Policy,
+    PolicyId,
     PolicyRow,
-    validate_policy,
 )
+from convergerd.render import validate_policy
 from convergerd.report import (
     ApplyResult,
     Delivery,
     Epoch,
     RoundReport,
     RoundResult,
+)
+from convergerd.rows import (
+    ClusterStateRow,
+    ClusterStatusRows,
+    DeliveryRow,
+    PolicyStatusRows,
+    RoundRow,
 )
 from convergerd.store.errors import (
     database_errors,
@@ -57,62 +63,47 @@ from convergerd.store.schema import check_schema
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class RoundRow:
-    id: int
-    started_at: dt.datetime
-    finished_at: dt.datetime | None
-    result: RoundResult
-    epoch: Epoch | None
-    identity: str
-    counts: Mapping[str, int]
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterStateRow:
-    """A cluster's latest outcome. A cluster never attempted has `reachable` None and no times."""
-
-    cluster: ClusterId
-    reachable: bool | None
-    last_attempt_at: dt.datetime | None
-    last_success_at: dt.datetime | None  # last time it fully converged
-    last_reached_at: dt.datetime | None
-    last_error: str | None
-    last_reason: str | None
-    desired: int
-    in_sync: int
-    failed: int
-    server_version: str | None
-    round_id: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryRow:
-    """One policy on one cluster: the last delivery and the last phase read back."""
-
-    policy: str
-    cluster: str
-    delivered_revision: int | None
-    last_result: ApplyResult | None
-    last_attempt_at: dt.datetime | None
-    last_success_at: dt.datetime | None
-    last_error: str | None
-    last_reason: str | None
-    attempts: int  # consecutive failed attempts; 0 after a success
-    round_id: int | None  # None when written by a save
-    phase: str | None
-    phase_reason: str | None
-    phase_message: str | None
-    phase_revision: int | None
-    phase_seen_at: dt.datetime | None
-
-
 _DELIVERY_COLUMNS = """
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
     last_error, last_reason, attempts, round_id, phase, phase_reason, phase_message,
     phase_revision, phase_seen_at
 """
+_D_COLUMNS = ", ".join(f"d.{c.strip()}" for c in _DELIVERY_COLUMNS.split(","))
+
+# One policy for its status page, in one statement: the row, whether its boundary exists, the
+# known clusters the boundary covers (computed once), and its records on every cluster.
+_POLICY_STATUS = f"""
+WITH p AS (
+    SELECT id, boundary_id, rule, enabled, revision FROM policies
+    WHERE id = $1 AND deleted_at IS NULL
+), s AS (
+    SELECT EXISTS (SELECT 1 FROM boundaries b JOIN p ON b.id = p.boundary_id) AS boundary_known,
+           ARRAY(SELECT bc.cluster_id FROM p
+                 JOIN boundary_clusters bc ON bc.boundary_id = p.boundary_id
+                 JOIN clusters c ON c.id = bc.cluster_id) AS scope
+)
+SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, s.boundary_known, s.scope,
+       {_D_COLUMNS}
+FROM p CROSS JOIN s LEFT JOIN deliveries d ON d.policy_id = p.id
+ORDER BY d.cluster_id
+"""  # noqa: S608 (no value is formatted in: column names only)
+
+# One cluster for its status page, in one statement: whether the cluster exists, and for every
+# policy recorded there or asked about ($2), its record there and its current revision. The
+# outer join keeps one row (with `known`) when there is no policy at all.
+_CLUSTER_STATUS = f"""
+WITH wanted AS (
+    SELECT policy_id FROM deliveries WHERE cluster_id = $1
+    UNION SELECT unnest($2::text[])
+)
+SELECT EXISTS (SELECT 1 FROM clusters WHERE id = $1) AS known,
+       w.policy_id AS wanted_id, p.revision AS current_revision, {_D_COLUMNS}
+FROM (SELECT 1) AS one
+LEFT JOIN (wanted w
+           LEFT JOIN policies p ON p.id = w.policy_id AND p.deleted_at IS NULL
+           LEFT JOIN deliveries d ON d.cluster_id = $1 AND d.policy_id = w.policy_id) ON true
+ORDER BY w.policy_id
+"""  # noqa: S608 (no value is formatted in: column names only)
 
 
 def _delivery_row(r: asyncpg.Record) -> DeliveryRow:
@@ -275,6 +266,48 @@ class Store:
             )
         return frozenset(ClusterId(r["cluster_id"]) for r in rows)
 
+    async def policy_status(self, policy_id: str) -> PolicyStatusRows | None:
+        """Everything `/v1/policies/{id}/status` shows of one policy, in one query; None when
+        there is no such policy (or it is being deleted). The row is validated now, so a row
+        fixed since the last round is not reported invalid."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(_POLICY_STATUS, policy_id)
+        if not rows:
+            return None
+        first = rows[0]
+        policy = _policy_row(first)
+        checked = _validated(policy, boundary_known=first["boundary_known"])
+        return PolicyStatusRows(
+            policy=policy,
+            invalid=checked.reason if isinstance(checked, InvalidPolicy) else None,
+            scope=frozenset(ClusterId(c) for c in first["scope"]),
+            deliveries=tuple(_delivery_row(r) for r in rows if r["policy_id"] is not None),
+        )
+
+    async def cluster_status(
+        self, cluster_id: str, policies: Sequence[str] = ()
+    ) -> ClusterStatusRows:
+        """Everything `/v1/clusters/{id}` reads of one cluster, in one query: whether it is
+        known, its records, and the current revision of each policy recorded there or named in
+        `policies` (what this replica saw there itself)."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(_CLUSTER_STATUS, cluster_id, list(policies))
+        return ClusterStatusRows(
+            known=bool(rows[0]["known"]),
+            deliveries=tuple(_delivery_row(r) for r in rows if r["policy_id"] is not None),
+            current={PolicyId(r["wanted_id"]): r["current_revision"] for r in rows
+                     if r["current_revision"] is not None},
+        )
+
+    async def recorded_invalid(self) -> list[InvalidPolicy]:
+        """The invalid policies the last round that ran recorded (cheap: no validation)."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT policy_id, boundary_id, revision, reason FROM invalid_policies
+                   ORDER BY policy_id""")
+        return [InvalidPolicy(r["policy_id"], r["boundary_id"], r["revision"], r["reason"])
+                for r in rows]
+
     async def invalid_policies(self) -> list[InvalidPolicy]:
         """Policies that cannot be delivered, validated now from the current rows (so a fixed
         row stops being reported at once, and standbys answer before any round)."""
@@ -370,6 +403,18 @@ class Store:
             )
         return [_delivery_row(r) for r in rows]
 
+    async def deliveries_for_clusters(self, cluster_ids: Sequence[str]) -> list[DeliveryRow]:
+        """The records of several clusters in one query (a standby catching up)."""
+        if not cluster_ids:
+            return []
+        async with self._acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {_DELIVERY_COLUMNS} FROM deliveries "  # noqa: S608
+                "WHERE cluster_id = ANY($1::text[]) ORDER BY cluster_id, policy_id",
+                list(cluster_ids),
+            )
+        return [_delivery_row(r) for r in rows]
+
     async def deliveries_for_cluster(self, cluster_id: str) -> list[DeliveryRow]:
         async with self._acquire() as conn:
             rows = await conn.fetch(
@@ -383,16 +428,20 @@ class Store:
 def _validate_all(
     rows: Sequence[PolicyRow], boundaries: Mapping[BoundaryId, Boundary]
 ) -> list[Policy | InvalidPolicy]:
-    results: list[Policy | InvalidPolicy] = []
-    for row in rows:
-        result = validate_policy(row)
-        if isinstance(result, Policy) and result.boundary not in boundaries:
-            result = InvalidPolicy(
-                row.id, row.boundary, row.revision,
-                reason=f"boundary: {row.boundary!r} does not exist",
-            )
-        results.append(result)
-    return results
+    return [_validated(row, boundary_known=BoundaryId(row.boundary) in boundaries)
+            for row in rows]
+
+
+def _validated(row: PolicyRow, *, boundary_known: bool) -> Policy | InvalidPolicy:
+    """A row validated; naming a boundary that does not exist makes it invalid (it could reach
+    no cluster)."""
+    result = validate_policy(row)
+    if isinstance(result, Policy) and not boundary_known:
+        result = InvalidPolicy(
+            row.id, row.boundary, row.revision,
+            reason=f"boundary: {row.boundary!r} does not exist",
+        )
+    return result
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -107,6 +107,7 @@ class Rounds:
         self.registry = ClusterRegistry(
             kubeconfig=self.settings.clusters.kubeconfig, access=self.settings.clusters,
             identity=IDENTITY, observer=self.metrics,
+            on_insecure=self.metrics.set_cluster_insecure,
         )
 
     async def run(self, *, record: bool = True) -> RoundReport:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from convergerd.model import Policy, PolicyRow, validate_policy
-from convergerd.render import render_policy
+from convergerd.model import Policy, PolicyRow
+from convergerd.render import render_policy, validate_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

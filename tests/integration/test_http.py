@@ -1,14 +1,16 @@
 """The HTTP server through aiohttp's test client: health, readiness, metrics, status views,
 the token on mutating endpoints, and no secret in any response.
 
-The database side is a small in-memory `StatusSource` returning the store's own row types (the
-real `Store` is exercised at the end against PostgreSQL)."""
+The database side is a small in-memory fake of the store (what the HTTP server and the status
+sync read), returning the shared row types (the real `Store` is exercised at the end against
+PostgreSQL). What the database recorded reaches `/status` through the status sync, never
+through a GET."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import asyncpg
@@ -18,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from convergerd.config import Settings, load_settings
 from convergerd.errors import DatabaseUnavailable
-from convergerd.http import HealthCheck, make_app
+from convergerd.http import STATUS_DB_CONCURRENCY, HealthCheck, make_app
 from convergerd.metrics import Metrics
 from convergerd.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
 from convergerd.report import (
@@ -30,8 +32,16 @@ from convergerd.report import (
     RoundReport,
     RoundResult,
 )
+from convergerd.rows import (
+    ClusterStateRow,
+    ClusterStatusRows,
+    DeliveryRow,
+    PolicyStatusRows,
+    RoundRow,
+)
 from convergerd.state import StatusState
-from convergerd.store.store import ClusterStateRow, DeliveryRow, RoundRow, Store
+from convergerd.statussync import StatusSync
+from convergerd.store.store import Store
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 TOKEN = "canary-api-token-5e1d9c"
@@ -45,6 +55,8 @@ class FakeStore:
 
     def __init__(self) -> None:
         self.down = False
+        self.calls: list[str] = []
+        self.clusters = ("c1", "c2", "c3")
         self.policies = {"p1": PolicyRow("p1", "team-a", {"type": "ForbidLatestTag"}, True, 3)}
         self.scope = {"p1": frozenset({ClusterId("c1"), ClusterId("c2"), ClusterId("c3")})}
         self.deliveries = [
@@ -55,22 +67,23 @@ class FakeStore:
                         T0 - dt.timedelta(hours=1)),
         ]
 
-    def _check(self) -> None:
+    def _check(self, call: str) -> None:
+        self.calls.append(call)
         if self.down:
             # A careless driver message: the server must not pass the DSN on.
             raise DatabaseUnavailable(f"could not connect to {DSN}")
 
     async def ping(self) -> None:
-        self._check()
+        self._check("ping")
 
     async def last_round(self) -> RoundRow | None:
-        self._check()
+        self._check("last_round")
         return RoundRow(7, T0 - dt.timedelta(seconds=30), T0, RoundResult.PARTIAL,
                         Epoch("rep-leader", 2), "rep-leader",
                         {"clusters": 3, "converged": 1, "unreached": 1}, None)
 
     async def cluster_states(self) -> list[ClusterStateRow]:
-        self._check()
+        self._check("cluster_states")
         return [
             ClusterStateRow(ClusterId("c1"), True, T0, T0, T0, None, None, 1, 1, 0,
                             "v1.31.2", 7),
@@ -80,25 +93,33 @@ class FakeStore:
                             None, None),
         ]
 
-    async def deliveries_for_policy(self, policy_id: str) -> list[DeliveryRow]:
-        self._check()
-        return [d for d in self.deliveries if d.policy == policy_id]
+    async def deliveries_for_clusters(self, cluster_ids: Sequence[str]) -> list[DeliveryRow]:
+        self._check("deliveries_for_clusters")
+        return [d for d in self.deliveries if d.cluster in cluster_ids]
 
-    async def deliveries_for_cluster(self, cluster_id: str) -> list[DeliveryRow]:
-        self._check()
-        return [d for d in self.deliveries if d.cluster == cluster_id]
-
-    async def get_policy(self, policy_id: str) -> PolicyRow | None:
-        self._check()
-        return self.policies.get(policy_id)
-
-    async def policy_scope(self, policy_id: str) -> frozenset[ClusterId]:
-        self._check()
-        return self.scope.get(policy_id, frozenset())
-
-    async def invalid_policies(self) -> list[InvalidPolicy]:
-        self._check()
+    async def recorded_invalid(self) -> list[InvalidPolicy]:
+        self._check("recorded_invalid")
         return [InvalidPolicy("Bad", "team-a", 1, "id: 'Bad' is not a DNS label")]
+
+    async def cluster_status(
+        self, cluster_id: str, policies: Sequence[str]
+    ) -> ClusterStatusRows:
+        self._check("cluster_status")
+        rows = tuple(d for d in self.deliveries if d.cluster == cluster_id)
+        wanted = {*policies, *(d.policy for d in rows)}
+        return ClusterStatusRows(
+            known=cluster_id in self.clusters, deliveries=rows,
+            current={PolicyId(p): self.policies[p].revision for p in wanted
+                     if p in self.policies})
+
+    async def policy_status(self, policy_id: str) -> PolicyStatusRows | None:
+        self._check("policy_status")
+        row = self.policies.get(policy_id)
+        if row is None:
+            return None
+        return PolicyStatusRows(
+            policy=row, invalid=None, scope=self.scope.get(policy_id, frozenset()),
+            deliveries=tuple(d for d in self.deliveries if d.policy == policy_id))
 
 
 def settings(**extra: str) -> Settings:
@@ -123,6 +144,12 @@ def store() -> FakeStore:
 @pytest.fixture
 def state() -> StatusState:
     return StatusState(identity="rep-standby", interval_s=300, clock=Now())
+
+
+@pytest.fixture
+def sync(store: FakeStore, state: StatusState) -> StatusSync:
+    """The status sync the daemon runs periodically; a test runs a pass when it wants one."""
+    return StatusSync(store=store, state=state)
 
 
 @pytest.fixture
@@ -226,8 +253,11 @@ async def test_metrics_endpoint(client: Client) -> None:
 # -- status ----------------------------------------------------------------------------------------
 
 
-async def test_status_on_a_standby_reads_the_database(client: Client, state: StatusState) -> None:
+async def test_status_on_a_standby_reads_the_database(
+    client: Client, state: StatusState, sync: StatusSync
+) -> None:
     state.set_leader(False, "rep-leader")
+    assert await sync.once()
     response = await client.get("/status")
     assert response.status == 200
     doc = await response.json()
@@ -249,24 +279,27 @@ async def test_status_on_a_standby_reads_the_database(client: Client, state: Sta
 
 
 async def test_a_cluster_removed_from_the_database_leaves_status(
-    client: Client, state: StatusState
+    client: Client, state: StatusState, sync: StatusSync
 ) -> None:
     """A standby knew c9 at start (or an old leader's round worked on it); it was deleted from
     the database since: /status and /v1/clusters/c9 no longer show it, lag growing forever."""
     state.set_clusters(["c1", "c9"])
     state.observe_probe("c9", reachable=False, error="connect timeout")
+    assert (await client.get("/v1/clusters/c9")).status == 404  # the database knows better
+    assert await sync.once()
     doc = await (await client.get("/status")).json()
     assert [c["id"] for c in doc["clusters"]] == ["c2", "c3", "c1"]
     assert (await client.get("/v1/clusters/c9")).status == 404
 
 
 async def test_status_answers_from_memory_when_the_database_is_down(
-    client: Client, store: FakeStore, state: StatusState
+    client: Client, store: FakeStore, state: StatusState, sync: StatusSync
 ) -> None:
     state.observe_round(RoundReport(
         started_at=T0, finished_at=T0, epoch=Epoch("rep-standby", 1),
         clusters=[ClusterOutcome(ClusterId("c1"), reached=True, desired=1, in_sync=1)]))
     store.down = True
+    assert not await sync.once()
     response = await client.get("/status")
     assert response.status == 200
     doc = await response.json()
@@ -330,6 +363,79 @@ async def test_unknown_path_is_json_404(client: Client) -> None:
     response = await client.get("/v2/whatever")
     assert response.status == 404
     assert "error" in await response.json()
+
+
+async def test_get_requests_only_read_and_ask_the_database_one_query_at_most(
+    client: Client, store: FakeStore, state: StatusState
+) -> None:
+    """/status never asks the database; a cluster or policy view asks exactly one query; none of
+    them changes what this replica keeps (the round and the sync own that)."""
+    before = state.snapshot()
+    assert (await client.get("/status")).status == 200
+    assert store.calls == []
+    assert (await client.get("/v1/clusters/c1")).status == 200
+    assert store.calls == ["cluster_status"]
+    assert (await client.get("/v1/policies/p1/status")).status == 200
+    assert store.calls == ["cluster_status", "policy_status"]
+    assert state.clusters == {}
+    assert state.snapshot() == before
+
+
+class SlowStore(FakeStore):
+    """Every status read waits until released; counts how many are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.in_flight = 0
+        self.most = 0
+
+    async def _slow(self) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self.release.wait()
+        finally:
+            self.in_flight -= 1
+
+    async def cluster_status(
+        self, cluster_id: str, policies: Sequence[str]
+    ) -> ClusterStatusRows:
+        await self._slow()
+        return await super().cluster_status(cluster_id, policies)
+
+    async def policy_status(self, policy_id: str) -> PolicyStatusRows | None:
+        await self._slow()
+        return await super().policy_status(policy_id)
+
+
+async def test_status_reads_are_few_at_a_time_and_give_up_quickly(
+    state: StatusState, health: HealthCheck, seen: list[str]
+) -> None:
+    """100 concurrent views hold at most STATUS_DB_CONCURRENCY database reads; a database that
+    does not answer costs a request its short timeout (503 for a policy, the cluster from
+    memory), not the rounds' connections."""
+    slow = SlowStore()
+    app = make_app(metrics=Metrics(), state=state, store=slow, settings=settings(),
+                   health=health, status_db_timeout_s=0.3)
+    state.observe_probe("c1", reachable=True)
+    async for client in _serve(app, seen):
+        started = asyncio.get_running_loop().time()
+        answers = await asyncio.gather(*(
+            client.get("/v1/clusters/c1" if i % 2 else "/v1/policies/p1/status")
+            for i in range(100)))
+        took = asyncio.get_running_loop().time() - started
+        assert slow.most == STATUS_DB_CONCURRENCY
+        statuses = sorted({a.status for a in answers})
+        assert statuses == [200, 503]  # the cluster from memory, the policy unavailable
+        policy = await next(a for a in answers if a.status == 503).json()
+        assert "did not answer within 0.3 s" in policy["error"]
+        cluster = await next(a for a in answers if a.status == 200).json()
+        assert cluster["database"]["reachable"] is False
+        assert cluster["cluster"]["id"] == "c1"
+        assert took < 10  # each waited its own 0.3 s, not 100 x 0.3 s one after another
+        slow.release.set()
+        assert (await client.get("/v1/policies/p1/status")).status == 200
 
 
 # -- mutations -------------------------------------------------------------------------------------
@@ -426,6 +532,7 @@ async def test_status_from_a_real_database(
         app = make_app(metrics=Metrics(), state=standby, store=real,
                        settings=settings(CONVERGERD_DATABASE_URL=database_url),
                        health=HealthCheck())
+        assert await StatusSync(store=real, state=standby).once()
         async for client in _serve(app, seen):
             doc = await (await client.get("/status")).json()
             assert doc["last_round"]["leader"] == "rep-a"

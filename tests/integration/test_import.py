@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -128,8 +131,8 @@ async def test_a_bad_file_changes_nothing(
     with pytest.raises(ImportFileError) as caught:
         await import_file(database_url, path)
     assert str(caught.value) == (
-        f"{path}: rejected, nothing imported (1 problem):\n"
-        "  policies[1] (id 'p-new'): boundary: unknown boundary 'team-z' "
+        f"{path}: rejected, nothing imported: "
+        "policies[1] (id 'p-new'): boundary: unknown boundary 'team-z' "
         "(not in the file nor the database)"
     )
     fleet = await store.load_fleet()
@@ -171,3 +174,107 @@ async def test_reimport_revives_a_policy_being_deleted(
     policy = await store.get_policy("p-latest")
     assert policy is not None
     assert policy.revision == 2
+
+
+# --- `convergerd import` on hostile files: one line, no traceback, nothing changed ----------
+
+ALIAS_BOMB = "lol: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"lol{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10)
+)
+
+
+async def snapshot(database_url: str) -> list[list[tuple[object, ...]]]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return [
+            [tuple(r) for r in await conn.fetch(query)]
+            for query in (
+                "SELECT * FROM clusters ORDER BY id",
+                "SELECT * FROM boundaries ORDER BY id",
+                "SELECT * FROM boundary_clusters ORDER BY boundary_id, cluster_id",
+                "SELECT * FROM policies ORDER BY id",
+            )
+        ]
+    finally:
+        await conn.close()
+
+
+async def run_import(
+    database_url: str, path: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    environment = {
+        **{k: v for k, v in os.environ.items()
+           if not k.startswith(("CONVERGERD_", "Policies__"))},
+        "CONVERGERD_DATABASE_URL": database_url,
+        **(env or {}),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "convergerd", "import", str(path), *args, env=environment,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (ALIAS_BOMB.encode(), "more than 1000000 values once YAML aliases are expanded at line "),
+        (b"policies: " + b"[" * 50_000 + b"]" * 50_000, "nested deeper than 32 levels at line 1"),
+        (b"clusters: [{id: c1}]\n" * 250_000, "5250000 bytes, more than 4194304 bytes, the limit "
+                                              "set by CONVERGERD_IMPORT_MAX_BYTES"),
+        (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 10, "not UTF-8 text: byte 0x80"),
+        (b"clusters: [{id: c9}]\n---\nclusters: []\n", "more than one YAML document"),
+    ],
+    ids=["alias-bomb", "deep-nesting", "oversized", "binary", "two-documents"],
+)
+async def test_a_hostile_file_is_one_line_and_changes_nothing(
+    database_url: str, tmp_path: Path, content: bytes, problem: str
+) -> None:
+    await import_file(database_url, write(tmp_path, EXAMPLE))
+    before = await snapshot(database_url)
+    path = tmp_path / "hostile.yaml"
+    path.write_bytes(content)
+
+    code, out, err = await run_import(database_url, path)
+
+    assert code == 2
+    assert out == ""
+    assert err.startswith(f"convergerd: {path}: rejected, nothing imported: {problem}"), err
+    assert err.count("\n") == 1, err  # one line
+    assert "Traceback" not in err
+    assert await snapshot(database_url) == before
+
+
+async def test_the_size_limit_is_a_setting_and_a_flag(
+    database_url: str, store: Store, tmp_path: Path
+) -> None:
+    path = write(tmp_path, EXAMPLE)
+    size = path.stat().st_size
+
+    code, _, err = await run_import(database_url, path, "--import-max-bytes", str(size - 1))
+    assert (code, err) == (2, f"convergerd: {path}: rejected, nothing imported: {size} bytes, "
+                              f"more than {size - 1} bytes, the limit set by "
+                              "CONVERGERD_IMPORT_MAX_BYTES\n")
+    code, _, err = await run_import(database_url, path, env={"CONVERGERD_IMPORT_MAX_BYTES": "1"})
+    assert code == 2
+    assert err.startswith(f"convergerd: {path}: rejected, nothing imported: {size} bytes")
+    assert (await store.load_fleet()).clusters == []
+
+    # The flag wins over the environment, as for every setting.
+    code, out, err = await run_import(database_url, path, "--import-max-bytes", str(size),
+                                      env={"CONVERGERD_IMPORT_MAX_BYTES": "1"})
+    assert code == 0, err
+    assert out.startswith("clusters: 2 created")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "4MiB"])
+async def test_a_bad_size_limit_is_a_setting_error(
+    database_url: str, tmp_path: Path, value: str
+) -> None:
+    code, _, err = await run_import(database_url, write(tmp_path, EXAMPLE),
+                                    env={"CONVERGERD_IMPORT_MAX_BYTES": value})
+    assert code == 2
+    assert err.startswith(f"convergerd: setting error: CONVERGERD_IMPORT_MAX_BYTES='{value}': ")
+    assert "Traceback" not in err

@@ -266,8 +266,8 @@ async def test_only_the_warm_connection_outlives_a_burst(fleet: Fleet) -> None:
 
 
 async def test_registry_caches_and_closes(registry: ClusterRegistry) -> None:
-    client = registry.get(C1)
-    assert registry.get(C1) is client
+    client = registry.client(C1)
+    assert registry.client(C1) is client
     await registry.close()
     assert client.closed
 
@@ -287,9 +287,9 @@ async def test_kubeconfig_reload_rebuilds_changed_clients(
     })
     reg = ClusterRegistry(kubeconfig=path, access=access(path), identity=IDENTITY)
     try:
-        c1, c2 = reg.get(C1), reg.get(C2)
+        c1, c2 = reg.client(C1), reg.client(C2)
         with pytest.raises(ClusterLevelError):
-            await c1.server_version(timeout_s=2)
+            await reg.get(C1).server_version(timeout_s=2)
         assert not await reg.refresh()  # unchanged
         write_kubeconfig(path, {
             C1: (fleet.base_url(C1), fleet.ca_pem(C1), fleet.token(C1)),
@@ -297,7 +297,7 @@ async def test_kubeconfig_reload_rebuilds_changed_clients(
         })
         assert await reg.refresh()
         assert c1.closed
-        assert reg.get(C2) is c2  # unchanged credentials keep their pool
+        assert reg.client(C2) is c2  # unchanged credentials keep their pool
         assert await reg.get(C1).server_version(timeout_s=2) == "v1.32.0"
     finally:
         await reg.close()

@@ -705,6 +705,11 @@ async def test_health_readiness_and_token_on_mutating_endpoints(
         assert "database" in body, body
         # Alive all the same: liveness is the loop, not the database.
         assert (await run.request("GET", "/healthz"))[0] == 200
+        # /status shows the database as of the last status sync (one per round interval).
+        async def shown_unreachable() -> bool:
+            return (await run.status())["database"]["reachable"] is False
+
+        await wait_for(shown_unreachable, what="/status showing the database unreachable")
         doc = await run.status()
         assert doc["database"]["reachable"] is False
         assert doc["database"]["error"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from convergerd.pgserver import PostgresServerError, find_bindir, private_postgres
+from convergerd.demo.pgserver import PostgresServerError, find_bindir, private_postgres
 from convergerd.store.schema import migrate
 from convergerd.store.store import Store
 

@@ -21,11 +21,13 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from convergerd.errors import DatabaseUnavailable
 from convergerd.model import ClusterId
 from convergerd.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.retry import MAX_ATTEMPTS
+from convergerd.runtime import Daemon
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
@@ -238,6 +240,37 @@ async def test_invalid_rows_are_reported_and_the_rest_converge(
         assert set(objects(fleet, cluster)) == names
     paths = [r.path.lower() for r in fleet.accounting.requests()]
     assert not any(bad in p for p in paths for bad in ("bad_id", "p-unknown", "p-malformed"))
+
+
+async def test_rows_over_the_parameter_limits_are_invalid_and_the_rest_converge(
+    rounds: Rounds, fleet: Fleet, store: Store, database_url: str
+) -> None:
+    # Rows that bypassed `convergerd import`: too many entries, a huge label key.
+    too_many = {"type": "AllowedRegistries",
+                "registries": [f"r{i}.example.com" for i in range(65)]}
+    huge_key = {"type": "RequiredLabels", "labels": ["k" * 100_000]}
+    await sql(
+        database_url,
+        "INSERT INTO policies (id, boundary_id, rule) VALUES "
+        "('p-too-many', 'team-a', $1::text::jsonb), ('p-huge-key', 'team-a', $2::text::jsonb)",
+        json.dumps(too_many), json.dumps(huge_key),
+    )
+
+    report = await rounds.run()
+
+    assert report.result is RoundResult.OK
+    reasons = {i.id: i.reason for i in report.invalid}
+    assert set(reasons) == {"p-too-many", "p-huge-key"}
+    assert reasons["p-too-many"].startswith("rule.registries: 65 entries, at most 64")
+    assert reasons["p-huge-key"].startswith("rule.labels: 'kkkk")
+    assert "100000 characters, at most 317" in reasons["p-huge-key"]
+    assert all(len(r) <= 300 for r in reasons.values())
+    recorded = await sql(database_url, "SELECT policy_id, reason FROM invalid_policies")
+    assert {r["policy_id"]: r["reason"] for r in recorded} == reasons
+    for cluster, names in DESIRED.items():
+        assert set(objects(fleet, cluster)) == names
+    paths = [r.path for r in fleet.accounting.requests()]
+    assert not any(bad in p for p in paths for bad in ("p-too-many", "p-huge-key"))
 
 
 # --- SPEC.md §5: errors from a cluster --------------------------------------------------------
@@ -662,3 +695,74 @@ async def test_sigterm_stops_new_writes_and_lets_the_one_in_flight_finish(
     # Three desired on c0001: the first landed, at most the one then in flight followed.
     assert 1 <= writes(fleet, C1) <= 2
     assert len(objects(fleet, C1)) == writes(fleet, C1)
+
+
+def _kubeconfig_with_c0002_unverified(fleet: Fleet, path: Path) -> Path:
+    """The fleet's kubeconfig, but c0002's cluster says `insecure-skip-tls-verify: true`."""
+    doc = yaml.safe_load(fleet.kubeconfig_path.read_text())
+    for entry in doc["clusters"]:
+        if entry["name"] == C2:
+            entry["cluster"]["insecure-skip-tls-verify"] = True
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _insecure_gauge(harness: Rounds | Daemon) -> dict[str, float]:
+    text = harness.metrics.render().decode()
+    return {
+        s.labels["cluster"]: s.value
+        for f in text_string_to_metric_families(text) if f.name == "convergerd_cluster_insecure"
+        for s in f.samples
+    }
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+async def test_a_cluster_without_tls_verification_is_refused_unless_allowed(
+    fleet: Fleet, store: Store, database_url: str, tmp_path: Path, allowed: bool
+) -> None:
+    await import_doc(database_url, FLEET_DOC)
+    kubeconfig = _kubeconfig_with_c0002_unverified(fleet, tmp_path / "kubeconfig")
+    settings = settings_for(kubeconfig, database_url,
+                            CONVERGERD_ALLOW_INSECURE_CLUSTERS=str(allowed).lower())
+    harness = Rounds(fleet, store, settings)
+    try:
+        report = await harness.run()
+    finally:
+        await harness.close()
+
+    for cluster in (C1, C3):
+        assert outcome(report, cluster).converged
+        assert set(objects(fleet, cluster)) == DESIRED[cluster]
+    c2 = outcome(report, C2)
+    if allowed:
+        assert report.result is RoundResult.OK
+        assert c2.converged
+        assert set(objects(fleet, C2)) == DESIRED[C2]
+        assert _insecure_gauge(harness) == {C2: 1.0}
+        return
+    assert report.result is RoundResult.PARTIAL
+    assert (c2.reached, c2.reason) == (False, "insecure")
+    assert c2.error is not None
+    assert "'c0002': refused as insecure: insecure-skip-tls-verify is true" in c2.error
+    assert fleet.accounting.counts(C2)["total"] == 0  # not contacted: no token sent
+    assert _insecure_gauge(harness) == {}
+    states = {s.cluster: s for s in await store.cluster_states()}
+    assert states[C2].last_reason == "insecure"
+
+
+async def test_the_daemon_warns_once_about_an_allowed_insecure_cluster_and_exports_it(
+    fleet: Fleet, database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await import_doc(database_url, FLEET_DOC)
+    kubeconfig = _kubeconfig_with_c0002_unverified(fleet, tmp_path / "kubeconfig")
+    settings = settings_for(kubeconfig, database_url, CONVERGERD_ALLOW_INSECURE_CLUSTERS="true",
+                            Policies__ConvergeIntervalMinutes="0.01")  # a round every 0.6 s
+    async with running_daemon(settings) as (daemon, _task):
+        await wait_for(lambda: fleet.accounting.counts(C2)["list"] >= 3, what="three rounds")
+        assert _insecure_gauge(daemon) == {C2: 1.0}
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "reached insecurely" in r.getMessage()]
+    assert warnings == [
+        "cluster c0002 is reached insecurely (allowed by CONVERGERD_ALLOW_INSECURE_CLUSTERS): "
+        "insecure-skip-tls-verify is true (the server's certificate is not verified)"
+    ]

@@ -11,9 +11,9 @@ import traceback
 import asyncpg
 import pytest
 
+from convergerd.demo.pgserver import free_port
 from convergerd.errors import DatabaseUnavailable
 from convergerd.model import BoundaryId, ClusterId, InvalidPolicy, PolicyId, PolicyRow
-from convergerd.pgserver import free_port
 from convergerd.report import (
     ApplyResult,
     ClusterOutcome,
@@ -23,8 +23,9 @@ from convergerd.report import (
     RoundReport,
     RoundResult,
 )
+from convergerd.rows import ClusterStateRow
 from convergerd.store.errors import is_transient
-from convergerd.store.store import ClusterStateRow, Store
+from convergerd.store.store import Store
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 

@@ -3,10 +3,19 @@ and secrets that never leak."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from convergerd.config import dsn_secrets, load_settings, redact_dsn
+from convergerd.config import (
+    MAX_SECRET_FILE_BYTES,
+    dsn_secrets,
+    load_settings,
+    redact_dsn,
+    secrets_in_flags,
+)
 from convergerd.errors import ConfigError
+from convergerd.http import secrets_of
 
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - the documented default listen address
 DSN = "postgresql://convergerd:s3cr3t-pw@db.example:5432/policies"
@@ -90,6 +99,7 @@ def test_leader_election_can_be_turned_off() -> None:
         ("CONVERGERD_LOG_LEVEL", "LOUD"),
         ("CONVERGERD_LOG_FORMAT", "xml"),
         ("CONVERGERD_LEASE_NAME", "   "),
+        ("CONVERGERD_ALLOW_INSECURE_CLUSTERS", "sometimes"),
     ],
 )
 def test_bad_value_is_an_error_naming_the_setting(env: str, value: str) -> None:
@@ -253,3 +263,128 @@ def test_dsn_secrets_lists_every_password_form() -> None:
     dsn = "postgresql://u:p%40ss@h/db?password=q-pw&sslpassword=k3y-pw"
     assert dsn_secrets(dsn) == sorted({"p%40ss", "p@ss", "q-pw", "k3y-pw"})
     assert dsn_secrets("postgresql://u@h/db?sslmode=require") == []
+
+
+def test_insecure_clusters_are_refused_by_default() -> None:
+    assert load_settings({}).clusters.allow_insecure is False
+    assert load_settings({"CONVERGERD_ALLOW_INSECURE_CLUSTERS": "true"}).clusters.allow_insecure
+    assert load_settings({}, {"allow_insecure_clusters": "true"}).clusters.allow_insecure
+
+
+TOKEN = "tok-from-a-file-123"
+
+
+@pytest.fixture
+def secret_files(tmp_path: Path) -> tuple[Path, Path]:
+    dsn_file, token_file = tmp_path / "dsn", tmp_path / "token"
+    dsn_file.write_text(f"  {DSN}\n")  # as `kubectl create secret --from-file` often has it
+    token_file.write_text(f"{TOKEN}\n\n")
+    return dsn_file, token_file
+
+
+def test_secrets_are_read_from_files_whitespace_stripped(
+    secret_files: tuple[Path, Path]
+) -> None:
+    dsn_file, token_file = secret_files
+    s = load_settings({"CONVERGERD_DATABASE_URL_FILE": str(dsn_file),
+                       "CONVERGERD_API_TOKEN_FILE": str(token_file)})
+    assert (s.database_url, s.api_token) == (DSN, TOKEN)
+    flagged = load_settings({}, {"database_url_file": str(dsn_file),
+                                 "api_token_file": str(token_file)})
+    assert (flagged.database_url, flagged.api_token) == (DSN, TOKEN)
+
+
+def test_secrets_from_files_are_scrubbed_like_any_other(secret_files: tuple[Path, Path]) -> None:
+    dsn_file, token_file = secret_files
+    s = load_settings({"CONVERGERD_DATABASE_URL_FILE": str(dsn_file),
+                       "CONVERGERD_API_TOKEN_FILE": str(token_file)})
+    assert {TOKEN, "s3cr3t-pw"} <= set(secrets_of(s))
+    assert s.database_url_redacted == "postgresql://convergerd:***@db.example:5432/policies"
+    assert TOKEN not in repr(s)
+    assert "s3cr3t-pw" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot read: No such file or directory"),
+        (b" \n\t\n", "the file is empty"),
+        (b"s3cr3t-pw\xff", "not UTF-8 text"),
+        (b"s3cr3t-pw" * (MAX_SECRET_FILE_BYTES // 9 + 1), "larger than"),
+    ],
+)
+@pytest.mark.parametrize("setting", ["CONVERGERD_DATABASE_URL_FILE", "CONVERGERD_API_TOKEN_FILE"])
+def test_an_unusable_secret_file_is_a_startup_error_naming_setting_and_path(
+    tmp_path: Path, setting: str, content: bytes | None, problem: str
+) -> None:
+    path = tmp_path / "secret"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as caught:
+        load_settings({setting: str(path)})
+    assert caught.value.setting == setting
+    assert str(caught.value).startswith(f"{setting}={str(path)!r}: ")
+    assert problem in str(caught.value)
+    assert "s3cr3t-pw" not in str(caught.value)
+
+
+def test_a_directory_as_secret_file_is_a_startup_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"CONVERGERD_API_TOKEN_FILE=.*cannot read"):
+        load_settings({"CONVERGERD_API_TOKEN_FILE": str(tmp_path)})
+
+
+def test_a_file_with_a_bad_dsn_names_the_file_setting_not_the_content(tmp_path: Path) -> None:
+    path = tmp_path / "dsn"
+    path.write_text("mysql://u:s3cr3t-pw@h/db")
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"CONVERGERD_DATABASE_URL_FILE": str(path)})
+    assert caught.value.setting == "CONVERGERD_DATABASE_URL_FILE"
+    assert str(path) in str(caught.value)
+    assert "s3cr3t-pw" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "flags"),
+    [
+        ({"CONVERGERD_API_TOKEN": "given-tok-42", "CONVERGERD_API_TOKEN_FILE": "{token}"}, {}),
+        ({"CONVERGERD_API_TOKEN_FILE": "{token}"}, {"api_token": "given-tok-42"}),
+        ({"CONVERGERD_API_TOKEN": "given-tok-42"}, {"api_token_file": "{token}"}),
+    ],
+)
+def test_a_secret_given_both_ways_is_an_error_naming_both(
+    secret_files: tuple[Path, Path], env: dict[str, str], flags: dict[str, str]
+) -> None:
+    token_file = str(secret_files[1])
+    env = {k: v.format(token=token_file) for k, v in env.items()}
+    flags = {k: v.format(token=token_file) for k, v in flags.items()}
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env, flags)
+    assert "CONVERGERD_API_TOKEN_FILE" in str(caught.value)
+    assert "CONVERGERD_API_TOKEN " in str(caught.value)
+    assert "given-tok-42" not in str(caught.value)
+    assert TOKEN not in str(caught.value)
+
+
+def test_both_ways_for_the_database_url_too(secret_files: tuple[Path, Path]) -> None:
+    with pytest.raises(ConfigError, match="CONVERGERD_DATABASE_URL_FILE=.*CONVERGERD_DATABASE_URL "
+                       r"\(--database-url\) is set too") as caught:
+        load_settings({"CONVERGERD_DATABASE_URL": DSN,
+                       "CONVERGERD_DATABASE_URL_FILE": str(secret_files[0])})
+    assert "s3cr3t-pw" not in str(caught.value)
+
+
+def test_secrets_given_as_flags_are_named() -> None:
+    flags: dict[str, str | None] = {"api_token": "tok", "database_url": None,
+                                    "api_token_file": "/run/token", "http_addr": ":1"}
+    assert [s.flag for s in secrets_in_flags(flags)] == ["--api-token"]
+    assert [s.flag for s in secrets_in_flags({"database_url": DSN})] == ["--database-url"]
+
+
+def test_import_size_limit_defaults_to_4_mib_and_is_checked() -> None:
+    assert load_settings({}).import_max_bytes == 4 * 1024 * 1024
+    assert load_settings({"CONVERGERD_IMPORT_MAX_BYTES": "100"}).import_max_bytes == 100
+    assert load_settings({}, {"import_max_bytes": "7"}).import_max_bytes == 7
+    for bad in ("0", "-1", "4MiB", "1.5", ""):
+        with pytest.raises(ConfigError) as caught:
+            load_settings({"CONVERGERD_IMPORT_MAX_BYTES": bad})
+        assert caught.value.setting == "CONVERGERD_IMPORT_MAX_BYTES"

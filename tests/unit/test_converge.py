@@ -39,9 +39,8 @@ from convergerd.model import (
     InvalidPolicy,
     Policy,
     PolicyRow,
-    validate_policy,
 )
-from convergerd.render import render_policy
+from convergerd.render import render_policy, validate_policy
 from convergerd.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 
 pytestmark = pytest.mark.looptime
@@ -580,6 +579,7 @@ async def test_persistent_server_errors_fail_the_cluster_within_the_round() -> N
 
     o = outcome(report, "c1")
     assert (o.error, o.reason) == ("503 Service Unavailable", "server_error")
+    assert o.reached  # it answered (with 503): reached, as the prober judges it too
     assert len(clusters["c1"].of("list")) == 3
     assert outcome(report, "c2").converged
 

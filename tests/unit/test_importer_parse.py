@@ -1,20 +1,34 @@
-"""`convergerd import` file validation: pure, no database."""
+"""`convergerd import` file reading and validation: no database."""
 
 from __future__ import annotations
 
+import os
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
+from convergerd.model import InvalidPolicy, PolicyRow
+from convergerd.render import validate_policy
 from convergerd.store.importer import (
+    MAX_PROBLEMS_LISTED,
+    POLICY_FIELDS,
+    TOP_LEVEL_KEYS,
     ImportedBoundary,
     ImportedPolicy,
     ImportFileError,
     ImportPlan,
     check_references,
+    load_file,
+    parse_file_bytes,
     parse_import,
 )
+from convergerd.store.yamlfile import YAML_MAX_DEPTH, YAML_MAX_NODES, BadFile, read_bounded
 
 GOOD = """
 clusters:   [{id: c0001}, {id: c0002}]
@@ -186,3 +200,252 @@ def test_unknown_references_are_errors() -> None:
         "policies[0] (id 'p'): boundary: unknown boundary 'nowhere' (not in the file nor the "
         "database)",
     ]
+
+
+# --- the file itself: bounded, UTF-8, one shallow YAML document --------------------------
+
+BOMB = "lol: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"lol{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10)
+)
+
+
+def file_problem(data: bytes) -> str:
+    with pytest.raises(ImportFileError) as caught:
+        parse_file_bytes(data)
+    [problem] = caught.value.problems
+    assert "\n" not in str(caught.value)
+    return problem
+
+
+def test_the_example_file_parses_from_bytes() -> None:
+    assert parse_file_bytes(GOOD.encode()) == parse_import(yaml.safe_load(GOOD))
+
+
+def test_an_alias_bomb_is_refused_quickly() -> None:
+    assert file_problem(BOMB.encode()).startswith(
+        f"more than {YAML_MAX_NODES} values once YAML aliases are expanded at line "
+    )
+
+
+def test_aliases_within_the_limit_are_fine() -> None:
+    doc = """
+    clusters: [{id: c1}, {id: c2}]
+    boundaries:
+      - {id: team-a, clusters: &both [c1, c2]}
+      - {id: team-b, clusters: *both}
+    """
+    plan = parse_file_bytes(textwrap.dedent(doc).encode())
+    assert [b.clusters for b in plan.boundaries] == [("c1", "c2"), ("c1", "c2")]
+
+
+def test_merge_keys_count_what_they_copy() -> None:
+    doc = "a: &m0 {k0: 0, k1: 1, k2: 2, k3: 3}\n" + "".join(
+        f"a{i}: &m{i} {{<<: [{', '.join([f'*m{i - 1}'] * 4)}], x{i}: {i}}}\n"
+        for i in range(1, 12)
+    )
+    assert file_problem(doc.encode()).startswith(f"more than {YAML_MAX_NODES} values")
+
+
+def test_a_recursive_alias_is_refused() -> None:
+    assert file_problem(b"clusters: &a [*a]\n") == (
+        "a YAML alias refers to a value that contains it at line 1, column 15"
+    )
+
+
+@pytest.mark.parametrize("opener", ["[", "{a: ", "- "])
+def test_deep_nesting_is_refused(opener: str) -> None:
+    closer = {"[": "]", "{a: ": "}", "- ": ""}[opener]
+    text = opener * 100_000 + "x" + closer * 100_000
+    if opener == "- ":  # block style: each level on its own line, indented
+        text = "".join(f"{'  ' * i}-\n" for i in range(100)) + "  " * 100 + "x\n"
+    assert file_problem(text.encode()).startswith(f"nested deeper than {YAML_MAX_DEPTH} levels at")
+
+
+def test_nesting_up_to_the_limit_is_parsed() -> None:
+    depth = YAML_MAX_DEPTH - 1  # the top-level mapping is one level
+    problem = file_problem(("x: " + "[" * depth + "]" * depth).encode())
+    assert problem.startswith("file: unknown key(s) x")
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"clusters: [{id: c1}]\n\xff\xfe", "not UTF-8 text: byte 0xff at offset 21 cannot be "
+                                            "decoded; save the file as UTF-8"),
+        ("clusters: []".encode("utf-16"), "not UTF-8 text: byte 0xff at offset 0"),
+        (b"clusters: []\n\x00\x01\x02\x03", "character #x0000 at line 2, column 1 is not "
+                                            "allowed in YAML"),
+        (b"\x7fELF\x02\x01\x01\x00\x00", "character #x007f at line 1, column 1"),
+        (b"clusters: []\n---\nclusters: []\n", "more than one YAML document (the second "
+                                              "starts at line 2, column 1); put everything in one"),
+        (b"- {id: c1}\n", "file: must be a mapping with clusters, boundaries, policies, got list"),
+        (b"just text\n", "file: must be a mapping with clusters, boundaries, policies, got str"),
+        (b"", "file: must be a mapping with clusters, boundaries, policies, got an empty file"),
+        (b"clusters: [{id: c1}\n", "not valid YAML at line 2, column 1: expected ',' or ']', "
+                                   "but got '<stream end>'"),
+        (b"a: !!python/object:os.system x\n", "not valid YAML at line 1, column 4: could not "
+                                              "determine a constructor for the tag"),
+        (b"clusters: [{id: 2001-13-45}]\n", "a value cannot be read: month must be in 1..12"),
+        (b"clusters: [{id: 1" + b"0" * 5000 + b"}]\n", "a value cannot be read: Exceeds the "
+                                                       "limit"),
+        (b"clusters: [{id: 0x" + b"f" * 5000 + b"}]\n", "clusters[0] (id <20000-bit integer>): "
+                                                        "id: must be a string"),
+    ],
+    ids=["latin-1", "utf-16", "nul", "binary", "two-documents", "list", "scalar", "empty",
+         "unclosed", "python-tag", "bad-date", "long-int", "long-hex"],
+)
+def test_a_bad_file_gets_one_clear_problem(data: bytes, expected: str) -> None:
+    assert file_problem(data).startswith(expected)
+
+
+def test_a_byte_order_mark_is_accepted() -> None:
+    assert parse_file_bytes(b"\xef\xbb\xbfclusters: [{id: c1}]\n").clusters == ("c1",)
+
+
+def test_long_values_are_quoted_shortened() -> None:
+    data = {"policies": [{"id": "p" * 5000, "boundary": "b" * 5000, "enabled": "y" * 5000,
+                          "rule": {"type": "T" * 5000, "x" * 5000: 1}}],
+            "z" * 5000: 1}
+    found = problems(data)
+    assert len(found) == 5, found
+    for problem in found:
+        assert len(problem) <= 300, problem
+        assert "…" in problem
+
+
+def test_a_file_with_thousands_of_problems_lists_the_first_fifty() -> None:
+    with pytest.raises(ImportFileError) as caught:
+        parse_import({"clusters": [{"id": f"C{i}"} for i in range(10_000)]})
+    assert len(caught.value.problems) == MAX_PROBLEMS_LISTED
+    message = str(caught.value)
+    assert message.startswith("file: rejected, nothing imported (10000 problems):")
+    assert message.endswith(f"\n  ... and {10_000 - MAX_PROBLEMS_LISTED} more")
+
+
+# --- policies in a file obey the same limits as a round ------------------------------------
+
+
+def test_a_policy_over_a_limit_is_refused_as_a_round_would() -> None:
+    registries = [f"r{i}.example.com" for i in range(65)]
+    rule = {"type": "AllowedRegistries", "registries": registries}
+    [problem] = problems({"policies": [{"id": "p", "boundary": "b", "rule": rule}]})
+    round_reason = validate_policy(PolicyRow("p", "b", rule, True, 1))
+    assert isinstance(round_reason, InvalidPolicy)
+    assert problem == f"policies[0] (id 'p'): {round_reason.reason}"
+    assert problem.startswith("policies[0] (id 'p'): rule.registries: 65 entries, at most 64")
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        ({"type": "RequiredLabels", "labels": ["n" * 64]}, "rule.labels: 'nnn"),
+        ({"type": "AllowedRegistries", "registries": ["x.io/"]}, "rule.registries: 'x.io/' ends"),
+        ({"type": "AllowedRegistries", "registries": ["x.io team"]},
+         "rule.registries: 'x.io team' contains whitespace"),
+    ],
+)
+def test_policy_parameter_limits_apply_to_the_file(rule: Any, expected: str) -> None:
+    [problem] = problems({"policies": [{"id": "p", "boundary": "b", "rule": rule}]})
+    assert problem.startswith(f"policies[0] (id 'p'): {expected}")
+
+
+# --- reading: the size limit is checked before anything is parsed --------------------------
+
+SETTING = "CONVERGERD_IMPORT_MAX_BYTES"
+
+
+def test_a_file_at_the_limit_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "f.yaml"
+    path.write_bytes(b"x" * 100)
+    assert read_bounded(path, 100, setting=SETTING) == b"x" * 100
+
+
+def test_a_file_over_the_limit_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    path = tmp_path / "f.yaml"
+    path.write_bytes(b"clusters: []\n" * 1000)
+    with pytest.raises(ImportFileError) as caught:
+        load_file(path, max_bytes=100)
+    assert str(caught.value) == (
+        f"{path}: rejected, nothing imported: 13000 bytes, more than 100 bytes, the limit set "
+        "by CONVERGERD_IMPORT_MAX_BYTES"
+    )
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom"])
+def test_a_device_is_refused_without_reading_it(special: str) -> None:
+    with pytest.raises(BadFile, match=r"^not a regular file \(a directory, pipe or device\)"):
+        read_bounded(Path(special), 100, setting=SETTING)
+
+
+def test_a_named_pipe_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(BadFile, match=r"^not a regular file"):
+        read_bounded(fifo, 100, setting=SETTING)
+
+
+def test_a_directory_or_a_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(BadFile, match=r"^not a regular file"):
+        read_bounded(tmp_path, 100, setting=SETTING)
+    with pytest.raises(ImportFileError, match=r"rejected, nothing imported: cannot read: No such"):
+        load_file(tmp_path / "missing.yaml")
+
+
+# --- property: no input escapes as anything but our own, short, error ----------------------
+
+_SCALARS = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    | st.text(max_size=200)
+)
+_KEYS = st.sampled_from([*TOP_LEVEL_KEYS, *POLICY_FIELDS, "type", "labels", "registries",
+                         "plans"]) | st.text(max_size=30)
+_DOCS = st.recursive(
+    _SCALARS,
+    lambda children: st.lists(children, max_size=10) | st.dictionaries(_KEYS, children,
+                                                                       max_size=6),
+    max_leaves=60,
+)
+
+
+def _short_problems_if_refused(parse: Callable[[], object]) -> None:
+    """`parse()` returns, or raises `ImportFileError` with a few short one-line problems."""
+    problems: list[str] = []
+    try:
+        parse()
+    except ImportFileError as exc:
+        problems = exc.problems
+        assert problems
+    assert len(problems) <= MAX_PROBLEMS_LISTED
+    for problem in problems:
+        assert 0 < len(problem) <= 300, problem
+        assert "\n" not in problem
+
+
+def _parsed_or_refused(data: bytes) -> None:
+    _short_problems_if_refused(lambda: parse_file_bytes(data))
+
+
+@given(st.binary(max_size=2000))
+def test_any_bytes_parse_or_are_refused_with_short_problems(data: bytes) -> None:
+    _parsed_or_refused(data)
+
+
+@given(st.text(max_size=2000))
+def test_any_text_parses_or_is_refused_with_short_problems(text: str) -> None:
+    _parsed_or_refused(text.encode("utf-8", "surrogatepass"))
+
+
+@given(_DOCS)
+def test_any_document_parses_or_is_refused_with_short_problems(doc: Any) -> None:
+    _parsed_or_refused(yaml.safe_dump(doc).encode())
+    _parsed_or_refused(yaml.safe_dump(doc, default_flow_style=True).encode())
+
+
+_ENTRY_VALUES = st.recursive(_SCALARS, lambda children: st.lists(children, max_size=5)
+                             | st.dictionaries(_KEYS, children, max_size=4), max_leaves=10)
+
+
+@given(st.dictionaries(st.sampled_from(TOP_LEVEL_KEYS), st.lists(
+    st.dictionaries(st.sampled_from(POLICY_FIELDS), _ENTRY_VALUES, max_size=4), max_size=4)))
+def test_any_entries_parse_or_are_refused_with_short_problems(doc: Any) -> None:
+    _short_problems_if_refused(lambda: parse_import(doc))

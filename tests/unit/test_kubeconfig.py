@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import base64
+import logging
+import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from convergerd.config import ClusterAccess
 from convergerd.errors import ConfigError, NoCredentials
 from convergerd.kube.kubeconfig import (
+    MAX_CREDENTIAL_FILE_BYTES,
     Credentials,
+    check_secure,
     in_cluster_credentials,
     load_kubeconfig,
     parse_kubeconfig,
 )
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.kube.tlsctx import TlsContexts, tls_key
+from convergerd.model import ClusterId
+from convergerd.sim.kubeconfig import KubeconfigEntry, kubeconfig_document
 
 TOKEN = "s3cr3t-token-value"
 CA = b"-----BEGIN CERTIFICATE-----\nnot really\n-----END CERTIFICATE-----\n"
@@ -235,3 +242,204 @@ def test_invalid_ca_is_a_clear_error() -> None:
     creds = Credentials(name="c0001", server="https://x", ca_pem=CA)
     with pytest.raises(NoCredentials, match="certificate-authority is not a valid PEM"):
         TlsContexts().context_for(creds)
+
+
+
+def _one_cluster(skip: str, server: str = "https://127.0.0.1:1") -> str:
+    return f"""
+clusters:
+- name: c
+  cluster: {{server: "{server}", insecure-skip-tls-verify: {skip}}}
+users:
+- {{name: u, user: {{token: {TOKEN}}}}}
+contexts:
+- {{name: c0001, context: {{cluster: c, user: u}}}}
+"""
+
+
+def _creds(skip: str, server: str = "https://127.0.0.1:1") -> Credentials:
+    return parse_kubeconfig(_one_cluster(skip, server), base_dir=Path("/nonexistent")
+                            ).credentials("c0001")
+
+
+@pytest.mark.parametrize(
+    ("skip", "off"), [("true", True), ("false", False), ("null", False), ("~", False)]
+)
+def test_insecure_skip_tls_verify_takes_yaml_booleans(skip: str, off: bool) -> None:
+    assert _creds(skip).insecure_skip_tls_verify is off
+
+
+@pytest.mark.parametrize(
+    ("skip", "shown"),
+    [
+        # The string "false" used to turn verification OFF (bool("false") is True).
+        ('"false"', "str 'false'"),
+        ('"true"', "str 'true'"),
+        ("0", "int 0"),
+        ("1", "int 1"),
+        ("[true]", "list [True]"),
+        ("{}", "dict {}"),
+    ],
+)
+def test_insecure_skip_tls_verify_of_another_type_rejects_that_context(
+    skip: str, shown: str
+) -> None:
+    with pytest.raises(NoCredentials) as info:
+        _creds(skip)
+    assert str(info.value) == (
+        "context 'c0001': insecure-skip-tls-verify must be a YAML boolean (true or false, "
+        f"unquoted), not {shown}"
+    )
+    assert TOKEN not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("skip", "server", "why"),
+    [
+        ("true", "https://127.0.0.1:1", "insecure-skip-tls-verify is true"),
+        ("false", "http://127.0.0.1:1", "the server is http:// (the bearer token would go out "
+                                        "in clear)"),
+    ],
+)
+def test_insecure_clusters_are_refused_unless_allowed(skip: str, server: str, why: str) -> None:
+    creds = _creds(skip, server)
+    with pytest.raises(NoCredentials) as info:
+        check_secure(creds, allow_insecure=False)
+    assert info.value.reason == "insecure"
+    message = str(info.value)
+    assert message.startswith("context 'c0001': refused as insecure: ")
+    assert why in message
+    assert "CONVERGERD_ALLOW_INSECURE_CLUSTERS=true" in message
+    assert TOKEN not in message
+    assert why in (check_secure(creds, allow_insecure=True) or "")
+
+
+def test_verified_https_is_not_insecure(kubeconfig: Path) -> None:
+    config = load_kubeconfig(kubeconfig)
+    for name in ("c0001", "c0002", "c0003"):
+        assert check_secure(config.credentials(name), allow_insecure=False) is None
+
+
+def test_the_simulators_kubeconfig_is_secure() -> None:
+    doc = kubeconfig_document(
+        [KubeconfigEntry(name="c0001", server="https://127.0.0.1:40123/clusters/c0001",
+                         ca_pem=CA, token=TOKEN)], current="c0001")
+    creds = parse_kubeconfig(yaml.safe_dump(doc), base_dir=Path("/nonexistent")
+                             ).credentials("c0001")
+    assert (creds.ca_pem, creds.insecure_skip_tls_verify) == (CA, False)
+    assert check_secure(creds, allow_insecure=False) is None
+
+
+def test_messages_quote_kubeconfig_values_shortened() -> None:
+    long_name = "c" * 5000
+    text = _one_cluster("false").replace("cluster: c, user: u", f"cluster: {long_name}, user: u")
+    with pytest.raises(NoCredentials) as info:
+        parse_kubeconfig(text, base_dir=Path("/nonexistent")).credentials("c0001")
+    assert len(str(info.value)) < 300
+    assert "is not in the kubeconfig" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["2020-13-01", "!!int 0xZZ", "!!float abc", "1" * 5000])
+def test_yaml_values_of_an_impossible_type_are_a_config_error(value: str) -> None:
+    # PyYAML raises a bare ValueError for these: it used to escape as a crash.
+    with pytest.raises(ConfigError, match="not valid YAML") as info:
+        parse_kubeconfig(f"users:\n- name: u\n  user: {{token: {TOKEN}, x: {value}}}\n",
+                         base_dir=Path("/nonexistent"))
+    assert TOKEN not in str(info.value)
+
+
+def test_credential_files_are_bounded(tmp_path: Path) -> None:
+    big = tmp_path / "ca.crt"
+    big.write_bytes(b"x" * (MAX_CREDENTIAL_FILE_BYTES + 1))
+    text = _one_cluster("false").replace('insecure-skip-tls-verify: false',
+                                         f"certificate-authority: {big}")
+    with pytest.raises(NoCredentials, match=r"certificate-authority .* is larger than"):
+        parse_kubeconfig(text, base_dir=tmp_path).credentials("c0001")
+
+
+def test_a_nul_in_a_credential_path_fails_that_context() -> None:
+    text = _one_cluster("false").replace('insecure-skip-tls-verify: false',
+                                         'certificate-authority: "ca\\0.crt"')
+    with pytest.raises(NoCredentials, match=r"cannot read certificate-authority .*not a valid"):
+        parse_kubeconfig(text, base_dir=Path("/nonexistent")).credentials("c0001")
+
+
+def _access(kubeconfig: Path, *, allow_insecure: bool) -> ClusterAccess:
+    return ClusterAccess(kubeconfig=kubeconfig, request_timeout_s=1.0, connect_timeout_s=1.0,
+                         qps=10.0, burst=10, apply_concurrency=1, allow_insecure=allow_insecure)
+
+
+INSECURE_FLEET = KUBECONFIG + """\
+- {name: skip, context: {cluster: skip, user: u1}}
+- {name: plain-http, context: {cluster: plain-http, user: u1}}
+- {name: system-ca, context: {cluster: system-ca, user: u1}}
+"""
+INSECURE_CLUSTERS = """\
+- name: skip
+  cluster: {server: "https://127.0.0.1:40123", insecure-skip-tls-verify: true}
+- name: plain-http
+  cluster: {server: "http://127.0.0.1:40123"}
+- name: system-ca
+  cluster: {server: "https://127.0.0.1:40123", insecure-skip-tls-verify: false}
+"""
+
+
+@pytest.fixture
+def insecure_kubeconfig(kubeconfig: Path) -> Path:
+    kubeconfig.write_text(
+        INSECURE_FLEET.replace("clusters:\n", "clusters:\n" + INSECURE_CLUSTERS, 1))
+    return kubeconfig
+
+
+async def test_registry_refuses_insecure_clusters_and_home_alike(
+    insecure_kubeconfig: Path
+) -> None:
+    seen: list[tuple[str, bool]] = []
+    registry = ClusterRegistry(
+        kubeconfig=insecure_kubeconfig, access=_access(insecure_kubeconfig, allow_insecure=False),
+        identity="test", on_insecure=lambda c, i: seen.append((c, i)),
+    )
+    try:
+        for name in ("skip", "plain-http"):
+            with pytest.raises(NoCredentials) as info:
+                registry.get(ClusterId(name))
+            assert info.value.reason == "insecure"
+            with pytest.raises(NoCredentials, match="refused as insecure"):
+                registry.home(name)  # the Lease's cluster follows the same rule
+        registry.get(ClusterId("system-ca"))  # the others are opened
+        assert seen == [("system-ca", False)]
+    finally:
+        await registry.close()
+
+
+async def test_registry_allows_insecure_clusters_when_told_and_warns_once(
+    insecure_kubeconfig: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[tuple[str, bool]] = []
+    registry = ClusterRegistry(
+        kubeconfig=insecure_kubeconfig, access=_access(insecure_kubeconfig, allow_insecure=True),
+        identity="test", on_insecure=lambda c, i: seen.append((c, i)),
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="convergerd.kube.registry"):
+            before = registry.client(ClusterId("skip"))
+            registry.get(ClusterId("plain-http"))
+            assert registry.client(ClusterId("skip")) is before  # reused: no second warning
+            # A reload that changes the insecure cluster's credentials rebuilds its client,
+            # and still does not warn again.
+            insecure_kubeconfig.write_text(
+                insecure_kubeconfig.read_text().replace("127.0.0.1:40123\", insecure",
+                                                        "127.0.0.1:40124\", insecure"))
+            os.utime(insecure_kubeconfig, ns=(1, 1))
+            assert await registry.refresh()
+            assert registry.client(ClusterId("skip")) is not before
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 2, warnings
+        assert "cluster skip is reached insecurely" in warnings[0]
+        assert "insecure-skip-tls-verify is true" in warnings[0]
+        assert "cluster plain-http is reached insecurely" in warnings[1]
+        assert all(TOKEN not in w for w in warnings)
+        assert seen == [("skip", True), ("plain-http", True), ("skip", True)]
+    finally:
+        await registry.close()
+

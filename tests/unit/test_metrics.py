@@ -266,3 +266,47 @@ def test_a_round_that_could_not_run_keeps_the_invalid_policies_gauge(metrics: Me
                             cancelled=True, error="grace period over")
     metrics.observe_round(cancelled)
     assert value(metrics, "convergerd_invalid_policies") == 1
+
+
+def test_insecure_clusters_gauge_is_1_only_for_them_and_pruned_with_the_cluster(
+    clock: WallClock,
+) -> None:
+    m = Metrics(clock=clock, clusters=["c1", "c2"], process_collectors=False)
+    m.set_cluster_insecure("c1", True)
+    m.set_cluster_insecure("c2", False)
+    assert parse(m)["convergerd_cluster_insecure"][0] == "gauge"
+    assert value(m, "convergerd_cluster_insecure", cluster="c1") == 1
+    assert value(m, "convergerd_cluster_insecure", cluster="c2") is None
+    m.set_clusters(["c2"])  # c1 left the fleet
+    assert value(m, "convergerd_cluster_insecure", cluster="c1") is None
+    m.set_cluster_insecure("c2", True)
+    m.set_cluster_insecure("c2", False)  # its kubeconfig was fixed
+    assert value(m, "convergerd_cluster_insecure", cluster="c2") is None
+
+
+def test_removed_clusters_lose_their_series_and_late_observations_do_not_bring_them_back(
+    clock: WallClock,
+) -> None:
+    m = Metrics(interval_s=INTERVAL, clock=clock, process_collectors=False, keep=["home"])
+    m.set_clusters(["c1", "c2"])
+    m.request_done("home", "update", 200, 0.01)  # the Lease, not a fleet member
+    m.observe_round(round_at(T0, outcome("c2", reached=True, desired=1, in_sync=1,
+                                         deliveries=[delivery("c2", "p1", ApplyResult.CREATED)])))
+    m.request_done("c2", "apply", 201, 0.1)
+    grown = m.sizes()
+
+    m.set_clusters(["c1"])
+    # In flight when c2 was deleted: a probe, a request, a retry, a seeded success.
+    m.set_cluster_up("c2", True)
+    m.request_done("c2", "version", 200, 0.01)
+    m.retry("c2", "throttled")
+    m.seed_last_success("c2", T0)
+    m.observe_round(round_at(T0, outcome("c2", reached=True)))
+
+    assert 'cluster="c2"' not in m.render().decode()
+    assert m.sizes()["clusters"] == 1
+    assert m.sizes()["series"] < grown["series"]
+    assert value(m, "convergerd_cluster_requests_total", cluster="home", verb="update",
+                 code="200") == 1
+    m.set_clusters(["c1", "c2"])  # back again: zeroed, counted from now on
+    assert value(m, "convergerd_applies_total", cluster="c2", result="created") == 0

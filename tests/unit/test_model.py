@@ -5,9 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from convergerd.model import (
     POLICY_ID_MAX_LEN,
+    REGISTRY_MAX_LEN,
+    RULE_LIST_MAX_ENTRIES,
+    RULE_TYPES,
     Boundary,
     BoundaryId,
     Cluster,
@@ -18,8 +23,9 @@ from convergerd.model import (
     PolicyId,
     PolicyRow,
     Rule,
-    validate_policy,
+    RuleError,
 )
+from convergerd.render import MAX_OBJECT_BYTES, check_object_size, object_size, validate_policy
 
 FORBID_LATEST: dict[str, Any] = {"type": "ForbidLatestTag"}
 
@@ -324,3 +330,161 @@ def test_disabled_policy_is_still_delivered() -> None:
     off = valid(row(id="p-off", enabled=False))
     f = fleet(["c1"], {"team-a": ["c1"]}, [off])
     assert [p.enabled for p in f.desired_by_cluster()[ClusterId("c1")]] == [False]
+
+
+# --- limits: what one row may put into every cluster of its boundary ------------------------
+
+
+def test_a_rule_list_holds_at_most_64_entries() -> None:
+    at_limit = [f"r{i}.example.com" for i in range(RULE_LIST_MAX_ENTRIES)]
+    assert valid(row(rule={"type": "AllowedRegistries", "registries": at_limit}))
+    over = [*at_limit, "one-more.example.com"]
+    bad = invalid(row(rule={"type": "AllowedRegistries", "registries": over}))
+    assert bad.reason.startswith("rule.registries: 65 entries, at most 64: ['r0.example.com'")
+    assert len(bad.reason) <= 200
+
+
+@pytest.mark.parametrize("key", ["labels", "plans"])
+def test_every_list_parameter_is_limited(key: str) -> None:
+    rule_type = {"labels": "RequiredLabels", "plans": "AllowedComputePlans"}[key]
+    entries = [f"x{i}" for i in range(RULE_LIST_MAX_ENTRIES + 1)]
+    bad = invalid(row(rule={"type": rule_type, key: entries}))
+    assert bad.reason.startswith(f"rule.{key}: 65 entries, at most 64")
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "n" * 63,
+        "p" * 253 + "/name",
+        "a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 61 + "/" + "n" * 63,
+    ],
+)
+def test_label_keys_up_to_the_kubernetes_limits_are_valid(key: str) -> None:
+    assert valid(row(rule={"type": "RequiredLabels", "labels": [key]}))
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ("n" * 64, "has a name of 64 characters, at most 63"),
+        ("p" * 254 + "/name", "has a prefix of 254 characters, at most 253"),
+        ("p" * 253 + "/" + "n" * 64, "is 318 characters, at most 317"),
+        ("Example.com/name", "has a prefix that is not a DNS subdomain"),
+        ("bad key", "is not a valid label key"),
+    ],
+)
+def test_label_key_over_a_limit_names_the_limit(key: str, reason: str) -> None:
+    bad = invalid(row(rule={"type": "RequiredLabels", "labels": [key]}))
+    assert bad.reason.startswith("rule.labels: '")
+    assert reason in bad.reason
+
+
+@pytest.mark.parametrize(
+    ("prefix", "reason"),
+    [
+        ("r" * 254, "is 254 characters, at most 253"),
+        ("registry.example.com/team a", "contains whitespace or control characters"),
+        ("registry.example.com\tx", "contains whitespace or control characters"),
+        ("registry.example.com\x00", "contains whitespace or control characters"),
+        ("https://registry.example.com", "has a scheme"),
+        ("registry.example.com/team/", "ends with '/'"),
+        ("Registry.example.com", "is not a registry prefix like 'registry.example.com'"),
+    ],
+)
+def test_registry_prefix_problems_are_named(prefix: str, reason: str) -> None:
+    bad = invalid(row(rule={"type": "AllowedRegistries", "registries": [prefix]}))
+    assert bad.reason.startswith("rule.registries: ")
+    assert reason in bad.reason
+
+
+def test_a_registry_prefix_of_253_characters_is_valid() -> None:
+    prefix = "r" * 200 + ".example.com/" + "t" * 40
+    assert len(prefix) == REGISTRY_MAX_LEN
+    assert valid(row(rule={"type": "AllowedRegistries", "registries": [prefix]}))
+
+
+def test_a_plan_name_is_limited_too() -> None:
+    bad = invalid(row(rule={"type": "AllowedComputePlans", "plans": ["p" * 254]}))
+    assert bad.reason.startswith("rule.plans: 'ppp")
+    assert "254 characters, at most 253" in bad.reason
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"type": "AllowedRegistries", "registries": ["https://" + "x" * 100_000]},
+        {"type": "RequiredLabels", "labels": ["k" * 100_000]},
+        {"type": "RequiredLabels", "labels": ["k" * 100_000, "k" * 100_000]},
+        {"type": "RequiredLabels", "labels": "k" * 100_000},
+        {"type": "Nope" + "x" * 100_000},
+        {"type": "ForbidLatestTag", "x" * 100_000: 1},
+        "r" * 100_000,
+    ],
+    ids=["registry", "label", "duplicates", "not-a-list", "type", "field", "rule"],
+)
+def test_long_values_are_quoted_shortened(rule: Any) -> None:
+    bad = invalid(row(rule=rule))
+    assert len(bad.reason) <= 300, bad.reason
+    assert "…" in bad.reason
+
+
+def test_long_ids_are_quoted_shortened() -> None:
+    assert len(invalid(row(id="p" * 100_000)).reason) <= 300
+    assert len(invalid(row(boundary="b" * 100_000)).reason) <= 300
+
+
+def test_the_largest_valid_policy_renders_well_under_the_object_limit() -> None:
+    # The list and length limits keep every valid policy far below the object limit.
+    labels = [f"{'p' * 239}{i:02d}.example.com/{'n' * 61}{i:02d}" for i in range(64)]
+    largest = valid(row(id="p" * 50, boundary="b" * 63, revision=2**63 - 1,
+                        rule={"type": "RequiredLabels", "labels": labels}))
+    assert object_size(largest) < MAX_OBJECT_BYTES // 4
+
+
+def test_a_policy_whose_object_is_too_large_is_refused_with_its_size() -> None:
+    # Built directly: no row within the list limits reaches this size.
+    huge = policy("p-huge", rule=Rule("RequiredLabels", {"labels": ("k" * 1000,) * 300}))
+    with pytest.raises(RuleError, match=r"^rule: the Policy object would be \d+ bytes, at most "
+                                        rf"{MAX_OBJECT_BYTES}"):
+        check_object_size(huge)
+    check_object_size(policy("p-small"))
+
+
+def test_a_control_plane_rule_is_never_rendered_so_has_no_object_limit() -> None:
+    plans = policy("p-plans", rule=Rule("AllowedComputePlans", {"plans": ("x" * 1000,) * 300}))
+    check_object_size(plans)
+
+
+# --- property: no input crashes the validator --------------------------------------------
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=300),
+    lambda children: st.lists(children, max_size=80) | st.dictionaries(
+        st.sampled_from(["type", "labels", "registries", "plans", "x"]) | st.text(max_size=20),
+        children, max_size=6,
+    ),
+    max_leaves=200,
+)
+_RULES = st.one_of(
+    _JSONISH,
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(RULE_TYPES)},
+        optional={
+            "labels": st.lists(st.text(max_size=400) | _JSONISH, max_size=70),
+            "registries": st.lists(st.text(max_size=400) | _JSONISH, max_size=70),
+            "plans": st.lists(st.text(max_size=400), max_size=70),
+        },
+    ),
+)
+
+
+@given(policy_id=st.text(max_size=200), boundary=st.text(max_size=200), rule=_RULES)
+def test_any_row_is_valid_or_invalid_with_a_short_reason(
+    policy_id: str, boundary: str, rule: Any
+) -> None:
+    result = validate_policy(row(id=policy_id, boundary=boundary, rule=rule))
+    if isinstance(result, InvalidPolicy):
+        assert 0 < len(result.reason) <= 300, result.reason
+    else:
+        assert object_size(result) <= MAX_OBJECT_BYTES

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
-from convergerd.errors import ClusterLevelError, ClusterUnreachable
+from convergerd.errors import (
+    BadResponse,
+    ClusterLevelError,
+    ClusterUnreachable,
+    NoCredentials,
+    Throttled,
+    TransientApiError,
+)
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
 from convergerd.metrics import Metrics
 from convergerd.model import ClusterId
@@ -35,6 +42,14 @@ class FakeApi:
             raise ClusterUnreachable("connect timeout")
         if self.behaviour == "401":
             raise ClusterLevelError("401 Unauthorized", status=401, reason="unauthorized")
+        if self.behaviour == "429":
+            raise Throttled("429 Too Many Requests", status=429, retry_after_s=1.0)
+        if self.behaviour == "503":
+            raise TransientApiError("503 Service Unavailable", status=503)
+        if self.behaviour == "junk":
+            raise BadResponse("200 answer is not JSON")
+        if self.behaviour == "nocreds":
+            raise NoCredentials("no context")
         if self.behaviour == "hang":
             await asyncio.sleep(3600)
         return "v1.31.0"
@@ -43,10 +58,13 @@ class FakeApi:
 async def test_probe_sets_up_and_down() -> None:
     metrics = Metrics(process_collectors=False)
     state = StatusState(identity="r", interval_s=300)
-    apis: dict[str, PolicyApi] = {n: FakeApi(n, n) for n in ("ok", "down", "401", "hang")}
+    names = ("ok", "down", "401", "429", "503", "junk", "nocreds", "hang")
+    apis: dict[str, PolicyApi] = {n: FakeApi(n, n) for n in names}
     prober = Prober(clusters=lambda: apis, metrics=metrics, state=state, timeout_s=0.05)
     result = await prober.probe_once()
-    assert result == {"401": True, "down": False, "hang": False, "ok": True}
+    # Any answer (even 401, 429, 503 or junk) means the API server was reached.
+    assert result == {"401": True, "429": True, "503": True, "junk": True,
+                      "down": False, "nocreds": False, "hang": False, "ok": True}
     text = metrics.render().decode()
     assert 'convergerd_cluster_up{cluster="down"} 0.0' in text
     assert 'convergerd_cluster_up{cluster="ok"} 1.0' in text
@@ -54,3 +72,15 @@ async def test_probe_sets_up_and_down() -> None:
     assert (down.reachable, down.error) == (False, "connect timeout")
     assert state.clusters[ClusterId("hang")].error == "no answer within 0.05 s"
     assert state.clusters[ClusterId("ok")].server_version == "v1.31.0"
+
+
+async def test_prober_forgets_clusters_it_no_longer_probes() -> None:
+    metrics = Metrics(process_collectors=False)
+    state = StatusState(identity="r", interval_s=300)
+    apis: dict[str, PolicyApi] = {n: FakeApi(n, "ok") for n in ("a", "b", "c")}
+    prober = Prober(clusters=lambda: apis, metrics=metrics, state=state, timeout_s=0.05)
+    await prober.probe_once()
+    assert len(prober) == 3
+    del apis["b"], apis["c"]
+    assert await prober.probe_once() == {"a": True}
+    assert len(prober) == 1

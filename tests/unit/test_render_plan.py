@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from convergerd.model import BoundaryId, Policy, PolicyId, PolicyRow, validate_policy
+from convergerd.model import BoundaryId, Policy, PolicyId, PolicyRow
 from convergerd.plan import Observed, Why, plan_cluster
-from convergerd.render import render_policy
+from convergerd.render import render_policy, validate_policy
 
 
 def make_policy(

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 
 import pytest
 
 from convergerd.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.phases import STALE, is_stale, normalize_phase, phase_counts
 from convergerd.report import (
     ApplyResult,
     ClusterOutcome,
@@ -16,14 +16,11 @@ from convergerd.report import (
     PhaseReading,
     RoundReport,
 )
+from convergerd.rows import ClusterStateRow
 from convergerd.state import (
-    STALE,
     PolicyRecord,
     StatusState,
-    is_stale,
     merge_records,
-    normalize_phase,
-    phase_counts,
     record_view,
     unsupported_rollup,
     worst_first_key,
@@ -219,26 +216,13 @@ def test_leader_read_live_from_the_elector() -> None:
 # -- merging the database's records (standbys) ---------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Row:
-    cluster: str
-    reachable: bool | None
-    desired: int
-    in_sync: int
-    failed: int
-    last_error: str | None
-    last_reason: str | None
-    server_version: str | None
-    last_attempt_at: dt.datetime | None
-    last_success_at: dt.datetime | None
-
-
 def test_standby_takes_the_database_rows() -> None:
     clock = Clock(T0 + dt.timedelta(seconds=60))
     state = StatusState(identity="standby", interval_s=INTERVAL, clock=clock)
     state.absorb_cluster_rows([
-        Row("c1", True, 3, 3, 0, None, None, "v1.31.0", T0, T0),
-        Row("c2", False, 3, 0, 0, "401 Unauthorized", "unauthorized", None, T0, None),
+        ClusterStateRow(ClusterId("c1"), True, T0, T0, None, None, None, 3, 3, 0, "v1.31.0", None),
+        ClusterStateRow(ClusterId("c2"), False, T0, None, None, "401 Unauthorized",
+                        "unauthorized", 3, 0, 0, None, None),
     ])
     doc = state.snapshot()
     assert [c["id"] for c in doc["clusters"]] == ["c2", "c1"]
@@ -251,7 +235,8 @@ def test_older_database_rows_do_not_overwrite_fresher_observations() -> None:
     state = StatusState(identity="r", interval_s=INTERVAL, clock=Clock())
     later = T0 + dt.timedelta(seconds=10)
     state.observe_round(report(later, outcome("c1", reached=False, in_sync=0, error="down")))
-    state.absorb_cluster_rows([Row("c1", True, 1, 1, 0, None, None, None, T0, T0)])
+    state.absorb_cluster_rows([
+        ClusterStateRow(ClusterId("c1"), True, T0, T0, None, None, None, 1, 1, 0, None, None)])
     c1 = state.clusters[ClusterId("c1")]
     assert (c1.reachable, c1.last_error, c1.last_success_at) == (False, "down", T0)
 
@@ -269,3 +254,18 @@ def test_merge_records_takes_the_newer_delivery_and_the_newer_phase() -> None:
     assert merged.delivered_revision == 4  # the failed apply delivered nothing
     assert merged.phase is not None
     assert merged.phase.phase == "Enforcing"
+
+
+def test_records_of_deleted_policies_are_dropped_unless_still_read_back() -> None:
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=Clock())
+    deliveries = [Delivery(ClusterId("c1"), PolicyId(p), 1, ApplyResult.CREATED, T0)
+                  for p in ("p1", "p2", "p3")]
+    state.observe_round(RoundReport(started_at=T0, finished_at=T0, clusters=[
+        outcome("c1", desired=3, in_sync=3, deliveries=deliveries,
+                phases=[reading("c1", "p3", "Enforcing", T0)]),
+    ]))
+    assert len(state.clusters[ClusterId("c1")].policies) == 3
+
+    state.retain_policies(["p1"])  # p2 and p3 deleted; p3's object is still in the cluster
+
+    assert sorted(state.clusters[ClusterId("c1")].policies) == ["p1", "p3"]

@@ -1,0 +1,338 @@
+"""What a cluster sends, decoded and bounded (pure): the one place the rule lives.
+
+A member cluster is untrusted input. Its answers reach PostgreSQL (phases, condition messages,
+error texts), logs and metrics labels, and none of those takes every string: PostgreSQL text
+refuses NUL and lone surrogates, a newline or an ANSI escape forges a log line. So every string
+read from a cluster passes `clean_text` (unsafe characters replaced, length capped) and every
+field is read with the type it must have:
+
+- an answer that cannot be used as a whole (not JSON, not an object, `items` not a list, an
+  item not an object) raises `BadResponse`: that cluster fails for the round, nothing else;
+- a field of one object with the wrong type (`status.phase` an object, `conditions` not a
+  list, `labels` not a map of strings, `generation` not an integer) reads as absent and is
+  noted; `Observed.from_object` then reports that object's phase as `Unknown`, with the field
+  and a shortened value as the reason.
+
+Nothing here raises anything but `BadResponse`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from convergerd.errors import BadResponse
+
+MAX_MESSAGE_CHARS = 500  # condition messages, Status messages, cluster error texts
+MAX_REASON_CHARS = 128  # phases, condition reasons and statuses, Status reasons
+MAX_NAME_CHARS = 253  # object names, label keys (DNS subdomain)
+MAX_LABEL_VALUE_CHARS = 63
+MAX_VERSION_CHARS = 64  # /version gitVersion
+MAX_TOKEN_CHARS = 4096  # resourceVersion, continue tokens (opaque, sent back or shown)
+MAX_VALUE_CHARS = 100  # a wrong value quoted in a message
+MAX_REASON_PHRASE_CHARS = 64
+# PostgreSQL bigint: a revision or generation outside it cannot be stored.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+REPLACEMENT = "\ufffd"
+ELLIPSIS = "…"
+# Line breaks and tabs become spaces (a message stays on one log line) ...
+_SPACES = re.compile("[\t\n\v\f\r\x1c-\x1f\x85\u2028\u2029]")
+# ... and what PostgreSQL, a log line or a label value cannot hold safely becomes U+FFFD: C0 and
+# C1 controls (NUL, ESC), DEL, lone surrogates, and the bidi controls that reorder a line.
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\ud800-\udfff\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def clean_text(value: str, limit: int) -> str:
+    """`value` safe to store, log and label: unsafe characters replaced (NUL, other controls,
+    lone surrogates, bidi controls -> U+FFFD; line breaks and tabs -> space), at most `limit`
+    characters (a cut one ends with "…")."""
+    if not value.isprintable():
+        value = _UNSAFE.sub(REPLACEMENT, _SPACES.sub(" ", value))
+    if len(value) > limit:
+        value = value[: max(0, limit - 1)] + ELLIPSIS
+    return value
+
+
+def preview(value: object, limit: int = MAX_VALUE_CHARS) -> str:
+    """A wrong value as a message quotes it: JSON-ish, ASCII, at most `limit` characters, built
+    without walking more of the value than it shows."""
+    return clean_text(_preview(value, limit + 1), limit)
+
+
+def _preview(value: object, budget: int) -> str:
+    if isinstance(value, str):
+        return json.dumps(value[:budget])
+    if value is None or isinstance(value, bool | int | float):
+        text = json.dumps(value) if not isinstance(value, int) or value.bit_length() < 64 else (
+            "<large integer>")
+        return text[:budget]
+    if isinstance(value, Mapping):
+        parts, used = [], 2
+        for key, item in value.items():
+            if used >= budget:
+                parts.append("...")
+                break
+            part = f"{_preview(str(key), budget - used)}:{_preview(item, budget - used)}"
+            parts.append(part)
+            used += len(part) + 1
+        return "{" + ",".join(parts) + "}"
+    if isinstance(value, Sequence):
+        parts, used = [], 2
+        for item in value:
+            if used >= budget:
+                parts.append("...")
+                break
+            part = _preview(item, budget - used)
+            parts.append(part)
+            used += len(part) + 1
+        return "[" + ",".join(parts) + "]"
+    return f"<{type(value).__name__}>"
+
+
+def _type_name(value: object) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            int: "a number", float: "a number", type(None): "null"}.get(type(value), "a value")
+
+
+def expected(field: str, what: str, value: object) -> str:
+    """`"status.phase: expected a string, got {...}"`."""
+    return f"{field}: expected {what}, got {_type_name(value)} {preview(value)}"
+
+
+# --- whole answers: BadResponse ------------------------------------------------------------
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(body: bytes, what: str) -> Any:
+    """The JSON document in `body`; `BadResponse` naming `what` when it is not JSON (NaN and
+    Infinity are not JSON either)."""
+    try:
+        return json.loads(body, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadResponse(f"{what} is not JSON ({type(exc).__name__})") from None
+
+
+def parse_object(body: bytes, what: str) -> dict[str, Any]:
+    doc = parse_json(body, what)
+    if not isinstance(doc, dict):
+        raise BadResponse(f"{what} is not a JSON object: got {_type_name(doc)} {preview(doc)}")
+    return doc
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    """One page of a list: the items (each an object, not yet decoded further), the continue
+    token (None on the last page) and the list's resourceVersion."""
+
+    items: list[dict[str, Any]]
+    continue_token: str | None
+    resource_version: str
+
+
+def list_page(doc: Mapping[str, Any]) -> ListPage:
+    """A list answer's shape, checked: `BadResponse` when it cannot be used."""
+    items = doc.get("items")
+    if items is None:
+        items = []
+    if not isinstance(items, list):
+        raise BadResponse(expected("list answer: items", "a list", items))
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadResponse(expected(f"list answer: items[{index}]", "an object", item))
+    meta = doc.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise BadResponse(expected("list answer: metadata", "an object", meta))
+    token = _token(meta, "continue")
+    version = clean_text(_token(meta, "resourceVersion") or "", MAX_TOKEN_CHARS)
+    return ListPage(items=items, continue_token=token or None, resource_version=version)
+
+
+def _token(meta: Mapping[str, Any], key: str) -> str | None:
+    """An opaque token: sent back to the same cluster as is (continue), shown cleaned
+    (resourceVersion)."""
+    value = meta.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadResponse(expected(f"list answer: metadata.{key}", "a string", value))
+    if len(value) > MAX_TOKEN_CHARS:
+        raise BadResponse(f"list answer: metadata.{key}: longer than {MAX_TOKEN_CHARS} "
+                          f"characters: {preview(value)}")
+    return value
+
+
+def git_version(doc: Mapping[str, Any]) -> str:
+    """`gitVersion` of a /version answer, cleaned; `BadResponse` when it is not a string."""
+    value = doc.get("gitVersion", "")
+    if not isinstance(value, str):
+        raise BadResponse(expected("/version answer: gitVersion", "a string", value))
+    return clean_text(value, MAX_VERSION_CHARS)
+
+
+# --- error answers: never raise ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StatusBody:
+    """What an error answer says, cleaned: a `Status` object's message, reason,
+    `details.retryAfterSeconds` and `details.name`; a body that is not a Status (a proxy's
+    page, the usual plain-text 429) gives its text as the message."""
+
+    message: str | None = None
+    reason: str | None = None
+    retry_after_s: float | None = None
+    details_name: str | None = None
+
+
+def status_body(body: bytes) -> StatusBody:
+    """Never raises: what cannot be read is left out."""
+    if not body:
+        return StatusBody()
+    try:
+        doc = json.loads(body, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return StatusBody(message=message_text(body.decode("utf-8", "replace")))
+    if not isinstance(doc, dict):
+        return StatusBody()
+    details = doc.get("details")
+    details = details if isinstance(details, dict) else {}
+    name = details.get("name")
+    return StatusBody(
+        message=message_text(doc.get("message")),
+        reason=short_text(doc.get("reason")),
+        retry_after_s=seconds(details.get("retryAfterSeconds")),
+        details_name=clean_text(name, MAX_NAME_CHARS) if isinstance(name, str) else None,
+    )
+
+
+def message_text(value: object) -> str | None:
+    """A readable message: whitespace runs collapsed to one space, cleaned, capped at
+    `MAX_MESSAGE_CHARS`; None when `value` is not a non-empty string."""
+    if not isinstance(value, str):
+        return None
+    # Only the head is split: a 16 MiB message is not split whole.
+    head = value[: 2 * MAX_MESSAGE_CHARS]
+    text = " ".join(head.split())
+    if len(head) < len(value):
+        text = text[: MAX_MESSAGE_CHARS - 1] + ELLIPSIS
+    return clean_text(text, MAX_MESSAGE_CHARS) or None
+
+
+def short_text(value: object, limit: int = MAX_REASON_CHARS) -> str | None:
+    """A short string (a reason, a phase), cleaned and capped; None when not a string."""
+    if not isinstance(value, str):
+        return None
+    return clean_text(value, limit) or None
+
+
+def seconds(value: object) -> float | None:
+    """A non-negative, finite number of seconds (a JSON number, or the delta-seconds form of a
+    `Retry-After` header); None for anything else (booleans, strings in a JSON body, NaN)."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip()[:32])
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def as_int(value: object) -> int | None:
+    """An integer that fits PostgreSQL's bigint (booleans are not integers); else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if INT64_MIN <= value <= INT64_MAX else None
+
+
+# --- fields of one object: noted, never raised ---------------------------------------------
+
+
+class FieldReader:
+    """Typed reads from one object listed from a cluster. A field with the wrong type reads as
+    absent (None, or empty) and is noted in `problems` ("field: expected ..., got ...");
+    a missing field (or null) is not a problem."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    @property
+    def problem(self) -> str | None:
+        """The first problem, and how many more; None when there was none."""
+        if not self.problems:
+            return None
+        more = len(self.problems) - 1
+        first = self.problems[0]
+        return clean_text(f"{first} (and {more} more)" if more else first, MAX_MESSAGE_CHARS)
+
+    def _note(self, field: str, what: str, value: object) -> None:
+        self.problems.append(expected(field, what, value))
+
+    def mapping(self, obj: Mapping[str, Any], key: str, field: str) -> Mapping[str, Any]:
+        value = obj.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self._note(field, "an object", value)
+            return {}
+        return value
+
+    def sequence(self, obj: Mapping[str, Any], key: str, field: str) -> Sequence[Any]:
+        value = obj.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self._note(field, "a list", value)
+            return ()
+        return value
+
+    def text(self, obj: Mapping[str, Any], key: str, field: str, limit: int) -> str | None:
+        value = obj.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            self._note(field, "a string", value)
+            return None
+        return clean_text(value, limit)
+
+    def message(self, obj: Mapping[str, Any], key: str, field: str) -> str | None:
+        value = obj.get(key)
+        if value is not None and not isinstance(value, str):
+            self._note(field, "a string", value)
+        return message_text(value)
+
+    def integer(self, obj: Mapping[str, Any], key: str, field: str) -> int | None:
+        value = obj.get(key)
+        if value is None:
+            return None
+        number = as_int(value)
+        if number is None:
+            self._note(field, "an integer", value)
+        return number
+
+    def labels(self, obj: Mapping[str, Any], key: str, field: str) -> dict[str, str]:
+        """A map of strings to strings; entries of another type are left out (and noted)."""
+        value = self.mapping(obj, key, field)
+        out: dict[str, str] = {}
+        for name, item in value.items():
+            if not isinstance(name, str) or not isinstance(item, str):
+                self._note(f"{field}[{preview(name, 40)}]", "a string", item)
+                continue
+            out[clean_text(name, MAX_NAME_CHARS)] = clean_text(item, MAX_LABEL_VALUE_CHARS)
+        return out

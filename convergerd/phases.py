@@ -1,0 +1,80 @@
+"""The phase rules, one definition for the status API and the metrics. Pure: time passed in.
+
+A Policy's `status.phase`, written by the in-cluster operator, is read back by every round:
+
+- `Enforcing`, `Inert`, `Unsupported` (the cluster has no ValidatingAdmissionPolicy API) and
+  `Error` are shown as they are; a missing phase (not reconciled yet) or one this version does
+  not know is `Unknown`.
+- A reading older than `STALE_AFTER_INTERVALS` round intervals is stale: never dropped, never
+  shown as current. Per policy it is the last known phase flagged `stale`; in per-cluster counts
+  (status and the `convergerd_policy_phase` metric) it counts under the pseudo-phase `Stale`, so
+  a cluster's counts still add up to the number of policies read there.
+- A round replaces a cluster's readings when it listed the cluster's Policies
+  (`phases_refreshed`); otherwise the old readings stay, and age into staleness.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterable
+
+from convergerd.report import ClusterOutcome, PhaseReading
+
+PHASES = ("Enforcing", "Inert", "Unsupported", "Error")
+UNSUPPORTED = "Unsupported"
+UNKNOWN = "Unknown"
+STALE = "Stale"
+ALL_PHASES = (*PHASES, UNKNOWN)
+STALE_AFTER_INTERVALS = 2.0
+
+
+def normalize_phase(phase: str | None) -> str:
+    """One of `ALL_PHASES`: a missing or unrecognised phase is `Unknown`."""
+    return phase if phase in PHASES else UNKNOWN
+
+
+def stale_after_s(interval_s: float) -> float:
+    return STALE_AFTER_INTERVALS * interval_s
+
+
+def age_s(then: dt.datetime, now: dt.datetime) -> float:
+    return max(0.0, (now - then).total_seconds())
+
+
+def is_stale_age(age: float, interval_s: float) -> bool:
+    """True when a reading `age` seconds old is older than two round intervals."""
+    return age > stale_after_s(interval_s)
+
+
+def is_stale(seen_at: dt.datetime, now: dt.datetime, interval_s: float) -> bool:
+    return is_stale_age(age_s(seen_at, now), interval_s)
+
+
+def counted_phase(phase: str | None, age: float, interval_s: float) -> str:
+    """Under which phase a reading `age` seconds old is counted: `Stale`, or its own."""
+    return STALE if is_stale_age(age, interval_s) else normalize_phase(phase)
+
+
+def phases_refreshed(outcome: ClusterOutcome) -> bool:
+    """Whether a round's outcome replaces the cluster's phase readings.
+
+    The round lists every managed Policy of a cluster in one go, so a reached cluster without a
+    cluster-level error returns the full set (possibly empty). When the listing did not happen
+    (unreached, 401, ...) the old readings stay, and age into staleness.
+    """
+    return bool(outcome.phases) or (outcome.reached and outcome.error is None)
+
+
+def phase_counts(
+    readings: Iterable[PhaseReading], now: dt.datetime, interval_s: float
+) -> dict[str, int]:
+    """How many policies are in each phase; stale readings count under `Stale`."""
+    counts = Counter(counted_phase(r.phase, age_s(r.seen_at, now), interval_s) for r in readings)
+    return dict(sorted(counts.items()))
+
+
+def is_unsupported(readings: Iterable[PhaseReading], now: dt.datetime, interval_s: float) -> bool:
+    """A cluster is rolled up as Unsupported when a fresh reading there says so."""
+    return any(counted_phase(r.phase, age_s(r.seen_at, now), interval_s) == UNSUPPORTED
+               for r in readings)

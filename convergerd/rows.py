@@ -1,0 +1,90 @@
+"""What the database recorded, as the status code reads it: one definition of each row.
+
+Plain data (no driver): `convergerd.store.store` builds them, `convergerd.state` merges them into
+what this replica knows, the HTTP server shows them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from convergerd.model import ClusterId, PolicyId, PolicyRow
+from convergerd.report import ApplyResult, Epoch, RoundResult
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRow:
+    """A recorded round (`Store.last_round()`)."""
+
+    id: int
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    result: RoundResult
+    epoch: Epoch | None
+    identity: str
+    counts: Mapping[str, int]
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStateRow:
+    """A cluster's latest outcome. A cluster never attempted has `reachable` None and no times."""
+
+    cluster: ClusterId
+    reachable: bool | None
+    last_attempt_at: dt.datetime | None
+    last_success_at: dt.datetime | None  # last time it fully converged
+    last_reached_at: dt.datetime | None
+    last_error: str | None
+    last_reason: str | None
+    desired: int
+    in_sync: int
+    failed: int
+    server_version: str | None
+    round_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRow:
+    """One policy on one cluster: the last delivery and the last phase read back."""
+
+    policy: str
+    cluster: str
+    delivered_revision: int | None
+    last_result: ApplyResult | None
+    last_attempt_at: dt.datetime | None
+    last_success_at: dt.datetime | None
+    last_error: str | None
+    last_reason: str | None
+    attempts: int  # consecutive failed attempts; 0 after a success
+    round_id: int | None  # None when written by a save
+    phase: str | None
+    phase_reason: str | None
+    phase_message: str | None
+    phase_revision: int | None
+    phase_seen_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyStatusRows:
+    """One policy as `/v1/policies/{id}/status` reads it (`Store.policy_status()`): the stored
+    row, why it cannot be delivered (validated now, None if it can), the known clusters its
+    boundary covers, and its records on every cluster."""
+
+    policy: PolicyRow
+    invalid: str | None
+    scope: frozenset[ClusterId]
+    deliveries: tuple[DeliveryRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatusRows:
+    """One cluster as `/v1/clusters/{id}` reads it (`Store.cluster_status()`): whether the
+    database knows it, its records, and the current revision of each policy asked about or
+    recorded there (absent: not in the database, or being deleted)."""
+
+    known: bool
+    deliveries: tuple[DeliveryRow, ...]
+    current: Mapping[PolicyId, int]

@@ -1,0 +1,99 @@
+"""The periodic database sync that feeds the live status (`convergerd.state.StatusState`) and
+the metrics with what the database recorded, on the leader and the standbys alike.
+
+One pass: the clusters the database knows with their recorded outcomes, the last recorded round
+and the invalid policies it recorded, then the per-policy records (phases) of the clusters
+another replica worked on since the last pass, in one query. A few queries per pass whatever
+the number of status requests; the HTTP handlers never refresh the status themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Protocol
+
+from convergerd.errors import ConvergerdError
+from convergerd.metrics import Metrics
+from convergerd.model import InvalidPolicy
+from convergerd.rows import ClusterStateRow, DeliveryRow, RoundRow
+from convergerd.state import StatusState
+
+log = logging.getLogger(__name__)
+
+# A pass that takes longer than this is abandoned (and reported); the next one starts on time.
+SYNC_TIMEOUT_S = 20.0
+
+
+class SyncSource(Protocol):
+    """What the sync reads (`convergerd.store.store.Store`)."""
+
+    async def cluster_states(self) -> Sequence[ClusterStateRow]: ...
+    async def last_round(self) -> RoundRow | None: ...
+    async def recorded_invalid(self) -> Sequence[InvalidPolicy]: ...
+    async def deliveries_for_clusters(
+        self, cluster_ids: Sequence[str], /
+    ) -> Sequence[DeliveryRow]: ...
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class StatusSync:
+    def __init__(
+        self, *, store: SyncSource, state: StatusState, metrics: Metrics | None = None,
+        timeout_s: float = SYNC_TIMEOUT_S,
+        on_clusters: Callable[[Collection[str]], Awaitable[None]] | None = None,
+    ) -> None:
+        """`on_clusters(ids)`: told the database's cluster set each pass, so everything this
+        replica keeps per cluster (clients too) follows it."""
+        self.store = store
+        self.state = state
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.on_clusters = on_clusters
+
+    async def once(self) -> bool:
+        """One pass; False (logged, and shown in status) when the database did not answer."""
+        try:
+            await asyncio.wait_for(self._pass(), self.timeout_s)
+        except (TimeoutError, ConvergerdError, OSError) as exc:
+            error = _describe(exc) if not isinstance(exc, TimeoutError) else (
+                f"the database did not answer within {self.timeout_s:g} s")
+            log.warning("status sync: reading the database failed: %s", error)
+            self.state.note_sync(error)
+            return False
+        self.state.note_sync(None)
+        return True
+
+    async def run(self, period_s: float, *, wait_first: bool = False) -> None:
+        """Forever: a pass every `period_s` (the first one right away, or after one period
+        with `wait_first`)."""
+        if wait_first:
+            await asyncio.sleep(period_s)
+        while True:
+            await self.once()
+            await asyncio.sleep(period_s)
+
+    async def _pass(self) -> None:
+        clusters = await self.store.cluster_states()
+        last_round = await self.store.last_round()
+        invalid = await self.store.recorded_invalid()
+        self.state.absorb_records(clusters, last_round, invalid)
+        if self.metrics is not None:
+            self.metrics.set_clusters(r.cluster for r in clusters)
+            for row in clusters:
+                self.metrics.seed_last_success(row.cluster, row.last_success_at)
+        if self.on_clusters is not None:
+            await self.on_clusters([r.cluster for r in clusters])
+        wanted = [c.id for c in self.state.clusters.values() if c.needs_rows()]
+        if wanted:
+            records = await self.store.deliveries_for_clusters(wanted)
+            by_cluster: dict[str, list[DeliveryRow]] = {c: [] for c in wanted}
+            for record in records:
+                by_cluster.setdefault(record.cluster, []).append(record)
+            for cluster, found in by_cluster.items():
+                self.state.absorb_delivery_rows(found, cluster=cluster)

@@ -1,0 +1,173 @@
+"""Reading a YAML file a person hands to convergerd (`convergerd import FILE`), with bounds.
+
+The file is untrusted: it is read only if it is a regular file no larger than a limit (a named
+pipe or a device would block or never end), must be UTF-8, and must hold one YAML document
+whose nesting is shallow and whose size, once aliases are expanded, is bounded (an "alias
+bomb" is a small file whose aliases expand to billions of values). Every refusal is a
+`BadFile` with a one-line message naming the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.events import AliasEvent, StreamEndEvent
+from yaml.nodes import CollectionNode, MappingNode, Node, SequenceNode
+
+from convergerd.errors import ConvergerdError, shorten
+
+# Far above what an import file needs (about 6 levels), far below Python's recursion limit.
+YAML_MAX_DEPTH = 32
+# Values in the document once aliases are expanded: a 4 MiB file of ordinary entries has a few
+# hundred thousand; a billion-laughs file has billions.
+YAML_MAX_NODES = 1_000_000
+_CHUNK = 1 << 16
+
+
+class BadFile(ConvergerdError):
+    """The file cannot be read as one bounded YAML document; the message names the problem."""
+
+
+def read_bounded(path: Path, max_bytes: int, *, setting: str) -> bytes:
+    """The bytes of a regular file of at most `max_bytes` (`setting` names the limit in the
+    message). Never waits on a pipe and never reads more than `max_bytes + 1` bytes."""
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer returns at once (it is refused below).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BadFile(f"cannot read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BadFile("not a regular file (a directory, pipe or device); give a file path")
+        too_large = f"more than {max_bytes} bytes, the limit set by {setting}"
+        if info.st_size > max_bytes:
+            raise BadFile(f"{info.st_size} bytes, {too_large}")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:  # the file may grow after fstat: count what is read
+            chunk = os.read(fd, min(_CHUNK, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > max_bytes:
+            raise BadFile(too_large)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise BadFile(f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def decode_utf8(data: bytes) -> str:
+    """The text of UTF-8 bytes (a leading byte-order mark is dropped)."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise BadFile(
+            f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be "
+            "decoded; save the file as UTF-8"
+        ) from None
+
+
+def _where(mark: Any) -> str:
+    return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses deep nesting, recursive aliases, documents that
+    expand past `YAML_MAX_NODES` values, and a second document."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        # Expanded size of each finished collection node, by id (nodes live as long as the
+        # loader): an alias adds the size of what it points to without copying it.
+        self._sizes: dict[int, int] = {}
+
+    def _size(self, node: Node) -> int:
+        return self._sizes.get(id(node), 1)
+
+    def _next_mark(self) -> Any:
+        """Where the next event starts (PyYAML's event methods are untyped)."""
+        return self.peek_event().start_mark  # type: ignore[no-untyped-call]
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        if self.check_event(AliasEvent):
+            mark = self._next_mark()
+            node = super().compose_node(parent, index)
+            if isinstance(node, CollectionNode) and id(node) not in self._sizes:
+                raise BadFile(f"a YAML alias refers to a value that contains it{_where(mark)}")
+            return node
+        self._depth += 1
+        if self._depth > YAML_MAX_DEPTH:
+            raise BadFile(
+                f"nested deeper than {YAML_MAX_DEPTH} levels{_where(self._next_mark())}"
+            )
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if isinstance(node, SequenceNode):
+            size = 1 + sum(self._size(child) for child in node.value)
+        elif isinstance(node, MappingNode):
+            size = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
+        else:
+            return node
+        if size > YAML_MAX_NODES:
+            raise BadFile(
+                f"more than {YAML_MAX_NODES} values once YAML aliases are expanded"
+                f"{_where(node.start_mark)} (an alias repeats everything it refers to)"
+            )
+        self._sizes[id(node)] = size
+        return node
+
+    def get_single_node(self) -> Node | None:
+        self.get_event()  # type: ignore[no-untyped-call] # stream start
+        document = None if self.check_event(StreamEndEvent) else self.compose_document()
+        if not self.check_event(StreamEndEvent):
+            mark = self._next_mark()
+            raise BadFile(
+                f"more than one YAML document (the second starts{_where(mark)}); "
+                "put everything in one"
+            )
+        self.get_event()  # type: ignore[no-untyped-call] # stream end
+        return document
+
+
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
+    if isinstance(exc, yaml.reader.ReaderError):
+        before = text[: exc.position]
+        line, column = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
+        return (
+            f"character #x{exc.character:04x} at line {line}, column {column} is not allowed "
+            "in YAML (control characters and binary data are not text)"
+        )
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "cannot be parsed"
+        return f"not valid YAML{_where(mark)}: {shorten(' '.join(problem.split()))}"
+    return f"not valid YAML: {shorten(' '.join(str(exc).split()))}"
+
+
+def load_yaml(data: bytes) -> Any:
+    """The one YAML document in `data` as plain Python values (`None` for an empty file)."""
+    text = decode_utf8(data)
+    loader: _BoundedLoader | None = None
+    try:
+        loader = _BoundedLoader(text)  # checks every character first
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise BadFile(_yaml_problem(exc, text)) from None
+    except (ValueError, OverflowError) as exc:
+        # The safe constructors raise these for values their tag cannot hold: a date with
+        # month 13, an integer of more digits than Python converts.
+        raise BadFile(f"a value cannot be read: {shorten(' '.join(str(exc).split()))}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()

@@ -1,0 +1,210 @@
+"""Untrusted HTTP clients against the real app, served by a real aiohttp server with the daemon's
+server options, over a real PostgreSQL: nothing a client sends causes a 500, an ERROR or a
+traceback in the log, or a log line it wrote itself.
+
+Requests go out as raw bytes where a well-behaved client library would refuse to send them
+(undecodable header bytes, oversize lines)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import urllib.parse
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from convergerd.config import load_settings
+from convergerd.http import MAX_LINE_BYTES, HealthCheck, make_app, server_options
+from convergerd.metrics import Metrics
+from convergerd.state import StatusState
+from convergerd.store.store import Store
+from tests.integration.rounds_helpers import TcpProxy, import_doc
+
+TOKEN = "hostile-test-token-2c8e1a"
+FLEET = {
+    "clusters": [{"id": "c1"}],
+    "boundaries": [{"id": "team-a", "clusters": ["c1"]}],
+    "policies": [{"id": "p1", "boundary": "team-a", "rule": {"type": "ForbidLatestTag"}}],
+}
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: str
+    body: bytes
+
+    def text(self) -> str:
+        return self.body.decode(errors="replace")
+
+
+@dataclass
+class Served:
+    server: TestServer
+    proxy: TcpProxy
+
+    async def send(self, raw: bytes) -> Answer:
+        """One request as raw bytes; the whole answer (the server closes the connection)."""
+        reader, writer = await asyncio.open_connection(self.server.host, self.server.port)
+        try:
+            writer.write(raw)
+            await writer.drain()
+            data = await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+            await writer.wait_closed()
+        head, _, body = data.partition(b"\r\n\r\n")
+        status_line, _, headers = head.decode("latin-1").partition("\r\n")
+        return Answer(int(status_line.split()[1]), headers, body)
+
+    async def get(self, target: str, *headers: bytes, method: str = "GET") -> Answer:
+        lines = [f"{method} {target} HTTP/1.1".encode(), b"Host: test", *headers,
+                 b"Connection: close", b"Content-Length: 0"]
+        return await self.send(b"\r\n".join(lines) + b"\r\n\r\n")
+
+
+@pytest.fixture
+async def served(database_url: str) -> AsyncIterator[Served]:
+    """The app over a `Store` that reaches PostgreSQL through a proxy (so a test can take the
+    database away and see whether a request still needed it)."""
+    await import_doc(database_url, FLEET)
+    target = urllib.parse.urlsplit(database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.up()
+    store = await Store.connect(
+        database_url.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}"))
+    settings = load_settings({"CONVERGERD_DATABASE_URL": database_url,
+                              "CONVERGERD_API_TOKEN": TOKEN, "CONVERGERD_IDENTITY": "rep-a"})
+    app = make_app(metrics=Metrics(), state=StatusState(identity="rep-a", interval_s=300),
+                   store=store, settings=settings, health=HealthCheck())
+    server = TestServer(app)
+    await server.start_server(**server_options())
+    try:
+        yield Served(server, proxy)
+    finally:
+        await server.close()
+        await proxy.down()
+        await store.close()
+
+
+def assert_clean_log(caplog: pytest.LogCaptureFixture) -> None:
+    """No ERROR, no traceback, and every line the server or convergerd logged is one line with
+    no terminal escape (asyncpg's own warnings about the database taken away are not ours)."""
+    for record in caplog.records:
+        if not record.name.startswith(("convergerd", "aiohttp")):
+            continue
+        message = record.getMessage()
+        assert record.levelno < logging.ERROR, message
+        assert record.exc_info is None, message
+        for forbidden in ("\n", "\r", "\x1b", "\x00"):
+            assert forbidden not in message, message
+
+
+BAD_POLICY_IDS = [
+    ("%00", "not a DNS label"),
+    ("a%2Fb", "not a DNS label"),  # decoded to "a/b" before routing
+    ("%ZZ", "not a DNS label"),
+    ("%C3%28", "not a DNS label"),  # invalid UTF-8
+    ("Bad_Id", "not a DNS label"),
+    ("p" * 51, "at most 50"),
+    ("x%0A2026-01-01%20ERROR%20FORGED", "not a DNS label"),
+    ("%1B%5B31mFORGED", "not a DNS label"),
+]
+
+
+@pytest.mark.parametrize(("raw_id", "why"), BAD_POLICY_IDS)
+async def test_a_bad_policy_id_is_400_before_the_database_is_asked(
+    served: Served, caplog: pytest.LogCaptureFixture, raw_id: str, why: str
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    answer = await served.get(f"/v1/policies/{raw_id}/status")
+    assert answer.status == 400, answer.text()
+    assert "bad policy id" in answer.text()
+    assert why in answer.text()
+    await served.proxy.down()  # the database is gone: the answer must not change
+    again = await served.get(f"/v1/policies/{raw_id}/status")
+    assert (again.status, again.body) == (answer.status, answer.body)
+    unknown = await served.get("/v1/policies/nope/status")  # a good id does need the database
+    assert unknown.status == 503, unknown.text()
+    for method, path in (("POST", f"/v1/policies/{raw_id}/apply"),
+                         ("DELETE", f"/v1/policies/{raw_id}")):
+        authorized = await served.get(path, f"Authorization: Bearer {TOKEN}".encode(),
+                                      method=method)
+        assert authorized.status == 400, authorized.text()
+    assert_clean_log(caplog)
+
+
+@pytest.mark.parametrize("raw_id", ["%00", "a%2Fb", "UPPER", "c" * 64, "a%0Ab", "%1B%5B2J"])
+async def test_a_bad_cluster_id_is_400(
+    served: Served, caplog: pytest.LogCaptureFixture, raw_id: str
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    answer = await served.get(f"/v1/clusters/{raw_id}")
+    assert answer.status == 400, answer.text()
+    assert "bad cluster id" in answer.text()
+    assert "not a DNS label of at most 63 characters" in answer.text()
+    assert (await served.get("/v1/clusters/c1")).status == 200
+    assert (await served.get("/v1/clusters/c9")).status == 404
+    assert_clean_log(caplog)
+
+
+@pytest.mark.parametrize("header", [
+    b"Authorization: Bearer \xff\xfe\xfd",
+    b"Authorization: \xff\xfe " + TOKEN.encode(),
+    b"Authorization: Bearer " + TOKEN.encode() + b"\xc3\x28",
+    b"Authorization: Bearer \xed\xa0\x80",  # an encoded surrogate: not UTF-8 either
+])
+@pytest.mark.parametrize("method", ["POST", "DELETE"])
+async def test_an_undecodable_authorization_header_is_401(
+    served: Served, caplog: pytest.LogCaptureFixture, header: bytes, method: str
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    path = "/v1/policies/p1/apply" if method == "POST" else "/v1/policies/p1"
+    answer = await served.get(path, header, method=method)
+    assert answer.status == 401, answer.text()
+    assert "a valid bearer token is required" in answer.text()
+    assert "WWW-Authenticate: Bearer" in answer.headers
+    assert_clean_log(caplog)
+
+
+async def test_oversize_and_malformed_requests_are_4xx_with_one_warning(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    long_url = await served.get("/v1/clusters/" + "a" * (MAX_LINE_BYTES + 10))
+    long_header = await served.get("/status", b"X-Big: " + b"a" * (MAX_LINE_BYTES + 10))
+    many = await served.get("/status", *(b"X-%d: a" % i for i in range(200)))
+    not_http_url = await served.get("/v1/clusters/\x1b[31mFORGED")
+    not_utf8_url = await served.send(b"GET /v1/clusters/\xff\xfe HTTP/1.1\r\nHost: t\r\n\r\n")
+    for answer in (long_url, long_header, many, not_http_url, not_utf8_url):
+        assert 400 <= answer.status < 500, answer.text()
+    assert "Got more than" in long_url.text()
+    assert "Too many headers" in many.text()
+    refused = [r for r in caplog.records if "refused a malformed request" in r.getMessage()]
+    assert len(refused) == 5, [r.getMessage() for r in caplog.records]
+    assert_clean_log(caplog)
+    # The server is still fine.
+    assert (await served.get("/healthz")).status == 200
+
+
+async def test_unknown_paths_and_methods_are_json_4xx(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    missing = await served.get("/v1/%0Anope%1B%5B2J")
+    assert missing.status == 404
+    assert "\\n" in missing.text()  # the path is shown, escaped
+    wrong = await served.get("/status", method="PUT")
+    assert wrong.status == 405
+    assert_clean_log(caplog)
+
+
+def test_printable_escapes_what_could_forge_a_log_line() -> None:
+    from convergerd.http import printable
+
+    assert printable("p1") == "p1"
+    assert printable("a\nb\r\x1b[31m\x00\udcff") == "a\\nb\\r\\x1b[31m\\x00\\udcff"
+    assert printable("x" * 500) == "x" * 100 + "..."
