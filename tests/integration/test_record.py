@@ -456,7 +456,8 @@ async def test_a_nul_in_a_policy_status_neither_stops_nor_blocks_the_daemon(
             return row is not None and row["phase_message"] is not None
 
         await wait_for(message_recorded, what="the condition read back and recorded")
-        assert (await deliveries(database_url))[C1, "p-latest"]["phase_message"] == "ok"
+        # Cleaned where it entered (the cluster edge shows a replaced character as U+FFFD).
+        assert (await deliveries(database_url))[C1, "p-latest"]["phase_message"] == "ok\ufffd"
         rounds_before = len(await sql(database_url, "SELECT id FROM rounds"))
 
         async def more_rounds() -> bool:
