@@ -38,7 +38,8 @@ T = TypeVar("T")
 
 
 class Retrier(Protocol):
-    """Runs `fn` with the retry policy (SPEC.md §5) until it succeeds, fails for good, or
+    """Runs `fn` with the retry policy (docs/design.md, "Errors from a cluster") until it
+    succeeds, fails for good, or
     the next attempt could not finish before `deadline` (loop time)."""
 
     async def __call__(

@@ -1,6 +1,7 @@
 """convergerd's own errors, classified where they enter (cluster API, database, settings).
 
-Retry decisions are made on these classes, never on message text (SPEC.md §5):
+Retry decisions are made on these classes, never on message text (docs/design.md, "Errors
+from a cluster"):
 
 | class | from | handling |
 |---|---|---|

@@ -1,4 +1,5 @@
-"""Prometheus metrics on the process's own registry (SPEC.md §7; no default-registry globals).
+"""Prometheus metrics on the process's own registry (docs/design.md, "Status and metrics"; no
+default-registry globals).
 
 Every series is produced at scrape time by one collector from plain values kept here, so
 derived values are true when Prometheus reads them:

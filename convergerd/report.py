@@ -10,6 +10,12 @@ from enum import StrEnum
 from convergerd.model import ClusterId, InvalidPolicy, PolicyId
 
 
+def utc_now() -> dt.datetime:
+    """The wall clock every record is stamped with (UTC); the default wherever a wall clock is
+    injected (rounds, status, the elector, the prober)."""
+    return dt.datetime.now(dt.UTC)
+
+
 class ApplyResult(StrEnum):
     CREATED = "created"
     UPDATED = "updated"

@@ -38,16 +38,13 @@ from convergerd.report import (
     Epoch,
     PhaseReading,
     RoundReport,
+    utc_now,
 )
 from convergerd.rows import ClusterStateRow, DeliveryRow, RoundRow
 
 UNKNOWN_VERSION = "unknown"
 
 Clock = Callable[[], dt.datetime]
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 # ---------------------------------------------------------------------------------------------

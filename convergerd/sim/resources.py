@@ -1,7 +1,7 @@
 """The resource types the simulated apiserver serves, with the strategy flags that matter.
 
-Each flag mirrors one knob of a kube-apiserver registry strategy (see KUBE-API-NOTES §2, §3);
-the store reads them instead of special-casing kinds.
+Each flag mirrors one knob of a kube-apiserver registry strategy (docs/design.md, "The fleet
+simulator"); the store reads them instead of special-casing kinds.
 """
 
 from __future__ import annotations

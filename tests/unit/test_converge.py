@@ -1,4 +1,5 @@
-"""The converge round (SPEC.md §4, §5) against an in-memory fleet.
+"""The converge round (docs/design.md, "Delivery semantics" and "Errors from a cluster")
+against an in-memory fleet.
 
 `FakeCluster` is a small `PolicyApi` written for these tests: a dict of Policy objects with
 server-side-apply semantics (our labels and spec replaced, other labels kept, status untouched),
@@ -445,7 +446,7 @@ async def test_compute_plans_and_invalid_policies_never_reach_a_cluster() -> Non
     assert report.result is RoundResult.OK  # the valid ones converged
 
 
-# --- errors from a cluster (SPEC.md §5) -----------------------------------------------------
+# --- errors from a cluster (docs/design.md) -------------------------------------------------
 
 
 async def test_rejected_policy_fails_alone() -> None:
