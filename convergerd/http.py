@@ -276,7 +276,6 @@ class _Handlers:
         return _describe(exc)
 
     async def status(self, _: web.Request) -> web.Response:
-        self.state.leader()  # read live from the elector: a change is a new state version
         now = asyncio.get_running_loop().time()
         built = self._status_built
         if built is None or built[0] != self.state.version or now - built[1] > STATUS_REUSE_S:

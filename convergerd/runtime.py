@@ -157,7 +157,6 @@ class Daemon:
             # Pushed after `registry.close`, so it runs before: the Lease is written through
             # the registry's home client. Runs on every way out of this block.
             stack.push_async_callback(self._release, elector)
-            self.state.set_leader_source(elector)
 
             if not s.rounds.once:
                 runner = await self._start_http(store)
@@ -237,10 +236,15 @@ class Daemon:
                 "LEADER ELECTION IS OFF (CONVERGERD_LEADER_ELECTION=false): run exactly one "
                 "replica, or two replicas will write at once"
             )
-            return NoElection(identity=self.identity, on_change=self.metrics.set_leader)
+            return NoElection(identity=self.identity, on_change=self._leadership_changed)
         return Elector(
-            registry.home_lease(e.home_context), e, on_change=self.metrics.set_leader,
+            registry.home_lease(e.home_context), e, on_change=self._leadership_changed,
         )
+
+    def _leadership_changed(self, is_leader: bool, holder: str | None) -> None:
+        """The elector tells; metrics and status are written here, never on a read."""
+        self.metrics.set_leader(is_leader, holder)
+        self.state.set_leader(is_leader, holder)
 
     def _probe_targets(self, registry: ClusterRegistry) -> Callable[[], Any]:
         def targets() -> dict[str, Any]:
