@@ -68,9 +68,12 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Failure and retry reasons initialised at zero for every cluster: the slugs errors are really
 # raised with (errors.py's status classes; the client's `connect_error` and `timeout` for no
 # answer; the round's `deadline`), so the series that will count a failure exists before it.
+# Every reason a cluster or an apply can fail with, zeroed for each cluster up front so an
+# alert's increase() sees the first failure too.
 FAILURE_REASONS = (
     "connect_error", "timeout", "deadline", "server_error", "throttled", "unauthorized",
     "forbidden", "crd_missing", "bad_request", "conflict", "invalid", "no_context",
+    "no_token", "unsupported_auth", "insecure", "bad_response", "internal_error",
 )
 RETRY_REASONS = ("connect_error", "server_error", "throttled")
 # convergerd.store.errors.REJECTION_REASONS, its `other`, and `internal` (not the database's).
