@@ -289,7 +289,6 @@ class StatusState:
         self.version = 0  # counts the updates: a status view built at one version stays true
         self.synced_at: dt.datetime | None = None  # the last database sync that answered
         self.sync_error: str | None = None  # why the last database sync failed, if it did
-        self.synced = False  # whether any sync was tried yet
 
     # -- updates ---------------------------------------------------------------------------
 
@@ -408,7 +407,6 @@ class StatusState:
     def note_sync(self, error: str | None) -> None:
         """The outcome of a database sync: None when it answered, else why not."""
         self.version += 1  # what status shows may have changed
-        self.synced = True
         self.sync_error = error
         if error is None:
             self.synced_at = self.clock()

@@ -40,10 +40,6 @@ class ResourceType:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
     @property
-    def group_kind(self) -> str:
-        return f"{self.kind}.{self.group}" if self.group else self.kind
-
-    @property
     def list_kind(self) -> str:
         return f"{self.kind}List"
 
