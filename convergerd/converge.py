@@ -38,7 +38,8 @@ T = TypeVar("T")
 
 
 class Retrier(Protocol):
-    """Runs `fn` with the retry policy (SPEC.md §5) until it succeeds, fails for good, or
+    """Runs `fn` with the retry policy (docs/design.md, "Errors from a cluster") until it
+    succeeds, fails for good, or
     the next attempt could not finish before `deadline` (loop time)."""
 
     async def __call__(
@@ -73,34 +74,58 @@ class Round:
 
 
 async def run_round(
-    fleet: Fleet, env: Round, *, epoch: Epoch | None = None
+    fleet: Fleet, env: Round, *, epoch: Epoch | None = None, report: RoundReport | None = None
 ) -> RoundReport:
     """Converge every cluster in `fleet`; returns what happened. Raises `Fenced` (after
-    cancelling all cluster work) if this replica lost the right to write mid-round."""
-    report = RoundReport(started_at=env.wall(), epoch=epoch, invalid=list(fleet.invalid))
+    cancelling all cluster work) if this replica lost the right to write mid-round.
+
+    `report`, if given, is filled in even when the round is cut (`Fenced`, or the caller
+    cancels it): the clusters that finished go to `clusters`, the others, with the deliveries
+    they completed, to `cut_short`, so what was done can still be recorded."""
+    if report is None:
+        report = RoundReport(started_at=env.wall())
+    report.epoch = epoch or report.epoch
+    report.invalid = list(fleet.invalid)
     deadline = env.clock() + env.limits.deadline_s
     gate = asyncio.Semaphore(env.limits.cluster_concurrency)
     desired = fleet.desired_by_cluster()
+    outcomes = {c: ClusterOutcome(cluster=c, desired=len(p)) for c, p in desired.items()}
 
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:
         async with gate:
-            return await converge_cluster(cluster, policies, env, deadline)
+            return await converge_cluster(cluster, policies, env, deadline,
+                                          outcome=outcomes[cluster])
 
     # TaskGroup: a Fenced from any cluster cancels all the others at once.
+    tasks: dict[ClusterId, asyncio.Task[ClusterOutcome]] = {}
     try:
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(one(c, p), name=f"converge {c}") for c, p in desired.items()]
+            for c, p in desired.items():
+                tasks[c] = tg.create_task(one(c, p), name=f"converge {c}")
     except* Fenced as group:
         raise group.exceptions[0] from None
-    report.clusters = [t.result() for t in tasks]
-    report.finished_at = env.wall()
+    finally:
+        # Every task is done here (the TaskGroup waits for its cancelled tasks too).
+        finished = {c for c, t in tasks.items()
+                    if t.done() and not t.cancelled() and t.exception() is None}
+        report.clusters = [o for c, o in outcomes.items() if c in finished]
+        report.cut_short = [o for c, o in outcomes.items()
+                            if c not in finished and (o.deliveries or o.phases)]
+        report.finished_at = env.wall()
     return report
 
 
 async def converge_cluster(
-    cluster: ClusterId, desired: Sequence[Policy], env: Round, deadline: float
+    cluster: ClusterId,
+    desired: Sequence[Policy],
+    env: Round,
+    deadline: float,
+    *,
+    outcome: ClusterOutcome | None = None,
 ) -> ClusterOutcome:
-    outcome = ClusterOutcome(cluster=cluster, desired=len(desired))
+    """`outcome`, if given, is filled in as the work goes (each delivery as it completes)."""
+    if outcome is None:
+        outcome = ClusterOutcome(cluster=cluster, desired=len(desired))
     started = env.clock()
     try:
         async with asyncio.timeout_at(deadline):
@@ -175,15 +200,18 @@ async def _apply_all(
 ) -> None:
     gate = asyncio.Semaphore(env.limits.apply_concurrency)
 
-    async def apply(action: Apply) -> Delivery:
+    async def apply(action: Apply) -> None:
         async with gate:
-            return await _apply_one(outcome.cluster, action, api, env, deadline)
+            delivery = await _apply_one(outcome.cluster, action, api, env, deadline)
+        # Recorded as it completes: a round cut short still knows what it did.
+        _record(outcome, delivery)
 
     # A cluster-level error in one apply (401, 403, unreachable) stops this cluster's work:
     # the TaskGroup cancels the siblings and re-raises it (first one wins).
     try:
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(apply(a)) for a in actions]
+            for a in actions:
+                tg.create_task(apply(a))
     except ExceptionGroup as group:
         # Fenced wins over anything raised alongside it (two `except*` clauses that both
         # raise would hand the caller a group instead of `Fenced`).
@@ -193,14 +221,9 @@ async def _apply_all(
         errors, other = rest.split(ClusterError) if rest is not None else (None, None)
         if errors is None or other is not None:
             raise
-        # Keep (and count) what finished before the failure; the cluster's reason is the
-        # first error.
-        for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is None:
-                _record(outcome, task.result())
+        # What finished before the failure is kept (recorded as it completed); the cluster's
+        # reason is the first error.
         raise errors.exceptions[0] from None
-    for task in tasks:
-        _record(outcome, task.result())
 
 
 def _record(outcome: ClusterOutcome, delivery: Delivery) -> None:

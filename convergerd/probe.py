@@ -23,7 +23,8 @@ from convergerd.errors import (
     ClusterError,
 )
 from convergerd.kube.api import PolicyApi
-from convergerd.state import Clock, utc_now
+from convergerd.report import utc_now
+from convergerd.state import Clock
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,14 @@ from aiohttp import web
 from convergerd import __version__
 from convergerd.config import OperatorSettings
 from convergerd.errors import NoCredentials
-from convergerd.http import HealthCheck, error_response, server_options
+from convergerd.http import error_response, server_options
 from convergerd.kube.objects import ObjectClient
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
 from convergerd.metrics import CONTENT_TYPE
 from convergerd.operator.controller import Operator, Timing
 from convergerd.operator.metrics import OperatorMetrics
+from convergerd.supervise import HealthCheck
 
 log = logging.getLogger(__name__)
 

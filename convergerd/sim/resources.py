@@ -1,7 +1,7 @@
 """The resource types the simulated apiserver serves, with the strategy flags that matter.
 
-Each flag mirrors one knob of a kube-apiserver registry strategy (see KUBE-API-NOTES §2, §3);
-the store reads them instead of special-casing kinds.
+Each flag mirrors one knob of a kube-apiserver registry strategy (docs/design.md, "The fleet
+simulator"); the store reads them instead of special-casing kinds.
 """
 
 from __future__ import annotations
@@ -38,10 +38,6 @@ class ResourceType:
     @property
     def group_resource(self) -> str:
         return f"{self.plural}.{self.group}" if self.group else self.plural
-
-    @property
-    def group_kind(self) -> str:
-        return f"{self.kind}.{self.group}" if self.group else self.kind
 
     @property
     def list_kind(self) -> str:

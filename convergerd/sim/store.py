@@ -408,7 +408,7 @@ class ClusterStore:
         subresource: str | None = None,
         dry_run: bool = False,
     ) -> tuple[Obj, bool]:
-        """PUT: (object, created). Strategy quirks per KUBE-API-NOTES §2."""
+        """PUT: (object, created). Strategy quirks per kube-apiserver."""
         self._check_served(rt, subresource)
         if not isinstance(body, Mapping):
             raise status.bad_request("the body of the request is not a JSON object")
