@@ -244,7 +244,9 @@ def _print(evaluator: PolicyEval, verdicts: Sequence[Verdict], *, as_json: bool,
             print(f"denied   {v.source}  {where}: {v.message}", file=out)
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
     try:
         labels = parse_labels(args.namespace_labels)
         evaluator, verdicts = evaluate_files(args.policy, args.objects, labels)
