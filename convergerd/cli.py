@@ -155,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(operator, table=(*OPERATOR_SETTINGS,
                                    *(SETTINGS_BY_KEY[k] for k in OPERATOR_SHARED_KEYS)))
 
+    from convergerd import policyeval
+
+    policy = sub.add_parser("policy", help="one policy: eval (offline)")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
+    policyeval.add_arguments(policy_sub.add_parser(
+        "eval", help="evaluate a policy on objects offline, as the operator renders it"))
+
     from convergerd.sim import main as sim_main
 
     sim = sub.add_parser(
@@ -175,11 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def missing_sim_extra(command: str) -> str | None:
-    """The one-line message for `sim` and `demo` when the `sim` extra is not installed (the
-    daemon itself never needs it), else None."""
-    if command not in ("sim", "demo"):
+    """The one-line message for `sim`, `demo` and `policy eval` when the `sim` extra is not
+    installed (the daemon itself never needs it), else None."""
+    if command not in ("sim", "demo", "policy eval"):
         return None
     try:
+        import cel_expr_python  # noqa: F401
         import cryptography  # noqa: F401
     except ImportError:
         return (f"convergerd {command} needs the simulator extra, which is not installed: "
@@ -187,8 +195,14 @@ def missing_sim_extra(command: str) -> str | None:
     return None
 
 
-def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command
+def _command_name(args: argparse.Namespace) -> str:
+    """The command as typed: `sim`, or `policy eval` for a command group."""
     command: str = args.command
+    return f"{command} {args.policy_command}" if command == "policy" else command
+
+
+def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command
+    command = _command_name(args)
     missing = missing_sim_extra(command)
     if missing is not None:
         print(missing, file=sys.stderr)
@@ -197,6 +211,10 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per com
         from convergerd import statuscli
 
         return statuscli.run(args)
+    if command == "policy eval":
+        from convergerd import policyeval
+
+        return policyeval.run(args)
     if command == "sim":
         configure_logging()
         from convergerd.sim import main as sim_main

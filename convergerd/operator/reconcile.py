@@ -146,8 +146,7 @@ def contains(want: object, have: object) -> bool:
 def render(policy: PolicyObject) -> Admission:
     """The admission objects for `policy`, owned by it; `RenderError` when it cannot be."""
     if policy.policy_id is None:
-        raise RenderError("spec.policyId is missing: the Policy cannot be named",
-                          reason="InvalidSpec")
+        raise RenderError("InvalidSpec", "spec.policyId is missing: the Policy cannot be named")
     rendered = render_admission(policy.spec)
     return Admission(policy=owned(rendered.policy, policy),
                      binding=owned(rendered.binding, policy))

@@ -58,9 +58,9 @@ def test_plan_applies_only_what_differs_and_deletes_the_binding_when_disabled() 
 
 def test_plan_raises_the_renderers_error() -> None:
     with pytest.raises(RenderError) as caught:
-        plan(policy(rule={"type": "StubRenderError"}), existing_policy=None,
+        plan(policy(rule={"type": "NoSuchRule"}), existing_policy=None,
              existing_binding=None)
-    assert caught.value.reason == "UnknownRuleType"
+    assert caught.value.reason == "InvalidRule"
 
 
 @pytest.mark.parametrize(("want", "have", "expected"), [
