@@ -113,7 +113,8 @@ def test_the_image_holds_the_daemon_only_as_a_non_root_user(image: str) -> None:
     version = podman("run", "--rm", *run_flags(), image, "--version")
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip() == f"convergerd {VERSION}"
-    helped = podman("run", "--rm", *run_flags(), image, "--help")
+    # deploy/ names the command (`command: ["convergerd"]`): it is on the image's PATH.
+    helped = podman("run", "--rm", *run_flags(), "--entrypoint", "convergerd", image, "--help")
     assert helped.returncode == 0, helped.stderr
     assert "once" in helped.stdout
 
