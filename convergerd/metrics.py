@@ -21,7 +21,8 @@ derived values are true when Prometheus reads them:
   and retries by the known reasons), so `rate()`/`increase()` see the first failure.
 
 No metric has a per-policy label. Beyond the contract's set, for on-call:
-`convergerd_apply_duration_seconds{cluster}` (apply request latency, few buckets), `convergerd_retries_total{cluster,reason}`,
+`convergerd_apply_duration_seconds{cluster}` (apply request latency, few buckets),
+`convergerd_retries_total{cluster,reason}`,
 `convergerd_cluster_requests_total{cluster,verb,code}` (code `none`: no HTTP answer),
 `convergerd_event_loop_lag_seconds`, `convergerd_build_info{version}`,
 `convergerd_unsupported_clusters{version}`, `convergerd_cluster_server_info{cluster,version}`,
