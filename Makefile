@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The one version: pyproject.toml's. The image tag and deploy/ follow it (a test checks).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE   ?= ghcr.io/stackship/convergerd
 
-.PHONY: install demo test lint typecheck unit bench soak sim clean
+.PHONY: install demo test lint typecheck unit bench soak sim image dist clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,5 +46,12 @@ bench: install  ## benchmark figures (not a test): 1,000 clusters x 100 policies
 soak: install  ## resources over 30 faulty rounds, 200 clusters (needs PostgreSQL; see bench/README.md)
 	$(BIN)/python bench/soak.py $(SOAK_ARGS)
 
+image: install  ## the container image $(IMAGE):$(VERSION) (podman; no registry needed, see README)
+	bash .ci/install-tools image
+	IMAGE=$(IMAGE) VERSION=$(VERSION) PYTHON=$(BIN)/python bash .ci/build-image
+
+dist: install  ## wheel and sdist in dist/
+	$(BIN)/python -m build --outdir dist .
+
 clean:
-	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache *.egg-info build dist

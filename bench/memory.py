@@ -3,7 +3,7 @@
     .venv/bin/python bench/memory.py [--clusters 100,1000] [--policies 10] [--apply-concurrency 4]
 
 Per point, with the daemon's wiring (`ClusterRegistry` over the simulator's kubeconfig,
-`runtime.round_env`, `Metrics` as observer; pieces of `bench/rounds.py`):
+`rounds.round_env`, `Metrics` as observer; pieces of `bench/rounds.py`):
 
 1. start `convergerd sim` in its own process, create every cluster's store (untimed, throwaway
    sessions), note this process's RSS (`VmRSS`, current, not the peak);

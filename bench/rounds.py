@@ -9,7 +9,7 @@ For every (clusters, policies) point of the matrix, in one run:
    few boundaries that each cover every cluster, mixed rule types, plus one control-plane
    policy per boundary that must never reach a cluster;
 3. `create`: a first round through the daemon's own wiring (`ClusterRegistry` over the sim's
-   kubeconfig, `call_with_retries`, `NoElection().fence()`, `runtime.round_env` limits,
+   kubeconfig, `call_with_retries`, `NoElection().fence()`, `rounds.round_env` limits,
    `Metrics` as the request observer) that creates N x P objects;
 4. `in-sync`: the same round again; zero writes and exactly one list per cluster are checked
    (from the simulator's `/_sim/stats`), the run fails otherwise;
@@ -77,7 +77,7 @@ from convergerd.render import (
     render_policy,
 )
 from convergerd.report import RoundReport
-from convergerd.runtime import round_env
+from convergerd.rounds import round_env
 from convergerd.sim.fleet import member_ids
 
 BOUNDARIES = 4

@@ -10,7 +10,7 @@ hammering the read-only endpoints (a figure, not a test).
 fresh database on the PostgreSQL of `CONVERGERD_TEST_DATABASE_URL` (default
 `postgresql://postgres@127.0.0.1:5432/postgres`), migrated, filled with the fleet, dropped at
 the end. A round runs the daemon's way, on the daemon's pool (5 connections): `load_fleet`,
-`run_round` (`runtime.round_env`), `record_round`, then the status state observes it; the HTTP
+`run_round` (`rounds.round_env`), `record_round`, then the status state observes it; the HTTP
 server (`http.make_app`, `server_options()`) serves on the same event loop, as in the daemon.
 
 The load comes from a separate process (so its own CPU is not the round's): `--clients` tasks,
@@ -45,16 +45,17 @@ from aiohttp import web
 
 from convergerd.config import load_settings
 from convergerd.converge import run_round
-from convergerd.http import HealthCheck, make_app, server_options
+from convergerd.http import make_app, server_options
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader import NoElection
 from convergerd.metrics import Metrics
-from convergerd.runtime import round_env
+from convergerd.rounds import round_env
 from convergerd.sim.fleet import member_ids
 from convergerd.state import StatusState
 from convergerd.store.importer import apply_plan, parse_import
 from convergerd.store.schema import migrate
 from convergerd.store.store import Store
+from convergerd.supervise import HealthCheck
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse bench/rounds.py's pieces.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -14,9 +15,13 @@ from typing import Any
 
 from convergerd import __version__
 from convergerd.config import (
+    OPERATOR_SETTINGS,
+    OPERATOR_SHARED_KEYS,
     SECRET_FILES,
     SETTINGS,
     SETTINGS_BY_KEY,
+    Setting,
+    load_operator_settings,
     load_settings,
     secrets_in_flags,
 )
@@ -36,9 +41,10 @@ Every setting is an environment variable and a flag; the flag wins.
 Start with `convergerd demo` to see it all on a simulated fleet."""
 
 
-def _add_settings(parser: argparse.ArgumentParser, keys: Sequence[str] | None = None) -> None:
+def _add_settings(parser: argparse.ArgumentParser, keys: Sequence[str] | None = None,
+                  table: Sequence[Setting] = SETTINGS) -> None:
     group = parser.add_argument_group("settings (environment variable in brackets)")
-    for setting in SETTINGS:
+    for setting in table:
         if keys is not None and setting.key not in keys:
             continue
         default = "" if setting.default is None else f"; default {setting.default}"
@@ -103,6 +109,19 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+_OPERATOR_DESCRIPTION = """\
+The in-cluster operator. It watches the Policy objects convergerd delivers
+(policies.platform.stackship.se) and turns each into a ValidatingAdmissionPolicy
+`stackship-<policy id>` plus, while the policy is enabled, a binding of the same name that
+selects the boundary's namespaces. It reports status.phase (Enforcing, Inert, Unsupported,
+Error), the Ready condition, and the Verified condition: whether a dry-run create of a
+violating pod in a boundary namespace was really denied.
+
+Runs in the cluster it operates (in-cluster config) or, with --context, against a kubeconfig
+context (CONVERGERD_KUBECONFIG). Replicas elect a leader on the Lease convergerd-operator;
+only the leader writes. Health and metrics: /healthz, /readyz, /metrics on :8081."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="convergerd", description=_DESCRIPTION,
@@ -130,18 +149,24 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="a running daemon's status as a table")
     statuscli.add_arguments(status)
 
-    from convergerd import policycli
+    from convergerd import policycli, policyeval
 
     policy = sub.add_parser(
-        "policy", help="save or delete one policy now, through a running daemon",
-        description=policycli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "policy", help="one policy: apply or delete it now through a running daemon, or eval "
+        "it offline", description=policycli.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    policycli.add_arguments(policy)
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
+    policycli.add_arguments(policy_sub)
+    policyeval.add_arguments(policy_sub.add_parser(
+        "eval", help="evaluate a policy on objects offline, as the operator renders it"))
 
     operator = sub.add_parser(
-        "operator", help="the in-cluster operator (Policy -> ValidatingAdmissionPolicy)"
+        "operator", help="the in-cluster operator (Policy -> ValidatingAdmissionPolicy)",
+        description=_OPERATOR_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    operator.add_argument("--context", help="kubeconfig context (default: in-cluster config)")
+    _add_settings(operator, table=(*OPERATOR_SETTINGS,
+                                   *(SETTINGS_BY_KEY[k] for k in OPERATOR_SHARED_KEYS)))
 
     from convergerd.sim import main as sim_main
 
@@ -163,11 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def missing_sim_extra(command: str) -> str | None:
-    """The one-line message for `sim` and `demo` when the `sim` extra is not installed (the
-    daemon itself never needs it), else None."""
-    if command not in ("sim", "demo"):
+    """The one-line message for `sim`, `demo` and `policy eval` when the `sim` extra is not
+    installed (the daemon itself never needs it), else None."""
+    if command not in ("sim", "demo", "policy eval"):
         return None
     try:
+        import cel_expr_python  # noqa: F401
         import cryptography  # noqa: F401
     except ImportError:
         return (f"convergerd {command} needs the simulator extra, which is not installed: "
@@ -175,32 +201,37 @@ def missing_sim_extra(command: str) -> str | None:
     return None
 
 
-def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command
+def _command_name(args: argparse.Namespace) -> str:
+    """The command as typed: `sim`, or `policy eval` for a command group."""
     command: str = args.command
+    return f"{command} {args.policy_command}" if command == "policy" else command
+
+
+# Commands that call a running daemon or work offline: their own output, no daemon settings.
+_TOOLS = {"status": "statuscli", "policy eval": "policyeval", "policy apply": "policycli",
+          "policy delete": "policycli"}
+
+
+def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command
+    command = _command_name(args)
     missing = missing_sim_extra(command)
     if missing is not None:
         print(missing, file=sys.stderr)
         return EXIT_USAGE
-    if command == "status":
-        from convergerd import statuscli
-
-        return statuscli.run(args)
-    if command == "policy":
-        from convergerd import policycli
-
-        return policycli.run(args)
+    tool = _TOOLS.get(command)
+    if tool is not None:
+        return int(importlib.import_module(f"convergerd.{tool}").run(args))
     if command == "sim":
         configure_logging()
         from convergerd.sim import main as sim_main
 
         return sim_main.run(args)
     if command == "operator":
-        print(
-            "convergerd operator is not part of this version yet: the Policy objects are "
-            "delivered, but nothing turns them into ValidatingAdmissionPolicies.",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        operator_settings = load_operator_settings(os.environ, _flags(args))
+        configure_logging(operator_settings.log_level, operator_settings.log_format)
+        from convergerd.operator.main import run_operator
+
+        return asyncio.run(run_operator(operator_settings))
 
     forced = {"once": "true"} if command == "once" else {}
     flags = _flags(args, **forced)

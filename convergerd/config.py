@@ -199,7 +199,40 @@ SETTINGS: tuple[Setting, ...] = (
             _positive_int, str(IMPORT_MAX_BYTES_DEFAULT),
             "largest file `convergerd import` reads, in bytes (checked before parsing)"),
 )
-SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
+# `convergerd operator` only; it also reads the shared settings in OPERATOR_SHARED_KEYS.
+OPERATOR_SETTINGS: tuple[Setting, ...] = (
+    Setting("operator_context", "CONVERGERD_OPERATOR_CONTEXT", "--context", _text, None,
+            "kubeconfig context (in CONVERGERD_KUBECONFIG) of the cluster to operate; unset: "
+            "in-cluster config, as the pod's service account"),
+    Setting("operator_http_addr", "CONVERGERD_OPERATOR_HTTP_ADDR", "--operator-http-addr",
+            _host_port, "0.0.0.0:8081",
+            "listen address of the operator's /healthz, /readyz and /metrics"),
+    Setting("operator_lease_name", "CONVERGERD_OPERATOR_LEASE_NAME", "--operator-lease-name",
+            _text, "convergerd-operator",
+            "name of the operator's leader-election Lease (only the holder writes)"),
+    Setting("operator_lease_namespace", "CONVERGERD_OPERATOR_LEASE_NAMESPACE",
+            "--operator-lease-namespace", _text, "stackship-system",
+            "namespace of the operator's Lease (its own namespace)"),
+    Setting("operator_recheck_s", "CONVERGERD_OPERATOR_RECHECK_SECONDS",
+            "--operator-recheck-seconds", _positive_float, "3600",
+            "how often discovery is asked again whether the cluster serves "
+            "ValidatingAdmissionPolicy (Unsupported policies switch by themselves after an "
+            "upgrade)"),
+    Setting("operator_probe_minutes", "CONVERGERD_OPERATOR_PROBE_MINUTES",
+            "--operator-probe-minutes", _positive_float, "10",
+            "minutes between enforcement probes (a dry-run create of a violating pod) per "
+            "Enforcing policy; also how often every policy is reconciled again"),
+    Setting("operator_probe_delay_s", "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS",
+            "--operator-probe-delay-seconds", _positive_float, "10",
+            "seconds from a policy becoming Enforcing to its first probe (under a minute)"),
+)
+OPERATOR_SHARED_KEYS = (
+    "kubeconfig", "allow_insecure_clusters", "leader_election", "identity",
+    "request_timeout_s", "connect_timeout_s", "cluster_qps", "cluster_burst",
+    "max_response_bytes", "lease_duration_s", "renew_deadline_s", "retry_period_s",
+    "lease_request_timeout_s", "grace_period_s", "log_level", "log_format",
+)
+SETTINGS_BY_KEY = {s.key: s for s in (*SETTINGS, *OPERATOR_SETTINGS)}
 # Secrets that can also be read from a file (a mounted Secret): value key -> file key.
 SECRET_FILES = {"database_url": "database_url_file", "api_token": "api_token_file"}
 # A DSN or a token is well under 1 KiB; a bigger "secret file" is the wrong file.
@@ -393,7 +426,11 @@ def check_settings(s: Settings) -> None:
     if s.rounds.deadline_s >= s.rounds.interval_s:
         raise ConfigError(fraction_env, s.rounds.deadline_s / s.rounds.interval_s,
                           "a round's deadline must be shorter than the interval (use < 1)")
-    e = s.election
+    _check_election(s.election)
+    _check_logging(s.log_level, s.log_format)
+
+
+def _check_election(e: Election) -> None:
     needed = e.renew_deadline_s + e.retry_period_s + e.request_timeout_s
     if e.enabled and e.lease_duration_s <= needed:
         raise ConfigError(
@@ -405,12 +442,76 @@ def check_settings(s: Settings) -> None:
     if e.enabled and e.retry_period_s >= e.renew_deadline_s:
         raise ConfigError(SETTINGS_BY_KEY["retry_period_s"].env, e.retry_period_s,
                           "must be shorter than the renew deadline")
-    if s.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ConfigError(SETTINGS_BY_KEY["log_level"].env, s.log_level,
+
+
+def _check_logging(level: str, fmt: str) -> None:
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(SETTINGS_BY_KEY["log_level"].env, level,
                           "expected DEBUG, INFO, WARNING or ERROR")
-    if s.log_format not in ("text", "json"):
-        raise ConfigError(SETTINGS_BY_KEY["log_format"].env, s.log_format,
-                          "expected text or json")
+    if fmt not in ("text", "json"):
+        raise ConfigError(SETTINGS_BY_KEY["log_format"].env, fmt, "expected text or json")
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    """`convergerd operator`: the cluster it runs in, its Lease, its HTTP port, its periods."""
+
+    context: str | None  # None: in-cluster config
+    clusters: ClusterAccess
+    election: Election  # home_context is `context`: the Lease lives in the operated cluster
+    http_host: str
+    http_port: int
+    recheck_s: float
+    probe_interval_s: float
+    probe_delay_s: float
+    grace_period_s: float
+    log_level: str
+    log_format: str
+
+
+def load_operator_settings(
+    env: Mapping[str, str], flags: Mapping[str, str | None] | None = None
+) -> OperatorSettings:
+    """The operator's settings from the environment, overridden by flags (by setting key)."""
+    table = (*OPERATOR_SETTINGS, *(SETTINGS_BY_KEY[k] for k in OPERATOR_SHARED_KEYS))
+    values: dict[str, str | None] = {s.env: env.get(s.env) for s in table}
+    for key, value in (flags or {}).items():
+        if value is not None:
+            values[SETTINGS_BY_KEY[key].env] = value
+    v = {s.key: _read(values, s) for s in table}
+    context = v["operator_context"]
+    if context is not None and v["kubeconfig"] is None:
+        raise ConfigError(SETTINGS_BY_KEY["kubeconfig"].env, None,
+                          f"required with --context {context!r}: the kubeconfig holding it "
+                          "(or leave --context unset for in-cluster config)")
+    settings = OperatorSettings(
+        context=context,
+        clusters=ClusterAccess(
+            kubeconfig=v["kubeconfig"], request_timeout_s=v["request_timeout_s"],
+            connect_timeout_s=v["connect_timeout_s"], qps=v["cluster_qps"],
+            burst=v["cluster_burst"], apply_concurrency=4,
+            allow_insecure=v["allow_insecure_clusters"],
+            max_response_bytes=v["max_response_bytes"],
+        ),
+        election=Election(
+            enabled=v["leader_election"], home_context=context,
+            lease_name=v["operator_lease_name"], lease_namespace=v["operator_lease_namespace"],
+            identity=v["identity"] or default_identity(),
+            lease_duration_s=v["lease_duration_s"], renew_deadline_s=v["renew_deadline_s"],
+            retry_period_s=v["retry_period_s"], request_timeout_s=v["lease_request_timeout_s"],
+        ),
+        http_host=v["operator_http_addr"][0],
+        http_port=v["operator_http_addr"][1],
+        recheck_s=v["operator_recheck_s"],
+        probe_interval_s=v["operator_probe_minutes"] * 60.0,
+        probe_delay_s=v["operator_probe_delay_s"],
+        grace_period_s=v["grace_period_s"],
+        log_level=v["log_level"],
+        log_format=v["log_format"],
+    )
+    _check_election(settings.election)
+    _check_logging(settings.log_level, settings.log_format)
+    return settings
 
 
 def in_cluster() -> bool:

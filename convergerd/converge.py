@@ -44,7 +44,8 @@ T = TypeVar("T")
 
 
 class Retrier(Protocol):
-    """Runs `fn` with the retry policy (SPEC.md §5) until it succeeds, fails for good, or
+    """Runs `fn` with the retry policy (docs/design.md, "Errors from a cluster") until it
+    succeeds, fails for good, or
     the next attempt could not finish before `deadline` (loop time)."""
 
     async def __call__(
@@ -88,34 +89,58 @@ class Round:
 
 
 async def run_round(
-    fleet: Fleet, env: Round, *, epoch: Epoch | None = None
+    fleet: Fleet, env: Round, *, epoch: Epoch | None = None, report: RoundReport | None = None
 ) -> RoundReport:
     """Converge every cluster in `fleet`; returns what happened. Raises `Fenced` (after
-    cancelling all cluster work) if this replica lost the right to write mid-round."""
-    report = RoundReport(started_at=env.wall(), epoch=epoch, invalid=list(fleet.invalid))
+    cancelling all cluster work) if this replica lost the right to write mid-round.
+
+    `report`, if given, is filled in even when the round is cut (`Fenced`, or the caller
+    cancels it): the clusters that finished go to `clusters`, the others, with the deliveries
+    they completed, to `cut_short`, so what was done can still be recorded."""
+    if report is None:
+        report = RoundReport(started_at=env.wall())
+    report.epoch = epoch or report.epoch
+    report.invalid = list(fleet.invalid)
     deadline = env.clock() + env.limits.deadline_s
     gate = asyncio.Semaphore(env.limits.cluster_concurrency)
     desired = fleet.desired_by_cluster()
+    outcomes = {c: ClusterOutcome(cluster=c, desired=len(p)) for c, p in desired.items()}
 
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:
         async with gate:
-            return await converge_cluster(cluster, policies, env, deadline)
+            return await converge_cluster(cluster, policies, env, deadline,
+                                          outcome=outcomes[cluster])
 
     # TaskGroup: a Fenced from any cluster cancels all the others at once.
+    tasks: dict[ClusterId, asyncio.Task[ClusterOutcome]] = {}
     try:
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(one(c, p), name=f"converge {c}") for c, p in desired.items()]
+            for c, p in desired.items():
+                tasks[c] = tg.create_task(one(c, p), name=f"converge {c}")
     except* Fenced as group:
         raise group.exceptions[0] from None
-    report.clusters = [t.result() for t in tasks]
-    report.finished_at = env.wall()
+    finally:
+        # Every task is done here (the TaskGroup waits for its cancelled tasks too).
+        finished = {c for c, t in tasks.items()
+                    if t.done() and not t.cancelled() and t.exception() is None}
+        report.clusters = [o for c, o in outcomes.items() if c in finished]
+        report.cut_short = [o for c, o in outcomes.items()
+                            if c not in finished and (o.deliveries or o.phases)]
+        report.finished_at = env.wall()
     return report
 
 
 async def converge_cluster(
-    cluster: ClusterId, desired: Sequence[Policy], env: Round, deadline: float
+    cluster: ClusterId,
+    desired: Sequence[Policy],
+    env: Round,
+    deadline: float,
+    *,
+    outcome: ClusterOutcome | None = None,
 ) -> ClusterOutcome:
-    outcome = ClusterOutcome(cluster=cluster, desired=len(desired))
+    """`outcome`, if given, is filled in as the work goes (each delivery as it completes)."""
+    if outcome is None:
+        outcome = ClusterOutcome(cluster=cluster, desired=len(desired))
     started = env.clock()
     try:
         async with asyncio.timeout_at(deadline):
@@ -237,32 +262,49 @@ async def _apply_all(
     outcome: ClusterOutcome, actions: Sequence[Apply], api: PolicyApi, env: Round, deadline: float
 ) -> None:
     gate = asyncio.Semaphore(env.limits.apply_concurrency)
+    # Creates are checked against the database once more before they are recorded (see
+    # `_settle_creates`); everything else is recorded as it completes, so a round cut short
+    # still knows what it did.
+    unsettled: list[_Done] = []
 
-    async def apply(action: Apply) -> _Done:
+    async def apply(action: Apply) -> None:
         async with gate:
-            return await _apply_one(outcome.cluster, action, api, env, deadline)
+            done = await _apply_one(outcome.cluster, action, api, env, deadline)
+        if env.guard is not None and action.why is Why.MISSING and done.applied is not None:
+            unsettled.append(done)
+        else:
+            _record(outcome, done.delivery)
 
     # A cluster-level error in one apply (401, 403, unreachable) stops this cluster's work:
     # the TaskGroup cancels the siblings and re-raises it (first one wins).
     try:
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(apply(a)) for a in actions]
+            for a in actions:
+                tg.create_task(apply(a))
     except ExceptionGroup as group:
         # Fenced wins over anything raised alongside it (two `except*` clauses that both
         # raise would hand the caller a group instead of `Fenced`).
         fenced, rest = group.split(Fenced)
         if fenced is not None:
+            _record_unsettled(outcome, unsettled)
             raise fenced.exceptions[0] from None
         errors, other = rest.split(ClusterError) if rest is not None else (None, None)
         if errors is None or other is not None:
+            _record_unsettled(outcome, unsettled)
             raise
-        # Keep (and count) what finished before the failure; the cluster's reason is the
-        # first error.
-        finished = [t.result() for t in tasks
-                    if t.done() and not t.cancelled() and t.exception() is None]
-        await _settle_and_record(outcome, finished, api, env, deadline)
+        # What finished before the failure is kept; the cluster's reason is the first error.
+        await _settle_and_record(outcome, unsettled, api, env, deadline)
         raise errors.exceptions[0] from None
-    await _settle_and_record(outcome, [t.result() for t in tasks], api, env, deadline)
+    except BaseException:
+        _record_unsettled(outcome, unsettled)  # cancelled: the writes made still count
+        raise
+    await _settle_and_record(outcome, unsettled, api, env, deadline)
+
+
+def _record_unsettled(outcome: ClusterOutcome, unsettled: list[_Done]) -> None:
+    for item in unsettled:
+        _record(outcome, item.delivery)
+    unsettled.clear()
 
 
 async def _settle_and_record(

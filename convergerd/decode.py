@@ -336,3 +336,46 @@ class FieldReader:
                 continue
             out[clean_text(name, MAX_NAME_CHARS)] = clean_text(item, MAX_LABEL_VALUE_CHARS)
         return out
+
+
+# --- watch events: BadResponse -----------------------------------------------------------
+
+WATCH_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
+
+
+@dataclass(frozen=True, slots=True)
+class WatchLine:
+    """One watch event line, its shape checked (the object itself is decoded by its user)."""
+
+    type: str
+    object: dict[str, Any]
+    name: str | None
+    resource_version: str | None
+    code: int | None
+
+
+def watch_line(line: bytes) -> WatchLine:
+    """A watch event line (`{"type": ..., "object": {...}}`), checked: `BadResponse` when it
+    cannot be used (not JSON, unknown type, object not an object, an object event without a
+    name or resourceVersion)."""
+    doc = parse_object(line, "watch event")
+    kind = doc.get("type")
+    if kind not in WATCH_EVENT_TYPES:
+        raise BadResponse(expected("watch event: type", "a watch event type", kind))
+    obj = doc.get("object")
+    if not isinstance(obj, dict):
+        raise BadResponse(expected("watch event: object", "an object", obj))
+    if kind == "ERROR":
+        code = as_int(obj.get("code"))
+        return WatchLine(kind, obj, None, None, code)
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise BadResponse(expected("watch event: object.metadata", "an object", meta))
+    version = meta.get("resourceVersion")
+    if not isinstance(version, str) or not version or len(version) > MAX_TOKEN_CHARS:
+        raise BadResponse(expected("watch event: metadata.resourceVersion", "a string", version))
+    name = meta.get("name")
+    if kind != "BOOKMARK" and (not isinstance(name, str) or not name
+                               or len(name) > MAX_NAME_CHARS):
+        raise BadResponse(expected("watch event: metadata.name", "a name", name))
+    return WatchLine(kind, obj, name if isinstance(name, str) else None, version, None)

@@ -1,6 +1,7 @@
 """convergerd's own errors, classified where they enter (cluster API, database, settings).
 
-Retry decisions are made on these classes, never on message text (SPEC.md §5):
+Retry decisions are made on these classes, never on message text (docs/design.md, "Errors
+from a cluster"):
 
 | class | from | handling |
 |---|---|---|
@@ -171,6 +172,17 @@ class Fenced(ConvergerdError):
 
 class DatabaseUnavailable(ConvergerdError):
     """The database cannot be reached or failed transiently; callers wait and retry."""
+
+
+class DatabaseRejected(ConvergerdError):
+    """The database refused this write or read for good (bad data, a constraint, a missing
+    privilege, a trigger that raised): retrying the same statement fails the same way. The
+    write is dropped and logged; the daemon goes on. `reason` is a short slug from the
+    SQLSTATE class (a metrics label value, e.g. `data`)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SchemaNotMigrated(ConvergerdError):

@@ -41,8 +41,7 @@ import asyncio
 import hmac
 import json
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
@@ -102,61 +101,12 @@ class StatusSource(Protocol):
 # Liveness
 
 
-class HealthCheck:
-    """The heartbeat and the supervised tasks behind `/healthz`.
+class Health(Protocol):
+    """What `/healthz` reports (`convergerd.supervise.HealthCheck`)."""
 
-    Run `heartbeat()` as a supervised task; hand the supervised tasks to `watch()`. `clock` is
-    monotonic. Until the first beat, the time of construction counts as one (startup grace).
-    """
+    lag_s: float
 
-    def __init__(
-        self,
-        *,
-        period_s: float = 1.0,
-        stale_after_s: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-        on_lag: Callable[[float], None] | None = None,
-    ) -> None:
-        self.period_s = period_s
-        self.stale_after_s = stale_after_s
-        self.clock = clock
-        self.on_lag = on_lag
-        self.last_beat = clock()
-        self.lag_s = 0.0
-        self._tasks: list[asyncio.Task[Any]] = []
-
-    async def heartbeat(self) -> None:
-        """Forever: sleep one period and note how late the loop woke us."""
-        while True:
-            expected = self.clock() + self.period_s
-            await asyncio.sleep(self.period_s)
-            self.beat(self.clock() - expected)
-
-    def beat(self, lag_s: float = 0.0) -> None:
-        self.last_beat = self.clock()
-        self.lag_s = max(0.0, lag_s)
-        if self.on_lag is not None:
-            self.on_lag(self.lag_s)
-
-    def watch(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
-        self._tasks.extend(tasks)
-
-    def problems(self) -> list[str]:
-        found = []
-        silent_s = self.clock() - self.last_beat
-        if silent_s > self.stale_after_s:
-            found.append(f"event loop heartbeat {silent_s:.1f} s old "
-                         f"(limit {self.stale_after_s:g} s): the loop was blocked")
-        for task in self._tasks:
-            if not task.done():
-                continue
-            if task.cancelled():
-                found.append(f"task {task.get_name()!r} was cancelled")
-            elif (exc := task.exception()) is not None:
-                found.append(f"task {task.get_name()!r} crashed: {type(exc).__name__}")
-            else:
-                found.append(f"task {task.get_name()!r} ended")
-        return found
+    def problems(self) -> list[str]: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,7 +216,7 @@ class _Handlers:
         state: StatusState,
         store: StatusSource,
         settings: Settings,
-        health: HealthCheck,
+        health: Health,
         on_apply: MutationHandler | None,
         on_delete: MutationHandler | None,
     ) -> None:
@@ -332,7 +282,6 @@ class _Handlers:
         return _describe(exc)
 
     async def status(self, _: web.Request) -> web.Response:
-        self.state.leader()  # read live from the elector: a change is a new state version
         now = asyncio.get_running_loop().time()
         built = self._status_built
         if built is None or built[0] != self.state.version or now - built[1] > STATUS_REUSE_S:
@@ -506,17 +455,15 @@ def make_app(
     state: StatusState,
     store: StatusSource,
     settings: Settings,
-    health: HealthCheck,
+    health: Health,
     on_apply: MutationHandler | None = None,
     on_delete: MutationHandler | None = None,
     status_db_timeout_s: float = STATUS_DB_TIMEOUT_S,
 ) -> web.Application:
-    """The aiohttp application. `health.on_lag` defaults to the event-loop lag metric.
+    """The aiohttp application.
     `status_db_timeout_s`: how long a cluster or policy view waits for its database read.
     `on_apply(request, policy_id)` / `on_delete(...)` are called after the bearer token checks;
     without them the mutating endpoints answer 503."""
-    if health.on_lag is None:
-        health.on_lag = metrics.set_loop_lag
     h = _Handlers(metrics=metrics, state=state, store=store, settings=settings, health=health,
                   on_apply=on_apply, on_delete=on_delete)
     h.db_timeout_s = status_db_timeout_s

@@ -42,7 +42,7 @@ from convergerd.lease import (
     release_body,
     write_budget,
 )
-from convergerd.report import Epoch
+from convergerd.report import Epoch, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +67,6 @@ class Leadership(Protocol):
     def leadership_lost(self) -> asyncio.Event: ...
     def fence(self, epoch: Epoch | None = None) -> Fence: ...
     async def release(self) -> None: ...
-
-
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def _loop_time() -> float:
@@ -119,7 +115,7 @@ class Elector:
         settings: Election,
         *,
         clock: Callable[[], float] = _loop_time,
-        wall: Callable[[], dt.datetime] = _utc_now,
+        wall: Callable[[], dt.datetime] = utc_now,
         on_change: ChangeHook | None = None,
         rng: random.Random | None = None,
     ) -> None:

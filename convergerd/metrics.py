@@ -1,4 +1,5 @@
-"""Prometheus metrics on the process's own registry (SPEC.md §7; no default-registry globals).
+"""Prometheus metrics on the process's own registry (docs/design.md, "Status and metrics"; no
+default-registry globals).
 
 Every series is produced at scrape time by one collector from plain values kept here, so
 derived values are true when Prometheus reads them:
@@ -19,13 +20,16 @@ derived values are true when Prometheus reads them:
 - Counters of every known cluster exist from the start at zero (applies by result, failures
   and retries by the known reasons), so `rate()`/`increase()` see the first failure.
 
-No metric has a per-policy label. Beyond §7, for on-call: `convergerd_apply_duration_seconds`
-{cluster} (apply request latency, few buckets), `convergerd_retries_total{cluster,reason}`,
+No metric has a per-policy label. Beyond the contract's set, for on-call:
+`convergerd_apply_duration_seconds{cluster}` (apply request latency, few buckets),
+`convergerd_retries_total{cluster,reason}`,
 `convergerd_cluster_requests_total{cluster,verb,code}` (code `none`: no HTTP answer),
 `convergerd_event_loop_lag_seconds`, `convergerd_build_info{version}`,
 `convergerd_unsupported_clusters{version}`, `convergerd_cluster_server_info{cluster,version}`,
 `convergerd_cluster_round_duration_seconds{cluster}`, `convergerd_last_round_timestamp_seconds`,
 `convergerd_round_interval_seconds` (so alert rules can say "three intervals" portably),
+`convergerd_record_failures_total{reason}` (records the database refused for good and that were
+dropped: a cluster's rows of a round, or a whole round; reason from the SQLSTATE class),
 `convergerd_cluster_insecure{cluster}` (1 for a cluster reached without TLS verification or over
 http://, allowed by CONVERGERD_ALLOW_INSECURE_CLUSTERS; absent for the others), plus the
 standard `process_*` and `python_gc_*` collectors.
@@ -65,11 +69,16 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Failure and retry reasons initialised at zero for every cluster: the slugs errors are really
 # raised with (errors.py's status classes; the client's `connect_error` and `timeout` for no
 # answer; the round's `deadline`), so the series that will count a failure exists before it.
+# Every reason a cluster or an apply can fail with, zeroed for each cluster up front so an
+# alert's increase() sees the first failure too.
 FAILURE_REASONS = (
     "connect_error", "timeout", "deadline", "server_error", "throttled", "unauthorized",
     "forbidden", "crd_missing", "bad_request", "conflict", "invalid", "no_context",
+    "no_token", "unsupported_auth", "insecure", "bad_response", "internal_error",
 )
 RETRY_REASONS = ("connect_error", "server_error", "throttled")
+# convergerd.store.errors.REJECTION_REASONS, its `other`, and `internal` (not the database's).
+RECORD_FAILURE_REASONS = ("data", "constraint", "access", "limit", "raised", "other", "internal")
 APPLY_VERBS = frozenset({"apply", "patch"})
 ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 300.0, 450.0, 600.0)
 APPLY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -145,6 +154,8 @@ class Metrics:
         self._transitions = 0.0
         self._invalid = 0
         self._loop_lag_s = 0.0
+        self._record_failures: dict[Labels, float] = {
+            (r,): 0.0 for r in RECORD_FAILURE_REASONS}
         self._insecure: set[str] = set()
         # Once the database's cluster set is known (`set_clusters`), series exist only for it
         # and `keep`: a late observation of a removed cluster (a request or probe in flight
@@ -272,6 +283,11 @@ class Metrics:
         self._leader = now
         self._is_leader = 1.0 if is_leader else 0.0
 
+    def record_refused(self, reason: str) -> None:
+        """A record the database refused for good (`convergerd.store.store.RecordObserver`)."""
+        key = (reason,)
+        self._record_failures[key] = self._record_failures.get(key, 0.0) + 1
+
     def set_cluster_insecure(self, cluster: str, insecure: bool) -> None:
         """From the cluster registry, for every client it opens (insecure ones only when
         CONVERGERD_ALLOW_INSECURE_CLUSTERS allows them)."""
@@ -389,6 +405,8 @@ class Metrics:
                        {(k,): v for k, v in self._rounds.items()})
         yield _counter("convergerd_leader_transitions", "Leadership changes seen by this replica",
                        [], {(): self._transitions})
+        yield _counter("convergerd_record_failures", "Records the database refused for good "
+                       "(dropped), by reason", ["reason"], self._record_failures)
 
         apply_latency = HistogramMetricFamily(
             "convergerd_apply_duration_seconds", "Latency of apply requests per cluster",

@@ -41,8 +41,8 @@ _MAX_CELL = 80
 _MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+def add_arguments(sub: Any) -> None:
+    """Adds `apply` and `delete` to the `policy` command's subcommands (`sub`)."""
     apply = sub.add_parser("apply", help="save a policy now: apply it to every cluster in scope")
     apply.add_argument("--allow-mass-removal", action="store_true",
                        help="remove it from the clusters that left its scope even when that "

@@ -7,8 +7,9 @@ Cost: one small request per cluster per period, on every replica (standbys too, 
 At most `concurrency` probes are in flight at once; a probe that gets no answer within
 `timeout_s` counts as unreached, so a dead cluster costs one timeout per period, never more.
 
-"Reached" means the API server answered: a 401/403/429 answer is reached (the rounds report
-what is wrong with the credentials); no answer, a connect error or a 5xx is not.
+"Reached" is `ClusterError.answered`, the rule rounds use too: any answer with an HTTP status
+(401, 403, 429, 503...) or an unusable one means the API server was reached (the rounds report
+what is wrong); no answer, a connect error, a timeout or no credentials means it was not.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from convergerd.errors import (
     ClusterError,
 )
 from convergerd.kube.api import PolicyApi
-from convergerd.state import Clock, utc_now
+from convergerd.report import utc_now
+from convergerd.state import Clock
 
 log = logging.getLogger(__name__)
 

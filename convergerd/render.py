@@ -1,4 +1,5 @@
-"""A policy as the Policy custom resource convergerd applies to a cluster (SPEC.md §3). Pure."""
+"""A policy as the Policy custom resource convergerd applies to a cluster (docs/design.md,
+"What lands in a cluster"). Pure."""
 
 from __future__ import annotations
 

@@ -10,6 +10,12 @@ from enum import StrEnum
 from convergerd.model import ClusterId, InvalidPolicy, PolicyId
 
 
+def utc_now() -> dt.datetime:
+    """The wall clock every record is stamped with (UTC); the default wherever a wall clock is
+    injected (rounds, status, the elector, the prober)."""
+    return dt.datetime.now(dt.UTC)
+
+
 class ApplyResult(StrEnum):
     CREATED = "created"
     UPDATED = "updated"
@@ -100,6 +106,9 @@ class RoundReport:
     invalid: list[InvalidPolicy] = field(default_factory=list)
     cancelled: bool = False
     error: str | None = None  # the round could not run at all (e.g. database down)
+    # A cancelled round's clusters that had not finished: their completed deliveries and
+    # readings are recorded (they happened); their state is not (the round did not finish it).
+    cut_short: list[ClusterOutcome] = field(default_factory=list)
 
     @property
     def result(self) -> RoundResult:

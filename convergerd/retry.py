@@ -1,4 +1,4 @@
-"""The retry policy for cluster calls (SPEC.md §5), on tenacity.
+"""The retry policy for cluster calls (docs/design.md, "Errors from a cluster"), on tenacity.
 
 Decisions are pure functions of the error's class, the attempt number and the clock:
 
@@ -45,11 +45,12 @@ class Random(Protocol):
     def uniform(self, a: float, b: float) -> float: ...
 
 
-def backoff_s(attempt: int, *, base: float, cap: float, rng: Random) -> float:
+def backoff_s(attempt: int, *, base: float, cap: float, rng: Random | None = None) -> float:
     """Full jitter: uniform in [0, min(cap, base * 2**(attempt-1))]; `attempt` counts from 1
-    (the attempt that just failed)."""
+    (the attempt that just failed). The one backoff of the process: cluster calls, and the
+    waits for the database."""
     ceiling = min(cap, base * 2.0 ** max(0, attempt - 1))
-    return rng.uniform(0.0, ceiling)
+    return (rng or _JITTER).uniform(0.0, ceiling)
 
 
 def next_wait(

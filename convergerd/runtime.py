@@ -4,111 +4,63 @@ Tasks: the elector (Lease), the round loop, the reachability prober, the health 
 the HTTP server and the database notification listener. A crash in any supervised task stops
 the process (Kubernetes restarts it); SIGTERM/SIGINT only set a flag: no new round starts, the
 running one gets the grace period, the Lease is released so a standby takes over at once, pools
-close, exit 0. A second signal exits at once.
+close, exit 0. A second signal exits at once. The Lease is released on every way out (a crashed
+task, an unexpected error too), within a bounded time.
+
+No database error ends the process: "unavailable" is waited out and retried; a permanent
+refusal (`DatabaseRejected`) drops that one write or read, is logged and counted
+(`convergerd_record_failures_total`), and the loops go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import functools
 import logging
 import os
-import random
 import signal
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from contextlib import AsyncExitStack
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
 
 from convergerd import __version__
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
-from convergerd.converge import ClusterSource, Round, RoundLimits, WriteGuard, run_round
-from convergerd.errors import ConfigError, DatabaseUnavailable, Fenced, NoCredentials
+from convergerd.errors import (
+    ConfigError,
+    DatabaseRejected,
+    DatabaseUnavailable,
+    NoCredentials,
+)
 from convergerd.fanout import FanoutEnv, SaveClusters, Saver, Unfenced
-from convergerd.http import HealthCheck, make_app, server_options
+from convergerd.http import make_app, server_options
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
 from convergerd.lease import Fence
 from convergerd.listener import Listener
 from convergerd.metrics import FanoutMetrics, Metrics
-from convergerd.model import Fleet, InvalidPolicy
 from convergerd.mutations import handlers
 from convergerd.probe import Prober
-from convergerd.report import Epoch, RoundReport, RoundResult
+from convergerd.report import RoundReport, RoundResult, utc_now
 from convergerd.retry import RetryObserver, call_with_retries
+from convergerd.rounds import RoundLoop, StopFence, database_backoff_s
 from convergerd.state import StatusState
 from convergerd.statussync import StatusSync
 from convergerd.store.notify import PgNotifications
 from convergerd.store.store import Store
+from convergerd.supervise import HealthCheck, first
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_NOT_CONVERGED = 1
-T = TypeVar("T")
 
-# Waiting for the database: from one second up to half a minute between attempts.
-_DB_BACKOFF_BASE_S = 1.0
-_DB_BACKOFF_CAP_S = 30.0
 # Reachability checks between rounds (convergerd.probe): one GET /version per cluster.
 PROBE_PERIOD_S = 10.0
 # The database sync of the live status (every replica): at most this long between passes.
 STATUS_SYNC_PERIOD_S = 30.0
-
-
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-async def _first(*aws: Awaitable[Any]) -> None:
-    """Wait until any of `aws` completes; cancel the rest."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def invalid_to_log(
-    invalid: Iterable[InvalidPolicy], seen: Collection[tuple[str, int]]
-) -> tuple[list[InvalidPolicy], set[tuple[str, int]]]:
-    """Invalid policies are logged once per revision while they stay invalid: which of this
-    round's to log, and what to remember (this round's only, so a fixed or deleted policy is
-    forgotten)."""
-    current = {(bad.id, bad.revision): bad for bad in invalid}
-    return [bad for key, bad in current.items() if key not in seen], set(current)
-
-
-def round_env(
-    settings: Settings,
-    clusters: ClusterSource,
-    fence: Fence,
-    observer: RetryObserver,
-    *,
-    deadline_s: float,
-    guard: WriteGuard | None = None,
-) -> Round:
-    """What a round of this daemon runs with: the settings' limits, the retry policy
-    reporting to `observer`, the loop's clock. Pure wiring (tests build rounds with it too)."""
-    return Round(
-        clusters=clusters,
-        retrier=functools.partial(call_with_retries, observer=observer),
-        fence=fence,
-        limits=RoundLimits(
-            deadline_s=deadline_s,
-            cluster_concurrency=settings.rounds.cluster_concurrency,
-            apply_concurrency=settings.clusters.apply_concurrency,
-            request_timeout_s=settings.clusters.request_timeout_s,
-        ),
-        clock=asyncio.get_running_loop().time,
-        wall=_utcnow,
-        guard=guard,
-    )
 
 
 def fanout_env(
@@ -124,22 +76,8 @@ def fanout_env(
         deadline_s=settings.saves.deadline_s,
         concurrency=settings.rounds.cluster_concurrency,
         clock=asyncio.get_running_loop().time,
-        wall=_utcnow,
+        wall=utc_now,
     )
-
-
-class StopFence:
-    """The leader's fence, also closed once the daemon is stopping: on SIGTERM the writes in
-    flight finish, and no new write (nor retry) starts, so a standby can take over at once."""
-
-    def __init__(self, fence: Fence, stopping: asyncio.Event) -> None:
-        self._fence = fence
-        self._stopping = stopping
-
-    def remaining_s(self) -> float:
-        if self._stopping.is_set():
-            raise Fenced("shutting down: no new writes")
-        return self._fence.remaining_s()
 
 
 class Daemon:
@@ -160,15 +98,14 @@ class Daemon:
         self.state = StatusState(
             identity=self.identity, interval_s=settings.rounds.interval_s
         )
-        self.health = HealthCheck()
+        self.health = HealthCheck(on_lag=self.metrics.set_loop_lag)
         self.fanout_metrics = FanoutMetrics()
         self.metrics.registry.register(self.fanout_metrics)
         self._signals = 0
-        self._seen_invalid: set[tuple[str, int]] = set()
         self.registry: ClusterRegistry | None = None  # set by main()
         self.prober: Prober | None = None
-        self._unrecorded: list[RoundReport] = []
-        self.last_report: RoundReport | None = None
+        self._released = False
+        self.rounds: RoundLoop | None = None  # set by main()
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -212,12 +149,15 @@ class Daemon:
         attempt = 0
         while not self.stopping.is_set():
             try:
-                return await Store.connect(self.settings.database_url)
-            except DatabaseUnavailable as exc:
+                return await Store.connect(self.settings.database_url, observer=self.metrics)
+            except (DatabaseUnavailable, DatabaseRejected) as exc:
+                # Refused (e.g. a privilege revoked on the schema): an operator fixes it; a
+                # process that waits is fixed with it, one that exits crash-loops meanwhile.
                 attempt += 1
-                wait = min(_DB_BACKOFF_CAP_S, _DB_BACKOFF_BASE_S * 2**attempt)
-                log.warning("database unavailable (%s); retrying in %.0f s", exc, wait)
-                await _first(asyncio.sleep(wait), self.stopping.wait())
+                wait = database_backoff_s(attempt)
+                what = "unavailable" if isinstance(exc, DatabaseUnavailable) else "refused"
+                log.warning("database %s (%s); retrying in %.1f s", what, exc, wait)
+                await first(asyncio.sleep(wait), self.stopping.wait())
         return None
 
     # -- the main job ----------------------------------------------------------------------
@@ -240,7 +180,9 @@ class Daemon:
             stack.push_async_callback(registry.close)
             self.registry = registry
             elector = self._elector(registry)
-            self.state.set_leader_source(elector)
+            # Pushed after `registry.close`, so it runs before: the Lease is written through
+            # the registry's home client. Runs on every way out of this block.
+            stack.push_async_callback(self._release, elector)
 
             saver = self._saver(store, registry, elector)
             if not s.rounds.once:
@@ -272,11 +214,35 @@ class Daemon:
                     supervised.append(tg.create_task(
                         self._listener(saver, elector).run(), name="notify listener"))
                 self.health.watch(supervised)
-                await self._rounds(store, registry, elector)
-                await elector.release()
+                self.rounds = RoundLoop(
+                    settings=s, store=store, clusters=registry, elector=elector,
+                    metrics=self.metrics, state=self.state, stopping=self.stopping,
+                    identity=self.identity, follow=self._follow_database, guard=store,
+                )
+                await self.rounds.run()
+                await self._release(elector)  # at once: a standby takes over sooner
                 for task in supervised:
                     task.cancel()
         return self._exit_code()
+
+    async def _release(self, elector: Leadership) -> None:
+        """Release the Lease (if held), bounded in time: a wait for a renewal in flight and
+        two requests. Once per process (the exit path calls it again). Never raises: the process
+        is on its way out, and an unreleased Lease only costs the standby the lease duration."""
+        if self._released:
+            return
+        self._released = True
+        bound = 3 * self.settings.election.request_timeout_s + 1.0
+        try:
+            async with asyncio.timeout(bound):
+                await elector.release()
+        except Exception as exc:
+            log.warning("could not release the Lease within %.1f s: %s (%s)", bound,
+                        type(exc).__name__, exc)
+
+    @property
+    def last_report(self) -> RoundReport | None:
+        return self.rounds.last_report if self.rounds is not None else None
 
     def _exit_code(self) -> int:
         if not self.settings.rounds.once:
@@ -299,10 +265,15 @@ class Daemon:
                 "LEADER ELECTION IS OFF (CONVERGERD_LEADER_ELECTION=false): run exactly one "
                 "replica, or two replicas will write at once"
             )
-            return NoElection(identity=self.identity, on_change=self.metrics.set_leader)
+            return NoElection(identity=self.identity, on_change=self._leadership_changed)
         return Elector(
-            registry.home_lease(e.home_context), e, on_change=self.metrics.set_leader,
+            registry.home_lease(e.home_context), e, on_change=self._leadership_changed,
         )
+
+    def _leadership_changed(self, is_leader: bool, holder: str | None) -> None:
+        """The elector tells; metrics and status are written here, never on a read."""
+        self.metrics.set_leader(is_leader, holder)
+        self.state.set_leader(is_leader, holder)
 
     def _probe_targets(self, registry: ClusterRegistry) -> Callable[[], Any]:
         def targets() -> dict[str, Any]:
@@ -352,104 +323,6 @@ class Daemon:
     def _status_sync_period_s(self) -> float:
         return min(self.settings.rounds.interval_s, STATUS_SYNC_PERIOD_S)
 
-    # -- rounds ----------------------------------------------------------------------------
-
-    async def _rounds(
-        self, store: Store, registry: ClusterRegistry, elector: Leadership
-    ) -> None:
-        s = self.settings
-        loop = asyncio.get_running_loop()
-        while not self.stopping.is_set():
-            leading = asyncio.ensure_future(elector.wait_leading())
-            waits: list[Awaitable[Any]] = [leading, self.stopping.wait()]
-            if s.rounds.once:
-                # A `once` Job must not wait forever behind a running daemon: a dead holder's
-                # lease is taken within lease duration + retry period (< this bound).
-                e = s.election
-                waits.append(asyncio.sleep(e.lease_duration_s + e.renew_deadline_s))
-            await _first(*waits)
-            if self.stopping.is_set():
-                break
-            if leading.cancelled():
-                log.error(
-                    "not converged: did not get the Lease within %g s: %s leads; "
-                    "a round runs under one leader at a time",
-                    s.election.lease_duration_s + s.election.renew_deadline_s,
-                    elector.leader or "another replica",
-                )
-                break
-            epoch = leading.result()
-            started = loop.time()
-            # Known from the start: the next round starts one interval after this one did
-            # (at once if this one overruns), so status never shows none while a round runs.
-            self.state.set_next_round(_utcnow() + dt.timedelta(seconds=s.rounds.interval_s))
-            report = await self._guarded_round(store, registry, elector, epoch)
-            self.last_report = report
-            self._observe(report)
-            await self._record(store, report)
-            if s.rounds.once:
-                return
-            next_at = started + s.rounds.interval_s
-            self.state.set_next_round(_utcnow() + dt.timedelta(seconds=next_at - loop.time()))
-            await _first(asyncio.sleep(max(0.0, next_at - loop.time())), self.stopping.wait())
-
-    async def _guarded_round(
-        self, store: Store, registry: ClusterRegistry, elector: Leadership, epoch: Epoch
-    ) -> RoundReport:
-        """Run one round; cancel it the moment leadership is lost; on SIGTERM let it finish
-        within the grace period."""
-        round_task = asyncio.create_task(self._one_round(store, registry, elector, epoch))
-        lost = asyncio.ensure_future(elector.wait_lost(epoch))
-        stopping = asyncio.ensure_future(self.stopping.wait())
-        try:
-            await asyncio.wait({round_task, lost, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if stopping.done() and not round_task.done():
-                await asyncio.wait({round_task, lost}, timeout=self.settings.grace_period_s,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            if not round_task.done():
-                why = "leadership lost" if lost.done() else "grace period over"
-                log.warning("cancelling the running round: %s", why)
-                round_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await round_task
-                return RoundReport(started_at=_utcnow(), finished_at=_utcnow(), epoch=epoch,
-                                   cancelled=True, error=why)
-            return round_task.result()
-        finally:
-            lost.cancel()
-            stopping.cancel()
-
-    async def _one_round(
-        self, store: Store, registry: ClusterRegistry, elector: Leadership, epoch: Epoch
-    ) -> RoundReport:
-        s = self.settings
-        loop = asyncio.get_running_loop()
-        started = _utcnow()
-        deadline = loop.time() + s.rounds.deadline_s
-        try:
-            fleet = await self._load_fleet(store, deadline)
-        except DatabaseUnavailable as exc:
-            return RoundReport(started_at=started, finished_at=_utcnow(), epoch=epoch,
-                               error=f"database unavailable: {exc}")
-        self._note_invalid(fleet)
-        await self._reload_kubeconfig(registry)
-        await self._follow_database(
-            [c.id for c in fleet.clusters],
-            policies=[p.id for p in fleet.policies] + [p.id for p in fleet.invalid],
-        )
-        env = round_env(
-            s, registry, StopFence(elector.fence(epoch), self.stopping), self.metrics,
-            deadline_s=max(0.0, deadline - loop.time()), guard=store,
-        )
-        try:
-            report = await run_round(fleet, env, epoch=epoch)
-        except Fenced as exc:
-            log.warning("round stopped: this replica may no longer write (%s)", exc)
-            return RoundReport(started_at=started, finished_at=_utcnow(), epoch=epoch,
-                               cancelled=True, error=f"fenced: {exc}")
-        report.started_at = started
-        return report
-
     async def _follow_database(
         self, clusters: Collection[str], *, policies: Collection[str] | None = None
     ) -> None:
@@ -470,74 +343,14 @@ class Daemon:
         sizes = {
             "status_clusters": len(self.state.clusters),
             "status_policy_records": sum(len(c.policies) for c in self.state.clusters.values()),
-            "seen_invalid": len(self._seen_invalid),
-            "unrecorded_rounds": len(self._unrecorded),
+            "seen_invalid": len(self.rounds.seen_invalid) if self.rounds is not None else 0,
+            "unrecorded_rounds": len(self.rounds.unrecorded) if self.rounds is not None else 0,
             "prober_clusters": len(self.prober) if self.prober is not None else 0,
             **{f"metrics_{k}": v for k, v in self.metrics.sizes().items()},
         }
         if self.registry is not None:
             sizes.update({f"registry_{k}": v for k, v in self.registry.sizes().items()})
         return sizes
-
-    async def _reload_kubeconfig(self, registry: ClusterRegistry) -> None:
-        """Rotated credentials (the kubeconfig Secret updated in place) count from the next
-        round on; a file that cannot be read keeps the last good one."""
-        try:
-            await registry.refresh()
-        except ConfigError as exc:
-            log.warning("kubeconfig not reloaded, keeping the last good one: %s", exc)
-
-    async def _load_fleet(self, store: Store, deadline: float) -> Fleet:
-        """A database that is down makes the round wait and retry, up to its deadline."""
-        loop = asyncio.get_running_loop()
-        attempt = 0
-        while True:
-            try:
-                return await store.load_fleet()
-            except DatabaseUnavailable as exc:
-                attempt += 1
-                wait = random.uniform(0, min(_DB_BACKOFF_CAP_S, _DB_BACKOFF_BASE_S * 2**attempt))
-                if loop.time() + wait >= deadline:
-                    raise
-                log.warning("database unavailable (%s); retrying in %.1f s", exc, wait)
-                await asyncio.sleep(wait)
-
-    def _note_invalid(self, fleet: Fleet) -> None:
-        """Invalid policies are logged once per revision, not every round."""
-        new, self._seen_invalid = invalid_to_log(fleet.invalid, self._seen_invalid)
-        for bad in new:
-            log.warning("policy %r (revision %d) is invalid and will not be delivered: %s",
-                        bad.id, bad.revision, bad.reason)
-
-    def _observe(self, report: RoundReport) -> None:
-        self.metrics.observe_round(report)
-        self.state.observe_round(report)
-        counts = report.counts()
-        duration = (
-            (report.finished_at - report.started_at).total_seconds() if report.finished_at else 0
-        )
-        log.info(
-            "round %s in %.1f s: %d clusters, %d converged, %d unreached; applied %d created, "
-            "%d updated, %d failed; %d invalid policies%s",
-            report.result.value, duration, counts["clusters"], counts["converged"],
-            counts["unreached"], counts["created"], counts["updated"], counts["failed"],
-            counts["invalid"], f"; {report.error}" if report.error else "",
-            extra={"round_result": report.result.value, "round_counts": counts},
-        )
-
-    async def _record(self, store: Store, report: RoundReport) -> None:
-        """Record this round and any earlier one the database missed; keep what fails."""
-        self._unrecorded.append(report)
-        while self._unrecorded:
-            try:
-                await store.record_round(self._unrecorded[0], identity=self.identity)
-            except DatabaseUnavailable as exc:
-                # Keep a bounded backlog: the newest rounds matter most for status.
-                del self._unrecorded[:-10]
-                log.warning("could not record round (database unavailable: %s); "
-                            "%d round(s) kept to record later", exc, len(self._unrecorded))
-                return
-            self._unrecorded.pop(0)
 
 
 async def run_daemon(settings: Settings) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from convergerd.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.phases import (
@@ -38,16 +38,13 @@ from convergerd.report import (
     Epoch,
     PhaseReading,
     RoundReport,
+    utc_now,
 )
 from convergerd.rows import ClusterStateRow, DeliveryRow, RoundRow
 
 UNKNOWN_VERSION = "unknown"
 
 Clock = Callable[[], dt.datetime]
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,20 +94,6 @@ def phase_view(
         "age_seconds": round(age_s(reading.seen_at, now), 3),
         "stale": is_stale(reading.seen_at, now, interval_s),
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# The elector
-
-
-class LeaderSource(Protocol):
-    """The elector, as far as status reads it (`convergerd.leader.Leadership`)."""
-
-    def is_leader(self) -> bool: ...
-    @property
-    def leader(self) -> str | None: ...
-    @property
-    def epoch(self) -> Epoch | None: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,12 +285,10 @@ class StatusState:
         self.last_round: RoundSummary | None = None
         self.next_round_at: dt.datetime | None = None
         self._leader = LeaderInfo()
-        self._leader_source: LeaderSource | None = None
         self.invalid: dict[str, str] = {}  # policy id -> reason
         self.version = 0  # counts the updates: a status view built at one version stays true
         self.synced_at: dt.datetime | None = None  # the last database sync that answered
         self.sync_error: str | None = None  # why the last database sync failed, if it did
-        self.synced = False  # whether any sync was tried yet
 
     # -- updates ---------------------------------------------------------------------------
 
@@ -387,12 +368,8 @@ class StatusState:
         if server_version:
             state.server_version = server_version
 
-    def set_leader_source(self, source: LeaderSource) -> None:
-        """Read who leads from the elector at each status request (live, on every replica)."""
-        self._leader_source = source
-
     def set_leader(self, is_leader: bool, holder: str | None, epoch: Epoch | None = None) -> None:
-        """Or be told (an elector `on_change` hook)."""
+        """Told by the elector (its `on_change` hook) whenever who leads changes."""
         if (is_leader, holder, epoch) != (self._leader.is_leader, self._leader.holder,
                                           self._leader.epoch):
             self.version += 1  # what status shows changed
@@ -401,9 +378,6 @@ class StatusState:
         self._leader.is_leader, self._leader.holder, self._leader.epoch = is_leader, holder, epoch
 
     def leader(self) -> LeaderInfo:
-        source = self._leader_source
-        if source is not None:
-            self.set_leader(source.is_leader(), source.leader, source.epoch)
         return self._leader
 
     def set_next_round(self, at: dt.datetime | None) -> None:
@@ -433,7 +407,6 @@ class StatusState:
     def note_sync(self, error: str | None) -> None:
         """The outcome of a database sync: None when it answered, else why not."""
         self.version += 1  # what status shows may have changed
-        self.synced = True
         self.sync_error = error
         if error is None:
             self.synced_at = self.clock()

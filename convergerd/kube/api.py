@@ -8,7 +8,7 @@ honours `timeout_s` as a hard bound on the whole call including the rate limiter
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -81,3 +81,63 @@ class RequestObserver(Protocol):
         ...
 
     def retry(self, cluster: str, reason: str) -> None: ...
+
+
+# --- any resource (the operator, watch caches) -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A served resource type, addressed by group, version and plural ("" group: core)."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = False
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, name: str | None = None, *, namespace: str | None = None,
+             subresource: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace is not None:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{name}"
+            if subresource is not None:
+                base += f"/{subresource}"
+        return base
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One decoded watch event. `object` is the object (ADDED, MODIFIED, DELETED), a bookmark's
+    stub, or the Status of an ERROR (then `code` is its HTTP code, e.g. 410)."""
+
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK, ERROR
+    object: KubeObject
+    name: str | None
+    resource_version: str | None
+    code: int | None = None
+
+
+class WatchApi(Protocol):
+    """List and watch one resource type in one cluster (what a watch cache needs)."""
+
+    async def list_objects(self, resource: Resource, *, label_selector: str | None,
+                           timeout_s: float) -> ObjectList:
+        """Every object, following `continue` until the end."""
+        ...
+
+    def watch(self, resource: Resource, *, resource_version: str, label_selector: str | None,
+              timeout_s: float) -> AsyncIterator[WatchEvent]:
+        """Events after `resource_version`, with bookmarks, until the server ends the watch
+        (about `timeout_s`). A too-old version is an ERROR event with code 410, as the server
+        sends it."""
+        ...

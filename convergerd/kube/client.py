@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import ssl
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,8 @@ from convergerd.model import ClusterId
 from convergerd.render import CRD_NAME, FIELD_MANAGER, GROUP, PLURAL, VERSION
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+JSON_CONTENT_TYPE = "application/json"
+MERGE_PATCH_CONTENT_TYPE = "application/merge-patch+json"
 LIST_PAGE_SIZE = 500
 TOKEN_REREAD_S = 60.0  # a projected service-account token rotates; client-go re-reads each minute
 READ_BUFSIZE = 2**21  # big list pages
@@ -292,6 +295,34 @@ async def read_capped(content: aiohttp.StreamReader, limit: int) -> tuple[bytes,
     return b"".join(chunks)[:limit], True
 
 
+async def read_lines_capped(content: aiohttp.StreamReader, limit: int) -> AsyncIterator[bytes]:
+    """The newline-terminated lines of a streamed body (a watch: one JSON event per line), each
+    at most `limit` bytes: a longer one raises `BadResponse` without buffering more than
+    `limit` plus one chunk. Blank lines are skipped; an unterminated tail (the stream was cut
+    mid-event) is dropped, as it cannot be a whole event."""
+    buffer = bytearray()
+    async for chunk in content.iter_any():
+        buffer += chunk
+        while (end := buffer.find(b"\n")) >= 0:
+            if end > limit:
+                break
+            line = bytes(buffer[:end])
+            del buffer[: end + 1]
+            if line.strip():
+                yield line
+        if len(buffer) > limit:
+            raise BadResponse(f"watch event longer than {limit} bytes "
+                              "(CONVERGERD_MAX_RESPONSE_BYTES)")
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A successful answer of `ClusterClient.call`: its status and its JSON object."""
+
+    status: int
+    object: KubeObject
+
+
 class ClusterClient:
     """One cluster: `PolicyApi`, and `LeaseApi` when it is the home cluster.
 
@@ -323,6 +354,8 @@ class ClusterClient:
         self._request_timeout_s = access.request_timeout_s
         self._connect_timeout_s = access.connect_timeout_s
         self._auth = _BearerToken(creds, self._clock)
+        self._agent = agent
+        self._server_hostname = creds.tls_server_name
         self._bucket = TokenBucket(rate=access.qps, burst=access.burst, clock=self._clock)
         # Applies in flight, plus a list or a Lease call beside them.
         self.pool_size = pool_size or access.apply_concurrency + 2
@@ -497,6 +530,93 @@ class ClusterClient:
         except ClusterLevelError as exc:
             raise _lease_error(exc) from exc
         return answer.json()
+
+    # --- any resource: JSON in, JSON out ------------------------------------------------------
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        verb: str,
+        timeout_s: float,
+        query: Mapping[str, str] | None = None,
+        body: KubeObject | None = None,
+        content_type: str = JSON_CONTENT_TYPE,
+        not_found: str | None = None,
+    ) -> Reply | None:
+        """One request to `path` (below the server URL) with a JSON body, its JSON answer;
+        the same pool, bounds, rate limit and error classes as every other call. None when
+        `not_found` names the object and the answer is a 404 about it."""
+        data = json.dumps(body).encode() if body is not None else None
+        url = self._server + path
+
+        def pick(apis: _Apis) -> Callable[..., Awaitable[Any]]:
+            async def send(*, _preload_content: bool, _request_timeout: aiohttp.ClientTimeout,
+                           _headers: dict[str, str]) -> aiohttp.ClientResponse:
+                headers = {**_headers, "User-Agent": self._agent, "Accept": JSON_CONTENT_TYPE}
+                if data is not None:
+                    headers["Content-Type"] = content_type
+                return await apis.session.request(
+                    method, url, params=dict(query or {}), data=data, headers=headers,
+                    timeout=_request_timeout, server_hostname=self._server_hostname)
+            return send
+
+        try:
+            answer = await self._request(verb, pick, deadline=self._clock() + timeout_s,
+                                         not_found=not_found)
+        except _Gone:
+            return None
+        return Reply(answer.status, answer.json())
+
+    async def stream(
+        self,
+        path: str,
+        *,
+        query: Mapping[str, str],
+        timeout_s: float,
+        max_line_bytes: int | None = None,
+    ) -> AsyncIterator[bytes]:
+        """The lines of a long answer (a watch), each capped at `max_line_bytes` (default: the
+        response cap), for at most `timeout_s`. Goes over the burst pool: the warm connection
+        stays free for short requests. An error status, a reset or the deadline raise our
+        error classes, as `call` does."""
+        limit = max_line_bytes or self._max_response_bytes
+        start = self._clock()
+        status: int | None = None
+        try:
+            # No asyncio.timeout here: it would cancel the consumer's task between two yields.
+            # aiohttp's own total timeout ends the read instead.
+            await self._bucket.acquire(start + timeout_s)
+            timeout = aiohttp.ClientTimeout(total=max(0.0, start + timeout_s - self._clock()),
+                                            sock_connect=self._connect_timeout_s)
+            headers = {**self._auth.headers(), "User-Agent": self._agent,
+                       "Accept": JSON_CONTENT_TYPE}
+            async with self._burst.session.get(
+                self._server + path, params=dict(query), headers=headers, timeout=timeout,
+                server_hostname=self._server_hostname,
+            ) as response:
+                status = response.status
+                if status >= 400:
+                    answer = await self._read("watch", response)
+                    raise http_error(answer.status, answer.reason, answer.headers, answer.body)
+                async for line in read_lines_capped(response.content, limit):
+                    yield line
+        except ClusterError:
+            raise
+        except TimeoutError:
+            if status is None:  # no answer at all: the cluster is unreachable
+                raise ClusterUnreachable(
+                    f"no answer within {_seconds(timeout_s)} s", reason=REASON_TIMEOUT
+                ) from None
+            return  # the stream's own deadline: a normal end, as when the server ends it
+        except (aiohttp.ClientError, OSError) as exc:
+            raise transport_error(exc, elapsed_s=self._clock() - start,
+                                  timeout_s=timeout_s) from exc
+        finally:
+            if self._observer is not None:
+                self._observer.request_done(self._cluster, "watch", status,
+                                            self._clock() - start)
 
     # --- one request ------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ discovery request costs a dict lookup, however many clusters ask.
 
 Only the legacy (unaggregated) discovery format is served: client-go picks the format from the
 response Content-Type, and plain `application/json` makes it fall back to per-group-version
-GETs (KUBE-API-NOTES §7).
+GETs (kube-apiserver).
 """
 
 from __future__ import annotations

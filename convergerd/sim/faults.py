@@ -31,6 +31,7 @@ _JSON_FIELDS = {
     "version": "version",
     "readOnly": "read_only",
     "crd": "crd",
+    "admission": "admission",
     "hostile": "hostile",
 }
 # Fault `hostile` (convergerd.sim.hostile): its modes and, per mode, its parameters.
@@ -103,6 +104,9 @@ class Faults:
     version: str = DEFAULT_VERSION
     read_only: bool = False  # the token may read; writes get 403
     crd: bool = True  # the Policy CRD is installed
+    # ValidatingAdmissionPolicies are enforced (false: the API is served but nothing is
+    # evaluated, like an apiserver whose ValidatingAdmissionPolicy plugin is disabled)
+    admission: bool = True
     hostile: Hostile | None = None  # answers with bytes a client must survive
 
     @property
@@ -260,5 +264,6 @@ _PARSERS: dict[str, Any] = {
     "version": _version,
     "readOnly": _bool,
     "crd": _bool,
+    "admission": _bool,
     "hostile": _hostile,
 }

@@ -50,6 +50,7 @@ from convergerd.sim.resources import NAMESPACES
 from convergerd.sim.server import ApiServer, Cluster, Listener
 from convergerd.sim.store import ClusterStore
 from convergerd.sim.tls import CertAuthority, server_ssl_context
+from convergerd.sim.vap import PolicyEvaluator, StoreAdmission
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ class Fleet:
         self._rng = rng or random.Random()
         self._now = now
         self.accounting = Accounting(self.config.log_size)
+        # One CEL runtime for the fleet: its compile cache serves every cluster's policies.
+        self._policy_evaluator = PolicyEvaluator()
         self.clusters: dict[str, Cluster] = {}
         self._servers: list[tuple[asyncio.Server, web.Server]] = []
         self._admin: web.AppRunner | None = None
@@ -267,6 +270,8 @@ class Fleet:
         if self._now is not None:
             kwargs["now"] = self._now
         store = ClusterStore(**kwargs)
+        store.admission = StoreAdmission(store, self._policy_evaluator,
+                                         enforcing=lambda: cluster.faults.admission)
         for ns in EXTRA_NAMESPACES:
             body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
             store.create(NAMESPACES, None, body, manager=_NAMESPACE_MANAGER)

@@ -1,7 +1,7 @@
 """The resource types the simulated apiserver serves, with the strategy flags that matter.
 
-Each flag mirrors one knob of a kube-apiserver registry strategy (see KUBE-API-NOTES §2, §3);
-the store reads them instead of special-casing kinds.
+Each flag mirrors one knob of a kube-apiserver registry strategy (docs/design.md, "The fleet
+simulator"); the store reads them instead of special-casing kinds.
 """
 
 from __future__ import annotations
@@ -38,10 +38,6 @@ class ResourceType:
     @property
     def group_resource(self) -> str:
         return f"{self.plural}.{self.group}" if self.group else self.plural
-
-    @property
-    def group_kind(self) -> str:
-        return f"{self.kind}.{self.group}" if self.group else self.kind
 
     @property
     def list_kind(self) -> str:
@@ -118,6 +114,36 @@ VALIDATING_ADMISSION_POLICY_BINDINGS = ResourceType(
     min_minor=30,
 )
 
+
+
+def _workload(
+    group: str, plural: str, kind: str, short_names: tuple[str, ...] = ()
+) -> ResourceType:
+    """A built-in workload kind: status subresource, generation (bumped by spec changes), PUT
+    without resourceVersion allowed, DELETE answered with a Success Status."""
+    return ResourceType(
+        group=group,
+        version="v1",
+        plural=plural,
+        singular=kind.lower(),
+        kind=kind,
+        namespaced=True,
+        short_names=short_names,
+        categories=("all",),
+        has_status=True,
+        has_generation=True,
+        allow_unconditional_update=True,
+    )
+
+
+DEPLOYMENTS = _workload("apps", "deployments", "Deployment", ("deploy",))
+REPLICASETS = _workload("apps", "replicasets", "ReplicaSet", ("rs",))
+STATEFULSETS = _workload("apps", "statefulsets", "StatefulSet", ("sts",))
+DAEMONSETS = _workload("apps", "daemonsets", "DaemonSet", ("ds",))
+JOBS = _workload("batch", "jobs", "Job")
+CRONJOBS = _workload("batch", "cronjobs", "CronJob", ("cj",))
+WORKLOADS = (DEPLOYMENTS, REPLICASETS, STATEFULSETS, DAEMONSETS, JOBS, CRONJOBS)
+
 ALL_TYPES: tuple[ResourceType, ...] = (
     POLICIES,
     LEASES,
@@ -125,6 +151,7 @@ ALL_TYPES: tuple[ResourceType, ...] = (
     PODS,
     VALIDATING_ADMISSION_POLICIES,
     VALIDATING_ADMISSION_POLICY_BINDINGS,
+    *WORKLOADS,
 )
 
 

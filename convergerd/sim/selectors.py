@@ -418,3 +418,48 @@ def _parse_fields(text: str, rt: ResourceType) -> FieldSelector:
             raise SelectorError(f"field label not supported: {field}")
         terms.append(FieldTerm(field, getter, value, negated=op == "!="))
     return FieldSelector(tuple(terms))
+
+
+# --- structured label selectors (metav1.LabelSelector) ---------------------------------------
+
+_EXPRESSION_OPS = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!"}
+
+
+def label_selector_from_object(selector: Any) -> LabelSelector:
+    """A `metav1.LabelSelector` ({matchLabels, matchExpressions}) as a `LabelSelector`; None or
+    {} selects everything. `SelectorError` for a malformed one."""
+    if selector is None:
+        return LabelSelector()
+    if not isinstance(selector, Mapping):
+        raise SelectorError("selector: must be an object")
+    requirements: list[Requirement] = []
+    match_labels = selector.get("matchLabels") or {}
+    if not isinstance(match_labels, Mapping):
+        raise SelectorError("matchLabels: must be an object")
+    for key, value in sorted(match_labels.items()):
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SelectorError(f"matchLabels: {key!r}: keys and values must be strings")
+        requirements.append(Requirement(key, "=", frozenset({value})))
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        raise SelectorError("matchExpressions: must be a list")
+    requirements.extend(_expression_requirement(expr) for expr in expressions)
+    return LabelSelector(tuple(requirements))
+
+
+def _expression_requirement(expr: Any) -> Requirement:
+    if not isinstance(expr, Mapping):
+        raise SelectorError("matchExpressions: every entry must be an object")
+    key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+    if not isinstance(key, str) or op not in _EXPRESSION_OPS:
+        raise SelectorError(f"matchExpressions: {op!r} is not a valid label selector operator")
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise SelectorError("matchExpressions: values must be a list of strings")
+    if (op in ("In", "NotIn")) != bool(values):
+        raise SelectorError(
+            "matchExpressions: values: for 'In', 'NotIn' operators, values set can't be empty"
+            if op in ("In", "NotIn")
+            else "matchExpressions: values: may not be specified when `operator` is "
+            "'Exists' or 'DoesNotExist'"
+        )
+    return Requirement(key, _EXPRESSION_OPS[op], frozenset(values))

@@ -21,7 +21,6 @@ from typing import Any
 from convergerd.sim import status
 
 Path = tuple[str, ...]
-FieldSet = frozenset[Path]
 
 # Never recorded in field sets (managedfields/internal/stripmeta.go).
 _IGNORED_METADATA = frozenset(

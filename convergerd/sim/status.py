@@ -1,4 +1,4 @@
-"""Status error objects exactly as kube-apiserver writes them (KUBE-API-NOTES §1, §2, §8).
+"""Status error objects exactly as kube-apiserver writes them (kube-apiserver).
 
 Constructors follow `k8s.io/apimachinery/pkg/api/errors/errors.go`: empty fields are left out
 (Go `omitempty`), `details.kind` holds the resource plural except for Invalid (the Kind).

@@ -210,6 +210,20 @@ class ClusterStore:
         if self.admission is not None:
             self.admission(request)
 
+    # --- reads for admission (no copies: stored objects are never mutated in place) -----------
+
+    def serves(self, rt: ResourceType) -> bool:
+        """Whether this cluster's version serves `rt`."""
+        return served(rt, self._served_minor())
+
+    def stored_objects(self, rt: ResourceType) -> builtins.list[Obj]:
+        """The stored objects of `rt`, read-only (the caller must not modify them)."""
+        return builtins.list(self._table(rt).values())
+
+    def stored_object(self, rt: ResourceType, namespace: str | None, name: str) -> Obj | None:
+        """One stored object or None, read-only."""
+        return self._table(rt).get(self._key(rt, namespace, name))
+
     # --- reads ---------------------------------------------------------------------------------
 
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
@@ -408,7 +422,7 @@ class ClusterStore:
         subresource: str | None = None,
         dry_run: bool = False,
     ) -> tuple[Obj, bool]:
-        """PUT: (object, created). Strategy quirks per KUBE-API-NOTES §2."""
+        """PUT: (object, created). Strategy quirks per kube-apiserver."""
         self._check_served(rt, subresource)
         if not isinstance(body, Mapping):
             raise status.bad_request("the body of the request is not a JSON object")

@@ -1,2 +1,4 @@
 """The policy database (PostgreSQL through asyncpg): schema migrations (`schema`), the `Store`
-the daemon reads and records through (`store`), and `convergerd import` (`importer`)."""
+the daemon reads and records through (`store`; a round's rows and how they are written:
+`records`; values PostgreSQL can hold: `values`; errors classified: `errors`), and
+`convergerd import` (`importer`)."""

@@ -1,6 +1,8 @@
 """Database errors classified where they enter: by exception class and SQLSTATE, never by
-message text. Transient ones become `DatabaseUnavailable` (callers wait and retry); the rest
-propagate unchanged, as bugs or data errors to look at."""
+message text. Transient ones become `DatabaseUnavailable` (callers wait and retry); errors that
+say "this statement will never succeed" (a data exception, a constraint, a missing privilege, a
+trigger that raised, a value the client cannot encode) become `DatabaseRejected` with a reason
+slug: the write is dropped and logged, the caller goes on."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from contextlib import contextmanager
 import asyncpg
 
 from convergerd.config import redact_dsn
-from convergerd.errors import DatabaseUnavailable
+from convergerd.errors import DatabaseRejected, DatabaseUnavailable
+from convergerd.store.values import for_log
 
 # SQLSTATE classes and codes that say "the database cannot serve you right now".
 _TRANSIENT_CLASSES = (
@@ -35,6 +38,37 @@ _CONNECT_CODES = frozenset({
     "3D000",  # invalid_catalog_name: the database does not exist
     "55000",  # object_not_in_prerequisite_state: database not accepting connections (maintenance)
 })
+
+
+# SQLSTATE classes of a permanent refusal, and their reason slugs (metrics label values).
+REJECTION_REASONS: dict[str, str] = {
+    "22": "data",  # data exception: NUL in text, numeric out of range, value too long
+    "23": "constraint",  # integrity constraint violation
+    "42": "access",  # insufficient privilege, undefined table or column (a schema out of step)
+    "54": "limit",  # program limit exceeded (an index row too large)
+    "P0": "raised",  # a trigger or function raised an exception
+}
+REJECTION_OTHER = "other"
+
+
+def rejection_reason(exc: BaseException) -> str | None:
+    """The reason slug if `exc` is a permanent refusal of this statement; None if it is not a
+    database refusal (transient, or not from the database at all)."""
+    if isinstance(exc, asyncpg.PostgresError):
+        if is_transient(exc):
+            return None
+        code = str(getattr(exc, "sqlstate", "") or "")
+        return REJECTION_REASONS.get(code[:2], REJECTION_OTHER)
+    # The client could not encode a value (COPY raises these raw; query arguments raise
+    # asyncpg's DataError, SQLSTATE 22000): a lone surrogate in text, an int beyond int64.
+    if isinstance(exc, (UnicodeError, OverflowError)):
+        return REJECTION_REASONS["22"]
+    return None
+
+
+def rejected(exc: BaseException, reason: str) -> DatabaseRejected:
+    """The `DatabaseRejected` for `exc` (raise it `from exc`)."""
+    return DatabaseRejected(for_log(describe(exc), 300), reason=reason)
 
 
 def is_transient(exc: BaseException, *, connecting: bool = False) -> bool:

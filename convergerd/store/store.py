@@ -2,20 +2,22 @@
 
 Reads give the fleet (clusters, boundaries, validated policies) and the records the status API
 shows on any replica; writes record rounds and deliveries. Transient database failures raise
-`DatabaseUnavailable` (see `convergerd.store.errors`); callers wait and retry.
+`DatabaseUnavailable` (see `convergerd.store.errors`); callers wait and retry. Permanent
+refusals raise `DatabaseRejected`; a round's record drops only the rows refused, and every
+value written is cleaned first (how: `convergerd.store.records`).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 import asyncpg
 
 from convergerd.config import redact_dsn
-from convergerd.errors import DatabaseUnavailable
+from convergerd.errors import DatabaseRejected, DatabaseUnavailable
 from convergerd.model import (
     Boundary,
     BoundaryId,
@@ -33,7 +35,6 @@ from convergerd.report import (
     ApplyResult,
     Delivery,
     Epoch,
-    PhaseReading,
     RoundReport,
     RoundResult,
 )
@@ -44,119 +45,24 @@ from convergerd.rows import (
     PolicyStatusRows,
     RoundRow,
 )
-from convergerd.store.errors import database_errors, is_transient, unavailable
+from convergerd.store.errors import (
+    database_errors,
+    is_transient,
+    rejected,
+    rejection_reason,
+    unavailable,
+)
+from convergerd.store.records import (
+    RecordObserver,
+    round_record,
+    write_deliveries,
+    write_round,
+    write_round_by_cluster,
+)
 from convergerd.store.schema import check_schema
 
-# Deliveries and phase readings, merged per policy and cluster, are copied (binary COPY) into a
-# temporary table, then upserted in one statement: each row is rewritten once per round. Older
-# facts never overwrite newer ones (a save racing a round, a late record).
-_INCOMING_COLUMNS = (
-    "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
-    "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
-)
-_CREATE_INCOMING = """
-CREATE TEMPORARY TABLE incoming_deliveries (
-    policy_id text, cluster_id text, revision bigint, result text, at timestamptz,
-    error text, reason text, attempts integer, phase text, phase_reason text,
-    phase_message text, phase_revision bigint, phase_seen_at timestamptz
-) ON COMMIT DROP
-"""
-_UPSERT_DELIVERIES = """
-INSERT INTO deliveries AS d (
-    policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
-    last_error, last_reason, attempts, round_id,
-    phase, phase_reason, phase_message, phase_revision, phase_seen_at)
-SELECT u.policy_id, u.cluster_id,
-       CASE WHEN u.result <> 'failed' THEN u.revision END,
-       u.result, u.at,
-       CASE WHEN u.result <> 'failed' THEN u.at END,
-       u.error, u.reason,
-       CASE WHEN u.result = 'failed' THEN u.attempts ELSE 0 END,
-       $1::bigint,
-       u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.phase_seen_at
-FROM incoming_deliveries u
-ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
-    (delivered_revision, last_result, last_attempt_at, last_success_at, last_error,
-     last_reason, attempts, round_id) =
-    (SELECT CASE WHEN NOT fresh THEN d.delivered_revision
-                 ELSE COALESCE(EXCLUDED.delivered_revision, d.delivered_revision) END,
-            CASE WHEN fresh THEN EXCLUDED.last_result ELSE d.last_result END,
-            CASE WHEN fresh THEN EXCLUDED.last_attempt_at ELSE d.last_attempt_at END,
-            CASE WHEN NOT fresh THEN d.last_success_at
-                 ELSE COALESCE(EXCLUDED.last_success_at, d.last_success_at) END,
-            CASE WHEN fresh THEN EXCLUDED.last_error ELSE d.last_error END,
-            CASE WHEN fresh THEN EXCLUDED.last_reason ELSE d.last_reason END,
-            CASE WHEN NOT fresh THEN d.attempts
-                 WHEN EXCLUDED.last_result = 'failed' THEN d.attempts + EXCLUDED.attempts
-                 ELSE 0 END,
-            CASE WHEN fresh THEN EXCLUDED.round_id ELSE d.round_id END
-     FROM (SELECT EXCLUDED.last_attempt_at IS NOT NULL
-                  AND (d.last_attempt_at IS NULL
-                       OR d.last_attempt_at <= EXCLUDED.last_attempt_at) AS fresh) AS f),
-    (phase, phase_reason, phase_message, phase_revision, phase_seen_at) =
-    (SELECT CASE WHEN seen THEN EXCLUDED.phase ELSE d.phase END,
-            CASE WHEN seen THEN EXCLUDED.phase_reason ELSE d.phase_reason END,
-            CASE WHEN seen THEN EXCLUDED.phase_message ELSE d.phase_message END,
-            CASE WHEN seen THEN EXCLUDED.phase_revision ELSE d.phase_revision END,
-            CASE WHEN seen THEN EXCLUDED.phase_seen_at ELSE d.phase_seen_at END
-     FROM (SELECT EXCLUDED.phase_seen_at IS NOT NULL
-                  AND (d.phase_seen_at IS NULL
-                       OR d.phase_seen_at <= EXCLUDED.phase_seen_at) AS seen) AS s)
-"""
+log = logging.getLogger(__name__)
 
-# A round recorded late (kept while the database was down) must not overwrite the outcome of a
-# newer one: only a later success or reach time is taken from it.
-_UPSERT_CLUSTER_STATE = """
-INSERT INTO cluster_state AS s (
-    cluster_id, last_attempt_at, last_success_at, last_reached_at, reachable, last_error,
-    last_reason, desired, in_sync, failed, server_version, duration_s, round_id)
-SELECT u.cluster_id, $2::timestamptz,
-       CASE WHEN u.converged THEN $2::timestamptz END,
-       CASE WHEN u.reached THEN $2::timestamptz END,
-       u.reached, u.error, u.reason, u.desired, u.in_sync, u.failed, u.server_version,
-       u.duration_s, $1::bigint
-FROM unnest($3::text[], $4::boolean[], $5::boolean[], $6::text[], $7::text[], $8::int[],
-            $9::int[], $10::int[], $11::text[], $12::float8[])
-     AS u(cluster_id, reached, converged, error, reason, desired, in_sync, failed,
-          server_version, duration_s)
-ON CONFLICT (cluster_id) DO UPDATE SET
-    last_success_at = GREATEST(EXCLUDED.last_success_at, s.last_success_at),
-    last_reached_at = GREATEST(EXCLUDED.last_reached_at, s.last_reached_at),
-    (last_attempt_at, reachable, last_error, last_reason, desired, in_sync, failed,
-     server_version, duration_s, round_id) =
-    (SELECT CASE WHEN fresh THEN EXCLUDED.last_attempt_at ELSE s.last_attempt_at END,
-            CASE WHEN fresh THEN EXCLUDED.reachable ELSE s.reachable END,
-            CASE WHEN fresh THEN EXCLUDED.last_error ELSE s.last_error END,
-            CASE WHEN fresh THEN EXCLUDED.last_reason ELSE s.last_reason END,
-            CASE WHEN fresh THEN EXCLUDED.desired ELSE s.desired END,
-            CASE WHEN fresh THEN EXCLUDED.in_sync ELSE s.in_sync END,
-            CASE WHEN fresh THEN EXCLUDED.failed ELSE s.failed END,
-            CASE WHEN fresh THEN COALESCE(EXCLUDED.server_version, s.server_version)
-                 ELSE COALESCE(s.server_version, EXCLUDED.server_version) END,
-            CASE WHEN fresh THEN EXCLUDED.duration_s ELSE s.duration_s END,
-            CASE WHEN fresh THEN EXCLUDED.round_id ELSE s.round_id END
-     FROM (SELECT s.last_attempt_at IS NULL
-                  OR s.last_attempt_at <= EXCLUDED.last_attempt_at AS fresh) AS f)
-"""
-
-_REPLACE_INVALID = """
-WITH gone AS (
-    DELETE FROM invalid_policies WHERE NOT (policy_id = ANY($1::text[]))
-)
-INSERT INTO invalid_policies AS i (
-    policy_id, boundary_id, revision, reason, first_seen_at, seen_at, round_id)
-SELECT u.policy_id, u.boundary_id, u.revision, u.reason, $4, $4, $5
-FROM unnest($1::text[], $2::text[], $3::bigint[], $6::text[])
-     AS u(policy_id, boundary_id, revision, reason)
-ON CONFLICT (policy_id) DO UPDATE SET
-    boundary_id = EXCLUDED.boundary_id,
-    first_seen_at = CASE WHEN i.revision = EXCLUDED.revision AND i.reason = EXCLUDED.reason
-                         THEN i.first_seen_at ELSE EXCLUDED.first_seen_at END,
-    revision = EXCLUDED.revision,
-    reason = EXCLUDED.reason,
-    seen_at = EXCLUDED.seen_at,
-    round_id = EXCLUDED.round_id
-"""
 
 _DELIVERY_COLUMNS = """
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
@@ -231,84 +137,18 @@ def _policy_row(r: asyncpg.Record) -> PolicyRow:
     )
 
 
-def _utc(value: dt.datetime) -> dt.datetime:
-    if value.tzinfo is None:
-        raise ValueError(f"naive datetime {value!r}: convergerd records UTC-aware times")
-    return value
-
-
-def _delivery_records(
-    deliveries: Sequence[Delivery], phases: Sequence[PhaseReading]
-) -> list[tuple[Any, ...]]:
-    """Merge deliveries and phase readings per (policy, cluster) into `_INCOMING_COLUMNS`
-    records (a row is written once; of duplicates the latest wins). Built column by column:
-    100k rows must not become 100k small lists for the garbage collector."""
-    index: dict[tuple[str, str], int] = {}
-    cols: list[list[Any]] = [[] for _ in range(13)]
-    (policy, cluster, revision, result, attempt_at, error, reason, attempts,
-     phase, phase_reason, phase_message, phase_revision, phase_seen_at) = cols
-
-    def row(policy_id: str, cluster_id: str) -> tuple[int, bool]:
-        """The row of (policy, cluster), and whether it was new."""
-        key = (policy_id, cluster_id)
-        i = index.get(key)
-        if i is not None:
-            return i, False
-        index[key] = i = len(policy)
-        policy.append(policy_id)
-        cluster.append(cluster_id)
-        for col in cols[2:]:
-            col.append(None)
-        return i, True
-
-    for d in deliveries:
-        i, new = row(d.policy, d.cluster)
-        if not new and attempt_at[i] is not None and attempt_at[i] > d.at:
-            continue
-        revision[i] = d.revision
-        result[i] = d.result.value
-        attempt_at[i] = _utc(d.at)
-        error[i] = d.error
-        reason[i] = d.reason
-        attempts[i] = d.attempts
-    for p in phases:
-        i, new = row(p.policy, p.cluster)
-        if not new and phase_seen_at[i] is not None and phase_seen_at[i] > p.seen_at:
-            continue
-        phase[i] = p.phase
-        phase_reason[i] = p.ready_reason
-        phase_message[i] = p.ready_message
-        phase_revision[i] = p.revision
-        phase_seen_at[i] = _utc(p.seen_at)
-    return list(zip(*cols, strict=True))
-
-
-async def _upsert_deliveries(
-    conn: asyncpg.Connection,
-    deliveries: Sequence[Delivery],
-    phases: Sequence[PhaseReading],
-    round_id: int | None,
-) -> None:
-    """Inside a transaction: COPY the merged records in, upsert them into `deliveries`."""
-    await conn.execute(_CREATE_INCOMING)
-    await conn.copy_records_to_table(
-        "incoming_deliveries",
-        records=_delivery_records(deliveries, phases),
-        columns=_INCOMING_COLUMNS,
-    )
-    await conn.execute(_UPSERT_DELIVERIES, round_id)
-    await conn.execute("DROP TABLE incoming_deliveries")
-
-
 class Store:
     """The policy database. Create with `await Store.connect(dsn)`; `close()` when done."""
 
     # Round history kept (by id): 10,000 rounds is about five weeks at the default interval.
     rounds_kept = 10_000
 
-    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, dsn: str, *, observer: RecordObserver | None = None
+    ) -> None:
         self._pool = pool
         self._dsn = dsn
+        self._observer = observer
 
     @property
     def dsn(self) -> str:
@@ -325,10 +165,12 @@ class Store:
         check: bool = True,
         connect_timeout_s: float = 10.0,
         command_timeout_s: float = 60.0,
+        observer: RecordObserver | None = None,
     ) -> Self:
         """Open a pool; with `check`, refuse an unmigrated schema (`SchemaNotMigrated`).
         Unreachable database: `DatabaseUnavailable` naming the redacted DSN. A statement that
-        hangs longer than `command_timeout_s` is `DatabaseUnavailable` too."""
+        hangs longer than `command_timeout_s` is `DatabaseUnavailable` too. `observer` counts the
+        rows the database refused to record."""
         try:
             with database_errors(dsn, connecting=True):
                 pool = await asyncpg.create_pool(
@@ -344,7 +186,7 @@ class Store:
             raise DatabaseUnavailable(
                 f"bad database URL {redact_dsn(dsn)}: {type(exc).__name__}"
             ) from None
-        store = cls(pool, dsn)
+        store = cls(pool, dsn, observer=observer)
         if check:
             try:
                 async with store._acquire() as conn:
@@ -476,64 +318,32 @@ class Store:
 
     async def record_round(self, report: RoundReport, *, identity: str) -> int:
         """Record a round in one transaction: the round, each cluster's state, every delivery
-        and phase reading, and the invalid policies it saw. Returns the round id."""
-        finished = report.finished_at
-        at = _utc(finished or report.started_at)
-        outcomes = report.clusters
-        deliveries = [d for c in outcomes for d in c.deliveries]
-        phases = [p for c in outcomes for p in c.phases]
+        and phase reading, and the invalid policies it saw. Returns the round id.
+
+        Values are cleaned first; if the database still refuses the record for good, it is
+        written again cluster by cluster so that only the refused rows are dropped (logged
+        and counted on the observer; see `convergerd.store.records`). Raises
+        `DatabaseUnavailable` (record it later), or `DatabaseRejected` when even the round's
+        own row is refused."""
+        record = round_record(report, identity)
+        try:
+            async with self._acquire() as conn, conn.transaction():
+                round_id = await write_round(conn, record, kept=self.rounds_kept)
+        except DatabaseRejected as exc:
+            log.warning("the database refused the round's record (%s); recording it cluster "
+                        "by cluster", exc, extra={"reason": exc.reason})
+        else:
+            return round_id
         async with self._acquire() as conn, conn.transaction():
-            round_id: int = await conn.fetchval(
-                """INSERT INTO rounds (started_at, finished_at, result, epoch_holder,
-                       epoch_transitions, identity, counts, error)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id""",
-                _utc(report.started_at),
-                finished,
-                report.result.value,
-                report.epoch.holder if report.epoch else None,
-                report.epoch.transitions if report.epoch else None,
-                identity,
-                report.counts(),
-                report.error,
-            )
-            await conn.execute("DELETE FROM rounds WHERE id <= $1", round_id - self.rounds_kept)
-            if outcomes:
-                await conn.execute(
-                    _UPSERT_CLUSTER_STATE,
-                    round_id,
-                    at,
-                    [c.cluster for c in outcomes],
-                    [c.reached for c in outcomes],
-                    [c.converged for c in outcomes],
-                    [c.error for c in outcomes],
-                    [c.reason for c in outcomes],
-                    [c.desired for c in outcomes],
-                    [c.in_sync for c in outcomes],
-                    [c.failed for c in outcomes],
-                    [c.server_version for c in outcomes],
-                    [c.duration_s for c in outcomes],
-                )
-            if deliveries or phases:
-                await _upsert_deliveries(conn, deliveries, phases, round_id)
-            if report.error is None:
-                # A round that ran saw the whole fleet: its invalid list replaces the last one.
-                await conn.execute(
-                    _REPLACE_INVALID,
-                    [p.id for p in report.invalid],
-                    [p.boundary for p in report.invalid],
-                    [p.revision for p in report.invalid],
-                    at,
-                    round_id,
-                    [p.reason for p in report.invalid],
-                )
-        return round_id
+            return await write_round_by_cluster(conn, record, kept=self.rounds_kept,
+                                                observer=self._observer)
 
     async def record_deliveries(self, deliveries: Sequence[Delivery]) -> None:
         """Record deliveries made outside a round (a save): `round_id` stays NULL."""
         if not deliveries:
             return
         async with self._acquire() as conn, conn.transaction():
-            await _upsert_deliveries(conn, deliveries, (), None)
+            await write_deliveries(conn, deliveries)
 
     # ---- what the status API reads -----------------------------------------------------------
 
@@ -728,9 +538,10 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 class _Acquire:
     """`async with`: a pooled connection; transient failures inside become
-    `DatabaseUnavailable`. A connection closed under us (server restart, terminated backend)
-    makes asyncpg raise `InterfaceError` on its next use; that is classified by the
-    connection's state (closed, or taken back by the pool), not by the message."""
+    `DatabaseUnavailable`, permanent refusals `DatabaseRejected`. A connection closed under us
+    (server restart, terminated backend) makes asyncpg raise `InterfaceError` on its next use;
+    that is classified by the connection's state (closed, or taken back by the pool), not by
+    the message."""
 
     def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
         self._pool = pool
@@ -749,7 +560,7 @@ class _Acquire:
         except asyncpg.InterfaceError:
             return True  # the proxy was detached: the pool took the closed connection back
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         lost = isinstance(exc, asyncpg.InterfaceError) and self._closed()
         try:
             await self._pool.release(self._conn)
@@ -763,4 +574,6 @@ class _Acquire:
             and (lost or is_transient(exc))
         ):
             raise unavailable(self._dsn, exc) from exc
-        return False
+        reason = rejection_reason(exc) if isinstance(exc, Exception) else None
+        if exc is not None and reason is not None:
+            raise rejected(exc, reason) from exc

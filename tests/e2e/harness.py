@@ -68,7 +68,7 @@ policies:
 
 
 def agent(identity: str) -> str:
-    """The User-Agent a replica sends (SPEC.md §9)."""
+    """The User-Agent a replica sends (docs/design.md, "Settings")."""
     return f"convergerd/{convergerd.__version__} ({identity})"
 
 

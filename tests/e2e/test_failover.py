@@ -1,4 +1,5 @@
-"""Leader election and failover with real `convergerd` processes (issue 4, SPEC.md §6).
+"""Leader election and failover with real `convergerd` processes (docs/design.md, "Leader
+election and fencing").
 
 Assertions are on what the simulator saw (its request log: who wrote which Policy, by
 User-Agent), on `/status` and on the Lease in `home`; log text only where the log *is* the

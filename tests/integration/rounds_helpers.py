@@ -1,5 +1,5 @@
 """Shared pieces of the round integration tests: a fleet in the database, a round wired exactly
-as the daemon wires it (`runtime.round_env`), a look into the simulated clusters, and a TCP
+as the daemon wires it (`rounds.round_env`), a look into the simulated clusters, and a TCP
 proxy in front of PostgreSQL that can play "database down"."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader import NoElection
 from convergerd.metrics import Metrics
 from convergerd.report import RoundReport
-from convergerd.runtime import Daemon, round_env
+from convergerd.rounds import round_env
+from convergerd.runtime import Daemon
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.store.importer import apply_plan, parse_import

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -27,6 +28,10 @@ RULES_FILE = DEPLOY / "prometheus" / "convergerd-rules.yaml"
 PROMETHEUS_RULE = DEPLOY / "prometheus" / "prometheusrule.yaml"
 PROMTOOL_TESTS = sorted((ROOT / "tests" / "promtool").glob("*.yaml"))
 NAMESPACE = "stackship-system"
+# The one place the version is written; the image `make image` tags and deploy/ references.
+VERSION = str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+REPOSITORY = "ghcr.io/stackship/convergerd"
+IMAGE = f"{REPOSITORY}:{VERSION}"
 
 # Kinds that are cluster-scoped: they must render without metadata.namespace.
 CLUSTER_SCOPED = {
@@ -225,6 +230,26 @@ def test_no_secret_values_in_manifests(directory: str) -> None:
                 if e["name"] in ("CONVERGERD_DATABASE_URL", "CONVERGERD_API_TOKEN"):
                     assert "value" not in e, f"{e['name']} must come from a Secret"
                     assert "secretKeyRef" in e["valueFrom"], e["name"]
+                if e["name"].endswith("_FILE"):
+                    assert str(e["value"]).startswith("/etc/convergerd/"), e["name"]
+
+
+@pytest.mark.parametrize("directory", RENDERED_DIRS)
+def test_every_convergerd_image_and_version_label_is_the_package_version(
+    directory: str,
+) -> None:
+    """Bumping pyproject's `version` without deploy/ (or the reverse) fails here."""
+    for obj in render(directory):
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        labels = [obj["metadata"].get("labels", {})]
+        if obj["kind"] == "Deployment":
+            labels.append(obj["spec"]["template"]["metadata"].get("labels", {}))
+        for label in labels:
+            assert label.get("app.kubernetes.io/version", VERSION) == VERSION, where
+        for c in _all_containers(obj):
+            repository = c["image"].rsplit("@", 1)[0].rsplit(":", 1)[0]
+            if repository.endswith("/convergerd"):
+                assert c["image"] == IMAGE, f"{where}: {c['image']}"
 
 
 def _all_containers(obj: Obj) -> list[Obj]:
@@ -240,10 +265,22 @@ def _all_containers(obj: Obj) -> list[Obj]:
 def _check_convergerd_container(pod: Obj, c: Obj, port_name: str) -> None:
     """What every convergerd container must have, standalone or as a sidecar."""
     assert c["args"] == ["run"]
-    assert c["image"].startswith("ghcr.io/stackship/convergerd:")
+    assert c["image"] == IMAGE
     env = env_of(c)
-    for name in ("CONVERGERD_DATABASE_URL", "CONVERGERD_API_TOKEN"):
-        assert env[name]["valueFrom"]["secretKeyRef"]["name"].startswith("convergerd-"), name
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # The DSN and the API token: files from the Secrets, never env values.
+    assert not {"CONVERGERD_DATABASE_URL", "CONVERGERD_API_TOKEN"} & set(env)
+    for name, secret_name, key in (
+        ("CONVERGERD_DATABASE_URL_FILE", "convergerd-database", "url"),
+        ("CONVERGERD_API_TOKEN_FILE", "convergerd-api-token", "token"),
+    ):
+        path = Path(env[name]["value"])
+        mount = mounts[str(path.parent)]
+        assert mount["readOnly"] is True, name
+        sources = volumes[mount["name"]]["projected"]["sources"]
+        assert {"key": key, "path": path.name} in next(
+            s["secret"]["items"] for s in sources if s["secret"]["name"] == secret_name), name
     assert env["CONVERGERD_IDENTITY"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["CONVERGERD_LEADER_ELECTION"]["value"] == "true"
     assert env["Policies__ConvergeIntervalMinutes"]["value"] == "5"
@@ -252,10 +289,8 @@ def _check_convergerd_container(pod: Obj, c: Obj, port_name: str) -> None:
 
     # The kubeconfig: a file from a Secret volume, never an env value.
     kubeconfig = Path(env["CONVERGERD_KUBECONFIG"]["value"])
-    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     mount = mounts[str(kubeconfig.parent)]
     assert mount["readOnly"] is True
-    volumes = {v["name"]: v for v in pod["volumes"]}
     secret = volumes[mount["name"]]["secret"]
     assert secret["secretName"] == "convergerd-kubeconfig"
     assert kubeconfig.name in {i["path"] for i in secret["items"]}
@@ -476,7 +511,8 @@ def test_operator_rbac_and_deployment() -> None:
     role = one(objs, "ClusterRole", "stackship:convergerd:operator")
     grants = {
         (group, resource): sorted(rule["verbs"])
-        for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
+        for rule in role["rules"] if "apiGroups" in rule
+        for group in rule["apiGroups"] for resource in rule["resources"]
     }
     full = sorted(["get", "list", "watch", "create", "update", "patch", "delete"])
     assert grants == {
@@ -485,16 +521,43 @@ def test_operator_rbac_and_deployment() -> None:
         ("admissionregistration.k8s.io", "validatingadmissionpolicies"): full,
         ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): full,
         ("", "namespaces"): ["get", "list", "watch"],
+        ("", "pods"): ["create"],  # the dry-run enforcement probe
     }
+    discovery = [r for r in role["rules"] if "nonResourceURLs" in r]
+    assert discovery == [{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version"],
+                          "verbs": ["get"]}]
+    lease_role = one(objs, "Role", "convergerd-operator-lease")
+    assert lease_role["metadata"]["namespace"] == NAMESPACE
+    named = [r for r in lease_role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": ["convergerd-operator"], "verbs": ["get", "update"]}]
+    lease_binding = one(objs, "RoleBinding", "convergerd-operator-lease")
+    assert lease_binding["subjects"][0]["name"] == "convergerd-operator"
     binding = one(objs, "ClusterRoleBinding", "stackship:convergerd:operator")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "convergerd-operator", "namespace": NAMESPACE}]
     deployment = one(objs, "Deployment", "convergerd-operator")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "convergerd-operator"
+    assert deployment["spec"]["replicas"] == 2
     c = container(deployment, "operator")
     assert c["args"] == ["operator"]
+    assert c["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert c["resources"]["requests"]
+    assert c["resources"]["limits"]
     _check_restricted(pod, c)
+
+
+def test_member_cluster_includes_the_operator() -> None:
+    """Applying deploy/member-cluster installs the CRD, convergerd's access and the operator."""
+    objs = render("member-cluster")
+    one(objs, "CustomResourceDefinition", "policies.platform.stackship.se")
+    one(objs, "ClusterRole", "stackship:convergerd:policies")
+    deployment = one(objs, "Deployment", "convergerd-operator")
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+    one(objs, "ClusterRole", "stackship:convergerd:operator")
 
 
 # -- the Grafana dashboard's queries -----------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,14 @@ def test_the_daemon_modules_import_without_the_extra() -> None:
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_policy_eval_names_the_missing_extra_in_one_line(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("{id: x, boundary: b, rule: {type: ForbidLatestTag}}\n")
+    done = cli_without_extra("policy", "eval", "--policy", str(policy), "--object", str(policy))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "convergerd policy eval needs the simulator extra, which is not installed: "
+        "pip install 'convergerd[sim]'"
+    ]

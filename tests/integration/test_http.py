@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from convergerd.config import Settings, load_settings
 from convergerd.errors import DatabaseUnavailable
-from convergerd.http import STATUS_DB_CONCURRENCY, HealthCheck, make_app
+from convergerd.http import STATUS_DB_CONCURRENCY, make_app
 from convergerd.metrics import Metrics
 from convergerd.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
 from convergerd.report import (
@@ -42,6 +42,7 @@ from convergerd.rows import (
 from convergerd.state import StatusState
 from convergerd.statussync import StatusSync
 from convergerd.store.store import Store
+from convergerd.supervise import HealthCheck
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 TOKEN = "canary-api-token-5e1d9c"

@@ -17,10 +17,11 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from convergerd.config import load_settings
-from convergerd.http import MAX_LINE_BYTES, HealthCheck, make_app, server_options
+from convergerd.http import MAX_LINE_BYTES, make_app, server_options
 from convergerd.metrics import Metrics
 from convergerd.state import StatusState
 from convergerd.store.store import Store
+from convergerd.supervise import HealthCheck
 from tests.integration.rounds_helpers import TcpProxy, import_doc
 
 TOKEN = "hostile-test-token-2c8e1a"

@@ -1,5 +1,6 @@
 """`ClusterClient` and `ClusterRegistry` against the fleet simulator: the wire contract
-(pagination, server-side apply, User-Agent) and every SPEC.md §5 error class."""
+(pagination, server-side apply, User-Agent) and every error class (docs/design.md, "Errors from
+a cluster")."""
 
 from __future__ import annotations
 
@@ -303,7 +304,7 @@ async def test_kubeconfig_reload_rebuilds_changed_clients(
         await reg.close()
 
 
-# --- errors (SPEC.md §5) ----------------------------------------------------------------------
+# --- errors (docs/design.md, "Errors from a cluster") ---------------------------------------
 
 
 async def test_unauthorized(fleet: Fleet, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""What an admin sees of the fleet (issue 5, SPEC.md §7): the real `Daemon`, run in-process
+"""What an admin sees of the fleet (docs/design.md, "Status and metrics"): the real `Daemon`,
+run in-process
 against the in-process simulator and a database of this test's own, read over HTTP the way
 Prometheus, a dashboard and `convergerd status` read it.
 

@@ -1,9 +1,10 @@
 """Converge rounds end to end: a real PostgreSQL, the fleet simulator, and the round wired as
-the daemon wires it (`runtime.round_env`: ClusterRegistry on the fleet's kubeconfig,
+the daemon wires it (`rounds.round_env`: ClusterRegistry on the fleet's kubeconfig,
 `call_with_retries`, the fence, the settings' limits; recorded by `Store.record_round`).
 
 Covers issue 3's Tests: first round, in-sync round, drift, scope narrowed, control-plane rules,
-invalid rows, every SPEC.md §5 error class, down/hung clusters, database down, `once` exit codes.
+invalid rows, every error class (docs/design.md, "Errors from a cluster"), down/hung clusters,
+database down, `once` exit codes.
 Timeouts are short and real (the simulator does real network I/O); waits are on conditions.
 """
 
@@ -273,7 +274,7 @@ async def test_rows_over_the_parameter_limits_are_invalid_and_the_rest_converge(
     assert not any(bad in p for p in paths for bad in ("p-too-many", "p-huge-key"))
 
 
-# --- SPEC.md §5: errors from a cluster --------------------------------------------------------
+# --- errors from a cluster (docs/design.md) -------------------------------------------------
 
 
 @pytest.mark.parametrize("status", [500, 503])

@@ -15,13 +15,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from convergerd.http import HealthCheck, make_app
+from convergerd.http import make_app
 from convergerd.metrics import Metrics
 from convergerd.mutations import MAX_BODY_BYTES, handlers
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.state import StatusState
 from convergerd.store.store import Store
+from convergerd.supervise import HealthCheck
 from tests.integration.rounds_helpers import FLEET_DOC, Rounds, import_doc, objects, settings_for
 from tests.integration.savedelete_helpers import make_saver
 

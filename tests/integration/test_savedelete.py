@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from convergerd.converge import run_round
+from convergerd.converge import ClusterSource, run_round
 from convergerd.fanout import Result, Saver, Status
 from convergerd.leader import NoElection
 from convergerd.metrics import FanoutMetrics, Metrics
 from convergerd.report import RoundReport
-from convergerd.runtime import round_env
+from convergerd.rounds import round_env
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
@@ -58,10 +58,10 @@ async def deliveries(database_url: str, policy: str) -> dict[str, tuple[int | No
     return {r["cluster_id"]: (r["delivered_revision"], r["last_result"]) for r in rows}
 
 
-async def guarded_round(rounds: Rounds, clusters: object, store: Store) -> RoundReport:
+async def guarded_round(rounds: Rounds, clusters: ClusterSource, store: Store) -> RoundReport:
     """A round as the daemon runs it (write-time check on the store), on `clusters`."""
     fleet = await store.load_fleet()
-    env = round_env(rounds.settings, clusters, NoElection(identity=IDENTITY).fence(),  # type: ignore[arg-type]
+    env = round_env(rounds.settings, clusters, NoElection(identity=IDENTITY).fence(),
                     rounds.metrics, deadline_s=rounds.settings.rounds.deadline_s, guard=store)
     report = await run_round(fleet, env)
     await store.record_round(report, identity=IDENTITY)

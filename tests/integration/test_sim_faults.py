@@ -69,7 +69,10 @@ async def test_version_and_discovery_documents(fleet: Fleet) -> None:
     groups = (await kube_http(fleet, "c0001", "GET", "/apis")).json()
     assert groups["kind"] == "APIGroupList"
     names = [g["name"] for g in groups["groups"]]
-    assert names == ["coordination.k8s.io", "admissionregistration.k8s.io", "platform.stackship.se"]
+    assert names == [
+        "coordination.k8s.io", "admissionregistration.k8s.io", "apps", "batch",
+        "platform.stackship.se",
+    ]
 
     crd = (await kube_http(fleet, "c0001", "GET", "/apis/platform.stackship.se/v1alpha1")).json()
     assert crd["groupVersion"] == "platform.stackship.se/v1alpha1"

@@ -1,5 +1,5 @@
-"""Settings from the environment and flags (SPEC.md §4, §6, §9): defaults, units, clear errors,
-and secrets that never leak."""
+"""Settings from the environment and flags (docs/design.md, "Settings"): defaults, units, clear
+errors, and secrets that never leak."""
 
 from __future__ import annotations
 

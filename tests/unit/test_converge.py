@@ -1,4 +1,5 @@
-"""The converge round (SPEC.md §4, §5) against an in-memory fleet.
+"""The converge round (docs/design.md, "Delivery semantics" and "Errors from a cluster")
+against an in-memory fleet.
 
 `FakeCluster` is a small `PolicyApi` written for these tests: a dict of Policy objects with
 server-side-apply semantics (our labels and spec replaced, other labels kept, status untouched),
@@ -445,7 +446,7 @@ async def test_compute_plans_and_invalid_policies_never_reach_a_cluster() -> Non
     assert report.result is RoundResult.OK  # the valid ones converged
 
 
-# --- errors from a cluster (SPEC.md §5) -----------------------------------------------------
+# --- errors from a cluster (docs/design.md) -------------------------------------------------
 
 
 async def test_rejected_policy_fails_alone() -> None:
@@ -854,3 +855,47 @@ async def test_status_is_left_alone_by_applies() -> None:
 
     assert clusters["c1"].objects["policy-p-regs"]["status"] == {"phase": "Enforcing"}
     assert clusters["c1"].objects["policy-p-regs"]["spec"]["revision"] == 1
+
+
+# --- a round cut short still knows what it did ------------------------------------------------
+
+
+async def test_a_fenced_round_still_reports_what_it_did() -> None:
+    done = FakeCluster("c-done")
+    fast = FakeCluster("c-fast", apply_latency_s=1.0)
+    slow = FakeCluster("c-slow", apply_latency_s=10.0)
+    clusters = Clusters(done, fast, slow)
+    fleet = make_fleet(["c-done", "c-fast", "c-slow"],
+                       {"one": ["c-done"], "team-a": ["c-fast", "c-slow"]},
+                       [("p-only", "one", {"type": "ForbidLatestTag"}),
+                        *[(pid, "team-a", rule) for pid, rule in RULES.items()]])
+    report = RoundReport(started_at=WALL)
+
+    # Write checks: c-done#1, c-fast#1, c-slow#1 at t=0; c-fast#2 at t=1 is refused.
+    with pytest.raises(Fenced):
+        await run_round(fleet, make_round(clusters, fence=Fence(allow=3), apply_concurrency=1),
+                        report=report)
+
+    assert [(c.cluster, results(c)) for c in report.clusters] == [
+        ("c-done", {"p-only": ApplyResult.CREATED})]
+    cut = {c.cluster: results(c) for c in report.cut_short}
+    assert cut == {"c-fast": {"p-latest": ApplyResult.CREATED}}  # its first apply landed
+    assert list(fast.objects) == ["policy-p-latest"]
+    assert report.finished_at == WALL
+
+
+async def test_a_cancelled_round_still_reports_what_it_did() -> None:
+    clusters = Clusters(FakeCluster("c1", apply_latency_s=1.0))
+    report = RoundReport(started_at=WALL)
+    task = asyncio.create_task(run_round(
+        team_a("c1"), make_round(clusters, apply_concurrency=1), report=report))
+    await asyncio.sleep(2.5)  # fake time: two of the three applies finished
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert report.clusters == []
+    [cut] = report.cut_short
+    assert set(results(cut).values()) == {ApplyResult.CREATED}
+    assert {f"policy-{p}" for p in results(cut)} == set(clusters["c1"].objects)
+    assert len(cut.deliveries) == 2

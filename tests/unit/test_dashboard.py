@@ -33,7 +33,8 @@ RULES = ROOT / "deploy" / "prometheus" / "convergerd-rules.yaml"
 # exposition's sample names carry them too.
 METRIC_NAME = re.compile(r"\bconvergerd_[a-z_]+\b")
 
-# SPEC.md §7, as sample names a query would use (counters with _total, histograms by bucket).
+# The documented metrics (docs/design.md, "Status and metrics"), as sample names a query would
+# use (counters with _total, histograms by bucket).
 SPEC_SERIES = {
     "convergerd_cluster_lag_seconds",
     "convergerd_cluster_last_success_timestamp_seconds",
@@ -159,7 +160,7 @@ def test_dashboard_shows_every_spec_metric(series: str) -> None:
 
 def test_the_daemon_exports_every_spec_series() -> None:
     missing = SPEC_SERIES - exported_series()
-    assert not missing, f"SPEC.md §7 series not exported: {sorted(missing)}"
+    assert not missing, f"documented series not exported: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("source", ["dashboard", "alert rules"])

@@ -4,7 +4,7 @@ while invalid, forgotten once fixed or deleted."""
 from __future__ import annotations
 
 from convergerd.model import InvalidPolicy
-from convergerd.runtime import invalid_to_log
+from convergerd.rounds import invalid_to_log
 
 
 def bad(policy: str, revision: int) -> InvalidPolicy:

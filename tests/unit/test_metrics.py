@@ -1,4 +1,5 @@
-"""Metrics: SPEC.md §7 names, labels and types exactly, read back from the exposition text."""
+"""Metrics: the documented names, labels and types exactly (docs/design.md, "Status and
+metrics"), read back from the exposition text."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from convergerd.report import (
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 INTERVAL = 300.0
 
-# SPEC.md §7: family name (as the parser reports it) -> (type, labels)
+# docs/design.md, "Status and metrics": family name (as the parser reports it) -> (type, labels)
 SPEC = {
     "convergerd_cluster_lag_seconds": ("gauge", {"cluster"}),
     "convergerd_cluster_last_success_timestamp_seconds": ("gauge", {"cluster"}),

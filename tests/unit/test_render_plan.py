@@ -1,4 +1,5 @@
-"""The Policy object convergerd writes (SPEC.md §3) and what a round decides to apply (§4)."""
+"""The Policy object convergerd writes and what a round decides to apply (docs/design.md, "What
+lands in a cluster" and "Delivery semantics")."""
 
 from __future__ import annotations
 

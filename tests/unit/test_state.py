@@ -192,25 +192,20 @@ def test_invalid_policies_come_from_the_round() -> None:
         {"id": "Bad_Id", "reason": "id: not a DNS label"}]
 
 
-def test_leader_read_live_from_the_elector() -> None:
-    class Elector:
-        leading = False
-
-        def is_leader(self) -> bool:
-            return self.leading
-
-        @property
-        def leader(self) -> str | None:
-            return "rep-b"
-
-        @property
-        def epoch(self) -> Epoch | None:
-            return Epoch("rep-b", 4)
-
-    state = StatusState(identity="rep-a", interval_s=INTERVAL, clock=Clock())
-    state.set_leader_source(Elector())
+def test_leader_as_the_elector_told_it_and_since_when() -> None:
+    clock = Clock()
+    state = StatusState(identity="rep-a", interval_s=INTERVAL, clock=clock)
+    state.set_leader(False, "rep-b")
     assert state.snapshot()["leader"] == {"is_leader": False, "holder": "rep-b",
                                           "since": "2026-01-01T12:00:00Z"}
+    version = state.version
+    clock.now += dt.timedelta(seconds=30)
+    state.set_leader(False, "rep-b")  # told again, nothing changed: same view
+    assert state.version == version
+    state.set_leader(True, "rep-a")
+    assert state.version > version
+    assert state.snapshot()["leader"] == {"is_leader": True, "holder": "rep-a",
+                                          "since": "2026-01-01T12:00:30Z"}
 
 
 # -- merging the database's records (standbys) ---------------------------------------------------

@@ -1,4 +1,4 @@
-"""Status bodies, byte for byte where KUBE-API-NOTES quotes them."""
+"""Status bodies, byte for byte where kube-apiserver quotes them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ClusterStore: the registry/storage behaviour a real kube-apiserver shows (KUBE-API-NOTES)."""
+"""ClusterStore: the registry/storage behaviour a real kube-apiserver shows (kube-apiserver)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ClusterStore list pagination and watch semantics (KUBE-API-NOTES §5, §6, 1.11)."""
+"""ClusterStore list pagination and watch semantics (kube-apiserver)."""
 
 from __future__ import annotations
 

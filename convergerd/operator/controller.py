@@ -1,0 +1,469 @@
+"""The operator's engine: keeps every Policy's admission objects and status in line.
+
+Every replica watches the Policies (an `Informer`), so a standby that takes over starts from a
+warm cache; only the Lease holder reconciles and writes, each write checked against its term's
+fence. One worker reconciles one Policy at a time from a queue of due times:
+
+- a watch event (changed or deleted Policy) makes it due now; a failure, after a backoff;
+- when it is Enforcing, its next enforcement probe (first `probe_delay_s` after it became
+  Enforcing, then every `probe_interval_s`, counted from the probe time recorded on it, so a
+  restart does not probe again at once);
+- every `probe_interval_s` every Policy is reconciled again (drift in the admission objects is
+  found this way: they are read, not watched), and admission objects whose Policy is gone are
+  deleted (owner references let a real cluster's garbage collector do it too).
+
+Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
+`recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
+an upgrade. What to write is decided in `convergerd.operator.reconcile`; this module does the
+I/O, and writes nothing when nothing changed (a restart re-lists and writes nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import functools
+import heapq
+import logging
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from convergerd.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
+from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
+from convergerd.kube.watch import Informer
+from convergerd.leader import Leadership
+from convergerd.lease import Fence
+from convergerd.operator.admission import RenderError, admission_name, violating_pod
+from convergerd.operator.metrics import OperatorMetrics
+from convergerd.operator.reconcile import (
+    ADMITTED,
+    BOUNDARY_LABEL,
+    ENFORCING,
+    ERROR,
+    FIELD_MANAGER,
+    MANAGED_SELECTOR,
+    UNKNOWN,
+    UNSUPPORTED,
+    Condition,
+    PolicyObject,
+    carried_verified,
+    new_status,
+    next_probe_in,
+    orphans,
+    plan,
+    probe_outcome,
+    ready_condition,
+    status_differs,
+    verified_pending,
+)
+from convergerd.retry import backoff_s, call_with_retries
+
+log = logging.getLogger(__name__)
+
+POLICIES = Resource("platform.stackship.se", "v1alpha1", "policies")
+VAPS = Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies")
+BINDINGS = Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings")
+NAMESPACES = Resource("", "v1", "namespaces")
+PODS = Resource("", "v1", "pods", namespaced=True)
+
+# A failed reconcile is retried after a backoff from here up to the cap.
+RETRY_BASE_S = 2.0
+RETRY_CAP_S = 300.0
+# Discovery that could not be asked is asked again this soon.
+DISCOVERY_RETRY_S = 30.0
+
+
+class OperatorApi(WatchApi, Protocol):
+    """What the operator needs from its cluster (`kube.objects.ObjectClient`)."""
+
+    async def get(self, resource: Resource, name: str, *, timeout_s: float,
+                  namespace: str | None = None) -> KubeObject | None: ...
+    async def list_objects(self, resource: Resource, *, label_selector: str | None,
+                           timeout_s: float, namespace: str | None = None,
+                           limit: int | None = None) -> ObjectList: ...
+    async def apply(self, resource: Resource, body: KubeObject, *, field_manager: str,
+                    timeout_s: float, subresource: str | None = None) -> KubeObject: ...
+    async def delete(self, resource: Resource, name: str, *, timeout_s: float) -> bool: ...
+    async def dry_run_create(self, resource: Resource, body: KubeObject, *, timeout_s: float,
+                             namespace: str | None = None) -> KubeObject: ...
+    async def served_resources(self, group: str, version: str, *,
+                               timeout_s: float) -> frozenset[str] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    request_timeout_s: float
+    recheck_s: float
+    probe_interval_s: float
+    probe_delay_s: float
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class _Due:
+    """Policy names by the loop time they are next due, earliest first (one entry per name)."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+        self._heap: list[tuple[float, str]] = []
+        self.wake = asyncio.Event()
+
+    def at(self, name: str, when: float) -> None:
+        if self._at.get(name, math.inf) <= when:
+            return
+        self._at[name] = when
+        heapq.heappush(self._heap, (when, name))
+        self.wake.set()
+
+    def pop_due(self, now: float) -> str | None:
+        while self._heap:
+            when, name = self._heap[0]
+            if self._at.get(name) != when:
+                heapq.heappop(self._heap)  # superseded by an earlier time
+                continue
+            if when > now:
+                return None
+            heapq.heappop(self._heap)
+            del self._at[name]
+            return name
+        return None
+
+    def next_at(self) -> float:
+        return self._heap[0][0] if self._heap else math.inf
+
+
+class Operator:
+    def __init__(
+        self,
+        api: OperatorApi,
+        *,
+        leadership: Leadership,
+        metrics: OperatorMetrics,
+        timing: Timing,
+        clock: Callable[[], float] | None = None,
+        wall: Callable[[], dt.datetime] = _utcnow,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._api = api
+        self._leadership = leadership
+        self._metrics = metrics
+        self._t = timing
+        self._clock = clock or asyncio.get_running_loop().time
+        self._wall = wall
+        self._rng = rng or random.Random()
+        self.supported: bool | None = None
+        self._recheck = asyncio.Event()
+        self._discovered = asyncio.Event()  # discovery has answered once
+        self._due = _Due()
+        self._probe_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._sweep_at = math.inf
+        self._fence: Fence | None = None
+        self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
+                                 on_change=self._on_change,
+                                 on_restart=metrics.watch_restarted)
+
+    @property
+    def ready(self) -> bool:
+        """The Policies are listed and discovery has answered."""
+        return self.informer.synced.is_set() and self.supported is not None
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.informer.run(), name="policy watch")
+            tg.create_task(self._discovery(), name="discovery")
+            tg.create_task(self._lead(), name="reconciler")
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _on_change(self, name: str, obj: KubeObject | None) -> None:
+        self._due.at(name, self._clock())
+        if obj is None:
+            self._sweep_at = self._clock()
+            self._due.wake.set()
+
+    def _all_due(self) -> None:
+        now = self._clock()
+        for name in self.informer.objects:
+            self._due.at(name, now)
+        self._sweep_at = now
+        self._due.wake.set()
+
+    # -- discovery -------------------------------------------------------------------------
+
+    async def _discovery(self) -> None:
+        while True:
+            wait = self._t.recheck_s
+            try:
+                served = await self._api.served_resources(
+                    VAPS.group, VAPS.version, timeout_s=self._t.request_timeout_s)
+            except ClusterError as exc:
+                log.warning("discovery of %s failed: %s; asking again in %g s", VAPS.group,
+                            exc, DISCOVERY_RETRY_S)
+                wait = min(wait, DISCOVERY_RETRY_S)
+            else:
+                supported = served is not None and {VAPS.plural, BINDINGS.plural} <= served
+                if supported != self.supported:
+                    log.info("this cluster %s ValidatingAdmissionPolicy",
+                             "serves" if supported else "does NOT serve")
+                    self.supported = supported
+                    self._metrics.supported = supported
+                    self._discovered.set()
+                    self._all_due()
+            self._recheck.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._recheck.wait()
+
+    # -- leading ---------------------------------------------------------------------------
+
+    async def _lead(self) -> None:
+        while True:
+            epoch = await self._leadership.wait_leading()
+            self._fence = self._leadership.fence(epoch)
+            worker = asyncio.create_task(self._work(), name="reconcile worker")
+            lost = asyncio.create_task(self._leadership.wait_lost(epoch))
+            try:
+                await asyncio.wait({worker, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (worker, lost):
+                    task.cancel()
+                await asyncio.gather(worker, lost, return_exceptions=True)
+            if worker.done() and not worker.cancelled() and worker.exception() is not None:
+                exc = worker.exception()
+                if not isinstance(exc, Fenced):
+                    raise exc  # type: ignore[misc]
+            self._fence = None
+            log.info("not leading: reconciling stops until this replica leads again")
+
+    async def _work(self) -> None:
+        await self.informer.synced.wait()
+        await self._discovered.wait()
+        self._all_due()
+        self._probe_at.clear()  # a new term starts from what the Policies record
+        next_sweep = self._clock() + self._t.probe_interval_s
+        while True:
+            now = self._clock()
+            if now >= next_sweep:
+                self._all_due()
+                next_sweep = now + self._t.probe_interval_s
+            if self._sweep_at <= now:
+                self._sweep_at = math.inf
+                await self._sweep()
+            name = self._due.pop_due(now)
+            if name is not None:
+                await self._reconcile_one(name)
+                continue
+            self._due.wake.clear()
+            wait = min(self._due.next_at(), next_sweep, self._sweep_at) - self._clock()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._due.wake.wait()
+
+    def _remaining(self) -> float:
+        fence = self._fence
+        if fence is None:
+            raise Fenced("this replica is not the leader")
+        return fence.remaining_s()
+
+    async def _write(self, fn: Callable[[float], Any], what: str) -> Any:
+        """One write, within the leader's term, retried on transient errors."""
+        budget = min(self._remaining(), 3 * self._t.request_timeout_s)
+        timeout = min(self._t.request_timeout_s, budget)
+
+        async def attempt() -> Any:
+            return await fn(min(timeout, self._remaining()))
+
+        return await call_with_retries(attempt, deadline=self._clock() + budget, cluster=what)
+
+    # -- one Policy ------------------------------------------------------------------------
+
+    async def _reconcile_one(self, name: str) -> None:
+        obj = self.informer.objects.get(name)
+        if obj is None:
+            self._probe_at.pop(name, None)
+            self._failures.pop(name, None)
+            self._metrics.set_phase(name, None)
+            return
+        try:
+            wrote = await self._reconcile(PolicyObject.from_object(obj))
+        except Fenced:
+            raise
+        except ClusterError as exc:
+            self._metrics.reconciled("error")
+            self._retry_later(name, f"{exc.reason}: {exc}")
+            return
+        self._metrics.reconciled("written" if wrote else "unchanged")
+
+    def _retry_later(self, name: str, why: str) -> None:
+        failures = self._failures[name] = self._failures.get(name, 0) + 1
+        wait = backoff_s(failures, base=RETRY_BASE_S, cap=RETRY_CAP_S, rng=self._rng)
+        wait = max(wait, RETRY_BASE_S / 2)
+        log.warning("Policy %s: %s; again in %.1f s", name, why, wait, extra={"policy": name})
+        self._due.at(name, self._clock() + wait)
+
+    async def _reconcile(self, policy: PolicyObject) -> bool:
+        """Bring one Policy's admission objects and status in line; True when it wrote."""
+        boundary = str(policy.spec.get("boundary", ""))
+        phase, ready, wrote = await self._enforce(policy, boundary)
+        if phase == ENFORCING:
+            verified = await self._verified(policy, boundary)
+        else:
+            self._probe_at.pop(policy.name, None)
+            verified = verified_pending(phase, self._t.probe_delay_s)
+        status = new_status(policy, phase, [ready, verified], self._wall())
+        self._metrics.set_phase(policy.name, phase)
+        if phase != ERROR:
+            self._failures.pop(policy.name, None)
+        if not status_differs(policy.status, status):
+            return wrote
+        body = {"apiVersion": POLICIES.api_version, "kind": "Policy",
+                "metadata": {"name": policy.name}, "status": status}
+        await self._write(lambda t: self._api.apply(POLICIES, body, field_manager=FIELD_MANAGER,
+                                                    timeout_s=t, subresource="status"),
+                          "status")
+        self._metrics.wrote("status")
+        log.info("Policy %s: %s (%s)", policy.name, phase, ready.reason,
+                 extra={"policy": policy.name, "phase": phase})
+        return True
+
+    async def _enforce(self, policy: PolicyObject, boundary: str) -> tuple[str, Condition, bool]:
+        """The admission objects written; the phase, the Ready condition, and whether it wrote."""
+        if not self.supported:
+            return UNSUPPORTED, ready_condition(UNSUPPORTED, name="", boundary=boundary), False
+        if policy.policy_id is None:
+            return ERROR, ready_condition(ERROR, name="", boundary=boundary, reason="InvalidSpec",
+                                          detail="spec.policyId is missing or not a string"), False
+        name = admission_name(policy.policy_id)
+        try:
+            timeout = self._t.request_timeout_s
+            existing_policy = await self._api.get(VAPS, name, timeout_s=timeout)
+            existing_binding = await self._api.get(BINDINGS, name, timeout_s=timeout)
+            todo = plan(policy, existing_policy=existing_policy, existing_binding=existing_binding)
+        except RenderError as exc:
+            return ERROR, ready_condition(ERROR, name=name, boundary=boundary, detail=str(exc),
+                                          reason=exc.reason), False
+        except ClusterLevelError as exc:
+            if exc.status == 404:
+                self._recheck.set()  # the API went away (a downgrade?): ask discovery again
+            raise
+        try:
+            wrote = await self._apply(todo.apply_policy, todo.apply_binding,
+                                      todo.delete_binding, todo.name)
+        except ClusterApiError as exc:
+            if exc.retryable or exc.status == 404:
+                raise
+            self._retry_later(policy.name, f"apply failed: {exc}")
+            detail = (f"applying the admission objects {name} failed: {exc}; retried with "
+                      "backoff (the previous admission policy, if any, stays in force)")
+            return ERROR, ready_condition(ERROR, name=name, boundary=boundary, detail=detail,
+                                          reason="ApplyFailed"), False
+        return todo.phase, ready_condition(todo.phase, name=name, boundary=boundary), wrote
+
+    async def _apply(self, vap: KubeObject | None, binding: KubeObject | None,
+                     delete_binding: bool, name: str) -> bool:
+        if vap is not None:
+            await self._write(lambda t: self._api.apply(VAPS, vap, field_manager=FIELD_MANAGER,
+                                                        timeout_s=t), name)
+            self._metrics.wrote("policy")
+        if binding is not None:
+            await self._write(lambda t: self._api.apply(BINDINGS, binding,
+                                                        field_manager=FIELD_MANAGER,
+                                                        timeout_s=t), name)
+            self._metrics.wrote("binding")
+        if delete_binding:
+            await self._write(lambda t: self._api.delete(BINDINGS, name, timeout_s=t), name)
+            self._metrics.wrote("delete")
+        return vap is not None or binding is not None or delete_binding
+
+    # -- the enforcement probe -------------------------------------------------------------
+
+    async def _verified(self, policy: PolicyObject, boundary: str) -> Condition:
+        now = self._clock()
+        carried = carried_verified(policy, ENFORCING, self._t.probe_delay_s)
+        due = self._probe_at.get(policy.name)
+        if due is None or (carried.status == UNKNOWN and due > now + self._t.probe_delay_s):
+            due = now + next_probe_in(policy, now=self._wall(),
+                                      interval_s=self._t.probe_interval_s,
+                                      first_delay_s=self._t.probe_delay_s)
+            self._probe_at[policy.name] = due
+        if due > now:
+            self._due.at(policy.name, due)
+            return carried
+        result = await self.probe(policy, boundary)
+        self._probe_at[policy.name] = self._clock() + self._t.probe_interval_s
+        self._due.at(policy.name, self._probe_at[policy.name])
+        return result
+
+    async def probe(self, policy: PolicyObject, boundary: str) -> Condition:
+        """A dry-run create of a pod violating `policy` in a namespace of its boundary: the
+        Verified condition from the answer."""
+        name = admission_name(policy.policy_id or "")
+        timeout = self._t.request_timeout_s
+        namespaces = await self._api.list_objects(
+            NAMESPACES, label_selector=f"{BOUNDARY_LABEL}={boundary}", timeout_s=timeout,
+            limit=1)
+        namespace = _first_name(namespaces.items)
+        admitted, status, message = False, None, ""
+        if namespace is not None:
+            pod = violating_pod(policy.spec, namespace=namespace, name=f"{name}-probe")
+            try:
+                await self._api.dry_run_create(PODS, pod, namespace=namespace, timeout_s=timeout)
+                admitted = True
+            except ClusterApiError as exc:
+                status, message = exc.status, str(exc)
+            except ClusterError as exc:
+                message = f"{exc.reason}: {exc}"
+        result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
+                               admitted=admitted, status=status, message=message,
+                               now=self._wall())
+        self._metrics.probed(policy.name, result.reason)
+        if result.reason == ADMITTED:
+            log.warning("ENFORCEMENT NOT WORKING: Policy %s: %s", policy.name, result.message,
+                        extra={"policy": policy.name, "probe": result.reason})
+        elif result.status != "True":
+            log.warning("Policy %s: enforcement probe: %s", policy.name, result.message,
+                        extra={"policy": policy.name, "probe": result.reason})
+        return result
+
+    # -- objects left behind ---------------------------------------------------------------
+
+    async def _sweep(self) -> None:
+        """Delete our admission objects whose Policy is gone (a server without garbage
+        collection keeps them). Only with a synced cache: an empty cache is not "no Policy"."""
+        if not self.supported or not self.informer.synced.is_set():
+            return
+        policies = [PolicyObject.from_object(o) for o in self.informer.objects.values()]
+        try:
+            for resource in (BINDINGS, VAPS):
+                listed = await self._api.list_objects(
+                    resource, label_selector=MANAGED_SELECTOR,
+                    timeout_s=self._t.request_timeout_s)
+                for name in orphans(listed.items, policies):
+                    if await self._write(functools.partial(self._delete, resource, name), name):
+                        self._metrics.wrote("delete")
+                        log.info("deleted %s %s: its Policy is gone", resource, name,
+                                 extra={"object": name})
+        except ClusterError as exc:
+            log.warning("cleaning up admission objects of deleted Policies failed: %s", exc)
+            self._sweep_at = self._clock() + RETRY_BASE_S * 5
+
+
+    async def _delete(self, resource: Resource, name: str, timeout_s: float) -> bool:
+        return await self._api.delete(resource, name, timeout_s=timeout_s)
+
+
+def _first_name(items: Any) -> str | None:
+    for item in items:
+        meta = item.get("metadata") if isinstance(item, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if isinstance(name, str) and name:
+            return name
+    return None

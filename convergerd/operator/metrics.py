@@ -1,0 +1,131 @@
+"""The operator's Prometheus metrics, on its own registry (prefix `convergerd_operator_`).
+
+No per-policy label: policies are counted per phase, and the policies a probe found ADMITTED
+(enforcement not working) are one gauge, `convergerd_operator_probe_admitted`.
+
+- `convergerd_operator_reconciles_total{result}`: `unchanged` (nothing written), `written`,
+  `error`;
+- `convergerd_operator_policies{phase}`: Policies per phase last reported;
+- `convergerd_operator_watch_restarts_total{reason}`: `closed` (the server ended the watch),
+  `expired` (410: re-listed), or an error reason;
+- `convergerd_operator_probes_total{result}`: Denied, Admitted, NoBoundaryNamespace,
+  ProbeFailed;
+- `convergerd_operator_probe_admitted`: policies whose last probe was ADMITTED;
+- `convergerd_operator_vap_supported`: 1 when the cluster serves ValidatingAdmissionPolicy
+  (absent until known);
+- `convergerd_operator_is_leader`: 1/0;
+- `convergerd_operator_writes_total{kind}`: `policy`, `binding`, `delete`, `status`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from convergerd import __version__
+from convergerd.operator.reconcile import (
+    ADMITTED,
+    DENIED,
+    ENFORCING,
+    ERROR,
+    INERT,
+    NO_NAMESPACE,
+    PROBE_FAILED,
+    UNSUPPORTED,
+)
+
+PHASES = (ENFORCING, INERT, UNSUPPORTED, ERROR)
+RECONCILE_RESULTS = ("unchanged", "written", "error")
+PROBE_RESULTS = (DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED)
+WRITE_KINDS = ("policy", "binding", "delete", "status")
+
+
+class OperatorMetrics:
+    def __init__(self) -> None:
+        self.reconciles = dict.fromkeys(RECONCILE_RESULTS, 0.0)
+        self.probes = dict.fromkeys(PROBE_RESULTS, 0.0)
+        self.writes = dict.fromkeys(WRITE_KINDS, 0.0)
+        self.watch_restarts: dict[str, float] = {"closed": 0.0, "expired": 0.0}
+        self.phases: dict[str, str] = {}  # policy name -> phase last reported
+        self.admitted: set[str] = set()  # policy names whose last probe was admitted
+        self.supported: bool | None = None
+        self.is_leader = False
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.registry.register(_Collector(self))
+
+    def reconciled(self, result: str) -> None:
+        self.reconciles[result] = self.reconciles.get(result, 0.0) + 1
+
+    def wrote(self, kind: str) -> None:
+        self.writes[kind] = self.writes.get(kind, 0.0) + 1
+
+    def watch_restarted(self, reason: str) -> None:
+        self.watch_restarts[reason] = self.watch_restarts.get(reason, 0.0) + 1
+
+    def probed(self, name: str, result: str) -> None:
+        self.probes[result] = self.probes.get(result, 0.0) + 1
+        if result == ADMITTED:
+            self.admitted.add(name)
+        else:
+            self.admitted.discard(name)
+
+    def set_phase(self, name: str, phase: str | None) -> None:
+        if phase is None:
+            self.phases.pop(name, None)
+            self.admitted.discard(name)
+        else:
+            self.phases[name] = phase
+            if phase != ENFORCING:
+                self.admitted.discard(name)
+
+    def set_leader(self, is_leader: bool, holder: str | None = None) -> None:
+        self.is_leader = is_leader
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def collect(self) -> Iterator[Metric]:
+        p = "convergerd_operator_"
+        yield _counter(p + "reconciles", "Policy reconciles by result", "result", self.reconciles)
+        yield _counter(p + "writes", "Writes to the cluster by kind", "kind", self.writes)
+        yield _counter(p + "watch_restarts", "Policy watch restarts by reason", "reason",
+                       self.watch_restarts)
+        yield _counter(p + "probes", "Enforcement probes by result", "result", self.probes)
+        phases = GaugeMetricFamily(p + "policies", "Policies by the phase last reported",
+                                   labels=["phase"])
+        counts = dict.fromkeys(PHASES, 0)
+        for phase in self.phases.values():
+            counts[phase] = counts.get(phase, 0) + 1
+        for phase, count in sorted(counts.items()):
+            phases.add_metric([phase], float(count))
+        yield phases
+        yield GaugeMetricFamily(p + "probe_admitted", "Policies whose last enforcement probe "
+                                "was ADMITTED (not enforced)", value=float(len(self.admitted)))
+        if self.supported is not None:
+            yield GaugeMetricFamily(p + "vap_supported", "1 if the cluster serves "
+                                    "ValidatingAdmissionPolicy", value=float(self.supported))
+        yield GaugeMetricFamily(p + "is_leader", "1 if this replica holds the operator Lease",
+                                value=float(self.is_leader))
+        build = GaugeMetricFamily(p + "build_info", "convergerd version", labels=["version"])
+        build.add_metric([__version__], 1.0)
+        yield build
+
+
+def _counter(name: str, doc: str, label: str, values: dict[str, float]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
+
+
+class _Collector:
+    def __init__(self, metrics: OperatorMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return self._metrics.collect()

@@ -1,0 +1,331 @@
+"""The operator's decisions, pure (no I/O; time passed in): from a Policy and what exists in the
+cluster, the writes to make and the status to report.
+
+- `PolicyObject.from_object`: a Policy as the cluster sent it, decoded defensively (wrong types
+  read as absent).
+- `plan`: the admission policy and binding to apply (only when what exists differs in a field
+  we set), the binding to delete, or the render error.
+- `ready_condition` / `verified_condition` / `new_status`: the status, with Kubernetes'
+  condition rule (lastTransitionTime moves only when the condition's status changes), and
+  `status_differs` so an unchanged status is never written.
+- `probe_outcome`: what a dry-run create of a violating pod proved.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from convergerd.decode import (
+    MAX_MESSAGE_CHARS,
+    MAX_NAME_CHARS,
+    MAX_REASON_CHARS,
+    FieldReader,
+    clean_text,
+)
+from convergerd.operator.admission import (
+    Admission,
+    RenderError,
+    admission_name,
+    render_admission,
+)
+
+KubeObject = dict[str, Any]
+
+FIELD_MANAGER = "stackship-operator"
+POLICY_API_VERSION = "platform.stackship.se/v1alpha1"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "convergerd"
+POLICY_LABEL = "platform.stackship.se/policy"
+BOUNDARY_LABEL = "platform.stackship.se/boundary"
+NAME_PREFIX = "stackship-"
+# What the operator lists to find admission objects it made (and those left by deleted Policies).
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+
+ENFORCING, INERT, UNSUPPORTED, ERROR = "Enforcing", "Inert", "Unsupported", "Error"
+READY, VERIFIED = "Ready", "Verified"
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+
+
+def timestamp(moment: dt.datetime) -> str:
+    """RFC3339 in UTC with second precision, as Kubernetes writes condition times."""
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(text: object) -> dt.datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+# --- the Policy, decoded ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyObject:
+    name: str
+    uid: str
+    generation: int | None
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+    conditions: tuple[Mapping[str, Any], ...]  # string fields (and observedGeneration) only
+    policy_id: str | None
+    enabled: bool
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> PolicyObject:
+        r = FieldReader()
+        meta = r.mapping(obj, "metadata", "metadata")
+        spec = r.mapping(obj, "spec", "spec")
+        status = r.mapping(obj, "status", "status")
+        conditions = tuple(
+            {k: v for k, v in c.items()
+             if isinstance(v, str) or (k == "observedGeneration" and isinstance(v, int))}
+            for c in r.sequence(status, "conditions", "status.conditions")
+            if isinstance(c, Mapping) and isinstance(c.get("type"), str))
+        policy_id = r.text(spec, "policyId", "spec.policyId", MAX_NAME_CHARS)
+        return cls(
+            name=r.text(meta, "name", "metadata.name", MAX_NAME_CHARS) or "",
+            uid=r.text(meta, "uid", "metadata.uid", MAX_NAME_CHARS) or "",
+            generation=r.integer(meta, "generation", "metadata.generation"),
+            spec=spec,
+            status=status,
+            conditions=conditions,
+            policy_id=policy_id,
+            enabled=spec.get("enabled") is not False,  # the CRD defaults it to true
+        )
+
+    def condition(self, kind: str) -> Mapping[str, Any] | None:
+        return next((c for c in self.conditions if c.get("type") == kind), None)
+
+
+# --- what to write ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    name: str  # stackship-<policy id>
+    apply_policy: KubeObject | None  # None: what exists already has every field we set
+    apply_binding: KubeObject | None
+    delete_binding: bool
+    phase: str  # when every write succeeds: Enforcing or Inert
+
+
+def owned(body: Mapping[str, Any], policy: PolicyObject) -> KubeObject:
+    """`body` with our labels and an owner reference to the Policy (garbage collection)."""
+    out = dict(body)
+    meta = dict(out.get("metadata") or {})
+    meta["labels"] = {**(meta.get("labels") or {}), MANAGED_BY_LABEL: MANAGED_BY,
+                      POLICY_LABEL: policy.policy_id or ""}
+    meta["ownerReferences"] = [{
+        "apiVersion": POLICY_API_VERSION, "kind": "Policy", "name": policy.name,
+        "uid": policy.uid, "controller": True, "blockOwnerDeletion": True,
+    }]
+    out["metadata"] = meta
+    return out
+
+
+def contains(want: object, have: object) -> bool:
+    """Does `have` hold every field of `want` with the same value? Maps may hold more (server
+    defaults, metadata the server sets); lists must match element by element."""
+    if isinstance(want, Mapping):
+        return isinstance(have, Mapping) and all(
+            k in have and contains(v, have[k]) for k, v in want.items())
+    if isinstance(want, list):
+        return (isinstance(have, list) and len(want) == len(have)
+                and all(contains(w, h) for w, h in zip(want, have, strict=True)))
+    return want == have and type(want) is type(have)
+
+
+def render(policy: PolicyObject) -> Admission:
+    """The admission objects for `policy`, owned by it; `RenderError` when it cannot be."""
+    if policy.policy_id is None:
+        raise RenderError("InvalidSpec", "spec.policyId is missing: the Policy cannot be named")
+    rendered = render_admission(policy.spec)
+    return Admission(policy=owned(rendered.policy, policy),
+                     binding=owned(rendered.binding, policy))
+
+
+def plan(policy: PolicyObject, *, existing_policy: Mapping[str, Any] | None,
+         existing_binding: Mapping[str, Any] | None) -> Plan:
+    """The writes that bring the cluster to `policy`; raises `RenderError`."""
+    admission = render(policy)
+    name = admission_name(policy.policy_id or "")
+    apply_policy = None if contains(admission.policy, existing_policy) else admission.policy
+    if policy.enabled:
+        apply_binding = (None if contains(admission.binding, existing_binding)
+                         else admission.binding)
+        return Plan(name, apply_policy, apply_binding, delete_binding=False, phase=ENFORCING)
+    return Plan(name, apply_policy, None, delete_binding=existing_binding is not None,
+                phase=INERT)
+
+
+def orphans(existing: Iterable[Mapping[str, Any]],
+            policies: Iterable[PolicyObject]) -> list[str]:
+    """Names of our admission objects (prefix and label) whose Policy is gone: on a server
+    without garbage collection nothing else removes them."""
+    wanted = {admission_name(p.policy_id) for p in policies if p.policy_id}
+    found = []
+    for obj in existing:
+        meta = obj.get("metadata")
+        if not isinstance(meta, Mapping):
+            continue
+        name, labels = meta.get("name"), meta.get("labels")
+        if (isinstance(name, str) and name.startswith(NAME_PREFIX) and name not in wanted
+                and isinstance(labels, Mapping) and labels.get(MANAGED_BY_LABEL) == MANAGED_BY):
+            found.append(name)
+    return sorted(found)
+
+
+# --- conditions and status ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_probe_time: str | None = None
+
+
+def ready_condition(phase: str, *, name: str, boundary: str, detail: str = "",
+                    reason: str | None = None) -> Condition:
+    """The Ready condition for a phase; `detail`/`reason` say why for Error and Unsupported."""
+    if phase == ENFORCING:
+        return Condition(READY, TRUE, "Enforcing",
+                         f"ValidatingAdmissionPolicy {name} and its binding are installed: pods "
+                         f"and workloads in namespaces labelled {BOUNDARY_LABEL}={boundary} "
+                         "are checked on create and update")
+    if phase == INERT:
+        return Condition(READY, TRUE, "Disabled",
+                         f"the policy is disabled: ValidatingAdmissionPolicy {name} is installed "
+                         "without a binding, so nothing is checked; set spec.enabled to true "
+                         "(save it in the portal) to enforce it")
+    if phase == UNSUPPORTED:
+        return Condition(READY, FALSE, "ValidatingAdmissionPolicyUnsupported",
+                         "this cluster does not serve admissionregistration.k8s.io/v1 "
+                         f"validatingadmissionpolicies (Kubernetes 1.30 or later needed){detail}: "
+                         "nothing is enforced; upgrade the cluster, the operator checks again "
+                         "by itself")
+    return Condition(READY, FALSE, reason or "Error", detail or "the policy cannot be enforced")
+
+
+def verified_pending(phase: str, delay_s: float) -> Condition:
+    if phase == ENFORCING:
+        return Condition(VERIFIED, UNKNOWN, "Pending",
+                         f"the first enforcement probe runs within {delay_s:g} s")
+    return Condition(VERIFIED, FALSE, "NotEnforcing",
+                     f"nothing to verify: the policy is {phase}")
+
+
+def carried_verified(policy: PolicyObject, phase: str, delay_s: float) -> Condition:
+    """The Verified condition between probes: the last probe's result while the policy stays
+    Enforcing at the generation that was probed; Pending (a probe soon) otherwise."""
+    existing = policy.condition(VERIFIED)
+    if (phase == ENFORCING and policy.status.get("phase") == ENFORCING and existing is not None
+            and existing.get("status") in (TRUE, FALSE)
+            and existing.get("reason") != "NotEnforcing"
+            and existing.get("observedGeneration") == policy.generation):
+        return Condition(VERIFIED, str(existing["status"]), str(existing.get("reason", "")),
+                         str(existing.get("message", "")), existing.get("lastProbeTime"))
+    return verified_pending(phase, delay_s)
+
+
+def _condition_dict(cond: Condition, previous: Mapping[str, Any] | None,
+                    generation: int | None, now: dt.datetime) -> dict[str, Any]:
+    changed = previous is None or previous.get("status") != cond.status
+    since = previous.get("lastTransitionTime") if previous is not None else None
+    out: dict[str, Any] = {
+        "type": cond.type,
+        "status": cond.status,
+        "reason": clean_text(cond.reason, MAX_REASON_CHARS) or "Unknown",
+        "message": clean_text(cond.message, MAX_MESSAGE_CHARS * 4),
+        "lastTransitionTime": timestamp(now) if changed or not since else since,
+    }
+    if generation is not None:
+        out["observedGeneration"] = generation
+    probe = cond.last_probe_time
+    if probe is None and previous is not None and previous.get("lastProbeTime"):
+        probe = previous.get("lastProbeTime")  # a pending or failed write keeps the last probe
+    if probe is not None:
+        out["lastProbeTime"] = probe
+    return out
+
+
+def new_status(policy: PolicyObject, phase: str, conditions: Sequence[Condition],
+               now: dt.datetime) -> dict[str, Any]:
+    """The status to report: our conditions replace theirs by type, others are kept."""
+    ours = {c.type for c in conditions}
+    kept = [dict(c) for c in policy.conditions if c.get("type") not in ours]
+    made = [_condition_dict(c, policy.condition(c.type), policy.generation, now)
+            for c in conditions]
+    status: dict[str, Any] = {"phase": phase, "conditions": made + kept}
+    if policy.generation is not None:
+        status["observedGeneration"] = policy.generation
+    return status
+
+
+def status_differs(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """True when `new` says something `current` does not: a write is needed."""
+    return not contains(dict(new), current)
+
+
+# --- the enforcement probe ----------------------------------------------------------------
+
+DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED = "Denied", "Admitted", "NoBoundaryNamespace", \
+    "ProbeFailed"
+
+
+def denied_by(message: str, name: str) -> bool:
+    """Did kube-apiserver's admission deny the request with ValidatingAdmissionPolicy `name`?
+
+    The one decision made on message text, on purpose: the denial's Status has no field naming
+    the policy, only the message the admission dispatcher builds
+    (`ValidatingAdmissionPolicy '<p>' with binding '<b>' denied request: ...`)."""
+    return f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request" in message
+
+
+def probe_outcome(*, name: str, boundary: str, namespace: str | None, admitted: bool,
+                  status: int | None, message: str, now: dt.datetime) -> Condition:
+    """The Verified condition from one probe: a dry-run create of a violating pod in
+    `namespace` (None: no namespace of the boundary exists) that was `admitted`, or refused
+    with `status` (None: no answer) and `message`."""
+    at = timestamp(now)
+    if namespace is None:
+        return Condition(VERIFIED, FALSE, NO_NAMESPACE,
+                         f"no namespace is labelled {BOUNDARY_LABEL}={boundary}, so nothing was "
+                         "probed (and nothing is checked in this cluster yet)", at)
+    if admitted:
+        return Condition(VERIFIED, FALSE, ADMITTED,
+                         f"a pod violating the policy was ADMITTED by a dry-run create in "
+                         f"namespace {namespace}: {name} does not enforce it; check the "
+                         "ValidatingAdmissionPolicy and binding (kubectl get "
+                         f"validatingadmissionpolicy,validatingadmissionpolicybinding {name})",
+                         at)
+    if status is not None and denied_by(message, name):
+        return Condition(VERIFIED, TRUE, DENIED,
+                         f"a pod violating the policy was denied by {name} in namespace "
+                         f"{namespace} (dry-run)", at)
+    why = f"HTTP {status}: {message}" if status is not None else message
+    return Condition(VERIFIED, FALSE, PROBE_FAILED,
+                     f"the dry-run create of a violating pod in namespace {namespace} was not "
+                     f"answered by {name}: {why}", at)
+
+
+def next_probe_in(policy: PolicyObject, *, now: dt.datetime, interval_s: float,
+                  first_delay_s: float) -> float:
+    """Seconds until this Enforcing policy's next probe: one interval after the last probe
+    recorded on it (so a restart does not probe again at once), or `first_delay_s` when it was
+    never probed."""
+    verified = policy.condition(VERIFIED)
+    last = parse_timestamp(verified.get("lastProbeTime")) if verified is not None else None
+    if last is None or (verified is not None and verified.get("status") == UNKNOWN):
+        return first_delay_s
+    return max(0.0, (last - now).total_seconds() + interval_s)

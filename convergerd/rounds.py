@@ -1,0 +1,324 @@
+"""The round loop: rounds under the Lease, one interval apart, each bounded by its deadline and
+recorded in the database (see docs/design.md, "A round, from the database to a server-side
+apply").
+
+Per round: wait to lead (`once`: a bounded wait behind another leader), read the fleet (waiting
+out a database that is down, up to the round's deadline), reload the kubeconfig, let the
+replica's per-cluster state follow the fleet, run `converge.run_round` under the term's fence,
+observe the report (metrics, status, one log line), record it. Leadership lost cancels the round
+at once; SIGTERM gives it the grace period; a cancelled round still records what it did. No
+database error ends the loop: "unavailable" is waited out (rounds kept to record later, a
+bounded backlog), a permanent refusal drops that one record and is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from typing import Any, Protocol
+
+from convergerd.config import Settings
+from convergerd.converge import ClusterSource, Round, RoundLimits, WriteGuard, run_round
+from convergerd.errors import ConfigError, DatabaseRejected, DatabaseUnavailable, Fenced
+from convergerd.leader import Leadership
+from convergerd.lease import Fence
+from convergerd.metrics import Metrics
+from convergerd.model import Fleet, InvalidPolicy
+from convergerd.report import Epoch, RoundReport, utc_now
+from convergerd.retry import RetryObserver, backoff_s, call_with_retries
+from convergerd.state import StatusState
+from convergerd.supervise import first
+
+log = logging.getLogger(__name__)
+
+# Waiting for the database: from one second up to half a minute between attempts (full
+# jitter, `retry.backoff_s`), at startup and within a round alike.
+DB_BACKOFF_BASE_S = 1.0
+DB_BACKOFF_CAP_S = 30.0
+# Rounds the database missed while it was down, kept to record later: the newest matter most.
+UNRECORDED_BACKLOG = 10
+
+
+class RoundStore(Protocol):
+    """What the loop reads and writes (`convergerd.store.store.Store`)."""
+
+    async def load_fleet(self) -> Fleet: ...
+    async def record_round(self, report: RoundReport, *, identity: str) -> int: ...
+
+
+class Clients(ClusterSource, Protocol):
+    """The cluster clients (`convergerd.kube.registry.ClusterRegistry`)."""
+
+    async def refresh(self) -> bool: ...
+
+
+def invalid_to_log(
+    invalid: Iterable[InvalidPolicy], seen: Collection[tuple[str, int]]
+) -> tuple[list[InvalidPolicy], set[tuple[str, int]]]:
+    """Invalid policies are logged once per revision while they stay invalid: which of this
+    round's to log, and what to remember (this round's only, so a fixed or deleted policy is
+    forgotten)."""
+    current = {(bad.id, bad.revision): bad for bad in invalid}
+    return [bad for key, bad in current.items() if key not in seen], set(current)
+
+
+def round_env(
+    settings: Settings,
+    clusters: ClusterSource,
+    fence: Fence,
+    observer: RetryObserver,
+    *,
+    deadline_s: float,
+    guard: WriteGuard | None = None,
+) -> Round:
+    """What a round of this daemon runs with: the settings' limits, the retry policy
+    reporting to `observer`, the loop's clock. Pure wiring (tests build rounds with it too)."""
+    return Round(
+        clusters=clusters,
+        retrier=functools.partial(call_with_retries, observer=observer),
+        fence=fence,
+        limits=RoundLimits(
+            deadline_s=deadline_s,
+            cluster_concurrency=settings.rounds.cluster_concurrency,
+            apply_concurrency=settings.clusters.apply_concurrency,
+            request_timeout_s=settings.clusters.request_timeout_s,
+        ),
+        clock=asyncio.get_running_loop().time,
+        wall=utc_now,
+        guard=guard,
+    )
+
+
+class StopFence:
+    """The leader's fence, also closed once the daemon is stopping: on SIGTERM the writes in
+    flight finish, and no new write (nor retry) starts, so a standby can take over at once."""
+
+    def __init__(self, fence: Fence, stopping: asyncio.Event) -> None:
+        self._fence = fence
+        self._stopping = stopping
+
+    def remaining_s(self) -> float:
+        if self._stopping.is_set():
+            raise Fenced("shutting down: no new writes")
+        return self._fence.remaining_s()
+
+
+class RoundLoop:
+    """`run()` until `stopping` is set (or, with `settings.rounds.once`, after one round).
+
+    `follow(clusters, policies=...)` is told each round's fleet before it runs, so everything
+    the replica keeps per cluster and per policy follows the database."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: RoundStore,
+        clusters: Clients,
+        elector: Leadership,
+        metrics: Metrics,
+        state: StatusState,
+        stopping: asyncio.Event,
+        identity: str,
+        follow: Callable[..., Awaitable[None]],
+        guard: WriteGuard | None = None,
+    ) -> None:
+        """`guard`: the database, asked at write time so a round never writes over a newer save
+        nor re-creates a policy whose deletion began (see `converge`)."""
+        self.settings = settings
+        self.store = store
+        self.clusters = clusters
+        self.elector = elector
+        self.metrics = metrics
+        self.state = state
+        self.stopping = stopping
+        self.identity = identity
+        self.follow = follow
+        self.guard = guard
+        self.last_report: RoundReport | None = None
+        self.seen_invalid: set[tuple[str, int]] = set()
+        self.unrecorded: list[RoundReport] = []
+
+    async def run(self) -> None:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        while not self.stopping.is_set():
+            leading = asyncio.ensure_future(self.elector.wait_leading())
+            waits: list[Awaitable[Any]] = [leading, self.stopping.wait()]
+            if s.rounds.once:
+                # A `once` Job must not wait forever behind a running daemon: a dead holder's
+                # lease is taken within lease duration + retry period (< this bound).
+                e = s.election
+                waits.append(asyncio.sleep(e.lease_duration_s + e.renew_deadline_s))
+            await first(*waits)
+            if self.stopping.is_set():
+                break
+            if leading.cancelled():
+                log.error(
+                    "not converged: did not get the Lease within %g s: %s leads; "
+                    "a round runs under one leader at a time",
+                    s.election.lease_duration_s + s.election.renew_deadline_s,
+                    self.elector.leader or "another replica",
+                )
+                break
+            epoch = leading.result()
+            started = loop.time()
+            # Known from the start: the next round starts one interval after this one did
+            # (at once if this one overruns), so status never shows none while a round runs.
+            self.state.set_next_round(utc_now() + dt.timedelta(seconds=s.rounds.interval_s))
+            report = await self._guarded(epoch)
+            self.last_report = report
+            self._observe(report)
+            await self._record(report)
+            if s.rounds.once:
+                return
+            next_at = started + s.rounds.interval_s
+            self.state.set_next_round(utc_now() + dt.timedelta(seconds=next_at - loop.time()))
+            await first(asyncio.sleep(max(0.0, next_at - loop.time())), self.stopping.wait())
+
+    async def _guarded(self, epoch: Epoch) -> RoundReport:
+        """Run one round; cancel it the moment leadership is lost; on SIGTERM let it finish
+        within the grace period."""
+        # Filled in as the round goes: a cancelled round still records what it did.
+        progress = RoundReport(started_at=utc_now(), epoch=epoch)
+        round_task = asyncio.create_task(self._one(epoch, progress))
+        lost = asyncio.ensure_future(self.elector.wait_lost(epoch))
+        stopping = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({round_task, lost, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done() and not round_task.done():
+                await asyncio.wait({round_task, lost}, timeout=self.settings.grace_period_s,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            if not round_task.done():
+                why = "leadership lost" if lost.done() else "grace period over"
+                log.warning("cancelling the running round: %s", why)
+                round_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await round_task
+                return _cut(progress, why)
+            return round_task.result()
+        finally:
+            lost.cancel()
+            stopping.cancel()
+
+    async def _one(self, epoch: Epoch, progress: RoundReport) -> RoundReport:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        started = progress.started_at
+        deadline = loop.time() + s.rounds.deadline_s
+        try:
+            fleet = await self._load_fleet(deadline)
+        except DatabaseUnavailable as exc:
+            return RoundReport(started_at=started, finished_at=utc_now(), epoch=epoch,
+                               error=f"database unavailable: {exc}")
+        except DatabaseRejected as exc:
+            log.error("round not run: could not read the fleet (%s)", exc,  # noqa: TRY400
+                      extra={"reason": exc.reason})
+            return RoundReport(started_at=started, finished_at=utc_now(), epoch=epoch,
+                               error=f"database refused: {exc}")
+        self._note_invalid(fleet)
+        await self._reload_kubeconfig()
+        await self.follow(
+            [c.id for c in fleet.clusters],
+            policies=[p.id for p in fleet.policies] + [p.id for p in fleet.invalid],
+        )
+        env = round_env(
+            s, self.clusters, StopFence(self.elector.fence(epoch), self.stopping), self.metrics,
+            deadline_s=max(0.0, deadline - loop.time()), guard=self.guard,
+        )
+        try:
+            report = await run_round(fleet, env, epoch=epoch, report=progress)
+        except Fenced as exc:
+            log.warning("round stopped: this replica may no longer write (%s)", exc)
+            return _cut(progress, f"fenced: {exc}")
+        report.started_at = started
+        return report
+
+    async def _reload_kubeconfig(self) -> None:
+        """Rotated credentials (the kubeconfig Secret updated in place) count from the next
+        round on; a file that cannot be read keeps the last good one."""
+        try:
+            await self.clusters.refresh()
+        except ConfigError as exc:
+            log.warning("kubeconfig not reloaded, keeping the last good one: %s", exc)
+
+    async def _load_fleet(self, deadline: float) -> Fleet:
+        """A database that is down makes the round wait and retry, up to its deadline."""
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            try:
+                return await self.store.load_fleet()
+            except DatabaseUnavailable as exc:
+                attempt += 1
+                wait = database_backoff_s(attempt)
+                if loop.time() + wait >= deadline:
+                    raise
+                log.warning("database unavailable (%s); retrying in %.1f s", exc, wait)
+                await asyncio.sleep(wait)
+
+    def _note_invalid(self, fleet: Fleet) -> None:
+        """Invalid policies are logged once per revision, not every round."""
+        new, self.seen_invalid = invalid_to_log(fleet.invalid, self.seen_invalid)
+        for bad in new:
+            log.warning("policy %r (revision %d) is invalid and will not be delivered: %s",
+                        bad.id, bad.revision, bad.reason)
+
+    def _observe(self, report: RoundReport) -> None:
+        self.metrics.observe_round(report)
+        self.state.observe_round(report)
+        counts = report.counts()
+        duration = (
+            (report.finished_at - report.started_at).total_seconds() if report.finished_at else 0
+        )
+        log.info(
+            "round %s in %.1f s: %d clusters, %d converged, %d unreached; applied %d created, "
+            "%d updated, %d failed; %d invalid policies%s",
+            report.result.value, duration, counts["clusters"], counts["converged"],
+            counts["unreached"], counts["created"], counts["updated"], counts["failed"],
+            counts["invalid"], f"; {report.error}" if report.error else "",
+            extra={"round_result": report.result.value, "round_counts": counts},
+        )
+
+    async def _record(self, report: RoundReport) -> None:
+        """Record this round and any earlier one the database missed; keep what fails."""
+        self.unrecorded.append(report)
+        while self.unrecorded:
+            pending = self.unrecorded[0]
+            try:
+                await self.store.record_round(pending, identity=self.identity)
+            except DatabaseUnavailable as exc:
+                del self.unrecorded[:-UNRECORDED_BACKLOG]
+                log.warning("could not record round (database unavailable: %s); "
+                            "%d round(s) kept to record later", exc, len(self.unrecorded))
+                return
+            except DatabaseRejected as exc:
+                # It would be refused again: dropped, so later rounds are not held behind it.
+                log.error(  # noqa: TRY400 - a refusal, not a bug: the reason is the story
+                    "round of %s not recorded, dropped: %s", pending.started_at.isoformat(),
+                    exc, extra={"reason": exc.reason})
+                self.metrics.record_refused(exc.reason)
+            except Exception:
+                # Not the database's doing (a bug): the same, with the traceback.
+                log.exception("round of %s not recorded, dropped: unexpected error",
+                              pending.started_at.isoformat())
+                self.metrics.record_refused("internal")
+            self.unrecorded.pop(0)
+
+
+def database_backoff_s(attempt: int) -> float:
+    """How long to wait before database attempt `attempt + 1` (startup and rounds alike)."""
+    return backoff_s(attempt, base=DB_BACKOFF_BASE_S, cap=DB_BACKOFF_CAP_S)
+
+
+def _cut(progress: RoundReport, why: str) -> RoundReport:
+    """A round cancelled mid-way (`why`): what it finished, and what it did on the clusters it
+    did not (`cut_short`), both still recorded."""
+    progress.cancelled = True
+    progress.error = why
+    progress.finished_at = progress.finished_at or utc_now()
+    return progress

@@ -1,0 +1,500 @@
+"""How a round's outcome becomes rows in the database, and how they are written.
+
+A round is recorded in one transaction: the round, each cluster's state, every delivery and
+phase reading (merged per policy and cluster), and the invalid policies it saw. Every value is
+cleaned for PostgreSQL first (`convergerd.store.values`; what changed is logged, naming the
+cluster, policy and column). If the database still refuses the record for good
+(`DatabaseRejected`), `write_round_by_cluster` writes it again with each cluster in a savepoint,
+and a refused cluster row by row: only the refused rows are dropped, logged with their cluster
+and policies, and counted on a `RecordObserver`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import asyncpg
+
+from convergerd.report import ClusterOutcome, Delivery, PhaseReading, RoundReport
+from convergerd.store.errors import describe, rejection_reason
+from convergerd.store.values import for_log, pg_count, pg_revision, pg_text
+
+log = logging.getLogger(__name__)
+
+
+# Deliveries and phase readings, merged per policy and cluster, are copied (binary COPY) into a
+# temporary table, then upserted in one statement: each row is rewritten once per round. Older
+# facts never overwrite newer ones (a save racing a round, a late record).
+_INCOMING_COLUMNS = (
+    "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
+    "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
+)
+_CREATE_INCOMING = """
+CREATE TEMPORARY TABLE incoming_deliveries (
+    policy_id text, cluster_id text, revision bigint, result text, at timestamptz,
+    error text, reason text, attempts integer, phase text, phase_reason text,
+    phase_message text, phase_revision bigint, phase_seen_at timestamptz
+) ON COMMIT DROP
+"""
+_UPSERT_DELIVERIES = """
+INSERT INTO deliveries AS d (
+    policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
+    last_error, last_reason, attempts, round_id,
+    phase, phase_reason, phase_message, phase_revision, phase_seen_at)
+SELECT u.policy_id, u.cluster_id,
+       CASE WHEN u.result <> 'failed' THEN u.revision END,
+       u.result, u.at,
+       CASE WHEN u.result <> 'failed' THEN u.at END,
+       u.error, u.reason,
+       CASE WHEN u.result = 'failed' THEN u.attempts ELSE 0 END,
+       $1::bigint,
+       u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.phase_seen_at
+FROM incoming_deliveries u
+ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
+    (delivered_revision, last_result, last_attempt_at, last_success_at, last_error,
+     last_reason, attempts, round_id) =
+    (SELECT CASE WHEN NOT fresh THEN d.delivered_revision
+                 ELSE COALESCE(EXCLUDED.delivered_revision, d.delivered_revision) END,
+            CASE WHEN fresh THEN EXCLUDED.last_result ELSE d.last_result END,
+            CASE WHEN fresh THEN EXCLUDED.last_attempt_at ELSE d.last_attempt_at END,
+            CASE WHEN NOT fresh THEN d.last_success_at
+                 ELSE COALESCE(EXCLUDED.last_success_at, d.last_success_at) END,
+            CASE WHEN fresh THEN EXCLUDED.last_error ELSE d.last_error END,
+            CASE WHEN fresh THEN EXCLUDED.last_reason ELSE d.last_reason END,
+            CASE WHEN NOT fresh THEN d.attempts
+                 WHEN EXCLUDED.last_result = 'failed' THEN d.attempts + EXCLUDED.attempts
+                 ELSE 0 END,
+            CASE WHEN fresh THEN EXCLUDED.round_id ELSE d.round_id END
+     FROM (SELECT EXCLUDED.last_attempt_at IS NOT NULL
+                  AND (d.last_attempt_at IS NULL
+                       OR d.last_attempt_at <= EXCLUDED.last_attempt_at) AS fresh) AS f),
+    (phase, phase_reason, phase_message, phase_revision, phase_seen_at) =
+    (SELECT CASE WHEN seen THEN EXCLUDED.phase ELSE d.phase END,
+            CASE WHEN seen THEN EXCLUDED.phase_reason ELSE d.phase_reason END,
+            CASE WHEN seen THEN EXCLUDED.phase_message ELSE d.phase_message END,
+            CASE WHEN seen THEN EXCLUDED.phase_revision ELSE d.phase_revision END,
+            CASE WHEN seen THEN EXCLUDED.phase_seen_at ELSE d.phase_seen_at END
+     FROM (SELECT EXCLUDED.phase_seen_at IS NOT NULL
+                  AND (d.phase_seen_at IS NULL
+                       OR d.phase_seen_at <= EXCLUDED.phase_seen_at) AS seen) AS s)
+"""
+
+# A round recorded late (kept while the database was down) must not overwrite the outcome of a
+# newer one: only a later success or reach time is taken from it.
+_UPSERT_CLUSTER_STATE = """
+INSERT INTO cluster_state AS s (
+    cluster_id, last_attempt_at, last_success_at, last_reached_at, reachable, last_error,
+    last_reason, desired, in_sync, failed, server_version, duration_s, round_id)
+SELECT u.cluster_id, $2::timestamptz,
+       CASE WHEN u.converged THEN $2::timestamptz END,
+       CASE WHEN u.reached THEN $2::timestamptz END,
+       u.reached, u.error, u.reason, u.desired, u.in_sync, u.failed, u.server_version,
+       u.duration_s, $1::bigint
+FROM unnest($3::text[], $4::boolean[], $5::boolean[], $6::text[], $7::text[], $8::int[],
+            $9::int[], $10::int[], $11::text[], $12::float8[])
+     AS u(cluster_id, reached, converged, error, reason, desired, in_sync, failed,
+          server_version, duration_s)
+ON CONFLICT (cluster_id) DO UPDATE SET
+    last_success_at = GREATEST(EXCLUDED.last_success_at, s.last_success_at),
+    last_reached_at = GREATEST(EXCLUDED.last_reached_at, s.last_reached_at),
+    (last_attempt_at, reachable, last_error, last_reason, desired, in_sync, failed,
+     server_version, duration_s, round_id) =
+    (SELECT CASE WHEN fresh THEN EXCLUDED.last_attempt_at ELSE s.last_attempt_at END,
+            CASE WHEN fresh THEN EXCLUDED.reachable ELSE s.reachable END,
+            CASE WHEN fresh THEN EXCLUDED.last_error ELSE s.last_error END,
+            CASE WHEN fresh THEN EXCLUDED.last_reason ELSE s.last_reason END,
+            CASE WHEN fresh THEN EXCLUDED.desired ELSE s.desired END,
+            CASE WHEN fresh THEN EXCLUDED.in_sync ELSE s.in_sync END,
+            CASE WHEN fresh THEN EXCLUDED.failed ELSE s.failed END,
+            CASE WHEN fresh THEN COALESCE(EXCLUDED.server_version, s.server_version)
+                 ELSE COALESCE(s.server_version, EXCLUDED.server_version) END,
+            CASE WHEN fresh THEN EXCLUDED.duration_s ELSE s.duration_s END,
+            CASE WHEN fresh THEN EXCLUDED.round_id ELSE s.round_id END
+     FROM (SELECT s.last_attempt_at IS NULL
+                  OR s.last_attempt_at <= EXCLUDED.last_attempt_at AS fresh) AS f)
+"""
+
+_REPLACE_INVALID = """
+WITH gone AS (
+    DELETE FROM invalid_policies WHERE NOT (policy_id = ANY($1::text[]))
+)
+INSERT INTO invalid_policies AS i (
+    policy_id, boundary_id, revision, reason, first_seen_at, seen_at, round_id)
+SELECT u.policy_id, u.boundary_id, u.revision, u.reason, $4, $4, $5
+FROM unnest($1::text[], $2::text[], $3::bigint[], $6::text[])
+     AS u(policy_id, boundary_id, revision, reason)
+ON CONFLICT (policy_id) DO UPDATE SET
+    boundary_id = EXCLUDED.boundary_id,
+    first_seen_at = CASE WHEN i.revision = EXCLUDED.revision AND i.reason = EXCLUDED.reason
+                         THEN i.first_seen_at ELSE EXCLUDED.first_seen_at END,
+    revision = EXCLUDED.revision,
+    reason = EXCLUDED.reason,
+    seen_at = EXCLUDED.seen_at,
+    round_id = EXCLUDED.round_id
+"""
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    if value.tzinfo is None:
+        raise ValueError(f"naive datetime {value!r}: convergerd records UTC-aware times")
+    return value
+
+
+class _Cleaner:
+    """Applies `convergerd.store.values` to every value a record writes, and notes what it
+    changed or dropped, so one log line per record names the clusters and policies."""
+
+    _EXAMPLES = 5
+
+    def __init__(self) -> None:
+        self.changed = 0
+        self.examples: list[str] = []
+        self._good_ids: set[str] = set()  # ids repeat on every row: checked once
+
+    def note(
+        self, cluster: str | None, policy: str | None, column: str, value: object, what: str
+    ) -> None:
+        self.changed += 1
+        if len(self.examples) < self._EXAMPLES:
+            where = " ".join(
+                f"{name} {for_log(v)}" for name, v in (("cluster", cluster), ("policy", policy))
+                if v is not None)
+            self.examples.append(f"{where} {column} {for_log(value)}: {what}".lstrip())
+
+    def text(
+        self, value: str | None, cluster: str | None, policy: str | None, column: str
+    ) -> str | None:
+        if value is None:
+            return None
+        cleaned = pg_text(value)
+        if cleaned is not value:
+            self.note(cluster, policy, column, value, "cleaned (NUL, unencodable or too long)")
+        return cleaned
+
+    def revision(
+        self, value: int | None, cluster: str | None, policy: str | None, column: str
+    ) -> int | None:
+        cleaned = pg_revision(value)
+        if cleaned is None and value is not None:
+            self.note(cluster, policy, column, value, "not a bigint, recorded as unknown")
+        return cleaned
+
+    def count(self, value: int, cluster: str | None, policy: str | None, column: str) -> int:
+        cleaned = pg_count(value)
+        if cleaned != value:
+            self.note(cluster, policy, column, value, "out of range, clamped")
+        return cleaned
+
+    def bad_id(self, cluster: str | None, policy: str | None) -> bool:
+        """Ids are keys: one that is not clean cannot be cleaned (it would name another row);
+        its row is dropped."""
+        for column, value in (("cluster_id", cluster), ("policy_id", policy)):
+            if value is None or value in self._good_ids:
+                continue
+            if pg_text(value) is not value:
+                self.note(cluster, policy, column, value, "not a valid key, row dropped")
+                return True
+            self._good_ids.add(value)
+        return False
+
+    def log(self, what: str) -> None:
+        if self.changed:
+            log.warning("%s: %d value(s) cleaned or dropped before writing: %s%s",
+                        what, self.changed, "; ".join(self.examples),
+                        "; ..." if self.changed > len(self.examples) else "",
+                        extra={"cleaned_values": self.changed})
+
+
+def _delivery_records(
+    deliveries: Sequence[Delivery], phases: Sequence[PhaseReading], clean: _Cleaner
+) -> list[tuple[Any, ...]]:
+    """Merge deliveries and phase readings per (policy, cluster) into `_INCOMING_COLUMNS`
+    records (a row is written once; of duplicates the latest wins), every value cleaned for
+    PostgreSQL. Built column by column: 100k rows must not become 100k small lists for the
+    garbage collector."""
+    index: dict[tuple[str, str], int] = {}
+    cols: list[list[Any]] = [[] for _ in range(13)]
+    (policy, cluster, revision, result, attempt_at, error, reason, attempts,
+     phase, phase_reason, phase_message, phase_revision, phase_seen_at) = cols
+
+    def row(policy_id: str, cluster_id: str) -> tuple[int, bool]:
+        """The row of (policy, cluster), and whether it was new."""
+        key = (policy_id, cluster_id)
+        i = index.get(key)
+        if i is not None:
+            return i, False
+        index[key] = i = len(policy)
+        policy.append(policy_id)
+        cluster.append(cluster_id)
+        for col in cols[2:]:
+            col.append(None)
+        return i, True
+
+    for d in deliveries:
+        if clean.bad_id(d.cluster, d.policy):
+            continue
+        i, new = row(d.policy, d.cluster)
+        if not new and attempt_at[i] is not None and attempt_at[i] > d.at:
+            continue
+        revision[i] = clean.revision(d.revision, d.cluster, d.policy, "revision")
+        result[i] = d.result.value
+        attempt_at[i] = _utc(d.at)
+        error[i] = clean.text(d.error, d.cluster, d.policy, "last_error")
+        reason[i] = clean.text(d.reason, d.cluster, d.policy, "last_reason")
+        attempts[i] = clean.count(d.attempts, d.cluster, d.policy, "attempts")
+    for p in phases:
+        if clean.bad_id(p.cluster, p.policy):
+            continue
+        i, new = row(p.policy, p.cluster)
+        if not new and phase_seen_at[i] is not None and phase_seen_at[i] > p.seen_at:
+            continue
+        phase[i] = clean.text(p.phase, p.cluster, p.policy, "phase")
+        phase_reason[i] = clean.text(p.ready_reason, p.cluster, p.policy, "phase_reason")
+        phase_message[i] = clean.text(p.ready_message, p.cluster, p.policy, "phase_message")
+        phase_revision[i] = clean.revision(p.revision, p.cluster, p.policy, "phase_revision")
+        phase_seen_at[i] = _utc(p.seen_at)
+    return list(zip(*cols, strict=True))
+
+
+async def _upsert_deliveries(
+    conn: asyncpg.Connection, records: Sequence[tuple[Any, ...]], round_id: int | None
+) -> None:
+    """Inside a transaction: COPY the merged records in, upsert them into `deliveries`."""
+    await conn.execute(_CREATE_INCOMING)
+    await conn.copy_records_to_table(
+        "incoming_deliveries", records=records, columns=_INCOMING_COLUMNS
+    )
+    await conn.execute(_UPSERT_DELIVERIES, round_id)
+    await conn.execute("DROP TABLE incoming_deliveries")
+
+
+@dataclass(frozen=True, slots=True)
+class _ClusterPart:
+    """One cluster's share of a round record: its state row (None for a cluster the round
+    was cut short on: its deliveries happened, its state is not known) and its deliveries."""
+
+    cluster: str
+    state: tuple[Any, ...] | None
+    deliveries: list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRecord:
+    """A round as the database will hold it: every value cleaned (see `_Cleaner`)."""
+
+    round_row: tuple[Any, ...]
+    at: dt.datetime
+    parts: list[_ClusterPart]
+    invalid: tuple[Any, ...] | None  # the arguments of `_REPLACE_INVALID`, if it applies
+
+    @classmethod
+    def build(cls, report: RoundReport, identity: str, clean: _Cleaner) -> RoundRecord:
+        at = _utc(report.finished_at or report.started_at)
+        epoch = report.epoch
+        round_row = (
+            _utc(report.started_at),
+            report.finished_at,
+            report.result.value,
+            clean.text(epoch.holder, None, None, "epoch_holder") if epoch else None,
+            clean.revision(epoch.transitions, None, None, "epoch_transitions") if epoch else None,
+            clean.text(identity, None, None, "identity"),
+            {k: pg_count(v, bits=64) for k, v in report.counts().items()},
+            clean.text(report.error, None, None, "error"),
+        )
+        parts = [
+            _ClusterPart(c.cluster, _state_row(c, clean),
+                         _delivery_records(c.deliveries, c.phases, clean))
+            for c in report.clusters if not clean.bad_id(c.cluster, None)
+        ]
+        parts += [
+            _ClusterPart(c.cluster, None, _delivery_records(c.deliveries, c.phases, clean))
+            for c in report.cut_short if not clean.bad_id(c.cluster, None)
+        ]
+        invalid = None
+        if report.error is None:
+            # A round that ran saw the whole fleet: its invalid list replaces the last one.
+            kept = [p for p in report.invalid if not clean.bad_id(None, p.id)]
+            invalid = (
+                [p.id for p in kept],
+                [clean.text(p.boundary, None, p.id, "boundary_id") for p in kept],
+                [clean.revision(p.revision, None, p.id, "revision") or 0 for p in kept],
+                at,
+                [clean.text(p.reason, None, p.id, "reason") for p in kept],
+            )
+        return cls(round_row, at, parts, invalid)
+
+
+def _state_row(c: ClusterOutcome, clean: _Cleaner) -> tuple[Any, ...]:
+    """A cluster's outcome as a row of `_UPSERT_CLUSTER_STATE`'s unnest."""
+    return (
+        c.cluster, c.reached, c.converged,
+        clean.text(c.error, c.cluster, None, "last_error"),
+        clean.text(c.reason, c.cluster, None, "last_reason"),
+        clean.count(c.desired, c.cluster, None, "desired"),
+        clean.count(c.in_sync, c.cluster, None, "in_sync"),
+        clean.count(c.failed, c.cluster, None, "failed"),
+        clean.text(c.server_version, c.cluster, None, "server_version"),
+        float(c.duration_s),
+    )
+
+
+async def _insert_round(conn: asyncpg.Connection, record: RoundRecord, kept: int) -> int:
+    round_id: int = await conn.fetchval(
+        """INSERT INTO rounds (started_at, finished_at, result, epoch_holder,
+               epoch_transitions, identity, counts, error)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id""",
+        *record.round_row,
+    )
+    await conn.execute("DELETE FROM rounds WHERE id <= $1", round_id - kept)
+    return round_id
+
+
+async def _write_parts(
+    conn: asyncpg.Connection, record: RoundRecord, round_id: int, parts: Sequence[_ClusterPart]
+) -> None:
+    """Inside a transaction: the clusters' states and deliveries of `parts`."""
+    states = [p.state for p in parts if p.state is not None]
+    if states:
+        await conn.execute(_UPSERT_CLUSTER_STATE, round_id, record.at,
+                           *(list(col) for col in zip(*states, strict=True)))
+    deliveries = [r for p in parts for r in p.deliveries]
+    if deliveries:
+        await _upsert_deliveries(conn, deliveries, round_id)
+
+
+async def _replace_invalid(conn: asyncpg.Connection, record: RoundRecord, round_id: int) -> None:
+    if record.invalid is not None:
+        ids, boundaries, revisions, at, reasons = record.invalid
+        await conn.execute(_REPLACE_INVALID, ids, boundaries, revisions, at, round_id, reasons)
+
+
+class RecordObserver(Protocol):
+    def record_refused(self, reason: str) -> None:
+        """The database refused part of a record for good (a metrics reason slug)."""
+        ...
+
+
+class _Refusals:
+    """Classifies what the cluster-by-cluster fallback sees, and counts what it drops."""
+
+    def __init__(self, observer: RecordObserver | None) -> None:
+        self._observer = observer
+
+    @staticmethod
+    def refused(exc: BaseException) -> str:
+        """The reason slug of a refusal; re-raises `exc` if it is not one (transient: the
+        whole record is retried later; anything else: not the database's doing)."""
+        reason = rejection_reason(exc)
+        if reason is None:
+            raise exc
+        return reason
+
+    def count(self, reason: str) -> None:
+        """One record dropped (a cluster's rows, in part or whole; the invalid list)."""
+        if self._observer is not None:
+            self._observer.record_refused(reason)
+
+
+# A cluster whose rows the database refused is retried row by row, to drop only the refused
+# rows; past this many refused rows the rest of that cluster's rows are dropped unexamined.
+_ROW_BY_ROW_MAX_REFUSED = 20
+
+
+async def _write_part_alone(
+    conn: asyncpg.Connection,
+    record: RoundRecord,
+    round_id: int,
+    part: _ClusterPart,
+    refusals: _Refusals,
+) -> None:
+    """Inside a transaction: one cluster's rows in a savepoint; if refused, its state and each
+    of its rows in savepoints of their own, so only what the database refuses is dropped."""
+    try:
+        async with conn.transaction():
+            await _write_parts(conn, record, round_id, [part])
+    except Exception as exc:
+        refusals.refused(exc)  # re-raised unless a refusal
+    else:
+        return
+    cluster = part.cluster
+    pieces: list[tuple[str | None, _ClusterPart]] = []
+    if part.state is not None:
+        pieces.append((None, _ClusterPart(cluster, part.state, [])))
+    pieces += [(row[0], _ClusterPart(cluster, None, [row])) for row in part.deliveries]
+    dropped: list[str] = []
+    first: tuple[str, str] | None = None  # the first refusal's message and reason
+    for policy, piece in pieces:
+        if len(dropped) >= _ROW_BY_ROW_MAX_REFUSED:
+            dropped.append(policy or "(cluster state)")
+            continue
+        try:
+            async with conn.transaction():
+                await _write_parts(conn, record, round_id, [piece])
+        except Exception as exc:
+            reason = refusals.refused(exc)
+            first = first or (f"{for_log(describe(exc), 300)} ({reason})", reason)
+            dropped.append(policy or "(cluster state)")
+    if dropped and first is not None:
+        refusals.count(first[1])
+        log.error(
+            "cluster %s: the database refused %d of its %d rows of round %d, dropped: %s%s; "
+            "first refusal: %s", cluster, len(dropped), len(pieces), round_id,
+            ", ".join(for_log(p, 60) for p in dropped[:10]),
+            ", ..." if len(dropped) > 10 else "", first[0],
+            extra={"cluster": cluster, "policies": dropped[:10], "round_id": round_id,
+                   "reason": first[1]},
+        )
+
+
+# ---- writing ------------------------------------------------------------------------------
+
+
+def round_record(report: RoundReport, identity: str) -> RoundRecord:
+    """`report` as rows, cleaned; one warning if anything had to be cleaned or dropped."""
+    clean = _Cleaner()
+    record = RoundRecord.build(report, identity, clean)
+    clean.log(f"round of {report.started_at.isoformat()}")
+    return record
+
+
+async def write_round(conn: asyncpg.Connection, record: RoundRecord, *, kept: int) -> int:
+    """Inside a transaction: the whole record; returns the round id. Keeps `kept` rounds."""
+    round_id = await _insert_round(conn, record, kept)
+    await _write_parts(conn, record, round_id, record.parts)
+    await _replace_invalid(conn, record, round_id)
+    return round_id
+
+
+async def write_round_by_cluster(
+    conn: asyncpg.Connection, record: RoundRecord, *, kept: int,
+    observer: RecordObserver | None,
+) -> int:
+    """Inside a transaction: the record with every cluster (and the invalid list) in a
+    savepoint of its own, dropping and logging only what the database refuses. The round's
+    own row is not optional: its refusal propagates."""
+    round_id = await _insert_round(conn, record, kept)
+    refusals = _Refusals(observer)
+    for part in record.parts:
+        await _write_part_alone(conn, record, round_id, part, refusals)
+    try:
+        async with conn.transaction():
+            await _replace_invalid(conn, record, round_id)
+    except Exception as exc:
+        reason = refusals.refused(exc)
+        refusals.count(reason)
+        log.error(  # noqa: TRY400 - a refusal, not a bug: the reason is the story
+            "invalid policies of round %d not recorded: %s (%s)", round_id,
+            for_log(describe(exc), 300), reason, extra={"reason": reason})
+    return round_id
+
+
+async def write_deliveries(conn: asyncpg.Connection, deliveries: Sequence[Delivery]) -> None:
+    """Inside a transaction: deliveries made outside a round (a save; `round_id` NULL)."""
+    clean = _Cleaner()
+    records = _delivery_records(deliveries, (), clean)
+    clean.log("deliveries of a save")
+    await _upsert_deliveries(conn, records, None)

@@ -1,0 +1,342 @@
+"""`convergerd operator` against the simulator: Policies become admission objects and status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from convergerd.config import OperatorSettings, load_operator_settings
+from convergerd.operator.main import OperatorProcess
+from convergerd.sim import status as sim_status
+from convergerd.sim.faults import Faults
+from convergerd.sim.fleet import Fleet
+from convergerd.sim.resources import (
+    VALIDATING_ADMISSION_POLICIES,
+    VALIDATING_ADMISSION_POLICY_BINDINGS,
+)
+from convergerd.sim.store import AdmissionRequest
+from tests.fixtures.fleet import kube_http
+
+CLUSTER = "c0001"
+POLICIES = "/apis/platform.stackship.se/v1alpha1/policies"
+WRITE_VERBS = {"create", "update", "patch", "delete"}
+
+
+def operator_settings(fleet: Fleet, identity: str = "op-a", **env: str) -> OperatorSettings:
+    return load_operator_settings({
+        "CONVERGERD_KUBECONFIG": str(fleet.kubeconfig_path),
+        "CONVERGERD_OPERATOR_CONTEXT": CLUSTER,
+        "CONVERGERD_OPERATOR_HTTP_ADDR": "127.0.0.1:0",
+        "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS": "0.2",
+        "CONVERGERD_IDENTITY": identity,
+        **env,
+    })
+
+
+@contextlib.asynccontextmanager
+async def running(settings: OperatorSettings) -> AsyncIterator[OperatorProcess]:
+    proc = OperatorProcess(settings)
+    task = asyncio.create_task(proc.main(signals=False))
+    try:
+        yield proc
+    finally:
+        proc.stopping.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def wait_for(check: Callable[[], Any], timeout_s: float = 20.0) -> Any:
+    """Poll `check` (sync or async) until it returns something truthy; bounded."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(0.05)
+
+
+async def put_namespace(fleet: Fleet, name: str, boundary: str) -> None:
+    body = {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"platform.stackship.se/boundary": boundary}}}
+    resp = await kube_http(fleet, CLUSTER, "POST", "/api/v1/namespaces", body=body)
+    assert resp.status == 201, resp.body
+
+
+async def put_policy(fleet: Fleet, pid: str, *, enabled: bool = True, boundary: str = "b1",
+                     rule: dict[str, Any] | None = None) -> None:
+    body = {
+        "apiVersion": "platform.stackship.se/v1alpha1", "kind": "Policy",
+        "metadata": {"name": f"policy-{pid}", "labels": {
+            "platform.stackship.se/boundary": boundary,
+            "app.kubernetes.io/managed-by": "convergerd"}},
+        "spec": {"policyId": pid, "boundary": boundary, "enabled": enabled, "revision": 1,
+                 "rule": rule or {"type": "ForbidLatestTag"}},
+    }
+    resp = await kube_http(
+        fleet, CLUSTER, "PATCH",
+        f"{POLICIES}/policy-{pid}?fieldManager=stackship-platform&force=true",
+        body=body, content_type="application/apply-patch+yaml")
+    assert resp.status in (200, 201), resp.body
+
+
+async def get(fleet: Fleet, path: str) -> dict[str, Any] | None:
+    resp = await kube_http(fleet, CLUSTER, "GET", path)
+    return resp.json() if resp.status == 200 else None
+
+
+def vap_path(pid: str) -> str:
+    return f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/stackship-{pid}"
+
+
+def binding_path(pid: str) -> str:
+    return ("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/"
+            f"stackship-{pid}")
+
+
+def condition(policy: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    if policy is None:
+        return None
+    conditions = (policy.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), None)
+
+
+async def phase_is(fleet: Fleet, pid: str, phase: str) -> dict[str, Any] | None:
+    policy = await get(fleet, f"{POLICIES}/policy-{pid}")
+    if policy is not None and (policy.get("status") or {}).get("phase") == phase:
+        return policy
+    return None
+
+
+def writes(fleet: Fleet, after: int = 0) -> list[Any]:
+    """Writes to the operated cluster, Lease traffic left out."""
+    return [r for r in fleet.accounting.requests(cluster=CLUSTER, after=after)
+            if r.verb in WRITE_VERBS and "/leases" not in r.path and "dryRun" not in r.path]
+
+
+async def test_policy_lifecycle_enforcing_inert_deleted(fleet: Fleet) -> None:
+    await put_namespace(fleet, "team-a", "b1")
+    async with running(operator_settings(fleet)) as proc:
+        await put_policy(fleet, "p1")
+        policy = await wait_for(lambda: phase_is(fleet, "p1", "Enforcing"))
+        ready = condition(policy, "Ready")
+        assert ready is not None
+        assert ready["status"] == "True"
+        assert ready["reason"] == "Enforcing"
+        assert policy["status"]["observedGeneration"] == policy["metadata"]["generation"]
+        vap = await get(fleet, vap_path("p1"))
+        binding = await get(fleet, binding_path("p1"))
+        assert vap is not None
+        assert binding is not None
+        owner = vap["metadata"]["ownerReferences"][0]
+        assert owner["uid"] == policy["metadata"]["uid"]
+        assert owner["controller"] is True
+        assert binding["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
+        assert vap["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "convergerd"
+        transition = ready["lastTransitionTime"]
+
+        await put_policy(fleet, "p1", enabled=False)
+        policy = await wait_for(lambda: phase_is(fleet, "p1", "Inert"))
+        assert await get(fleet, binding_path("p1")) is None
+        assert await get(fleet, vap_path("p1")) is not None
+        assert policy["status"]["observedGeneration"] == policy["metadata"]["generation"]
+        assert condition(policy, "Verified")["reason"] == "NotEnforcing"  # type: ignore[index]
+
+        await put_policy(fleet, "p1", enabled=True)
+        await wait_for(lambda: phase_is(fleet, "p1", "Enforcing"))
+        assert await get(fleet, binding_path("p1")) is not None
+
+        resp = await kube_http(fleet, CLUSTER, "DELETE", f"{POLICIES}/policy-p1")
+        assert resp.status == 200
+
+        async def both_gone() -> bool:
+            return (await get(fleet, vap_path("p1")) is None
+                    and await get(fleet, binding_path("p1")) is None)
+
+        await wait_for(both_gone)
+        assert proc.metrics.phases == {}
+    assert transition  # Ready was True with a transition time
+
+
+async def test_old_cluster_is_unsupported_until_upgraded(fleet: Fleet) -> None:
+    fleet.set_faults(CLUSTER, Faults(version="v1.29.4"))
+    settings = operator_settings(fleet, CONVERGERD_OPERATOR_RECHECK_SECONDS="0.5")
+    async with running(settings):
+        await put_policy(fleet, "p1")
+        policy = await wait_for(lambda: phase_is(fleet, "p1", "Unsupported"))
+        ready = condition(policy, "Ready")
+        assert ready is not None
+        assert ready["status"] == "False"
+        assert ready["reason"] == "ValidatingAdmissionPolicyUnsupported"
+        assert "1.30" in ready["message"]
+        fleet.clear_faults(CLUSTER)  # the upgrade
+        await wait_for(lambda: phase_is(fleet, "p1", "Enforcing"))
+        assert await get(fleet, binding_path("p1")) is not None
+
+
+async def test_rule_that_cannot_be_rendered_is_error_with_reason(fleet: Fleet) -> None:
+    async with running(operator_settings(fleet)):
+        await put_policy(fleet, "bad", rule={"type": "NoSuchRule"})
+        policy = await wait_for(lambda: phase_is(fleet, "bad", "Error"))
+        ready = condition(policy, "Ready")
+        assert ready is not None
+        assert ready["status"] == "False"
+        assert ready["reason"] == "InvalidRule"
+        assert "unknown type 'NoSuchRule'" in ready["message"]
+        assert await get(fleet, vap_path("bad")) is None
+
+
+async def test_restart_writes_nothing(fleet: Fleet) -> None:
+    await put_namespace(fleet, "team-a", "b1")
+    await put_policy(fleet, "p1")
+    await put_policy(fleet, "p2", enabled=False)
+    async with running(operator_settings(fleet)):
+        await wait_for(lambda: phase_is(fleet, "p2", "Inert"))
+
+        async def probed() -> bool:
+            policy = await phase_is(fleet, "p1", "Enforcing")
+            verified = condition(policy, "Verified")
+            return verified is not None and "lastProbeTime" in verified
+
+        await wait_for(probed)
+    mark = fleet.accounting.requests()[-1].seq
+    async with running(operator_settings(fleet, identity="op-b")) as proc:
+        await wait_for(lambda: proc.metrics.reconciles["unchanged"] >= 2)
+        await wait_for(lambda: proc.operator is not None and proc.operator.ready)
+    assert writes(fleet, mark) == []
+    assert not [r for r in fleet.accounting.requests(cluster=CLUSTER, after=mark)
+                if "dryRun" in r.path]  # the last probe is recent: not repeated at restart
+
+
+async def test_two_replicas_only_the_leader_writes(fleet: Fleet) -> None:
+    await put_namespace(fleet, "team-a", "b1")
+    mark = fleet.accounting.requests()[-1].seq
+    async with running(operator_settings(fleet, identity="op-a")) as a, \
+            running(operator_settings(fleet, identity="op-b")) as b:
+        await wait_for(lambda: a.metrics.is_leader or b.metrics.is_leader)
+        for pid in ("p1", "p2", "p3"):
+            await put_policy(fleet, pid)
+        for pid in ("p1", "p2", "p3"):
+            await wait_for(lambda pid=pid: phase_is(fleet, pid, "Enforcing"))  # type: ignore[misc]
+        leader = "op-a" if a.metrics.is_leader else "op-b"
+        assert a.metrics.is_leader != b.metrics.is_leader
+    agents = {r.user_agent for r in writes(fleet, mark) if "/policies" not in r.path
+              or "/status" in r.path}
+    assert agents
+    assert all(f"({leader})" in agent for agent in agents), agents
+
+
+def _deny_probe_pods(request: AdmissionRequest) -> None:
+    """A stand-in for kube-apiserver's VAP evaluation: deny pods as `stackship-p1` would."""
+    if request.rt.plural == "pods" and request.operation == "CREATE":
+        message = (f'pods "{request.name}" is forbidden: ValidatingAdmissionPolicy '
+                   "'stackship-p1' with binding 'stackship-p1' denied request: no latest tag")
+        raise sim_status.ApiError(sim_status.status_object(
+            422, "Invalid", message, {"name": request.name, "kind": "pods",
+                                       "causes": [{"message": message}]}))
+
+
+async def test_probe_denied_by_our_policy_is_verified(fleet: Fleet) -> None:
+    await put_namespace(fleet, "team-a", "b1")
+    fleet.store(CLUSTER).admission = _deny_probe_pods
+    async with running(operator_settings(fleet)) as proc:
+        await put_policy(fleet, "p1")
+
+        async def verified() -> dict[str, Any] | None:
+            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
+            return found if found is not None and found["status"] != "Unknown" else None
+
+        found = await wait_for(verified)
+        assert (found["status"], found["reason"]) == ("True", "Denied"), found
+        assert found["lastProbeTime"]
+        assert proc.metrics.probes["Denied"] == 1
+    probes = [r for r in fleet.accounting.requests(cluster=CLUSTER) if "dryRun=All" in r.path]
+    assert len(probes) == 1
+    assert probes[0].path.startswith("/api/v1/namespaces/team-a/pods")
+
+
+async def test_probe_admitted_and_no_namespace_are_reported(fleet: Fleet) -> None:
+    async with running(operator_settings(fleet)) as proc:
+        await put_policy(fleet, "p1")
+
+        async def verified() -> dict[str, Any] | None:
+            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
+            return found if found is not None and found["status"] == "False" else None
+
+        found = await wait_for(verified)
+        assert found["reason"] == "NoBoundaryNamespace"
+        # The API is served but the apiserver enforces nothing (its admission plugin is off):
+        # the objects exist (Enforcing), the probe's violating Pod is admitted.
+        fleet.set_faults(CLUSTER, Faults(admission=False))
+        await put_namespace(fleet, "team-a", "b1")
+        # A new generation makes the probe due again soon.
+        await put_policy(fleet, "p1", rule={"type": "AllowedRegistries",
+                                            "registries": ["registry.example.com"]})
+
+        async def admitted() -> dict[str, Any] | None:
+            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
+            return found if found is not None and found["reason"] == "Admitted" else None
+
+        found = await wait_for(admitted)
+        assert found["status"] == "False"
+        assert "ADMITTED" in found["message"]
+        assert len(proc.metrics.admitted) == 1
+        text = proc.metrics.render().decode()
+        assert "convergerd_operator_probe_admitted 1.0" in text
+
+
+async def test_probe_against_simulator_admission_is_verified(fleet: Fleet) -> None:
+    await put_namespace(fleet, "team-a", "b1")
+    async with running(operator_settings(fleet)):
+        await put_policy(fleet, "p1")
+
+        async def verified() -> dict[str, Any] | None:
+            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
+            return found if found is not None and found["status"] != "Unknown" else None
+
+        found = await wait_for(verified)
+        assert (found["status"], found["reason"]) == ("True", "Denied"), found
+
+
+async def test_orphans_of_deleted_policies_are_removed_at_start(fleet: Fleet) -> None:
+    """A Policy deleted while no operator ran: its admission objects go (no GC here)."""
+    store = fleet.store(CLUSTER)
+    labels = {"app.kubernetes.io/managed-by": "convergerd"}
+    for rt in (VALIDATING_ADMISSION_POLICIES, VALIDATING_ADMISSION_POLICY_BINDINGS):
+        store.create(rt, None, {"apiVersion": rt.api_version, "kind": rt.kind,
+                                "metadata": {"name": "stackship-gone", "labels": labels},
+                                "spec": {}}, manager="stackship-operator")
+    store.create(VALIDATING_ADMISSION_POLICIES, None, {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "someone-elses"}, "spec": {}}, manager="kubectl")
+    async with running(operator_settings(fleet)):
+        async def gone() -> bool:
+            return (await get(fleet, vap_path("gone")) is None
+                    and await get(fleet, binding_path("gone")) is None)
+
+        await wait_for(gone)
+    assert await get(fleet, "/apis/admissionregistration.k8s.io/v1/"
+                            "validatingadmissionpolicies/someone-elses") is not None
+
+
+async def test_operator_metrics_and_health(fleet: Fleet) -> None:
+    import aiohttp
+
+    async with running(operator_settings(fleet)) as proc:
+        await wait_for(lambda: proc.port is not None and proc.operator is not None
+                       and proc.operator.ready)
+        async with aiohttp.ClientSession() as session:
+            base = f"http://127.0.0.1:{proc.port}"
+            async with session.get(base + "/healthz") as resp:
+                assert resp.status == 200
+            async with session.get(base + "/readyz") as resp:
+                assert resp.status == 200
+            async with session.get(base + "/metrics") as resp:
+                text = await resp.text()
+        assert "convergerd_operator_is_leader 1.0" in text
+        assert 'convergerd_operator_policies{phase="Enforcing"} 0.0' in text
+        assert "convergerd_operator_vap_supported 1.0" in text
