@@ -2,10 +2,13 @@
 `GET /version` per cluster, so a cluster that stops answering shows `convergerd_cluster_up 0`
 within `period_s + timeout_s` (well under 30 s with the defaults), not only at the next round.
 
-Cost: one small request per cluster per period, on every replica (standbys too, so their
-`/status` and metrics are live): 1000 clusters at 10 s is 100 requests per second per replica.
-At most `concurrency` probes are in flight at once; a probe that gets no answer within
-`timeout_s` counts as unreached, so a dead cluster costs one timeout per period, never more.
+Cost: at most one small request per cluster per period, on every replica (standbys too, so
+their `/status` and metrics are live): 1000 clusters at 10 s is up to 100 requests per second
+per replica. A cluster that answered any other request (a round's list or apply, a save)
+within the last period is not probed: that answer already proves it reached, and the bound
+holds, since the next pass probes it unless it answered again. At most `concurrency` probes
+are in flight at once; a probe that gets no answer within `timeout_s` counts as unreached, so
+a dead cluster costs one timeout per period, never more.
 
 "Reached" is `ClusterError.answered`, the rule rounds use too: any answer with an HTTP status
 (401, 403, 429, 503...) or an unusable one means the API server was reached (the rounds report
@@ -17,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from convergerd.errors import (
     ClusterError,
 )
-from convergerd.kube.api import PolicyApi
+from convergerd.kube.api import PolicyApi, RequestObserver
 from convergerd.report import utc_now
 from convergerd.state import Clock
 
@@ -44,6 +48,45 @@ class ProbeSink(Protocol):
     ) -> None: ...
 
 
+# The prober's own request: its answers must not excuse the next probe. A watch reports its
+# status when the stream ends, possibly long after the answer (or cut by a reset): not proof.
+_NOT_PROOF = frozenset({"version", "watch"})
+
+
+class Answers:
+    """A `RequestObserver` in front of another: passes every report on and remembers when each
+    cluster last answered a request (any HTTP status), for the prober."""
+
+    def __init__(
+        self, inner: RequestObserver, *, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.inner = inner
+        self.monotonic = monotonic
+        self._started: dict[str, float] = {}  # cluster -> start of its latest answered request
+
+    def request_done(
+        self, cluster: str, verb: str, status: int | None, duration_s: float
+    ) -> None:
+        self.inner.request_done(cluster, verb, status, duration_s)
+        if status is not None and verb not in _NOT_PROOF:
+            # The start, not the end: the answer proves the cluster reached from then on.
+            self._started[cluster] = self.monotonic() - duration_s
+
+    def retry(self, cluster: str, reason: str) -> None:
+        self.inner.retry(cluster, reason)
+
+    def answered_within(self, cluster: str, seconds: float) -> bool:
+        at = self._started.get(cluster)
+        return at is not None and self.monotonic() - at < seconds
+
+    def keep(self, clusters: set[str]) -> None:
+        """Forget the clusters not in `clusters`."""
+        self._started = {c: t for c, t in self._started.items() if c in clusters}
+
+    def __len__(self) -> int:
+        return len(self._started)
+
+
 class Prober:
     def __init__(
         self,
@@ -55,7 +98,10 @@ class Prober:
         timeout_s: float = 5.0,
         concurrency: int = 32,
         clock: Clock = utc_now,
+        answers: Answers | None = None,
     ) -> None:
+        """`answers`: the requests' observer; a cluster it saw answer within the last period
+        is reported reached without a probe."""
         self.clusters = clusters
         self.metrics = metrics
         self.state = state
@@ -63,6 +109,8 @@ class Prober:
         self.timeout_s = min(timeout_s, period_s)
         self.concurrency = concurrency
         self.clock = clock
+        self.answers = answers
+        self.skipped = 0  # probes saved by other requests' answers, since start
         self._was_up: dict[str, bool] = {}
 
     async def run(self) -> None:
@@ -78,9 +126,15 @@ class Prober:
         targets = dict(self.clusters())
         # Remember only the clusters still probed: a removed one is forgotten with this pass.
         self._was_up = {c: up for c, up in self._was_up.items() if c in targets}
+        if self.answers is not None:
+            self.answers.keep(set(targets))
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(cluster: str, api: PolicyApi) -> bool:
+            if self.answers is not None and self.answers.answered_within(cluster, self.period_s):
+                self.skipped += 1
+                self._report(cluster, True, None, None)
+                return True
             async with gate:
                 return await self._probe(cluster, api)
 
@@ -106,6 +160,10 @@ class Prober:
         except Exception as exc:
             log.exception("reachability check of cluster %s failed unexpectedly", cluster)
             up, error = False, f"reachability check failed: {type(exc).__name__}"
+        self._report(cluster, up, version, error)
+        return up
+
+    def _report(self, cluster: str, up: bool, version: str | None, error: str | None) -> None:
         self.metrics.set_cluster_up(cluster, up, version)
         self.state.observe_probe(cluster, reachable=up, error=error, server_version=version,
                                  at=self.clock())
@@ -116,4 +174,3 @@ class Prober:
                 log.warning("cluster %s stopped answering: %s", cluster, error,
                             extra={"cluster": cluster})
         self._was_up[cluster] = up
-        return up

@@ -42,7 +42,7 @@ from convergerd.lease import Fence
 from convergerd.listener import Listener
 from convergerd.metrics import FanoutMetrics, Metrics
 from convergerd.mutations import handlers
-from convergerd.probe import Prober
+from convergerd.probe import Answers, Prober
 from convergerd.report import RoundReport, RoundResult, utc_now
 from convergerd.retry import RetryObserver, call_with_retries
 from convergerd.rounds import RoundLoop, StopFence, database_backoff_s
@@ -172,9 +172,11 @@ class Daemon:
                 return EXIT_OK
             stack.push_async_callback(store.close)
 
+            # Every request's answer also tells the prober the cluster was reached.
+            answers = Answers(self.metrics)
             registry = ClusterRegistry(
                 kubeconfig=s.clusters.kubeconfig, access=s.clusters,
-                identity=self.identity, observer=self.metrics,
+                identity=self.identity, observer=answers,
                 on_insecure=self.metrics.set_cluster_insecure,
             )
             stack.push_async_callback(registry.close)
@@ -199,6 +201,7 @@ class Daemon:
                 clusters=self._probe_targets(registry),
                 metrics=self.metrics, state=self.state,
                 period_s=self.probe_period_s, timeout_s=s.clusters.request_timeout_s,
+                answers=answers,
             )
             self.prober = prober
             async with asyncio.TaskGroup() as tg:

@@ -205,7 +205,7 @@ class ClusterStore:
         table = self._table(rt)
         old_frozen = table.get(key)
         if new is None:
-            assert old is not None and old_frozen is not None
+            assert old is not None
             event_type = "DELETED"
             obj = _with_rv(old, self._rv)
             frozen = _freeze(obj)

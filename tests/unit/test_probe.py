@@ -15,7 +15,7 @@ from convergerd.errors import (
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
 from convergerd.metrics import Metrics
 from convergerd.model import ClusterId
-from convergerd.probe import Prober
+from convergerd.probe import Answers, Prober
 from convergerd.state import StatusState
 
 
@@ -84,3 +84,89 @@ async def test_prober_forgets_clusters_it_no_longer_probes() -> None:
     del apis["b"], apis["c"]
     assert await prober.probe_once() == {"a": True}
     assert len(prober) == 1
+
+
+class CountingApi(FakeApi):
+    def __init__(self, name: str, behaviour: str) -> None:
+        super().__init__(name, behaviour)
+        self.probes = 0
+
+    async def server_version(self, *, timeout_s: float) -> str:
+        self.probes += 1
+        return await super().server_version(timeout_s=timeout_s)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_cluster_that_just_answered_a_round_is_not_probed() -> None:
+    metrics = Metrics(process_collectors=False)
+    state = StatusState(identity="r", interval_s=300)
+    clock = Clock()
+    answers = Answers(metrics, monotonic=clock)
+    apis = {n: CountingApi(n, "ok") for n in ("listed", "refused", "idle", "unanswered")}
+    prober = Prober(clusters=lambda: dict(apis), metrics=metrics, state=state, period_s=10.0,
+                    timeout_s=0.05, answers=answers)
+    answers.request_done("listed", "list", 200, 0.5)
+    answers.request_done("refused", "apply", 403, 0.1)  # any HTTP answer proves it reached
+    answers.request_done("unanswered", "list", None, 5.0)  # no answer proves nothing
+    assert await prober.probe_once() == dict.fromkeys(apis, True)
+    assert {n: a.probes for n, a in apis.items()} == {
+        "listed": 0, "refused": 0, "idle": 1, "unanswered": 1}
+    assert state.clusters[ClusterId("listed")].reachable is True
+    assert 'convergerd_cluster_up{cluster="listed"} 1.0' in metrics.render().decode()
+    # The requests themselves still reach the metrics behind `answers`.
+    assert 'cluster="listed",code="200"' in metrics.render().decode()
+
+
+async def test_an_answer_older_than_the_period_does_not_spare_the_probe() -> None:
+    metrics = Metrics(process_collectors=False)
+    state = StatusState(identity="r", interval_s=300)
+    clock = Clock()
+    answers = Answers(metrics, monotonic=clock)
+    api = CountingApi("c", "ok")
+    prober = Prober(clusters=lambda: {"c": api}, metrics=metrics, state=state, period_s=10.0,
+                    timeout_s=0.05, answers=answers)
+    answers.request_done("c", "list", 200, 1.0)  # started 1 s ago
+    clock.now += 9.5
+    await prober.probe_once()
+    assert api.probes == 1  # 10.5 s since the request started: a probe is due
+    # It stopped answering after the round: the next pass finds out.
+    api.behaviour = "down"
+    clock.now += 10.0
+    assert await prober.probe_once() == {"c": False}
+    assert state.clusters[ClusterId("c")].reachable is False
+
+
+async def test_the_probers_own_answers_do_not_spare_the_next_probe() -> None:
+    metrics = Metrics(process_collectors=False)
+    state = StatusState(identity="r", interval_s=300)
+    clock = Clock()
+    answers = Answers(metrics, monotonic=clock)
+    api = CountingApi("c", "ok")
+    prober = Prober(clusters=lambda: {"c": api}, metrics=metrics, state=state, period_s=10.0,
+                    timeout_s=0.05, answers=answers)
+    for _ in range(3):
+        answers.request_done("c", "version", 200, 0.01)  # as the client reports a probe
+        answers.request_done("c", "watch", 200, 0.01)  # a watch's end is no proof either
+        await prober.probe_once()
+        clock.now += 10.0
+    assert api.probes == 3
+
+
+async def test_answers_forget_clusters_no_longer_probed() -> None:
+    metrics = Metrics(process_collectors=False)
+    state = StatusState(identity="r", interval_s=300)
+    answers = Answers(metrics, monotonic=Clock())
+    apis: dict[str, PolicyApi] = {"a": FakeApi("a", "ok")}
+    prober = Prober(clusters=lambda: apis, metrics=metrics, state=state, timeout_s=0.05,
+                    answers=answers)
+    answers.request_done("a", "list", 200, 0.1)
+    answers.request_done("gone", "list", 200, 0.1)
+    await prober.probe_once()
+    assert len(answers) == 1
