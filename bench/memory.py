@@ -9,9 +9,15 @@ Per point, with the daemon's wiring (`ClusterRegistry` over the simulator's kube
    sessions), note this process's RSS (`VmRSS`, current, not the peak);
 2. `create` round, then RSS and open TCP sockets right after it and again `--settle` seconds later;
 3. the reachability prober (`convergerd.probe.Prober`) over every cluster, `--probe-passes`
-   passes `--probe-period` seconds apart (the daemon's 10 s by default): CPU seconds and TLS
-   handshakes of each pass;
-4. `in-sync` round, then RSS and sockets right after it and `--settle` seconds later.
+   passes `--probe-period` seconds apart (the daemon's 10 s by default): CPU seconds, TLS
+   handshakes, probes sent and probes skipped (the cluster answered a round's request within
+   the period) of each pass;
+4. `in-sync` round, then RSS and sockets right after it and `--settle` seconds later, then
+   one more probe pass (`probe after in-sync`).
+
+Every record also has the simulator's current RSS (`sim_rss_mb`, `VmRSS` of its process).
+`--budget-mb-per-cluster X` exits 1 when this process's RSS growth per cluster, `--settle`
+seconds after the in-sync round, is above X (the memory test runs it so).
 
 TLS handshakes are counted from the shared SSL contexts (`SSLContext.session_stats()`), so they
 are the client's own. One JSON line per measurement on stdout, then a Markdown table.
@@ -38,7 +44,7 @@ import convergerd.kube.client as kube_client
 from convergerd.kube.kubeconfig import load_kubeconfig
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.metrics import Metrics
-from convergerd.probe import Prober
+from convergerd.probe import Answers, Prober
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse bench/rounds.py's pieces.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,6 +67,18 @@ def rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024 / MB
+    return float("nan")
+
+
+def sim_rss_mb(sim: Sim) -> float:
+    """The simulator's current resident set."""
+    try:
+        text = Path(f"/proc/{sim.proc.pid}/status").read_text()
+    except OSError:
+        return float("nan")
+    for line in text.splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) * 1024 / MB, 1)
     return float("nan")
 
 
@@ -118,8 +136,9 @@ async def point(
         ids = [c.id for c in fleet.clusters]
         settings = limits.settings(sim.kubeconfig)
         metrics = Metrics(interval_s=settings.rounds.interval_s, process_collectors=False)
+        answers = Answers(metrics)  # as the daemon wires it: the prober skips answered clusters
         registry = ClusterRegistry(kubeconfig=sim.kubeconfig, access=settings.clusters,
-                                   identity="bench", observer=metrics)
+                                   identity="bench", observer=answers)
         try:
             await warm_up(sim.kubeconfig, ids, limits)
             contexts = _contexts(registry, sim.kubeconfig, ids)
@@ -144,27 +163,36 @@ async def point(
                       "handshakes": handshakes(contexts) - hs,
                       "after": right_after, f"after_{args.settle:g}s": settled,
                       "settled_mb_per_cluster": round((settled["rss_mb"] - base_rss) / n, 3),
+                      "sim_rss_mb": sim_rss_mb(sim),
                       "loadavg_1m": round(os.getloadavg()[0], 2)}, out)
 
             await after_round("create")
 
             prober = Prober(clusters=lambda: {c: registry.get(c) for c in ids},
                             metrics=_Sink(), state=_Sink(), period_s=args.probe_period,
-                            timeout_s=limits.request_timeout_s)
+                            timeout_s=limits.request_timeout_s, answers=answers)
             loop = asyncio.get_running_loop()
-            for i in range(args.probe_passes):
+
+            async def probe_pass(name: object) -> None:
                 started = loop.time()
-                hs, cpu = handshakes(contexts), time.process_time()
+                hs, cpu, skipped = handshakes(contexts), time.process_time(), prober.skipped
                 reached = await prober.probe_once()
                 cpu = time.process_time() - cpu
-                emit({"bench": "probe", **common, "pass": i + 1,
+                emit({"bench": "probe", **common, "pass": name,
                       "wall_s": round(loop.time() - started, 2), "cpu_s": round(cpu, 3),
-                      "reached": sum(reached.values()), "handshakes": handshakes(contexts) - hs,
+                      "reached": sum(reached.values()), "skipped": prober.skipped - skipped,
+                      "handshakes": handshakes(contexts) - hs,
                       "rss_mb": round(rss_mb(), 1), "sockets": open_sockets() - base_sockets,
                       "loadavg_1m": round(os.getloadavg()[0], 2)}, out)
+
+            for i in range(args.probe_passes):
+                started = loop.time()
+                await probe_pass(i + 1)
                 await asyncio.sleep(max(0.0, started + args.probe_period - loop.time()))
 
             await after_round("in-sync")
+            if args.probe_passes:
+                await probe_pass("after in-sync")
         finally:
             await registry.close()
     finally:
@@ -176,22 +204,24 @@ def markdown(results: Sequence[dict[str, Any]], settle: float) -> str:
     rows = [
         f"| bench | clusters | apply conc. | wall s | CPU s | TLS handshakes | RSS MB before | "
         f"RSS MB right after | sockets right after | RSS MB {settle:g} s later | "
-        f"sockets {settle:g} s later |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"sockets {settle:g} s later | sim RSS MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if r["bench"] == "probe":
             rows.append(
-                f"| probe pass {r['pass']} | {r['clusters']:,} | {r['apply_concurrency']} | "
-                f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['handshakes']:,} | "
-                f"{r['base_rss_mb']:,.1f} | {r['rss_mb']:,.1f} | {r['sockets']:,} | | |"
+                f"| probe pass {r['pass']} ({r['skipped']:,} skipped) | {r['clusters']:,} | "
+                f"{r['apply_concurrency']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | "
+                f"{r['handshakes']:,} | {r['base_rss_mb']:,.1f} | {r['rss_mb']:,.1f} | "
+                f"{r['sockets']:,} | | | |"
             )
             continue
         rows.append(
             f"| {r['bench']} | {r['clusters']:,} | {r['apply_concurrency']} | "
             f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['handshakes']:,} | "
             f"{r['base_rss_mb']:,.1f} | {r['after']['rss_mb']:,.1f} | "
-            f"{r['after']['sockets']:,} | {r[key]['rss_mb']:,.1f} | {r[key]['sockets']:,} |"
+            f"{r['after']['sockets']:,} | {r[key]['rss_mb']:,.1f} | {r[key]['sockets']:,} | "
+            f"{r['sim_rss_mb']:,.1f} |"
         )
     return "\n".join(rows)
 
@@ -208,13 +238,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--probe-passes", type=int, default=3)
     parser.add_argument("--probe-period", type=float, default=10.0, metavar="SECONDS",
                         help="seconds between probe passes (the daemon's default: 10)")
+    parser.add_argument("--budget-mb-per-cluster", type=float, default=None, metavar="MB",
+                        help="exit 1 if RSS growth per cluster after the in-sync round is above")
     parser.add_argument("--keepalive-override", action="append", default=[],
                         metavar="NAME=SECONDS",
                         help="set convergerd.kube.client.NAME (experiments only)")
     return parser.parse_args(argv)
 
 
-async def main_async(args: argparse.Namespace) -> None:
+async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     for override in args.keepalive_override:
         name, _, value = override.partition("=")
         if not hasattr(kube_client, name):
@@ -233,10 +265,27 @@ async def main_async(args: argparse.Namespace) -> None:
                 await point(n, p, limits=limits, args=args, workdir=Path(tmp), out=results)
     print()
     print(markdown(results, args.settle), flush=True)
+    return results
+
+
+def over_budget(results: Sequence[dict[str, Any]], budget: float) -> list[str]:
+    """The in-sync measurements whose RSS growth per cluster is above `budget` MB."""
+    return [
+        f"{r['clusters']} x {r['policies']}: {r['settled_mb_per_cluster']} MB per cluster "
+        f"after the in-sync round, budget {budget} MB"
+        for r in results
+        if r["bench"] == "in-sync" and r["settled_mb_per_cluster"] > budget
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    asyncio.run(main_async(parse_args(argv)))
+    args = parse_args(argv)
+    results = asyncio.run(main_async(args))
+    if args.budget_mb_per_cluster is not None:
+        failed = over_budget(results, args.budget_mb_per_cluster)
+        for line in failed:
+            print(f"OVER BUDGET: {line}", file=sys.stderr)
+        return 1 if failed else 0
     return 0
 
 

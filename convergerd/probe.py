@@ -128,18 +128,24 @@ class Prober:
         self._was_up = {c: up for c, up in self._was_up.items() if c in targets}
         if self.answers is not None:
             self.answers.keep(set(targets))
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(cluster: str, api: PolicyApi) -> bool:
+        reached: dict[str, bool] = {}
+        due: list[str] = []
+        for cluster in sorted(targets):
             if self.answers is not None and self.answers.answered_within(cluster, self.period_s):
                 self.skipped += 1
                 self._report(cluster, True, None, None)
-                return True
-            async with gate:
-                return await self._probe(cluster, api)
+                reached[cluster] = True
+            else:
+                due.append(cluster)
+        gate = asyncio.Semaphore(self.concurrency)
 
-        results = await asyncio.gather(*(one(c, a) for c, a in sorted(targets.items())))
-        return dict(zip(sorted(targets), results, strict=True))
+        async def one(cluster: str) -> bool:
+            async with gate:
+                return await self._probe(cluster, targets[cluster])
+
+        results = await asyncio.gather(*(one(c) for c in due))
+        reached.update(zip(due, results, strict=True))
+        return dict(sorted(reached.items()))
 
     def __len__(self) -> int:
         """How many clusters' last state is remembered (the clusters of the last pass)."""
