@@ -114,6 +114,7 @@ class _Event:
     key: Key
     obj: Frozen  # the new state; for DELETED the last state with the deletion's RV
     old: Frozen | None
+    at: float  # monotonic seconds when committed
 
 
 class ClusterStore:
@@ -127,9 +128,16 @@ class ClusterStore:
         page_token_ttl_s: float = 300.0,
         served_minor: Callable[[], int] = lambda: 32,
         watch_buffer_limit: int = 10_000,
+        history_window_s: float = 300.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """History (what watches resume from and old list pages are rebuilt from) keeps at
+        most `history_limit` events, none older than `history_window_s` (etcd compacts every
+        5 minutes: an older resourceVersion gets 410 Expired there too)."""
         self._now = now
         self._history_limit = history_limit
+        self._history_window_s = history_window_s
+        self._monotonic = monotonic
         self._page_token_ttl_s = page_token_ttl_s
         self._served_minor = served_minor
         self._watch_buffer_limit = watch_buffer_limit
@@ -218,10 +226,15 @@ class ClusterStore:
             if old_frozen is None:
                 self._sorted.pop(rt, None)
             table[key] = frozen
-        event = _Event(self._rv, event_type, rt, key, frozen, old_frozen)
-        self._history.append(event)
-        if len(self._history) > self._history_limit:
-            self._history_floor = self._history.popleft().rv
+        at = self._monotonic()
+        event = _Event(self._rv, event_type, rt, key, frozen, old_frozen, at)
+        history = self._history
+        history.append(event)
+        if len(history) > self._history_limit:
+            self._history_floor = history.popleft().rv
+        # Compacted on write: an idle cluster keeps what it has (at most `history_limit`).
+        while history[0].at < at - self._history_window_s:
+            self._history_floor = history.popleft().rv
         for watcher in tuple(self._watchers.get(rt, ())):
             watcher._offer(event)
         return obj

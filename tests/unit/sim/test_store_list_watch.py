@@ -288,3 +288,23 @@ async def test_watch_objects_are_copies(store: ClusterStore) -> None:
     assert event is not None
     event["object"]["spec"]["poison"] = True
     assert "poison" not in store.get(POLICIES, None, "a")["spec"]
+
+
+async def test_history_older_than_the_window_is_compacted() -> None:
+    now = [0.0]
+    store = ClusterStore(history_window_s=300.0, monotonic=lambda: now[0])
+    store.create(POLICIES, None, policy("a"), manager="m")
+    mark = store.resource_version
+    now[0] = 200.0
+    store.create(POLICIES, None, policy("b"), manager="m")
+    assert await drain(store.watch(POLICIES, None, resource_version=str(mark))) == [
+        ("ADDED", "b")]
+    now[0] = 400.0  # "a" and the bootstrap namespaces are now older than 5 minutes
+    store.create(POLICIES, None, policy("c"), manager="m")
+    assert await drain(store.watch(POLICIES, None, resource_version=str(mark))) == [
+        ("ADDED", "b"), ("ADDED", "c")]
+    now[0] = 550.0  # and "b" too
+    store.create(POLICIES, None, policy("d"), manager="m")
+    with pytest.raises(ApiError) as info:
+        store.watch(POLICIES, None, resource_version=str(mark))
+    assert info.value.code == 410
