@@ -12,6 +12,14 @@ fence. One worker reconciles one Policy at a time from a queue of due times:
   found this way: they are read, not watched), and admission objects whose Policy is gone are
   deleted (owner references let a real cluster's garbage collector do it too).
 
+Drift is probed before it is repaired. When a Policy already reported Enforcing at its current
+generation would need a write (its binding deleted or edited by hand), the probe runs first,
+against what is enforced now: a violating pod admitted is `Verified` False `Admitted` (a
+WARNING and `convergerd_operator_probe_admitted`), written with the status. Then the objects
+are re-applied, and a follow-up probe `probe_delay_s` later sets `Verified` True again. So a
+binding removed by hand is always visible in the Policy's status (and to the daemon, which
+reads it back), never silently mended.
+
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
 an upgrade. What to write is decided in `convergerd.operator.reconcile`; this module does the
@@ -51,6 +59,7 @@ from convergerd.operator.reconcile import (
     Condition,
     PolicyObject,
     carried_verified,
+    drifted,
     new_status,
     next_probe_in,
     orphans,
@@ -100,6 +109,14 @@ class Timing:
     recheck_s: float
     probe_interval_s: float
     probe_delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Enforced:
+    phase: str
+    ready: Condition
+    wrote: bool = False
+    before: Condition | None = None  # the probe of drifted objects, before their repair
 
 
 def _utcnow() -> dt.datetime:
@@ -312,8 +329,12 @@ class Operator:
     async def _reconcile(self, policy: PolicyObject) -> bool:
         """Bring one Policy's admission objects and status in line; True when it wrote."""
         boundary = str(policy.spec.get("boundary", ""))
-        phase, ready, wrote = await self._enforce(policy, boundary)
-        if phase == ENFORCING:
+        enforced = await self._enforce(policy, boundary)
+        phase, ready, wrote = enforced.phase, enforced.ready, enforced.wrote
+        if phase == ENFORCING and enforced.before is not None:
+            verified = enforced.before
+            self._probe_soon(policy.name)
+        elif phase == ENFORCING:
             verified = await self._verified(policy, boundary)
         else:
             self._probe_at.pop(policy.name, None)
@@ -334,13 +355,16 @@ class Operator:
                  extra={"policy": policy.name, "phase": phase})
         return True
 
-    async def _enforce(self, policy: PolicyObject, boundary: str) -> tuple[str, Condition, bool]:
-        """The admission objects written; the phase, the Ready condition, and whether it wrote."""
+    async def _enforce(self, policy: PolicyObject, boundary: str) -> _Enforced:
+        """The admission objects written; the phase, the Ready condition, whether it wrote, and
+        what a probe found before a repair of drifted objects."""
         if not self.supported:
-            return UNSUPPORTED, ready_condition(UNSUPPORTED, name="", boundary=boundary), False
+            return _Enforced(UNSUPPORTED, ready_condition(UNSUPPORTED, name="",
+                                                          boundary=boundary))
         if policy.policy_id is None:
-            return ERROR, ready_condition(ERROR, name="", boundary=boundary, reason="InvalidSpec",
-                                          detail="spec.policyId is missing or not a string"), False
+            return _Enforced(ERROR, ready_condition(
+                ERROR, name="", boundary=boundary, reason="InvalidSpec",
+                detail="spec.policyId is missing or not a string"))
         name = admission_name(policy.policy_id)
         try:
             timeout = self._t.request_timeout_s
@@ -348,12 +372,20 @@ class Operator:
             existing_binding = await self._api.get(BINDINGS, name, timeout_s=timeout)
             todo = plan(policy, existing_policy=existing_policy, existing_binding=existing_binding)
         except RenderError as exc:
-            return ERROR, ready_condition(ERROR, name=name, boundary=boundary, detail=str(exc),
-                                          reason=exc.reason), False
+            return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
+                                                    detail=str(exc), reason=exc.reason))
         except ClusterLevelError as exc:
             if exc.status == 404:
                 self._recheck.set()  # the API went away (a downgrade?): ask discovery again
             raise
+        before = None
+        if drifted(policy, todo):
+            # What is enforced now, before the repair: a binding deleted by hand shows as
+            # Verified False Admitted instead of being mended unseen.
+            log.warning("Policy %s: its admission objects %s changed outside the operator: "
+                        "probing what is enforced before re-applying them", policy.name, name,
+                        extra={"policy": policy.name})
+            before = await self.probe(policy, boundary)
         try:
             wrote = await self._apply(todo.apply_policy, todo.apply_binding,
                                       todo.delete_binding, todo.name)
@@ -363,9 +395,10 @@ class Operator:
             self._retry_later(policy.name, f"apply failed: {exc}")
             detail = (f"applying the admission objects {name} failed: {exc}; retried with "
                       "backoff (the previous admission policy, if any, stays in force)")
-            return ERROR, ready_condition(ERROR, name=name, boundary=boundary, detail=detail,
-                                          reason="ApplyFailed"), False
-        return todo.phase, ready_condition(todo.phase, name=name, boundary=boundary), wrote
+            return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
+                                                    detail=detail, reason="ApplyFailed"))
+        return _Enforced(todo.phase, ready_condition(todo.phase, name=name, boundary=boundary),
+                         wrote, before)
 
     async def _apply(self, vap: KubeObject | None, binding: KubeObject | None,
                      delete_binding: bool, name: str) -> bool:
@@ -401,6 +434,14 @@ class Operator:
         self._probe_at[policy.name] = self._clock() + self._t.probe_interval_s
         self._due.at(policy.name, self._probe_at[policy.name])
         return result
+
+    def _probe_soon(self, name: str) -> None:
+        """After a repair of drifted objects: the follow-up probe, `probe_delay_s` from now."""
+        when = self._clock() + self._t.probe_delay_s
+        self._probe_at[name] = when
+        self._due.at(name, when)
+        log.info("Policy %s: admission objects re-applied; probing again in %g s", name,
+                 self._t.probe_delay_s, extra={"policy": name})
 
     async def probe(self, policy: PolicyObject, boundary: str) -> Condition:
         """A dry-run create of a pod violating `policy` in a namespace of its boundary: the

@@ -4,7 +4,8 @@ cluster, the writes to make and the status to report.
 - `PolicyObject.from_object`: a Policy as the cluster sent it, decoded defensively (wrong types
   read as absent).
 - `plan`: the admission policy and binding to apply (only when what exists differs in a field
-  we set), the binding to delete, or the render error.
+  we set), the binding to delete, or the render error; `drifted`: whether those writes repair
+  objects changed by someone else (the probe then runs first).
 - `ready_condition` / `verified_condition` / `new_status`: the status, with Kubernetes'
   condition rule (lastTransitionTime moves only when the condition's status changes), and
   `status_differs` so an unchanged status is never written.
@@ -164,6 +165,16 @@ def plan(policy: PolicyObject, *, existing_policy: Mapping[str, Any] | None,
         return Plan(name, apply_policy, apply_binding, delete_binding=False, phase=ENFORCING)
     return Plan(name, apply_policy, None, delete_binding=existing_binding is not None,
                 phase=INERT)
+
+
+def drifted(policy: PolicyObject, todo: Plan) -> bool:
+    """Were the admission objects of a policy already reported Enforcing at this generation
+    changed since (a binding deleted or edited by hand)? Then what is enforced now is probed
+    before the repair, so the drift is seen in `Verified`, not silently mended."""
+    return (todo.phase == ENFORCING and policy.status.get("phase") == ENFORCING
+            and policy.generation is not None
+            and policy.status.get("observedGeneration") == policy.generation
+            and (todo.apply_policy is not None or todo.apply_binding is not None))
 
 
 def orphans(existing: Iterable[Mapping[str, Any]],

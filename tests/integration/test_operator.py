@@ -340,3 +340,35 @@ async def test_operator_metrics_and_health(fleet: Fleet) -> None:
         assert "convergerd_operator_is_leader 1.0" in text
         assert 'convergerd_operator_policies{phase="Enforcing"} 0.0' in text
         assert "convergerd_operator_vap_supported 1.0" in text
+
+
+async def test_binding_deleted_by_hand_is_seen_by_the_probe_then_repaired(fleet: Fleet) -> None:
+    """The periodic pass probes what is enforced before it repairs drift: a binding deleted by
+    hand shows as Verified False/Admitted, then is re-created, then the follow-up probe says
+    Verified True again."""
+    await put_namespace(fleet, "team-a", "b1")
+    # Every Policy is reconciled every 1.2 s (the probe period); the follow-up probe after a
+    # repair runs 1 s later, so the Admitted status is there to be seen for about a second.
+    settings = operator_settings(fleet, CONVERGERD_OPERATOR_PROBE_MINUTES="0.02",
+                                 CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS="1")
+    async with running(settings) as proc:
+        await put_policy(fleet, "p1")
+
+        async def verified(status: str, reason: str) -> dict[str, Any] | None:
+            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
+            return found if found is not None and (found["status"], found["reason"]) == (
+                status, reason) else None
+
+        await wait_for(lambda: verified("True", "Denied"))
+        resp = await kube_http(fleet, CLUSTER, "DELETE", binding_path("p1"))
+        assert resp.status == 200, resp.body
+
+        found = await wait_for(lambda: verified("False", "Admitted"))
+        assert "ADMITTED" in found["message"]
+        assert proc.metrics.probes["Admitted"] >= 1
+        assert (await phase_is(fleet, "p1", "Enforcing")) is not None
+        # Repaired after the probe saw it, then verified again by the follow-up probe.
+        assert await wait_for(lambda: get(fleet, binding_path("p1"))) is not None
+        again = await wait_for(lambda: verified("True", "Denied"))
+        assert again["lastProbeTime"] >= found["lastProbeTime"]
+        assert not proc.metrics.admitted

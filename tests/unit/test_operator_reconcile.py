@@ -14,6 +14,7 @@ from convergerd.operator.reconcile import (
     PolicyObject,
     carried_verified,
     contains,
+    drifted,
     new_status,
     next_probe_in,
     orphans,
@@ -54,6 +55,24 @@ def test_plan_applies_only_what_differs_and_deletes_the_binding_when_disabled() 
     assert off.delete_binding
     assert off.apply_binding is None
     assert off.phase == INERT
+
+
+def test_drift_is_a_write_to_a_policy_already_enforcing_at_this_generation() -> None:
+    installed = plan(policy(), existing_policy=None, existing_binding=None)
+    vap, binding = installed.apply_policy, installed.apply_binding
+    enforcing = {"phase": ENFORCING, "observedGeneration": 2}
+    # The binding is gone although the status says Enforcing at this generation: drift.
+    assert drifted(policy(status=enforcing), plan(policy(status=enforcing), existing_policy=vap,
+                                                  existing_binding=None))
+    # Nothing to write: no drift.
+    assert not drifted(policy(status=enforcing), plan(
+        policy(status=enforcing), existing_policy=vap, existing_binding=binding))
+    # A new generation, or never Enforcing: the write is the policy's own change.
+    older = {"phase": ENFORCING, "observedGeneration": 1}
+    assert not drifted(policy(status=older), installed)
+    assert not drifted(policy(status={"phase": "Unsupported", "observedGeneration": 2}),
+                       installed)
+    assert not drifted(policy(), installed)
 
 
 def test_plan_raises_the_renderers_error() -> None:
