@@ -45,7 +45,12 @@ from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
 from convergerd.leader import Leadership
 from convergerd.lease import Fence
-from convergerd.operator.admission import RenderError, admission_name, violating_pod
+from convergerd.operator.admission import (
+    ProbeUnsatisfiable,
+    RenderError,
+    admission_name,
+    violating_pod,
+)
 from convergerd.operator.metrics import OperatorMetrics
 from convergerd.operator.reconcile import (
     ADMITTED,
@@ -54,6 +59,7 @@ from convergerd.operator.reconcile import (
     ERROR,
     FIELD_MANAGER,
     MANAGED_SELECTOR,
+    PROBE_INCONCLUSIVE,
     UNKNOWN,
     UNSUPPORTED,
     Condition,
@@ -64,6 +70,7 @@ from convergerd.operator.reconcile import (
     next_probe_in,
     orphans,
     plan,
+    probe_inconclusive,
     probe_outcome,
     ready_condition,
     status_differs,
@@ -163,6 +170,7 @@ class Operator:
         leadership: Leadership,
         metrics: OperatorMetrics,
         timing: Timing,
+        cluster: str,
         clock: Callable[[], float] | None = None,
         wall: Callable[[], dt.datetime] = _utcnow,
         rng: random.Random | None = None,
@@ -171,6 +179,7 @@ class Operator:
         self._leadership = leadership
         self._metrics = metrics
         self._t = timing
+        self.cluster = cluster  # named in every log line: one process may run many operators
         self._clock = clock or asyncio.get_running_loop().time
         self._wall = wall
         self._rng = rng or random.Random()
@@ -185,6 +194,9 @@ class Operator:
         self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
+
+    def _extra(self, **fields: str) -> dict[str, str]:
+        return {"cluster": self.cluster, **fields}
 
     @property
     def ready(self) -> bool:
@@ -221,14 +233,16 @@ class Operator:
                 served = await self._api.served_resources(
                     VAPS.group, VAPS.version, timeout_s=self._t.request_timeout_s)
             except ClusterError as exc:
-                log.warning("discovery of %s failed: %s; asking again in %g s", VAPS.group,
-                            exc, DISCOVERY_RETRY_S)
+                log.warning("cluster %s: discovery of %s failed: %s; asking again in %g s",
+                            self.cluster, VAPS.group, exc, DISCOVERY_RETRY_S,
+                            extra=self._extra())
                 wait = min(wait, DISCOVERY_RETRY_S)
             else:
                 supported = served is not None and {VAPS.plural, BINDINGS.plural} <= served
                 if supported != self.supported:
-                    log.info("this cluster %s ValidatingAdmissionPolicy",
-                             "serves" if supported else "does NOT serve")
+                    log.info("cluster %s: this cluster %s ValidatingAdmissionPolicy",
+                             self.cluster, "serves" if supported else "does NOT serve",
+                             extra=self._extra())
                     self.supported = supported
                     self._metrics.supported = supported
                     self._discovered.set()
@@ -257,7 +271,8 @@ class Operator:
                 if not isinstance(exc, Fenced):
                     raise exc  # type: ignore[misc]
             self._fence = None
-            log.info("not leading: reconciling stops until this replica leads again")
+            log.info("cluster %s: not leading: reconciling stops until this replica leads "
+                     "again", self.cluster, extra=self._extra())
 
     async def _work(self) -> None:
         await self.informer.synced.wait()
@@ -323,7 +338,8 @@ class Operator:
         failures = self._failures[name] = self._failures.get(name, 0) + 1
         wait = backoff_s(failures, base=RETRY_BASE_S, cap=RETRY_CAP_S, rng=self._rng)
         wait = max(wait, RETRY_BASE_S / 2)
-        log.warning("Policy %s: %s; again in %.1f s", name, why, wait, extra={"policy": name})
+        log.warning("cluster %s: Policy %s: %s; again in %.1f s", self.cluster, name, why, wait,
+                    extra=self._extra(policy=name))
         self._due.at(name, self._clock() + wait)
 
     async def _reconcile(self, policy: PolicyObject) -> bool:
@@ -351,8 +367,8 @@ class Operator:
                                                     timeout_s=t, subresource="status"),
                           "status")
         self._metrics.wrote("status")
-        log.info("Policy %s: %s (%s)", policy.name, phase, ready.reason,
-                 extra={"policy": policy.name, "phase": phase})
+        log.info("cluster %s: Policy %s: %s (%s)", self.cluster, policy.name, phase,
+                 ready.reason, extra=self._extra(policy=policy.name, phase=phase))
         return True
 
     async def _enforce(self, policy: PolicyObject, boundary: str) -> _Enforced:
@@ -382,9 +398,9 @@ class Operator:
         if drifted(policy, todo):
             # What is enforced now, before the repair: a binding deleted by hand shows as
             # Verified False Admitted instead of being mended unseen.
-            log.warning("Policy %s: its admission objects %s changed outside the operator: "
-                        "probing what is enforced before re-applying them", policy.name, name,
-                        extra={"policy": policy.name})
+            log.warning("cluster %s: Policy %s: its admission objects %s changed outside the "
+                        "operator: probing what is enforced before re-applying them",
+                        self.cluster, policy.name, name, extra=self._extra(policy=policy.name))
             before = await self.probe(policy, boundary)
         try:
             wrote = await self._apply(todo.apply_policy, todo.apply_binding,
@@ -422,7 +438,8 @@ class Operator:
         now = self._clock()
         carried = carried_verified(policy, ENFORCING, self._t.probe_delay_s)
         due = self._probe_at.get(policy.name)
-        if due is None or (carried.status == UNKNOWN and due > now + self._t.probe_delay_s):
+        pending = carried.status == UNKNOWN and carried.reason != PROBE_INCONCLUSIVE
+        if due is None or (pending and due > now + self._t.probe_delay_s):
             due = now + next_probe_in(policy, now=self._wall(),
                                       interval_s=self._t.probe_interval_s,
                                       first_delay_s=self._t.probe_delay_s)
@@ -440,8 +457,8 @@ class Operator:
         when = self._clock() + self._t.probe_delay_s
         self._probe_at[name] = when
         self._due.at(name, when)
-        log.info("Policy %s: admission objects re-applied; probing again in %g s", name,
-                 self._t.probe_delay_s, extra={"policy": name})
+        log.info("cluster %s: Policy %s: admission objects re-applied; probing again in %g s",
+                 self.cluster, name, self._t.probe_delay_s, extra=self._extra(policy=name))
 
     async def probe(self, policy: PolicyObject, boundary: str) -> Condition:
         """A dry-run create of a pod violating `policy` in a namespace of its boundary: the
@@ -453,26 +470,52 @@ class Operator:
             limit=1)
         namespace = _first_name(namespaces.items)
         admitted, status, message = False, None, ""
+        result: Condition | None = None
         if namespace is not None:
-            pod = violating_pod(policy.spec, namespace=namespace, name=f"{name}-probe")
             try:
-                await self._api.dry_run_create(PODS, pod, namespace=namespace, timeout_s=timeout)
-                admitted = True
-            except ClusterApiError as exc:
-                status, message = exc.status, str(exc)
-            except ClusterError as exc:
-                message = f"{exc.reason}: {exc}"
-        result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
-                               admitted=admitted, status=status, message=message,
-                               now=self._wall())
+                pod = violating_pod(policy.spec, namespace=namespace, name=f"{name}-probe",
+                                    others=self._others(policy, boundary))
+            except ProbeUnsatisfiable as exc:
+                result = probe_inconclusive(name=name, namespace=namespace, why=str(exc),
+                                            now=self._wall())
+            else:
+                try:
+                    await self._api.dry_run_create(PODS, pod, namespace=namespace,
+                                                   timeout_s=timeout)
+                    admitted = True
+                except ClusterApiError as exc:
+                    status, message = exc.status, str(exc)
+                except ClusterError as exc:
+                    message = f"{exc.reason}: {exc}"
+        if result is None:
+            result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
+                                   admitted=admitted, status=status, message=message,
+                                   now=self._wall())
         self._metrics.probed(policy.name, result.reason)
         if result.reason == ADMITTED:
-            log.warning("ENFORCEMENT NOT WORKING: Policy %s: %s", policy.name, result.message,
-                        extra={"policy": policy.name, "probe": result.reason})
+            log.warning("ENFORCEMENT NOT WORKING: cluster %s: Policy %s: %s", self.cluster,
+                        policy.name, result.message,
+                        extra=self._extra(policy=policy.name, probe=result.reason))
+        elif result.reason == PROBE_INCONCLUSIVE:
+            log.info("cluster %s: Policy %s: enforcement probe: %s", self.cluster, policy.name,
+                     result.message, extra=self._extra(policy=policy.name, probe=result.reason))
         elif result.status != "True":
-            log.warning("Policy %s: enforcement probe: %s", policy.name, result.message,
-                        extra={"policy": policy.name, "probe": result.reason})
+            log.warning("cluster %s: Policy %s: enforcement probe: %s", self.cluster,
+                        policy.name, result.message,
+                        extra=self._extra(policy=policy.name, probe=result.reason))
         return result
+
+    def _others(self, policy: PolicyObject, boundary: str) -> list[Mapping[str, Any]]:
+        """The specs of the other enabled Policies of `boundary` in the cache: what the probe
+        pod must satisfy so that only `policy` can deny it."""
+        found = []
+        for name, obj in self.informer.objects.items():
+            if name == policy.name:
+                continue
+            other = PolicyObject.from_object(obj)
+            if other.enabled and other.spec.get("boundary") == boundary:
+                found.append(other.spec)
+        return found
 
     # -- objects left behind ---------------------------------------------------------------
 
@@ -490,10 +533,12 @@ class Operator:
                 for name in orphans(listed.items, policies):
                     if await self._write(functools.partial(self._delete, resource, name), name):
                         self._metrics.wrote("delete")
-                        log.info("deleted %s %s: its Policy is gone", resource, name,
-                                 extra={"object": name})
+                        log.info("cluster %s: deleted %s %s: its Policy is gone",
+                                 self.cluster, resource, name,
+                                 extra=self._extra(object=name))
         except ClusterError as exc:
-            log.warning("cleaning up admission objects of deleted Policies failed: %s", exc)
+            log.warning("cluster %s: cleaning up admission objects of deleted Policies failed: "
+                        "%s", self.cluster, exc, extra=self._extra())
             self._sweep_at = self._clock() + RETRY_BASE_S * 5
 
 

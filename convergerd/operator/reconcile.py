@@ -9,7 +9,8 @@ cluster, the writes to make and the status to report.
 - `ready_condition` / `verified_condition` / `new_status`: the status, with Kubernetes'
   condition rule (lastTransitionTime moves only when the condition's status changes), and
   `status_differs` so an unchanged status is never written.
-- `probe_outcome`: what a dry-run create of a violating pod proved.
+- `probe_outcome`: what a dry-run create of a violating pod proved; `probe_inconclusive`: no
+  pod violates only this policy (other policies of the boundary require what it forbids).
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def carried_verified(policy: PolicyObject, phase: str, delay_s: float) -> Condit
     Enforcing at the generation that was probed; Pending (a probe soon) otherwise."""
     existing = policy.condition(VERIFIED)
     if (phase == ENFORCING and policy.status.get("phase") == ENFORCING and existing is not None
-            and existing.get("status") in (TRUE, FALSE)
+            and (existing.get("status") in (TRUE, FALSE) or _inconclusive(existing))
             and existing.get("reason") != "NotEnforcing"
             and existing.get("observedGeneration") == policy.generation):
         return Condition(VERIFIED, str(existing["status"]), str(existing.get("reason", "")),
@@ -292,6 +293,21 @@ def status_differs(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED = "Denied", "Admitted", "NoBoundaryNamespace", \
     "ProbeFailed"
+PROBE_INCONCLUSIVE = "ProbeInconclusive"
+
+
+def _inconclusive(condition: Mapping[str, Any]) -> bool:
+    """A probe that could not be made (Unknown, ProbeInconclusive) is a probe's result too:
+    carried and repeated at the probe interval, not Pending."""
+    return condition.get("status") == UNKNOWN and condition.get("reason") == PROBE_INCONCLUSIVE
+
+
+def probe_inconclusive(*, name: str, namespace: str, why: str, now: dt.datetime) -> Condition:
+    """Verified Unknown: no pod violates only this policy in its boundary (`why` names the
+    policies that would deny it first), so no probe can prove or disprove enforcement."""
+    return Condition(VERIFIED, UNKNOWN, PROBE_INCONCLUSIVE,
+                     f"not probed in namespace {namespace}: {why}; {name} is installed but its "
+                     "enforcement cannot be shown apart from theirs", timestamp(now))
 
 
 def denied_by(message: str, name: str) -> bool:
@@ -337,6 +353,7 @@ def next_probe_in(policy: PolicyObject, *, now: dt.datetime, interval_s: float,
     never probed."""
     verified = policy.condition(VERIFIED)
     last = parse_timestamp(verified.get("lastProbeTime")) if verified is not None else None
-    if last is None or (verified is not None and verified.get("status") == UNKNOWN):
+    if last is None or (verified is not None and verified.get("status") == UNKNOWN
+                        and not _inconclusive(verified)):
         return first_delay_s
     return max(0.0, (last - now).total_seconds() + interval_s)
