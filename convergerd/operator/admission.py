@@ -366,7 +366,7 @@ def _probe_labels(parsed: _Parsed, others: list[_Parsed]) -> dict[str, str]:
         raise ProbeUnsatisfiable(
             f"every label {parsed.policy_id} requires is required by {_ids(conflicting)} in "
             f"boundary {parsed.boundary} too: a pod without one is denied by those first")
-    return {k: v for k, v in labels.items() if k not in own}
+    return {k: v for k, v in labels.items() if k not in own - required}
 
 
 def _probe_image(parsed: _Parsed, others: list[_Parsed], tag: str) -> str:

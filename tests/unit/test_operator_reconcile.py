@@ -19,6 +19,7 @@ from convergerd.operator.reconcile import (
     next_probe_in,
     orphans,
     plan,
+    probe_inconclusive,
     probe_outcome,
     ready_condition,
     status_differs,
@@ -141,6 +142,24 @@ def test_next_probe_counts_from_the_recorded_probe_and_a_new_generation_resets()
     changed = policy(status=status, generation=3)
     assert carried_verified(changed, ENFORCING, 5).status == "Unknown"
     assert next_probe_in(policy(), now=T1, interval_s=600, first_delay_s=5) == 5
+
+
+def test_an_inconclusive_probe_is_unknown_carried_and_repeated_at_the_interval() -> None:
+    """Not Pending: the policy is not probed again every few seconds, and the status does not
+    flap between Pending and ProbeInconclusive."""
+    ready = ready_condition(ENFORCING, name="stackship-p1", boundary="b1")
+    why = "every label p1 requires is required by p2 in boundary b1 too"
+    found = probe_inconclusive(name="stackship-p1", namespace="ns", why=why, now=T0)
+    assert (found.status, found.reason) == ("Unknown", "ProbeInconclusive")
+    assert "p2" in found.message
+    assert found.last_probe_time == timestamp(T0)
+    recorded = policy(status=new_status(policy(), ENFORCING, [ready, found], T0))
+    carried = carried_verified(recorded, ENFORCING, 5)
+    assert (carried.status, carried.reason) == ("Unknown", "ProbeInconclusive")
+    assert next_probe_in(recorded, now=T1, interval_s=600, first_delay_s=5) == 420
+    pending = policy(status=new_status(policy(), ENFORCING, [
+        ready, carried_verified(policy(), ENFORCING, 5)], T0))
+    assert next_probe_in(pending, now=T1, interval_s=600, first_delay_s=5) == 5
 
 
 def test_orphans_are_ours_without_a_policy() -> None:
