@@ -12,6 +12,9 @@ What the rules mean:
   `registry.example.com`.
 - ForbidLatestTag: no image has the tag `latest`, written (`app:latest`, also with a digest)
   or implied (neither tag nor digest: `app`, `host:5000/app`).
+
+`violating_pod` builds the enforcement probe's pod: one that this policy denies and every other
+enabled policy of its boundary admits (or `ProbeUnsatisfiable` when none exists).
 """
 
 from __future__ import annotations

@@ -20,6 +20,17 @@ are re-applied, and a follow-up probe `probe_delay_s` later sets `Verified` True
 binding removed by hand is always visible in the Policy's status (and to the daemon, which
 reads it back), never silently mended.
 
+The probe is a dry-run create of `admission.violating_pod` in a namespace of the Policy's
+boundary, built against the other enabled Policies of that boundary in the watch cache, so
+that only this Policy can deny it (another policy denying first proves nothing, and left this one
+`ProbeFailed`). When no pod violates this Policy alone
+(`ProbeUnsatisfiable`: the others require what it forbids), nothing is sent: `Verified` is
+Unknown `ProbeInconclusive`, naming the conflicting policies; a change to the spec of a Policy
+of that boundary makes it due for a probe again `probe_delay_s` later.
+
+Every log line names the cluster (in the message and `extra={"cluster": ...}`): one process
+may run many operators (the demo runs one per simulated cluster).
+
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
 an upgrade. What to write is decided in `convergerd.operator.reconcile`; this module does the
@@ -62,6 +73,7 @@ from convergerd.operator.reconcile import (
     PROBE_INCONCLUSIVE,
     UNKNOWN,
     UNSUPPORTED,
+    VERIFIED,
     Condition,
     PolicyObject,
     carried_verified,
@@ -188,6 +200,7 @@ class Operator:
         self._discovered = asyncio.Event()  # discovery has answered once
         self._due = _Due()
         self._probe_at: dict[str, float] = {}
+        self._specs: dict[str, Mapping[str, Any]] = {}  # last seen, to tell spec changes apart
         self._failures: dict[str, int] = {}
         self._sweep_at = math.inf
         self._fence: Fence | None = None
@@ -216,6 +229,29 @@ class Operator:
         if obj is None:
             self._sweep_at = self._clock()
             self._due.wake.set()
+        old = self._specs.pop(name, None)
+        new = PolicyObject.from_object(obj).spec if obj is not None else None
+        if new is not None:
+            self._specs[name] = new
+        if old != new:
+            boundaries = {str(s.get("boundary", "")) for s in (old, new) if s is not None}
+            self._reprobe_inconclusive(name, boundaries)
+
+    def _reprobe_inconclusive(self, changed: str, boundaries: set[str]) -> None:
+        """A Policy of these boundaries changed its spec (or came or went): the others whose
+        probe was inconclusive may have a violating pod now, so probe them again soon (not
+        only on status writes, which would make two inconclusive Policies re-probe each other
+        forever)."""
+        when = self._clock() + self._t.probe_delay_s
+        for name, obj in self.informer.objects.items():
+            if name == changed:
+                continue
+            other = PolicyObject.from_object(obj)
+            verified = other.condition(VERIFIED)
+            if (verified is not None and verified.get("reason") == PROBE_INCONCLUSIVE
+                    and str(other.spec.get("boundary", "")) in boundaries):
+                self._probe_at[name] = min(self._probe_at.get(name, math.inf), when)
+                self._due.at(name, when)
 
     def _all_due(self) -> None:
         now = self._clock()
