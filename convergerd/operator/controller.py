@@ -21,12 +21,12 @@ binding removed by hand is always visible in the Policy's status (and to the dae
 reads it back), never silently mended.
 
 The probe is a dry-run create of `admission.violating_pod` in a namespace of the Policy's
-boundary, built against the other enabled Policies of that boundary in the watch cache, so
-that only this Policy can deny it (another policy denying first proves nothing, and left this one
-`ProbeFailed`). When no pod violates this Policy alone
-(`ProbeUnsatisfiable`: the others require what it forbids), nothing is sent: `Verified` is
-Unknown `ProbeInconclusive`, naming the conflicting policies; a change to the spec of a Policy
-of that boundary makes it due for a probe again `probe_delay_s` later.
+boundary, built against the other enabled Policies of that boundary in the watch cache, so that
+only this Policy can deny it (another policy denying first proves nothing, and left this one
+`ProbeFailed`). When no pod violates this Policy alone (`ProbeUnsatisfiable`: the others
+require what it forbids), nothing is sent: `Verified` is Unknown `ProbeInconclusive`, naming
+the conflicting policies; a change to the spec of a Policy of that boundary makes it due for a
+probe again `probe_delay_s` later.
 
 Every log line names the cluster (in the message and `extra={"cluster": ...}`): one process
 may run many operators (the demo runs one per simulated cluster).
@@ -200,7 +200,10 @@ class Operator:
         self._discovered = asyncio.Event()  # discovery has answered once
         self._due = _Due()
         self._probe_at: dict[str, float] = {}
-        self._specs: dict[str, Mapping[str, Any]] = {}  # last seen, to tell spec changes apart
+        # From the watch: every Policy's spec (the probe's `others`; spec changes told apart
+        # from status writes), and the boundary of those whose last probe was inconclusive.
+        self._specs: dict[str, Mapping[str, Any]] = {}
+        self._inconclusive: dict[str, str] = {}
         self._failures: dict[str, int] = {}
         self._sweep_at = math.inf
         self._fence: Fence | None = None
@@ -230,26 +233,26 @@ class Operator:
             self._sweep_at = self._clock()
             self._due.wake.set()
         old = self._specs.pop(name, None)
-        new = PolicyObject.from_object(obj).spec if obj is not None else None
-        if new is not None:
-            self._specs[name] = new
+        self._inconclusive.pop(name, None)
+        new = None
+        if obj is not None:
+            policy = PolicyObject.from_object(obj)
+            new = self._specs[name] = policy.spec
+            verified = policy.condition(VERIFIED)
+            if verified is not None and verified.get("reason") == PROBE_INCONCLUSIVE:
+                self._inconclusive[name] = str(new.get("boundary", ""))
         if old != new:
             boundaries = {str(s.get("boundary", "")) for s in (old, new) if s is not None}
             self._reprobe_inconclusive(name, boundaries)
 
     def _reprobe_inconclusive(self, changed: str, boundaries: set[str]) -> None:
         """A Policy of these boundaries changed its spec (or came or went): the others whose
-        probe was inconclusive may have a violating pod now, so probe them again soon (not
-        only on status writes, which would make two inconclusive Policies re-probe each other
-        forever)."""
+        probe was inconclusive may have a violating pod now, so probe them again soon. Only
+        on spec changes: on status writes two inconclusive Policies would re-probe each other
+        forever."""
         when = self._clock() + self._t.probe_delay_s
-        for name, obj in self.informer.objects.items():
-            if name == changed:
-                continue
-            other = PolicyObject.from_object(obj)
-            verified = other.condition(VERIFIED)
-            if (verified is not None and verified.get("reason") == PROBE_INCONCLUSIVE
-                    and str(other.spec.get("boundary", "")) in boundaries):
+        for name, boundary in self._inconclusive.items():
+            if name != changed and boundary in boundaries:
                 self._probe_at[name] = min(self._probe_at.get(name, math.inf), when)
                 self._due.at(name, when)
 
@@ -544,14 +547,9 @@ class Operator:
     def _others(self, policy: PolicyObject, boundary: str) -> list[Mapping[str, Any]]:
         """The specs of the other enabled Policies of `boundary` in the cache: what the probe
         pod must satisfy so that only `policy` can deny it."""
-        found = []
-        for name, obj in self.informer.objects.items():
-            if name == policy.name:
-                continue
-            other = PolicyObject.from_object(obj)
-            if other.enabled and other.spec.get("boundary") == boundary:
-                found.append(other.spec)
-        return found
+        return [spec for name, spec in self._specs.items()
+                if name != policy.name and spec.get("enabled") is not False
+                and spec.get("boundary") == boundary]
 
     # -- objects left behind ---------------------------------------------------------------
 

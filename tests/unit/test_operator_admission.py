@@ -353,3 +353,15 @@ def test_the_probe_pod_is_denied_by_its_policy_and_admitted_by_the_others_or_uns
     assert _denied_by(own, pod), (own, pod)
     for other in rest:
         assert not _denied_by(other, pod), (other, pod)
+
+
+@given(st.lists(_SPECS, max_size=4))
+def test_any_other_specs_give_a_probe_pod_or_unsatisfiable(others: list[Any]) -> None:
+    """The others come from the cluster (any Policy object's spec): whatever they hold, the
+    probe gets a pod or ProbeUnsatisfiable, never another error."""
+    own = spec({"type": "RequiredLabels", "labels": ["team"]}, policyId="own")
+    try:
+        pod = violating_pod(own, namespace="team-a-apps", name="probe-1", others=others)
+    except ProbeUnsatisfiable:
+        return
+    assert _denied_by(own, pod)
