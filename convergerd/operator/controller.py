@@ -279,7 +279,7 @@ class Operator:
             else:
                 supported = served is not None and {VAPS.plural, BINDINGS.plural} <= served
                 if supported != self.supported:
-                    log.info("cluster %s: this cluster %s ValidatingAdmissionPolicy",
+                    log.info("cluster %s %s ValidatingAdmissionPolicy",
                              self.cluster, "serves" if supported else "does NOT serve",
                              extra=self._extra())
                     self.supported = supported

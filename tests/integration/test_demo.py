@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -89,3 +90,8 @@ async def test_the_demo_shows_real_phases_and_verified_policies(
         assert set(found["team-a-labels"]) == {"c0001", "c0002", "c0004"}, found
     log = (tmp_path / "demo.log").read_text()
     assert "the demo's operator for cluster" not in log  # none of them failed
+    # Ten operators share the demo's log: each of their lines says which cluster it is about.
+    lines = [line for line in log.splitlines() if "convergerd.operator.controller:" in line]
+    assert lines
+    unnamed = [line for line in lines if not re.search(r"\bcluster c00\d\d\b", line)]
+    assert not unnamed, unnamed[:3]
