@@ -442,6 +442,7 @@ def _phases(
                 ready_message=obj.ready_message,
                 revision=revision,
                 seen_at=seen_at,
+                verified=obj.verified,
             )
         )
     return readings

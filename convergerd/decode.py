@@ -18,6 +18,7 @@ Nothing here raises anything but `BadResponse`.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import re
@@ -254,6 +255,23 @@ def seconds(value: object) -> float | None:
     return number if math.isfinite(number) and number >= 0 else None
 
 
+def rfc3339(value: object) -> dt.datetime | None:
+    """An RFC 3339 time with a zone, in UTC; None for anything else (a string of more than 40
+    characters is not one)."""
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None
+    try:
+        return parsed.astimezone(dt.UTC)
+    except OverflowError:
+        return None
+
+
 def as_int(value: object) -> int | None:
     """An integer that fits PostgreSQL's bigint (booleans are not integers); else None."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -325,6 +343,17 @@ class FieldReader:
         if number is None:
             self._note(field, "an integer", value)
         return number
+
+    def time(self, obj: Mapping[str, Any], key: str, field: str) -> dt.datetime | None:
+        """An RFC 3339 time with a zone (`2025-01-02T03:04:05Z`), in UTC; anything else is
+        absent and noted."""
+        value = obj.get(key)
+        if value is None:
+            return None
+        parsed = rfc3339(value)
+        if parsed is None:
+            self._note(field, "an RFC 3339 time", value)
+        return parsed
 
     def labels(self, obj: Mapping[str, Any], key: str, field: str) -> dict[str, str]:
         """A map of strings to strings; entries of another type are left out (and noted)."""

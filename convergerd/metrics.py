@@ -16,6 +16,11 @@ derived values are true when Prometheus reads them:
 - `convergerd_policy_phase{cluster,phase}`: phases read back in the last listing of that cluster.
   Readings older than two round intervals count under `phase="Stale"` instead of their last
   known phase (see `convergerd.phases`), so `sum by (cluster)` is still the policy count there.
+- `convergerd_policy_verification{cluster,result}`: the operator's enforcement probe as read
+  back in the same listing: `verified` (a violating pod was denied), `admitted` (a violating pod
+  was ADMITTED: the policy is not enforced there; alert `ConvergerdPolicyNotEnforced`),
+  `unverified` (any other False, Unknown, no condition, or stale). Every result of every
+  cluster with readings is present (0 included), and they add up to the policy count there.
 - Counters carry no `_created` samples (they would double the series count for nothing).
 - Counters of every known cluster exist from the start at zero (applies by result, failures
   and retries by the known reasons), so `rate()`/`increase()` see the first failure.
@@ -58,9 +63,14 @@ from convergerd.phases import (
     ALL_PHASES,
     STALE,
     UNSUPPORTED,
+    UNVERIFIED,
+    VERIFICATION_RESULTS,
     counted_phase,
+    is_stale_age,
     normalize_phase,
     phases_refreshed,
+    verification_of,
+    verification_result,
 )
 from convergerd.report import ApplyResult, ClusterOutcome, PhaseReading, RoundReport, RoundResult
 
@@ -114,7 +124,8 @@ class _Cluster:
     out_of_sync: int | None = None
     server_version: str | None = None
     round_duration_s: float | None = None
-    phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, seen at)
+    # (phase, seen at, verification result when fresh)
+    phases: list[tuple[str, float, str]] = field(default_factory=list)
 
 
 class Metrics:
@@ -330,6 +341,17 @@ class Metrics:
         yield from self._cluster_families(self.clock())
         yield from self._fleet_families()
 
+    def _policy_counts(self, c: _Cluster, now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """Policies per phase and per verification result (stale readings: `Stale`,
+        `unverified`)."""
+        counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
+        checked = dict.fromkeys(VERIFICATION_RESULTS, 0)
+        for ph, seen, result in c.phases:
+            counts[counted_phase(ph, now - seen, self.interval_s)] += 1
+            stale = is_stale_age(max(0.0, now - seen), self.interval_s)
+            checked[UNVERIFIED if stale else result] += 1
+        return counts, checked
+
     def _cluster_families(self, now: float) -> Iterator[Metric]:
         clusters = sorted(self._clusters.items())
 
@@ -348,6 +370,10 @@ class Metrics:
         phase = GaugeMetricFamily("convergerd_policy_phase",
                                   "Policies in each phase on the cluster (Stale: not read back for "
                                   "more than two intervals)", labels=["cluster", "phase"])
+        verification = GaugeMetricFamily(
+            "convergerd_policy_verification", "Policies by what the operator's enforcement "
+            "probe last found on the cluster (admitted: a violating pod was admitted, the "
+            "policy is not enforced)", labels=["cluster", "result"])
         info = GaugeMetricFamily("convergerd_cluster_server_info",
                                  "Kubernetes version of the cluster", labels=["cluster", "version"])
         cdur = GaugeMetricFamily("convergerd_cluster_round_duration_seconds",
@@ -367,15 +393,15 @@ class Metrics:
                 info.add_metric([name, c.server_version], 1.0)
             if c.round_duration_s is not None:
                 cdur.add_metric([name], c.round_duration_s)
-            counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
-            for ph, seen in c.phases:
-                counts[counted_phase(ph, now - seen, self.interval_s)] += 1
+            counts, checked = self._policy_counts(c, now)
             for ph, count in counts.items():
                 phase.add_metric([name, ph], float(count))
+            for result, count in checked.items():
+                verification.add_metric([name, result], float(count))
             if counts[UNSUPPORTED]:
                 version = c.server_version or "unknown"
                 unsupported[version] = unsupported.get(version, 0) + 1
-        yield from (lag, last, up, oos, phase, info, cdur)
+        yield from (lag, last, up, oos, phase, verification, info, cdur)
 
         insecure = GaugeMetricFamily("convergerd_cluster_insecure",
                                      "1 if the cluster is reached without TLS verification or "
@@ -439,8 +465,9 @@ class Metrics:
         yield build
 
 
-def _phase_of(reading: PhaseReading) -> tuple[str, float]:
-    return normalize_phase(reading.phase), reading.seen_at.timestamp()
+def _phase_of(reading: PhaseReading) -> tuple[str, float, str]:
+    fresh = verification_result(verification_of(reading, 0.0, 1.0))
+    return normalize_phase(reading.phase), reading.seen_at.timestamp(), fresh
 
 
 def _counter(

@@ -68,6 +68,10 @@ _SCHEMAS: dict[str, Any] = {
             "desired": {"type": "integer"}, "in_sync": {"type": "integer"},
             "failed": {"type": "integer"},
             "phases": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "verification": {
+                "type": "object", "additionalProperties": {"type": "integer"},
+                "description": "policies by the operator's enforcement probe: verified, "
+                               "admitted (NOT enforced), not_verified, unknown"},
             "last_error": _NULLABLE_STRING, "last_reason": _NULLABLE_STRING,
             "server_version": _NULLABLE_STRING,
         },
@@ -102,6 +106,12 @@ _SCHEMAS: dict[str, Any] = {
             "last_result": _NULLABLE_STRING, "last_attempt_at": _NULLABLE_TIME,
             "last_success_at": _NULLABLE_TIME, "last_error": _NULLABLE_STRING,
             "last_reason": _NULLABLE_STRING, "in_sync": {"type": "boolean"},
+            "verified": {
+                "type": "object", "nullable": True,
+                "description": "the Verified condition the operator's enforcement probe wrote",
+                "properties": {"status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                               "reason": _NULLABLE_STRING, "message": _NULLABLE_STRING,
+                               "probed_at": _NULLABLE_TIME, "since": _NULLABLE_TIME}},
         },
     },
     "ClusterView": {

@@ -11,6 +11,13 @@ A Policy's `status.phase`, written by the in-cluster operator, is read back by e
   a cluster's counts still add up to the number of policies read there.
 - A round replaces a cluster's readings when it listed the cluster's Policies
   (`phases_refreshed`); otherwise the old readings stay, and age into staleness.
+
+The operator's enforcement probe writes the `Verified` condition; it is read back with the
+phase and counted per cluster (`verification_of`): `verified` (True: a violating pod was
+denied), `admitted` (False, reason `Admitted`: a violating pod was ADMITTED, the policy is not
+enforced), `not_verified` (any other False: no namespace of the boundary, the probe failed, the
+policy is not Enforcing) and `unknown` (Unknown, no condition, or a stale reading). The metric
+`convergerd_policy_verification{cluster,result}` folds the last two into `unverified`.
 """
 
 from __future__ import annotations
@@ -54,6 +61,41 @@ def is_stale(seen_at: dt.datetime, now: dt.datetime, interval_s: float) -> bool:
 def counted_phase(phase: str | None, age: float, interval_s: float) -> str:
     """Under which phase a reading `age` seconds old is counted: `Stale`, or its own."""
     return STALE if is_stale_age(age, interval_s) else normalize_phase(phase)
+
+
+VERIFIED, ADMITTED, NOT_VERIFIED, UNKNOWN_VERIFICATION = (
+    "verified", "admitted", "not_verified", "unknown")
+VERIFICATIONS = (VERIFIED, ADMITTED, NOT_VERIFIED, UNKNOWN_VERIFICATION)
+# The metric's results: `not_verified` and `unknown` are one there.
+UNVERIFIED = "unverified"
+VERIFICATION_RESULTS = (VERIFIED, ADMITTED, UNVERIFIED)
+
+
+def verification_of(reading: PhaseReading, age: float, interval_s: float) -> str:
+    """One of `VERIFICATIONS` for a reading `age` seconds old."""
+    found = reading.verified
+    if found is None or is_stale_age(age, interval_s):
+        return UNKNOWN_VERIFICATION
+    if found.status == "True":
+        return VERIFIED
+    if found.status == "False":
+        return ADMITTED if found.reason == "Admitted" else NOT_VERIFIED
+    return UNKNOWN_VERIFICATION
+
+
+def verification_result(verification: str) -> str:
+    """The metric's result (one of `VERIFICATION_RESULTS`) for one of `VERIFICATIONS`."""
+    return verification if verification in (VERIFIED, ADMITTED) else UNVERIFIED
+
+
+def verification_counts(
+    readings: Iterable[PhaseReading], now: dt.datetime, interval_s: float
+) -> dict[str, int]:
+    """How many policies are in each of `VERIFICATIONS` (every key present)."""
+    counts = dict.fromkeys(VERIFICATIONS, 0)
+    for r in readings:
+        counts[verification_of(r, age_s(r.seen_at, now), interval_s)] += 1
+    return counts
 
 
 def phases_refreshed(outcome: ClusterOutcome) -> bool:

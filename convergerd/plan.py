@@ -20,10 +20,12 @@ from convergerd.decode import (
 )
 from convergerd.model import Policy
 from convergerd.render import object_name, render_policy
+from convergerd.report import Verification
 
 # The phase and Ready reason of an object read back with a field of the wrong type.
 UNKNOWN_PHASE = "Unknown"
 MALFORMED_REASON = "Malformed"
+CONDITION_STATUSES = ("True", "False", "Unknown")
 
 
 class Why(StrEnum):
@@ -45,6 +47,7 @@ class Observed:
     ready_status: str | None = None
     ready_reason: str | None = None
     ready_message: str | None = None
+    verified: Verification | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Observed:
@@ -57,12 +60,15 @@ class Observed:
         spec = r.mapping(obj, "spec", "spec")
         conditions = r.sequence(status, "conditions", "status.conditions")
         ready: Mapping[str, Any] = {}
+        verified: Mapping[str, Any] | None = None
         for index, condition in enumerate(conditions):
             if not isinstance(condition, Mapping):
                 r.problems.append(expected(f"status.conditions[{index}]", "an object",
                                            condition))
             elif condition.get("type") == "Ready" and not ready:
                 ready = condition
+            elif condition.get("type") == "Verified" and verified is None:
+                verified = condition
         where = "status.conditions[Ready]"
         observed = cls(
             name=r.text(meta, "name", "metadata.name", MAX_NAME_CHARS) or "",
@@ -77,12 +83,36 @@ class Observed:
             ready_status=r.text(ready, "status", f"{where}.status", MAX_REASON_CHARS),
             ready_reason=r.text(ready, "reason", f"{where}.reason", MAX_REASON_CHARS),
             ready_message=r.message(ready, "message", f"{where}.message"),
+            verified=verification(verified) if verified is not None else None,
         )
         problem = r.problem
         if problem is None:
             return observed
         return dataclasses.replace(observed, phase=UNKNOWN_PHASE, ready_status=None,
-                                   ready_reason=MALFORMED_REASON, ready_message=problem)
+                                   ready_reason=MALFORMED_REASON, ready_message=problem,
+                                   verified=None)
+
+
+def verification(condition: Mapping[str, Any]) -> Verification:
+    """The `Verified` condition, decoded on its own: a field of the wrong type (or a status
+    other than True, False, Unknown) makes it `Unknown` with reason `Malformed` and the field
+    and value as message, and leaves the phase and Ready alone."""
+    r = FieldReader()
+    where = "status.conditions[Verified]"
+    status = r.text(condition, "status", f"{where}.status", MAX_REASON_CHARS)
+    if status not in CONDITION_STATUSES:
+        r.problems.append(expected(f"{where}.status", "True, False or Unknown", status))
+    found = Verification(
+        status=status or UNKNOWN_PHASE,
+        reason=r.text(condition, "reason", f"{where}.reason", MAX_REASON_CHARS),
+        message=r.message(condition, "message", f"{where}.message"),
+        probed_at=r.time(condition, "lastProbeTime", f"{where}.lastProbeTime"),
+        since=r.time(condition, "lastTransitionTime", f"{where}.lastTransitionTime"),
+    )
+    problem = r.problem
+    if problem is None:
+        return found
+    return Verification(UNKNOWN_PHASE, MALFORMED_REASON, problem)
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,17 @@ class Delivery:
 
 
 @dataclass(frozen=True, slots=True)
+class Verification:
+    """The `Verified` condition the operator's enforcement probe writes, as read back."""
+
+    status: str  # True, False or Unknown
+    reason: str | None = None  # Denied, Admitted, NoBoundaryNamespace, ProbeFailed, Pending, ...
+    message: str | None = None
+    probed_at: dt.datetime | None = None  # lastProbeTime
+    since: dt.datetime | None = None  # lastTransitionTime
+
+
+@dataclass(frozen=True, slots=True)
 class PhaseReading:
     """A Policy's status as read back from a cluster, and when (wall clock, UTC)."""
 
@@ -65,6 +76,7 @@ class PhaseReading:
     ready_message: str | None
     revision: int | None
     seen_at: dt.datetime
+    verified: Verification | None = None  # None: the Policy has no Verified condition
 
 
 @dataclass(slots=True)

@@ -65,6 +65,12 @@ class DeliveryRow:
     phase_message: str | None
     phase_revision: int | None
     phase_seen_at: dt.datetime | None
+    # The Verified condition read back with the phase (None: none was read).
+    verified_status: str | None = None
+    verified_reason: str | None = None
+    verified_message: str | None = None
+    verified_probed_at: dt.datetime | None = None
+    verified_since: dt.datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

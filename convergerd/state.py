@@ -30,6 +30,7 @@ from convergerd.phases import (
     phase_counts,
     phases_refreshed,
     stale_after_s,
+    verification_counts,
 )
 from convergerd.report import (
     ApplyResult,
@@ -38,6 +39,7 @@ from convergerd.report import (
     Epoch,
     PhaseReading,
     RoundReport,
+    Verification,
     utc_now,
 )
 from convergerd.rows import ClusterStateRow, DeliveryRow, RoundRow
@@ -84,7 +86,8 @@ def phase_view(
     """A phase as the status API shows it: last known phase, when seen, age, stale flag."""
     if reading is None:
         return {"phase": None, "ready_reason": None, "ready_message": None,
-                "observed_revision": None, "seen_at": None, "age_seconds": None, "stale": None}
+                "observed_revision": None, "seen_at": None, "age_seconds": None, "stale": None,
+                "verified": None}
     return {
         "phase": normalize_phase(reading.phase),
         "ready_reason": reading.ready_reason,
@@ -93,7 +96,17 @@ def phase_view(
         "seen_at": iso(reading.seen_at),
         "age_seconds": round(age_s(reading.seen_at, now), 3),
         "stale": is_stale(reading.seen_at, now, interval_s),
+        "verified": verified_view(reading.verified),
     }
+
+
+def verified_view(found: Verification | None) -> dict[str, Any] | None:
+    """The enforcement probe's verdict as the operator wrote it (None: no Verified condition
+    read back)."""
+    if found is None:
+        return None
+    return {"status": found.status, "reason": found.reason, "message": found.message,
+            "probed_at": iso(found.probed_at), "since": iso(found.since)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,6 +144,7 @@ class PolicyRecord:
                 cluster=ClusterId(row.cluster), policy=PolicyId(row.policy), phase=row.phase,
                 ready_reason=row.phase_reason, ready_message=row.phase_message,
                 revision=row.phase_revision, seen_at=row.phase_seen_at,
+                verified=_verification_of_row(row),
             )
         return cls(
             delivered_revision=row.delivered_revision,
@@ -138,6 +152,13 @@ class PolicyRecord:
             last_attempt_at=row.last_attempt_at, last_success_at=row.last_success_at,
             last_error=row.last_error, last_reason=row.last_reason, phase=phase,
         )
+
+
+def _verification_of_row(row: DeliveryRow) -> Verification | None:
+    if row.verified_status is None:
+        return None
+    return Verification(row.verified_status, row.verified_reason, row.verified_message,
+                        row.verified_probed_at, row.verified_since)
 
 
 def _newer(a: dt.datetime | None, b: dt.datetime | None) -> bool:
@@ -497,6 +518,7 @@ class StatusState:
             "in_sync": state.in_sync,
             "failed": state.failed,
             "phases": phase_counts(state.readings(), now, self.interval_s),
+            "verification": verification_counts(state.readings(), now, self.interval_s),
             "last_error": state.error,
             "last_reason": state.last_reason if state.error == state.last_error else "unreachable",
             "server_version": state.server_version,

@@ -110,6 +110,19 @@ def _phases(counts: Mapping[str, int] | None) -> str:
     return " ".join(f"{phase}={n}" for phase, n in sorted(counts.items()) if n)
 
 
+def _verified(counts: object) -> str:
+    """`verified/policies`, and `ADMITTED=n` when a violating pod was admitted (not enforced)."""
+    if not isinstance(counts, Mapping):
+        return "-"
+    numbers = {k: v for k, v in counts.items() if isinstance(v, int)}
+    total = sum(numbers.values())
+    if not total:
+        return "-"
+    text = f"{numbers.get('verified', 0)}/{total}"
+    admitted = numbers.get("admitted", 0)
+    return f"{text} ADMITTED={admitted}" if admitted else text
+
+
 def _short(text: object, limit: int = _MAX_ERROR) -> str:
     if not text:
         return ""
@@ -189,8 +202,8 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
     if not clusters:
         lines.append("no clusters known")
         return "\n".join(lines) + "\n"
-    rows = [["CLUSTER", "REACHED", "LAG", "DESIRED", "IN-SYNC", "FAILED", "PHASES", "VERSION",
-             "LAST ERROR"]]
+    rows = [["CLUSTER", "REACHED", "LAG", "DESIRED", "IN-SYNC", "FAILED", "PHASES", "VERIFIED",
+             "VERSION", "LAST ERROR"]]
     rows.extend(
         [
             str(c.get("id", "?")),
@@ -200,6 +213,7 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
             str(c.get("in_sync", 0)),
             str(c.get("failed", 0)),
             _phases(c.get("phases")),
+            _verified(c.get("verification")),
             str(c.get("server_version") or "-"),
             _short(c.get("last_error")),
         ]

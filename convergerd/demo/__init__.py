@@ -2,7 +2,11 @@
 
 A simulated fleet of a dozen clusters (one down, one slow, one on Kubernetes 1.29, one
 without the Policy CRD), a database (CONVERGERD_DATABASE_URL, or a private PostgreSQL started
-here), the sample tenants imported, and the daemon converging them with its HTTP server up.
+here), the sample tenants imported, the in-cluster operator of every member cluster
+(`convergerd.demo.operators`: tasks of this process, each leading on its own cluster's Lease)
+with a namespace per tenant boundary to probe in, and the daemon converging them with its HTTP
+server up: `/status` shows the phases the operators report (Enforcing, Inert, Unsupported on
+the 1.29 cluster) and whether their enforcement probes verified the policies.
 
 The demo listens on 127.0.0.1 (unless CONVERGERD_HTTP_ADDR / --http-addr says otherwise) and,
 unless an API token is given, makes a random one and prints it once, with how to use it.
@@ -16,7 +20,7 @@ import importlib.resources
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 from convergerd.config import (
@@ -92,9 +96,14 @@ def _prepare(workdir: Path) -> Path:
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
+    from convergerd.demo.operators import (
+        create_boundary_namespaces,
+        operated,
+        running_operators,
+    )
     from convergerd.runtime import Daemon
     from convergerd.sim.fleet import HOME, Fleet, FleetConfig
-    from convergerd.store.importer import import_file
+    from convergerd.store.importer import import_file, load_file
     from convergerd.store.schema import migrate
 
     workdir = _prepare(args.workdir)
@@ -102,8 +111,12 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     async with Fleet(config, kubeconfig_path=workdir / "kubeconfig") as fleet, \
             _database(settings, workdir) as dsn:
         await migrate(dsn)
-        summary = await import_file(dsn, _tenants_file(args, workdir))
+        tenants = _tenants_file(args, workdir)
+        summary = await import_file(dsn, tenants)
         log.info("imported sample tenants: %s", summary)
+        made = create_boundary_namespaces(fleet, load_file(tenants))
+        log.info("created %d namespaces labelled with the tenants' boundaries", made)
+        operators = operated(fleet.member_ids, DEMO_FAULTS)
         token = settings.api_token or secrets.token_urlsafe(24)
         flags = {
             "database_url": dsn,
@@ -120,14 +133,16 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         daemon_settings = load_settings(env, flags)
         print(  # noqa: T201 - the demo's banner is for the person who started it
             banner(settings, clusters=args.clusters, admin_url=fleet.admin_url,
-                   kubeconfig=fleet.kubeconfig_path, token=token),
+                   kubeconfig=fleet.kubeconfig_path, token=token, operators=operators),
             flush=True,
         )
-        return await Daemon(daemon_settings).main()
+        async with running_operators(operators, kubeconfig=fleet.kubeconfig_path, env=env):
+            return await Daemon(daemon_settings).main()
 
 
 def banner(
-    settings: Settings, *, clusters: int, admin_url: str, kubeconfig: Path, token: str
+    settings: Settings, *, clusters: int, admin_url: str, kubeconfig: Path, token: str,
+    operators: Sequence[str] = (),
 ) -> str:
     """What the person who started the demo reads: where to look, and the API token (shown
     here once when it was made for this run; never when they chose it)."""
@@ -142,6 +157,10 @@ def banner(
         if settings.api_token is None else
         "TOKEN=the API token you set"
     )
+    operated_line = (
+        f"one per member cluster in this process ({len(operators)}: not on a cluster that is "
+        "down or has no Policy CRD), each leading on its own cluster's Lease"
+        if operators else "none")
     return f"""
 convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
   status:        {http}/status      or: convergerd status --addr {http}
@@ -150,6 +169,16 @@ convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
   simulator:     {admin_url}/_sim/clusters   (inject faults: POST .../faults)
   kubectl:       kubectl --kubeconfig {kubeconfig} --context c0001 get policies
   faults:        c0003 down, c0006 slow (1.5 s), c0007 Kubernetes 1.29, c0010 no Policy CRD
+  operators:     {operated_line}
+  look at:       the PHASES and VERIFIED columns of convergerd status: Enforcing, Inert
+                 (team-b-owner is disabled), Unsupported on c0007 (Kubernetes 1.29); VERIFIED
+                 counts the policies whose probe (a dry-run pod violating the policy, in the
+                 namespace named after its boundary) was denied; "verified" per cluster in
+                 {http}/v1/policies/no-latest/status
+  try:           kubectl --kubeconfig {kubeconfig} --context c0001 delete \
+                   validatingadmissionpolicybinding stackship-no-latest
+                 (the operator's next pass, within a minute, probes first: Verified False
+                 Admitted; then it re-creates the binding and verifies it again)
   API token:     {token_line}
                  the save/delete API (POST /v1/policies/ID/apply, DELETE /v1/policies/ID)
                  needs it: curl -X DELETE -H "Authorization: Bearer $TOKEN" {http}/v1/policies/ID

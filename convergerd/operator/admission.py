@@ -12,11 +12,14 @@ What the rules mean:
   `registry.example.com`.
 - ForbidLatestTag: no image has the tag `latest`, written (`app:latest`, also with a digest)
   or implied (neither tag nor digest: `app`, `host:5000/app`).
+
+`violating_pod` builds the enforcement probe's pod: one that this policy denies and every other
+enabled policy of its boundary admits (or `ProbeUnsatisfiable` when none exists).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -305,6 +308,16 @@ def render_admission(spec: Mapping[str, Any]) -> Admission:
 
 # Hosts for the probe's image: reserved (.invalid never resolves), so nothing is ever pulled.
 _PROBE_HOSTS = tuple(f"stackship-probe-{n}.invalid" for n in range(70))
+# The path under an allowed registry prefix, when the other policies of the boundary leave no
+# choice of registry: one of these is not a prefix the policy itself allows (it lists <= 64).
+_PROBE_PATHS = tuple(f"stackship-probe-{n}" for n in range(70))
+_PROBE_LABEL_VALUE = "stackship-probe"
+
+
+class ProbeUnsatisfiable(Exception):
+    """No Pod violates this policy while every other enabled policy of its boundary admits it
+    (they require what it forbids): a probe would be denied by another policy, so it proves
+    nothing. The message names the conflicting policies."""
 
 
 def _unlisted_host(prefixes: tuple[str, ...]) -> str:
@@ -316,20 +329,109 @@ def _unlisted_host(prefixes: tuple[str, ...]) -> str:
     raise RenderError("InvalidRule", "spec.rule.registries: covers every probe registry")
 
 
-def violating_pod(spec: Mapping[str, Any], *, namespace: str, name: str) -> dict[str, Any]:
-    """A valid Pod that this policy must deny: for the enforcement probe's dry-run create in
-    a boundary namespace. It breaks only this policy's rule (its image is pinned and from a
-    reserved `.invalid` host, so nothing could ever be pulled)."""
+def _under(image: str, prefixes: tuple[str, ...] | list[str]) -> bool:
+    """Does AllowedRegistries with `prefixes` admit `image` (it starts with `<prefix>/`)?"""
+    return any(image.startswith(p + "/") for p in prefixes)
+
+
+def _others(parsed: _Parsed, others: Iterable[Mapping[str, Any]]) -> list[_Parsed]:
+    """The other policies that admission enforces in this boundary: enabled, renderable,
+    delivered, same boundary, not this policy. Anything else cannot deny the probe."""
+    found = []
+    for other in others:
+        try:
+            o = _parse(other)
+            _validations(o.rule)
+        except RenderError:
+            continue
+        if (other.get("enabled", True) is not False and o.boundary == parsed.boundary
+                and o.policy_id != parsed.policy_id):
+            found.append(o)
+    return found
+
+
+def _ids(policies: Iterable[_Parsed]) -> str:
+    return ", ".join(sorted({p.policy_id for p in policies}))
+
+
+def _probe_labels(parsed: _Parsed, others: list[_Parsed]) -> dict[str, str]:
+    """Every key the others require, and ours; for RequiredLabels without one of its keys."""
+    required = {k for o in others if o.rule.type == "RequiredLabels"
+                for k in o.rule.params["labels"]}
+    labels = dict.fromkeys(sorted(required), _PROBE_LABEL_VALUE)
+    labels |= {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: parsed.policy_id}
+    if parsed.rule.type != "RequiredLabels":
+        return labels
+    own = set(parsed.rule.params["labels"])
+    if own <= required:
+        conflicting = [o for o in others if o.rule.type == "RequiredLabels"
+                       and own & set(o.rule.params["labels"])]
+        raise ProbeUnsatisfiable(
+            f"every label {parsed.policy_id} requires is required by {_ids(conflicting)} in "
+            f"boundary {parsed.boundary} too: a pod without one is denied by those first")
+    return {k: v for k, v in labels.items() if k not in own - required}
+
+
+def _probe_image(parsed: _Parsed, others: list[_Parsed], tag: str) -> str:
+    """An image every other AllowedRegistries policy admits and, when this policy is one, that
+    it does not: under one of the others' prefixes when they list any."""
+    lists = [tuple(o.rule.params["registries"]) for o in others
+             if o.rule.type == "AllowedRegistries"]
+    own: tuple[str, ...] = ()
+    if parsed.rule.type == "AllowedRegistries":
+        own = tuple(parsed.rule.params["registries"])
+    if not lists:
+        return f"{_unlisted_host(own)}/probe{tag}"
+    # An image admitted by every list starts with `<q>/` for the longest prefix q it matches,
+    # and q is in one of the lists: trying each is complete.
+    candidates = sorted({q for prefixes in lists for q in prefixes
+                         if all(_under(q + "/", p) for p in lists)})
+    for q in candidates:
+        if _under(q + "/", own):
+            continue  # everything under q is allowed by this policy too
+        for path in _PROBE_PATHS:
+            image = f"{q}/{path}/probe{tag}"
+            if not _under(image, own):
+                return image
+    registries = [o for o in others if o.rule.type == "AllowedRegistries"]
+    if not candidates:
+        raise ProbeUnsatisfiable(
+            f"the AllowedRegistries policies {_ids(registries)} of boundary {parsed.boundary} "
+            "allow no registry in common: every pod is denied by one of them first")
+    raise ProbeUnsatisfiable(
+        f"every registry allowed by {_ids(registries)} in boundary {parsed.boundary} is also "
+        f"allowed by {parsed.policy_id}: a pod from any other registry is denied by those "
+        "first")
+
+
+def violating_pod(spec: Mapping[str, Any], *, namespace: str, name: str,
+                  others: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """A valid Pod that this policy must deny and every other enforced policy of its boundary
+    admits: for the enforcement probe's dry-run create in a boundary namespace, so the denial
+    can only be this policy's. `others` are the specs of the other enabled Policies of the
+    boundary (anything else in it, or a spec that cannot be enforced, is ignored).
+
+    The Pod breaks only this policy's rule: it carries every label the others require (leaving
+    out one this policy requires, when it is RequiredLabels), its image is pinned (tag `1`;
+    unpinned when this policy is ForbidLatestTag) and from a reserved `.invalid` host, or,
+    when the others allow only some registries, from a path `stackship-probe-<n>/probe` under
+    one they allow (and this policy does not, when it is AllowedRegistries). The create is a
+    dry run: nothing is stored and no kubelet ever sees the Pod, so no image is ever pulled.
+
+    Raises `ProbeUnsatisfiable` when no such Pod exists (the others require what this policy
+    forbids), `RenderError` for a spec that cannot be enforced."""
     parsed = _parse(spec)
     _validations(parsed.rule)  # control-plane rules have no violating pod either
-    image = f"{_PROBE_HOSTS[0]}/probe:1"
-    labels: dict[str, str] = {MANAGED_BY_LABEL: MANAGED_BY, POLICY_LABEL: parsed.policy_id}
-    if parsed.rule.type == "RequiredLabels":
-        labels = {}
-    elif parsed.rule.type == "AllowedRegistries":
-        image = f"{_unlisted_host(tuple(parsed.rule.params['registries']))}/probe:1"
-    elif parsed.rule.type == "ForbidLatestTag":
-        image = f"{_PROBE_HOSTS[0]}/probe"
+    enforced = _others(parsed, others)
+    if parsed.rule.type == "ForbidLatestTag":
+        same = [o for o in enforced if o.rule.type == "ForbidLatestTag"]
+        if same:
+            raise ProbeUnsatisfiable(
+                f"{_ids(same)} forbid the tag latest in boundary {parsed.boundary} too: a pod "
+                "with it is denied by those first")
+    labels = _probe_labels(parsed, enforced)
+    tag = "" if parsed.rule.type == "ForbidLatestTag" else ":1"
+    image = _probe_image(parsed, enforced, tag)
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if labels:
         metadata["labels"] = labels

@@ -12,6 +12,25 @@ fence. One worker reconciles one Policy at a time from a queue of due times:
   found this way: they are read, not watched), and admission objects whose Policy is gone are
   deleted (owner references let a real cluster's garbage collector do it too).
 
+Drift is probed before it is repaired. When a Policy already reported Enforcing at its current
+generation would need a write (its binding deleted or edited by hand), the probe runs first,
+against what is enforced now: a violating pod admitted is `Verified` False `Admitted` (a
+WARNING and `convergerd_operator_probe_admitted`), written with the status. Then the objects
+are re-applied, and a follow-up probe `probe_delay_s` later sets `Verified` True again. So a
+binding removed by hand is always visible in the Policy's status (and to the daemon, which
+reads it back), never silently mended.
+
+The probe is a dry-run create of `admission.violating_pod` in a namespace of the Policy's
+boundary, built against the other enabled Policies of that boundary in the watch cache, so that
+only this Policy can deny it (another policy denying first proves nothing, and left this one
+`ProbeFailed`). When no pod violates this Policy alone (`ProbeUnsatisfiable`: the others
+require what it forbids), nothing is sent: `Verified` is Unknown `ProbeInconclusive`, naming
+the conflicting policies; a change to the spec of a Policy of that boundary makes it due for a
+probe again `probe_delay_s` later.
+
+Every log line names the cluster (in the message and `extra={"cluster": ...}`): one process
+may run many operators (the demo runs one per simulated cluster).
+
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
 an upgrade. What to write is decided in `convergerd.operator.reconcile`; this module does the
@@ -37,7 +56,12 @@ from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
 from convergerd.leader import Leadership
 from convergerd.lease import Fence
-from convergerd.operator.admission import RenderError, admission_name, violating_pod
+from convergerd.operator.admission import (
+    ProbeUnsatisfiable,
+    RenderError,
+    admission_name,
+    violating_pod,
+)
 from convergerd.operator.metrics import OperatorMetrics
 from convergerd.operator.reconcile import (
     ADMITTED,
@@ -46,15 +70,19 @@ from convergerd.operator.reconcile import (
     ERROR,
     FIELD_MANAGER,
     MANAGED_SELECTOR,
+    PROBE_INCONCLUSIVE,
     UNKNOWN,
     UNSUPPORTED,
+    VERIFIED,
     Condition,
     PolicyObject,
     carried_verified,
+    drifted,
     new_status,
     next_probe_in,
     orphans,
     plan,
+    probe_inconclusive,
     probe_outcome,
     ready_condition,
     status_differs,
@@ -102,6 +130,14 @@ class Timing:
     probe_delay_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Enforced:
+    phase: str
+    ready: Condition
+    wrote: bool = False
+    before: Condition | None = None  # the probe of drifted objects, before their repair
+
+
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -146,6 +182,7 @@ class Operator:
         leadership: Leadership,
         metrics: OperatorMetrics,
         timing: Timing,
+        cluster: str,
         clock: Callable[[], float] | None = None,
         wall: Callable[[], dt.datetime] = _utcnow,
         rng: random.Random | None = None,
@@ -154,6 +191,7 @@ class Operator:
         self._leadership = leadership
         self._metrics = metrics
         self._t = timing
+        self.cluster = cluster  # named in every log line: one process may run many operators
         self._clock = clock or asyncio.get_running_loop().time
         self._wall = wall
         self._rng = rng or random.Random()
@@ -162,12 +200,19 @@ class Operator:
         self._discovered = asyncio.Event()  # discovery has answered once
         self._due = _Due()
         self._probe_at: dict[str, float] = {}
+        # From the watch: every Policy's spec (the probe's `others`; spec changes told apart
+        # from status writes), and the boundary of those whose last probe was inconclusive.
+        self._specs: dict[str, Mapping[str, Any]] = {}
+        self._inconclusive: dict[str, str] = {}
         self._failures: dict[str, int] = {}
         self._sweep_at = math.inf
         self._fence: Fence | None = None
         self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
+
+    def _extra(self, **fields: str) -> dict[str, str]:
+        return {"cluster": self.cluster, **fields}
 
     @property
     def ready(self) -> bool:
@@ -187,6 +232,29 @@ class Operator:
         if obj is None:
             self._sweep_at = self._clock()
             self._due.wake.set()
+        old = self._specs.pop(name, None)
+        self._inconclusive.pop(name, None)
+        new = None
+        if obj is not None:
+            policy = PolicyObject.from_object(obj)
+            new = self._specs[name] = policy.spec
+            verified = policy.condition(VERIFIED)
+            if verified is not None and verified.get("reason") == PROBE_INCONCLUSIVE:
+                self._inconclusive[name] = str(new.get("boundary", ""))
+        if old != new:
+            boundaries = {str(s.get("boundary", "")) for s in (old, new) if s is not None}
+            self._reprobe_inconclusive(name, boundaries)
+
+    def _reprobe_inconclusive(self, changed: str, boundaries: set[str]) -> None:
+        """A Policy of these boundaries changed its spec (or came or went): the others whose
+        probe was inconclusive may have a violating pod now, so probe them again soon. Only
+        on spec changes: on status writes two inconclusive Policies would re-probe each other
+        forever."""
+        when = self._clock() + self._t.probe_delay_s
+        for name, boundary in self._inconclusive.items():
+            if name != changed and boundary in boundaries:
+                self._probe_at[name] = min(self._probe_at.get(name, math.inf), when)
+                self._due.at(name, when)
 
     def _all_due(self) -> None:
         now = self._clock()
@@ -204,14 +272,16 @@ class Operator:
                 served = await self._api.served_resources(
                     VAPS.group, VAPS.version, timeout_s=self._t.request_timeout_s)
             except ClusterError as exc:
-                log.warning("discovery of %s failed: %s; asking again in %g s", VAPS.group,
-                            exc, DISCOVERY_RETRY_S)
+                log.warning("cluster %s: discovery of %s failed: %s; asking again in %g s",
+                            self.cluster, VAPS.group, exc, DISCOVERY_RETRY_S,
+                            extra=self._extra())
                 wait = min(wait, DISCOVERY_RETRY_S)
             else:
                 supported = served is not None and {VAPS.plural, BINDINGS.plural} <= served
                 if supported != self.supported:
-                    log.info("this cluster %s ValidatingAdmissionPolicy",
-                             "serves" if supported else "does NOT serve")
+                    log.info("cluster %s %s ValidatingAdmissionPolicy",
+                             self.cluster, "serves" if supported else "does NOT serve",
+                             extra=self._extra())
                     self.supported = supported
                     self._metrics.supported = supported
                     self._discovered.set()
@@ -240,7 +310,8 @@ class Operator:
                 if not isinstance(exc, Fenced):
                     raise exc  # type: ignore[misc]
             self._fence = None
-            log.info("not leading: reconciling stops until this replica leads again")
+            log.info("cluster %s: not leading: reconciling stops until this replica leads "
+                     "again", self.cluster, extra=self._extra())
 
     async def _work(self) -> None:
         await self.informer.synced.wait()
@@ -306,14 +377,19 @@ class Operator:
         failures = self._failures[name] = self._failures.get(name, 0) + 1
         wait = backoff_s(failures, base=RETRY_BASE_S, cap=RETRY_CAP_S, rng=self._rng)
         wait = max(wait, RETRY_BASE_S / 2)
-        log.warning("Policy %s: %s; again in %.1f s", name, why, wait, extra={"policy": name})
+        log.warning("cluster %s: Policy %s: %s; again in %.1f s", self.cluster, name, why, wait,
+                    extra=self._extra(policy=name))
         self._due.at(name, self._clock() + wait)
 
     async def _reconcile(self, policy: PolicyObject) -> bool:
         """Bring one Policy's admission objects and status in line; True when it wrote."""
         boundary = str(policy.spec.get("boundary", ""))
-        phase, ready, wrote = await self._enforce(policy, boundary)
-        if phase == ENFORCING:
+        enforced = await self._enforce(policy, boundary)
+        phase, ready, wrote = enforced.phase, enforced.ready, enforced.wrote
+        if phase == ENFORCING and enforced.before is not None:
+            verified = enforced.before
+            self._probe_soon(policy.name)
+        elif phase == ENFORCING:
             verified = await self._verified(policy, boundary)
         else:
             self._probe_at.pop(policy.name, None)
@@ -330,17 +406,20 @@ class Operator:
                                                     timeout_s=t, subresource="status"),
                           "status")
         self._metrics.wrote("status")
-        log.info("Policy %s: %s (%s)", policy.name, phase, ready.reason,
-                 extra={"policy": policy.name, "phase": phase})
+        log.info("cluster %s: Policy %s: %s (%s)", self.cluster, policy.name, phase,
+                 ready.reason, extra=self._extra(policy=policy.name, phase=phase))
         return True
 
-    async def _enforce(self, policy: PolicyObject, boundary: str) -> tuple[str, Condition, bool]:
-        """The admission objects written; the phase, the Ready condition, and whether it wrote."""
+    async def _enforce(self, policy: PolicyObject, boundary: str) -> _Enforced:
+        """The admission objects written; the phase, the Ready condition, whether it wrote, and
+        what a probe found before a repair of drifted objects."""
         if not self.supported:
-            return UNSUPPORTED, ready_condition(UNSUPPORTED, name="", boundary=boundary), False
+            return _Enforced(UNSUPPORTED, ready_condition(UNSUPPORTED, name="",
+                                                          boundary=boundary))
         if policy.policy_id is None:
-            return ERROR, ready_condition(ERROR, name="", boundary=boundary, reason="InvalidSpec",
-                                          detail="spec.policyId is missing or not a string"), False
+            return _Enforced(ERROR, ready_condition(
+                ERROR, name="", boundary=boundary, reason="InvalidSpec",
+                detail="spec.policyId is missing or not a string"))
         name = admission_name(policy.policy_id)
         try:
             timeout = self._t.request_timeout_s
@@ -348,12 +427,20 @@ class Operator:
             existing_binding = await self._api.get(BINDINGS, name, timeout_s=timeout)
             todo = plan(policy, existing_policy=existing_policy, existing_binding=existing_binding)
         except RenderError as exc:
-            return ERROR, ready_condition(ERROR, name=name, boundary=boundary, detail=str(exc),
-                                          reason=exc.reason), False
+            return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
+                                                    detail=str(exc), reason=exc.reason))
         except ClusterLevelError as exc:
             if exc.status == 404:
                 self._recheck.set()  # the API went away (a downgrade?): ask discovery again
             raise
+        before = None
+        if drifted(policy, todo):
+            # What is enforced now, before the repair: a binding deleted by hand shows as
+            # Verified False Admitted instead of being mended unseen.
+            log.warning("cluster %s: Policy %s: its admission objects %s changed outside the "
+                        "operator: probing what is enforced before re-applying them",
+                        self.cluster, policy.name, name, extra=self._extra(policy=policy.name))
+            before = await self.probe(policy, boundary)
         try:
             wrote = await self._apply(todo.apply_policy, todo.apply_binding,
                                       todo.delete_binding, todo.name)
@@ -363,9 +450,10 @@ class Operator:
             self._retry_later(policy.name, f"apply failed: {exc}")
             detail = (f"applying the admission objects {name} failed: {exc}; retried with "
                       "backoff (the previous admission policy, if any, stays in force)")
-            return ERROR, ready_condition(ERROR, name=name, boundary=boundary, detail=detail,
-                                          reason="ApplyFailed"), False
-        return todo.phase, ready_condition(todo.phase, name=name, boundary=boundary), wrote
+            return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
+                                                    detail=detail, reason="ApplyFailed"))
+        return _Enforced(todo.phase, ready_condition(todo.phase, name=name, boundary=boundary),
+                         wrote, before)
 
     async def _apply(self, vap: KubeObject | None, binding: KubeObject | None,
                      delete_binding: bool, name: str) -> bool:
@@ -389,7 +477,8 @@ class Operator:
         now = self._clock()
         carried = carried_verified(policy, ENFORCING, self._t.probe_delay_s)
         due = self._probe_at.get(policy.name)
-        if due is None or (carried.status == UNKNOWN and due > now + self._t.probe_delay_s):
+        pending = carried.status == UNKNOWN and carried.reason != PROBE_INCONCLUSIVE
+        if due is None or (pending and due > now + self._t.probe_delay_s):
             due = now + next_probe_in(policy, now=self._wall(),
                                       interval_s=self._t.probe_interval_s,
                                       first_delay_s=self._t.probe_delay_s)
@@ -402,6 +491,14 @@ class Operator:
         self._due.at(policy.name, self._probe_at[policy.name])
         return result
 
+    def _probe_soon(self, name: str) -> None:
+        """After a repair of drifted objects: the follow-up probe, `probe_delay_s` from now."""
+        when = self._clock() + self._t.probe_delay_s
+        self._probe_at[name] = when
+        self._due.at(name, when)
+        log.info("cluster %s: Policy %s: admission objects re-applied; probing again in %g s",
+                 self.cluster, name, self._t.probe_delay_s, extra=self._extra(policy=name))
+
     async def probe(self, policy: PolicyObject, boundary: str) -> Condition:
         """A dry-run create of a pod violating `policy` in a namespace of its boundary: the
         Verified condition from the answer."""
@@ -412,26 +509,47 @@ class Operator:
             limit=1)
         namespace = _first_name(namespaces.items)
         admitted, status, message = False, None, ""
+        result: Condition | None = None
         if namespace is not None:
-            pod = violating_pod(policy.spec, namespace=namespace, name=f"{name}-probe")
             try:
-                await self._api.dry_run_create(PODS, pod, namespace=namespace, timeout_s=timeout)
-                admitted = True
-            except ClusterApiError as exc:
-                status, message = exc.status, str(exc)
-            except ClusterError as exc:
-                message = f"{exc.reason}: {exc}"
-        result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
-                               admitted=admitted, status=status, message=message,
-                               now=self._wall())
+                pod = violating_pod(policy.spec, namespace=namespace, name=f"{name}-probe",
+                                    others=self._others(policy, boundary))
+            except ProbeUnsatisfiable as exc:
+                result = probe_inconclusive(name=name, namespace=namespace, why=str(exc),
+                                            now=self._wall())
+            else:
+                try:
+                    await self._api.dry_run_create(PODS, pod, namespace=namespace,
+                                                   timeout_s=timeout)
+                    admitted = True
+                except ClusterApiError as exc:
+                    status, message = exc.status, str(exc)
+                except ClusterError as exc:
+                    message = f"{exc.reason}: {exc}"
+        if result is None:
+            result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
+                                   admitted=admitted, status=status, message=message,
+                                   now=self._wall())
         self._metrics.probed(policy.name, result.reason)
         if result.reason == ADMITTED:
-            log.warning("ENFORCEMENT NOT WORKING: Policy %s: %s", policy.name, result.message,
-                        extra={"policy": policy.name, "probe": result.reason})
+            log.warning("ENFORCEMENT NOT WORKING: cluster %s: Policy %s: %s", self.cluster,
+                        policy.name, result.message,
+                        extra=self._extra(policy=policy.name, probe=result.reason))
+        elif result.reason == PROBE_INCONCLUSIVE:
+            log.info("cluster %s: Policy %s: enforcement probe: %s", self.cluster, policy.name,
+                     result.message, extra=self._extra(policy=policy.name, probe=result.reason))
         elif result.status != "True":
-            log.warning("Policy %s: enforcement probe: %s", policy.name, result.message,
-                        extra={"policy": policy.name, "probe": result.reason})
+            log.warning("cluster %s: Policy %s: enforcement probe: %s", self.cluster,
+                        policy.name, result.message,
+                        extra=self._extra(policy=policy.name, probe=result.reason))
         return result
+
+    def _others(self, policy: PolicyObject, boundary: str) -> list[Mapping[str, Any]]:
+        """The specs of the other enabled Policies of `boundary` in the cache: what the probe
+        pod must satisfy so that only `policy` can deny it."""
+        return [spec for name, spec in self._specs.items()
+                if name != policy.name and spec.get("enabled") is not False
+                and spec.get("boundary") == boundary]
 
     # -- objects left behind ---------------------------------------------------------------
 
@@ -449,10 +567,12 @@ class Operator:
                 for name in orphans(listed.items, policies):
                     if await self._write(functools.partial(self._delete, resource, name), name):
                         self._metrics.wrote("delete")
-                        log.info("deleted %s %s: its Policy is gone", resource, name,
-                                 extra={"object": name})
+                        log.info("cluster %s: deleted %s %s: its Policy is gone",
+                                 self.cluster, resource, name,
+                                 extra=self._extra(object=name))
         except ClusterError as exc:
-            log.warning("cleaning up admission objects of deleted Policies failed: %s", exc)
+            log.warning("cluster %s: cleaning up admission objects of deleted Policies failed: "
+                        "%s", self.cluster, exc, extra=self._extra())
             self._sweep_at = self._clock() + RETRY_BASE_S * 5
 
 

@@ -101,7 +101,7 @@ class OperatorProcess:
             api = ObjectClient(registry.client(home.cluster))
             elector = self._elector(registry)
             operator = self.operator = Operator(
-                api, leadership=elector, metrics=self.metrics,
+                api, leadership=elector, metrics=self.metrics, cluster=home.cluster,
                 timing=Timing(request_timeout_s=s.clusters.request_timeout_s,
                               recheck_s=s.recheck_s, probe_interval_s=s.probe_interval_s,
                               probe_delay_s=s.probe_delay_s))

@@ -9,7 +9,7 @@ No per-policy label: policies are counted per phase, and the policies a probe fo
 - `convergerd_operator_watch_restarts_total{reason}`: `closed` (the server ended the watch),
   `expired` (410: re-listed), or an error reason;
 - `convergerd_operator_probes_total{result}`: Denied, Admitted, NoBoundaryNamespace,
-  ProbeFailed;
+  ProbeFailed, ProbeInconclusive (no pod violates only this policy: not probed);
 - `convergerd_operator_probe_admitted`: policies whose last probe was ADMITTED;
 - `convergerd_operator_vap_supported`: 1 when the cluster serves ValidatingAdmissionPolicy
   (absent until known);
@@ -34,12 +34,13 @@ from convergerd.operator.reconcile import (
     INERT,
     NO_NAMESPACE,
     PROBE_FAILED,
+    PROBE_INCONCLUSIVE,
     UNSUPPORTED,
 )
 
 PHASES = (ENFORCING, INERT, UNSUPPORTED, ERROR)
 RECONCILE_RESULTS = ("unchanged", "written", "error")
-PROBE_RESULTS = (DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED)
+PROBE_RESULTS = (DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED, PROBE_INCONCLUSIVE)
 WRITE_KINDS = ("policy", "binding", "delete", "status")
 
 

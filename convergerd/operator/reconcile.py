@@ -4,11 +4,13 @@ cluster, the writes to make and the status to report.
 - `PolicyObject.from_object`: a Policy as the cluster sent it, decoded defensively (wrong types
   read as absent).
 - `plan`: the admission policy and binding to apply (only when what exists differs in a field
-  we set), the binding to delete, or the render error.
+  we set), the binding to delete, or the render error; `drifted`: whether those writes repair
+  objects changed by someone else (the probe then runs first).
 - `ready_condition` / `verified_condition` / `new_status`: the status, with Kubernetes'
   condition rule (lastTransitionTime moves only when the condition's status changes), and
   `status_differs` so an unchanged status is never written.
-- `probe_outcome`: what a dry-run create of a violating pod proved.
+- `probe_outcome`: what a dry-run create of a violating pod proved; `probe_inconclusive`: no
+  pod violates only this policy (other policies of the boundary require what it forbids).
 """
 
 from __future__ import annotations
@@ -166,6 +168,16 @@ def plan(policy: PolicyObject, *, existing_policy: Mapping[str, Any] | None,
                 phase=INERT)
 
 
+def drifted(policy: PolicyObject, todo: Plan) -> bool:
+    """Were the admission objects of a policy already reported Enforcing at this generation
+    changed since (a binding deleted or edited by hand)? Then what is enforced now is probed
+    before the repair, so the drift is seen in `Verified`, not silently mended."""
+    return (todo.phase == ENFORCING and policy.status.get("phase") == ENFORCING
+            and policy.generation is not None
+            and policy.status.get("observedGeneration") == policy.generation
+            and (todo.apply_policy is not None or todo.apply_binding is not None))
+
+
 def orphans(existing: Iterable[Mapping[str, Any]],
             policies: Iterable[PolicyObject]) -> list[str]:
     """Names of our admission objects (prefix and label) whose Policy is gone: on a server
@@ -230,7 +242,7 @@ def carried_verified(policy: PolicyObject, phase: str, delay_s: float) -> Condit
     Enforcing at the generation that was probed; Pending (a probe soon) otherwise."""
     existing = policy.condition(VERIFIED)
     if (phase == ENFORCING and policy.status.get("phase") == ENFORCING and existing is not None
-            and existing.get("status") in (TRUE, FALSE)
+            and (existing.get("status") in (TRUE, FALSE) or _inconclusive(existing))
             and existing.get("reason") != "NotEnforcing"
             and existing.get("observedGeneration") == policy.generation):
         return Condition(VERIFIED, str(existing["status"]), str(existing.get("reason", "")),
@@ -281,6 +293,21 @@ def status_differs(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED = "Denied", "Admitted", "NoBoundaryNamespace", \
     "ProbeFailed"
+PROBE_INCONCLUSIVE = "ProbeInconclusive"
+
+
+def _inconclusive(condition: Mapping[str, Any]) -> bool:
+    """A probe that could not be made (Unknown, ProbeInconclusive) is a probe's result too:
+    carried and repeated at the probe interval, not Pending."""
+    return condition.get("status") == UNKNOWN and condition.get("reason") == PROBE_INCONCLUSIVE
+
+
+def probe_inconclusive(*, name: str, namespace: str, why: str, now: dt.datetime) -> Condition:
+    """Verified Unknown: no pod violates only this policy in its boundary (`why` names the
+    policies that would deny it first), so no probe can prove or disprove enforcement."""
+    return Condition(VERIFIED, UNKNOWN, PROBE_INCONCLUSIVE,
+                     f"not probed in namespace {namespace}: {why}; {name} is installed but its "
+                     "enforcement cannot be shown apart from theirs", timestamp(now))
 
 
 def denied_by(message: str, name: str) -> bool:
@@ -326,6 +353,7 @@ def next_probe_in(policy: PolicyObject, *, now: dt.datetime, interval_s: float,
     never probed."""
     verified = policy.condition(VERIFIED)
     last = parse_timestamp(verified.get("lastProbeTime")) if verified is not None else None
-    if last is None or (verified is not None and verified.get("status") == UNKNOWN):
+    if last is None or (verified is not None and verified.get("status") == UNKNOWN
+                        and not _inconclusive(verified)):
         return first_delay_s
     return max(0.0, (last - now).total_seconds() + interval_s)

@@ -32,19 +32,24 @@ log = logging.getLogger(__name__)
 _INCOMING_COLUMNS = (
     "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
     "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
+    "verified_status", "verified_reason", "verified_message", "verified_probed_at",
+    "verified_since",
 )
 _CREATE_INCOMING = """
 CREATE TEMPORARY TABLE incoming_deliveries (
     policy_id text, cluster_id text, revision bigint, result text, at timestamptz,
     error text, reason text, attempts integer, phase text, phase_reason text,
-    phase_message text, phase_revision bigint, phase_seen_at timestamptz
+    phase_message text, phase_revision bigint, phase_seen_at timestamptz,
+    verified_status text, verified_reason text, verified_message text,
+    verified_probed_at timestamptz, verified_since timestamptz
 ) ON COMMIT DROP
 """
 _UPSERT_DELIVERIES = """
 INSERT INTO deliveries AS d (
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
     last_error, last_reason, attempts, round_id,
-    phase, phase_reason, phase_message, phase_revision, phase_seen_at)
+    phase, phase_reason, phase_message, phase_revision, phase_seen_at,
+    verified_status, verified_reason, verified_message, verified_probed_at, verified_since)
 SELECT u.policy_id, u.cluster_id,
        CASE WHEN u.result <> 'failed' THEN u.revision END,
        u.result, u.at,
@@ -52,7 +57,9 @@ SELECT u.policy_id, u.cluster_id,
        u.error, u.reason,
        CASE WHEN u.result = 'failed' THEN u.attempts ELSE 0 END,
        $1::bigint,
-       u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.phase_seen_at
+       u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.phase_seen_at,
+       u.verified_status, u.verified_reason, u.verified_message, u.verified_probed_at,
+       u.verified_since
 FROM incoming_deliveries u
 ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
     (delivered_revision, last_result, last_attempt_at, last_success_at, last_error,
@@ -72,12 +79,18 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
      FROM (SELECT EXCLUDED.last_attempt_at IS NOT NULL
                   AND (d.last_attempt_at IS NULL
                        OR d.last_attempt_at <= EXCLUDED.last_attempt_at) AS fresh) AS f),
-    (phase, phase_reason, phase_message, phase_revision, phase_seen_at) =
+    (phase, phase_reason, phase_message, phase_revision, phase_seen_at,
+     verified_status, verified_reason, verified_message, verified_probed_at, verified_since) =
     (SELECT CASE WHEN seen THEN EXCLUDED.phase ELSE d.phase END,
             CASE WHEN seen THEN EXCLUDED.phase_reason ELSE d.phase_reason END,
             CASE WHEN seen THEN EXCLUDED.phase_message ELSE d.phase_message END,
             CASE WHEN seen THEN EXCLUDED.phase_revision ELSE d.phase_revision END,
-            CASE WHEN seen THEN EXCLUDED.phase_seen_at ELSE d.phase_seen_at END
+            CASE WHEN seen THEN EXCLUDED.phase_seen_at ELSE d.phase_seen_at END,
+            CASE WHEN seen THEN EXCLUDED.verified_status ELSE d.verified_status END,
+            CASE WHEN seen THEN EXCLUDED.verified_reason ELSE d.verified_reason END,
+            CASE WHEN seen THEN EXCLUDED.verified_message ELSE d.verified_message END,
+            CASE WHEN seen THEN EXCLUDED.verified_probed_at ELSE d.verified_probed_at END,
+            CASE WHEN seen THEN EXCLUDED.verified_since ELSE d.verified_since END
      FROM (SELECT EXCLUDED.phase_seen_at IS NOT NULL
                   AND (d.phase_seen_at IS NULL
                        OR d.phase_seen_at <= EXCLUDED.phase_seen_at) AS seen) AS s)
@@ -217,9 +230,10 @@ def _delivery_records(
     PostgreSQL. Built column by column: 100k rows must not become 100k small lists for the
     garbage collector."""
     index: dict[tuple[str, str], int] = {}
-    cols: list[list[Any]] = [[] for _ in range(13)]
+    cols: list[list[Any]] = [[] for _ in _INCOMING_COLUMNS]
     (policy, cluster, revision, result, attempt_at, error, reason, attempts,
-     phase, phase_reason, phase_message, phase_revision, phase_seen_at) = cols
+     phase, phase_reason, phase_message, phase_revision, phase_seen_at,
+     v_status, v_reason, v_message, v_probed_at, v_since) = cols
 
     def row(policy_id: str, cluster_id: str) -> tuple[int, bool]:
         """The row of (policy, cluster), and whether it was new."""
@@ -257,6 +271,14 @@ def _delivery_records(
         phase_message[i] = clean.text(p.ready_message, p.cluster, p.policy, "phase_message")
         phase_revision[i] = clean.revision(p.revision, p.cluster, p.policy, "phase_revision")
         phase_seen_at[i] = _utc(p.seen_at)
+        v = p.verified
+        if v is not None:
+            v_status[i] = clean.text(v.status, p.cluster, p.policy, "verified_status")
+            v_reason[i] = clean.text(v.reason, p.cluster, p.policy, "verified_reason")
+            v_message[i] = clean.text(v.message, p.cluster, p.policy, "verified_message")
+            v_probed_at[i], v_since[i] = v.probed_at, v.since
+        else:
+            v_status[i] = v_reason[i] = v_message[i] = v_probed_at[i] = v_since[i] = None
     return list(zip(*cols, strict=True))
 
 

@@ -67,7 +67,8 @@ log = logging.getLogger(__name__)
 _DELIVERY_COLUMNS = """
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
     last_error, last_reason, attempts, round_id, phase, phase_reason, phase_message,
-    phase_revision, phase_seen_at
+    phase_revision, phase_seen_at, verified_status, verified_reason, verified_message,
+    verified_probed_at, verified_since
 """
 _D_COLUMNS = ", ".join(f"d.{c.strip()}" for c in _DELIVERY_COLUMNS.split(","))
 
@@ -124,6 +125,11 @@ def _delivery_row(r: asyncpg.Record) -> DeliveryRow:
         phase_message=r["phase_message"],
         phase_revision=r["phase_revision"],
         phase_seen_at=r["phase_seen_at"],
+        verified_status=r["verified_status"],
+        verified_reason=r["verified_reason"],
+        verified_message=r["verified_message"],
+        verified_probed_at=r["verified_probed_at"],
+        verified_since=r["verified_since"],
     )
 
 

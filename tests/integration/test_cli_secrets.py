@@ -4,28 +4,15 @@ real `convergerd` process, its exit code, what it prints and what its HTTP serve
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import sys
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from convergerd import demo
 from convergerd.config import load_settings
 from tests.fixtures.fleet import free_port
+from tests.integration.process_helpers import CONVERGERD, STARTUP_S, clean_env, run_demo
 from tests.integration.rounds_helpers import wait_for
-
-CONVERGERD = (sys.executable, "-m", "convergerd")
-STARTUP_S = 60.0  # a cold start, 12 simulated clusters and a migration on a busy machine
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("CONVERGERD_") and not k.startswith("Policies__")}
-    return {**env, **extra}
 
 
 async def _run(*args: str, env: dict[str, str]) -> tuple[int, str]:
@@ -39,7 +26,7 @@ async def _run(*args: str, env: dict[str, str]) -> tuple[int, str]:
 
 
 async def test_a_secret_flag_is_warned_about_once_without_its_value() -> None:
-    code, output = await _run("once", "--api-token", "tok-on-the-cmdline-42", env=_clean_env())
+    code, output = await _run("once", "--api-token", "tok-on-the-cmdline-42", env=clean_env())
     assert code == 2  # no database configured: a setting error, after the warning
     warnings = [line for line in output.splitlines() if "given on the command line" in line]
     assert len(warnings) == 1, output
@@ -53,7 +40,7 @@ async def test_secrets_from_env_or_file_are_not_warned_about(tmp_path: Path) -> 
     token = tmp_path / "token"
     token.write_text("tok-in-a-file-42\n")
     code, output = await _run("once", "--api-token-file", str(token),
-                              env=_clean_env(CONVERGERD_DATABASE_URL="postgresql://h:1/db"))
+                              env=clean_env(CONVERGERD_DATABASE_URL="postgresql://h:1/db"))
     assert code == 2, output  # no kubeconfig
     assert "given on the command line" not in output
     assert "CONVERGERD_KUBECONFIG" in output
@@ -63,7 +50,7 @@ async def test_a_missing_secret_file_is_a_startup_error_naming_setting_and_path(
     tmp_path: Path,
 ) -> None:
     missing = tmp_path / "dsn"
-    code, output = await _run("migrate", "--database-url-file", str(missing), env=_clean_env())
+    code, output = await _run("migrate", "--database-url-file", str(missing), env=clean_env())
     assert code == 2
     assert output.strip() == (
         f"convergerd: setting error: CONVERGERD_DATABASE_URL_FILE={str(missing)!r}: "
@@ -83,33 +70,6 @@ def test_the_demo_listens_on_loopback_unless_told_otherwise() -> None:
     from_env: dict[str, str | None] = {"http_addr": None}
     demo.default_flags(from_env, {"CONVERGERD_HTTP_ADDR": ":8080"})
     assert from_env == {"http_addr": None}
-
-
-@contextlib.asynccontextmanager
-async def _demo(tmp_path: Path, env: dict[str, str], *args: str
-                ) -> AsyncIterator[tuple[asyncio.subprocess.Process, list[str]]]:
-    log = (tmp_path / "demo.log").open("wb")
-    proc = await asyncio.create_subprocess_exec(
-        *CONVERGERD, "demo", "--workdir", str(tmp_path / "demo"), *args, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=log,
-    )
-    try:
-        assert proc.stdout is not None
-        banner: list[str] = []
-        async with asyncio.timeout(STARTUP_S):
-            while not any(line.startswith("  API token:") for line in banner):
-                line = await proc.stdout.readline()
-                if not line:
-                    raise AssertionError((tmp_path / "demo.log").read_text())
-                banner.append(line.decode().rstrip("\n"))
-            banner.extend([(await proc.stdout.readline()).decode().rstrip("\n")
-                           for _ in range(2)])
-        yield proc, banner
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(proc.wait(), 30)
-        log.close()
 
 
 def _request(method: str, url: str, token: str | None = None) -> int | None:
@@ -132,8 +92,8 @@ async def test_the_demo_makes_a_random_token_prints_it_once_and_it_works(
     dsn_file = tmp_path / "dsn"
     dsn_file.write_text(database_url + "\n")
     port = free_port()
-    env = _clean_env(CONVERGERD_DATABASE_URL_FILE=str(dsn_file))
-    async with _demo(tmp_path, env, "--http-addr", f"127.0.0.1:{port}") as (_proc, banner):
+    env = clean_env(CONVERGERD_DATABASE_URL_FILE=str(dsn_file))
+    async with run_demo(tmp_path, env, "--http-addr", f"127.0.0.1:{port}") as (_proc, banner):
         token_lines = [line for line in banner if "TOKEN=" in line]
         assert len(token_lines) == 1, banner
         token = token_lines[0].split("TOKEN=", 1)[1].split()[0]

@@ -62,7 +62,9 @@ class FakeStore:
         self.scope = {"p1": frozenset({ClusterId("c1"), ClusterId("c2"), ClusterId("c3")})}
         self.deliveries = [
             DeliveryRow("p1", "c1", 3, ApplyResult.UPDATED, T0, T0, None, None, 0, 7,
-                        "Enforcing", "Installed", "bound", 3, T0),
+                        "Enforcing", "Installed", "bound", 3, T0, verified_status="False",
+                        verified_reason="Admitted", verified_message="a pod was ADMITTED",
+                        verified_probed_at=T0 - dt.timedelta(seconds=20)),
             DeliveryRow("p1", "c2", 2, ApplyResult.FAILED, T0, T0 - dt.timedelta(hours=1),
                         "connect timeout", "unreachable", 1, 7, "Enforcing", None, None, 2,
                         T0 - dt.timedelta(hours=1)),
@@ -352,6 +354,10 @@ async def test_policy_status(client: Client, state: StatusState) -> None:
     assert (c2["phase"], c2["stale"]) == ("Enforcing", True)  # 65 minutes old: stale
     assert c2["age_seconds"] == 3900
     assert (c3["in_scope"], c3["delivered_revision"], c3["phase"]) == (True, None, None)
+    assert c1["verified"] == {"status": "False", "reason": "Admitted",
+                              "message": "a pod was ADMITTED",
+                              "probed_at": "2026-01-01T11:59:40Z", "since": None}
+    assert (c2["verified"], c3["verified"]) == (None, None)
 
 
 async def test_unknown_policy_is_404(client: Client) -> None:

@@ -70,3 +70,31 @@ async def test_check_schema_names_the_current_version(empty_database_url: str) -
             await check_schema(conn)
     finally:
         await conn.close()
+
+
+async def test_0002_adds_the_verified_columns_to_a_database_at_0001(
+    empty_database_url: str
+) -> None:
+    """An existing database (0001, with records) is migrated in place: its rows stay, the new
+    columns are null until a round reads a Verified condition."""
+    [first, *_] = load_migrations()
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        async with conn.transaction():
+            await conn.execute(first.sql)
+            await conn.execute(
+                "CREATE TABLE schema_migrations (version text PRIMARY KEY, name text NOT NULL,"
+                " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+            await conn.execute("INSERT INTO schema_migrations (version, name, checksum) "
+                               "VALUES ($1, $2, $3)", first.version, first.name, first.checksum)
+        await conn.execute("INSERT INTO deliveries (policy_id, cluster_id, phase) "
+                           "VALUES ('p1', 'c1', 'Enforcing')")
+        applied_now = await migrate(empty_database_url)
+        assert "0002" in applied_now
+        row = await conn.fetchrow("SELECT phase, verified_status, verified_probed_at "
+                                  "FROM deliveries")
+    finally:
+        await conn.close()
+    assert row is not None
+    assert dict(row) == {"phase": "Enforcing", "verified_status": None,
+                         "verified_probed_at": None}

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+import pytest
 
 from convergerd.config import OperatorSettings, load_operator_settings
 from convergerd.operator.main import OperatorProcess
@@ -340,3 +343,93 @@ async def test_operator_metrics_and_health(fleet: Fleet) -> None:
         assert "convergerd_operator_is_leader 1.0" in text
         assert 'convergerd_operator_policies{phase="Enforcing"} 0.0' in text
         assert "convergerd_operator_vap_supported 1.0" in text
+
+
+async def test_binding_deleted_by_hand_is_seen_by_the_probe_then_repaired(fleet: Fleet) -> None:
+    """The periodic pass probes what is enforced before it repairs drift: a binding deleted by
+    hand shows as Verified False/Admitted, then is re-created, then the follow-up probe says
+    Verified True again."""
+    await put_namespace(fleet, "team-a", "b1")
+    # Every Policy is reconciled every 1.2 s (the probe period); the follow-up probe after a
+    # repair runs 1 s later, so the Admitted status is there to be seen for about a second.
+    settings = operator_settings(fleet, CONVERGERD_OPERATOR_PROBE_MINUTES="0.02",
+                                 CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS="1")
+    async with running(settings) as proc:
+        await put_policy(fleet, "p1")
+
+        async def verified(status: str, reason: str) -> dict[str, Any] | None:
+            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
+            return found if found is not None and (found["status"], found["reason"]) == (
+                status, reason) else None
+
+        await wait_for(lambda: verified("True", "Denied"))
+        resp = await kube_http(fleet, CLUSTER, "DELETE", binding_path("p1"))
+        assert resp.status == 200, resp.body
+
+        found = await wait_for(lambda: verified("False", "Admitted"))
+        assert "ADMITTED" in found["message"]
+        assert proc.metrics.probes["Admitted"] >= 1
+        assert (await phase_is(fleet, "p1", "Enforcing")) is not None
+        # Repaired after the probe saw it, then verified again by the follow-up probe.
+        assert await wait_for(lambda: get(fleet, binding_path("p1"))) is not None
+        again = await wait_for(lambda: verified("True", "Denied"))
+        assert again["lastProbeTime"] >= found["lastProbeTime"]
+        assert not proc.metrics.admitted
+
+
+async def verified_of(fleet: Fleet, pid: str) -> dict[str, Any] | None:
+    """The Verified condition of a Policy once a probe has answered (not Unknown Pending)."""
+    found = condition(await get(fleet, f"{POLICIES}/policy-{pid}"), "Verified")
+    return found if found is not None and found["reason"] != "Pending" else None
+
+
+async def test_two_policies_in_one_boundary_are_each_verified_by_their_own_denial(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the demo's team-a: an AllowedRegistries and a RequiredLabels policy. Each probe pod
+    satisfies the other policy, so each is denied by its own (not ProbeFailed)."""
+    caplog.set_level(logging.INFO, logger="convergerd.operator")
+    await put_namespace(fleet, "team-a", "b1")
+    async with running(operator_settings(fleet)) as proc:
+        await put_policy(fleet, "regs", rule={
+            "type": "AllowedRegistries",
+            "registries": ["registry.team-a.example.com", "mirror.example.com/team-a"]})
+        await put_policy(fleet, "labels", rule={
+            "type": "RequiredLabels", "labels": ["app.kubernetes.io/name", "team"]})
+        for pid in ("regs", "labels"):
+            found = await wait_for(lambda pid=pid: verified_of(fleet, pid))  # type: ignore[misc]
+            assert (found["status"], found["reason"]) == ("True", "Denied"), found
+            assert f"stackship-{pid}" in found["message"]
+        assert proc.metrics.probes["ProbeFailed"] == 0
+    named = [r for r in caplog.records if r.name == "convergerd.operator.controller"]
+    assert named
+    assert all(getattr(r, "cluster", None) == CLUSTER and f"cluster {CLUSTER}" in r.getMessage()
+               for r in named)
+
+
+async def test_a_policy_no_pod_can_violate_alone_is_unknown_inconclusive(fleet: Fleet) -> None:
+    """Two ForbidLatestTag policies in one boundary: a pod with tag latest is denied by both,
+    so neither probe proves anything: Verified Unknown ProbeInconclusive naming the other,
+    not a failure and not Admitted."""
+    await put_namespace(fleet, "team-a", "b1")
+    async with running(operator_settings(fleet)) as proc:
+        await put_policy(fleet, "p1")
+        await put_policy(fleet, "p2")
+        for pid, other in (("p1", "p2"), ("p2", "p1")):
+            found = await wait_for(lambda pid=pid: verified_of(fleet, pid))  # type: ignore[misc]
+            assert (found["status"], found["reason"]) == ("Unknown", "ProbeInconclusive"), found
+            assert other in found["message"]
+            assert found["lastProbeTime"]
+        assert proc.metrics.probes["ProbeInconclusive"] >= 2
+        assert not proc.metrics.admitted
+        # The conflict goes away: p1 is probed again soon (not after the 10 minute period)
+        # because a Policy of its boundary changed, and is Denied.
+        await put_policy(fleet, "p2", enabled=False)
+
+        async def denied() -> dict[str, Any] | None:
+            found = await verified_of(fleet, "p1")
+            return found if found is not None and found["reason"] == "Denied" else None
+
+        assert (await wait_for(denied))["status"] == "True"
+    probes = [r for r in fleet.accounting.requests(cluster=CLUSTER) if "dryRun=All" in r.path]
+    assert len(probes) == 1  # the inconclusive ones never reached the apiserver

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from convergerd.demo.pgserver import PostgresServerError, find_bindir, private_postgres
-from convergerd.store.schema import migrate
+from convergerd.store.schema import load_migrations, migrate
 from convergerd.store.store import Store
 
 
@@ -38,7 +38,8 @@ def data_dir() -> Iterator[Path]:
 async def test_start_migrate_use_stop_and_restart_with_the_data(data_dir: Path) -> None:
     async with private_postgres(data_dir) as dsn:
         assert dsn.startswith("postgresql://postgres@127.0.0.1:")
-        assert await migrate(dsn) == ["0001"]
+        # Every migration the package ships, in order, on a fresh database.
+        assert await migrate(dsn) == [m.version for m in load_migrations()]
         store = await Store.connect(dsn)
         try:
             await store.ping()

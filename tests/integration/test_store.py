@@ -22,6 +22,7 @@ from convergerd.report import (
     PhaseReading,
     RoundReport,
     RoundResult,
+    Verification,
 )
 from convergerd.rows import ClusterStateRow
 from convergerd.store.errors import is_transient
@@ -240,6 +241,37 @@ async def test_older_facts_never_overwrite_newer_ones(database_url: str, store: 
         4, ApplyResult.UPDATED, None, None  # the save at 100 stands
     )
     assert (row.phase, row.phase_revision, row.phase_seen_at) == ("Enforcing", 4, at(150))
+
+
+async def test_the_verified_condition_is_recorded_with_the_phase_newest_wins(
+    database_url: str, store: Store
+) -> None:
+    await seed(database_url)
+    admitted = Verification("False", "Admitted", "a violating pod was ADMITTED", at(40), at(30))
+    denied = Verification("True", "Denied", "denied", at(140), at(140))
+
+    def reading(verified: Verification | None, seen: float) -> PhaseReading:
+        return PhaseReading(ClusterId("c1"), PolicyId("p-latest"), "Enforcing", "Enforcing",
+                            "ok", 3, at(seen), verified)
+
+    def round_with(verified: Verification | None, seen: float) -> RoundReport:
+        return RoundReport(started_at=at(seen - 1), finished_at=at(seen + 1), clusters=[
+            ClusterOutcome(ClusterId("c1"), reached=True, phases=[reading(verified, seen)])])
+
+    await store.record_round(round_with(admitted, 50), identity="r")
+    [row] = await store.deliveries_for_cluster("c1")
+    assert (row.verified_status, row.verified_reason, row.verified_message,
+            row.verified_probed_at, row.verified_since) == (
+        "False", "Admitted", "a violating pod was ADMITTED", at(40), at(30))
+    await store.record_round(round_with(denied, 150), identity="r")
+    await store.record_round(round_with(admitted, 50), identity="r")  # late: older
+    [row] = await store.deliveries_for_policy("p-latest")
+    assert (row.verified_status, row.verified_reason, row.verified_probed_at) == (
+        "True", "Denied", at(140))
+    await store.record_round(round_with(None, 250), identity="r")  # the condition is gone
+    [row] = await store.deliveries_for_cluster("c1")
+    assert (row.verified_status, row.verified_reason, row.verified_probed_at) == (
+        None, None, None)
 
 
 async def test_a_late_round_does_not_overwrite_a_newer_cluster_state(

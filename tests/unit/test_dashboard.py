@@ -43,6 +43,7 @@ SPEC_SERIES = {
     "convergerd_apply_failures_total",
     "convergerd_applies_total",
     "convergerd_policy_phase",
+    "convergerd_policy_verification",
     "convergerd_round_duration_seconds_bucket",
     "convergerd_round_duration_seconds_sum",
     "convergerd_round_duration_seconds_count",

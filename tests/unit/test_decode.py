@@ -4,6 +4,7 @@ exception, whatever the bytes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import unicodedata
@@ -127,6 +128,44 @@ def test_a_well_formed_object_reads_as_before() -> None:
             found.ready_status, found.ready_reason, found.ready_message) == (
         "policy-p1", 2, "Enforcing", 2, "True", "Installed", "bound")
     assert found.labels == {"app.kubernetes.io/managed-by": "convergerd"}
+
+
+def test_the_verified_condition_is_read_with_its_times() -> None:
+    found = Observed.from_object(policy(phase="Enforcing", conditions=[
+        {"type": "Ready", "status": "True", "reason": "Enforcing", "message": "ok"},
+        {"type": "Verified", "status": "False", "reason": "Admitted",
+         "message": "ADMITTED\u0000", "lastProbeTime": "2025-01-02T03:04:05Z",
+         "lastTransitionTime": "2025-01-02T04:04:05+01:00"}]))
+    v = found.verified
+    assert v is not None
+    assert (v.status, v.reason, v.message) == ("False", "Admitted", "ADMITTED\ufffd")
+    assert v.probed_at == v.since == dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    assert Observed.from_object(policy(phase="Enforcing")).verified is None
+
+
+@pytest.mark.parametrize(("condition", "field"), [
+    ({"status": "Yes"}, 'status.conditions[Verified].status: expected True, False or Unknown, '
+                        'got a string "Yes"'),
+    ({"status": "True", "reason": 7}, "status.conditions[Verified].reason: expected a string"),
+    ({"status": "True", "lastProbeTime": "yesterday"},
+     "status.conditions[Verified].lastProbeTime: expected an RFC 3339 time"),
+    ({"status": "True", "lastProbeTime": "2025-01-02T03:04:05"},  # no zone
+     "status.conditions[Verified].lastProbeTime: expected an RFC 3339 time"),
+    ({"status": "True", "lastTransitionTime": 1735787045},
+     "status.conditions[Verified].lastTransitionTime: expected an RFC 3339 time"),
+])
+def test_a_malformed_verified_condition_is_unknown_alone(
+    condition: dict[str, Any], field: str
+) -> None:
+    """A bad Verified condition is Unknown/Malformed naming the field; the phase and Ready,
+    read from the same object, stay as they are."""
+    found = Observed.from_object(policy(phase="Enforcing", conditions=[
+        {"type": "Ready", "status": "True", "reason": "Enforcing"},
+        {"type": "Verified", **condition}]))
+    assert (found.phase, found.ready_reason) == ("Enforcing", "Enforcing")
+    assert found.verified is not None
+    assert (found.verified.status, found.verified.reason) == ("Unknown", MALFORMED_REASON)
+    assert (found.verified.message or "").startswith(field), found.verified.message
 
 
 def test_long_strings_are_capped() -> None:

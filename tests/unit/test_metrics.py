@@ -18,6 +18,7 @@ from convergerd.report import (
     Epoch,
     PhaseReading,
     RoundReport,
+    Verification,
 )
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
@@ -32,6 +33,7 @@ SPEC = {
     "convergerd_apply_failures": ("counter", {"cluster", "reason"}),
     "convergerd_applies": ("counter", {"cluster", "result"}),
     "convergerd_policy_phase": ("gauge", {"cluster", "phase"}),
+    "convergerd_policy_verification": ("gauge", {"cluster", "result"}),
     "convergerd_round_duration_seconds": ("histogram", set()),
     "convergerd_rounds": ("counter", {"result"}),
     "convergerd_is_leader": ("gauge", set()),
@@ -195,6 +197,30 @@ def test_phases_per_cluster_and_stale_after_two_intervals(
     clock.now += 2 * INTERVAL + 1
     assert value(metrics, "convergerd_policy_phase", cluster="c1", phase="Enforcing") == 0
     assert value(metrics, "convergerd_policy_phase", cluster="c1", phase="Stale") == 1
+
+
+def test_verification_per_cluster_admitted_counted_and_stale_unverified(
+    clock: WallClock
+) -> None:
+    m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c1"])
+
+    def reading(pid: str, verified: Verification | None) -> PhaseReading:
+        return PhaseReading(ClusterId("c1"), PolicyId(pid), "Enforcing", None, None, 1, T0,
+                            verified)
+
+    m.observe_round(round_at(T0, outcome("c1", reached=True, desired=5, in_sync=5, phases=[
+        reading("p1", Verification("True", "Denied")),
+        reading("p2", Verification("False", "Admitted")),
+        reading("p3", Verification("False", "NoBoundaryNamespace")),
+        reading("p4", Verification("Unknown", "Pending")),
+        reading("p5", None),
+    ])))
+    got = {r: value(m, "convergerd_policy_verification", cluster="c1", result=r)
+           for r in ("verified", "admitted", "unverified")}
+    assert got == {"verified": 1, "admitted": 1, "unverified": 3}
+    clock.now += 2 * INTERVAL + 1  # not read back for two intervals: nothing is known now
+    assert value(m, "convergerd_policy_verification", cluster="c1", result="admitted") == 0
+    assert value(m, "convergerd_policy_verification", cluster="c1", result="unverified") == 5
 
 
 def test_unsupported_clusters_by_version(clock: WallClock) -> None:

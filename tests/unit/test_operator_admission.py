@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from convergerd.model import RULE_LIST_MAX_ENTRIES
 from convergerd.operator.admission import (
     Admission,
+    ProbeUnsatisfiable,
     RenderError,
     admission_name,
     cel_string,
@@ -201,3 +202,166 @@ def test_no_violating_pod_for_a_rule_that_is_never_delivered() -> None:
     with pytest.raises(RenderError):
         violating_pod(spec({"type": "AllowedComputePlans", "plans": ["small"]}),
                       namespace="n", name="p")
+
+
+# --- the probe pod among the other policies of its boundary --------------------------------
+
+NAMESPACE = {"metadata": {"name": "team-a-apps", "labels": {BOUNDARY_LABEL: "team-a"}}}
+_EVALUATOR = PolicyEvaluator()
+
+
+def _denied_by(policy_spec: dict[str, Any], pod: dict[str, Any]) -> bool:
+    """Does the admission policy rendered from `policy_spec`, with its binding, deny `pod`?"""
+    adm = render_admission(policy_spec)
+    attrs = Attributes(operation="CREATE", group="", version="v1", resource="pods", kind="Pod",
+                       namespace="team-a-apps", name=pod["metadata"]["name"], object=pod,
+                       old_object=None, dry_run=True)
+    return bool(_EVALUATOR.evaluate(adm.policy, adm.binding, attrs, namespace=NAMESPACE))
+
+
+def _assert_only_spec_denies(own: dict[str, Any], others: list[dict[str, Any]]) -> None:
+    pod = violating_pod(own, namespace="team-a-apps", name="probe-1", others=others)
+    assert _denied_by(own, pod), pod
+    for other in others:
+        assert not _denied_by(other, pod), (other["policyId"], pod)
+
+
+LABELS = {"type": "RequiredLabels", "labels": ["app.kubernetes.io/name", "team"]}
+REGISTRIES = {"type": "AllowedRegistries",
+              "registries": ["registry.team-a.example.com", "mirror.example.com/team-a"]}
+LATEST = {"type": "ForbidLatestTag"}
+OTHER_RULES = {
+    "RequiredLabels": {"type": "RequiredLabels", "labels": ["owner", "team"]},
+    "AllowedRegistries": {"type": "AllowedRegistries", "registries": ["mirror.example.com"]},
+}
+
+
+_PAIRS = [(own, other) for own in (LABELS, REGISTRIES, LATEST)
+          for other in (LABELS, REGISTRIES, LATEST)
+          if not own["type"] == other["type"] == "ForbidLatestTag"]  # unsatisfiable: below
+
+
+@pytest.mark.parametrize(("own", "other"), _PAIRS,
+                         ids=[f"{a['type']}-{b['type']}" for a, b in _PAIRS])
+def test_the_probe_pod_violates_only_its_own_policy_for_every_pair_of_rules(
+    own: dict[str, Any], other: dict[str, Any]
+) -> None:
+    """Two policies in one boundary: the pod is denied by its own and admitted by the other,
+    also when both have the same type (a different list: one is left to violate)."""
+    partner = OTHER_RULES.get(other["type"], other) if own["type"] == other["type"] else other
+    _assert_only_spec_denies(spec(own, policyId="own"), [spec(partner, policyId="other")])
+
+
+def test_the_demo_boundary_team_a_probes_each_policy_apart() -> None:
+    """The registries probe carries the required labels; the labels probe comes from an
+    allowed registry, pinned; so each is denied by its own policy only."""
+    registries = spec(REGISTRIES, policyId="team-a-registries")
+    labels = spec(LABELS, policyId="team-a-labels")
+    _assert_only_spec_denies(registries, [labels])
+    _assert_only_spec_denies(labels, [registries])
+    pod = violating_pod(labels, namespace="team-a-apps", name="p", others=[registries])
+    image = pod["spec"]["containers"][0]["image"]
+    assert image.startswith(("registry.team-a.example.com/", "mirror.example.com/team-a/"))
+    assert image.endswith(":1")
+
+
+def test_the_probe_pod_among_all_three_rules_and_a_path_the_policy_itself_allows() -> None:
+    own = spec({"type": "AllowedRegistries",
+                "registries": ["mirror.example.com/stackship-probe-0", "registry.example.com"]},
+               policyId="own")
+    others = [spec({"type": "AllowedRegistries", "registries": ["mirror.example.com"]},
+                   policyId="o1"),
+              spec(LABELS, policyId="o2"), spec(LATEST, policyId="o3")]
+    _assert_only_spec_denies(own, others)
+    pod = violating_pod(own, namespace="n", name="p", others=others)
+    assert pod["spec"]["containers"][0]["image"] == \
+        "mirror.example.com/stackship-probe-1/probe:1"
+
+
+def test_without_others_the_image_is_from_a_reserved_never_resolving_host() -> None:
+    for rule in (LABELS, REGISTRIES, LATEST):
+        pod = violating_pod(spec(rule), namespace="n", name="p")
+        image = pod["spec"]["containers"][0]["image"]
+        assert image.split("/", 1)[0].endswith(".invalid"), image
+
+
+def test_others_that_are_not_enforced_in_the_boundary_are_ignored() -> None:
+    """Disabled, another boundary, unrenderable or control-plane-only, or this policy itself:
+    none of them can deny the probe, so none of them can make it unsatisfiable."""
+    own = spec(LATEST, policyId="own")
+    ignored = [spec(LATEST, policyId="off", enabled=False),
+               spec(LATEST, policyId="elsewhere", boundary="team-b"),
+               spec({"type": "Nope"}, policyId="bad"),
+               spec({"type": "AllowedComputePlans", "plans": ["small"]}, policyId="cp"),
+               spec(LATEST, policyId="own"),
+               {"not": "a spec"}]
+    pod = violating_pod(own, namespace="n", name="p", others=ignored)
+    assert _denied_by(own, pod)
+
+
+@pytest.mark.parametrize(("own", "others", "named"), [
+    (LATEST, [LATEST], ["o0"]),
+    (REGISTRIES, [REGISTRIES], ["o0"]),
+    # Everything the other allows is under a prefix this one allows too.
+    ({"type": "AllowedRegistries", "registries": ["mirror.example.com"]},
+     [{"type": "AllowedRegistries", "registries": ["mirror.example.com/team-a"]}], ["o0"]),
+    ({"type": "RequiredLabels", "labels": ["team"]}, [LABELS], ["o0"]),
+    # Each key is required by one of two others.
+    (LABELS, [{"type": "RequiredLabels", "labels": ["team"]},
+              {"type": "RequiredLabels", "labels": ["app.kubernetes.io/name", "owner"]}],
+     ["o0", "o1"]),
+    # The others allow no registry in common: nothing can be created in the boundary.
+    (LABELS, [{"type": "AllowedRegistries", "registries": ["a.example.com"]},
+              {"type": "AllowedRegistries", "registries": ["b.example.com"]}], ["o0", "o1"]),
+])
+def test_no_pod_violates_only_this_policy_is_reported_naming_the_others(
+    own: dict[str, Any], others: list[dict[str, Any]], named: list[str]
+) -> None:
+    specs = [spec(rule, policyId=f"o{i}") for i, rule in enumerate(others)]
+    with pytest.raises(ProbeUnsatisfiable) as caught:
+        violating_pod(spec(own, policyId="own"), namespace="n", name="p", others=specs)
+    for pid in named:
+        assert pid in str(caught.value)
+    assert "team-a" in str(caught.value)
+
+
+_SMALL_RULES = st.one_of(
+    st.just({"type": "ForbidLatestTag"}),
+    st.builds(lambda keys: {"type": "RequiredLabels", "labels": keys},
+              st.lists(st.sampled_from(["team", "owner", "app.kubernetes.io/name"]),
+                       min_size=1, max_size=3, unique=True)),
+    st.builds(lambda prefixes: {"type": "AllowedRegistries", "registries": prefixes},
+              st.lists(st.sampled_from(["r.example.com", "r.example.com/a", "m.example.com",
+                                        "m.example.com/stackship-probe-0", "r.example.com:5000"]),
+                       min_size=1, max_size=3, unique=True)),
+)
+
+
+@given(st.lists(_SMALL_RULES, min_size=1, max_size=4))
+def test_the_probe_pod_is_denied_by_its_policy_and_admitted_by_the_others_or_unsatisfiable(
+    rules: list[dict[str, Any]]
+) -> None:
+    own, *rest = [spec(rule, policyId=f"p{i}") for i, rule in enumerate(rules)]
+    try:
+        pod = violating_pod(own, namespace="team-a-apps", name="probe-1", others=rest)
+    except ProbeUnsatisfiable:
+        # Only another policy of the same type, or others with no registry in common, can
+        # leave no pod that violates this one alone.
+        types = [o["rule"]["type"] for o in rest]
+        assert own["rule"]["type"] in types or types.count("AllowedRegistries") >= 2, rules
+        return
+    assert _denied_by(own, pod), (own, pod)
+    for other in rest:
+        assert not _denied_by(other, pod), (other, pod)
+
+
+@given(st.lists(_SPECS, max_size=4))
+def test_any_other_specs_give_a_probe_pod_or_unsatisfiable(others: list[Any]) -> None:
+    """The others come from the cluster (any Policy object's spec): whatever they hold, the
+    probe gets a pod or ProbeUnsatisfiable, never another error."""
+    own = spec({"type": "RequiredLabels", "labels": ["team"]}, policyId="own")
+    try:
+        pod = violating_pod(own, namespace="team-a-apps", name="probe-1", others=others)
+    except ProbeUnsatisfiable:
+        return
+    assert _denied_by(own, pod)

@@ -14,10 +14,12 @@ from convergerd.operator.reconcile import (
     PolicyObject,
     carried_verified,
     contains,
+    drifted,
     new_status,
     next_probe_in,
     orphans,
     plan,
+    probe_inconclusive,
     probe_outcome,
     ready_condition,
     status_differs,
@@ -54,6 +56,24 @@ def test_plan_applies_only_what_differs_and_deletes_the_binding_when_disabled() 
     assert off.delete_binding
     assert off.apply_binding is None
     assert off.phase == INERT
+
+
+def test_drift_is_a_write_to_a_policy_already_enforcing_at_this_generation() -> None:
+    installed = plan(policy(), existing_policy=None, existing_binding=None)
+    vap, binding = installed.apply_policy, installed.apply_binding
+    enforcing = {"phase": ENFORCING, "observedGeneration": 2}
+    # The binding is gone although the status says Enforcing at this generation: drift.
+    assert drifted(policy(status=enforcing), plan(policy(status=enforcing), existing_policy=vap,
+                                                  existing_binding=None))
+    # Nothing to write: no drift.
+    assert not drifted(policy(status=enforcing), plan(
+        policy(status=enforcing), existing_policy=vap, existing_binding=binding))
+    # A new generation, or never Enforcing: the write is the policy's own change.
+    older = {"phase": ENFORCING, "observedGeneration": 1}
+    assert not drifted(policy(status=older), installed)
+    assert not drifted(policy(status={"phase": "Unsupported", "observedGeneration": 2}),
+                       installed)
+    assert not drifted(policy(), installed)
 
 
 def test_plan_raises_the_renderers_error() -> None:
@@ -122,6 +142,24 @@ def test_next_probe_counts_from_the_recorded_probe_and_a_new_generation_resets()
     changed = policy(status=status, generation=3)
     assert carried_verified(changed, ENFORCING, 5).status == "Unknown"
     assert next_probe_in(policy(), now=T1, interval_s=600, first_delay_s=5) == 5
+
+
+def test_an_inconclusive_probe_is_unknown_carried_and_repeated_at_the_interval() -> None:
+    """Not Pending: the policy is not probed again every few seconds, and the status does not
+    flap between Pending and ProbeInconclusive."""
+    ready = ready_condition(ENFORCING, name="stackship-p1", boundary="b1")
+    why = "every label p1 requires is required by p2 in boundary b1 too"
+    found = probe_inconclusive(name="stackship-p1", namespace="ns", why=why, now=T0)
+    assert (found.status, found.reason) == ("Unknown", "ProbeInconclusive")
+    assert "p2" in found.message
+    assert found.last_probe_time == timestamp(T0)
+    recorded = policy(status=new_status(policy(), ENFORCING, [ready, found], T0))
+    carried = carried_verified(recorded, ENFORCING, 5)
+    assert (carried.status, carried.reason) == ("Unknown", "ProbeInconclusive")
+    assert next_probe_in(recorded, now=T1, interval_s=600, first_delay_s=5) == 420
+    pending = policy(status=new_status(policy(), ENFORCING, [
+        ready, carried_verified(policy(), ENFORCING, 5)], T0))
+    assert next_probe_in(pending, now=T1, interval_s=600, first_delay_s=5) == 5
 
 
 def test_orphans_are_ours_without_a_policy() -> None:

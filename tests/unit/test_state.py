@@ -15,8 +15,9 @@ from convergerd.report import (
     Epoch,
     PhaseReading,
     RoundReport,
+    Verification,
 )
-from convergerd.rows import ClusterStateRow
+from convergerd.rows import ClusterStateRow, DeliveryRow
 from convergerd.state import (
     PolicyRecord,
     StatusState,
@@ -209,6 +210,47 @@ def test_leader_as_the_elector_told_it_and_since_when() -> None:
 
 
 # -- merging the database's records (standbys) ---------------------------------------------------
+
+
+def test_verified_per_policy_and_counted_per_cluster() -> None:
+    clock = Clock()
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=clock)
+    probed = T0 - dt.timedelta(seconds=30)
+
+    def checked(policy: str, verified: Verification | None) -> PhaseReading:
+        return PhaseReading(ClusterId("c1"), PolicyId(policy), "Enforcing", None, None, 1, T0,
+                            verified)
+
+    state.observe_round(report(T0, outcome("c1", desired=5, in_sync=5, phases=[
+        checked("p1", Verification("True", "Denied", "denied", probed, probed)),
+        checked("p2", Verification("False", "Admitted", "ADMITTED", probed, probed)),
+        checked("p3", Verification("False", "NoBoundaryNamespace")),
+        checked("p4", Verification("Unknown", "Pending")),
+        checked("p5", None),
+    ])))
+    [c1] = state.snapshot()["clusters"]
+    assert c1["verification"] == {"verified": 1, "admitted": 1, "not_verified": 1, "unknown": 2}
+    record = state.clusters[ClusterId("c1")].policies[PolicyId("p2")]
+    assert record_view(record, clock.now, INTERVAL)["verified"] == {
+        "status": "False", "reason": "Admitted", "message": "ADMITTED",
+        "probed_at": "2026-01-01T11:59:30Z", "since": "2026-01-01T11:59:30Z"}
+    assert record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p5")], clock.now,
+                       INTERVAL)["verified"] is None
+    clock.advance(2 * INTERVAL + 1)  # stale: nothing is known now
+    [c1] = state.snapshot()["clusters"]
+    assert c1["verification"] == {"verified": 0, "admitted": 0, "not_verified": 0, "unknown": 5}
+
+
+def test_a_standby_shows_the_verified_condition_from_the_database_row() -> None:
+    state = StatusState(identity="standby", interval_s=INTERVAL, clock=Clock())
+    state.absorb_delivery_rows([DeliveryRow(
+        "p1", "c1", 1, ApplyResult.UNCHANGED, T0, T0, None, None, 0, 7, "Enforcing", None, None,
+        1, T0, verified_status="False", verified_reason="Admitted", verified_message="m",
+        verified_probed_at=T0, verified_since=None)])
+    [c1] = state.snapshot()["clusters"]
+    assert c1["verification"]["admitted"] == 1
+    view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p1")], T0, INTERVAL)
+    assert view["verified"]["probed_at"] == "2026-01-01T12:00:00Z"
 
 
 def test_standby_takes_the_database_rows() -> None:

@@ -28,6 +28,7 @@ STATUS = {
     "clusters": [
         {"id": "fine", "reachable": True, "lag_seconds": 12.0, "desired": 3, "in_sync": 3,
          "failed": 0, "phases": {"Enforcing": 3}, "last_error": None,
+         "verification": {"verified": 2, "admitted": 1, "not_verified": 0, "unknown": 0},
          "server_version": "v1.31.0"},
         {"id": "old-1", "reachable": True, "lag_seconds": 400.0, "desired": 3, "in_sync": 3,
          "failed": 0, "phases": {"Unsupported": 3}, "last_error": None,
@@ -62,6 +63,11 @@ def test_header_and_cells() -> None:
     assert "connect timeout" in down
     assert "Stale=3" in down
     assert "4 clusters: 1 unreached, 1 reached but failing" in text
+    header = next(line for line in text.splitlines() if line.startswith("CLUSTER"))
+    assert "VERIFIED" in header
+    fine = next(line for line in text.splitlines() if line.startswith("fine"))
+    assert "2/3 ADMITTED=1" in fine
+    assert " - " in down  # no verification known
 
 
 def test_no_leader_and_database_down_are_said_loudly() -> None:

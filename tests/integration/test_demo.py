@@ -1,0 +1,97 @@
+"""`convergerd demo` as a user runs it: with an operator per simulated cluster, `/status` shows
+the phases and the enforcement probe's verdicts that a real fleet reports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.fixtures.fleet import free_port
+from tests.integration.process_helpers import clean_env, run_demo
+from tests.integration.rounds_helpers import wait_for
+
+SEEN_S = 80.0  # rounds every 3 s, the first probe 1 s after a policy is Enforcing; a busy box
+# The enabled, delivered policies of convergerd/demo/tenants.yaml; team-a has two (registries
+# and labels): each probe pod must satisfy the other to be denied by its own.
+ENFORCED = ("no-latest", "team-a-registries", "team-a-labels", "team-b-registries")
+
+
+def _get(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - loopback
+            return json.loads(response.read())
+    except OSError:
+        return None
+
+
+async def test_the_demo_shows_real_phases_and_verified_policies(
+    tmp_path: Path, database_url: str
+) -> None:
+    port = free_port()
+    env = clean_env(CONVERGERD_DATABASE_URL=database_url,
+                     Policies__ConvergeIntervalMinutes="0.05",
+                     CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS="1")
+    base = f"http://127.0.0.1:{port}"
+    async with run_demo(tmp_path, env, "--http-addr", f"127.0.0.1:{port}") as (_proc, banner):
+        text = "\n".join(banner)
+        assert "operators:" in text
+        assert "VERIFIED" in text
+        seen: dict[str, Any] = {}
+
+        async def phases_shown() -> bool:
+            doc = await asyncio.to_thread(_get, f"{base}/status")
+            if not doc:
+                return False
+            clusters = {c["id"]: c for c in doc["clusters"]}
+            phases = {p for c in clusters.values() for p, n in (c.get("phases") or {}).items()
+                      if n}
+            verified = sum((c.get("verification") or {}).get("verified", 0)
+                           for c in clusters.values())
+            seen.update(phases=phases, verified=verified,
+                        c0007=(clusters.get("c0007") or {}).get("phases"))
+            return ({"Enforcing", "Inert"} <= phases and verified > 0
+                    and "Unsupported" in (seen["c0007"] or {}))
+
+        await wait_for(phases_shown, timeout_s=SEEN_S,
+                       what=f"Enforcing, Inert, Unsupported and verified in /status ({seen})")
+        policy = await asyncio.to_thread(_get, f"{base}/v1/policies/no-latest/status")
+        verdicts = {c["cluster"]: c["verified"] for c in policy["clusters"]}
+        assert any(v and v["status"] == "True" and v["reason"] == "Denied"
+                   for v in verdicts.values()), verdicts
+        assert verdicts["c0007"] is not None
+        assert verdicts["c0007"]["reason"] == "NotEnforcing"  # Unsupported: nothing to verify
+        assert verdicts["c0003"] is None  # down: no operator, nothing read back
+
+        # Every policy, on every cluster where it is Enforcing (the demo makes the boundary's
+        # namespace in each), ends Verified True by its own denial; never ProbeFailed.
+        found: dict[str, dict[str, Any]] = {}
+        failed: set[tuple[str, str, str]] = set()
+
+        async def all_verified() -> bool:
+            for pid in ENFORCED:
+                doc = await asyncio.to_thread(_get, f"{base}/v1/policies/{pid}/status")
+                found[pid] = {c["cluster"]: (c.get("verified") or {}).get("reason")
+                              for c in (doc or {}).get("clusters", [])
+                              if c.get("phase") == "Enforcing"}
+                failed.update((pid, c, r) for c, r in found[pid].items()
+                              if r not in (None, "Pending", "Denied"))
+            return bool(failed) or all(found[pid] and set(found[pid].values()) == {"Denied"}
+                                       for pid in ENFORCED)
+
+        try:
+            await wait_for(all_verified, timeout_s=SEEN_S)
+        except AssertionError:
+            raise AssertionError(f"not every Enforcing policy Verified Denied: {found}") from None
+        assert not failed, failed  # (policy, cluster, reason)
+        assert set(found["team-a-labels"]) == {"c0001", "c0002", "c0004"}, found
+    log = (tmp_path / "demo.log").read_text()
+    assert "the demo's operator for cluster" not in log  # none of them failed
+    # Ten operators share the demo's log: each of their lines says which cluster it is about.
+    lines = [line for line in log.splitlines() if "convergerd.operator.controller:" in line]
+    assert lines
+    unnamed = [line for line in lines if not re.search(r"\bcluster c00\d\d\b", line)]
+    assert not unnamed, unnamed[:3]
