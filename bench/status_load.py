@@ -15,8 +15,10 @@ server (`http.make_app`, `server_options()`) serves on the same event loop, as i
 
 The load comes from a separate process (so its own CPU is not the round's): `--clients` tasks,
 each looping over `GET /status`, `GET /v1/clusters/{id}` and `GET /v1/policies/{id}/status` on
-random ids. After a first (create) round, quiet and loaded in-sync rounds alternate
-`--rounds` times each; the medians and every duration are printed, one JSON line per round.
+random ids, waiting `Retry-After` when answered 429 (the daemon sheds reads past
+`CONVERGERD_STATUS_READS_PER_SECOND`, `--status-reads-per-second` here). After a first
+(create) round, quiet and loaded in-sync rounds alternate `--rounds` times each; the medians
+and every duration are printed, one JSON line per round.
 """
 
 from __future__ import annotations
@@ -119,8 +121,13 @@ async def client_load(base: str, clients: int, clusters: int, policies: int) -> 
                 async with session.get(base + path) as resp:
                     await resp.read()
                     counts[str(resp.status)] += 1
+                    retry_after = resp.headers.get("Retry-After")
             except aiohttp.ClientError:
                 counts["error"] += 1
+                continue
+            if resp.status == 429 and retry_after is not None:
+                # As a well-behaved client (and `convergerd status`) does.
+                await asyncio.sleep(min(float(retry_after), 10.0))
 
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -163,6 +170,28 @@ class Load:
                 "requests_per_s": round(sum(counts.values()) / took, 1) if took else None}
 
 
+async def view_costs(base: str, clusters: int, policies: int, n: int = 10) -> dict[str, float]:
+    """Median latency in ms of each view asked one at a time on a quiet daemon: what one read
+    costs its event loop (the round's loop)."""
+    ids = member_ids(clusters)
+    paths = {"/status": ["/status"] * n,
+             "/v1/clusters/{id}": [f"/v1/clusters/{ids[i % len(ids)]}" for i in range(n)],
+             "/v1/policies/{id}/status": [f"/v1/policies/p{i % policies:04d}/status"
+                                          for i in range(n)]}
+    costs: dict[str, float] = {}
+    async with aiohttp.ClientSession() as session:
+        for name, urls in paths.items():
+            took = []
+            for url in urls:
+                started = time.perf_counter()
+                async with session.get(base + url) as resp:
+                    await resp.read()
+                took.append(time.perf_counter() - started)
+                await asyncio.sleep(0.6)  # under the status budget (a 1,000-cluster policy: 11)
+            costs[name] = round(statistics.median(took) * 1000, 2)
+    return costs
+
+
 # --- the rounds -------------------------------------------------------------------------------
 
 
@@ -197,6 +226,7 @@ async def bench(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, 
             "CONVERGERD_DATABASE_URL": dsn, "CONVERGERD_KUBECONFIG": str(sim.kubeconfig),
             "CONVERGERD_LEADER_ELECTION": "false", "CONVERGERD_IDENTITY": "bench",
             "CONVERGERD_CLUSTER_QPS": "1000", "CONVERGERD_CLUSTER_BURST": "1000",
+            "CONVERGERD_STATUS_READS_PER_SECOND": str(args.status_reads_per_second),
         })
         return await _measure(args, settings, dsn, sim)
     finally:
@@ -220,10 +250,13 @@ async def _measure(
     quiet: list[float] = []
     loaded: list[float] = []
     loads: list[dict[str, Any]] = []
+    costs: dict[str, float] = {}
     try:
         log("create round")
         create = await timed_round(store, registry, settings, metrics, state)
         print(json.dumps({"round": "create", "s": round(create, 3)}), flush=True)
+        costs = await view_costs(f"http://127.0.0.1:{port}", args.clusters, args.policies)
+        print(json.dumps({"view_ms": costs}), flush=True)
         for i in range(args.rounds):
             quiet.append(await timed_round(store, registry, settings, metrics, state))
             print(json.dumps({"round": "quiet", "n": i, "s": round(quiet[-1], 3)}), flush=True)
@@ -241,6 +274,7 @@ async def _measure(
         await store.close()
     return {
         "clusters": args.clusters, "policies": args.policies, "clients": args.clients,
+        "view_ms": costs,
         "quiet_median_s": round(statistics.median(quiet), 3),
         "loaded_median_s": round(statistics.median(loaded), 3),
         "quiet_s": [round(x, 3) for x in quiet], "loaded_s": [round(x, 3) for x in loaded],
@@ -277,6 +311,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policies", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3, help="quiet and loaded rounds, each")
     p.add_argument("--clients", type=int, default=100, help="concurrent status clients")
+    p.add_argument("--status-reads-per-second", type=float, default=20.0,
+                   help="the daemon's status budget (default 20, the daemon's default; a "
+                        "large value such as 100000 measures it unlimited)")
     p.add_argument("--load", metavar="URL", help=argparse.SUPPRESS)  # the load process
     return p.parse_args(argv)
 

@@ -139,6 +139,12 @@ SETTINGS: tuple[Setting, ...] = (
             "take the Lease before converging; false only for a single replica"),
     Setting("http_addr", "CONVERGERD_HTTP_ADDR", "--http-addr", _host_port, "0.0.0.0:8080",
             "listen address of the HTTP server (health, metrics, status, API)"),
+    Setting("status_reads_per_s", "CONVERGERD_STATUS_READS_PER_SECOND",
+            "--status-reads-per-second", _positive_float, "20",
+            "status views (/status, /v1/clusters/{id}, /v1/policies/{id}/status) served per "
+            "second by this replica, in bursts of twice that; more are answered 429 with "
+            "Retry-After at once, so readers cannot slow the round (health and metrics are "
+            "never limited)"),
     Setting("api_token", "CONVERGERD_API_TOKEN", "--api-token", _text, None,
             "bearer token required by the mutating endpoints", secret=True),
     Setting("api_token_file", "CONVERGERD_API_TOKEN_FILE", "--api-token-file", Path, None,
@@ -294,6 +300,7 @@ class Settings:
     log_format: str
     import_max_bytes: int
     saves: Saves = field(default_factory=Saves)
+    status_reads_per_s: float = 20.0
 
     @property
     def database_url_redacted(self) -> str | None:
@@ -415,6 +422,7 @@ def load_settings(
         saves=Saves(deadline_s=v["save_deadline_s"],
                     removal_guard_share=v["removal_guard_share"]),
         import_max_bytes=v["import_max_bytes"],
+        status_reads_per_s=v["status_reads_per_s"],
     )
     check_settings(settings)
     return settings

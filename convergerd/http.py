@@ -41,6 +41,8 @@ import asyncio
 import hmac
 import json
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -50,6 +52,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from convergerd import __version__
 from convergerd.config import Settings, check_settings, dsn_secrets
 from convergerd.errors import ConfigError, ConvergerdError
+from convergerd.kube.ratelimit import TokenBucket
 from convergerd.metrics import CONTENT_TYPE, Metrics
 from convergerd.model import (
     DELIVERED_RULE_TYPES,
@@ -75,6 +78,14 @@ STATUS_DB_TIMEOUT_S = 2.0
 # /status is built at most once per this many seconds while the state does not change: 100
 # clients polling it cost the event loop (which the round shares) one build per period.
 STATUS_REUSE_S = 1.0
+# The status views share one token bucket (`Settings.status_reads_per_s`, bursts of this many
+# times the rate): past it a read is answered 429 at once, which costs the loop far less than
+# serving it. The paths, as the shed counter labels them:
+STATUS_VIEWS = ("/status", "/v1/clusters/{id}", "/v1/policies/{id}/status")
+STATUS_BURST_FACTOR = 2.0
+# A view costs one token, plus one per this many rows it built (a policy over 1,000 clusters
+# costs ~50 ms, a cluster view of 10 policies ~3 ms): the budget bounds work, not requests.
+ROWS_PER_TOKEN = 100
 
 # The server's parser limits: a longer request line (the URL) or header line is refused (400).
 MAX_LINE_BYTES = 8190
@@ -84,6 +95,7 @@ _SHOWN_CHARS = 100
 
 T = TypeVar("T")
 MutationHandler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class StatusSource(Protocol):
@@ -231,6 +243,28 @@ class _Handlers:
         self._status_built: tuple[int, float, str] | None = None  # (version, when, body)
         self.db_timeout_s = STATUS_DB_TIMEOUT_S
         self.openapi_doc = document()
+        rate = settings.status_reads_per_s
+        self.read_budget = TokenBucket(rate=rate, burst=max(1, round(STATUS_BURST_FACTOR * rate)),
+                                       clock=time.monotonic)
+
+    def limited(self, path: str, handler: Handler) -> Handler:
+        """`handler` behind the status views' budget: over it, 429 with Retry-After (whole
+        seconds, as HTTP has it), counted per `path`."""
+
+        async def serve(request: web.Request) -> web.StreamResponse:
+            wait = self.read_budget.try_take()
+            if wait <= 0:
+                return await handler(request)
+            self.metrics.status_read_shed(path)
+            retry_after = max(1, math.ceil(wait))
+            response = error_response(
+                429, f"too many status reads: this replica serves "
+                f"{self.read_budget.rate:g} per second (CONVERGERD_STATUS_READS_PER_SECOND); "
+                f"retry after {retry_after} s", retry_after_seconds=retry_after)
+            response.headers["Retry-After"] = str(retry_after)
+            return response
+
+        return serve
 
     # -- health ----------------------------------------------------------------------------
 
@@ -289,6 +323,7 @@ class _Handlers:
             body["version"] = __version__
             body["database"] = self._database(self.state.sync_error)
             built = self._status_built = (self.state.version, now, json.dumps(body))
+            self._charge(len(self.state.clusters))
         return web.Response(text=built[2], content_type="application/json")
 
     async def cluster(self, request: web.Request) -> web.Response:
@@ -318,6 +353,7 @@ class _Handlers:
                 **view,
                 "in_sync": current is not None and view["delivered_revision"] == current,
             })
+        self._charge(len(policies))
         return web.json_response({
             "cluster": self.state.cluster_summary(self.state.cluster_or_new(cluster), now),
             "policies": policies,
@@ -335,7 +371,12 @@ class _Handlers:
                                   policy=pid, reason="database")
         if found is None:
             return error_response(404, f"unknown policy {pid!r}", policy=pid)
-        return web.json_response(self._policy_view(found))
+        view = self._policy_view(found)
+        self._charge(len(view["clusters"]))
+        return web.json_response(view)
+
+    def _charge(self, rows: int) -> None:
+        self.read_budget.charge(rows // ROWS_PER_TOKEN)
 
     def _policy_view(self, found: PolicyStatusRows) -> dict[str, Any]:
         row, scope = found.policy, found.scope
@@ -473,9 +514,8 @@ def make_app(
         web.get("/healthz", h.healthz),
         web.get("/readyz", h.readyz),
         web.get("/metrics", h.metrics_text),
-        web.get("/status", h.status),
-        web.get("/v1/clusters/{id}", h.cluster),
-        web.get("/v1/policies/{id}/status", h.policy),
+        *(web.get(path, h.limited(path, handler)) for path, handler in
+          zip(STATUS_VIEWS, (h.status, h.cluster, h.policy), strict=True)),
         web.post("/v1/policies/{id}/apply", h.apply),
         web.delete("/v1/policies/{id}", h.delete),
         web.get("/openapi.json", h.openapi),

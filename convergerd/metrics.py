@@ -168,6 +168,7 @@ class Metrics:
         self._record_failures: dict[Labels, float] = {
             (r,): 0.0 for r in RECORD_FAILURE_REASONS}
         self._insecure: set[str] = set()
+        self._status_shed: dict[Labels, float] = {}
         # Once the database's cluster set is known (`set_clusters`), series exist only for it
         # and `keep`: a late observation of a removed cluster (a request or probe in flight
         # when it was deleted) is dropped instead of bringing its series back for good.
@@ -307,6 +308,10 @@ class Metrics:
         else:
             self._insecure.discard(cluster)
 
+    def status_read_shed(self, path: str) -> None:
+        """A status view answered 429: over `CONVERGERD_STATUS_READS_PER_SECOND`."""
+        self._status_shed[(path,)] = self._status_shed.get((path,), 0.0) + 1
+
     def set_loop_lag(self, seconds: float) -> None:
         self._loop_lag_s = max(0.0, seconds)
 
@@ -433,6 +438,9 @@ class Metrics:
                        [], {(): self._transitions})
         yield _counter("convergerd_record_failures", "Records the database refused for good "
                        "(dropped), by reason", ["reason"], self._record_failures)
+        yield _counter("convergerd_status_reads_shed", "Status view requests answered 429 "
+                       "(over CONVERGERD_STATUS_READS_PER_SECOND), by path", ["path"],
+                       self._status_shed)
 
         apply_latency = HistogramMetricFamily(
             "convergerd_apply_duration_seconds", "Latency of apply requests per cluster",

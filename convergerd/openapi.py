@@ -178,6 +178,10 @@ _AUTH = _answer("no or a wrong bearer token")
 _NO_TOKEN_OR_DB = _answer("the database is unavailable, or CONVERGERD_API_TOKEN is unset "
                           "(the mutating endpoints are then disabled)")
 _TOO_BIG = _answer("the body is over 16 KiB")
+_SHED = {**_answer("over this replica's status budget (CONVERGERD_STATUS_READS_PER_SECOND): "
+                   "retry after `Retry-After` seconds"),
+         "headers": {"Retry-After": {"description": "seconds to wait before asking again",
+                                     "schema": {"type": "integer", "minimum": 1}}}}
 
 
 def _mutation(summary: str, description: str, ok: str, extra: dict[str, Any],
@@ -213,7 +217,7 @@ _PATHS: dict[str, Any] = {
             "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
     "/status": {"get": {
         "summary": "the replica's view of the fleet: leader, rounds, clusters worst first",
-        "responses": {"200": _answer("status", "Status")}}},
+        "responses": {"200": _answer("status", "Status"), "429": _SHED}}},
     "/openapi.json": {"get": {
         "summary": "this document", "responses": {"200": {
             "description": "OpenAPI 3",
@@ -223,12 +227,12 @@ _PATHS: dict[str, Any] = {
         "parameters": [_CLUSTER_ID], "responses": {
             "200": _answer("the cluster (database errors are reported in `database`)",
                            "ClusterView"),
-            "400": _BAD_ID, "404": _answer("unknown cluster")}}},
+            "400": _BAD_ID, "404": _answer("unknown cluster"), "429": _SHED}}},
     "/v1/policies/{id}/status": {"get": {
         "summary": "one policy per cluster: in scope, revisions, error, phase",
         "parameters": [_POLICY_ID], "responses": {
             "200": _answer("the policy", "PolicyView"), "400": _BAD_ID,
-            "404": _answer("no such policy"),
+            "404": _answer("no such policy"), "429": _SHED,
             "503": _answer("the database is unavailable")}}},
     "/v1/policies/{id}/apply": {"post": _mutation(
         "save: apply the policy to every cluster in scope now",

@@ -13,6 +13,7 @@ import argparse
 import datetime as dt
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -56,22 +57,34 @@ class StatusUnavailable(Exception):
     pass
 
 
+# A 429's Retry-After is honoured up to this many seconds (and within --timeout).
+_MAX_RETRY_AFTER_S = 10
+
+
+def _retry_after(exc: urllib.error.HTTPError) -> int | None:
+    try:
+        value = int(exc.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    return value if 0 <= value <= _MAX_RETRY_AFTER_S else None
+
+
 def fetch_status(addr: str, *, timeout_s: float) -> dict[str, Any]:
+    """`/status` of the daemon at `addr`. A daemon shedding status reads (429) is asked again
+    after its Retry-After, while that fits in `timeout_s`."""
     url = f"{addr}/status"
     if not url.startswith(("http://", "https://")):
         raise StatusUnavailable(f"{addr} is not an http(s) address")
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            body = response.read()
-    except urllib.error.HTTPError as exc:
-        raise StatusUnavailable(f"{url} answered {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise StatusUnavailable(
-            f"cannot reach convergerd at {addr} ({reason}); is the daemon running, "
-            "and is --addr its CONVERGERD_HTTP_ADDR?"
-        ) from None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            body = _get(addr, url, timeout_s=max(0.1, deadline - time.monotonic()))
+            break
+        except urllib.error.HTTPError as exc:
+            wait = _retry_after(exc) if exc.code == 429 else None
+            if wait is None or time.monotonic() + wait >= deadline:
+                raise StatusUnavailable(f"{url} answered {exc.code} {exc.reason}") from None
+            time.sleep(wait)
     try:
         doc = json.loads(body)
     except ValueError:
@@ -79,6 +92,22 @@ def fetch_status(addr: str, *, timeout_s: float) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise StatusUnavailable(f"{url} did not answer with a status document")
     return doc
+
+
+def _get(addr: str, url: str, *, timeout_s: float) -> bytes:
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            body: bytes = response.read()
+            return body
+    except urllib.error.HTTPError:
+        raise  # an answer: the caller decides
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise StatusUnavailable(
+            f"cannot reach convergerd at {addr} ({reason}); is the daemon running, "
+            "and is --addr its CONVERGERD_HTTP_ADDR?"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------

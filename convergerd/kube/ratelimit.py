@@ -38,8 +38,29 @@ def reserve(
     return BucketState(tokens=tokens, updated=current.updated), wait
 
 
+def take(
+    state: BucketState, now: float, *, rate: float, burst: int
+) -> tuple[BucketState, float]:
+    """Take one token only if one is there now: the new state and 0; else the state unchanged
+    (refilled) and how long until a token is there. Nothing is promised ahead: a caller that is
+    refused answers at once instead of waiting (load shedding)."""
+    current = refill(state, now, rate=rate, burst=burst)
+    if current.tokens >= 1.0:
+        return BucketState(tokens=current.tokens - 1.0, updated=current.updated), 0.0
+    return current, (1.0 - current.tokens) / rate
+
+
+def charge(state: BucketState, now: float, tokens: float, *, rate: float,
+           burst: int) -> BucketState:
+    """Take `tokens` more after the fact (work found to be bigger than one token), going into
+    debt if need be: the next takers wait until it is paid back."""
+    current = refill(state, now, rate=rate, burst=burst)
+    return BucketState(tokens=current.tokens - tokens, updated=current.updated)
+
+
 class TokenBucket:
-    """Starts full (a burst is allowed at once). One instance per cluster."""
+    """Starts full (a burst is allowed at once). One instance per cluster (`acquire`), or for
+    the status views (`try_take`)."""
 
     def __init__(
         self,
@@ -70,3 +91,14 @@ class TokenBucket:
         self._state = new_state
         if wait > 0:
             await self._sleep(wait)
+
+    def try_take(self) -> float:
+        """Take a token if one is there now (0.0); else the seconds until one is, taking none."""
+        self._state, wait = take(self._state, self._clock(), rate=self.rate, burst=self.burst)
+        return wait
+
+    def charge(self, tokens: float) -> None:
+        """Take `tokens` more for work already done (see `charge`)."""
+        if tokens > 0:
+            self._state = charge(self._state, self._clock(), tokens, rate=self.rate,
+                                 burst=self.burst)

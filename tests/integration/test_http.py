@@ -40,6 +40,7 @@ from convergerd.rows import (
     RoundRow,
 )
 from convergerd.state import StatusState
+from convergerd.statuscli import StatusUnavailable, fetch_status
 from convergerd.statussync import StatusSync
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
@@ -423,7 +424,8 @@ async def test_status_reads_are_few_at_a_time_and_give_up_quickly(
     does not answer costs a request its short timeout (503 for a policy, the cluster from
     memory), not the rounds' connections."""
     slow = SlowStore()
-    app = make_app(metrics=Metrics(), state=state, store=slow, settings=settings(),
+    app = make_app(metrics=Metrics(), state=state, store=slow,
+                   settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="100"),
                    health=health, status_db_timeout_s=0.3)
     state.observe_probe("c1", reachable=True)
     async for client in _serve(app, seen):
@@ -443,6 +445,59 @@ async def test_status_reads_are_few_at_a_time_and_give_up_quickly(
         assert took < 10  # each waited its own 0.3 s, not 100 x 0.3 s one after another
         slow.release.set()
         assert (await client.get("/v1/policies/p1/status")).status == 200
+
+
+async def test_status_reads_over_the_budget_are_shed_at_once_but_health_and_metrics_are_not(
+    store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
+) -> None:
+    """At 2 reads/s (bursts of 4) the 5th view in a burst is answered 429 with Retry-After,
+    without a database query; health, readiness and metrics still answer; once the budget
+    refills the views serve again."""
+    metrics = Metrics()
+    app = make_app(metrics=metrics, state=state, store=store, health=health,
+                   settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="2"))
+    state.observe_probe("c1", reachable=True)
+    async for client in _serve(app, seen):
+        paths = ["/status", "/v1/clusters/c1", "/v1/policies/p1/status", "/status"]
+        assert [(await client.get(p)).status for p in paths] == [200, 200, 200, 200]
+        queries = len(store.calls)
+        shed = [await client.get(p) for p in ("/v1/clusters/c1", "/v1/policies/p1/status",
+                                              "/status")]
+        assert [r.status for r in shed] == [429, 429, 429]
+        assert len(store.calls) == queries  # shed before any database work
+        assert shed[0].headers["Retry-After"] == "1"
+        body = await shed[0].json()
+        assert body["retry_after_seconds"] == 1
+        assert "CONVERGERD_STATUS_READS_PER_SECOND" in body["error"]
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert (await client.get(path)).status == 200, path
+        text = metrics.render().decode()
+        assert 'convergerd_status_reads_shed_total{path="/v1/clusters/{id}"} 1.0' in text
+        assert 'convergerd_status_reads_shed_total{path="/status"} 1.0' in text
+        deadline = asyncio.get_running_loop().time() + 5  # refills at 2/s: one within 0.5 s
+        while (status := (await client.get("/status")).status) == 429:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        assert status == 200
+
+
+async def test_convergerd_status_waits_out_a_429(
+    store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
+) -> None:
+    """`convergerd status` against a daemon shedding status reads: it honours Retry-After and
+    shows the status instead of failing; with no time left for the wait it says 429."""
+    app = make_app(metrics=Metrics(), state=state, store=store, health=health,
+                   settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="1"))
+    async for client in _serve(app, seen):
+        addr = str(client.make_url("")).rstrip("/")
+        while (await client.get("/status")).status != 429:  # use up the burst
+            pass
+        doc = await asyncio.to_thread(fetch_status, addr, timeout_s=10)
+        assert doc["identity"] == "rep-standby"
+        while (await client.get("/status")).status != 429:
+            pass
+        with pytest.raises(StatusUnavailable, match="answered 429"):
+            await asyncio.to_thread(fetch_status, addr, timeout_s=0.5)
 
 
 # -- mutations -------------------------------------------------------------------------------------

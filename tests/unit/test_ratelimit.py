@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from convergerd.errors import ClusterUnreachable
-from convergerd.kube.ratelimit import BucketState, TokenBucket, refill, reserve
+from convergerd.kube.ratelimit import (
+    BucketState,
+    TokenBucket,
+    charge,
+    refill,
+    reserve,
+    take,
+)
 from tests.unit.faketime import FakeTime
 
 
@@ -72,3 +79,43 @@ async def test_never_waits_past_the_deadline() -> None:
 def test_rejects_nonsense_settings() -> None:
     with pytest.raises(ValueError, match="rate"):
         TokenBucket(rate=0, burst=1, clock=lambda: 0.0)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "now", "expected_tokens", "expected_wait"),
+    [  # rate 10/s, burst 5
+        (5.0, 0.0, 4.0, 0.0),  # a token is there: taken
+        (1.0, 0.0, 0.0, 0.0),  # the last one
+        (0.0, 0.0, 0.0, 0.1),  # none: refused, nothing promised ahead
+        (0.5, 0.0, 0.5, 0.05),  # half a token: refused, the wait for the other half
+        (0.0, 0.1, 0.0, 0.0),  # one accrued by now: taken
+    ],
+)
+def test_take_never_goes_into_debt(
+    tokens: float, now: float, expected_tokens: float, expected_wait: float
+) -> None:
+    state, wait = take(BucketState(tokens, 0.0), now, rate=10.0, burst=5)
+    assert state.tokens == pytest.approx(expected_tokens)
+    assert wait == pytest.approx(expected_wait)
+
+
+def test_try_take_refuses_past_the_burst_and_serves_again_after_the_wait() -> None:
+    time = FakeTime()
+    bucket = TokenBucket(rate=2.0, burst=2, clock=time.clock)
+    assert [bucket.try_take() for _ in range(3)] == [0.0, 0.0, pytest.approx(0.5)]
+    assert bucket.try_take() == pytest.approx(0.5)  # refusals take nothing
+    time.now += 0.5
+    assert bucket.try_take() == 0.0
+
+
+def test_charge_goes_into_debt_that_later_takers_wait_out() -> None:
+    state = charge(BucketState(5.0, 0.0), 0.0, 12.0, rate=10.0, burst=5)
+    assert state.tokens == pytest.approx(-7.0)
+    state, wait = take(state, 0.0, rate=10.0, burst=5)
+    assert wait == pytest.approx(0.8)  # 8 tokens short of one at 10/s
+    time = FakeTime()
+    bucket = TokenBucket(rate=10.0, burst=5, clock=time.clock)
+    bucket.charge(0)  # nothing more to take
+    assert bucket.try_take() == 0.0
+    bucket.charge(6)
+    assert bucket.try_take() == pytest.approx(0.3)
