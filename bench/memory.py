@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import convergerd.kube.client as kube_client
+from convergerd import eventloop
 from convergerd.kube.kubeconfig import load_kubeconfig
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.metrics import Metrics
@@ -240,6 +241,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="seconds between probe passes (the daemon's default: 10)")
     parser.add_argument("--budget-mb-per-cluster", type=float, default=None, metavar="MB",
                         help="exit 1 if RSS growth per cluster after the in-sync round is above")
+    parser.add_argument("--stdlib-loop", action="store_true",
+                        help="run on asyncio's own loop (256 KiB TLS read buffers), not "
+                             "convergerd.eventloop's (32 KiB): for comparison")
     parser.add_argument("--keepalive-override", action="append", default=[],
                         metavar="NAME=SECONDS",
                         help="set convergerd.kube.client.NAME (experiments only)")
@@ -280,7 +284,7 @@ def over_budget(results: Sequence[dict[str, Any]], budget: float) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    results = asyncio.run(main_async(args))
+    results = (asyncio.run if args.stdlib_loop else eventloop.run)(main_async(args))
     if args.budget_mb_per_cluster is not None:
         failed = over_budget(results, args.budget_mb_per_cluster)
         for line in failed:

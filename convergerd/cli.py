@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import json
 import logging
@@ -13,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from convergerd import __version__
+from convergerd import __version__, eventloop
 from convergerd.config import (
     OPERATOR_SETTINGS,
     OPERATOR_SHARED_KEYS,
@@ -231,7 +230,7 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per com
         configure_logging(operator_settings.log_level, operator_settings.log_format)
         from convergerd.operator.main import run_operator
 
-        return asyncio.run(run_operator(operator_settings))
+        return eventloop.run(run_operator(operator_settings))
 
     forced = {"once": "true"} if command == "once" else {}
     flags = _flags(args, **forced)
@@ -245,23 +244,23 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per com
     if command in ("run", "once"):
         from convergerd import runtime
 
-        return asyncio.run(runtime.run_daemon(settings))
+        return eventloop.run(runtime.run_daemon(settings))
     if command == "demo":
         from convergerd import demo
 
-        return asyncio.run(demo.run(args, settings))
+        return eventloop.run(demo.run(args, settings))
     if settings.database_url is None:
         raise ConfigError(SETTINGS_BY_KEY["database_url"].env, None, "required for " + command)
     if command == "migrate":
         from convergerd.store.schema import migrate
 
-        applied = asyncio.run(migrate(settings.database_url))
+        applied = eventloop.run(migrate(settings.database_url))
         log.info("schema %s", f"upgraded: {', '.join(applied)}" if applied else "up to date")
         return EXIT_OK
     if command == "import":
         from convergerd.store.importer import import_file
 
-        summary = asyncio.run(
+        summary = eventloop.run(
             import_file(settings.database_url, args.file, max_bytes=settings.import_max_bytes)
         )
         print(summary)

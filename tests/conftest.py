@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from convergerd.eventloop import EventLoop
 
 pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.fleet"]
 
@@ -18,6 +20,13 @@ settings.register_profile(
     "convergerd", deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("convergerd")
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Every async test runs on the loop the processes run on (`convergerd.eventloop`)."""
+    return {"convergerd": EventLoop}
 
 
 @pytest.fixture(autouse=True)

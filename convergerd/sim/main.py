@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from convergerd import eventloop
+
 if TYPE_CHECKING:
     from convergerd.sim.fleet import FleetConfig
-
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from convergerd.sim.fleet import FleetConfigError
 
     try:
-        asyncio.run(serve(args))
+        eventloop.run(serve(args))
     except FleetConfigError as e:
         log.error("sim: %s", e)  # noqa: TRY400 - a config error needs no traceback
         return 2

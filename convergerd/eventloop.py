@@ -1,0 +1,58 @@
+"""The event loop every convergerd process runs on: asyncio's, with a smaller TLS read buffer.
+
+asyncio gives every TLS connection a 256 KiB read buffer (`asyncio.sslproto.SSLProtocol.
+max_size`), allocated and zero-filled when the connection opens, so it is resident for the
+connection's whole life. The daemon keeps one warm connection per cluster (and the simulator
+one per client connection): at 10,000 clusters that is 2.5 GB of buffers alone. A TLS record
+is at most 16 KiB of plaintext plus its overhead, so `TLS_READ_BUFFER_BYTES` still takes a
+whole record per `recv` and a big list answer costs a few more `recv` calls, not more memory.
+
+There is no public knob for it: `EventLoop` overrides the loop's (private, but unchanged since
+3.11) `_make_ssl_transport` to build the same protocol with a smaller class attribute, so only
+loops made here are affected, never a library's or a test runner's own loop. `run` is
+`asyncio.run` on this loop; tests run on it too (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from asyncio import constants, selector_events, sslproto
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# 32 KiB: two full TLS records per read (16 KiB + 256 bytes each), 1/8 of asyncio's buffer.
+TLS_READ_BUFFER_BYTES = 32 * 1024
+
+
+class _SSLProtocol(sslproto.SSLProtocol):
+    max_size = TLS_READ_BUFFER_BYTES
+
+
+class EventLoop(asyncio.SelectorEventLoop):
+    """`asyncio.SelectorEventLoop` whose TLS connections read through a 32 KiB buffer."""
+
+    def _make_ssl_transport(
+        self, rawsock: Any, protocol: Any, sslcontext: Any, waiter: Any = None, *,
+        server_side: bool = False, server_hostname: str | None = None, extra: Any = None,
+        server: Any = None,
+        ssl_handshake_timeout: Any = constants.SSL_HANDSHAKE_TIMEOUT,
+        ssl_shutdown_timeout: Any = constants.SSL_SHUTDOWN_TIMEOUT,
+    ) -> asyncio.Transport:
+        # As asyncio's own (selector_events.BaseSelectorEventLoop), with our protocol class.
+        ssl_protocol = _SSLProtocol(
+            self, protocol, sslcontext, waiter, server_side, server_hostname,
+            ssl_handshake_timeout=ssl_handshake_timeout,
+            ssl_shutdown_timeout=ssl_shutdown_timeout,
+        )
+        selector_events._SelectorSocketTransport(  # type: ignore[attr-defined]
+            self, rawsock, ssl_protocol, extra=extra, server=server)
+        transport: asyncio.Transport = ssl_protocol._app_transport
+        return transport
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on an `EventLoop`."""
+    with asyncio.Runner(loop_factory=EventLoop) as runner:
+        return runner.run(main)
