@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 import urllib.parse
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +51,6 @@ from tests.integration.rounds_helpers import (
 
 C1, C2, C3 = ClusterId("c0001"), ClusterId("c0002"), ClusterId("c0003")
 MERGE_PATCH = "application/merge-patch+json"
-
-
-@pytest.fixture
-async def rounds(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[Rounds]:
-    await import_doc(database_url, FLEET_DOC)
-    harness = Rounds(fleet, store, settings_for(fleet.kubeconfig_path, database_url))
-    try:
-        yield harness
-    finally:
-        await harness.close()
 
 
 def outcome(report: RoundReport, cluster: str) -> ClusterOutcome:
