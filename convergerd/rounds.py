@@ -19,10 +19,11 @@ import datetime as dt
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from convergerd.config import Settings
-from convergerd.converge import ClusterSource, Round, RoundLimits, WriteGuard, run_round
+from convergerd.converge import ClusterSource, Retrier, Round, RoundLimits, WriteGuard, run_round
 from convergerd.errors import ConfigError, DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.leader import Leadership
 from convergerd.lease import Fence
@@ -66,6 +67,27 @@ def invalid_to_log(
     return [bad for key, bad in current.items() if key not in seen], set(current)
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterCalls:
+    """How this daemon calls a cluster, in rounds and saves alike."""
+
+    retrier: Retrier  # the retry policy, reporting each retry to the observer
+    request_timeout_s: float
+    clock: Callable[[], float]  # monotonic (loop time)
+    wall: Callable[[], dt.datetime]  # UTC, for records
+
+
+def cluster_calls(settings: Settings, observer: RetryObserver) -> ClusterCalls:
+    """The one wiring of cluster calls, shared by `round_env` and `runtime.fanout_env` so that
+    saves and rounds retry, time out and timestamp the same way."""
+    return ClusterCalls(
+        retrier=functools.partial(call_with_retries, observer=observer),
+        request_timeout_s=settings.clusters.request_timeout_s,
+        clock=asyncio.get_running_loop().time,
+        wall=utc_now,
+    )
+
+
 def round_env(
     settings: Settings,
     clusters: ClusterSource,
@@ -75,20 +97,21 @@ def round_env(
     deadline_s: float,
     guard: WriteGuard | None = None,
 ) -> Round:
-    """What a round of this daemon runs with: the settings' limits, the retry policy
-    reporting to `observer`, the loop's clock. Pure wiring (tests build rounds with it too)."""
+    """What a round of this daemon runs with: the settings' limits and `cluster_calls`. Pure
+    wiring (tests build rounds with it too)."""
+    calls = cluster_calls(settings, observer)
     return Round(
         clusters=clusters,
-        retrier=functools.partial(call_with_retries, observer=observer),
+        retrier=calls.retrier,
         fence=fence,
         limits=RoundLimits(
             deadline_s=deadline_s,
             cluster_concurrency=settings.rounds.cluster_concurrency,
             apply_concurrency=settings.clusters.apply_concurrency,
-            request_timeout_s=settings.clusters.request_timeout_s,
+            request_timeout_s=calls.request_timeout_s,
         ),
-        clock=asyncio.get_running_loop().time,
-        wall=utc_now,
+        clock=calls.clock,
+        wall=calls.wall,
         guard=guard,
     )
 

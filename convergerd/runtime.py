@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -43,9 +42,9 @@ from convergerd.listener import Listener
 from convergerd.metrics import FanoutMetrics, Metrics
 from convergerd.mutations import handlers
 from convergerd.probe import Answers, Prober
-from convergerd.report import RoundReport, RoundResult, utc_now
-from convergerd.retry import RetryObserver, call_with_retries
-from convergerd.rounds import RoundLoop, StopFence, database_backoff_s
+from convergerd.report import RoundReport, RoundResult
+from convergerd.retry import RetryObserver
+from convergerd.rounds import RoundLoop, StopFence, cluster_calls, database_backoff_s
 from convergerd.state import StatusState
 from convergerd.statussync import StatusSync
 from convergerd.store.notify import PgNotifications
@@ -66,17 +65,18 @@ STATUS_SYNC_PERIOD_S = 30.0
 def fanout_env(
     settings: Settings, clusters: SaveClusters, fence: Fence, observer: RetryObserver
 ) -> FanoutEnv:
-    """What a save or delete runs with: the rounds' clients, retry policy and error classes,
-    under the save deadline."""
+    """What a save or delete runs with: the rounds' clients and `cluster_calls`, under the save
+    deadline."""
+    calls = cluster_calls(settings, observer)
     return FanoutEnv(
         clusters=clusters,
-        retrier=functools.partial(call_with_retries, observer=observer),
+        retrier=calls.retrier,
         fence=fence,
-        request_timeout_s=settings.clusters.request_timeout_s,
+        request_timeout_s=calls.request_timeout_s,
         deadline_s=settings.saves.deadline_s,
         concurrency=settings.rounds.cluster_concurrency,
-        clock=asyncio.get_running_loop().time,
-        wall=utc_now,
+        clock=calls.clock,
+        wall=calls.wall,
     )
 
 

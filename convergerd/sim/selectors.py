@@ -36,7 +36,13 @@ _ID = "id"
 _ERR = "error"
 
 _NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# apimachinery's IsDNS1123Subdomain (at most 253 characters), also used by the store for names.
+DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+SUBDOMAIN_MSG = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' "
+    "or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex "
+    "used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
 _VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _NAME_MSG = (
     "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and "
@@ -239,13 +245,8 @@ def _validate_key(key: str) -> None:
     errs: list[str] = []
     if "/" in key and not prefix:
         errs.append("prefix part must be non-empty")
-    elif prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix)):
-        errs.append(
-            "prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
-            "characters, '-' or '.', and must start and end with an alphanumeric character "
-            "(e.g. 'example.com', regex used for validation is "
-            "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-        )
+    elif prefix and (len(prefix) > 253 or not DNS_SUBDOMAIN_RE.match(prefix)):
+        errs.append(f"prefix part {SUBDOMAIN_MSG}")
     if not name:
         errs.append("name part must be non-empty")
     elif len(name) > 63:

@@ -30,6 +30,8 @@ import yaml
 from convergerd.sim import patches, ssa, status
 from convergerd.sim.resources import LEASES, NAMESPACES, PODS, ResourceType, served
 from convergerd.sim.selectors import (
+    DNS_SUBDOMAIN_RE,
+    SUBDOMAIN_MSG,
     FieldSelector,
     LabelSelector,
     parse_field_selector,
@@ -50,16 +52,10 @@ _SYSTEM_MANAGER = "kube-apiserver"
 _MAX_MANAGER_LEN = 128
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apiserver's generateName alphabet
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_MSG = (
     "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
     "and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', "
     "regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
-)
-_SUBDOMAIN_MSG = (
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' "
-    "or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex "
-    "used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
 )
 _MICRO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
 _MICRO_LAYOUT = "2006-01-02T15:04:05.000000Z07:00"
@@ -954,7 +950,7 @@ def _validate_name(rt: ResourceType, name: Any) -> None:
     limit, pattern, msg = (
         (63, _DNS_LABEL, _LABEL_MSG)
         if rt.name_is_dns_label
-        else (253, _DNS_SUBDOMAIN, _SUBDOMAIN_MSG)
+        else (253, DNS_SUBDOMAIN_RE, SUBDOMAIN_MSG)
     )
     problems = []
     if len(name) > limit:

@@ -16,7 +16,7 @@ only when its content (boundary, rule, enabled) changes, and new policies start 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,18 +188,30 @@ def _check_duplicate(label: str, kind: str, ident: str, seen: set[str], p: _Prob
     return True
 
 
-def _parse_clusters(data: Mapping[str, Any], problems: _Problems) -> list[str]:
-    clusters: list[str] = []
-    seen: set[str] = set()
-    for where, entry in _entries(data, "clusters", problems):
-        label, ident = _entry_id(where, entry, CLUSTER_FIELDS, problems)
+def _entries_with_valid_id(
+    data: Mapping[str, Any], key: str, fields: Sequence[str], check: Callable[[str], None],
+    problems: _Problems,
+) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """The entries of `data[key]` whose id passes `check`, as (label, id, entry); reports the
+    others. Lazily, so problems stay in file order."""
+    for where, entry in _entries(data, key, problems):
+        label, ident = _entry_id(where, entry, fields, problems)
         if ident is None:
             continue
         try:
-            check_cluster_id(ident)
+            check(ident)
         except RuleError as exc:
             problems.add(label, _renamed(exc, "id"))
             continue
+        yield label, ident, entry
+
+
+def _parse_clusters(data: Mapping[str, Any], problems: _Problems) -> list[str]:
+    clusters: list[str] = []
+    seen: set[str] = set()
+    for label, ident, _ in _entries_with_valid_id(
+        data, "clusters", CLUSTER_FIELDS, check_cluster_id, problems
+    ):
         if _check_duplicate(label, "cluster", ident, seen, problems):
             clusters.append(ident)
     return clusters
@@ -231,15 +243,9 @@ def _parse_member_list(label: str, raw: Any, problems: _Problems) -> tuple[str, 
 def _parse_boundaries(data: Mapping[str, Any], problems: _Problems) -> list[ImportedBoundary]:
     boundaries: list[ImportedBoundary] = []
     seen: set[str] = set()
-    for where, entry in _entries(data, "boundaries", problems):
-        label, ident = _entry_id(where, entry, BOUNDARY_FIELDS, problems)
-        if ident is None:
-            continue
-        try:
-            check_boundary_id(ident)
-        except RuleError as exc:
-            problems.add(label, _renamed(exc, "id"))
-            continue
+    for label, ident, entry in _entries_with_valid_id(
+        data, "boundaries", BOUNDARY_FIELDS, check_boundary_id, problems
+    ):
         members = _parse_member_list(label, entry.get("clusters"), problems)
         if _check_duplicate(label, "boundary", ident, seen, problems) and members is not None:
             boundaries.append(ImportedBoundary(ident, members))

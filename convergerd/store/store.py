@@ -404,35 +404,27 @@ class Store:
             for r in rows
         ]
 
-    async def deliveries_for_policy(self, policy_id: str) -> list[DeliveryRow]:
+    async def _deliveries(self, where: str, *args: Any) -> list[DeliveryRow]:
+        """Delivery records by `where`: the callers' literal clause after WHERE (ORDER BY
+        included); values only as `args`."""
+        query = f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE {where}"  # noqa: S608
         async with self._acquire() as conn:
-            rows = await conn.fetch(
-                f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE policy_id = $1 "  # noqa: S608
-                "ORDER BY cluster_id",
-                policy_id,
-            )
+            rows = await conn.fetch(query, *args)
         return [_delivery_row(r) for r in rows]
+
+    async def deliveries_for_policy(self, policy_id: str) -> list[DeliveryRow]:
+        return await self._deliveries("policy_id = $1 ORDER BY cluster_id", policy_id)
 
     async def deliveries_for_clusters(self, cluster_ids: Sequence[str]) -> list[DeliveryRow]:
         """The records of several clusters in one query (a standby catching up)."""
         if not cluster_ids:
             return []
-        async with self._acquire() as conn:
-            rows = await conn.fetch(
-                f"SELECT {_DELIVERY_COLUMNS} FROM deliveries "  # noqa: S608
-                "WHERE cluster_id = ANY($1::text[]) ORDER BY cluster_id, policy_id",
-                list(cluster_ids),
-            )
-        return [_delivery_row(r) for r in rows]
+        return await self._deliveries(
+            "cluster_id = ANY($1::text[]) ORDER BY cluster_id, policy_id", list(cluster_ids)
+        )
 
     async def deliveries_for_cluster(self, cluster_id: str) -> list[DeliveryRow]:
-        async with self._acquire() as conn:
-            rows = await conn.fetch(
-                f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE cluster_id = $1 "  # noqa: S608
-                "ORDER BY policy_id",
-                cluster_id,
-            )
-        return [_delivery_row(r) for r in rows]
+        return await self._deliveries("cluster_id = $1 ORDER BY policy_id", cluster_id)
 
     # ---- saves and deletions -----------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from convergerd.metrics import Metrics
 from convergerd.report import RoundReport
 from convergerd.rounds import round_env
 from convergerd.runtime import Daemon
+from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.store.importer import apply_plan, parse_import
@@ -164,6 +165,22 @@ async def running_daemon(settings: Settings) -> AsyncIterator[tuple[Daemon, asyn
         daemon.stopping.set()
         exit_code = await asyncio.wait_for(task, 30)
     assert exit_code == 0
+
+
+async def sigterm_mid_round(fleet: Fleet, database_url: str) -> None:
+    """`FLEET_DOC` converged by a running daemon that is stopped as SIGTERM stops it in the
+    middle of its first round: c0001 answers slowly and gets one write at a time, so the stop
+    comes after its first write, with its others still to go (the fast clusters have finished).
+    Returns once the daemon exited 0; what landed is the caller's to check."""
+    await import_doc(database_url, FLEET_DOC)
+    fleet.set_faults("c0001", Faults(latency_ms=400))
+    settings = settings_for(fleet.kubeconfig_path, database_url,
+                            CONVERGERD_APPLY_CONCURRENCY="1",
+                            CONVERGERD_REQUEST_TIMEOUT_SECONDS="2")
+    async with running_daemon(settings) as (daemon, task):
+        await wait_for(lambda: writes(fleet, "c0001") >= 1, what="c0001's first write")
+        daemon.stopping.set()  # what the SIGTERM handler does
+        assert await asyncio.wait_for(task, 10) == 0
 
 
 class TcpProxy:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -113,6 +113,19 @@ async def phase_is(fleet: Fleet, pid: str, phase: str) -> dict[str, Any] | None:
     if policy is not None and (policy.get("status") or {}).get("phase") == phase:
         return policy
     return None
+
+
+async def verified_when(
+    fleet: Fleet, pid: str, accept: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any] | None:
+    """The Verified condition of a Policy once `accept` holds for it, else None (`wait_for`)."""
+    found = condition(await get(fleet, f"{POLICIES}/policy-{pid}"), "Verified")
+    return found if found is not None and accept(found) else None
+
+
+async def verified_of(fleet: Fleet, pid: str) -> dict[str, Any] | None:
+    """The Verified condition of a Policy once a probe has answered (not Unknown Pending)."""
+    return await verified_when(fleet, pid, lambda v: v["reason"] != "Pending")
 
 
 def writes(fleet: Fleet, after: int = 0) -> list[Any]:
@@ -248,12 +261,8 @@ async def test_probe_denied_by_our_policy_is_verified(fleet: Fleet) -> None:
     fleet.store(CLUSTER).admission = _deny_probe_pods
     async with running(operator_settings(fleet)) as proc:
         await put_policy(fleet, "p1")
-
-        async def verified() -> dict[str, Any] | None:
-            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
-            return found if found is not None and found["status"] != "Unknown" else None
-
-        found = await wait_for(verified)
+        found = await wait_for(
+            lambda: verified_when(fleet, "p1", lambda v: v["status"] != "Unknown"))
         assert (found["status"], found["reason"]) == ("True", "Denied"), found
         assert found["lastProbeTime"]
         assert proc.metrics.probes["Denied"] == 1
@@ -265,12 +274,8 @@ async def test_probe_denied_by_our_policy_is_verified(fleet: Fleet) -> None:
 async def test_probe_admitted_and_no_namespace_are_reported(fleet: Fleet) -> None:
     async with running(operator_settings(fleet)) as proc:
         await put_policy(fleet, "p1")
-
-        async def verified() -> dict[str, Any] | None:
-            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
-            return found if found is not None and found["status"] == "False" else None
-
-        found = await wait_for(verified)
+        found = await wait_for(
+            lambda: verified_when(fleet, "p1", lambda v: v["status"] == "False"))
         assert found["reason"] == "NoBoundaryNamespace"
         # The API is served but the apiserver enforces nothing (its admission plugin is off):
         # the objects exist (Enforcing), the probe's violating Pod is admitted.
@@ -279,12 +284,8 @@ async def test_probe_admitted_and_no_namespace_are_reported(fleet: Fleet) -> Non
         # A new generation makes the probe due again soon.
         await put_policy(fleet, "p1", rule={"type": "AllowedRegistries",
                                             "registries": ["registry.example.com"]})
-
-        async def admitted() -> dict[str, Any] | None:
-            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
-            return found if found is not None and found["reason"] == "Admitted" else None
-
-        found = await wait_for(admitted)
+        found = await wait_for(
+            lambda: verified_when(fleet, "p1", lambda v: v["reason"] == "Admitted"))
         assert found["status"] == "False"
         assert "ADMITTED" in found["message"]
         assert len(proc.metrics.admitted) == 1
@@ -296,12 +297,8 @@ async def test_probe_against_simulator_admission_is_verified(fleet: Fleet) -> No
     await put_namespace(fleet, "team-a", "b1")
     async with running(operator_settings(fleet)):
         await put_policy(fleet, "p1")
-
-        async def verified() -> dict[str, Any] | None:
-            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
-            return found if found is not None and found["status"] != "Unknown" else None
-
-        found = await wait_for(verified)
+        found = await wait_for(
+            lambda: verified_when(fleet, "p1", lambda v: v["status"] != "Unknown"))
         assert (found["status"], found["reason"]) == ("True", "Denied"), found
 
 
@@ -357,10 +354,9 @@ async def test_binding_deleted_by_hand_is_seen_by_the_probe_then_repaired(fleet:
     async with running(settings) as proc:
         await put_policy(fleet, "p1")
 
-        async def verified(status: str, reason: str) -> dict[str, Any] | None:
-            found = condition(await get(fleet, f"{POLICIES}/policy-p1"), "Verified")
-            return found if found is not None and (found["status"], found["reason"]) == (
-                status, reason) else None
+        def verified(status: str, reason: str) -> Awaitable[dict[str, Any] | None]:
+            return verified_when(fleet, "p1",
+                                 lambda v: (v["status"], v["reason"]) == (status, reason))
 
         await wait_for(lambda: verified("True", "Denied"))
         resp = await kube_http(fleet, CLUSTER, "DELETE", binding_path("p1"))
@@ -375,12 +371,6 @@ async def test_binding_deleted_by_hand_is_seen_by_the_probe_then_repaired(fleet:
         again = await wait_for(lambda: verified("True", "Denied"))
         assert again["lastProbeTime"] >= found["lastProbeTime"]
         assert not proc.metrics.admitted
-
-
-async def verified_of(fleet: Fleet, pid: str) -> dict[str, Any] | None:
-    """The Verified condition of a Policy once a probe has answered (not Unknown Pending)."""
-    found = condition(await get(fleet, f"{POLICIES}/policy-{pid}"), "Verified")
-    return found if found is not None and found["reason"] != "Pending" else None
 
 
 async def test_two_policies_in_one_boundary_are_each_verified_by_their_own_denial(

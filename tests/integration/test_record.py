@@ -31,7 +31,6 @@ from convergerd.report import (
     RoundReport,
 )
 from convergerd.runtime import Daemon
-from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import HOME, Fleet
 from convergerd.sim.resources import LEASES, POLICIES
 from convergerd.store.store import Store
@@ -43,8 +42,8 @@ from tests.integration.rounds_helpers import (
     objects,
     running_daemon,
     settings_for,
+    sigterm_mid_round,
     wait_for,
-    writes,
 )
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
@@ -410,15 +409,7 @@ async def test_a_round_cut_by_sigterm_records_the_writes_it_made(
 ) -> None:
     """SIGTERM mid-round: the policies written on the slow cluster before the stop, and the
     clusters that finished, are recorded; the round itself is recorded as cut short."""
-    await import_doc(database_url, FLEET_DOC)
-    fleet.set_faults(C1, Faults(latency_ms=400))  # one applier: c0001's writes go one by one
-    settings = settings_for(fleet.kubeconfig_path, database_url,
-                            CONVERGERD_APPLY_CONCURRENCY="1",
-                            CONVERGERD_REQUEST_TIMEOUT_SECONDS="2")
-    async with running_daemon(settings) as (daemon, task):
-        await wait_for(lambda: writes(fleet, C1) >= 1, what="c0001's first write")
-        daemon.stopping.set()  # what the SIGTERM handler does
-        assert await asyncio.wait_for(task, 10) == 0
+    await sigterm_mid_round(fleet, database_url)
 
     written = {name.removeprefix("policy-") for name in objects(fleet, C1)}
     assert 1 <= len(written) < 3

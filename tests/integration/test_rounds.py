@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 import urllib.parse
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from tests.integration.rounds_helpers import (
     objects,
     running_daemon,
     settings_for,
+    sigterm_mid_round,
     sql,
     wait_for,
     writes,
@@ -51,16 +51,6 @@ from tests.integration.rounds_helpers import (
 
 C1, C2, C3 = ClusterId("c0001"), ClusterId("c0002"), ClusterId("c0003")
 MERGE_PATCH = "application/merge-patch+json"
-
-
-@pytest.fixture
-async def rounds(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[Rounds]:
-    await import_doc(database_url, FLEET_DOC)
-    harness = Rounds(fleet, store, settings_for(fleet.kubeconfig_path, database_url))
-    try:
-        yield harness
-    finally:
-        await harness.close()
 
 
 def outcome(report: RoundReport, cluster: str) -> ClusterOutcome:
@@ -684,15 +674,7 @@ async def test_sigterm_stops_new_writes_and_lets_the_one_in_flight_finish(
 ) -> None:
     """SIGTERM mid-round: the write in flight lands, no new write starts (issue 4: "stop
     starting work"), and the daemon exits 0 without waiting out its grace period's writes."""
-    await import_doc(database_url, FLEET_DOC)
-    fleet.set_faults(C1, Faults(latency_ms=400))  # one applier: c0001's writes go one by one
-    settings = settings_for(fleet.kubeconfig_path, database_url,
-                            CONVERGERD_APPLY_CONCURRENCY="1",
-                            CONVERGERD_REQUEST_TIMEOUT_SECONDS="2")
-    async with running_daemon(settings) as (daemon, task):
-        await wait_for(lambda: writes(fleet, C1) >= 1, what="c0001's first write")
-        daemon.stopping.set()  # what the SIGTERM handler does
-        assert await asyncio.wait_for(task, 10) == 0
+    await sigterm_mid_round(fleet, database_url)
     # Three desired on c0001: the first landed, at most the one then in flight followed.
     assert 1 <= writes(fleet, C1) <= 2
     assert len(objects(fleet, C1)) == writes(fleet, C1)

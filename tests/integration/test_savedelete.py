@@ -4,8 +4,6 @@ the policy, and the races between a round and a save or a delete."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from convergerd.converge import ClusterSource, run_round
@@ -18,29 +16,11 @@ from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.store.store import Store
-from tests.integration.rounds_helpers import (
-    FLEET_DOC,
-    IDENTITY,
-    Rounds,
-    import_doc,
-    objects,
-    settings_for,
-    sql,
-)
+from tests.integration.rounds_helpers import IDENTITY, Rounds, objects, sql
 from tests.integration.savedelete_helpers import HookedClusters, make_saver
 
 C1, C2, C3 = "c0001", "c0002", "c0003"
 REGS = "policy-p-regs"  # team-a: c0001, c0002, c0003
-
-
-@pytest.fixture
-async def rounds(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[Rounds]:
-    await import_doc(database_url, FLEET_DOC)
-    harness = Rounds(fleet, store, settings_for(fleet.kubeconfig_path, database_url))
-    try:
-        yield harness
-    finally:
-        await harness.close()
 
 
 @pytest.fixture

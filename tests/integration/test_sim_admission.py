@@ -38,7 +38,7 @@ from convergerd.sim.resources import (
 )
 from convergerd.sim.store import ClusterStore
 from convergerd.sim.vap import PolicyEvaluator, StoreAdmission
-from tests.fixtures.fleet import SimProcess, kube_http, start_sim_process
+from tests.fixtures.fleet import SimProcess, kube_http, running_sim_process
 
 BOUNDARY_LABEL = "platform.stackship.se/boundary"
 OWN_NS, OTHER_NS = "team-a-apps", "team-b-apps"
@@ -331,11 +331,8 @@ async def test_below_1_30_there_is_no_admission_policy_api(fleet: Fleet) -> None
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    sim = start_sim_process(tmp_path_factory.mktemp("sim"), clusters=1)
-    try:
+    with running_sim_process(tmp_path_factory.mktemp("sim"), clusters=1) as sim:
         yield sim
-    finally:
-        assert sim.stop() == 0
 
 
 def kubectl(sim: SimProcess, tmp: Path, *args: str, stdin: str | None = None

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.fleet import SimProcess, start_sim_process
+from tests.fixtures.fleet import SimProcess, running_sim_process
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
 
@@ -36,11 +36,8 @@ spec:
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
-    sim = start_sim_process(tmp_path_factory.mktemp("sim"), clusters=3)
-    try:
+    with running_sim_process(tmp_path_factory.mktemp("sim"), clusters=3) as sim:
         yield sim
-    finally:
-        assert sim.stop() == 0
 
 
 class Kubectl:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fixtures.fleet import start_sim_process
+from tests.fixtures.fleet import running_sim_process, start_sim_process
 
 
 def _get(base_url: str, path: str, token: str, ca_pem: bytes) -> tuple[int, dict]:  # type: ignore[type-arg]
@@ -24,8 +24,7 @@ def _get(base_url: str, path: str, token: str, ca_pem: bytes) -> tuple[int, dict
 
 
 def test_thousand_clusters_start_and_answer(tmp_path: Path) -> None:
-    sim = start_sim_process(tmp_path, clusters=1000, extra_args=["--ca-groups", "3"])
-    try:
+    with running_sim_process(tmp_path, clusters=1000, extra_args=["--ca-groups", "3"]) as sim:
         print(f"\nsim --clusters 1000 ready in {sim.startup_s:.2f}s")  # noqa: T201
         kubeconfig = yaml.safe_load(sim.kubeconfig_path.read_text())
         assert oct(sim.kubeconfig_path.stat().st_mode & 0o777) == "0o600"
@@ -50,8 +49,6 @@ def test_thousand_clusters_start_and_answer(tmp_path: Path) -> None:
         assert len(listing["clusters"]) == 1001
         # Only the four clusters asked hold a store.
         assert sum(1 for c in listing["clusters"] if c["objects"]) == 4
-    finally:
-        assert sim.stop() == 0
 
 
 def test_config_file_starts_a_mixed_fleet_and_sigint_exits_cleanly(tmp_path: Path) -> None:

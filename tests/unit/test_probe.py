@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 
 from convergerd.errors import (
     BadResponse,
@@ -104,58 +105,63 @@ class Clock:
         return self.now
 
 
+@dataclass
+class Probing:
+    """A prober behind `Answers` (as the daemon wires them) on a fake clock: a 10 s period."""
+
+    apis: dict[str, CountingApi]
+    clock: Clock = field(default_factory=Clock)
+    metrics: Metrics = field(init=False)
+    state: StatusState = field(init=False)
+    answers: Answers = field(init=False)
+    prober: Prober = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = Metrics(process_collectors=False)
+        self.state = StatusState(identity="r", interval_s=300)
+        self.answers = Answers(self.metrics, monotonic=self.clock)
+        self.prober = Prober(clusters=lambda: dict(self.apis), metrics=self.metrics,
+                             state=self.state, period_s=10.0, timeout_s=0.05,
+                             answers=self.answers)
+
+
 async def test_a_cluster_that_just_answered_a_round_is_not_probed() -> None:
-    metrics = Metrics(process_collectors=False)
-    state = StatusState(identity="r", interval_s=300)
-    clock = Clock()
-    answers = Answers(metrics, monotonic=clock)
     apis = {n: CountingApi(n, "ok") for n in ("listed", "refused", "idle", "unanswered")}
-    prober = Prober(clusters=lambda: dict(apis), metrics=metrics, state=state, period_s=10.0,
-                    timeout_s=0.05, answers=answers)
-    answers.request_done("listed", "list", 200, 0.5)
-    answers.request_done("refused", "apply", 403, 0.1)  # any HTTP answer proves it reached
-    answers.request_done("unanswered", "list", None, 5.0)  # no answer proves nothing
-    assert await prober.probe_once() == dict.fromkeys(apis, True)
+    p = Probing(apis)
+    p.answers.request_done("listed", "list", 200, 0.5)
+    p.answers.request_done("refused", "apply", 403, 0.1)  # any HTTP answer proves it reached
+    p.answers.request_done("unanswered", "list", None, 5.0)  # no answer proves nothing
+    assert await p.prober.probe_once() == dict.fromkeys(apis, True)
     assert {n: a.probes for n, a in apis.items()} == {
         "listed": 0, "refused": 0, "idle": 1, "unanswered": 1}
-    assert state.clusters[ClusterId("listed")].reachable is True
-    assert 'convergerd_cluster_up{cluster="listed"} 1.0' in metrics.render().decode()
+    assert p.state.clusters[ClusterId("listed")].reachable is True
+    assert 'convergerd_cluster_up{cluster="listed"} 1.0' in p.metrics.render().decode()
     # The requests themselves still reach the metrics behind `answers`.
-    assert 'cluster="listed",code="200"' in metrics.render().decode()
+    assert 'cluster="listed",code="200"' in p.metrics.render().decode()
 
 
 async def test_an_answer_older_than_the_period_does_not_spare_the_probe() -> None:
-    metrics = Metrics(process_collectors=False)
-    state = StatusState(identity="r", interval_s=300)
-    clock = Clock()
-    answers = Answers(metrics, monotonic=clock)
     api = CountingApi("c", "ok")
-    prober = Prober(clusters=lambda: {"c": api}, metrics=metrics, state=state, period_s=10.0,
-                    timeout_s=0.05, answers=answers)
-    answers.request_done("c", "list", 200, 1.0)  # started 1 s ago
-    clock.now += 9.5
-    await prober.probe_once()
+    p = Probing({"c": api})
+    p.answers.request_done("c", "list", 200, 1.0)  # started 1 s ago
+    p.clock.now += 9.5
+    await p.prober.probe_once()
     assert api.probes == 1  # 10.5 s since the request started: a probe is due
     # It stopped answering after the round: the next pass finds out.
     api.behaviour = "down"
-    clock.now += 10.0
-    assert await prober.probe_once() == {"c": False}
-    assert state.clusters[ClusterId("c")].reachable is False
+    p.clock.now += 10.0
+    assert await p.prober.probe_once() == {"c": False}
+    assert p.state.clusters[ClusterId("c")].reachable is False
 
 
 async def test_the_probers_own_answers_do_not_spare_the_next_probe() -> None:
-    metrics = Metrics(process_collectors=False)
-    state = StatusState(identity="r", interval_s=300)
-    clock = Clock()
-    answers = Answers(metrics, monotonic=clock)
     api = CountingApi("c", "ok")
-    prober = Prober(clusters=lambda: {"c": api}, metrics=metrics, state=state, period_s=10.0,
-                    timeout_s=0.05, answers=answers)
+    p = Probing({"c": api})
     for _ in range(3):
-        answers.request_done("c", "version", 200, 0.01)  # as the client reports a probe
-        answers.request_done("c", "watch", 200, 0.01)  # a watch's end is no proof either
-        await prober.probe_once()
-        clock.now += 10.0
+        p.answers.request_done("c", "version", 200, 0.01)  # as the client reports a probe
+        p.answers.request_done("c", "watch", 200, 0.01)  # a watch's end is no proof either
+        await p.prober.probe_once()
+        p.clock.now += 10.0
     assert api.probes == 3
 
 
