@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from convergerd.errors import BadResponse
 
 MAX_MESSAGE_CHARS = 500  # condition messages, Status messages, cluster error texts
@@ -116,7 +118,16 @@ def _no_constants(name: str) -> Any:
 
 def parse_json(body: bytes, what: str) -> Any:
     """The JSON document in `body`; `BadResponse` naming `what` when it is not JSON (NaN and
-    Infinity are not JSON either)."""
+    Infinity are not JSON either).
+
+    orjson reads what real API servers send (valid UTF-8, 64-bit integers) about three times
+    faster than `json`; what it refuses (a lone surrogate escape, an integer past 64 bits) is
+    read again by `json`, so such an answer reads as it always did and is cleaned later by
+    the field decoders, instead of failing the whole list."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
     try:
         return json.loads(body, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
