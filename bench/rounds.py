@@ -51,6 +51,7 @@ from typing import Any
 
 import aiohttp
 
+from convergerd import eventloop
 from convergerd.config import SETTINGS_BY_KEY, Settings, load_settings
 from convergerd.converge import run_round
 from convergerd.kube.client import APPLY_CONTENT_TYPE
@@ -785,7 +786,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     # A background job may start with SIGINT ignored: Ctrl-C / kill -INT should still stop us.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    asyncio.run(main_async(args))
+    eventloop.run(main_async(args))
     return 0
 
 

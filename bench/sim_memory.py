@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from convergerd import eventloop
+
 # Run as a script, bench/ (not the repository) is on sys.path: reuse bench/rounds.py's pieces.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.rounds import Limits, Sim, _bare_bodies, _int_list, bare_patches, build_fleet, log
@@ -65,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for n in args.clusters:
         for p in args.policies:
-            print(json.dumps(asyncio.run(point(n, p, args.settle))), flush=True)
+            print(json.dumps(eventloop.run(point(n, p, args.settle))), flush=True)
     return 0
 
 

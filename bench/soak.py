@@ -44,6 +44,7 @@ from typing import Any
 import asyncpg
 import yaml
 
+from convergerd import eventloop
 from convergerd.config import load_settings
 from convergerd.report import RoundReport
 from convergerd.runtime import Daemon
@@ -370,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="convergerd-soak-") as tmp:
-        rows = asyncio.run(soak(args, Path(tmp)))
+        rows = eventloop.run(soak(args, Path(tmp)))
     table, tail = markdown(rows), summary(rows, args.warmup)
     print()
     print(table)

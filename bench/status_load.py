@@ -45,6 +45,7 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 
+from convergerd import eventloop
 from convergerd.config import load_settings
 from convergerd.converge import run_round
 from convergerd.http import make_app, server_options
@@ -321,9 +322,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.load:
-        asyncio.run(client_load(args.load, args.clients, args.clusters, args.policies))
+        eventloop.run(client_load(args.load, args.clients, args.clusters, args.policies))
         return 0
-    result = asyncio.run(main_async(args))
+    result = eventloop.run(main_async(args))
     print(json.dumps(result), flush=True)
     print(f"\nround over {args.clusters} clusters x {args.policies} policies, median of "
           f"{args.rounds}: quiet {result['quiet_median_s']} s, with {args.clients} concurrent "

@@ -315,6 +315,8 @@ class FieldReader:
 
     def mapping(self, obj: Mapping[str, Any], key: str, field: str) -> Mapping[str, Any]:
         value = obj.get(key)
+        if type(value) is dict:  # what JSON gives: skip the (slow) ABC check below
+            return value
         if value is None:
             return {}
         if not isinstance(value, Mapping):

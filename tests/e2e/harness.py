@@ -91,9 +91,18 @@ def wait_for(condition: Callable[[], T | None], timeout_s: float, what: str) -> 
 
 
 def http_json(url: str, timeout_s: float = 2.0) -> Any:
-    # Always a http://127.0.0.1 address this harness built.
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310
-        return json.loads(resp.read())
+    """The JSON at `url`; a 429 (the daemon's status budget, spent by polling) is waited out
+    as its Retry-After says, a few times, as a client must."""
+    for _ in range(5):
+        try:
+            # Always a http://127.0.0.1 address this harness built.
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code != 429:
+                raise
+            time.sleep(float(exc.headers.get("Retry-After", "1")))
+    raise AssertionError(f"{url} kept answering 429")
 
 
 @dataclass(frozen=True)
