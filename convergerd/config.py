@@ -139,6 +139,12 @@ SETTINGS: tuple[Setting, ...] = (
             "take the Lease before converging; false only for a single replica"),
     Setting("http_addr", "CONVERGERD_HTTP_ADDR", "--http-addr", _host_port, "0.0.0.0:8080",
             "listen address of the HTTP server (health, metrics, status, API)"),
+    Setting("probe_period_s", "CONVERGERD_PROBE_PERIOD_SECONDS", "--probe-period-seconds",
+            _positive_float, "10",
+            "seconds between reachability checks (GET /version to each cluster no other "
+            "request reached within the period): an unreached cluster shows within this plus "
+            "the request timeout; each check costs ~0.2 ms of CPU, so at 10,000 clusters 20 "
+            "keeps it near 10%% of a core and detection within 25 s"),
     Setting("status_reads_per_s", "CONVERGERD_STATUS_READS_PER_SECOND",
             "--status-reads-per-second", _positive_float, "20",
             "status views (/status, /v1/clusters/{id}, /v1/policies/{id}/status) served per "
@@ -301,6 +307,7 @@ class Settings:
     import_max_bytes: int
     saves: Saves = field(default_factory=Saves)
     status_reads_per_s: float = 20.0
+    probe_period_s: float = 10.0
 
     @property
     def database_url_redacted(self) -> str | None:
@@ -423,6 +430,7 @@ def load_settings(
                     removal_guard_share=v["removal_guard_share"]),
         import_max_bytes=v["import_max_bytes"],
         status_reads_per_s=v["status_reads_per_s"],
+        probe_period_s=v["probe_period_s"],
     )
     check_settings(settings)
     return settings

@@ -261,26 +261,27 @@ class _Done:
 async def _apply_all(
     outcome: ClusterOutcome, actions: Sequence[Apply], api: PolicyApi, env: Round, deadline: float
 ) -> None:
-    gate = asyncio.Semaphore(env.limits.apply_concurrency)
     # Creates are checked against the database once more before they are recorded (see
     # `_settle_creates`); everything else is recorded as it completes, so a round cut short
     # still knows what it did.
     unsettled: list[_Done] = []
+    todo = iter(actions)
 
-    async def apply(action: Apply) -> None:
-        async with gate:
+    async def worker() -> None:
+        for action in todo:  # shared by the workers: each action is applied once
             done = await _apply_one(outcome.cluster, action, api, env, deadline)
-        if env.guard is not None and action.why is Why.MISSING and done.applied is not None:
-            unsettled.append(done)
-        else:
-            _record(outcome, done.delivery)
+            if env.guard is not None and action.why is Why.MISSING and done.applied is not None:
+                unsettled.append(done)
+            else:
+                _record(outcome, done.delivery)
 
-    # A cluster-level error in one apply (401, 403, unreachable) stops this cluster's work:
-    # the TaskGroup cancels the siblings and re-raises it (first one wins).
+    # `apply_concurrency` workers, not a task per action (100 policies would be 100 tasks per
+    # cluster). A cluster-level error in one apply (401, 403, unreachable) stops this
+    # cluster's work: the TaskGroup cancels the other workers and re-raises it.
     try:
         async with asyncio.TaskGroup() as tg:
-            for a in actions:
-                tg.create_task(apply(a))
+            for _ in range(min(env.limits.apply_concurrency, len(actions))):
+                tg.create_task(worker())
     except ExceptionGroup as group:
         # Fenced wins over anything raised alongside it (two `except*` clauses that both
         # raise would hand the caller a group instead of `Fenced`).

@@ -155,9 +155,10 @@ class Prober:
         version: str | None = None
         error: str | None = None
         try:
-            # The client honours timeout_s; the outer bound only guards against one that hangs.
-            version = await asyncio.wait_for(
-                api.server_version(timeout_s=self.timeout_s), self.timeout_s + 1.0)
+            # The client honours timeout_s; the outer bound only guards against one that hangs
+            # (a timeout scope, not wait_for: no extra task per probe).
+            async with asyncio.timeout(self.timeout_s + 1.0):
+                version = await api.server_version(timeout_s=self.timeout_s)
             up = True
         except TimeoutError:
             up, error = False, f"no answer within {self.timeout_s:g} s"

@@ -56,8 +56,6 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_NOT_CONVERGED = 1
 
-# Reachability checks between rounds (convergerd.probe): one GET /version per cluster.
-PROBE_PERIOD_S = 10.0
 # The database sync of the live status (every replica): at most this long between passes.
 STATUS_SYNC_PERIOD_S = 30.0
 
@@ -83,11 +81,12 @@ def fanout_env(
 class Daemon:
     """`convergerd run` and `convergerd once`."""
 
-    def __init__(self, settings: Settings, *, probe_period_s: float = PROBE_PERIOD_S) -> None:
-        """`probe_period_s`: how often the reachability prober checks every cluster (tests
-        shorten it; the default keeps "up 0 within 30 s" with the default timeouts)."""
+    def __init__(self, settings: Settings, *, probe_period_s: float | None = None) -> None:
+        """`probe_period_s`: how often the reachability prober checks every cluster (default
+        `CONVERGERD_PROBE_PERIOD_SECONDS`, 10 s, which keeps "up 0 within 30 s" with the default
+        timeouts; tests shorten it)."""
         self.settings = settings
-        self.probe_period_s = probe_period_s
+        self.probe_period_s = probe_period_s or settings.probe_period_s
         self.identity = settings.election.identity
         self.stopping = asyncio.Event()
         e = settings.election

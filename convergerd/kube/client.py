@@ -686,23 +686,25 @@ class ClusterClient:
         try:
             if budget <= 0:
                 raise ClusterUnreachable("no time left for the request", reason=REASON_TIMEOUT)
-            async with asyncio.timeout(budget):
-                await self._bucket.acquire(deadline)
-                remaining = deadline - self._clock()
-                timeout = aiohttp.ClientTimeout(
-                    total=min(self._request_timeout_s, remaining),
-                    sock_connect=min(self._connect_timeout_s, remaining),
-                )
-                # The warm session carries one request at a time (held until `finally`), so it
-                # never queues there and never opens a second connection.
-                warm = not self._warm_busy
-                if warm:
-                    self._warm_busy = True
-                response = await send(self._warm if warm else self._burst, timeout,
-                                      self._auth.headers())
-                async with response:
-                    status = response.status
-                    answer = await self._read(verb, response)
+            # The rate limiter refuses a wait past `deadline`, and aiohttp's `total` bounds
+            # the rest (connect, answer and the body read): no timeout scope of our own, which
+            # would cost a timer per request on top of aiohttp's.
+            await self._bucket.acquire(deadline)
+            remaining = deadline - self._clock()
+            timeout = aiohttp.ClientTimeout(
+                total=min(self._request_timeout_s, remaining),
+                sock_connect=min(self._connect_timeout_s, remaining),
+            )
+            # The warm session carries one request at a time (held until `finally`), so it
+            # never queues there and never opens a second connection.
+            warm = not self._warm_busy
+            if warm:
+                self._warm_busy = True
+            response = await send(self._warm if warm else self._burst, timeout,
+                                  self._auth.headers())
+            async with response:
+                status = response.status
+                answer = await self._read(verb, response)
         except ClusterError:
             raise
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
