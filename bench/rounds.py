@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import cProfile
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -281,6 +282,7 @@ class Limits:
     qps: float
     burst: int
     interval_minutes: float
+    fault_rounds: bool = True  # the down/hang rounds and the bare-aiohttp ceiling after in-sync
 
     def settings(self, kubeconfig: Path, *, request_timeout_s: float | None = None) -> Settings:
         flags = {
@@ -317,6 +319,26 @@ class Measurement:
         }
 
 
+class GcTime:
+    """A `gc.callbacks` hook: seconds spent in garbage collections, and how many were full."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.full += info.get("generation") == 2  # the oldest generation
+
+
+# The garbage collections of the last `timed_round` (seconds, full ones), for its record.
+LAST_GC: dict[str, Any] = {}
+
+
 async def timed_round(
     fleet: Fleet, settings: Settings, registry: ClusterRegistry, metrics: Metrics,
     profile: Path | None = None,
@@ -327,15 +349,19 @@ async def timed_round(
         deadline_s=settings.rounds.deadline_s,
     )
     profiler = cProfile.Profile() if profile is not None else None
+    collections = GcTime()
     started, cpu = time.perf_counter(), time.process_time()
     if profiler is not None:
         profiler.enable()
+    gc.callbacks.append(collections)
     try:
         report = await run_round(fleet, env)
     finally:
+        gc.callbacks.remove(collections)
         if profiler is not None:
             profiler.disable()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    LAST_GC.update(gc_s=round(collections.seconds, 2), gc_full=collections.full)
     if profiler is not None and profile is not None:
         profiler.dump_stats(profile)
         _print_hotspots(profile)
@@ -544,7 +570,7 @@ async def _bench_point(
         create_rate = fields["created"] / wall
         emit(Measurement("create", n, p, wall, {
             "objects": n * p, **fields, "applies_per_s": round(create_rate, 1),
-            "bench_cpu_s": round(cpu, 2), "sim_cpu_s": round(sim_cpu, 2),
+            "bench_cpu_s": round(cpu, 2), "sim_cpu_s": round(sim_cpu, 2), **LAST_GC,
             **_request_fields(sim.stats(), ids),
             **_rss(sim),
         }), out)
@@ -562,9 +588,11 @@ async def _bench_point(
                f"in-sync round: expected one list per cluster, got {requests}")
         _check(fields["converged"] == n, f"in-sync round: {fields}")
         emit(Measurement("in-sync", n, p, in_sync_wall, {
-            "objects": n * p, **fields, **requests, "bench_cpu_s": round(cpu, 2),
+            "objects": n * p, **fields, **requests, "bench_cpu_s": round(cpu, 2), **LAST_GC,
             **_rss(sim),
         }), out)
+        if not limits.fault_rounds:
+            return
 
         # (c) 10% of clusters down, then 10% hung: one timeout each, the others undelayed.
         faulty = ids[FAULT_SHARE - 1 :: FAULT_SHARE]
@@ -735,6 +763,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="the round deadline is 0.8 of it, as in the daemon (default 5)")
     parser.add_argument("--profile-dir", type=Path, default=None,
                         help="cProfile the create and in-sync rounds into DIR (slows them)")
+    parser.add_argument("--gc-threshold", type=int, default=None, metavar="N",
+                        help="experiment: gc.set_threshold(N, 10, 10) before the rounds (the "
+                             "processes run with convergerd.eventloop.GC_GEN0_THRESHOLD; 700 "
+                             "is CPython's default)")
+    parser.add_argument("--no-faults", action="store_true",
+                        help="only the create and in-sync rounds (no down/hang rounds, no "
+                             "bare-aiohttp ceiling)")
     parser.add_argument("--markdown-out", type=Path, default=None,
                         help="also write the table (with a header line) to this file")
     args = parser.parse_args(argv)
@@ -752,8 +787,11 @@ async def main_async(args: argparse.Namespace) -> list[Measurement]:
         qps=args.qps,
         burst=args.burst,
         interval_minutes=args.interval_minutes,
+        fault_rounds=not args.no_faults,
     )
     results: list[Measurement] = []
+    if args.gc_threshold is not None:
+        gc.set_threshold(args.gc_threshold, 10, 10)
     if args.profile_dir is not None:
         args.profile_dir.mkdir(parents=True, exist_ok=True)
     for n, p in _matrix(args.clusters, args.policies):

@@ -7,7 +7,14 @@ one per client connection): at 10,000 clusters that is 2.5 GB of buffers alone. 
 is at most 16 KiB of plaintext plus its overhead, so `TLS_READ_BUFFER_BYTES` still takes a
 whole record per `recv` and a big list answer costs a few more `recv` calls, not more memory.
 
-There is no public knob for it: `EventLoop` overrides the loop's (private, but unchanged since
+`run` also raises the garbage collector's young-generation threshold (`tune_gc`): a round
+keeps each request's objects alive for milliseconds, long enough to outlive CPython's default
+threshold (700 allocations) twice, so they were promoted to the oldest generation and set off
+full collections of the whole heap: 43 of them, 29 s of a 100 s create round's CPU at
+2,000 clusters x 100 policies. At `GC_GEN0_THRESHOLD` they die young: one full collection,
+2.4 s (bench/RESULTS.md, "Scale: 10,000 clusters").
+
+There is no public knob for the TLS buffer: `EventLoop` overrides the loop's (private, but unchanged since
 3.11) `_make_ssl_transport` to build the same protocol with a smaller class attribute, so only
 loops made here are affected, never a library's or a test runner's own loop. `run` is
 `asyncio.run` on this loop; tests run on it too (tests/conftest.py).
@@ -16,6 +23,7 @@ loops made here are affected, never a library's or a test runner's own loop. `ru
 from __future__ import annotations
 
 import asyncio
+import gc
 from asyncio import constants, selector_events, sslproto
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -24,6 +32,9 @@ T = TypeVar("T")
 
 # 32 KiB: two full TLS records per read (16 KiB + 256 bytes each), 1/8 of asyncio's buffer.
 TLS_READ_BUFFER_BYTES = 32 * 1024
+# Allocations between young collections (CPython's default: 700). A young collection of this
+# many objects takes a few milliseconds.
+GC_GEN0_THRESHOLD = 50_000
 
 
 class _SSLProtocol(sslproto.SSLProtocol):
@@ -52,7 +63,14 @@ class EventLoop(asyncio.SelectorEventLoop):
         return transport
 
 
+def tune_gc() -> None:
+    """Young collections every `GC_GEN0_THRESHOLD` allocations (never fewer than now)."""
+    gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(max(gen0, GC_GEN0_THRESHOLD), gen1, gen2)
+
+
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(main)` on an `EventLoop`."""
+    """`asyncio.run(main)` on an `EventLoop`, with the collector tuned (`tune_gc`)."""
+    tune_gc()
     with asyncio.Runner(loop_factory=EventLoop) as runner:
         return runner.run(main)

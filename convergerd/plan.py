@@ -73,7 +73,8 @@ class Observed:
         observed = cls(
             name=r.text(meta, "name", "metadata.name", MAX_NAME_CHARS) or "",
             labels=r.labels(meta, "labels", "metadata.labels"),
-            spec=dict(spec),
+            # The decoded answer's own dict (nothing else holds it): no copy per object.
+            spec=spec if type(spec) is dict else dict(spec),
             resource_version=r.text(meta, "resourceVersion", "metadata.resourceVersion",
                                     MAX_TOKEN_CHARS) or "",
             generation=r.integer(meta, "generation", "metadata.generation"),
@@ -134,7 +135,8 @@ def differs(body: Mapping[str, Any], observed: Observed) -> bool:
     wanted_labels: Mapping[str, str] = body["metadata"]["labels"]
     if any(observed.labels.get(k) != v for k, v in wanted_labels.items()):
         return True
-    return bool(dict(observed.spec) != body["spec"])
+    spec = observed.spec
+    return bool((spec if type(spec) is dict else dict(spec)) != body["spec"])
 
 
 def with_precondition(body: dict[str, Any], resource_version: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ def test_defaults() -> None:
     assert (s.http_host, s.http_port) == (ALL_INTERFACES, 8080)
     assert s.database_url is None
     assert s.api_token is None
+    assert (s.probe_period_s, s.status_reads_per_s) == (10.0, 20.0)
 
 
 def test_default_identity_is_unique_per_start() -> None:
@@ -100,6 +101,10 @@ def test_leader_election_can_be_turned_off() -> None:
         ("CONVERGERD_LOG_FORMAT", "xml"),
         ("CONVERGERD_LEASE_NAME", "   "),
         ("CONVERGERD_ALLOW_INSECURE_CLUSTERS", "sometimes"),
+        ("CONVERGERD_PROBE_PERIOD_SECONDS", "0"),
+        ("CONVERGERD_PROBE_PERIOD_SECONDS", "soon"),
+        ("CONVERGERD_STATUS_READS_PER_SECOND", "-1"),
+        ("CONVERGERD_STATUS_READS_PER_SECOND", "lots"),
     ],
 )
 def test_bad_value_is_an_error_naming_the_setting(env: str, value: str) -> None:
