@@ -14,10 +14,10 @@ full collections of the whole heap: 43 of them, 29 s of a 100 s create round's C
 2,000 clusters x 100 policies. At `GC_GEN0_THRESHOLD` they die young: one full collection,
 2.4 s (bench/RESULTS.md, "Scale: 10,000 clusters").
 
-There is no public knob for the TLS buffer: `EventLoop` overrides the loop's (private, but unchanged since
-3.11) `_make_ssl_transport` to build the same protocol with a smaller class attribute, so only
-loops made here are affected, never a library's or a test runner's own loop. `run` is
-`asyncio.run` on this loop; tests run on it too (tests/conftest.py).
+There is no public knob for the TLS buffer: `EventLoop` overrides the loop's (private, but
+unchanged since 3.11) `_make_ssl_transport` to build the same protocol with a smaller class
+attribute, so only loops made here are affected, never a library's or a test runner's own
+loop. `run` is `asyncio.run` on this loop; tests run on it too (tests/conftest.py).
 """
 
 from __future__ import annotations
