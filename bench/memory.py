@@ -56,31 +56,20 @@ from bench.rounds import (
     _int_list,
     build_fleet,
     log,
+    proc_status_mb,
     timed_round,
     warm_up,
 )
 
-MB = 1024 * 1024
-
 
 def rss_mb() -> float:
     """This process's current resident set (not the peak)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024 / MB
-    return float("nan")
+    return proc_status_mb("self", "VmRSS")
 
 
 def sim_rss_mb(sim: Sim) -> float:
     """The simulator's current resident set."""
-    try:
-        text = Path(f"/proc/{sim.proc.pid}/status").read_text()
-    except OSError:
-        return float("nan")
-    for line in text.splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) * 1024 / MB, 1)
-    return float("nan")
+    return round(proc_status_mb(sim.proc.pid, "VmRSS"), 1)
 
 
 def open_sockets() -> int:

@@ -180,7 +180,7 @@ class Sim:
             raise RuntimeError(f"faults for {cluster}: {status} {doc}")
 
     def peak_rss_mb(self) -> float:
-        return _vm_hwm_mb(self.proc.pid)
+        return proc_status_mb(self.proc.pid, "VmHWM")
 
     def cpu_s(self) -> float:
         """User + system CPU seconds the simulator has used so far."""
@@ -201,13 +201,15 @@ class Sim:
                 self.proc.wait()
 
 
-def _vm_hwm_mb(pid: int) -> float:
+def proc_status_mb(pid: int | str, field: str) -> float:
+    """A size field of `/proc/PID/status` (`VmRSS`, `VmHWM`; `pid` may be "self") in MB; NaN
+    when the process is gone or has no such field."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return float("nan")
     for line in text.splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024 / MB
     return float("nan")
 

@@ -24,17 +24,21 @@ from convergerd import eventloop
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse bench/rounds.py's pieces.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.rounds import Limits, Sim, _bare_bodies, _int_list, bare_patches, build_fleet, log
-
-MB = 1024 * 1024
+from bench.rounds import (
+    Limits,
+    Sim,
+    _bare_bodies,
+    _int_list,
+    bare_patches,
+    build_fleet,
+    log,
+    proc_status_mb,
+)
 
 
 def vm_mb(pid: int, field: str) -> float:
-    """A `/proc/PID/status` size field (VmRSS, VmHWM) in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return round(int(line.split()[1]) * 1024 / MB, 1)
-    return float("nan")
+    """A `/proc/PID/status` size field (VmRSS, VmHWM) in MB, rounded."""
+    return round(proc_status_mb(pid, field), 1)
 
 
 async def point(n: int, p: int, settle: float) -> dict[str, object]:
