@@ -22,13 +22,15 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from convergerd.errors import BadResponse
+
+V = TypeVar("V")
 
 MAX_MESSAGE_CHARS = 500  # condition messages, Status messages, cluster error texts
 MAX_REASON_CHARS = 128  # phases, condition reasons and statuses, Status reasons
@@ -348,25 +350,25 @@ class FieldReader:
             self._note(field, "a string", value)
         return message_text(value)
 
-    def integer(self, obj: Mapping[str, Any], key: str, field: str) -> int | None:
+    def _converted(self, obj: Mapping[str, Any], key: str, field: str,
+                   convert: Callable[[object], V | None], what: str) -> V | None:
+        """`convert` of the field: absent when missing or null; absent and noted as not
+        `what` when `convert` refuses it."""
         value = obj.get(key)
         if value is None:
             return None
-        number = as_int(value)
-        if number is None:
-            self._note(field, "an integer", value)
-        return number
+        converted = convert(value)
+        if converted is None:
+            self._note(field, what, value)
+        return converted
+
+    def integer(self, obj: Mapping[str, Any], key: str, field: str) -> int | None:
+        return self._converted(obj, key, field, as_int, "an integer")
 
     def time(self, obj: Mapping[str, Any], key: str, field: str) -> dt.datetime | None:
         """An RFC 3339 time with a zone (`2025-01-02T03:04:05Z`), in UTC; anything else is
         absent and noted."""
-        value = obj.get(key)
-        if value is None:
-            return None
-        parsed = rfc3339(value)
-        if parsed is None:
-            self._note(field, "an RFC 3339 time", value)
-        return parsed
+        return self._converted(obj, key, field, rfc3339, "an RFC 3339 time")
 
     def labels(self, obj: Mapping[str, Any], key: str, field: str) -> dict[str, str]:
         """A map of strings to strings; entries of another type are left out (and noted)."""
