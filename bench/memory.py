@@ -273,7 +273,11 @@ def over_budget(results: Sequence[dict[str, Any]], budget: float) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    results = (asyncio.run if args.stdlib_loop else eventloop.run)(main_async(args))
+    if args.stdlib_loop:
+        eventloop.tune_gc()  # the same collector as the processes: only the loop differs
+        results = asyncio.run(main_async(args))
+    else:
+        results = eventloop.run(main_async(args))
     if args.budget_mb_per_cluster is not None:
         failed = over_budget(results, args.budget_mb_per_cluster)
         for line in failed:
