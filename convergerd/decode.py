@@ -13,7 +13,10 @@ field is read with the type it must have:
   noted; `Observed.from_object` then reports that object's phase as `Unknown`, with the field
   and a shortened value as the reason.
 
-Nothing here raises anything but `BadResponse`.
+Nothing here raises anything but `BadResponse`, and `NotJSON` from `bounded_json`, the one JSON
+decoder of every edge (cluster answers, database rows, HTTP bodies, files): bounded in nesting
+depth and integer size, so no input reaches a recursion limit or Python's integer-conversion
+limit.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from convergerd.errors import BadResponse
+from convergerd.errors import BadResponse, NotJSON
 
 V = TypeVar("V")
 
@@ -114,26 +117,115 @@ def expected(field: str, what: str, value: object) -> str:
 # --- whole answers: BadResponse ------------------------------------------------------------
 
 
+# --- JSON, at every edge: bounded ----------------------------------------------------------
+
+# Deeper than any object this product reads (a Policy, a list page, a rule, a status document:
+# under 15) and far under the interpreter's recursion limit, so nothing that later walks a
+# decoded value (`json.dumps`, `==`, asyncpg's encoder) can reach it.
+MAX_JSON_DEPTH = 100
+# Integers past this many digits are refused before `int()` sees them: Python's own limit
+# (4,300 digits) raises ValueError, and converting even that many is quadratic.
+MAX_JSON_INT_DIGITS = 100
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
+_INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
+
+
+def _deeper_than(data: bytes | str, limit: int) -> bool:
+    """Whether the JSON text nests containers more than `limit` deep, without recursion:
+    strings dropped, only brackets kept, innermost pairs removed once per level (a
+    non-overlapping `re.sub` removes exactly one level). Only the slow path uses it."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    brackets = "".join(_BRACKET.findall(_JSON_STRING.sub("", text)))
+    for _ in range(limit):
+        if not brackets:
+            return False
+        shorter = _INNERMOST_PAIR.sub("", brackets)
+        if len(shorter) == len(brackets):
+            return False  # unbalanced: not JSON, which the parser says
+        brackets = shorter
+    return bool(brackets)
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    """Whether a decoded value nests at most `limit` containers deep (iterative)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, depth = pop()
+        children = item.values() if type(item) is dict else item
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                if depth >= limit:
+                    return False
+                push((child, depth + 1))
+    return True
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_JSON_INT_DIGITS:
+        raise NotJSON(f"an integer of {digits} digits (at most {MAX_JSON_INT_DIGITS})")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise NotJSON(f"a number out of range ({len(text)} characters)")
+    return number
+
+
 def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    raise NotJSON(f"{name} is not JSON")
+
+
+def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The JSON value in `data`, or `NotJSON` saying why not: not JSON (NaN and Infinity are
+    not), nested deeper than `max_depth`, an integer of more than `MAX_JSON_INT_DIGITS`
+    digits, a number out of a double's range. Nothing else escapes, whatever the input: this
+    is the one JSON decoder of every edge (cluster answers, database rows, HTTP bodies, files).
+
+    orjson reads what real servers send (valid UTF-8, nesting up to 1,024, no recursion in
+    Python) about three times faster than `json`; what it refuses (a lone surrogate escape,
+    text that is not UTF-8) is read again by `json`, after a recursion-free depth check, so
+    such an answer reads as it always did and is cleaned later by the field decoders. Sizes
+    are bounded where the bytes are read (`read_capped`, the HTTP server, file readers)."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        value = _fallback(data, max_depth)
+    else:
+        if isinstance(value, dict | list) and not _depth_within(value, max_depth):
+            raise NotJSON(f"nested deeper than {max_depth} levels")
+    return value
+
+
+def _fallback(data: bytes | str, max_depth: int) -> Any:
+    if _deeper_than(data, max_depth):
+        raise NotJSON(f"nested deeper than {max_depth} levels")
+    try:
+        return json.loads(data, parse_constant=_no_constants, parse_int=_bounded_int,
+                          parse_float=_finite_float)
+    except NotJSON:
+        raise
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError cannot come from a text the depth check passed; kept so that a
+        # mistake here fails the one input, not the caller.
+        raise NotJSON(f"not JSON ({type(exc).__name__})") from None
 
 
 def parse_json(body: bytes, what: str) -> Any:
-    """The JSON document in `body`; `BadResponse` naming `what` when it is not JSON (NaN and
-    Infinity are not JSON either).
-
-    orjson reads what real API servers send (valid UTF-8, 64-bit integers) about three times
-    faster than `json`; what it refuses (a lone surrogate escape, an integer past 64 bits) is
-    read again by `json`, so such an answer reads as it always did and is cleaned later by
-    the field decoders, instead of failing the whole list."""
+    """The JSON document in a cluster's `body`; `BadResponse` naming `what` when
+    `bounded_json` will not read it."""
     try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return json.loads(body, parse_constant=_no_constants)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise BadResponse(f"{what} is not JSON ({type(exc).__name__})") from None
+        return bounded_json(body)
+    except NotJSON as exc:
+        raise BadResponse(f"{what} is not JSON: {exc}") from None
 
 
 def parse_object(body: bytes, what: str) -> dict[str, Any]:
@@ -215,8 +307,8 @@ def status_body(body: bytes) -> StatusBody:
     if not body:
         return StatusBody()
     try:
-        doc = json.loads(body, parse_constant=_no_constants)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        doc = bounded_json(body)
+    except NotJSON:
         return StatusBody(message=message_text(body.decode("utf-8", "replace")))
     if not isinstance(doc, dict):
         return StatusBody()

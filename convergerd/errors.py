@@ -12,6 +12,7 @@ from a cluster"):
 | `ObjectRejected` | 400, 409, 422 | that policy fails there; the rest go on |
 | `Superseded` | 409 or 404 to a write carrying `metadata.resourceVersion` | a newer write won |
 | `BadResponse` | not JSON, over the size cap, wrong shape | stop that cluster (it answered) |
+| `NotJSON` | JSON past `decode.bounded_json`'s bounds | the edge's: row invalid, 400, ... |
 """
 
 from __future__ import annotations
@@ -164,6 +165,12 @@ class BadResponse(ClusterError):
     The message names the field and a shortened value."""
 
     reason = "bad_response"
+
+
+class NotJSON(ConvergerdError, ValueError):
+    """Bytes or text that `decode.bounded_json` will not read: not JSON, or JSON past the
+    decoder's bounds (nesting depth, integer digits, a non-finite number). The message says
+    which, and quotes none of the input."""
 
 
 class Fenced(ConvergerdError):

@@ -1,0 +1,93 @@
+"""`decode.bounded_json`, the one JSON decoder of every edge: whatever the input, a value
+within the bounds or `NotJSON` — never RecursionError, ValueError or anything else."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from convergerd.decode import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, bounded_json
+from convergerd.errors import NotJSON
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=30,
+)
+
+
+@given(st.binary(max_size=512))
+def test_arbitrary_bytes_give_a_value_or_not_json(data: bytes) -> None:
+    try:
+        value = bounded_json(data)
+    except NotJSON:
+        return
+    assert _depth(value) <= MAX_JSON_DEPTH
+
+
+@given(json_values)
+def test_json_within_bounds_reads_as_the_standard_library_reads_it(value: Any) -> None:
+    text = json.dumps(value)
+    assert bounded_json(text) == json.loads(text)
+    assert bounded_json(text.encode()) == json.loads(text)
+
+
+@given(json_values, st.integers(1, len(json.dumps([1]))))
+def test_truncated_json_is_refused(value: Any, cut: int) -> None:
+    text = json.dumps([value, "end"])
+    with pytest.raises(NotJSON):
+        bounded_json(text[: len(text) - cut])
+
+
+@given(st.integers(MAX_JSON_DEPTH + 1, 20_000), st.booleans(), st.booleans(), st.booleans())
+def test_deep_nesting_is_refused_without_recursion(depth: int, objects: bool,
+                                                   lone_surrogate: bool, as_bytes: bool) -> None:
+    """Deep nesting is refused on both paths: orjson's (valid UTF-8) and the fallback's (a
+    lone surrogate escape, which orjson refuses), however deep."""
+    inner = '"\\ud800"' if lone_surrogate else "1"
+    opener, closer = ('{"k":', "}") if objects else ("[", "]")
+    text = opener * depth + inner + closer * depth
+    with pytest.raises(NotJSON, match="nested deeper"):
+        bounded_json(text.encode() if as_bytes else text)
+
+
+@pytest.mark.parametrize("depth", [1, MAX_JSON_DEPTH - 1, MAX_JSON_DEPTH])
+@pytest.mark.parametrize("lone_surrogate", [False, True])
+def test_nesting_up_to_the_bound_reads(depth: int, lone_surrogate: bool) -> None:
+    inner = '"\\ud800"' if lone_surrogate else "1"
+    assert _depth(bounded_json("[" * depth + inner + "]" * depth)) == depth
+
+
+@given(st.integers(MAX_JSON_INT_DIGITS + 1, 50_000), st.booleans())
+def test_huge_integers_are_refused(digits: int, negative: bool) -> None:
+    text = ("-" if negative else "") + "7" * digits
+    with pytest.raises(NotJSON):
+        bounded_json(f'["\\ud800", {text}]')  # the fallback: json with int()
+    with pytest.raises(NotJSON):
+        bounded_json(f"[{text}e400]")
+
+
+def test_brackets_inside_strings_do_not_count_as_depth() -> None:
+    text = json.dumps(["[" * 5000, {"a": "{" * 5000}, "\ud800"])
+    assert bounded_json(text)[0] == "[" * 5000
+
+
+@pytest.mark.parametrize("text", ["NaN", "[Infinity]", "-Infinity", "1e400", "", "  ", "[1,]"])
+def test_what_json_does_not_allow_is_refused(text: str) -> None:
+    with pytest.raises(NotJSON):
+        bounded_json(text)
