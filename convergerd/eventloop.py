@@ -14,10 +14,12 @@ full collections of the whole heap: 43 of them, 29 s of a 100 s create round's C
 2,000 clusters x 100 policies. At `GC_GEN0_THRESHOLD` they die young: one full collection,
 2.4 s (bench/RESULTS.md, "Scale: 10,000 clusters").
 
-There is no public knob for the TLS buffer: `EventLoop` overrides the loop's (private, but
-unchanged since 3.11) `_make_ssl_transport` to build the same protocol with a smaller class
-attribute, so only loops made here are affected, never a library's or a test runner's own
-loop. `run` is `asyncio.run` on this loop; tests run on it too (tests/conftest.py).
+There is no public knob for the TLS buffer: `EventLoop` overrides the loop's private
+`_make_ssl_transport` to build the same protocol with a smaller class attribute, so only loops
+made here are affected, never a library's or a test runner's own loop. The override copies
+asyncio's own body as of CPython 3.11-3.13 (3.12 added the `_ensure_fd_no_transport` check);
+tests/unit/test_eventloop_internals.py pins that body per Python version and fails, naming
+this module, on a version whose asyncio differs. `run` is `asyncio.run` on this loop; tests run on it too (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class EventLoop(asyncio.SelectorEventLoop):
         ssl_shutdown_timeout: Any = constants.SSL_SHUTDOWN_TIMEOUT,
     ) -> asyncio.Transport:
         # As asyncio's own (selector_events.BaseSelectorEventLoop), with our protocol class.
+        ensure_fd_no_transport = getattr(self, "_ensure_fd_no_transport", None)
+        if ensure_fd_no_transport is not None:  # Python 3.12 and later
+            ensure_fd_no_transport(rawsock)
         ssl_protocol = _SSLProtocol(
             self, protocol, sslcontext, waiter, server_side, server_hostname,
             ssl_handshake_timeout=ssl_handshake_timeout,
