@@ -19,7 +19,8 @@ There is no public knob for the TLS buffer: `EventLoop` overrides the loop's pri
 made here are affected, never a library's or a test runner's own loop. The override copies
 asyncio's own body as of CPython 3.11-3.13 (3.12 added the `_ensure_fd_no_transport` check);
 tests/unit/test_eventloop_internals.py pins that body per Python version and fails, naming
-this module, on a version whose asyncio differs. `run` is `asyncio.run` on this loop; tests run on it too (tests/conftest.py).
+this module, on a version whose asyncio differs. `run` is `asyncio.run` on this loop; tests
+run on it too (tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def test_the_tls_protocol_sizes_its_buffer_from_the_class_attribute() -> None:
     """What the smaller subclass attribute changes: the buffer allocated per connection."""
     assert sslproto.SSLProtocol.max_size == 256 * 1024
     assert "bytearray(self.max_size)" in inspect.getsource(sslproto.SSLProtocol.__init__)
-    assert TLS_READ_BUFFER_BYTES < sslproto.SSLProtocol.max_size
+    assert sslproto.SSLProtocol.max_size > TLS_READ_BUFFER_BYTES
 
 
 def test_requires_python_names_only_checked_versions() -> None:
