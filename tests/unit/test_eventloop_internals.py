@@ -25,8 +25,8 @@ REVIEW = ("asyncio changed under convergerd/eventloop.py's EventLoop._make_ssl_t
           "override, then add this version here and to requires-python in pyproject.toml")
 
 
-# Private, so not in typeshed: looked up by name.
-ASYNCIO_MAKE_SSL_TRANSPORT = getattr(selector_events.BaseSelectorEventLoop, "_make_ssl_transport")
+# Private, so not in typeshed.
+ASYNCIO_MAKE_SSL_TRANSPORT = selector_events.BaseSelectorEventLoop._make_ssl_transport  # type: ignore[attr-defined]
 
 
 def _source_digest() -> str:
