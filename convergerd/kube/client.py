@@ -282,12 +282,17 @@ class _Answer:
         return parse_object(self.body, f"{self.verb or 'the'} answer ({self.status})")
 
 
-async def read_capped(content: aiohttp.StreamReader, limit: int) -> tuple[bytes, bool]:
-    """At most `limit` bytes of a body, read in chunks; True when there was more (left unread:
-    the caller closes the connection). Memory stays within `limit` plus one chunk whatever the
-    peer sends, and a body trickled slowly is bounded by the request's timeout, not here.
-    Every body read from a cluster goes through this (a watch reader would read each event
-    line with the same cap)."""
+async def read_capped(
+    content: aiohttp.StreamReader, limit: int, *, keep_cut: bool = True
+) -> tuple[bytes, bool]:
+    """At most `limit` bytes of a body, read in chunks until the end of the body (its declared
+    length, or the end of a chunked one) or the cap; True when there was more (left unread:
+    the caller closes the connection). Over the cap, the first `limit` bytes are returned only
+    with `keep_cut` (else `b""`: nothing is joined for a body about to be refused). Memory
+    stays within twice `limit` (the chunks and the joined body) whatever the peer sends, and a
+    body trickled slowly is bounded by the request's timeout, not here. Every body read from
+    a cluster goes through this (a watch reader would read each event line with the same
+    cap)."""
     chunks: list[bytes] = []
     size = 0
     while size <= limit:
@@ -296,7 +301,10 @@ async def read_capped(content: aiohttp.StreamReader, limit: int) -> tuple[bytes,
             return b"".join(chunks), False
         chunks.append(chunk)
         size += len(chunk)
-    return b"".join(chunks)[:limit], True
+    if not keep_cut:
+        return b"", True
+    chunks[-1] = chunks[-1][: len(chunks[-1]) - (size - limit)]  # one copy, not join + slice
+    return b"".join(chunks), True
 
 
 async def read_lines_capped(content: aiohttp.StreamReader, limit: int) -> AsyncIterator[bytes]:
@@ -613,17 +621,20 @@ class ClusterClient:
         unread stays unread: the connection is closed, never reused."""
         status = response.status
         limit = ERROR_BODY_MAX_BYTES if status >= 400 else self._max_response_bytes
-        too_big = BadResponse(f"{verb} answer ({status}) larger than {limit} bytes "
-                              f"(CONVERGERD_MAX_RESPONSE_BYTES)")
         declared = response.content_length
         if status < 400 and declared is not None and declared > limit:
             response.close()
-            raise too_big
-        body, cut = await read_capped(response.content, limit)
+            raise _too_big(verb, status, limit)
+        # An error answer's start is kept (its Status message); a success over the cap is
+        # refused, so nothing of it is kept.
+        body, cut = await read_capped(response.content, limit, keep_cut=status >= 400)
         if cut:
             response.close()
             if status < 400:
-                raise too_big
+                # No local here may hold the exception: its traceback holds this frame, and
+                # that cycle (with whatever else the frame holds) would wait for a full
+                # collection, rare under `eventloop.tune_gc`.
+                raise _too_big(verb, status, limit)
         return _Answer(status, response.reason, response.headers, body, verb)
 
     def _policy_api_error(self, exc: ClusterLevelError) -> ClusterLevelError:
@@ -724,6 +735,11 @@ class ClusterClient:
                                                                                not_found):
             raise _Gone
         raise http_error(answer.status, answer.reason, answer.headers, answer.body)
+
+
+def _too_big(verb: str, status: int, limit: int) -> BadResponse:
+    return BadResponse(f"{verb} answer ({status}) larger than {limit} bytes "
+                       "(CONVERGERD_MAX_RESPONSE_BYTES)")
 
 
 class _Gone(Exception):
