@@ -20,6 +20,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -37,6 +38,9 @@ from convergerd.report import ApplyResult, Delivery
 
 log = logging.getLogger(__name__)
 
+# A save's or deletion's log line names at most this many failed clusters and counts the
+# rest: a line per save, whatever the fleet's size (a save to 10,000 clusters named them all).
+MAX_NAMED_FAILURES = 10
 # A save re-reads and re-applies when the object changed between its read and its write; a
 # cluster where it keeps changing after this many tries is reported as failed (conflict).
 _SAVE_ATTEMPTS = 3
@@ -300,7 +304,8 @@ class Saver:
         if report.failed:
             report.status = Status.PARTIAL
         log.info("policy %s revision %d saved (%s): %s", policy_id, revision, trigger,
-                 _summary(results), extra={"policy": policy_id, "trigger": trigger})
+                 summary(results), extra={"policy": policy_id, "trigger": trigger,
+                                          "fanout_counts": counts(results)})
         return report
 
     def _save_work(
@@ -336,8 +341,8 @@ class Saver:
             report.status = Status.REFUSED
             await self._record(policy_id, target.row.revision, results, env)
             log.warning("policy %s not deleted: %d cluster(s) still hold it: %s", policy_id,
-                        len(report.failed), _summary(report.failed),
-                        extra={"policy": policy_id})
+                        len(report.failed), named_failures(report.failed),
+                        extra={"policy": policy_id, "fanout_counts": counts(results)})
             return report
         await self._store.finish_deletion(policy_id)
         log.info("policy %s deleted from %d cluster(s) and from the database", policy_id,
@@ -363,6 +368,30 @@ class Saver:
                                        time.monotonic() - started)
 
 
-def _summary(results: Iterable[ClusterResult]) -> str:
-    return ", ".join(f"{r.cluster} {r.action} {r.result.value}"
-                     + (f" ({r.reason})" if r.reason else "") for r in results) or "no clusters"
+def counts(results: Iterable[ClusterResult]) -> dict[str, int]:
+    """Clusters by action and result, `{"apply created": 97, "apply failed": 3}` (in the order
+    of `Result`, applies first)."""
+    found = Counter((r.action, r.result) for r in results)
+    return {f"{action} {result.value}": found[action, result]
+            for action in ("apply", "remove") for result in Result if found[action, result]}
+
+
+def named_failures(results: Iterable[ClusterResult]) -> str:
+    """The failed clusters with their reasons, at most `MAX_NAMED_FAILURES`, the rest counted:
+    `"c0001 apply (timeout), c0002 remove (forbidden) and 3 more"`."""
+    failed = [r for r in results if r.result is Result.FAILED]
+    named = ", ".join(f"{r.cluster} {r.action} ({r.reason or 'unknown'})"
+                      for r in failed[:MAX_NAMED_FAILURES])
+    more = len(failed) - MAX_NAMED_FAILURES
+    return f"{named} and {more} more" if more > 0 else named
+
+
+def summary(results: Sequence[ClusterResult]) -> str:
+    """One line of bounded length whatever the fleet's size: `"100 clusters: apply created 97,
+    apply failed 3; failed: c0001 apply (timeout), ..."` (see `counts`, `named_failures`)."""
+    if not results:
+        return "no clusters"
+    line = f"{len(results)} clusters: " + ", ".join(
+        f"{key} {n}" for key, n in counts(results).items())
+    failures = named_failures(results)
+    return f"{line}; failed: {failures}" if failures else line
