@@ -19,12 +19,17 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from convergerd.decode import bounded_json
+from convergerd.errors import NotJSON
 from convergerd.state import worst_first_key
 
 DEFAULT_ADDR = "http://127.0.0.1:8080"
 EXIT_OK = 0
 EXIT_UNREACHABLE = 2
 _MAX_ERROR = 60
+# The status of 10,000 clusters is a few MB; an answer over this is not a status (a wrong
+# --addr, or a peer that never stops sending) and is not read further.
+MAX_STATUS_BYTES = 64 * 2**20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,16 +74,21 @@ def _retry_after(exc: urllib.error.HTTPError) -> int | None:
     return value if 0 <= value <= _MAX_RETRY_AFTER_S else None
 
 
-def fetch_status(addr: str, *, timeout_s: float) -> dict[str, Any]:
-    """`/status` of the daemon at `addr`. A daemon shedding status reads (429) is asked again
-    after its Retry-After, while that fits in `timeout_s`."""
+def fetch_status(
+    addr: str, *, timeout_s: float, max_bytes: int = MAX_STATUS_BYTES
+) -> dict[str, Any]:
+    """`/status` of the daemon at `addr`, read up to `max_bytes`. A daemon shedding status
+    reads (429) is asked again after its Retry-After, while that fits in `timeout_s`."""
     url = f"{addr}/status"
     if not url.startswith(("http://", "https://")):
         raise StatusUnavailable(f"{addr} is not an http(s) address")
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            body = _get(addr, url, timeout_s=max(0.1, deadline - time.monotonic()))
+            body = _get(addr, url, timeout_s=max(0.1, deadline - time.monotonic()),
+                        max_bytes=max_bytes)
+            if len(body) > max_bytes:
+                raise StatusUnavailable(f"{url} answered more than {max_bytes} bytes")
             break
         except urllib.error.HTTPError as exc:
             wait = _retry_after(exc) if exc.code == 429 else None
@@ -86,19 +96,20 @@ def fetch_status(addr: str, *, timeout_s: float) -> dict[str, Any]:
                 raise StatusUnavailable(f"{url} answered {exc.code} {exc.reason}") from None
             time.sleep(wait)
     try:
-        doc = json.loads(body)
-    except ValueError:
+        doc = bounded_json(body)
+    except NotJSON:
         raise StatusUnavailable(f"{url} did not answer with JSON") from None
     if not isinstance(doc, dict):
         raise StatusUnavailable(f"{url} did not answer with a status document")
     return doc
 
 
-def _get(addr: str, url: str, *, timeout_s: float) -> bytes:
+def _get(addr: str, url: str, *, timeout_s: float, max_bytes: int) -> bytes:
+    """The answer's body, at most `max_bytes` + 1 bytes of it (one more: "too long")."""
     request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            body: bytes = response.read()
+            body: bytes = response.read(max_bytes + 1)
             return body
     except urllib.error.HTTPError:
         raise  # an answer: the caller decides

@@ -1,14 +1,24 @@
-"""`convergerd status`: the table rendered from a canned /status document."""
+"""`convergerd status`: the table rendered from a canned /status document, and the read of
+/status bounded."""
 
 from __future__ import annotations
 
 import argparse
+import http.server
 import io
+import json
 import socket
+import threading
+import tracemalloc
+from collections.abc import Iterator
+
+import pytest
 
 from convergerd.statuscli import (
     EXIT_UNREACHABLE,
+    StatusUnavailable,
     add_arguments,
+    fetch_status,
     format_duration,
     render_status,
     run,
@@ -94,3 +104,53 @@ def test_unreachable_daemon_is_a_clear_error() -> None:
     assert run(args, out=out, err=err) == EXIT_UNREACHABLE
     assert f"cannot reach convergerd at http://127.0.0.1:{port}" in err.getvalue()
     assert out.getvalue() == ""
+
+
+# -- the read of /status is bounded ----------------------------------------------------------------
+
+MiB = 2**20
+
+
+class _Endless(http.server.BaseHTTPRequestHandler):
+    """Answers 200 with a body that never ends (no Content-Length, spaces: still JSON), until
+    the client hangs up (or 64 MiB, so that a broken client cannot keep the test running)."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(STATUS).encode())
+        chunk = b" " * 2**16
+        try:
+            for _ in range(64 * MiB // len(chunk)):
+                self.wfile.write(chunk)
+        except OSError:
+            return  # the client stopped reading
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def endless() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Endless)
+    thread = threading.Thread(target=server.serve_forever, name="endless /status")
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_an_endless_status_answer_is_refused_at_the_cap(endless: str) -> None:
+    tracemalloc.start()
+    try:
+        with pytest.raises(StatusUnavailable, match=f"answered more than {MiB} bytes"):
+            fetch_status(endless, timeout_s=10, max_bytes=MiB)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MiB, f"peak {peak / MiB:.1f} MiB while reading with a 1 MiB cap"
+
