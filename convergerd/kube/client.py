@@ -41,6 +41,7 @@ import errno
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -48,7 +49,7 @@ import orjson
 from kubernetes_asyncio.client import ApiClient, Configuration, CoordinationV1Api
 from kubernetes_asyncio.client.rest import RESTClientObject
 
-from convergerd.config import ClusterAccess
+from convergerd.config import MAX_SECRET_FILE_BYTES, ClusterAccess
 from convergerd.decode import (
     MAX_REASON_PHRASE_CHARS,
     StatusBody,
@@ -256,7 +257,7 @@ class _BearerToken:
         now = self._clock()
         if self._read_at is None or now - self._read_at >= TOKEN_REREAD_S:
             try:
-                token = path.read_text(encoding="utf-8").strip()
+                token = _read_token_file(path)
             except OSError as exc:
                 if not self._header:
                     raise NoCredentials(
@@ -266,6 +267,20 @@ class _BearerToken:
                 self._header = {"Authorization": f"Bearer {token}"}
             self._read_at = now
         return dict(self._header)
+
+
+def _read_token_file(path: Path) -> str:
+    """The token in `path`, reading at most `MAX_SECRET_FILE_BYTES`: a bigger file (the wrong
+    file, never a token, sent with every request if it were read) or one that is not UTF-8
+    is an `OSError`, as an unreadable one is."""
+    with path.open("rb") as f:
+        data = f.read(MAX_SECRET_FILE_BYTES + 1)
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {MAX_SECRET_FILE_BYTES} bytes, not a token")
+    try:
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise OSError(errno.EILSEQ, "not UTF-8 text") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -587,6 +587,25 @@ async def test_missing_token_file_is_no_credentials_not_a_reached_cluster(
     assert fleet.accounting.counts(C1)["nonResource"] == 0
 
 
+async def test_an_oversized_token_file_is_no_credentials_and_not_sent(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A "token file" of 1 MiB is the wrong file: not read past 64 KiB, never sent as a header
+    with every request."""
+    token_file = tmp_path / "token"
+    token_file.write_bytes(b"x" * 2**20)
+    creds = Credentials(name=C1, server=fleet.base_url(C1), ca_pem=fleet.ca_pem(C1),
+                        token_file=token_file)
+    client = ClusterClient(C1, creds, ssl_context=TlsContexts().context_for(creds),
+                           access=access(None), agent=AGENT)
+    try:
+        with pytest.raises(NoCredentials, match="larger than 65536 bytes, not a token"):
+            await client.server_version(timeout_s=2)
+    finally:
+        await client.close()
+    assert fleet.accounting.counts(C1)["nonResource"] == 0
+
+
 async def test_apply_forces_fields_owned_by_another_manager(fleet: Fleet,
                                                             registry: ClusterRegistry) -> None:
     """Drift by someone else (kubectl edit) is taken back: apply is sent with force."""
