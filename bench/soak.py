@@ -68,7 +68,9 @@ HOSTILE: dict[str, dict[str, Any]] = {
     "controlChars": {"mode": "controlChars"},
     "wrongTypes": {"mode": "wrongTypes"},
     "invalidJson": {"mode": "invalidJson"},
-    "oversized": {"mode": "oversized", "bytes": 8 * 1024 * 1024},
+    # Over the daemon's 16 MiB default cap, so that answers are refused (at 8 MiB, as this was,
+    # they were read whole and the refusal path never ran here).
+    "oversized": {"mode": "oversized", "bytes": 32 * 1024 * 1024},
     "trickle": {"mode": "trickle", "bytesPerSecond": 256},
 }
 RULES: tuple[dict[str, Any], ...] = (
