@@ -12,7 +12,10 @@ keeps each request's objects alive for milliseconds, long enough to outlive CPyt
 threshold (700 allocations) twice, so they were promoted to the oldest generation and set off
 full collections of the whole heap: 43 of them, 29 s of a 100 s create round's CPU at
 2,000 clusters x 100 policies. At `GC_GEN0_THRESHOLD` they die young: one full collection,
-2.4 s (bench/RESULTS.md, "Scale: 10,000 clusters").
+2.4 s (bench/RESULTS.md, "Scale: 10,000 clusters"). The price: garbage in a reference cycle
+can wait long for a full collection, so nothing big may sit in one (a refused answer's body,
+`kube.client.ClusterClient._read`); no collection is forced (docs/design.md, "Bounded over
+time").
 
 There is no public knob for the TLS buffer: `EventLoop` overrides the loop's private
 `_make_ssl_transport` to build the same protocol with a smaller class attribute, so only loops
