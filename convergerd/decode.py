@@ -145,7 +145,9 @@ def _deeper_than(data: bytes | str, limit: int) -> bool:
             return False
         shorter = _INNERMOST_PAIR.sub("", brackets)
         if len(shorter) == len(brackets):
-            return False  # unbalanced: not JSON, which the parser says
+            # Brackets outside strings that never pair up: not JSON. Refused here, since the
+            # parser would recurse into every unclosed one first.
+            raise NotJSON("not JSON (unbalanced brackets)")
         brackets = shorter
     return bool(brackets)
 
@@ -214,8 +216,8 @@ def _fallback(data: bytes | str, max_depth: int) -> Any:
     except NotJSON:
         raise
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        # RecursionError cannot come from a text the depth check passed; kept so that a
-        # mistake here fails the one input, not the caller.
+        # RecursionError cannot come from a text the depth check passed (nesting within the
+        # bound, brackets balanced); kept so that a mistake here fails the one input only.
         raise NotJSON(f"not JSON ({type(exc).__name__})") from None
 
 

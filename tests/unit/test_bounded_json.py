@@ -91,3 +91,11 @@ def test_brackets_inside_strings_do_not_count_as_depth() -> None:
 def test_what_json_does_not_allow_is_refused(text: str) -> None:
     with pytest.raises(NotJSON):
         bounded_json(text)
+
+
+@given(st.integers(MAX_JSON_DEPTH + 1, 20_000), st.sampled_from(["[", "{", "]", "}"]))
+def test_unbalanced_brackets_are_refused_before_the_parser_recurses(count: int,
+                                                                     bracket: str) -> None:
+    """The fallback's parser would recurse into every unclosed bracket: refused before it."""
+    with pytest.raises(NotJSON):
+        bounded_json('["\\ud800", ' + bracket * count)
