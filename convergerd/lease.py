@@ -10,6 +10,11 @@ Two kinds of time appear here and never mix:
 
 A foreign lease is judged the way client-go judges it: from the monotonic time at which *we
 observed* its record change, plus the record's own `leaseDurationSeconds`.
+
+What a Lease holds was written by anyone with access to it, so it is decoded with bounds: a
+MicroTime parses to a datetime or raises `LeaseFormatError` (never `OverflowError`), the
+int32 fields out of the API's range read as absent, and no arithmetic here can overflow on a
+value the API server accepted.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import random
 import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from convergerd.decode import preview
 
 
 class Fence(Protocol):
@@ -37,9 +44,15 @@ KubeObject = dict[str, Any]
 LEASE_API_VERSION = "coordination.k8s.io/v1"
 DEFAULT_LEASE_DURATION_S = 15.0
 RETRY_JITTER = 0.2  # acquire attempts are spread over retry period x [0.8, 1.2]
+INT32_MAX = 2**31 - 1  # leaseDurationSeconds and leaseTransitions are int32 in the API
+# A previous renewTime further ahead of our wall clock than this was not written by a replica
+# with a sane clock (or was written by hand): it is not kept moving forward (see
+# `next_renew_time`); our own time is written, which is a change all the same.
+MAX_RENEW_TIME_AHEAD = dt.timedelta(hours=1)
 
 _MICROTIME = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{6})(Z|[+-]\d{2}:\d{2})$"
+    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{6})(Z|[+-]\d{2}:\d{2})",
+    re.ASCII,  # `\d` is 0-9 only, as in Go's parser
 )
 _ONE_MICROSECOND = dt.timedelta(microseconds=1)
 
@@ -55,23 +68,26 @@ def format_microtime(moment: dt.datetime) -> str:
     """`2025-01-02T03:04:05.000000Z`: UTC, exactly six fractional digits, `Z`.
 
     Written explicitly: `isoformat()` drops the fraction at 0 µs and the API server answers
-    such a value with 400."""
+    such a value with 400; and `%Y` does not pad years before 1000 to four digits."""
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError("a MicroTime needs a timezone-aware datetime")
     utc = moment.astimezone(dt.UTC)
-    return f"{utc:%Y-%m-%dT%H:%M:%S}.{utc.microsecond:06d}Z"
+    return f"{utc.year:04d}-{utc:%m-%dT%H:%M:%S}.{utc.microsecond:06d}Z"
 
 
 def parse_microtime(text: str) -> dt.datetime:
-    """The inverse of `format_microtime`; also accepts a numeric offset (RFC3339Micro)."""
-    match = _MICROTIME.match(text)
-    if match is None:
-        raise LeaseFormatError(f"not a MicroTime (RFC3339 with six fractional digits): {text!r}")
+    """The inverse of `format_microtime`; also accepts a numeric offset (RFC3339Micro).
+
+    Raises only `LeaseFormatError`, whatever `text` is: also for a time whose offset carries it
+    past year 1 or 9999 in UTC (Go accepts those; a Python datetime cannot hold them)."""
+    if not isinstance(text, str) or _MICROTIME.fullmatch(text) is None:
+        raise LeaseFormatError(
+            f"not a MicroTime (RFC3339 with six fractional digits): {preview(text, 40)}")
     try:
-        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise LeaseFormatError(f"not a valid MicroTime: {text!r}") from exc
-    return parsed.astimezone(dt.UTC)
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.UTC)
+    except (ValueError, OverflowError) as exc:
+        raise LeaseFormatError(f"not a valid MicroTime: {preview(text, 40)}") from exc
+
 
 
 # --- the record ------------------------------------------------------------------------------
@@ -95,7 +111,9 @@ class LeaseRecord:
     @classmethod
     def from_object(cls, obj: object) -> LeaseRecord:
         """From a Lease as the API returns it. Missing fields take their zero values; a wrong
-        shape (not an object, wrong types) raises `LeaseFormatError`."""
+        shape (not an object, wrong types) raises `LeaseFormatError`. An int32 field out of
+        the range the API server accepts (a duration not in 1..2^31-1, transitions not in
+        0..2^31-1) reads as absent: the default duration, zero transitions."""
         if not isinstance(obj, dict):
             raise LeaseFormatError(f"a Lease must be a JSON object, got {type(obj).__name__}")
         metadata = obj.get("metadata")
@@ -105,8 +123,8 @@ class LeaseRecord:
         if not isinstance(metadata, dict) or not isinstance(spec, dict):
             raise LeaseFormatError("a Lease's metadata and spec must be JSON objects")
         holder = _typed(spec, "holderIdentity", str) or ""
-        duration = _typed(spec, "leaseDurationSeconds", int)
-        transitions = _typed(spec, "leaseTransitions", int) or 0
+        duration = _in_range(_typed(spec, "leaseDurationSeconds", int), 1)
+        transitions = _in_range(_typed(spec, "leaseTransitions", int), 0) or 0
         return cls(
             holder=holder,
             duration_s=duration,
@@ -124,6 +142,10 @@ def _typed(mapping: dict[str, Any], key: str, kind: type[Any]) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise LeaseFormatError(f"Lease field {key} must be {kind.__name__}, got {value!r}")
     return value
+
+
+def _in_range(value: int | None, low: int) -> int | None:
+    return value if value is not None and low <= value <= INT32_MAX else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +241,7 @@ def acquire_body(
         leaseDurationSeconds=lease_duration_field(duration_s),
         acquireTime=stamp,
         renewTime=stamp,
-        leaseTransitions=record.transitions + 1,
+        leaseTransitions=next_transitions(record.transitions),
     )
     return body
 
@@ -256,20 +278,31 @@ def release_body(current: KubeObject, *, now: dt.datetime) -> KubeObject:
     return body
 
 
+def next_transitions(transitions: int) -> int:
+    """`leaseTransitions` after a change of holder: one more, back to 0 after the int32
+    maximum (the API server refuses a larger value, so +1 there would fail every acquire)."""
+    return transitions + 1 if transitions < INT32_MAX else 0
+
+
 def next_renew_time(previous: str | None, now: dt.datetime) -> dt.datetime:
-    """`now`, but always after the previous `renewTime`.
+    """`now`, but after the previous `renewTime` when that is not far ahead of `now`.
 
     Other replicas see a renewal only as a *change* of the record. If our wall clock stood
     still or went back, writing the same `renewTime` again would be no change at all (the
     server does not even store an identical object), and a standby would take over while we
-    still think we lead."""
+    still think we lead. A previous time more than `MAX_RENEW_TIME_AHEAD` ahead (a clock far
+    off, or a value written by hand such as 9999-12-31) is not followed: `now` differs from it,
+    so writing `now` is a change too, and the Lease shows a sane time again."""
+    now = now.astimezone(dt.UTC)
     if previous is None:
         return now
     try:
         before = parse_microtime(previous)
     except LeaseFormatError:
         return now
-    return max(now.astimezone(dt.UTC), before + _ONE_MICROSECOND)
+    if before - now > MAX_RENEW_TIME_AHEAD:
+        return now
+    return max(now, before + _ONE_MICROSECOND)
 
 
 def _replacement(current: KubeObject) -> KubeObject:

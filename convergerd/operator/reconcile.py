@@ -26,6 +26,7 @@ from convergerd.decode import (
     MAX_REASON_CHARS,
     FieldReader,
     clean_text,
+    rfc3339,
 )
 from convergerd.operator.admission import (
     Admission,
@@ -57,13 +58,8 @@ def timestamp(moment: dt.datetime) -> str:
 
 
 def parse_timestamp(text: object) -> dt.datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else None
+    """A condition time read back, in UTC; None when it is not one (`decode.rfc3339`)."""
+    return rfc3339(text)
 
 
 # --- the Policy, decoded ------------------------------------------------------------------
@@ -350,10 +346,11 @@ def next_probe_in(policy: PolicyObject, *, now: dt.datetime, interval_s: float,
                   first_delay_s: float) -> float:
     """Seconds until this Enforcing policy's next probe: one interval after the last probe
     recorded on it (so a restart does not probe again at once), or `first_delay_s` when it was
-    never probed."""
+    never probed. Never more than one interval: a probe time in the future (a clock far off, or
+    9999-12-31 written by hand) must not put the next probe off for good."""
     verified = policy.condition(VERIFIED)
     last = parse_timestamp(verified.get("lastProbeTime")) if verified is not None else None
     if last is None or (verified is not None and verified.get("status") == UNKNOWN
                         and not _inconclusive(verified)):
         return first_delay_s
-    return max(0.0, (last - now).total_seconds() + interval_s)
+    return min(interval_s, max(0.0, (last - now).total_seconds() + interval_s))

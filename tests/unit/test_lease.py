@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from convergerd.lease import (
+    INT32_MAX,
     LeaseFormatError,
     LeaseRecord,
     Observed,
@@ -20,6 +21,7 @@ from convergerd.lease import (
     lease_duration_field,
     new_lease_body,
     next_renew_time,
+    next_transitions,
     observe,
     parse_microtime,
     release_body,
@@ -102,6 +104,29 @@ def test_parse_microtime(text: str, expected: dt.datetime) -> None:
 def test_parse_microtime_rejects_other_shapes(text: str) -> None:
     with pytest.raises(LeaseFormatError):
         parse_microtime(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Go parses these (an offset carries them past year 0 or 9999 in UTC); Python cannot
+        # hold them: LeaseFormatError, not OverflowError.
+        "9999-12-31T23:30:00.000000-01:00",
+        "0001-01-01T00:30:00.000000+01:00",
+        "0000-01-01T00:00:00.000000Z",
+        "2025-01-02T03:04:05.000000+24:00",  # an offset out of range
+        "2025-01-02T03:04:05.000000Z\n",  # `$` would have matched before the newline
+        "\u0662\u0660\u0662\u0665-01-02T03:04:05.000000Z",  # digits, but not ASCII ones
+    ],
+)
+def test_parse_microtime_raises_only_its_own_error_at_the_edges(text: str) -> None:
+    with pytest.raises(LeaseFormatError):
+        parse_microtime(text)
+
+
+def test_parse_microtime_holds_the_extremes_python_can() -> None:
+    assert parse_microtime("9999-12-31T23:59:59.999999Z") == dt.datetime.max.replace(tzinfo=UTC)
+    assert parse_microtime("0001-01-01T00:00:00.000000Z") == dt.datetime.min.replace(tzinfo=UTC)
 
 
 # --- the record -----------------------------------------------------------------------------------
@@ -283,6 +308,11 @@ def test_renew_body_refuses_a_foreign_lease() -> None:
         ("2025-01-02T03:04:05.000000Z", T0, T0 + dt.timedelta(microseconds=1)),
         ("2025-01-02T04:00:00.000000Z", T0, dt.datetime(2025, 1, 2, 4, 0, 0, 1, tzinfo=UTC)),
         ("garbage", T0, T0),
+        # Far ahead of our clock (by hand, or a clock far off): not followed, and no overflow.
+        ("9999-12-31T23:59:59.999999Z", T0, T0),
+        ("9999-12-31T23:30:00.000000-01:00", T0, T0),
+        ("2025-01-02T04:04:05.000001Z", T0, T0),  # just over an hour ahead
+        ("0001-01-01T00:00:00.000000Z", T0, T0),  # far behind: now is later anyway
     ],
 )
 def test_next_renew_time_always_changes_the_record(
@@ -295,6 +325,47 @@ def test_renewing_with_a_frozen_wall_clock_still_changes_the_record() -> None:
     current = lease(ME, renew=format_microtime(T0))
     body = renew_body(current, identity=ME, duration_s=15.0, now=T0)
     assert LeaseRecord.from_object(body) != LeaseRecord.from_object(current)
+
+
+@pytest.mark.parametrize(
+    "renew", ["9999-12-31T23:59:59.999999Z", "9999-12-31T23:30:00.000000-01:00",
+              "0001-01-01T00:30:00.000000+01:00"])
+def test_a_lease_with_a_time_at_the_edge_of_the_calendar_is_renewed_and_released(
+    renew: str,
+) -> None:
+    current = lease(ME, renew=renew)
+    renewed = renew_body(current, identity=ME, duration_s=15.0, now=T0)
+    assert renewed["spec"]["renewTime"] == format_microtime(T0)
+    released = release_body(current, now=T0)
+    assert released["spec"]["renewTime"] == format_microtime(T0)
+    taken = acquire_body(lease("other", renew=renew), identity=ME, duration_s=15.0, now=T0)
+    assert taken["spec"]["renewTime"] == format_microtime(T0)
+
+
+@pytest.mark.parametrize(
+    ("spec", "duration", "transitions"),
+    [
+        ({"leaseDurationSeconds": INT32_MAX, "leaseTransitions": INT32_MAX}, INT32_MAX, INT32_MAX),
+        # Out of the int32 range the API server accepts: read as absent.
+        ({"leaseDurationSeconds": INT32_MAX + 1, "leaseTransitions": INT32_MAX + 1}, None, 0),
+        ({"leaseDurationSeconds": 10**99, "leaseTransitions": -(10**99)}, None, 0),
+        ({"leaseDurationSeconds": 0, "leaseTransitions": -1}, None, 0),
+    ],
+)
+def test_record_reads_int32_fields_out_of_range_as_absent(
+    spec: dict[str, Any], duration: int | None, transitions: int
+) -> None:
+    record = LeaseRecord.from_object({"spec": {"holderIdentity": "x", **spec}})
+    assert (record.duration_s, record.transitions) == (duration, transitions)
+    assert Observed(record, 100.0).expires_mono(15.0) == 100.0 + (duration or 15.0)
+
+
+def test_transitions_wrap_to_zero_after_the_int32_maximum() -> None:
+    assert next_transitions(6) == 7
+    assert next_transitions(INT32_MAX) == 0
+    taken = acquire_body(lease("other", transitions=INT32_MAX), identity=ME, duration_s=15.0,
+                         now=T0)
+    assert taken["spec"]["leaseTransitions"] == 0
 
 
 def test_release_body_empties_the_holder_and_keeps_the_rest() -> None:
