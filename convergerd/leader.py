@@ -13,6 +13,12 @@ the round (cancelled through `wait_lost()` / `leadership_lost()`, and each write
 Any failure of a renewal — timeout, connection error, 409, an answer that is not a Lease, an
 unexpected exception — is a failed renewal: the renew time does not move, and when the deadline
 passes leadership is lost.
+
+The loop never stops on an error, and never fails quietly: the first failure in a row is a
+warning (an unexpected exception an error with its traceback), repeated every
+`STUCK_AFTER_DURATIONS` lease durations while it lasts, with what to check. `problem()` tells
+`/healthz` when the elector is stuck: for that long it has neither led nor seen the Lease
+validly held by another replica.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from convergerd.config import Election
-from convergerd.errors import Fenced, ObjectRejected
+from convergerd.errors import ConvergerdError, Fenced, ObjectRejected
 from convergerd.kube.api import LeaseApi
 from convergerd.lease import (
     Fence,
@@ -49,6 +55,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ChangeHook = Callable[[bool, str | None], None]
 
+# The elector is stuck (`/healthz` fails, the warning is repeated) after this many lease
+# durations without leading or seeing another valid holder: a healthy standby sees the holder
+# at least every retry period, and a dead holder is replaced within one duration.
+STUCK_AFTER_DURATIONS = 2.0
+
 
 class Leadership(Protocol):
     """The surface the runtime uses; `Elector` and `NoElection` both provide it."""
@@ -67,6 +78,7 @@ class Leadership(Protocol):
     def leadership_lost(self) -> asyncio.Event: ...
     def fence(self, epoch: Epoch | None = None) -> Fence: ...
     async def release(self) -> None: ...
+    def problem(self) -> str | None: ...
 
 
 def _loop_time() -> float:
@@ -135,6 +147,11 @@ class Elector:
         self._failures = 0
         self._attempt_started = -math.inf
         self._watchdog: asyncio.TimerHandle | None = None
+        # Health: when the elector last led or saw another valid holder (None: not running),
+        # when it last warned about failing, and the last failure (for `problem()`).
+        self._progress_mono: float | None = None
+        self._warned_mono = -math.inf
+        self._last_error: str | None = None
 
     @property
     def _where(self) -> str:
@@ -202,9 +219,33 @@ class Elector:
         """Make `run()` return (without releasing the Lease; see `release()`)."""
         self._stop.set()
 
+    def problem(self) -> str | None:
+        """Why the elector is stuck, for `/healthz`; None while it works. Stuck: running, and
+        for `STUCK_AFTER_DURATIONS` lease durations it has neither led (renewed) nor seen the
+        Lease validly held by another replica, so no replica may be leading at all."""
+        since = self._progress_mono
+        if since is None or self._stop.is_set():
+            return None
+        stuck_s = self._clock() - since
+        limit_s = self._stuck_after_s
+        if stuck_s <= limit_s:
+            return None
+        return (f"leader election stuck: for {stuck_s:.0f} s (limit {limit_s:g} s) this replica "
+                f"has neither led nor seen Lease {self._where} held by another live replica; "
+                f"last error: {self._last_error or 'none'}")
+
+    @property
+    def _stuck_after_s(self) -> float:
+        return STUCK_AFTER_DURATIONS * self._s.lease_duration_s
+
+    def _progressed(self) -> None:
+        self._progress_mono = self._clock()
+        self._warned_mono = -math.inf
+
     async def run(self) -> None:
         """Acquire, then renew, until `stop()`, `release()` or cancellation."""
         log.info("leader election on Lease %s as %s", self._where, self.identity)
+        self._progress_mono = self._clock()  # startup counts as progress: a grace period
         try:
             while not self._stop.is_set():
                 async with self._lock:
@@ -307,6 +348,7 @@ class Elector:
             term = None
         if not can_acquire(self._observed, now, self.identity,
                            default_duration_s=s.lease_duration_s):
+            self._progressed()  # another replica holds it, validly: nothing is stuck
             return
         wall = self._wall()
         sent = self._clock()
@@ -331,6 +373,7 @@ class Elector:
             return await request
 
     def _renewed(self, sent: float, record: LeaseRecord) -> None:
+        self._progressed()
         epoch = Epoch(self.identity, record.transitions)
         term = self._term
         if term is not None and not term.over and term.epoch == epoch:
@@ -351,17 +394,32 @@ class Elector:
 
     def _failed(self, term: _Term | None, exc: Exception) -> None:
         self._failures += 1
-        why = _describe(exc)
+        why = self._last_error = _describe(exc)
+        # Not ours nor a timeout: a bug, or a value nobody thought of. Never quiet.
+        unexpected = not isinstance(exc, ConvergerdError | TimeoutError | LeaseFormatError)
         if term is not None and not term.over:
             left = self.budget(term)
-            log.warning("renewing Lease %s failed: %s (%.1f s left to renew)",
-                        self._where, why, max(0.0, left))
+            log.log(logging.ERROR if unexpected else logging.WARNING,
+                    "renewing Lease %s failed: %s (%.1f s left to renew)",
+                    self._where, why, max(0.0, left), exc_info=exc if unexpected else None)
             if left <= 0:
                 self.overdue(term)
-        elif isinstance(exc, ObjectRejected) and exc.status == 409:
+            return
+        if isinstance(exc, ObjectRejected) and exc.status == 409:
             log.debug("Lease %s changed while acquiring it (409)", self._where)
-        elif self._failures == 1:
-            log.warning("acquiring Lease %s failed: %s", self._where, why)
+            return
+        now = self._clock()
+        if self._failures == 1 or now - self._warned_mono >= self._stuck_after_s:
+            # The first failure in a row, then a reminder every stuck period while it lasts.
+            self._warned_mono = now
+            log.log(
+                logging.ERROR if unexpected else logging.WARNING,
+                "acquiring Lease %s failed (%d in a row): %s; this replica leads nothing until "
+                "it succeeds: check that the home cluster answers and that the Lease is "
+                "readable (kubectl -n %s get lease %s -o yaml); deleting the Lease lets the "
+                "replicas elect anew", self._where, self._failures, why,
+                self._s.lease_namespace, self._s.lease_name,
+                exc_info=exc if unexpected else None)
         else:
             log.debug("acquiring Lease %s failed again (%d): %s", self._where, self._failures, why)
 
@@ -417,8 +475,8 @@ class _OpenFence:
 
 
 class NoElection:
-    """`CONVERGERD_LEADER_ELECTION=false`: always the leader, the fence never closes. Same
-    surface as `Elector`."""
+    """`CONVERGERD_LEADER_ELECTION=false`: always the leader, the fence never closes, never
+    stuck. Same surface as `Elector`."""
 
     def __init__(self, *, identity: str, on_change: ChangeHook | None = None) -> None:
         self.identity = identity
@@ -466,6 +524,9 @@ class NoElection:
 
     async def release(self) -> None:
         self._stop.set()
+
+    def problem(self) -> str | None:
+        return None
 
 
 def _describe(exc: BaseException) -> str:

@@ -254,27 +254,45 @@ def renew_body(
     if record.holder != identity:
         raise ValueError(f"cannot renew a Lease held by {record.holder!r} as {identity!r}")
     body = _replacement(current)
+    renewed = next_renew_time(record.renew_time, now)
     body["spec"].update(
         holderIdentity=identity,
         leaseDurationSeconds=lease_duration_field(duration_s),
-        renewTime=format_microtime(next_renew_time(record.renew_time, now)),
+        renewTime=format_microtime(renewed),
         leaseTransitions=record.transitions,
     )
-    if record.acquire_time is None:
+    if not _acquired_by(record.acquire_time, renewed):
+        # Absent, after the renewal (9999-12-31 by hand), or a value the API server would
+        # refuse when we write it back (a year past 9999 or before 0, as a Go server answers
+        # an offset across them): the renew time instead.
         body["spec"]["acquireTime"] = body["spec"]["renewTime"]
     return body
 
 
+def _acquired_by(acquire_time: str | None, renewed: dt.datetime) -> bool:
+    """Whether `acquire_time` is a MicroTime no later than `renewed`."""
+    if acquire_time is None:
+        return False
+    try:
+        return parse_microtime(acquire_time) <= renewed
+    except LeaseFormatError:
+        return False
+
+
 def release_body(current: KubeObject, *, now: dt.datetime) -> KubeObject:
     """Give the Lease up: an empty holder, so a standby may take it at once (it need not wait
-    for the duration). Transitions and times stay so the history is kept."""
+    for the duration). Transitions and times stay so the history is kept (an `acquireTime`
+    the API server would refuse, or later than the renewal, becomes the renew time)."""
     record = LeaseRecord.from_object(current)
     body = _replacement(current)
+    renewed = next_renew_time(record.renew_time, now)
     body["spec"].update(
         holderIdentity="",
-        renewTime=format_microtime(next_renew_time(record.renew_time, now)),
+        renewTime=format_microtime(renewed),
         leaseTransitions=record.transitions,
     )
+    if record.acquire_time is not None and not _acquired_by(record.acquire_time, renewed):
+        body["spec"]["acquireTime"] = body["spec"]["renewTime"]
     return body
 
 

@@ -1,6 +1,7 @@
 """The supervisor's tools: waiting on the first of several things, and the health of the
-supervised tasks behind `/healthz` (a heartbeat that shows a blocked event loop, and the long
-tasks, any of which ending is a problem). Used by the daemon (`runtime`) and the operator.
+supervised tasks behind `/healthz` (a heartbeat that shows a blocked event loop, the long
+tasks, any of which ending is a problem, and the checks of loops that can be alive but stuck:
+the elector, the round loop). Used by the daemon (`runtime`) and the operator.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
+
+# A check of a supervised loop: why it is stuck, or None while it works.
+Check = Callable[[], str | None]
 
 
 async def first(*aws: Awaitable[Any]) -> None:
@@ -44,6 +48,7 @@ class HealthCheck:
         self.last_beat = clock()
         self.lag_s = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
+        self._checks: list[Check] = []
 
     async def heartbeat(self) -> None:
         """Forever: sleep one period and note how late the loop woke us."""
@@ -61,6 +66,10 @@ class HealthCheck:
     def watch(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
         self._tasks.extend(tasks)
 
+    def check(self, *checks: Check) -> None:
+        """Also ask these at every `/healthz`: a task can be running and still be stuck."""
+        self._checks.extend(checks)
+
     def problems(self) -> list[str]:
         found = []
         silent_s = self.clock() - self.last_beat
@@ -76,4 +85,12 @@ class HealthCheck:
                 found.append(f"task {task.get_name()!r} crashed: {type(exc).__name__}")
             else:
                 found.append(f"task {task.get_name()!r} ended")
+        for check in self._checks:
+            try:
+                problem = check()
+            except Exception as exc:  # a broken check is a problem too, not a 500 without a body
+                name = getattr(check, "__qualname__", type(check).__name__)
+                problem = f"health check {name} failed: {type(exc).__name__}"
+            if problem is not None:
+                found.append(problem)
         return found

@@ -3,9 +3,10 @@
 The cluster is reached through the same registry, client and error classes as the daemon's
 (in-cluster config, or `--context` in CONVERGERD_KUBECONFIG); the Lease elector is the daemon's
 `Elector` on the operator's own Lease; health and metrics are served on their own port
-(`/healthz`: the loop turns and no task ended; `/readyz`: Policies listed and discovery
-answered, on standbys too; `/metrics`). SIGTERM/SIGINT: stop reconciling, release the Lease so
-a standby takes over at once, exit 0. A crashed task ends the process (Kubernetes restarts it).
+(`/healthz`: the loop turns, no task ended, the elector is not stuck; `/readyz`: Policies
+listed and discovery answered, on standbys too; `/metrics`). SIGTERM/SIGINT: stop reconciling,
+release the Lease so a standby takes over at once, exit 0. A crashed task ends the process
+(Kubernetes restarts it).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class OperatorProcess:
                          tg.create_task(operator.run(), name="operator"),
                          tg.create_task(self.health.heartbeat(), name="heartbeat")]
                 self.health.watch(tasks)
+                self.health.check(elector.problem)  # running is not leading: see `supervise`
                 stop = tg.create_task(self.stopping.wait())
                 await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
                 for task in tasks[1:]:

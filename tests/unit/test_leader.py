@@ -7,6 +7,7 @@ import asyncio
 import copy
 import dataclasses
 import datetime as dt
+import logging
 import random
 import re
 from collections.abc import AsyncIterator, Callable
@@ -18,9 +19,10 @@ import pytest
 from convergerd.config import Election
 from convergerd.errors import ClusterUnreachable, Fenced, ObjectRejected
 from convergerd.kube.api import KubeObject, LeaseApi
-from convergerd.leader import Elector, Leadership, NoElection
-from convergerd.lease import format_microtime
+from convergerd.leader import STUCK_AFTER_DURATIONS, Elector, Leadership, NoElection
+from convergerd.lease import INT32_MAX, format_microtime, parse_microtime
 from convergerd.report import Epoch
+from convergerd.supervise import HealthCheck
 
 pytestmark = pytest.mark.looptime
 
@@ -86,11 +88,22 @@ class LeaseServer:
             return copy.deepcopy(self.obj)  # nothing changed: not a write, same RV
         return self._store(body)
 
+    def hand_edit(self, **spec: object) -> None:
+        """What `kubectl edit` could leave (no validation): a new record, a new RV."""
+        assert self.obj is not None
+        self.rv += 1
+        self.obj["spec"].update(spec)
+        self.obj["metadata"]["resourceVersion"] = str(self.rv)
+
     def _store(self, body: KubeObject) -> KubeObject:
         for key in ("acquireTime", "renewTime"):
             value = body["spec"].get(key)
             if value is not None and not MICROTIME.match(value):
                 raise ObjectRejected(f"bad MicroTime {value!r}", status=400)
+        for key in ("leaseDurationSeconds", "leaseTransitions"):
+            number = body["spec"].get(key)
+            if number is not None and not 0 <= number <= INT32_MAX:
+                raise ObjectRejected(f"{key} is an int32, got {number}", status=400)
         self.rv += 1
         self.obj = copy.deepcopy(body)
         self.obj["metadata"]["resourceVersion"] = str(self.rv)
@@ -485,6 +498,120 @@ async def test_wall_clock_jumps_do_not_cause_a_takeover(
     assert len(server.writes_by("a")) >= 55  # every renewal was a real change the standby could see
 
 
+# --- values at the edge of the calendar and of int32 ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "renew", [
+        "9999-12-31T23:59:59.999999Z",
+        # An offset across the calendar's ends, as written and as a Go server answers it.
+        "9999-12-31T23:30:00.000000-01:00", "0001-01-01T00:30:00.000000+01:00",
+        "10000-01-01T00:30:00.000000Z", "-0001-12-31T23:30:00.000000Z",
+    ])
+async def test_a_far_future_renew_time_written_into_our_lease_does_not_end_leadership(
+    renew: str,
+) -> None:
+    """Before: OverflowError on every renewal, leadership lost at the renew deadline and never
+    taken again."""
+    server = LeaseServer()
+    a = Replica(server, "a")
+    async with running(a.elector):
+        epoch = await a.elector.wait_leading()
+        server.hand_edit(renewTime=renew, acquireTime=renew)
+        edited_at = now()
+        await asyncio.sleep(4 * DURATION)
+        assert a.elector.is_leader()
+        assert a.elector.epoch == epoch
+        assert [leading for _, leading, _ in a.changes] == [True]  # never lost, not even once
+        assert a.elector.problem() is None
+    lease = server.get()
+    assert lease is not None
+    # Renewed every retry period since, and the Lease shows a sane time again.
+    assert len([w for w in server.writes_by("a") if w.at > edited_at]) >= 4 * DURATION / RETRY - 1
+    shown = parse_microtime(lease["spec"]["renewTime"])
+    assert wall_clock()() - dt.timedelta(seconds=RETRY) <= shown <= wall_clock()()
+    assert parse_microtime(lease["spec"]["acquireTime"]) <= shown
+
+
+async def test_a_dead_holders_lease_with_values_at_their_limits_is_taken_over() -> None:
+    """A holder that left 9999-12-31 times, the int32 maximum of transitions and a duration
+    the API would refuse: a standby still takes over within one lease duration."""
+    server = LeaseServer()
+    server.create({"metadata": {"name": NAME, "namespace": NS},
+                   "spec": {"holderIdentity": "ghost", "leaseDurationSeconds": 15,
+                            "leaseTransitions": 0, "renewTime": format_microtime(T0)}})
+    far = "9999-12-31T23:59:59.999999Z"
+    server.hand_edit(renewTime=far, acquireTime=far, leaseTransitions=INT32_MAX,
+                     leaseDurationSeconds=2**40)
+    b = Replica(server, "b")
+    async with running(b.elector):
+        took_at = await until(b.elector.is_leader, within_s=DURATION + 2 * RETRY)
+        assert b.elector.epoch == Epoch("b", 0)  # transitions wrapped, not refused
+        await asyncio.sleep(2 * DURATION)
+        assert b.elector.is_leader()
+    assert took_at <= DURATION + 2 * RETRY
+
+
+# --- health: a stuck elector is reported, and never quiet ----------------------------------------
+
+
+async def test_a_stuck_elector_fails_health_and_keeps_warning_until_it_recovers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="convergerd.leader")
+    server = LeaseServer()
+    a = Replica(server, "a")
+    a.api.fault = "error"  # an exception that is not ours, on every attempt
+    health = HealthCheck(clock=now)
+    health.check(a.elector.problem)
+    stuck_after = STUCK_AFTER_DURATIONS * DURATION
+    async with running(a.elector):
+        beat = asyncio.create_task(health.heartbeat())
+        started = now()
+        await asyncio.sleep(stuck_after - 1)
+        assert health.problems() == []
+        await asyncio.sleep(2)
+        [problem] = health.problems()
+        assert "leader election stuck" in problem
+        assert "RuntimeError: something unexpected" in problem
+        await asyncio.sleep(3 * stuck_after)
+        # Loud (ERROR, with the traceback) on the first failure, then once per stuck period.
+        loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert 4 <= len(loud) <= 5
+        assert all(r.levelno == logging.ERROR and r.exc_info for r in loud)
+        assert "kubectl -n stackship-system get lease convergerd" in loud[0].getMessage()
+        assert a.led_at() == []
+        a.api.fault = None
+        await until(a.elector.is_leader, within_s=2 * RETRY)
+        assert health.problems() == []
+        beat.cancel()
+    assert now() - started > 4 * stuck_after
+
+
+async def test_a_standby_behind_a_live_leader_is_not_stuck() -> None:
+    server = LeaseServer()
+    a, b = Replica(server, "a", seed=1), Replica(server, "b", seed=2)
+    async with running(a.elector):
+        await a.elector.wait_leading()
+        async with running(b.elector):
+            await asyncio.sleep(5 * STUCK_AFTER_DURATIONS * DURATION)
+            assert b.led_at() == []
+            assert a.elector.problem() is None
+            assert b.elector.problem() is None
+
+
+async def test_a_standby_that_cannot_reach_home_is_stuck() -> None:
+    """Not knowing whether anyone leads is stuck too: nothing says a round runs anywhere."""
+    server = LeaseServer()
+    a = Replica(server, "a")
+    a.api.fault = "timeout"
+    async with running(a.elector):
+        await asyncio.sleep(STUCK_AFTER_DURATIONS * DURATION + RETRY * 1.2 + 2 * TIMEOUT)
+        problem = a.elector.problem()
+        assert problem is not None
+        assert "timed out" in problem
+
+
 # --- the no-election stand-in ---------------------------------------------------------------------
 
 
@@ -503,6 +630,7 @@ async def test_no_election_always_leads_and_never_fences() -> None:
     await asyncio.sleep(3600)
     assert not lost.done()
     lost.cancel()
+    assert solo.problem() is None
     await solo.release()
     await asyncio.wait_for(task, timeout=1)
     assert seen == [(True, "solo")]

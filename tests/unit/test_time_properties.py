@@ -124,7 +124,10 @@ def test_lease_bodies_from_any_decoded_lease_never_raise_anything_else(
     for body in (taken, released):
         # What we write is what the API server accepts: int32 numbers, MicroTimes near now.
         assert 0 <= body["spec"]["leaseTransitions"] <= 2**31 - 1
-        assert parse_microtime(body["spec"]["renewTime"]) - NOW <= MAX_RENEW_TIME_AHEAD
+        renewed = parse_microtime(body["spec"]["renewTime"])
+        assert renewed - NOW <= MAX_RENEW_TIME_AHEAD
+        if "acquireTime" in body["spec"]:
+            assert parse_microtime(body["spec"]["acquireTime"]) <= renewed
     if record.holder == "me":
         assert renew_body(current, identity="me", duration_s=15.0, now=NOW) == taken
 
