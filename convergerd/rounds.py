@@ -42,6 +42,10 @@ DB_BACKOFF_BASE_S = 1.0
 DB_BACKOFF_CAP_S = 30.0
 # Rounds the database missed while it was down, kept to record later: the newest matter most.
 UNRECORDED_BACKLOG = 10
+# The loop is stuck (`/healthz` fails) after this many intervals without a round starting or
+# ending while it leads: a round ends within its deadline (a fraction of the interval) and the
+# next one starts one interval after the last one did.
+STUCK_AFTER_INTERVALS = 2.0
 
 
 class RoundStore(Protocol):
@@ -165,11 +169,36 @@ class RoundLoop:
         self.last_report: RoundReport | None = None
         self.seen_invalid: set[tuple[str, int]] = set()
         self.unrecorded: list[RoundReport] = []
+        # Health: loop time of the last step (None: not running, or waiting for the Lease,
+        # which is the elector's health, not this loop's).
+        self._busy_since: float | None = None
+
+    def problem(self) -> str | None:
+        """Why the round loop is stuck, for `/healthz`; None while it works or waits to lead."""
+        since = self._busy_since
+        if since is None:
+            return None
+        stuck_s = asyncio.get_running_loop().time() - since
+        limit_s = STUCK_AFTER_INTERVALS * self.settings.rounds.interval_s
+        if stuck_s <= limit_s:
+            return None
+        return (f"round loop stuck: no round started or ended for {stuck_s:.0f} s "
+                f"(limit {limit_s:g} s) while leading")
+
+    def _step(self, *, waiting: bool = False) -> None:
+        self._busy_since = None if waiting else asyncio.get_running_loop().time()
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self._busy_since = None
+
+    async def _run(self) -> None:
         s = self.settings
         loop = asyncio.get_running_loop()
         while not self.stopping.is_set():
+            self._step(waiting=True)
             leading = asyncio.ensure_future(self.elector.wait_leading())
             waits: list[Awaitable[Any]] = [leading, self.stopping.wait()]
             if s.rounds.once:
@@ -189,6 +218,7 @@ class RoundLoop:
                 )
                 break
             epoch = leading.result()
+            self._step()
             started = loop.time()
             # Known from the start: the next round starts one interval after this one did
             # (at once if this one overruns), so status never shows none while a round runs.
@@ -197,6 +227,7 @@ class RoundLoop:
             self.last_report = report
             self._observe(report)
             await self._record(report)
+            self._step()
             if s.rounds.once:
                 return
             next_at = started + s.rounds.interval_s

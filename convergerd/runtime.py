@@ -221,6 +221,8 @@ class Daemon:
                     metrics=self.metrics, state=self.state, stopping=self.stopping,
                     identity=self.identity, follow=self._follow_database, guard=store,
                 )
+                # Alive is not working: a loop can run and be stuck (see `supervise`).
+                self.health.check(elector.problem, self.rounds.problem)
                 await self.rounds.run()
                 await self._release(elector)  # at once: a standby takes over sooner
                 for task in supervised:

@@ -1,0 +1,112 @@
+"""`/healthz` tells the truth about the round loop: a loop that leads and has started or ended
+no round for two intervals is stuck, whatever kept it (here a fleet read that never returns);
+one waiting for the Lease is not (that is the elector's health). Fake loop time (looptime), the
+real `RoundLoop` with small in-memory fakes at its Protocols."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from convergerd.config import load_settings
+from convergerd.kube.api import PolicyApi
+from convergerd.leader import NoElection
+from convergerd.metrics import Metrics
+from convergerd.model import ClusterId, Fleet
+from convergerd.report import Epoch, RoundReport
+from convergerd.rounds import STUCK_AFTER_INTERVALS, RoundLoop
+from convergerd.state import StatusState
+from convergerd.supervise import HealthCheck
+
+pytestmark = pytest.mark.looptime
+
+INTERVAL_S = 60.0
+STUCK_S = STUCK_AFTER_INTERVALS * INTERVAL_S
+
+
+class FleetStore:
+    """The database: an empty fleet, or (`hang`) a read that never returns."""
+
+    def __init__(self) -> None:
+        self.hang = False
+        self.recorded: list[RoundReport] = []
+
+    async def load_fleet(self) -> Fleet:
+        if self.hang:
+            await asyncio.Event().wait()
+        return Fleet(clusters=[], boundaries={}, policies=[], invalid=[])
+
+    async def record_round(self, report: RoundReport, *, identity: str) -> int:
+        self.recorded.append(report)
+        return len(self.recorded)
+
+
+class NoClusters:
+    async def refresh(self) -> bool:
+        return False
+
+    def get(self, cluster: ClusterId) -> PolicyApi:
+        raise AssertionError("the fleet is empty")
+
+
+class NeverLeads(NoElection):
+    """A standby behind a leader that never goes away."""
+
+    async def wait_leading(self) -> Epoch:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def follow(*_: Any, **__: Any) -> None:
+    return None
+
+
+def round_loop(store: FleetStore, elector: NoElection) -> RoundLoop:
+    settings = load_settings({"Policies__ConvergeIntervalMinutes": str(INTERVAL_S / 60)})
+    return RoundLoop(
+        settings=settings, store=store, clusters=NoClusters(), elector=elector,
+        metrics=Metrics(interval_s=INTERVAL_S),
+        state=StatusState(identity="me", interval_s=INTERVAL_S),
+        stopping=asyncio.Event(), identity="me", follow=follow,
+    )
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+async def test_a_round_loop_stuck_in_a_round_fails_health_after_two_intervals() -> None:
+    store = FleetStore()
+    loop = round_loop(store, NoElection(identity="me"))
+    health = HealthCheck(clock=now)
+    health.check(loop.problem)
+    beat = asyncio.create_task(health.heartbeat())
+    task = asyncio.create_task(loop.run())
+    await asyncio.sleep(5.5 * INTERVAL_S)
+    assert len(store.recorded) == 6  # one round per interval, at 0, 60, ... 300 s ...
+    assert health.problems() == []  # ... and healthy all along
+    store.hang = True  # the next round (at 360 s) never gets its fleet
+    await asyncio.sleep(0.5 * INTERVAL_S + STUCK_S - 1)
+    rounds = len(store.recorded)
+    assert health.problems() == []
+    await asyncio.sleep(2)
+    [problem] = health.problems()
+    assert "round loop stuck" in problem
+    assert len(store.recorded) == rounds
+    store.hang = False
+    loop.stopping.set()
+    task.cancel()
+    beat.cancel()
+    await asyncio.gather(task, beat, return_exceptions=True)
+    assert loop.problem() is None  # not running: a task that ended is reported by its own
+
+
+async def test_a_standby_round_loop_waiting_for_the_lease_is_not_stuck() -> None:
+    loop = round_loop(FleetStore(), NeverLeads(identity="me"))
+    task = asyncio.create_task(loop.run())
+    await asyncio.sleep(10 * STUCK_S)
+    assert loop.problem() is None
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
