@@ -2,7 +2,7 @@
 
 | path | answers |
 |---|---|
-| `GET /healthz` | liveness: the loop turns (heartbeat fresh), no supervised task has ended |
+| `GET /healthz` | liveness: the loop turns, no supervised task ended, none is stuck |
 | `GET /readyz` | readiness: settings valid and the database answers (standbys are ready too) |
 | `GET /metrics` | Prometheus text exposition of the process's own registry |
 | `GET /status` | JSON: identity, leader, rounds, clusters worst first, Unsupported roll-up |
@@ -23,7 +23,8 @@ Liveness: a heartbeat task notes the loop time every second and how late it woke
 event-loop lag, also a metric). A fully blocked loop cannot answer `/healthz` at all, which fails
 the probe by timeout; a loop that was blocked for longer than `stale_after_s` answers 500 on the
 first request after it recovers; a supervised task that ended (crashed or stopped) answers 500
-naming it.
+naming it, and so does one that runs but is stuck (`HealthCheck.check`: the elector, the round
+loop).
 
 Secrets (the API token, the DSN password, the DSN itself) never appear in a response: handlers
 only show redacted values, and a last middleware replaces any that slipped into a body.

@@ -439,7 +439,7 @@ class ClusterStore:
         else:
             meta.pop("namespace", None)
         if rt is LEASES:
-            _normalize_lease_times(obj)
+            _decode_lease_spec(obj)
         return _move_apiversion_kind_first(obj)
 
     # --- update (PUT) ----------------------------------------------------------------------
@@ -1137,16 +1137,59 @@ def _patched(existing: Obj, body: bytes, media: str) -> Any:
     return patches.merge_patch(existing, patch)
 
 
-def _normalize_lease_times(obj: Obj) -> None:
-    """MicroTime fields parse exactly RFC3339 with six fractional digits, stored in UTC."""
+_INT32_MAX = 2**31 - 1
+# The typed fields of coordination.k8s.io/v1 LeaseSpec this simulator checks (Go type names).
+_LEASE_FIELDS = {"holderIdentity": "string", "leaseDurationSeconds": "int32",
+                 "leaseTransitions": "int32"}
+
+
+def _decode_lease_spec(obj: Obj) -> None:
+    """A Lease's spec as kube-apiserver decodes and validates it: typed fields (a wrong JSON
+    type or an int32 out of range is a 400 decode error), MicroTimes parsed exactly RFC3339
+    with six fractional digits and stored in UTC (400 otherwise), then `ValidateLeaseSpec`
+    (422: a duration not > 0, transitions < 0)."""
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return
+    for field, go_type in _LEASE_FIELDS.items():
+        value = spec.get(field)
+        if value is not None:
+            _check_go_type(field, value, go_type)
     for field in ("acquireTime", "renewTime"):
         value = spec.get(field)
         if value is None:
             continue
         spec[field] = _parse_micro_time(value)
+    causes = []
+    duration, transitions = spec.get("leaseDurationSeconds"), spec.get("leaseTransitions")
+    if duration is not None and duration <= 0:
+        causes.append(status.field_error("spec.leaseDurationSeconds", "Invalid",
+                                         "must be greater than 0", value=str(duration)))
+    if transitions is not None and transitions < 0:
+        causes.append(status.field_error("spec.leaseTransitions", "Invalid",
+                                         "must be greater than or equal to 0",
+                                         value=str(transitions)))
+    if causes:
+        raise status.invalid_object(LEASES, str(obj["metadata"].get("name") or ""), causes)
+
+
+def _check_go_type(field: str, value: Any, go_type: str) -> None:
+    """encoding/json's UnmarshalTypeError for a typed struct field."""
+    if go_type == "string":
+        ok, shown = isinstance(value, str), _json_kind(value)
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = ok and -_INT32_MAX - 1 <= value <= _INT32_MAX
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        shown = f"number {json.dumps(value)}" if number else _json_kind(value)
+    if not ok:
+        raise _lease_decode_error(f"json: cannot unmarshal {shown[:64]} into Go struct field "
+                                  f"LeaseSpec.spec.{field} of type {go_type}")
+
+
+def _json_kind(value: Any) -> str:
+    kinds = ((bool, "bool"), (str, "string"), (int | float, "number"), (list, "array"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "object")
 
 
 def _parse_micro_time(value: Any) -> str:
@@ -1160,7 +1203,13 @@ def _parse_micro_time(value: Any) -> str:
         parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise _lease_decode_error(f"parsing time {json.dumps(text)}: day out of range") from None
-    return parsed.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    try:
+        utc = parsed.astimezone(datetime.UTC)
+    except OverflowError:
+        # An offset carrying it before year 1 or past 9999 (a known deviation: Go holds it).
+        raise _lease_decode_error(
+            f"parsing time {json.dumps(text)}: year outside of range [0,9999]") from None
+    return f"{utc.year:04d}-{utc:%m-%dT%H:%M:%S.%f}Z"
 
 
 def _micro_time_parse_error(text: str) -> str:

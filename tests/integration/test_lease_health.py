@@ -1,7 +1,7 @@
 """The daemon under leader election on the simulator's home cluster, as an admin sees it:
-a Lease edited by hand to a far-future time does not end its leadership (issue 17, item 4), and
-`/healthz` fails while the elector is stuck and recovers with it. Real time, short settings
-(lease 2 s, rounds every 1.2 s)."""
+a Lease edited by hand to a far-future time does not end its leadership, and `/healthz` fails
+while the elector is stuck and recovers with it. Real time, short settings (lease 2 s, rounds
+every 1.2 s). And what a client of the simulator sees for Lease values kube-apiserver refuses."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import HOME, Fleet
 from convergerd.sim.resources import LEASES
+from tests.fixtures.fleet import kube_http
 from tests.integration.test_observability import (
     Running,
     first_round,
@@ -101,3 +102,22 @@ async def test_healthz_fails_while_the_elector_is_stuck_and_recovers_with_it(
             return await rounds_run(run) > before
 
         await wait_for(rounds_again, timeout_s=5 * DURATION_S, what="a round after recovery")
+
+
+async def test_the_simulator_refuses_lease_values_kube_apiserver_refuses(fleet: Fleet) -> None:
+    """Before: a time whose offset crosses year 0 answered 500; a duration above int32 was
+    stored."""
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "edge", "namespace": NS},
+            "spec": {"holderIdentity": "a", "renewTime": "0001-01-01T00:30:00.000000+01:00"}}
+    crossing = await kube_http(fleet, HOME, "POST", path, body=body)
+    assert crossing.status == 400, crossing.body
+    assert crossing.json()["reason"] == "BadRequest"
+    body["spec"] = {"holderIdentity": "a", "leaseDurationSeconds": 2**31}
+    too_big = await kube_http(fleet, HOME, "POST", path, body=body)
+    assert too_big.status == 400, too_big.body
+    assert "of type int32" in too_big.json()["message"]
+    body["spec"] = {"holderIdentity": "a", "leaseDurationSeconds": 0}
+    zero = await kube_http(fleet, HOME, "POST", path, body=body)
+    assert (zero.status, zero.json()["reason"]) == (422, "Invalid")
