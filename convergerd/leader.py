@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from convergerd.config import Election
+from convergerd.decode import MAX_MESSAGE_CHARS, clean_text
 from convergerd.errors import ConvergerdError, Fenced, ObjectRejected
 from convergerd.kube.api import LeaseApi
 from convergerd.lease import (
@@ -239,13 +240,13 @@ class Elector:
         return STUCK_AFTER_DURATIONS * self._s.lease_duration_s
 
     def _progressed(self) -> None:
-        self._progress_mono = self._clock()
-        self._warned_mono = -math.inf
+        # Reminders count from here: a failure is repeated once per stuck period without it.
+        self._progress_mono = self._warned_mono = self._clock()
 
     async def run(self) -> None:
         """Acquire, then renew, until `stop()`, `release()` or cancellation."""
         log.info("leader election on Lease %s as %s", self._where, self.identity)
-        self._progress_mono = self._clock()  # startup counts as progress: a grace period
+        self._progressed()  # startup counts as progress: a grace period
         try:
             while not self._stop.is_set():
                 async with self._lock:
@@ -394,7 +395,8 @@ class Elector:
 
     def _failed(self, term: _Term | None, exc: Exception) -> None:
         self._failures += 1
-        why = self._last_error = _describe(exc)
+        why = _describe(exc)
+        self._last_error = clean_text(why, MAX_MESSAGE_CHARS)  # shown by /healthz
         # Not ours nor a timeout: a bug, or a value nobody thought of. Never quiet.
         unexpected = not isinstance(exc, ConvergerdError | TimeoutError | LeaseFormatError)
         if term is not None and not term.over:
@@ -405,11 +407,10 @@ class Elector:
             if left <= 0:
                 self.overdue(term)
             return
-        if isinstance(exc, ObjectRejected) and exc.status == 409:
-            log.debug("Lease %s changed while acquiring it (409)", self._where)
-            return
+        # A 409 is a race lost to another writer, usually: quiet, unless it goes on.
+        conflict = isinstance(exc, ObjectRejected) and exc.status == 409
         now = self._clock()
-        if self._failures == 1 or now - self._warned_mono >= self._stuck_after_s:
+        if (self._failures == 1 and not conflict) or now - self._warned_mono >= self._stuck_after_s:
             # The first failure in a row, then a reminder every stuck period while it lasts.
             self._warned_mono = now
             log.log(

@@ -588,6 +588,26 @@ async def test_a_stuck_elector_fails_health_and_keeps_warning_until_it_recovers(
     assert now() - started > 4 * stuck_after
 
 
+async def test_conflicts_that_never_end_are_stuck_too_and_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One 409 is a race lost, and quiet; every write refused is not."""
+    caplog.set_level(logging.DEBUG, logger="convergerd.leader")
+    server = LeaseServer()
+    a = Replica(server, "a")
+    a.api.fault = "conflict"
+    stuck_after = STUCK_AFTER_DURATIONS * DURATION
+    async with running(a.elector):
+        await asyncio.sleep(stuck_after - 1)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert a.elector.problem() is None
+        await asyncio.sleep(2 + RETRY * 1.2)
+        [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert warning.levelno == logging.WARNING
+        assert "the object has been modified" in warning.getMessage()
+        assert "the object has been modified" in (a.elector.problem() or "")
+
+
 async def test_a_standby_behind_a_live_leader_is_not_stuck() -> None:
     server = LeaseServer()
     a, b = Replica(server, "a", seed=1), Replica(server, "b", seed=2)
