@@ -10,7 +10,6 @@ Exit codes: 0 status shown; 2 the daemon could not be reached or did not answer 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import time
@@ -19,7 +18,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from convergerd.decode import bounded_json
+from convergerd.decode import bounded_json, rfc3339
 from convergerd.errors import NotJSON
 from convergerd.state import worst_first_key
 
@@ -188,11 +187,10 @@ def _table(rows: list[list[str]]) -> list[str]:
 def _when(value: object) -> str:
     if not value:
         return "-"
-    try:
-        moment = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return str(value)
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    moment = rfc3339(value)  # in UTC; an offset past year 1 or 9999 is no time, not a crash
+    if moment is None:
+        return _short(value)
+    return f"{moment.year:04d}-{moment:%m-%d %H:%M:%S} UTC"
 
 
 def _header(doc: Mapping[str, Any], addr: str | None) -> list[str]:

@@ -1,6 +1,7 @@
 """The time decoders of every edge, property-tested: `lease.parse_microtime` (Lease times),
 `decode.rfc3339` (condition times from clusters) and what is computed from them
-(`lease.next_renew_time` and the Lease bodies, `operator.reconcile.next_probe_in`). Whatever
+(`lease.next_renew_time` and the Lease bodies, `operator.reconcile.next_probe_in`, the times
+`convergerd status` shows). Whatever
 the text — far past, far future, an offset across year 0 or 9999, arbitrary strings, huge
 numbers, cut short — each returns a value or its own error class, never anything else."""
 
@@ -25,6 +26,7 @@ from convergerd.lease import (
     renew_body,
 )
 from convergerd.operator.reconcile import PolicyObject, next_probe_in
+from convergerd.statuscli import render_status
 
 UTC = dt.UTC
 NOW = dt.datetime(2026, 12, 3, 9, 0, 0, tzinfo=UTC)
@@ -144,3 +146,12 @@ def test_the_next_probe_is_never_more_than_one_interval_away(probe_time: str) ->
     })
     delay = next_probe_in(policy, now=NOW, interval_s=600, first_delay_s=5)
     assert 0 <= delay <= 600
+
+
+@given(st.text(max_size=60) | time_like() | st.integers() | st.none())
+@example("9999-12-31T23:59:59-01:00")
+@example("0001-01-01T00:00:00+01:00")
+def test_convergerd_status_shows_any_time_it_is_sent(value: object) -> None:
+    """Before: an offset past year 1 or 9999 in /status crashed `convergerd status`."""
+    shown = render_status({"next_round_at": value, "clusters": []})
+    assert "next round: " in shown
