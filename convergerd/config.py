@@ -446,7 +446,15 @@ def check_settings(s: Settings) -> None:
     _check_logging(s.log_level, s.log_format)
 
 
+# The Lease's leaseDurationSeconds is an int32: a longer duration is refused on every write,
+# and no replica could ever lead.
+MAX_LEASE_DURATION_S = 2**31 - 1
+
+
 def _check_election(e: Election) -> None:
+    if e.enabled and e.lease_duration_s > MAX_LEASE_DURATION_S:
+        raise ConfigError(SETTINGS_BY_KEY["lease_duration_s"].env, e.lease_duration_s,
+                          f"at most {MAX_LEASE_DURATION_S} (the Lease holds it as an int32)")
     needed = e.renew_deadline_s + e.retry_period_s + e.request_timeout_s
     if e.enabled and e.lease_duration_s <= needed:
         raise ConfigError(

@@ -188,6 +188,19 @@ def test_lease_must_outlast_renew_deadline_retry_and_request_timeout(lease: str,
     assert "14" in str(caught.value)  # the sum it must exceed: 10 + 2 + 2
 
 
+@pytest.mark.parametrize(("lease", "ok"), [("2147483647", True), ("2147483647.5", False),
+                                           ("1e12", False)])
+def test_lease_duration_fits_the_leases_int32(lease: str, ok: bool) -> None:
+    """Before: accepted, then every Lease write refused by the API server (leaseDurationSeconds
+    above int32) and no replica ever led."""
+    env = {"CONVERGERD_LEASE_DURATION_SECONDS": lease}
+    if ok:
+        assert load_settings(env).election.lease_duration_s == float(lease)
+        return
+    with pytest.raises(ConfigError, match=r"CONVERGERD_LEASE_DURATION_SECONDS.*int32"):
+        load_settings(env)
+
+
 def test_lease_rule_follows_the_other_timings() -> None:
     env = {
         "CONVERGERD_LEASE_DURATION_SECONDS": "30",
