@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +27,7 @@ from convergerd.store.importer import (
     parse_file_bytes,
     parse_import,
 )
-from convergerd.store.yamlfile import YAML_MAX_DEPTH, YAML_MAX_NODES, BadFile, read_bounded
+from convergerd.store.yamlfile import YAML_MAX_DEPTH, YAML_MAX_NODES
 
 GOOD = """
 clusters:   [{id: c0001}, {id: c0002}]
@@ -349,15 +348,7 @@ def test_policy_parameter_limits_apply_to_the_file(rule: Any, expected: str) -> 
     assert problem.startswith(f"policies[0] (id 'p'): {expected}")
 
 
-# --- reading: the size limit is checked before anything is parsed --------------------------
-
-SETTING = "CONVERGERD_IMPORT_MAX_BYTES"
-
-
-def test_a_file_at_the_limit_is_read(tmp_path: Path) -> None:
-    path = tmp_path / "f.yaml"
-    path.write_bytes(b"x" * 100)
-    assert read_bounded(path, 100, setting=SETTING) == b"x" * 100
+# --- reading: the size limit is checked before anything is parsed (the reader: test_files) --
 
 
 def test_a_file_over_the_limit_is_refused_naming_the_setting(tmp_path: Path) -> None:
@@ -371,22 +362,9 @@ def test_a_file_over_the_limit_is_refused_naming_the_setting(tmp_path: Path) -> 
     )
 
 
-@pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom"])
-def test_a_device_is_refused_without_reading_it(special: str) -> None:
-    with pytest.raises(BadFile, match=r"^not a regular file \(a directory, pipe or device\)"):
-        read_bounded(Path(special), 100, setting=SETTING)
-
-
-def test_a_named_pipe_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    with pytest.raises(BadFile, match=r"^not a regular file"):
-        read_bounded(fifo, 100, setting=SETTING)
-
-
 def test_a_directory_or_a_missing_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(BadFile, match=r"^not a regular file"):
-        read_bounded(tmp_path, 100, setting=SETTING)
+    with pytest.raises(ImportFileError, match=r"rejected, nothing imported: not a regular file"):
+        load_file(tmp_path)
     with pytest.raises(ImportFileError, match=r"rejected, nothing imported: cannot read: No such"):
         load_file(tmp_path / "missing.yaml")
 
