@@ -103,13 +103,17 @@ class UniqueKeys(yaml.constructor.SafeConstructor):
         return super().construct_mapping(node, deep=deep)
 
 
+_MERGE, _STR = "tag:yaml.org,2002:merge", "tag:yaml.org,2002:str"
+
+
 def _refuse_duplicates(constructor: yaml.constructor.SafeConstructor, node: MappingNode) -> None:
+    # Only scalar keys: a collection key cannot be a dict key anyway (the safe constructor
+    # refuses it), and a merge key is not a key of the mapping.
+    keys = [k for k, _ in node.value if isinstance(k, ScalarNode) and k.tag != _MERGE]
+    if all(k.tag == _STR for k in keys) and len({k.value for k in keys}) == len(keys):
+        return  # string keys, all different: the usual case, decided without constructing
     seen: dict[Any, Node] = {}
-    for key_node, _ in node.value:
-        # Only scalar keys: a collection key cannot be a dict key anyway (the safe constructor
-        # refuses it), and a merge key is not a key of the mapping.
-        if not isinstance(key_node, ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-            continue
+    for key_node in keys:
         key = constructor.construct_object(key_node)
         try:
             first = seen.setdefault(key, key_node)
