@@ -1,7 +1,7 @@
 """Files a person hands to convergerd, read with bounds: the one reader of every file edge
 (import files, kubeconfigs and the CA, certificate, key and token files they name, the
-service account's files, secret files of settings, `policy eval`'s inputs), and the YAML rule
-every such file follows (no duplicate keys).
+service account's files, secret files of settings, `policy eval`'s inputs), and the rule of
+the YAML configuration files (import files, kubeconfigs): no key twice (`UniqueKeys`).
 
 `read_bounded` reads only a regular file, never more than its cap: a named pipe would block
 the event loop in `open()` until a writer comes, a device such as `/dev/zero` never ends. The

@@ -63,7 +63,6 @@ class Credentials:
 
     name: str  # the context name (the cluster id), or "in-cluster"
     server: str  # https://host:port[/path-prefix], no trailing slash
-    proxy_url: str | None = None  # http://host:port: requests go through it (CONNECT for TLS)
     ca_pem: bytes | None = field(default=None, repr=False)  # None: the system trust store
     token: str | None = field(default=None, repr=False)
     token_file: Path | None = None
@@ -71,6 +70,7 @@ class Credentials:
     client_key_pem: bytes | None = field(default=None, repr=False)
     insecure_skip_tls_verify: bool = False
     tls_server_name: str | None = None
+    proxy_url: str | None = None  # http://host:port: requests go through it (CONNECT for TLS)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.server}, auth: {self.auth_kind})"
