@@ -48,7 +48,8 @@ MAX_CREDENTIAL_FILE_BYTES = 1 << 20
 # A bearer token: a service-account JWT is 1-2 KiB. Far above that, and far below what an API
 # server takes as one header (kube-apiserver: 1 MiB for all of them).
 MAX_TOKEN_BYTES = 64 * 1024
-# A kubeconfig of 10,000 clusters with inline CAs and client certificates is about 70 MiB.
+# A kubeconfig of 10,000 clusters with inline CAs, client certificates and RSA keys is about
+# 60 MiB; a few times that is still a kubeconfig, more is the wrong file.
 MAX_KUBECONFIG_BYTES = 256 << 20
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # Values from the kubeconfig quoted in messages (context names, paths, odd values).
