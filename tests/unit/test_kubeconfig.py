@@ -599,3 +599,21 @@ def test_a_proxy_url_convergerd_cannot_use_fails_that_context_by_name(
     assert str(info.value).startswith("context 'c0001': proxy-url")
     assert str(info.value).endswith(problem)
     assert "s3cr3t-pw" not in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["certificate-authority", "client-certificate"])
+def test_a_credential_file_that_is_a_pipe_fails_that_context_without_blocking(
+    tmp_path: Path, field: str
+) -> None:
+    """The CA, certificate and key files were capped but still opened blocking: a pipe hung
+    the daemon in open() like a token file did."""
+    with guarded_fifo(tmp_path / "pipe") as fifo:
+        text = _one_cluster("false").replace(
+            "insecure-skip-tls-verify: false", f"certificate-authority: {fifo}")
+        if field == "client-certificate":
+            text = text.replace(f"certificate-authority: {fifo}", "").replace(
+                f"{{token: {TOKEN}}}", f"{{client-certificate: {fifo}, client-key: {fifo}}}")
+        with pytest.raises(NoCredentials) as info:
+            parse_kubeconfig(text, base_dir=tmp_path).credentials("c0001")
+    assert str(info.value) == (f"context 'c0001': {field} {str(fifo)!r}: not a regular file (a "
+                               "directory, pipe or device); give a file path")
