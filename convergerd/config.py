@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convergerd.errors import ConfigError
+from convergerd.errors import BadFile, ConfigError
+from convergerd.files import read_bounded
 
 INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
 # A list page of 500 Policies is ~1 MiB; 16 MiB leaves room for large rules.
@@ -335,16 +336,12 @@ def _read(values: Mapping[str, str | None], setting: Setting) -> Any:
 
 def read_secret_file(setting: str, path: Path) -> str:
     """The secret in `path`, whitespace stripped. A missing, unreadable, oversized, non-UTF-8
-    or empty file is a `ConfigError` naming the setting and the path, never the content."""
+    or empty file, or one that is not a regular file (a pipe would block, a device never
+    end), is a `ConfigError` naming the setting and the path, never the content."""
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_SECRET_FILE_BYTES + 1)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        why = exc.strerror if isinstance(exc, OSError) else "not a valid path"
-        raise ConfigError(setting, str(path), f"cannot read: {why}") from None
-    if len(data) > MAX_SECRET_FILE_BYTES:
-        raise ConfigError(setting, str(path),
-                          f"larger than {MAX_SECRET_FILE_BYTES} bytes: not a secret file")
+        data = read_bounded(path, MAX_SECRET_FILE_BYTES)
+    except BadFile as exc:
+        raise ConfigError(setting, str(path), str(exc)) from None
     try:
         text = data.decode("utf-8").strip()
     except UnicodeDecodeError:

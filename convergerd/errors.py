@@ -13,6 +13,7 @@ from a cluster"):
 | `Superseded` | 409 or 404 to a write carrying `metadata.resourceVersion` | a newer write won |
 | `BadResponse` | not JSON, over the size cap, wrong shape | stop that cluster (it answered) |
 | `NotJSON` | JSON past `decode.bounded_json`'s bounds | the edge's: row invalid, 400, ... |
+| `BadFile` | a file past `files.read_bounded`'s bounds, bad YAML | the edge's error |
 """
 
 from __future__ import annotations
@@ -171,6 +172,13 @@ class NotJSON(ConvergerdError, ValueError):
     """Bytes or text that `decode.bounded_json` will not read: not JSON, or JSON past the
     decoder's bounds (nesting depth, integer digits, a non-finite number). The message says
     which, and quotes none of the input."""
+
+
+class BadFile(ConvergerdError):
+    """A file that `files.read_bounded` will not read (not a regular file, over its cap,
+    unreadable) or whose content is not what it must be (not UTF-8, not one bounded YAML
+    document). The one-line message names the problem, never the content; callers add the
+    file and what it was for."""
 
 
 class Fenced(ConvergerdError):

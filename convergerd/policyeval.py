@@ -24,9 +24,9 @@ from typing import Any, TextIO
 
 import yaml
 
-from convergerd.errors import ConvergerdError, shorten, shown
+from convergerd.errors import BadFile, ConvergerdError, shorten, shown
+from convergerd.files import decode_utf8, read_bounded
 from convergerd.operator.admission import BOUNDARY_LABEL, RenderError, render_admission
-from convergerd.store.yamlfile import BadFile, decode_utf8, read_bounded
 
 EXIT_ALLOWED = 0
 EXIT_DENIED = 1

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -49,7 +49,7 @@ import orjson
 from kubernetes_asyncio.client import ApiClient, Configuration, CoordinationV1Api
 from kubernetes_asyncio.client.rest import RESTClientObject
 
-from convergerd.config import MAX_SECRET_FILE_BYTES, ClusterAccess
+from convergerd.config import ClusterAccess
 from convergerd.decode import (
     MAX_REASON_PHRASE_CHARS,
     StatusBody,
@@ -72,10 +72,12 @@ from convergerd.errors import (
     classify_status,
 )
 from convergerd.kube.api import Applied, KubeObject, ObjectList, RequestObserver
-from convergerd.kube.kubeconfig import Credentials
+from convergerd.kube.kubeconfig import Credentials, read_token_file
 from convergerd.kube.ratelimit import TokenBucket
 from convergerd.model import ClusterId
 from convergerd.render import CRD_NAME, FIELD_MANAGER, GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 JSON_CONTENT_TYPE = "application/json"
@@ -237,50 +239,42 @@ class _ApiClient(ApiClient):
 
 
 class _BearerToken:
-    """The Authorization header: a static token, or a token file re-read every minute."""
+    """The Authorization header: a static token, or a token file re-read every minute.
+
+    The file is read off the event loop (`read_token_file`: a regular file only, capped, opened
+    without blocking), one read at a time. A file that cannot be used once a token was read
+    keeps the last good token (a rotation in progress); before that it is `NoCredentials`."""
 
     def __init__(self, creds: Credentials, clock: Clock) -> None:
         self._creds = creds
         self._clock = clock
         self._header: dict[str, str] = {}
         self._read_at: float | None = None
+        self._reading = asyncio.Lock()
         if creds.token is not None:
             self._header = {"Authorization": f"Bearer {creds.token}"}
 
     def __repr__(self) -> str:
         return f"_BearerToken({self._creds.name!r})"
 
-    def headers(self) -> dict[str, str]:
+    async def headers(self) -> dict[str, str]:
         path = self._creds.token_file
         if self._creds.token is not None or path is None:
             return dict(self._header)
-        now = self._clock()
-        if self._read_at is None or now - self._read_at >= TOKEN_REREAD_S:
-            try:
-                token = _read_token_file(path)
-            except OSError as exc:
-                if not self._header:
-                    raise NoCredentials(
-                        f"cannot read the token file {path}: {exc.strerror}", reason="no_token"
-                    ) from exc
-            else:
-                self._header = {"Authorization": f"Bearer {token}"}
-            self._read_at = now
+        async with self._reading:
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= TOKEN_REREAD_S:
+                try:
+                    token = await asyncio.to_thread(read_token_file, self._creds.name, path)
+                except NoCredentials as exc:
+                    if not self._header:
+                        raise
+                    log.warning("keeping the last token of %s: %s", self._creds.name, exc,
+                                extra={"cluster": self._creds.name})
+                else:
+                    self._header = {"Authorization": f"Bearer {token}"}
+                self._read_at = now
         return dict(self._header)
-
-
-def _read_token_file(path: Path) -> str:
-    """The token in `path`, reading at most `MAX_SECRET_FILE_BYTES`: a bigger file (the wrong
-    file, never a token, sent with every request if it were read) or one that is not UTF-8
-    is an `OSError`, as an unreadable one is."""
-    with path.open("rb") as f:
-        data = f.read(MAX_SECRET_FILE_BYTES + 1)
-    if len(data) > MAX_SECRET_FILE_BYTES:
-        raise OSError(errno.EFBIG, f"larger than {MAX_SECRET_FILE_BYTES} bytes, not a token")
-    try:
-        return data.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise OSError(errno.EILSEQ, "not UTF-8 text") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +393,7 @@ class ClusterClient:
             return aiohttp.ClientSession(
                 connector=connector,
                 trust_env=False,
+                proxy=creds.proxy_url,  # the context's proxy-url, for every request
                 read_bufsize=READ_BUFSIZE,
                 trace_configs=list(trace_configs) or None,
                 timeout=aiohttp.ClientTimeout(
@@ -600,7 +595,7 @@ class ClusterClient:
             await self._bucket.acquire(start + timeout_s)
             timeout = aiohttp.ClientTimeout(total=max(0.0, start + timeout_s - self._clock()),
                                             sock_connect=self._connect_timeout_s)
-            headers = {**self._auth.headers(), "User-Agent": self._agent,
+            headers = {**await self._auth.headers(), "User-Agent": self._agent,
                        "Accept": JSON_CONTENT_TYPE}
             async with self._burst.get(
                 self._server + path, params=dict(query), headers=headers, timeout=timeout,
@@ -728,7 +723,7 @@ class ClusterClient:
             if warm:
                 self._warm_busy = True
             response = await send(self._warm if warm else self._burst, timeout,
-                                  self._auth.headers())
+                                  await self._auth.headers())
             async with response:
                 status = response.status
                 answer = await self._read(verb, response)

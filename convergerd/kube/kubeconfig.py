@@ -6,7 +6,13 @@ Only what convergerd needs is understood: server URL (a path prefix is kept), th
 `token`, `tokenFile`, client certificate and key as data or files). `exec` and `auth-provider`
 plugins and basic auth are reported as unsupported for that context only; the other contexts
 still load. Relative file paths are resolved against the kubeconfig's directory, as client-go
-does.
+does. A cluster's `proxy-url` is used when it is an http:// proxy; any other proxy is refused
+for that context, never ignored.
+
+Every file is read by `files.read_bounded` (a regular file, capped: the kubeconfig at
+`MAX_KUBECONFIG_BYTES`, CA, certificate and key files at `MAX_CREDENTIAL_FILE_BYTES`, token
+files at `MAX_TOKEN_BYTES`), and a mapping that names a key twice is refused. A token, inline
+or from a file, must be one line of visible ASCII (`check_token`).
 
 `insecure-skip-tls-verify` must be a YAML boolean: a string such as "false" is an error for
 that context, never a truthy value that turns verification off. Whether an insecure cluster
@@ -30,7 +36,8 @@ from typing import Any
 
 import yaml
 
-from convergerd.errors import ConfigError, NoCredentials
+from convergerd.errors import BadFile, ConfigError, NoCredentials
+from convergerd.files import DuplicateKey, UniqueKeys, decode_utf8, read_bounded
 
 SETTING = "CONVERGERD_KUBECONFIG"
 ALLOW_INSECURE_SETTING = "CONVERGERD_ALLOW_INSECURE_CLUSTERS"
@@ -38,6 +45,13 @@ INSECURE_REASON = "insecure"
 # CA, client certificate and key files: a few KiB in practice. Bounded so a path such as
 # /dev/zero in a kubeconfig fails that context instead of eating the daemon's memory.
 MAX_CREDENTIAL_FILE_BYTES = 1 << 20
+# A bearer token: a service-account JWT is 1-2 KiB. Far above that, and far below what an API
+# server takes as one header (kube-apiserver: 1 MiB for all of them).
+MAX_TOKEN_BYTES = 64 * 1024
+# A kubeconfig of 10,000 clusters with inline CAs, client certificates and RSA keys is about
+# 60 MiB; a few times that is still a kubeconfig, more is the wrong file.
+MAX_KUBECONFIG_BYTES = 256 << 20
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # Values from the kubeconfig quoted in messages (context names, paths, odd values).
 _SHOWN_CHARS = 100
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -57,6 +71,7 @@ class Credentials:
     client_key_pem: bytes | None = field(default=None, repr=False)
     insecure_skip_tls_verify: bool = False
     tls_server_name: str | None = None
+    proxy_url: str | None = None  # http://host:port: requests go through it (CONNECT for TLS)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.server}, auth: {self.auth_kind})"
@@ -151,20 +166,28 @@ class Kubeconfig:
 
 
 def load_kubeconfig(path: Path) -> Kubeconfig:
-    """Parse the file; a missing or malformed file is a `ConfigError` naming the setting."""
+    """Parse the file (a regular file of at most `MAX_KUBECONFIG_BYTES`); a missing, oversized
+    or malformed file is a `ConfigError` naming the setting."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(SETTING, str(path), f"cannot read: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(SETTING, str(path), f"not UTF-8 (byte {exc.start})") from None
+        text = decode_utf8(read_bounded(path, MAX_KUBECONFIG_BYTES))
+    except BadFile as exc:
+        raise ConfigError(SETTING, str(path), str(exc)) from None
     return parse_kubeconfig(text, base_dir=path.parent, source=str(path))
 
 
+class _Loader(_FAST_LOADER, UniqueKeys):  # type: ignore[misc,valid-type]
+    """The safe loader (libyaml's when installed), refusing a key given twice: which of two
+    `token:` or `server:` entries would win is not something to guess about credentials
+    (client-go refuses them too)."""
+
+
 def parse_kubeconfig(text: str, *, base_dir: Path, source: str = "<kubeconfig>") -> Kubeconfig:
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        doc = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
+        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader
+    except DuplicateKey as exc:
+        # Lines only: a key of a kubeconfig is no secret, but keep to one rule for messages.
+        raise ConfigError(SETTING, source, f"not valid YAML: a key given twice, at lines "
+                          f"{exc.first_line} and {exc.second_line}") from None
     except yaml.YAMLError as exc:
         # The YAML error's text may quote the document (tokens): give only the position.
         mark = getattr(exc, "problem_mark", None)
@@ -198,11 +221,11 @@ def in_cluster_credentials(
         host = f"[{host}]"  # IPv6
     ca_path, token_path = sa_dir / "ca.crt", sa_dir / "token"
     try:
-        ca = ca_path.read_bytes()
-    except OSError as exc:
+        ca = read_bounded(ca_path, MAX_CREDENTIAL_FILE_BYTES)
+    except BadFile as exc:
         raise NoCredentials(
-            f"in-cluster config: cannot read the service account CA {ca_path}: {exc.strerror}"
-        ) from exc
+            f"in-cluster config: the service account CA {ca_path}: {exc}"
+        ) from None
     if not token_path.is_file():
         raise NoCredentials(f"in-cluster config: no service account token at {token_path}")
     return Credentials(
@@ -250,19 +273,88 @@ def _credentials(
     token = user.get("token")
     if token is not None and not isinstance(token, str):
         raise NoCredentials(f"context {shown(context)}: user token must be a string")
+    if token:
+        token = check_token(token, f"context {shown(context)}: user token")
     token_file = _path(context, user.get("tokenFile"), "tokenFile", base_dir)
     tls_server_name = cluster.get("tls-server-name")
     return Credentials(
         name=context,
         server=server,
+        proxy_url=_proxy_url(context, cluster.get("proxy-url")),
         ca_pem=ca,
-        token=token.strip() if token else None,
+        token=token or None,
         token_file=token_file,
         client_cert_pem=cert,
         client_key_pem=key,
         insecure_skip_tls_verify=_skip_verify(context, cluster),
         tls_server_name=tls_server_name if isinstance(tls_server_name, str) else None,
     )
+
+
+def check_token(token: str, what: str) -> str:
+    """`token` without surrounding whitespace (as client-go trims a token file), if it can go
+    in an `Authorization` header as it is; else `NoCredentials` (reason `no_token`) saying
+    what is wrong with it and where, never quoting it. A line break would end the header (or
+    forge another), a character outside visible ASCII is not a token."""
+    token = token.strip()
+    if not token:
+        raise NoCredentials(f"{what} is empty", reason="no_token")
+    if len(token) > MAX_TOKEN_BYTES:
+        raise NoCredentials(f"{what} is longer than {MAX_TOKEN_BYTES} characters",
+                            reason="no_token")
+    bad = next((i for i, c in enumerate(token) if not "!" <= c <= "~"), None)
+    if bad is not None:
+        c = token[bad]
+        kind = ("a line break (a token is one line)" if c in "\r\n" else
+                "a space" if c.isspace() else
+                "a control character" if not c.isprintable() else "a character outside ASCII")
+        raise NoCredentials(f"{what} holds {kind} at character {bad + 1}; a bearer token is "
+                            "visible ASCII only", reason="no_token")
+    return token
+
+
+def read_token_file(context: str, path: Path) -> str:
+    """The token in `path` (a regular file of at most `MAX_TOKEN_BYTES`, UTF-8, one line of
+    visible ASCII once trimmed); `NoCredentials` (reason `no_token`) naming the context, the
+    file and the reason, never the content. Never blocks on a pipe; reads no more than the cap
+    from a device or a growing file."""
+    what = f"context {shown(context)}: tokenFile {shown(str(path))}"
+    try:
+        data = read_bounded(path, MAX_TOKEN_BYTES)
+    except BadFile as exc:
+        raise NoCredentials(f"{what}: {exc}", reason="no_token") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NoCredentials(f"{what}: not text (byte {exc.start} is not UTF-8)",
+                            reason="no_token") from None
+    return check_token(text, what)
+
+
+def _proxy_url(context: str, value: object) -> str | None:
+    # aiohttp sends through an http:// proxy (CONNECT for https servers). Other schemes and
+    # proxy credentials are refused by name rather than ignored: ignoring proxy-url would
+    # connect directly, which a network that requires the proxy may not allow or may log.
+    if value is None or value == "":
+        return None
+    what = f"context {shown(context)}: proxy-url"
+    if not isinstance(value, str):
+        raise NoCredentials(f"{what} must be a URL string")
+    try:
+        parsed = urllib.parse.urlsplit(value)
+        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        raise NoCredentials(f"{what} is not a valid URL") from None
+    if parsed.scheme != "http" or not parsed.hostname:
+        scheme = shown(parsed.scheme) if parsed.scheme else "none"
+        raise NoCredentials(f"{what}: only an http:// proxy with a host is supported by "
+                            f"convergerd (scheme {scheme})")
+    if parsed.username or parsed.password:
+        raise NoCredentials(f"{what}: proxy credentials in the URL are not supported by "
+                            "convergerd")
+    if parsed.path.strip("/") or parsed.query or parsed.fragment:
+        raise NoCredentials(f"{what} must be http://host:port, without a path or query")
+    return value
 
 
 def _skip_verify(context: str, cluster: Mapping[str, Any]) -> bool:
@@ -314,17 +406,9 @@ def _data_or_file(
     if path is None:
         return None
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_CREDENTIAL_FILE_BYTES + 1)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        why = exc.strerror if isinstance(exc, OSError) else "not a valid path"
-        raise NoCredentials(
-            f"context {shown(context)}: cannot read {key} {shown(str(path))}: {why}"
-        ) from exc
-    if len(data) > MAX_CREDENTIAL_FILE_BYTES:
-        raise NoCredentials(f"context {shown(context)}: {key} {shown(str(path))} is larger "
-                            f"than {MAX_CREDENTIAL_FILE_BYTES} bytes")
-    return data
+        return read_bounded(path, MAX_CREDENTIAL_FILE_BYTES)
+    except BadFile as exc:
+        raise NoCredentials(f"context {shown(context)}: {key} {shown(str(path))}: {exc}") from None
 
 
 def _path(context: str, value: object, key: str, base_dir: Path) -> Path | None:

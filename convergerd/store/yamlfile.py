@@ -1,87 +1,37 @@
-"""Reading a YAML file a person hands to convergerd (`convergerd import FILE`), with bounds.
+"""A YAML file a person hands to convergerd (`convergerd import FILE`), loaded with bounds.
 
-The file is untrusted: it is read only if it is a regular file no larger than a limit (a named
-pipe or a device would block or never end), must be UTF-8, and must hold one YAML document
-whose nesting is shallow and whose size, once aliases are expanded, is bounded (an "alias
-bomb" is a small file whose aliases expand to billions of values). Every refusal is a
-`BadFile` with a one-line message naming the problem.
+The file is untrusted: it is read by `files.read_bounded` (a regular file no larger than a
+limit), must be UTF-8, and must hold one YAML document whose nesting is shallow, whose size
+once aliases are expanded is bounded (an "alias bomb" is a small file whose aliases expand to
+billions of values), and whose mappings name each key once. Every refusal is a `BadFile` with a
+one-line message naming the problem and, where known, its line.
 """
 
 from __future__ import annotations
 
-import os
-import stat
-from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml.events import AliasEvent, StreamEndEvent
 from yaml.nodes import CollectionNode, MappingNode, Node, SequenceNode
 
-from convergerd.errors import ConvergerdError, shorten
+from convergerd.errors import BadFile, shorten
+from convergerd.files import DuplicateKey, UniqueKeys, decode_utf8
 
 # Far above what an import file needs (about 6 levels), far below Python's recursion limit.
 YAML_MAX_DEPTH = 32
 # Values in the document once aliases are expanded: a 4 MiB file of ordinary entries has a few
 # hundred thousand; a billion-laughs file has billions.
 YAML_MAX_NODES = 1_000_000
-_CHUNK = 1 << 16
-
-
-class BadFile(ConvergerdError):
-    """The file cannot be read as one bounded YAML document; the message names the problem."""
-
-
-def read_bounded(path: Path, max_bytes: int, *, setting: str) -> bytes:
-    """The bytes of a regular file of at most `max_bytes` (`setting` names the limit in the
-    message). Never waits on a pipe and never reads more than `max_bytes + 1` bytes."""
-    try:
-        # O_NONBLOCK: opening a FIFO with no writer returns at once (it is refused below).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise BadFile(f"cannot read: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise BadFile("not a regular file (a directory, pipe or device); give a file path")
-        too_large = f"more than {max_bytes} bytes, the limit set by {setting}"
-        if info.st_size > max_bytes:
-            raise BadFile(f"{info.st_size} bytes, {too_large}")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= max_bytes:  # the file may grow after fstat: count what is read
-            chunk = os.read(fd, min(_CHUNK, max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > max_bytes:
-            raise BadFile(too_large)
-        return b"".join(chunks)
-    except OSError as exc:
-        raise BadFile(f"cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-
-
-def decode_utf8(data: bytes) -> str:
-    """The text of UTF-8 bytes (a leading byte-order mark is dropped)."""
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise BadFile(
-            f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be "
-            "decoded; save the file as UTF-8"
-        ) from None
 
 
 def _where(mark: Any) -> str:
     return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
 
 
-class _BoundedLoader(yaml.SafeLoader):
+class _BoundedLoader(yaml.SafeLoader, UniqueKeys):
     """PyYAML's safe loader that refuses deep nesting, recursive aliases, documents that
-    expand past `YAML_MAX_NODES` values, and a second document."""
+    expand past `YAML_MAX_NODES` values, a second document, and a key twice in a mapping."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -141,6 +91,8 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
+    if isinstance(exc, DuplicateKey):
+        return f"{exc}; give each key once"
     if isinstance(exc, yaml.reader.ReaderError):
         before = text[: exc.position]
         line, column = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1

@@ -278,3 +278,30 @@ async def test_a_bad_size_limit_is_a_setting_error(
     assert code == 2
     assert err.startswith(f"convergerd: setting error: CONVERGERD_IMPORT_MAX_BYTES='{value}': ")
     assert "Traceback" not in err
+
+
+async def test_a_key_given_twice_is_refused_naming_both_lines(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A second `policies:` used to replace the first list, and a repeated `enabled:` to keep
+    the last value, exit 0: half a file imported with no word."""
+    await import_file(database_url, write(tmp_path, EXAMPLE))
+    before = await snapshot(database_url)
+    path = write(tmp_path, """\
+        clusters: [{id: c0001}]
+        policies:
+          - {id: p-latest, boundary: team-a, rule: {type: ForbidLatestTag}}
+        policies:
+          - id: p-new
+            boundary: team-a
+            enabled: true
+            rule: {type: ForbidLatestTag}
+            enabled: false
+        """, "twice.yaml")
+
+    code, out, err = await run_import(database_url, path)
+
+    assert (code, out) == (2, "")
+    assert err == (f"convergerd: {path}: rejected, nothing imported: duplicate key 'policies' "
+                   "at line 4 (first at line 2); give each key once\n")
+    assert await snapshot(database_url) == before

@@ -35,6 +35,7 @@ from convergerd.render import MANAGED_SELECTOR
 from convergerd.retry import call_with_retries
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
+from tests.fixtures.fifo import guarded_fifo
 
 C1, C2, C3 = ClusterId("c0001"), ClusterId("c0002"), ClusterId("c0003")
 IDENTITY = "replica-a"
@@ -579,7 +580,7 @@ async def test_missing_token_file_is_no_credentials_not_a_reached_cluster(
     client = ClusterClient(C1, creds, ssl_context=TlsContexts().context_for(creds),
                            access=access(None), agent=AGENT)
     try:
-        with pytest.raises(NoCredentials, match="cannot read the token file") as caught:
+        with pytest.raises(NoCredentials, match=r"tokenFile .*: cannot read: No such") as caught:
             await client.server_version(timeout_s=2)
     finally:
         await client.close()
@@ -599,7 +600,7 @@ async def test_an_oversized_token_file_is_no_credentials_and_not_sent(
     client = ClusterClient(C1, creds, ssl_context=TlsContexts().context_for(creds),
                            access=access(None), agent=AGENT)
     try:
-        with pytest.raises(NoCredentials, match="larger than 65536 bytes, not a token"):
+        with pytest.raises(NoCredentials, match="1048576 bytes, more than 65536 bytes"):
             await client.server_version(timeout_s=2)
     finally:
         await client.close()
@@ -620,3 +621,139 @@ async def test_apply_forces_fields_owned_by_another_manager(fleet: Fleet,
     path = fleet.accounting.requests(cluster=C1)[-1].path
     assert "fieldManager=stackship-platform" in path
     assert "force=true" in path
+
+
+# --- token files and proxies (issue 17, items 5 and 14) ---------------------------------------
+
+
+async def _refused_before_contact(fleet: Fleet, token_file: Path) -> NoCredentials:
+    """The error of a first call with this token file; asserts nothing reached the cluster."""
+    creds = Credentials(name=C1, server=fleet.base_url(C1), ca_pem=fleet.ca_pem(C1),
+                        token_file=token_file)
+    client = ClusterClient(C1, creds, ssl_context=TlsContexts().context_for(creds),
+                           access=access(None), agent=AGENT)
+    try:
+        with pytest.raises(NoCredentials) as caught:
+            await client.server_version(timeout_s=2)
+    finally:
+        await client.close()
+    assert fleet.accounting.counts(C1)["nonResource"] == 0
+    assert caught.value.reason == "no_token"
+    return caught.value
+
+
+async def test_a_token_file_that_is_a_pipe_is_refused_without_blocking(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A named pipe as tokenFile used to block the event loop in open() until a writer came
+    (/healthz hung, SIGTERM was not handled). `guarded_fifo` fails the test instead of hanging
+    the suite if it still blocks."""
+    with guarded_fifo(tmp_path / "token") as fifo:
+        refused = await _refused_before_contact(fleet, fifo)
+    assert str(refused) == (f"context 'c0001': tokenFile {str(fifo)!r}: not a regular file (a "
+                            "directory, pipe or device); give a file path")
+
+
+async def test_a_token_file_that_is_a_device_is_refused_without_reading_it(
+    fleet: Fleet
+) -> None:
+    """/dev/zero used to be read until MemoryError."""
+    refused = await _refused_before_contact(fleet, Path("/dev/zero"))
+    assert str(refused).endswith("'/dev/zero': not a regular file (a directory, pipe or "
+                                 "device); give a file path")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"\x80\x81binary", "not text (byte 0 is not UTF-8)"),
+        (b"line-one\nline-two\n", "holds a line break (a token is one line) at character 9"),
+        (b"token\r\nX-Forged: 1\r\n", "holds a line break (a token is one line) at character 6"),
+    ],
+    ids=["binary", "two-lines", "crlf-inside"],
+)
+async def test_a_token_file_that_is_not_one_token_is_a_credentials_error(
+    fleet: Fleet, tmp_path: Path, content: bytes, problem: str
+) -> None:
+    """These used to raise UnicodeDecodeError, or a ValueError from aiohttp for the header:
+    a traceback and `internal_error` instead of the cluster's credentials problem."""
+    token_file = tmp_path / "token"
+    token_file.write_bytes(content)
+    refused = await _refused_before_contact(fleet, token_file)
+    assert problem in str(refused)
+    assert str(refused).startswith(f"context 'c0001': tokenFile {str(token_file)!r}")
+
+
+class ConnectProxy:
+    """A loopback HTTP proxy that only tunnels (CONNECT), to any host name on 127.0.0.1, and
+    records the targets asked for."""
+
+    def __init__(self) -> None:
+        self.targets: list[str] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            method, target, _ = (await reader.readuntil(b"\r\n\r\n")).split(b" ", 2)
+            assert method == b"CONNECT", method
+            self.targets.append(target.decode())
+            port = int(target.rsplit(b":", 1)[1])
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        finally:
+            writer.close()
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+
+async def test_a_contexts_proxy_url_carries_every_request(fleet: Fleet, tmp_path: Path) -> None:
+    """proxy-url used to be ignored (a direct connection). The server's host name here
+    resolves nowhere (.invalid), so only the proxy can reach it: the Policy API's requests and
+    the Lease API's (kubernetes-asyncio's own request layer) both went through it."""
+    proxy = ConnectProxy()
+    proxy_url = await proxy.start()
+    server = fleet.base_url("home")
+    port = server.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
+    proxied = server.replace(f"127.0.0.1:{port}", f"home.convergerd.invalid:{port}")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "clusters": [{"name": "home", "cluster": {
+            "server": proxied, "proxy-url": proxy_url, "tls-server-name": "localhost",
+            "certificate-authority-data": base64.b64encode(fleet.ca_pem("home")).decode()}}],
+        "users": [{"name": "home", "user": {"token": fleet.token("home")}}],
+        "contexts": [{"name": "home", "context": {"cluster": "home", "user": "home"}}],
+    }))
+    reg = ClusterRegistry(kubeconfig=kubeconfig, access=access(kubeconfig), identity=IDENTITY)
+    try:
+        home = reg.home("home")
+        assert await home.server_version(timeout_s=2) == "v1.32.0"
+        assert await home.get_lease("stackship-system", "convergerd", timeout_s=2) is None
+    finally:
+        await reg.close()
+        await proxy.stop()
+    assert proxy.targets
+    assert set(proxy.targets) == {f"home.convergerd.invalid:{port}"}

@@ -3,6 +3,7 @@ errors, and secrets that never leak."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -328,7 +329,8 @@ def test_secrets_from_files_are_scrubbed_like_any_other(secret_files: tuple[Path
         (None, "cannot read: No such file or directory"),
         (b" \n\t\n", "the file is empty"),
         (b"s3cr3t-pw\xff", "not UTF-8 text"),
-        (b"s3cr3t-pw" * (MAX_SECRET_FILE_BYTES // 9 + 1), "larger than"),
+        (b"s3cr3t-pw" * (MAX_SECRET_FILE_BYTES // 9 + 1),
+         f"more than {MAX_SECRET_FILE_BYTES} bytes"),
     ],
 )
 @pytest.mark.parametrize("setting", ["CONVERGERD_DATABASE_URL_FILE", "CONVERGERD_API_TOKEN_FILE"])
@@ -347,8 +349,21 @@ def test_an_unusable_secret_file_is_a_startup_error_naming_setting_and_path(
 
 
 def test_a_directory_as_secret_file_is_a_startup_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"CONVERGERD_API_TOKEN_FILE=.*cannot read"):
+    with pytest.raises(ConfigError, match=r"CONVERGERD_API_TOKEN_FILE=.*not a regular file"):
         load_settings({"CONVERGERD_API_TOKEN_FILE": str(tmp_path)})
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_a_pipe_or_device_as_secret_file_is_refused_without_reading_it(
+    tmp_path: Path, special: str
+) -> None:
+    """A named pipe with no writer would block startup in open(); /dev/zero never ends."""
+    path = tmp_path / special
+    if special == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(ConfigError, match=r"CONVERGERD_DATABASE_URL_FILE=.*: not a regular "
+                                          r"file \(a directory, pipe or device\)"):
+        load_settings({"CONVERGERD_DATABASE_URL_FILE": str(path)})
 
 
 def test_a_file_with_a_bad_dsn_names_the_file_setting_not_the_content(tmp_path: Path) -> None:

@@ -14,16 +14,19 @@ from convergerd.config import ClusterAccess
 from convergerd.errors import ConfigError, NoCredentials
 from convergerd.kube.kubeconfig import (
     MAX_CREDENTIAL_FILE_BYTES,
+    MAX_TOKEN_BYTES,
     Credentials,
     check_secure,
     in_cluster_credentials,
     load_kubeconfig,
     parse_kubeconfig,
+    read_token_file,
 )
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.kube.tlsctx import TlsContexts, tls_key
 from convergerd.model import ClusterId
 from convergerd.sim.kubeconfig import KubeconfigEntry, kubeconfig_document
+from tests.fixtures.fifo import guarded_fifo
 
 TOKEN = "s3cr3t-token-value"
 CA = b"-----BEGIN CERTIFICATE-----\nnot really\n-----END CERTIFICATE-----\n"
@@ -353,14 +356,15 @@ def test_credential_files_are_bounded(tmp_path: Path) -> None:
     big.write_bytes(b"x" * (MAX_CREDENTIAL_FILE_BYTES + 1))
     text = _one_cluster("false").replace('insecure-skip-tls-verify: false',
                                          f"certificate-authority: {big}")
-    with pytest.raises(NoCredentials, match=r"certificate-authority .* is larger than"):
+    with pytest.raises(NoCredentials, match=r"certificate-authority .*: 1048577 bytes, more "
+                                            r"than 1048576 bytes$"):
         parse_kubeconfig(text, base_dir=tmp_path).credentials("c0001")
 
 
 def test_a_nul_in_a_credential_path_fails_that_context() -> None:
     text = _one_cluster("false").replace('insecure-skip-tls-verify: false',
                                          'certificate-authority: "ca\\0.crt"')
-    with pytest.raises(NoCredentials, match=r"cannot read certificate-authority .*not a valid"):
+    with pytest.raises(NoCredentials, match=r"certificate-authority .*cannot read: not a valid"):
         parse_kubeconfig(text, base_dir=Path("/nonexistent")).credentials("c0001")
 
 
@@ -443,3 +447,173 @@ async def test_registry_allows_insecure_clusters_when_told_and_warns_once(
     finally:
         await registry.close()
 
+
+
+# --- every file through the one bounded reader; tokens one line of visible ASCII ----------------
+
+
+def test_a_kubeconfig_that_is_a_pipe_or_device_is_refused_without_blocking(
+    tmp_path: Path
+) -> None:
+    with guarded_fifo(tmp_path / "kubeconfig") as fifo, pytest.raises(
+            ConfigError, match=r"^CONVERGERD_KUBECONFIG=.*: not a regular file \(a directory, "
+                               r"pipe or device\)"):
+        load_kubeconfig(fifo)
+    with pytest.raises(ConfigError, match=r"not a regular file"):
+        load_kubeconfig(Path("/dev/zero"))
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero", "/dev/urandom", "dir"])
+def test_a_token_file_that_is_not_a_regular_file_is_refused_without_blocking(
+    tmp_path: Path, special: str
+) -> None:
+    """Issue 17, item 5: a FIFO blocked the event loop in open(), /dev/zero was read until
+    MemoryError. Now both are a credentials error naming the context and the file."""
+    path = tmp_path / special
+    if special == "dir":
+        path.mkdir()
+    with guarded_fifo(tmp_path / "fifo"), pytest.raises(NoCredentials) as info:
+        read_token_file("c0001", path)
+    assert str(info.value) == (f"context 'c0001': tokenFile {str(path)!r}: not a regular file "
+                               "(a directory, pipe or device); give a file path")
+    assert info.value.reason == "no_token"
+
+
+ASCII_ONLY = "; a bearer token is visible ASCII only"
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"\x80\x81" + TOKEN.encode(), ": not text (byte 0 is not UTF-8)"),
+        (f"{TOKEN}\n{TOKEN}\n".encode(), " holds a line break (a token is one line) at "
+                                         f"character {len(TOKEN) + 1}{ASCII_ONLY}"),
+        (f"{TOKEN}\r\nX-Other: 1".encode(), " holds a line break (a token is one line) at "
+                                           f"character {len(TOKEN) + 1}{ASCII_ONLY}"),
+        (f"{TOKEN} {TOKEN}".encode(), f" holds a space at character {len(TOKEN) + 1}"
+                                      f"{ASCII_ONLY}"),
+        (f"{TOKEN}\x00".encode(), f" holds a control character at character {len(TOKEN) + 1}"
+                                   f"{ASCII_ONLY}"),
+        (f"{TOKEN}é".encode(), " holds a character outside ASCII at character "
+                               f"{len(TOKEN) + 1}{ASCII_ONLY}"),
+        (b" \r\n\t", " is empty"),
+        (b"x" * (MAX_TOKEN_BYTES + 1), f": {MAX_TOKEN_BYTES + 1} bytes, more than "
+                                       f"{MAX_TOKEN_BYTES} bytes"),
+    ],
+    ids=["binary", "two-lines", "crlf-inside", "space", "nul", "non-ascii", "blank", "huge"],
+)
+def test_a_token_file_that_is_not_one_token_is_a_credentials_error(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
+    """Issue 17, item 14: a binary or multi-line token file gave a traceback (or a header
+    aiohttp refuses at send time). Now: which context, which file, what is wrong, never the
+    token."""
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    with pytest.raises(NoCredentials) as info:
+        read_token_file("c0001", path)
+    assert str(info.value) == f"context 'c0001': tokenFile {str(path)!r}{problem}"
+    assert info.value.reason == "no_token"
+    assert TOKEN not in str(info.value)
+
+
+def test_a_token_file_ending_in_crlf_is_trimmed(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_bytes(f"  {TOKEN}\r\n".encode())
+    assert read_token_file("c0001", path) == TOKEN
+
+
+def test_an_inline_token_with_a_line_break_fails_that_context_only() -> None:
+    text = _one_cluster("false").replace(f"token: {TOKEN}", f'token: "{TOKEN}\\r\\nX-Evil: 1"')
+    config = parse_kubeconfig(text, base_dir=Path("/nonexistent"))
+    with pytest.raises(NoCredentials) as info:
+        config.credentials("c0001")
+    assert str(info.value) == (
+        f"context 'c0001': user token holds a line break (a token is one line) at character "
+        f"{len(TOKEN) + 1}; a bearer token is visible ASCII only")
+    assert info.value.reason == "no_token"
+
+
+def test_a_duplicate_key_in_a_kubeconfig_is_refused_with_both_lines(tmp_path: Path) -> None:
+    """Which of two `token:` lines a client uses is a guess; client-go refuses the file too.
+    The message gives the lines, never a value."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(_one_cluster("false").replace(
+        f"{{token: {TOKEN}}}", f"{{token: {TOKEN},\n    token: other-{TOKEN}}}"))
+    with pytest.raises(ConfigError) as info:
+        load_kubeconfig(path)
+    assert str(info.value) == (f"CONVERGERD_KUBECONFIG={str(path)!r}: not valid YAML: a key "
+                               "given twice, at lines 6 and 7")
+    assert TOKEN not in str(info.value)
+
+
+def test_merge_keys_may_be_overridden_in_a_kubeconfig() -> None:
+    text = f"""
+base: &base {{server: "https://127.0.0.1:9", tls-server-name: a}}
+clusters:
+- name: c
+  cluster: {{<<: *base, server: "https://127.0.0.1:1"}}
+users:
+- {{name: u, user: {{token: {TOKEN}}}}}
+contexts:
+- {{name: c0001, context: {{cluster: c, user: u}}}}
+"""
+    creds = parse_kubeconfig(text, base_dir=Path("/nonexistent")).credentials("c0001")
+    assert (creds.server, creds.tls_server_name) == ("https://127.0.0.1:1", "a")
+
+
+def _with_proxy(proxy: str) -> str:
+    return _one_cluster("false").replace("insecure-skip-tls-verify: false",
+                                         f'proxy-url: "{proxy}"')
+
+
+def test_an_http_proxy_url_is_used() -> None:
+    config = parse_kubeconfig(_with_proxy("http://proxy.internal:3128"),
+                              base_dir=Path("/nonexistent"))
+    assert config.credentials("c0001").proxy_url == "http://proxy.internal:3128"
+
+
+@pytest.mark.parametrize(
+    ("proxy", "problem"),
+    [
+        ("socks5://proxy.internal:1080", "only an http:// proxy with a host is supported by "
+                                         "convergerd (scheme 'socks5')"),
+        ("https://proxy.internal:3128", "only an http:// proxy with a host is supported by "
+                                        "convergerd (scheme 'https')"),
+        ("proxy.internal:3128", "only an http:// proxy with a host is supported by convergerd "
+                                "(scheme 'proxy.internal')"),
+        ("http://user:s3cr3t-pw@proxy.internal:3128", "proxy credentials in the URL are not "
+                                                      "supported by convergerd"),
+        ("http://proxy.internal:x", "is not a valid URL"),
+        ("http://proxy.internal:3128/path", "must be http://host:port, without a path or query"),
+    ],
+)
+def test_a_proxy_url_convergerd_cannot_use_fails_that_context_by_name(
+    proxy: str, problem: str
+) -> None:
+    """Issue 17, item 14: proxy-url was silently ignored (a direct connection). Now it is used,
+    or the context is refused saying why, never quoting the URL (it may hold a password)."""
+    config = parse_kubeconfig(_with_proxy(proxy), base_dir=Path("/nonexistent"))
+    with pytest.raises(NoCredentials) as info:
+        config.credentials("c0001")
+    assert str(info.value).startswith("context 'c0001': proxy-url")
+    assert str(info.value).endswith(problem)
+    assert "s3cr3t-pw" not in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["certificate-authority", "client-certificate"])
+def test_a_credential_file_that_is_a_pipe_fails_that_context_without_blocking(
+    tmp_path: Path, field: str
+) -> None:
+    """The CA, certificate and key files were capped but still opened blocking: a pipe hung
+    the daemon in open() like a token file did."""
+    with guarded_fifo(tmp_path / "pipe") as fifo:
+        text = _one_cluster("false").replace(
+            "insecure-skip-tls-verify: false", f"certificate-authority: {fifo}")
+        if field == "client-certificate":
+            text = text.replace(f"certificate-authority: {fifo}", "").replace(
+                f"{{token: {TOKEN}}}", f"{{client-certificate: {fifo}, client-key: {fifo}}}")
+        with pytest.raises(NoCredentials) as info:
+            parse_kubeconfig(text, base_dir=tmp_path).credentials("c0001")
+    assert str(info.value) == (f"context 'c0001': {field} {str(fifo)!r}: not a regular file (a "
+                               "directory, pipe or device); give a file path")

@@ -45,7 +45,7 @@ def _section(keys: list[str]) -> st.SearchStrategy[dict[str, Any]]:
 
 
 cluster_body = _section(["server", SKIP, "certificate-authority-data", "certificate-authority",
-                         "tls-server-name"]).map(
+                         "tls-server-name", "proxy-url"]).map(
     lambda d: {"server": "https://127.0.0.1:1", **d})
 user_body = _section(["token", "tokenFile", "client-certificate-data", "client-key-data",
                       "client-certificate", "client-key", "exec", "username"])
