@@ -60,6 +60,7 @@ from convergerd.store.records import (
     write_round_by_cluster,
 )
 from convergerd.store.schema import check_schema
+from convergerd.store.values import json_column
 
 log = logging.getLogger(__name__)
 
@@ -371,7 +372,8 @@ class Store:
             result=RoundResult(r["result"]),
             epoch=Epoch(holder, r["epoch_transitions"] or 0) if holder is not None else None,
             identity=r["identity"],
-            counts=r["counts"],
+            # Written by rounds as a flat object; anything else (unreadable included) is none.
+            counts=r["counts"] if isinstance(r["counts"], dict) else {},
             error=r["error"],
         )
 
@@ -531,9 +533,11 @@ def _validated(row: PolicyRow, *, boundary_known: bool) -> Policy | InvalidPolic
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
+    # Every JSON value read goes through the bounded decoder; one it will not read becomes an
+    # `UnreadableJson` marker, so only its row fails (a rule: that policy is invalid).
     for kind in ("json", "jsonb"):
         await conn.set_type_codec(
-            kind, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+            kind, encoder=json.dumps, decoder=json_column, schema="pg_catalog"
         )
 
 
