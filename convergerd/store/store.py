@@ -451,9 +451,18 @@ class Store:
             target = await _target(conn, policy_id) if marked is not None else None
         return target  # noqa: RET504 - see save_target
 
-    async def finish_deletion(self, policy_id: str) -> bool:
-        """Delete the marked row (its records go with it); False if it was not marked."""
-        async with self._acquire() as conn:
+    async def finish_deletion(self, policy_id: str, removed_from: Sequence[str]) -> bool:
+        """Forget the policy on the clusters it was removed from, then delete the marked row
+        (its other records go with it), in one transaction; False if it was not marked.
+
+        The database refuses to delete a policy some cluster is recorded as holding (migration
+        `0003`): `DatabaseRejected` (reason `constraint`) when a cluster not in `removed_from`
+        holds it, and nothing changes."""
+        async with self._acquire() as conn, conn.transaction():
+            await conn.execute(
+                "DELETE FROM deliveries WHERE policy_id = $1 AND cluster_id = ANY($2::text[])",
+                policy_id, list(removed_from),
+            )
             gone = await conn.fetchval(
                 "DELETE FROM policies WHERE id = $1 AND deleted_at IS NOT NULL RETURNING id",
                 policy_id,
