@@ -111,7 +111,8 @@ def _answer(report: Report) -> web.Response:
     holding = ", ".join(f"{r.cluster} ({r.reason}: {r.error})" for r in report.failed)
     return _refusal(
         409, f"policy {report.policy!r} not deleted: still held by {holding}; it is kept "
-        "(rounds no longer deliver it) and a retry finishes the deletion", body)
+        "(rounds no longer deliver it) and a retry finishes the deletion; GET "
+        f"/v1/policies/{report.policy}/status shows where it is still held", body)
 
 
 def _refusal(status: int, message: str, body: dict[str, Any]) -> web.Response:

@@ -42,6 +42,8 @@ from convergerd.rows import (
     ClusterStateRow,
     ClusterStatusRows,
     DeliveryRow,
+    PendingDeletion,
+    PendingDeletions,
     PolicyStatusRows,
     RoundRow,
 )
@@ -77,15 +79,14 @@ _D_COLUMNS = ", ".join(f"d.{c.strip()}" for c in _DELIVERY_COLUMNS.split(","))
 # known clusters the boundary covers (computed once), and its records on every cluster.
 _POLICY_STATUS = f"""
 WITH p AS (
-    SELECT id, boundary_id, rule, enabled, revision FROM policies
-    WHERE id = $1 AND deleted_at IS NULL
+    SELECT id, boundary_id, rule, enabled, revision, deleted_at FROM policies WHERE id = $1
 ), s AS (
     SELECT EXISTS (SELECT 1 FROM boundaries b JOIN p ON b.id = p.boundary_id) AS boundary_known,
            ARRAY(SELECT bc.cluster_id FROM p
                  JOIN boundary_clusters bc ON bc.boundary_id = p.boundary_id
                  JOIN clusters c ON c.id = bc.cluster_id) AS scope
 )
-SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, s.boundary_known,
+SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, p.deleted_at, s.boundary_known,
        -- The scope once, on the first row: on every row it would cost clusters^2 elements
        -- (at 1,000 clusters, 1,000,000 array elements for the server to build and us to decode).
        CASE WHEN row_number() OVER (ORDER BY d.cluster_id) = 1 THEN s.scope END AS scope,
@@ -152,6 +153,8 @@ class Store:
 
     # Round history kept (by id): 10,000 rounds is about five weeks at the default interval.
     rounds_kept = 10_000
+    # Pending deletions status lists (oldest first): a status document stays small.
+    pending_deletions_listed = 100
 
     def __init__(
         self, pool: asyncpg.Pool, dsn: str, *, observer: RecordObserver | None = None
@@ -279,7 +282,8 @@ class Store:
 
     async def policy_status(self, policy_id: str) -> PolicyStatusRows | None:
         """Everything `/v1/policies/{id}/status` shows of one policy, in one query; None when
-        there is no such policy (or it is being deleted). The row is validated now, so a row
+        there is no such policy. A policy being deleted is shown with when its deletion began
+        (its records say which clusters still hold it). The row is validated now, so a row
         fixed since the last round is not reported invalid."""
         async with self._acquire() as conn:
             rows = await conn.fetch(_POLICY_STATUS, policy_id)
@@ -293,6 +297,30 @@ class Store:
             invalid=checked.reason if isinstance(checked, InvalidPolicy) else None,
             scope=frozenset(ClusterId(c) for c in first["scope"]),
             deliveries=tuple(_delivery_row(r) for r in rows if r["policy_id"] is not None),
+            deletion_requested_at=first["deleted_at"],
+        )
+
+    async def pending_deletions(self) -> PendingDeletions:
+        """Policies whose deletion began and has not finished: how many, and the oldest
+        `pending_deletions_listed` of them, each with the clusters still recorded as holding
+        it."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT p.id, p.deleted_at, count(*) OVER () AS total,
+                          (SELECT count(*) FROM deliveries d WHERE d.policy_id = p.id)
+                              AS holders,
+                          ARRAY(SELECT d.cluster_id FROM deliveries d WHERE d.policy_id = p.id
+                                ORDER BY d.cluster_id LIMIT 5) AS held_by
+                   FROM policies p WHERE p.deleted_at IS NOT NULL
+                   ORDER BY p.deleted_at, p.id LIMIT $1""",
+                self.pending_deletions_listed,
+            )
+        return PendingDeletions(
+            total=rows[0]["total"] if rows else 0,
+            oldest_first=tuple(
+                PendingDeletion(PolicyId(r["id"]), r["deleted_at"], r["holders"],
+                                tuple(ClusterId(c) for c in r["held_by"]))
+                for r in rows),
         )
 
     async def cluster_status(
