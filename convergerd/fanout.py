@@ -355,9 +355,11 @@ class Saver:
             await self._store.finish_deletion(policy_id, [r.cluster for r in results])
         except DatabaseRejected as exc:
             # A cluster was recorded as holding it after the deletion began: the database
-            # keeps the row until that one is removed too (a retry removes it there).
+            # keeps the row until that one is removed too (a retry removes it there). The
+            # clusters that did remove it are forgotten still.
             log.warning("policy %s: removed from %d cluster(s), but the database keeps the row:"
                         " %s", policy_id, len(results), exc, extra={"policy": policy_id})
+            await self._record(policy_id, target.row.revision, results, env)
             report.status = Status.REFUSED
             report.error = str(exc)
             return report

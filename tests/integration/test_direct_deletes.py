@@ -5,6 +5,8 @@ guarded deletion (the API's) still deletes the row once every cluster removed th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import asyncpg
 import pytest
 
@@ -98,3 +100,34 @@ async def test_clusters_and_boundaries_holding_policies_are_refused(
     await sql(database_url, "DELETE FROM deliveries WHERE cluster_id = $1", C3)
     await sql(database_url, "DELETE FROM clusters WHERE id = $1", C3)
     assert await sql(database_url, "SELECT id FROM clusters WHERE id = $1", C3) == []
+
+
+class RecordedMeanwhile(Store):
+    """The real store, but just before a deletion finishes a delivery of the policy to c0009 is
+    recorded (what a round that listed c0009 meanwhile would record)."""
+
+    async def finish_deletion(self, policy_id: str, removed_from: Sequence[str]) -> bool:
+        async with self._acquire() as conn:
+            await conn.execute(
+                "INSERT INTO deliveries (policy_id, cluster_id, last_result) "
+                "VALUES ($1, 'c0009', 'failed')", policy_id)
+        return await super().finish_deletion(policy_id, removed_from)
+
+
+async def test_a_holder_recorded_during_the_deletion_keeps_the_row(
+    fleet: Fleet, rounds: Rounds, database_url: str
+) -> None:
+    await rounds.run()
+    store = await RecordedMeanwhile.connect(database_url)
+    try:
+        report = await make_saver(rounds, store).delete("p-regs")
+    finally:
+        await store.close()
+    assert report.status is Status.REFUSED
+    assert report.error is not None
+    assert "policy p-regs is installed on 1 cluster(s) (c0009)" in report.error
+    assert all(REGS not in objects(fleet, c) for c in (C1, C2, C3))
+    # Kept and marked, holding only where it may still be; a retry goes there.
+    [row] = await sql(database_url, "SELECT deleted_at FROM policies WHERE id = 'p-regs'")
+    assert row["deleted_at"] is not None
+    assert await holders(database_url, "p-regs") == {"c0009"}
