@@ -28,6 +28,7 @@ from convergerd.model import (
     Policy,
     PolicyId,
     PolicyRow,
+    UnreadableJson,
 )
 from convergerd.removal import Current, Target
 from convergerd.render import validate_policy
@@ -67,6 +68,19 @@ from convergerd.store.values import json_column
 log = logging.getLogger(__name__)
 
 
+# A rule larger than this as JSON text is not sent at all (the database checks): a valid rule
+# is under 25 KiB (64 entries of at most 317 characters), and one row of hundreds of MiB would
+# otherwise be read and decoded by every round of every replica. `rule` is NOT NULL, so a NULL
+# read back means "too large".
+MAX_RULE_BYTES = 1024 * 1024
+
+
+def _rule_column(table: str = "") -> str:
+    """The select-list item for a policy's rule, NULL when larger than `MAX_RULE_BYTES`."""
+    rule = f"{table}.rule" if table else "rule"
+    return f"CASE WHEN octet_length({rule}::text) <= {MAX_RULE_BYTES} THEN {rule} END AS rule"
+
+
 _DELIVERY_COLUMNS = """
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
     last_error, last_reason, attempts, round_id, phase, phase_reason, phase_message,
@@ -79,7 +93,8 @@ _D_COLUMNS = ", ".join(f"d.{c.strip()}" for c in _DELIVERY_COLUMNS.split(","))
 # known clusters the boundary covers (computed once), and its records on every cluster.
 _POLICY_STATUS = f"""
 WITH p AS (
-    SELECT id, boundary_id, rule, enabled, revision, deleted_at FROM policies WHERE id = $1
+    SELECT id, boundary_id, {_rule_column()}, enabled, revision, deleted_at FROM policies
+    WHERE id = $1
 ), s AS (
     SELECT EXISTS (SELECT 1 FROM boundaries b JOIN p ON b.id = p.boundary_id) AS boundary_known,
            ARRAY(SELECT bc.cluster_id FROM p
@@ -142,7 +157,8 @@ def _policy_row(r: asyncpg.Record) -> PolicyRow:
     return PolicyRow(
         id=r["id"],
         boundary=r["boundary_id"],
-        rule=r["rule"],
+        rule=r["rule"] if r["rule"] is not None else UnreadableJson(
+            f"larger than {MAX_RULE_BYTES} bytes"),
         enabled=r["enabled"],
         revision=r["revision"],
     )
@@ -235,8 +251,8 @@ class Store:
                    GROUP BY b.id ORDER BY b.id"""
             )
             policy_rows = await conn.fetch(
-                """SELECT id, boundary_id, rule, enabled, revision FROM policies
-                   WHERE deleted_at IS NULL ORDER BY id"""
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision
+                    FROM policies WHERE deleted_at IS NULL ORDER BY id"""  # noqa: S608
             )
         boundaries = {
             BoundaryId(r["id"]): Boundary(
@@ -262,8 +278,8 @@ class Store:
         """The stored row (not validated), or None if there is none or it is being deleted."""
         async with self._acquire() as conn:
             row = await conn.fetchrow(
-                """SELECT id, boundary_id, rule, enabled, revision FROM policies
-                   WHERE id = $1 AND deleted_at IS NULL""",
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision
+                    FROM policies WHERE id = $1 AND deleted_at IS NULL""",  # noqa: S608
                 policy_id,
             )
         return _policy_row(row) if row is not None else None
@@ -512,9 +528,9 @@ class Store:
         round's write-time check)."""
         async with self._acquire() as conn:
             rows = await conn.fetch(
-                """SELECT id, boundary_id, rule, enabled, revision, deleted_at IS NOT NULL
-                          AS deleting
-                   FROM policies WHERE id = ANY($1::text[])""",
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision,
+                           deleted_at IS NOT NULL AS deleting
+                    FROM policies WHERE id = ANY($1::text[])""",  # noqa: S608
                 list(policy_ids),
             )
         found: dict[PolicyId, Current] = {}
@@ -529,14 +545,14 @@ class Store:
 
 async def _target(conn: asyncpg.Connection, policy_id: str) -> Target | None:
     row = await conn.fetchrow(
-        """SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision,
+        f"""SELECT p.id, p.boundary_id, {_rule_column("p")}, p.enabled, p.revision,
                   p.deleted_at IS NOT NULL AS deleting,
                   EXISTS (SELECT 1 FROM boundaries b WHERE b.id = p.boundary_id) AS boundary_exists,
                   ARRAY(SELECT bc.cluster_id FROM boundary_clusters bc
                         JOIN clusters c ON c.id = bc.cluster_id
                         WHERE bc.boundary_id = p.boundary_id) AS scope,
                   ARRAY(SELECT d.cluster_id FROM deliveries d WHERE d.policy_id = p.id) AS holders
-           FROM policies p WHERE p.id = $1""",
+           FROM policies p WHERE p.id = $1""",  # noqa: S608 (no value is formatted in)
         policy_id,
     )
     if row is None:

@@ -9,6 +9,7 @@ import json
 import aiohttp
 
 from convergerd.sim.fleet import Fleet
+from convergerd.store.store import MAX_RULE_BYTES
 from tests.fixtures.fleet import free_port
 from tests.integration.rounds_helpers import (
     DESIRED,
@@ -25,6 +26,8 @@ from tests.integration.rounds_helpers import (
 # limit, and an integer past Python's 4,300-digit conversion limit.
 DEEP_RULE = "[" * 5000 + "]" * 5000
 HUGE_INT_RULE = '{"type": "ForbidLatestTag", "x": ' + "9" * 4301 + "}"
+# Not read at all: every round of every replica would fetch and decode it (jsonb holds 255 MiB).
+LARGE_RULE = '{"type": "RequiredLabels", "labels": ["' + "a" * (MAX_RULE_BYTES + 1) + '"]}'
 
 
 async def get_json(port: int, path: str) -> tuple[int, dict[str, object]]:
@@ -38,7 +41,8 @@ async def test_an_unreadable_rule_fails_its_row_and_every_other_tenant_is_delive
     fleet: Fleet, database_url: str
 ) -> None:
     await import_doc(database_url, FLEET_DOC)
-    for policy_id, rule in (("p-deep", DEEP_RULE), ("p-huge", HUGE_INT_RULE)):
+    for policy_id, rule in (("p-deep", DEEP_RULE), ("p-huge", HUGE_INT_RULE),
+                            ("p-large", LARGE_RULE)):
         await sql(database_url, "INSERT INTO policies (id, boundary_id, rule) "
                   "VALUES ($1, 'team-a', $2::jsonb)", policy_id, rule)
     port = free_port()
@@ -56,6 +60,7 @@ async def test_an_unreadable_rule_fails_its_row_and_every_other_tenant_is_delive
             "p-deep": "rule: the stored JSON cannot be read: nested deeper than 100 levels",
             "p-huge": "rule: the stored JSON cannot be read: an integer of 4301 digits "
                       "(at most 100)",
+            "p-large": "rule: the stored JSON cannot be read: larger than 1048576 bytes",
         }
         status, view = await get_json(port, "/v1/policies/p-huge/status")
         assert status == 200
@@ -63,4 +68,4 @@ async def test_an_unreadable_rule_fails_its_row_and_every_other_tenant_is_delive
         status, whole = await get_json(port, "/status")
         assert status == 200
         assert {p["id"] for p in whole["invalid_policies"]} == {  # type: ignore[attr-defined]
-            "p-deep", "p-huge"}
+            "p-deep", "p-huge", "p-large"}
