@@ -187,7 +187,11 @@ class Churn:
         victim = self.rng.choice(list(self.clusters))
         conn = await asyncpg.connect(self.dsn)
         try:
-            await conn.execute("DELETE FROM clusters WHERE id = $1", victim)
+            # A cluster that holds policies is deleted only once its records are dropped
+            # (the database refuses otherwise): what an admin does for a cluster that is gone.
+            async with conn.transaction():
+                await conn.execute("DELETE FROM deliveries WHERE cluster_id = $1", victim)
+                await conn.execute("DELETE FROM clusters WHERE id = $1", victim)
         finally:
             await conn.close()
         if self.deleted is not None and self.deleted != victim:

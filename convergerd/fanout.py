@@ -27,7 +27,13 @@ from enum import StrEnum
 from typing import Protocol
 
 from convergerd.converge import Retrier
-from convergerd.errors import ClusterError, DatabaseUnavailable, Fenced, Superseded
+from convergerd.errors import (
+    ClusterError,
+    DatabaseRejected,
+    DatabaseUnavailable,
+    Fenced,
+    Superseded,
+)
 from convergerd.kube.api import KubeObject, PolicyApi
 from convergerd.lease import Fence
 from convergerd.model import ClusterId, Policy, PolicyId
@@ -63,7 +69,8 @@ class SaveStore(Protocol):
 
     async def save_target(self, policy_id: str, /) -> Target | None: ...
     async def begin_deletion(self, policy_id: str, /) -> Target | None: ...
-    async def finish_deletion(self, policy_id: str, /) -> bool: ...
+    async def finish_deletion(self, policy_id: str, removed_from: Sequence[str], /) -> bool:
+        ...
     async def record_deliveries(self, deliveries: Sequence[Delivery], /) -> None: ...
     async def forget_deliveries(self, policy_id: str, clusters: Sequence[str], /) -> None: ...
 
@@ -344,7 +351,18 @@ class Saver:
                         len(report.failed), named_failures(report.failed),
                         extra={"policy": policy_id, "fanout_counts": counts(results)})
             return report
-        await self._store.finish_deletion(policy_id)
+        try:
+            await self._store.finish_deletion(policy_id, [r.cluster for r in results])
+        except DatabaseRejected as exc:
+            # A cluster was recorded as holding it after the deletion began: the database
+            # keeps the row until that one is removed too (a retry removes it there). The
+            # clusters that did remove it are forgotten still.
+            log.warning("policy %s: removed from %d cluster(s), but the database keeps the row:"
+                        " %s", policy_id, len(results), exc, extra={"policy": policy_id})
+            await self._record(policy_id, target.row.revision, results, env)
+            report.status = Status.REFUSED
+            report.error = str(exc)
+            return report
         log.info("policy %s deleted from %d cluster(s) and from the database", policy_id,
                  len(results), extra={"policy": policy_id})
         return report

@@ -7,7 +7,7 @@
 | `GET /metrics` | Prometheus text exposition of the process's own registry |
 | `GET /status` | JSON: identity, leader, rounds, clusters worst first, Unsupported roll-up |
 | `GET /v1/clusters/{id}` | that cluster's policies: delivered vs current revision, error, phase |
-| `GET /v1/policies/{id}/status` | that policy per cluster: in scope, revisions, error, phase |
+| `GET /v1/policies/{id}/status` | that policy per cluster: revisions, error, phase; its deletion |
 | `POST /v1/policies/{id}/apply` | save: bearer token required |
 | `DELETE /v1/policies/{id}` | delete: bearer token required |
 | `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.openapi`) |
@@ -39,6 +39,7 @@ and paths are escaped (`printable`) wherever they are logged, so a request canno
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hmac
 import json
 import logging
@@ -64,6 +65,7 @@ from convergerd.model import (
     check_policy_id,
 )
 from convergerd.openapi import document
+from convergerd.phases import age_s
 from convergerd.rows import ClusterStatusRows, PolicyStatusRows
 from convergerd.state import PolicyRecord, StatusState, iso, merge_records, record_view
 
@@ -409,6 +411,7 @@ class _Handlers:
                 "enabled": row.enabled, "rule_type": rule_type,
                 "delivered_to_clusters": delivered_type,
                 "invalid": found.invalid,
+                "deletion": _deletion_view(found, now),
             },
             "clusters": clusters,
         }
@@ -448,6 +451,16 @@ class _Handlers:
         if self.on_delete is None:
             return error_response(503, "deleting policies is not implemented in this version")
         return await self.on_delete(request, pid)
+
+
+def _deletion_view(found: PolicyStatusRows, now: dt.datetime) -> dict[str, Any] | None:
+    """A pending deletion: when it began and the clusters still recorded as holding the policy
+    (what a retry of the DELETE removes it from, with the clusters in scope)."""
+    began = found.deletion_requested_at
+    if began is None:
+        return None
+    return {"requested_at": iso(began), "pending_seconds": round(age_s(began, now), 3),
+            "held_by": sorted(r.cluster for r in found.deliveries)}
 
 
 def _json_errors() -> Any:

@@ -36,7 +36,10 @@ No metric has a per-policy label. Beyond the contract's set, for on-call:
 `convergerd_record_failures_total{reason}` (records the database refused for good and that were
 dropped: a cluster's rows of a round, or a whole round; reason from the SQLSTATE class),
 `convergerd_cluster_insecure{cluster}` (1 for a cluster reached without TLS verification or over
-http://, allowed by CONVERGERD_ALLOW_INSECURE_CLUSTERS; absent for the others), plus the
+http://, allowed by CONVERGERD_ALLOW_INSECURE_CLUSTERS; absent for the others),
+`convergerd_pending_deletions` and `convergerd_pending_deletion_oldest_seconds` (deletions some
+cluster did not confirm, from the database on every replica; alert
+`ConvergerdDeletionPending`), plus the
 standard `process_*` and `python_gc_*` collectors.
 """
 
@@ -144,9 +147,12 @@ class Metrics:
         clusters: Iterable[str] = (),
         process_collectors: bool = True,
         keep: Iterable[str] = (),
+        pending_deletions: Callable[[], tuple[int, dt.datetime | None]] | None = None,
     ) -> None:
         """`clusters`: known from the start (zeroed series). `keep`: clusters whose series stay
-        whatever the database's set (the home cluster: its Lease requests are counted)."""
+        whatever the database's set (the home cluster: its Lease requests are counted).
+        `pending_deletions()`: how many deletions are pending and when the oldest began, read
+        at scrape time from their one keeper (`StatusState.pending_deletions`)."""
         self.interval_s = interval_s
         self.clock = clock
         self.version = version
@@ -174,6 +180,7 @@ class Metrics:
         # when it was deleted) is dropped instead of bringing its series back for good.
         self._fleet: frozenset[str] | None = None
         self._keep = frozenset(keep)
+        self._pending_deletions = pending_deletions
         self.registry.register(_Collector(self))
         if process_collectors:
             ProcessCollector(registry=self.registry)
@@ -338,6 +345,17 @@ class Metrics:
 
     # -- exposition ------------------------------------------------------------------------
 
+    def _pending_families(self) -> Iterator[Metric]:
+        pending = self._pending_deletions() if self._pending_deletions else (0, None)
+        count, age = pending_deletion_values(pending, self.clock())
+        yield GaugeMetricFamily("convergerd_pending_deletions",
+                                "Policy deletions begun and not finished: some cluster did not "
+                                "confirm the removal (a retry of the DELETE finishes them)",
+                                value=count)
+        yield GaugeMetricFamily("convergerd_pending_deletion_oldest_seconds",
+                                "How long the oldest pending deletion has been pending (0: none)",
+                                value=age)
+
     def render(self) -> bytes:
         """The Prometheus text exposition; serve it with `CONTENT_TYPE`."""
         return generate_latest(self.registry)
@@ -458,6 +476,7 @@ class Metrics:
         yield GaugeMetricFamily("convergerd_invalid_policies",
                                 "Policies that cannot be delivered (bad id, type or params)",
                                 value=float(self._invalid))
+        yield from self._pending_families()
         yield GaugeMetricFamily("convergerd_event_loop_lag_seconds",
                                 "How late the event loop ran the last heartbeat",
                                 value=self._loop_lag_s)
@@ -471,6 +490,15 @@ class Metrics:
                                   labels=["version"])
         build.add_metric([self.version], 1.0)
         yield build
+
+
+def pending_deletion_values(
+    pending: tuple[int, dt.datetime | None], now: float
+) -> tuple[float, float]:
+    """(pending deletions, seconds the oldest has been pending; 0 when none)."""
+    count, oldest = pending
+    age = max(0.0, now - oldest.timestamp()) if oldest is not None else 0.0
+    return float(count), age
 
 
 def _phase_of(reading: PhaseReading) -> tuple[str, float, str]:

@@ -80,12 +80,21 @@ class Policy:
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadableJson:
+    """Stands for a stored JSON value the bounded decoder would not read (nested too deep, an
+    integer too long): the row carries it instead of failing the whole read, and validation
+    turns it into an invalid policy whose reason says why."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyRow:
     """A policy as stored: not yet validated (the database accepts what module-policies wrote)."""
 
     id: str
     boundary: str
-    rule: Mapping[str, Any]
+    rule: Mapping[str, Any] | UnreadableJson
     enabled: bool
     revision: int
 
@@ -215,6 +224,8 @@ def _check_registry(prefix: str) -> None:
 
 def parse_rule(raw: Any) -> Rule:
     """Validate a rule mapping (`{type: ..., <params>}`) into a `Rule`."""
+    if isinstance(raw, UnreadableJson):
+        raise RuleError(f"rule: the stored JSON cannot be read: {raw.reason}")
     if not isinstance(raw, Mapping):
         raise RuleError(f"rule: must be a mapping with a 'type', got {shown(raw)}")
     rule_type = raw.get("type")

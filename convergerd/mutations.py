@@ -105,10 +105,14 @@ def _answer(report: Report) -> web.Response:
         return _refusal(422, f"policy {report.policy!r} is invalid: {report.error}", body)
     if report.status is Status.DELETING:
         return _refusal(409, f"policy {report.policy!r}: {report.error}", body)
+    if not report.failed:
+        return _refusal(409, f"policy {report.policy!r} not deleted: {report.error}; it is kept "
+                        "(rounds no longer deliver it) and a retry finishes the deletion", body)
     holding = ", ".join(f"{r.cluster} ({r.reason}: {r.error})" for r in report.failed)
     return _refusal(
         409, f"policy {report.policy!r} not deleted: still held by {holding}; it is kept "
-        "(rounds no longer deliver it) and a retry finishes the deletion", body)
+        "(rounds no longer deliver it) and a retry finishes the deletion; GET "
+        f"/v1/policies/{report.policy}/status shows where it is still held", body)
 
 
 def _refusal(status: int, message: str, body: dict[str, Any]) -> web.Response:

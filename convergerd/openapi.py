@@ -91,6 +91,20 @@ _SCHEMAS: dict[str, Any] = {
             "invalid_policies": {"type": "array", "items": {
                 "type": "object", "properties": {"id": {"type": "string"},
                                                  "reason": {"type": "string"}}}},
+            "pending_deletions": {
+                "type": "object",
+                "description": "deletions some cluster did not confirm (oldest first, at most "
+                               "100 listed): the policy is still enforced where held",
+                "properties": {
+                    "count": {"type": "integer"},
+                    "oldest_first": {"type": "array", "items": {
+                        "type": "object", "properties": {
+                            "id": {"type": "string"},
+                            "requested_at": {"type": "string", "format": "date-time"},
+                            "pending_seconds": {"type": "number"},
+                            "clusters_holding": {"type": "integer"},
+                            "held_by": {"type": "array", "items": {"type": "string"},
+                                        "description": "the first five, by id"}}}}}},
             "clusters": {"type": "array", "items": _ref("ClusterSummary"),
                          "description": "worst first"},
             "unsupported_by_version": {"type": "object", "additionalProperties": {
@@ -133,7 +147,16 @@ _SCHEMAS: dict[str, Any] = {
                 "id": {"type": "string"}, "boundary": {"type": "string"},
                 "revision": {"type": "integer"}, "enabled": {"type": "boolean"},
                 "rule_type": _NULLABLE_STRING, "delivered_to_clusters": {"type": "boolean"},
-                "invalid": _NULLABLE_STRING}},
+                "invalid": _NULLABLE_STRING,
+                "deletion": {
+                    "type": "object", "nullable": True,
+                    "description": "its deletion began and some cluster did not confirm it "
+                                   "(null: not being deleted); a retry of the DELETE finishes",
+                    "properties": {
+                        "requested_at": {"type": "string", "format": "date-time"},
+                        "pending_seconds": {"type": "number"},
+                        "held_by": {"type": "array", "items": {"type": "string"},
+                                    "description": "clusters still recorded as holding it"}}}}},
             "clusters": {"type": "array", "items": {"allOf": [_ref("PolicyRecord"), {
                 "type": "object", "properties": {
                     "cluster": {"type": "string"}, "in_scope": {"type": "boolean"},
@@ -229,7 +252,8 @@ _PATHS: dict[str, Any] = {
                            "ClusterView"),
             "400": _BAD_ID, "404": _answer("unknown cluster"), "429": _SHED}}},
     "/v1/policies/{id}/status": {"get": {
-        "summary": "one policy per cluster: in scope, revisions, error, phase",
+        "summary": "one policy per cluster: in scope, revisions, error, phase; a pending "
+                   "deletion",
         "parameters": [_POLICY_ID], "responses": {
             "200": _answer("the policy", "PolicyView"), "400": _BAD_ID,
             "404": _answer("no such policy"), "429": _SHED,

@@ -83,6 +83,32 @@ class PolicyStatusRows:
     invalid: str | None
     scope: frozenset[ClusterId]
     deliveries: tuple[DeliveryRow, ...]
+    # When its deletion began (None: not being deleted); the clusters with a record still
+    # hold it, or may.
+    deletion_requested_at: dt.datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDeletion:
+    """A policy whose deletion began and has not finished (`Store.pending_deletions()`): some
+    cluster did not confirm the removal, and nobody has retried since."""
+
+    policy: PolicyId
+    requested_at: dt.datetime
+    holders: int  # clusters still recorded as holding it
+    held_by: tuple[ClusterId, ...]  # the first few of them, by id
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDeletions:
+    """How many deletions are pending, and the oldest of them."""
+
+    total: int = 0
+    oldest_first: tuple[PendingDeletion, ...] = ()
+
+    @property
+    def oldest_requested_at(self) -> dt.datetime | None:
+        return self.oldest_first[0].requested_at if self.oldest_first else None
 
 
 @dataclass(frozen=True, slots=True)

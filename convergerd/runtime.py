@@ -90,12 +90,13 @@ class Daemon:
         self.identity = settings.election.identity
         self.stopping = asyncio.Event()
         e = settings.election
+        self.state = StatusState(
+            identity=self.identity, interval_s=settings.rounds.interval_s
+        )
         self.metrics = Metrics(
             interval_s=settings.rounds.interval_s,
             keep=[e.home_context or HOME_IN_CLUSTER] if e.enabled else [],
-        )
-        self.state = StatusState(
-            identity=self.identity, interval_s=settings.rounds.interval_s
+            pending_deletions=self.state.pending_deletions,
         )
         self.health = HealthCheck(on_lag=self.metrics.set_loop_lag)
         self.fanout_metrics = FanoutMetrics()

@@ -1,9 +1,9 @@
 """The one keeper of this replica's live status of the fleet: per cluster reachability, last
 error, last success, counts and the phases read back per policy; the last round; the leader;
-the invalid policies; whether the database answered the last sync. Written by the round loop
-(`observe_round`), the reachability prober (`observe_probe`) and the periodic database sync
-(`convergerd.statussync`: the leader's records on standbys, and after a restart); the HTTP
-handlers only read it. Pure: no I/O, time is passed in.
+the invalid policies; the pending deletions; whether the database answered the last sync.
+Written by the round loop (`observe_round`), the reachability prober (`observe_probe`) and
+the periodic database sync (`convergerd.statussync`: the leader's records on standbys, and
+after a restart); the HTTP handlers only read it. Pure: no I/O, time is passed in.
 
 Design decisions (the phase rules themselves are `convergerd.phases`, shared with the metrics):
 
@@ -42,7 +42,7 @@ from convergerd.report import (
     Verification,
     utc_now,
 )
-from convergerd.rows import ClusterStateRow, DeliveryRow, RoundRow
+from convergerd.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 
 UNKNOWN_VERSION = "unknown"
 
@@ -307,6 +307,7 @@ class StatusState:
         self.next_round_at: dt.datetime | None = None
         self._leader = LeaderInfo()
         self.invalid: dict[str, str] = {}  # policy id -> reason
+        self.pending = PendingDeletions()  # deletions begun and not finished (database sync)
         self.version = 0  # counts the updates: a status view built at one version stays true
         self.synced_at: dt.datetime | None = None  # the last database sync that answered
         self.sync_error: str | None = None  # why the last database sync failed, if it did
@@ -408,6 +409,14 @@ class StatusState:
     def set_invalid(self, invalid: Iterable[tuple[str, str]]) -> None:
         self.version += 1  # what status shows may have changed
         self.invalid = dict(invalid)
+
+    def set_pending_deletions(self, pending: PendingDeletions) -> None:
+        self.version += 1  # what status shows may have changed
+        self.pending = pending
+
+    def pending_deletions(self) -> tuple[int, dt.datetime | None]:
+        """How many deletions are pending and when the oldest began (for the metrics)."""
+        return self.pending.total, self.pending.oldest_requested_at
 
     def absorb_records(
         self, clusters: Iterable[ClusterStateRow], last_round: RoundRow | None,
@@ -524,6 +533,16 @@ class StatusState:
             "server_version": state.server_version,
         }
 
+    def pending_view(self, now: dt.datetime) -> dict[str, Any]:
+        return {
+            "count": self.pending.total,
+            "oldest_first": [
+                {"id": p.policy, "requested_at": iso(p.requested_at),
+                 "pending_seconds": round(age_s(p.requested_at, now), 3),
+                 "clusters_holding": p.holders, "held_by": list(p.held_by)}
+                for p in self.pending.oldest_first],
+        }
+
     def round_view(self) -> dict[str, Any] | None:
         r = self.last_round
         if r is None:
@@ -546,6 +565,7 @@ class StatusState:
             "last_round": self.round_view(),
             "next_round_at": iso(self.next_round_at),
             "invalid_policies": [{"id": k, "reason": v} for k, v in sorted(self.invalid.items())],
+            "pending_deletions": self.pending_view(now),
             "clusters": [self.cluster_summary(c, now) for c in self.sorted_clusters(now)],
             "unsupported_by_version": self.unsupported(now),
         }

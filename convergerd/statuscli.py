@@ -225,11 +225,28 @@ def _header(doc: Mapping[str, Any], addr: str | None) -> list[str]:
     if invalid:
         lines.append(f"invalid policies ({len(invalid)}, never delivered):")
         lines.extend(f"  {p.get('id')}: {_short(p.get('reason'), 100)}" for p in invalid)
+    lines.extend(_pending_lines(doc.get("pending_deletions")))
     unsupported = doc.get("unsupported_by_version") or {}
     if unsupported:
         lines.append("Unsupported (no ValidatingAdmissionPolicy, nothing enforced):")
         lines.extend(f"  Kubernetes {version}: {', '.join(clusters)}"
                      for version, clusters in sorted(unsupported.items()))
+    return lines
+
+
+def _pending_lines(pending: object) -> list[str]:
+    """Deletions some cluster did not confirm: the policy is still enforced there."""
+    if not isinstance(pending, Mapping) or not pending.get("count"):
+        return []
+    listed = [p for p in pending.get("oldest_first") or [] if isinstance(p, Mapping)]
+    lines = [f"pending deletions ({pending['count']}, still enforced where held; retry "
+             "`convergerd policy delete ID`):"]
+    for p in listed:
+        held = ", ".join(str(c) for c in p.get("held_by") or [])
+        more = (p.get("clusters_holding") or 0) - len(p.get("held_by") or [])
+        lines.append(f"  {p.get('id')}: pending {format_duration(p.get('pending_seconds'))}, "
+                     f"held by {held or 'no recorded cluster'}"
+                     + (f" and {more} more" if more > 0 else ""))
     return lines
 
 

@@ -2,9 +2,10 @@
 the metrics with what the database recorded, on the leader and the standbys alike.
 
 One pass: the clusters the database knows with their recorded outcomes, the last recorded round
-and the invalid policies it recorded, then the per-policy records (phases) of the clusters
-another replica worked on since the last pass, in one query. A few queries per pass whatever
-the number of status requests; the HTTP handlers never refresh the status themselves.
+and the invalid policies it recorded, the deletions still pending, then the per-policy records
+(phases) of the clusters another replica worked on since the last pass, in one query. A few
+queries per pass whatever the number of status requests; the HTTP handlers never refresh the
+status themselves.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Protocol
 from convergerd.errors import ConvergerdError
 from convergerd.metrics import Metrics
 from convergerd.model import InvalidPolicy
-from convergerd.rows import ClusterStateRow, DeliveryRow, RoundRow
+from convergerd.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 from convergerd.state import StatusState
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class SyncSource(Protocol):
     async def cluster_states(self) -> Sequence[ClusterStateRow]: ...
     async def last_round(self) -> RoundRow | None: ...
     async def recorded_invalid(self) -> Sequence[InvalidPolicy]: ...
+    async def pending_deletions(self) -> PendingDeletions: ...
     async def deliveries_for_clusters(
         self, cluster_ids: Sequence[str], /
     ) -> Sequence[DeliveryRow]: ...
@@ -83,6 +85,7 @@ class StatusSync:
         last_round = await self.store.last_round()
         invalid = await self.store.recorded_invalid()
         self.state.absorb_records(clusters, last_round, invalid)
+        self.state.set_pending_deletions(await self.store.pending_deletions())
         if self.metrics is not None:
             self.metrics.set_clusters(r.cluster for r in clusters)
             for row in clusters:

@@ -28,6 +28,7 @@ from convergerd.model import (
     Policy,
     PolicyId,
     PolicyRow,
+    UnreadableJson,
 )
 from convergerd.removal import Current, Target
 from convergerd.render import validate_policy
@@ -42,6 +43,8 @@ from convergerd.rows import (
     ClusterStateRow,
     ClusterStatusRows,
     DeliveryRow,
+    PendingDeletion,
+    PendingDeletions,
     PolicyStatusRows,
     RoundRow,
 )
@@ -60,8 +63,22 @@ from convergerd.store.records import (
     write_round_by_cluster,
 )
 from convergerd.store.schema import check_schema
+from convergerd.store.values import json_column
 
 log = logging.getLogger(__name__)
+
+
+# A rule larger than this as JSON text is not sent at all (the database checks): a valid rule
+# is under 25 KiB (64 entries of at most 317 characters), and one row of hundreds of MiB would
+# otherwise be read and decoded by every round of every replica. `rule` is NOT NULL, so a NULL
+# read back means "too large".
+MAX_RULE_BYTES = 1024 * 1024
+
+
+def _rule_column(table: str = "") -> str:
+    """The select-list item for a policy's rule, NULL when larger than `MAX_RULE_BYTES`."""
+    rule = f"{table}.rule" if table else "rule"
+    return f"CASE WHEN octet_length({rule}::text) <= {MAX_RULE_BYTES} THEN {rule} END AS rule"
 
 
 _DELIVERY_COLUMNS = """
@@ -76,15 +93,15 @@ _D_COLUMNS = ", ".join(f"d.{c.strip()}" for c in _DELIVERY_COLUMNS.split(","))
 # known clusters the boundary covers (computed once), and its records on every cluster.
 _POLICY_STATUS = f"""
 WITH p AS (
-    SELECT id, boundary_id, rule, enabled, revision FROM policies
-    WHERE id = $1 AND deleted_at IS NULL
+    SELECT id, boundary_id, {_rule_column()}, enabled, revision, deleted_at FROM policies
+    WHERE id = $1
 ), s AS (
     SELECT EXISTS (SELECT 1 FROM boundaries b JOIN p ON b.id = p.boundary_id) AS boundary_known,
            ARRAY(SELECT bc.cluster_id FROM p
                  JOIN boundary_clusters bc ON bc.boundary_id = p.boundary_id
                  JOIN clusters c ON c.id = bc.cluster_id) AS scope
 )
-SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, s.boundary_known,
+SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, p.deleted_at, s.boundary_known,
        -- The scope once, on the first row: on every row it would cost clusters^2 elements
        -- (at 1,000 clusters, 1,000,000 array elements for the server to build and us to decode).
        CASE WHEN row_number() OVER (ORDER BY d.cluster_id) = 1 THEN s.scope END AS scope,
@@ -140,7 +157,8 @@ def _policy_row(r: asyncpg.Record) -> PolicyRow:
     return PolicyRow(
         id=r["id"],
         boundary=r["boundary_id"],
-        rule=r["rule"],
+        rule=r["rule"] if r["rule"] is not None else UnreadableJson(
+            f"larger than {MAX_RULE_BYTES} bytes"),
         enabled=r["enabled"],
         revision=r["revision"],
     )
@@ -151,6 +169,8 @@ class Store:
 
     # Round history kept (by id): 10,000 rounds is about five weeks at the default interval.
     rounds_kept = 10_000
+    # Pending deletions status lists (oldest first): a status document stays small.
+    pending_deletions_listed = 100
 
     def __init__(
         self, pool: asyncpg.Pool, dsn: str, *, observer: RecordObserver | None = None
@@ -231,8 +251,8 @@ class Store:
                    GROUP BY b.id ORDER BY b.id"""
             )
             policy_rows = await conn.fetch(
-                """SELECT id, boundary_id, rule, enabled, revision FROM policies
-                   WHERE deleted_at IS NULL ORDER BY id"""
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision
+                    FROM policies WHERE deleted_at IS NULL ORDER BY id"""  # noqa: S608
             )
         boundaries = {
             BoundaryId(r["id"]): Boundary(
@@ -258,8 +278,8 @@ class Store:
         """The stored row (not validated), or None if there is none or it is being deleted."""
         async with self._acquire() as conn:
             row = await conn.fetchrow(
-                """SELECT id, boundary_id, rule, enabled, revision FROM policies
-                   WHERE id = $1 AND deleted_at IS NULL""",
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision
+                    FROM policies WHERE id = $1 AND deleted_at IS NULL""",  # noqa: S608
                 policy_id,
             )
         return _policy_row(row) if row is not None else None
@@ -278,7 +298,8 @@ class Store:
 
     async def policy_status(self, policy_id: str) -> PolicyStatusRows | None:
         """Everything `/v1/policies/{id}/status` shows of one policy, in one query; None when
-        there is no such policy (or it is being deleted). The row is validated now, so a row
+        there is no such policy. A policy being deleted is shown with when its deletion began
+        (its records say which clusters still hold it). The row is validated now, so a row
         fixed since the last round is not reported invalid."""
         async with self._acquire() as conn:
             rows = await conn.fetch(_POLICY_STATUS, policy_id)
@@ -292,6 +313,30 @@ class Store:
             invalid=checked.reason if isinstance(checked, InvalidPolicy) else None,
             scope=frozenset(ClusterId(c) for c in first["scope"]),
             deliveries=tuple(_delivery_row(r) for r in rows if r["policy_id"] is not None),
+            deletion_requested_at=first["deleted_at"],
+        )
+
+    async def pending_deletions(self) -> PendingDeletions:
+        """Policies whose deletion began and has not finished: how many, and the oldest
+        `pending_deletions_listed` of them, each with the clusters still recorded as holding
+        it."""
+        async with self._acquire() as conn:
+            rows = await conn.fetch(
+                """SELECT p.id, p.deleted_at, count(*) OVER () AS total,
+                          (SELECT count(*) FROM deliveries d WHERE d.policy_id = p.id)
+                              AS holders,
+                          ARRAY(SELECT d.cluster_id FROM deliveries d WHERE d.policy_id = p.id
+                                ORDER BY d.cluster_id LIMIT 5) AS held_by
+                   FROM policies p WHERE p.deleted_at IS NOT NULL
+                   ORDER BY p.deleted_at, p.id LIMIT $1""",
+                self.pending_deletions_listed,
+            )
+        return PendingDeletions(
+            total=rows[0]["total"] if rows else 0,
+            oldest_first=tuple(
+                PendingDeletion(PolicyId(r["id"]), r["deleted_at"], r["holders"],
+                                tuple(ClusterId(c) for c in r["held_by"]))
+                for r in rows),
         )
 
     async def cluster_status(
@@ -371,7 +416,8 @@ class Store:
             result=RoundResult(r["result"]),
             epoch=Epoch(holder, r["epoch_transitions"] or 0) if holder is not None else None,
             identity=r["identity"],
-            counts=r["counts"],
+            # Written by rounds as a flat object; anything else (unreadable included) is none.
+            counts=r["counts"] if isinstance(r["counts"], dict) else {},
             error=r["error"],
         )
 
@@ -449,9 +495,18 @@ class Store:
             target = await _target(conn, policy_id) if marked is not None else None
         return target  # noqa: RET504 - see save_target
 
-    async def finish_deletion(self, policy_id: str) -> bool:
-        """Delete the marked row (its records go with it); False if it was not marked."""
-        async with self._acquire() as conn:
+    async def finish_deletion(self, policy_id: str, removed_from: Sequence[str]) -> bool:
+        """Forget the policy on the clusters it was removed from, then delete the marked row
+        (its other records go with it), in one transaction; False if it was not marked.
+
+        The database refuses to delete a policy some cluster is recorded as holding (migration
+        `0003`): `DatabaseRejected` (reason `constraint`) when a cluster not in `removed_from`
+        holds it, and nothing changes."""
+        async with self._acquire() as conn, conn.transaction():
+            await conn.execute(
+                "DELETE FROM deliveries WHERE policy_id = $1 AND cluster_id = ANY($2::text[])",
+                policy_id, list(removed_from),
+            )
             gone = await conn.fetchval(
                 "DELETE FROM policies WHERE id = $1 AND deleted_at IS NOT NULL RETURNING id",
                 policy_id,
@@ -473,9 +528,9 @@ class Store:
         round's write-time check)."""
         async with self._acquire() as conn:
             rows = await conn.fetch(
-                """SELECT id, boundary_id, rule, enabled, revision, deleted_at IS NOT NULL
-                          AS deleting
-                   FROM policies WHERE id = ANY($1::text[])""",
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision,
+                           deleted_at IS NOT NULL AS deleting
+                    FROM policies WHERE id = ANY($1::text[])""",  # noqa: S608
                 list(policy_ids),
             )
         found: dict[PolicyId, Current] = {}
@@ -490,14 +545,14 @@ class Store:
 
 async def _target(conn: asyncpg.Connection, policy_id: str) -> Target | None:
     row = await conn.fetchrow(
-        """SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision,
+        f"""SELECT p.id, p.boundary_id, {_rule_column("p")}, p.enabled, p.revision,
                   p.deleted_at IS NOT NULL AS deleting,
                   EXISTS (SELECT 1 FROM boundaries b WHERE b.id = p.boundary_id) AS boundary_exists,
                   ARRAY(SELECT bc.cluster_id FROM boundary_clusters bc
                         JOIN clusters c ON c.id = bc.cluster_id
                         WHERE bc.boundary_id = p.boundary_id) AS scope,
                   ARRAY(SELECT d.cluster_id FROM deliveries d WHERE d.policy_id = p.id) AS holders
-           FROM policies p WHERE p.id = $1""",
+           FROM policies p WHERE p.id = $1""",  # noqa: S608 (no value is formatted in)
         policy_id,
     )
     if row is None:
@@ -531,9 +586,11 @@ def _validated(row: PolicyRow, *, boundary_known: bool) -> Policy | InvalidPolic
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
+    # Every JSON value read goes through the bounded decoder; one it will not read becomes an
+    # `UnreadableJson` marker, so only its row fails (a rule: that policy is invalid).
     for kind in ("json", "jsonb"):
         await conn.set_type_codec(
-            kind, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+            kind, encoder=json.dumps, decoder=json_column, schema="pg_catalog"
         )
 
 

@@ -36,6 +36,7 @@ from convergerd.rows import (
     ClusterStateRow,
     ClusterStatusRows,
     DeliveryRow,
+    PendingDeletions,
     PolicyStatusRows,
     RoundRow,
 )
@@ -100,6 +101,10 @@ class FakeStore:
     async def deliveries_for_clusters(self, cluster_ids: Sequence[str]) -> list[DeliveryRow]:
         self._check("deliveries_for_clusters")
         return [d for d in self.deliveries if d.cluster in cluster_ids]
+
+    async def pending_deletions(self) -> PendingDeletions:
+        self._check("pending_deletions")
+        return PendingDeletions()
 
     async def recorded_invalid(self) -> list[InvalidPolicy]:
         self._check("recorded_invalid")

@@ -157,9 +157,14 @@ async def test_daemon_forgets_deleted_clusters_and_policies(
                 before["registry_clients"]) == (3, 3, 3)
         assert before["status_policy_records"] == 7
 
-        await sql(database_url, "DELETE FROM clusters WHERE id = 'c0003'")
-        await sql(database_url, "DELETE FROM policies WHERE id = 'p-labels'")
-        await sql(database_url, "DELETE FROM deliveries WHERE policy_id = 'p-labels'")
+        # What the database asks for before deleting rows convergerd delivered (migration
+        # 0003): forget what they hold first, in the same transaction (rounds go on recording
+        # meanwhile). The cluster is gone; p-labels stays installed, untracked on purpose.
+        await sql(database_url, """DO $$ BEGIN
+            DELETE FROM deliveries WHERE cluster_id = 'c0003' OR policy_id = 'p-labels';
+            DELETE FROM clusters WHERE id = 'c0003';
+            DELETE FROM policies WHERE id = 'p-labels';
+        END $$""")
 
         def shrunk() -> bool:
             s = daemon.sizes()

@@ -89,7 +89,7 @@ class FakeStore:
     async def begin_deletion(self, policy_id: str, /) -> Target | None:
         return self._target()
 
-    async def finish_deletion(self, policy_id: str, /) -> bool:
+    async def finish_deletion(self, policy_id: str, removed_from: Sequence[str], /) -> bool:
         return True
 
     async def record_deliveries(self, deliveries: Sequence[Delivery], /) -> None:

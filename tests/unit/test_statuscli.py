@@ -88,6 +88,22 @@ def test_no_leader_and_database_down_are_said_loudly() -> None:
     assert "DATABASE UNREACHABLE" in text
 
 
+def test_pending_deletions_are_listed_with_the_clusters_holding_them() -> None:
+    doc = {**STATUS, "pending_deletions": {"count": 2, "oldest_first": [
+        {"id": "p-old", "requested_at": "2026-01-01T10:00:00Z", "pending_seconds": 7300.0,
+         "clusters_holding": 8, "held_by": ["c1", "c2", "c3", "c4", "c5"]},
+        {"id": "p-new", "requested_at": "2026-01-01T11:59:00Z", "pending_seconds": 60.0,
+         "clusters_holding": 1, "held_by": ["c9"]}]}}
+    lines = render_status(doc).splitlines()
+    start = lines.index("pending deletions (2, still enforced where held; retry "
+                        "`convergerd policy delete ID`):")
+    assert lines[start + 1:start + 3] == [
+        "  p-old: pending 2h01m, held by c1, c2, c3, c4, c5 and 3 more",
+        "  p-new: pending 60s, held by c9",
+    ]
+    assert "pending deletions" not in render_status(STATUS)  # none: not a line
+
+
 def test_durations() -> None:
     assert [format_duration(s) for s in (None, 5, 119, 125, 7300, 200000)] == [
         "-", "5s", "119s", "2m05s", "2h01m", "2d07h"]
