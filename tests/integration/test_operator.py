@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from convergerd.sim.resources import (
 )
 from convergerd.sim.store import AdmissionRequest
 from tests.fixtures.fleet import kube_http
+from tests.integration.process_helpers import CONVERGERD, clean_env
 
 CLUSTER = "c0001"
 POLICIES = "/apis/platform.stackship.se/v1alpha1/policies"
@@ -423,3 +425,25 @@ async def test_a_policy_no_pod_can_violate_alone_is_unknown_inconclusive(fleet: 
         assert (await wait_for(denied))["status"] == "True"
     probes = [r for r in fleet.accounting.requests(cluster=CLUSTER) if "dryRun=All" in r.path]
     assert len(probes) == 1  # the inconclusive ones never reached the apiserver
+
+
+async def test_a_taken_health_port_is_a_one_line_setting_error(fleet: Fleet) -> None:
+    """`convergerd operator` on a port something else holds: one line naming the setting and
+    the address, exit 2 (a setting to change), no traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        proc = await asyncio.create_subprocess_exec(
+            *CONVERGERD, "operator", "--context", CLUSTER,
+            env=clean_env(CONVERGERD_KUBECONFIG=str(fleet.kubeconfig_path),
+                          CONVERGERD_OPERATOR_HTTP_ADDR=addr),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    text = err.decode()
+    assert "Traceback" not in text
+    last = text.strip().splitlines()[-1]
+    assert last == (f"convergerd: setting error: CONVERGERD_OPERATOR_HTTP_ADDR='{addr}': cannot "
+                    "listen there for /healthz, /readyz and /metrics: Address already in use; "
+                    "choose another address (--operator-http-addr)"), text
