@@ -51,11 +51,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from convergerd.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
+from convergerd.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced, shown
 from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
 from convergerd.leader import Leadership
 from convergerd.lease import Fence
+from convergerd.model import is_namespace_name, is_object_name
 from convergerd.operator.admission import (
     ProbeUnsatisfiable,
     RenderError,
@@ -363,6 +364,13 @@ class Operator:
             self._failures.pop(name, None)
             self._metrics.set_phase(name, None)
             return
+        if not is_object_name(name):
+            # Its status path would be built from it: a real apiserver never names an object
+            # so, so nothing is sent for it (nor retried; the next event or sweep logs again).
+            log.warning("cluster %s: a Policy named %s is not a Kubernetes object name: "
+                        "ignored", self.cluster, shown(name), extra=self._extra())
+            self._metrics.reconciled("error")
+            return
         try:
             wrote = await self._reconcile(PolicyObject.from_object(obj))
         except Fenced:
@@ -383,7 +391,7 @@ class Operator:
 
     async def _reconcile(self, policy: PolicyObject) -> bool:
         """Bring one Policy's admission objects and status in line; True when it wrote."""
-        boundary = str(policy.spec.get("boundary", ""))
+        boundary = policy.boundary or ""
         enforced = await self._enforce(policy, boundary)
         phase, ready, wrote = enforced.phase, enforced.ready, enforced.wrote
         if phase == ENFORCING and enforced.before is not None:
@@ -413,13 +421,17 @@ class Operator:
     async def _enforce(self, policy: PolicyObject, boundary: str) -> _Enforced:
         """The admission objects written; the phase, the Ready condition, whether it wrote, and
         what a probe found before a repair of drifted objects."""
+        if policy.invalid is not None or policy.policy_id is None:
+            # Before any request: the id builds the paths, the boundary the selector. Not
+            # retried: only a new spec (a watch event) can change it.
+            reason, detail = policy.invalid or ("InvalidPolicyId", "spec.policyId: missing")
+            return _Enforced(ERROR, ready_condition(
+                ERROR, name="", boundary=boundary, reason=reason,
+                detail=f"{detail}: nothing is read or written for this Policy but its status "
+                       "until it is saved again with a valid one"))
         if not self.supported:
             return _Enforced(UNSUPPORTED, ready_condition(UNSUPPORTED, name="",
                                                           boundary=boundary))
-        if policy.policy_id is None:
-            return _Enforced(ERROR, ready_condition(
-                ERROR, name="", boundary=boundary, reason="InvalidSpec",
-                detail="spec.policyId is missing or not a string"))
         name = admission_name(policy.policy_id)
         try:
             timeout = self._t.request_timeout_s
@@ -581,9 +593,10 @@ class Operator:
 
 
 def _first_name(items: Any) -> str | None:
+    """The first namespace listed whose name can stand in the probe's request path."""
     for item in items:
         meta = item.get("metadata") if isinstance(item, Mapping) else None
         name = meta.get("name") if isinstance(meta, Mapping) else None
-        if isinstance(name, str) and name:
-            return name
+        if is_namespace_name(name):
+            return str(name)
     return None

@@ -447,3 +447,43 @@ async def test_a_taken_health_port_is_a_one_line_setting_error(fleet: Fleet) -> 
     assert last == (f"convergerd: setting error: CONVERGERD_OPERATOR_HTTP_ADDR='{addr}': cannot "
                     "listen there for /healthz, /readyz and /metrics: Address already in use; "
                     "choose another address (--operator-http-addr)"), text
+
+
+async def put_raw_policy(fleet: Fleet, name: str, spec: dict[str, Any]) -> None:
+    """A Policy as a cluster may hold it: the CRD's schema is not the operator's guarantee."""
+    body = {"apiVersion": "platform.stackship.se/v1alpha1", "kind": "Policy",
+            "metadata": {"name": name}, "spec": spec}
+    resp = await kube_http(fleet, CLUSTER, "POST", POLICIES, body=body)
+    assert resp.status == 201, resp.body
+
+
+async def test_a_policy_id_that_is_not_an_id_makes_no_request_and_says_so(fleet: Fleet) -> None:
+    """A policyId that would steer the request path elsewhere (here: a watch on the cluster's
+    Secrets) is refused before any request: the Policy is Error InvalidPolicyId, nothing is
+    read or written for it but its status, and it is not retried."""
+    await put_namespace(fleet, "team-a", "b1")
+    hostile = "x/../../api/v1/namespaces/kube-system/secrets?watch=1&x="
+    mark = fleet.accounting.requests()[-1].seq
+    async with running(operator_settings(fleet)) as proc:
+        await put_raw_policy(fleet, "policy-evil", {
+            "policyId": hostile, "boundary": "b1", "enabled": True, "revision": 1,
+            "rule": {"type": "ForbidLatestTag"}})
+        await put_policy(fleet, "p1")  # a good one next to it is enforced as usual
+        policy = await wait_for(lambda: phase_is(fleet, "evil", "Error"))
+        await wait_for(lambda: phase_is(fleet, "p1", "Enforcing"))
+        ready = condition(policy, "Ready")
+        assert ready is not None
+        assert (ready["status"], ready["reason"]) == ("False", "InvalidPolicyId")
+        assert "spec.policyId" in ready["message"]
+        verified = condition(policy, "Verified")
+        assert verified is not None
+        assert (verified["status"], verified["reason"]) == ("False", "NotEnforcing")
+        errors = proc.metrics.reconciles["error"]
+        await wait_for(lambda: proc.metrics.reconciles["unchanged"] >= 1)
+    paths = [r.path for r in fleet.accounting.requests(cluster=CLUSTER, after=mark)
+             if "(op-a)" in r.user_agent]  # the operator's, not this test's
+    assert not [p for p in paths if "secrets" in p or "/api/v1/namespaces/kube-system" in p]
+    evil = [p for p in paths if "evil" in p or "x/.." in p]
+    assert evil
+    assert all(p.startswith(f"{POLICIES}/policy-evil/status?") for p in evil), evil
+    assert errors == 0  # refused, not failed: no retry loop
