@@ -130,9 +130,9 @@ names = st.one_of(st.just("policy-p"), st.text(max_size=40),
 
 @settings(max_examples=150, deadline=None)
 @given(policy_id=ids, name=names)
-def test_no_policy_id_or_name_leads_a_request_off_the_policy_api(policy_id: object,
-                                                                 name: str) -> None:
-    urls = asyncio.run(requests_for(name, policy_id))
+async def test_no_policy_id_or_name_leads_a_request_off_the_policy_api(policy_id: object,
+                                                                       name: str) -> None:
+    urls = await requests_for(name, policy_id)
     allowed = {POLICY_API, *SWEEP}
     if "/" not in name:
         allowed.add(f"{POLICY_API}/{name}/status")  # one segment, and (below) as built
@@ -149,8 +149,8 @@ def test_no_policy_id_or_name_leads_a_request_off_the_policy_api(policy_id: obje
             url.path.startswith("/api/v1/namespaces")), url
 
 
-def test_a_hostile_policy_id_is_refused_before_any_request() -> None:
+async def test_a_hostile_policy_id_is_refused_before_any_request() -> None:
     """The issue's reproduction: the Policy is only listed, watched and given its status."""
-    urls = asyncio.run(requests_for(
-        "policy-p", "x/../../api/v1/namespaces/kube-system/secrets?watch=1&x="))
+    urls = await requests_for("policy-p",
+                              "x/../../api/v1/namespaces/kube-system/secrets?watch=1&x=")
     assert {u.path for u in urls} - SWEEP == {POLICY_API, f"{POLICY_API}/policy-p/status"}
