@@ -29,6 +29,7 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Iterable
 
+from convergerd.decode import in_the_future
 from convergerd.report import ClusterOutcome, PhaseReading, Verification
 
 PHASES = ("Enforcing", "Inert", "Unsupported", "Error")
@@ -73,10 +74,8 @@ VERIFICATIONS = (VERIFIED, ADMITTED, NOT_VERIFIED, STALE_VERIFICATION, UNKNOWN_V
 UNVERIFIED = "unverified"
 VERIFICATION_RESULTS = (VERIFIED, ADMITTED, UNVERIFIED, STALE_VERIFICATION)
 # A probe is current for two of the operators' probe periods (one missed probe is not yet
-# news); a lastProbeTime later than now by more than this is not a clock difference but a
-# condition nobody probed: it is not trusted.
+# news); a lastProbeTime in the future (`decode.in_the_future`) is one nobody probed.
 VERIFIED_STALE_PERIODS = 2.0
-CLOCK_SKEW_S = 60.0
 
 
 def verified_stale_after_s(probe_period_s: float) -> float:
@@ -86,7 +85,7 @@ def verified_stale_after_s(probe_period_s: float) -> float:
 def probe_time_problem(found: Verification, now: dt.datetime) -> str | None:
     """Why a Verified condition's lastProbeTime cannot be believed (None: it can)."""
     at = found.probed_at
-    if at is not None and (at - now).total_seconds() > CLOCK_SKEW_S:
+    if at is not None and in_the_future(at, now):
         return (f"lastProbeTime {at.isoformat().replace('+00:00', 'Z')} is in the future: "
                 "no probe made it, the condition is not trusted")
     if at is None and found.status == "True":

@@ -78,6 +78,7 @@ from convergerd.operator.reconcile import (
     Condition,
     PolicyObject,
     carried_verified,
+    condition_key,
     drifted,
     new_status,
     next_probe_in,
@@ -205,6 +206,11 @@ class Operator:
         # from status writes), and the boundary of those whose last probe was inconclusive.
         self._specs: dict[str, Mapping[str, Any]] = {}
         self._inconclusive: dict[str, str] = {}
+        # The Verified conditions this replica put in each Policy's status in its current term
+        # (the last two: the watch may deliver the one before the last write). Any other one
+        # on a Policy (a previous leader's, or written by someone else, e.g. True with a
+        # lastProbeTime of 9999-...) is not carried: the Policy is probed again at once.
+        self._mine: dict[str, tuple[tuple[str, str, str | None], ...]] = {}
         self._failures: dict[str, int] = {}
         self._sweep_at = math.inf
         self._fence: Fence | None = None
@@ -318,7 +324,8 @@ class Operator:
         await self.informer.synced.wait()
         await self._discovered.wait()
         self._all_due()
-        self._probe_at.clear()  # a new term starts from what the Policies record
+        self._probe_at.clear()
+        self._mine.clear()  # a new term vouches for no condition written before it
         next_sweep = self._clock() + self._t.probe_interval_s
         while True:
             now = self._clock()
@@ -362,6 +369,7 @@ class Operator:
         if obj is None:
             self._probe_at.pop(name, None)
             self._failures.pop(name, None)
+            self._mine.pop(name, None)
             self._metrics.set_phase(name, None)
             return
         if not is_object_name(name):
@@ -402,6 +410,8 @@ class Operator:
         else:
             self._probe_at.pop(policy.name, None)
             verified = verified_pending(phase, self._t.probe_delay_s)
+        key = condition_key(verified)
+        self._mine[policy.name] = (*self._mine.get(policy.name, ())[-1:], key)
         status = new_status(policy, phase, [ready, verified], self._wall())
         self._metrics.set_phase(policy.name, phase)
         if phase != ERROR:
@@ -490,7 +500,15 @@ class Operator:
         carried = carried_verified(policy, ENFORCING, self._t.probe_delay_s)
         due = self._probe_at.get(policy.name)
         pending = carried.status == UNKNOWN and carried.reason != PROBE_INCONCLUSIVE
-        if due is None or (pending and due > now + self._t.probe_delay_s):
+        if not pending and condition_key(carried) not in self._mine.get(policy.name, ()):
+            # A probe result this replica did not write in this term: it cannot vouch for it
+            # (a previous leader's, or forged), so it probes now instead of carrying it.
+            log.info("cluster %s: Policy %s: its Verified condition (%s, probed %s) was not "
+                     "written by this leader in this term: probing now", self.cluster,
+                     policy.name, carried.reason, shown(carried.last_probe_time),
+                     extra=self._extra(policy=policy.name))
+            due = now
+        elif due is None or (pending and due > now + self._t.probe_delay_s):
             due = now + next_probe_in(policy, now=self._wall(),
                                       interval_s=self._t.probe_interval_s,
                                       first_delay_s=self._t.probe_delay_s)

@@ -26,6 +26,7 @@ from convergerd.decode import (
     MAX_REASON_CHARS,
     FieldReader,
     clean_text,
+    in_the_future,
 )
 from convergerd.model import RuleError, check_boundary_id, check_policy_id
 from convergerd.operator.admission import (
@@ -273,6 +274,12 @@ def verified_pending(phase: str, delay_s: float) -> Condition:
                      f"nothing to verify: the policy is {phase}")
 
 
+def condition_key(cond: Condition) -> tuple[str, str, str | None]:
+    """What identifies a Verified condition as one this replica wrote: its verdict and the
+    probe time (never in the future: the operator stamps its own probes)."""
+    return cond.status, cond.reason, cond.last_probe_time
+
+
 def carried_verified(policy: PolicyObject, phase: str, delay_s: float) -> Condition:
     """The Verified condition between probes: the last probe's result while the policy stays
     Enforcing at the generation that was probed; Pending (a probe soon) otherwise."""
@@ -389,7 +396,8 @@ def next_probe_in(policy: PolicyObject, *, now: dt.datetime, interval_s: float,
     never probed."""
     verified = policy.condition(VERIFIED)
     last = parse_timestamp(verified.get("lastProbeTime")) if verified is not None else None
-    if last is None or (verified is not None and verified.get("status") == UNKNOWN
-                        and not _inconclusive(verified)):
-        return first_delay_s
+    if last is None or in_the_future(last, now) or (
+            verified is not None and verified.get("status") == UNKNOWN
+            and not _inconclusive(verified)):
+        return first_delay_s  # a probe time not yet reached is no probe (forged or broken)
     return max(0.0, (last - now).total_seconds() + interval_s)
