@@ -211,6 +211,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("import_max_bytes", "CONVERGERD_IMPORT_MAX_BYTES", "--import-max-bytes",
             _positive_int, str(IMPORT_MAX_BYTES_DEFAULT),
             "largest file `convergerd import` reads, in bytes (checked before parsing)"),
+    # Read by both: the operator probes at this period, the daemon cannot ask the operators
+    # for theirs and shows a Verified condition probed more than two of them ago as stale.
+    Setting("operator_probe_minutes", "CONVERGERD_OPERATOR_PROBE_MINUTES",
+            "--operator-probe-minutes", _positive_float, "10",
+            "minutes between enforcement probes (a dry-run create of a violating pod) per "
+            "Enforcing policy; also how often the operator reconciles every policy again. The "
+            "daemon shows a Verified condition whose last probe is more than twice this old as "
+            "stale (set it as the member clusters' operators have it)"),
 )
 # `convergerd operator` only; it also reads the shared settings in OPERATOR_SHARED_KEYS.
 OPERATOR_SETTINGS: tuple[Setting, ...] = (
@@ -231,10 +239,6 @@ OPERATOR_SETTINGS: tuple[Setting, ...] = (
             "how often discovery is asked again whether the cluster serves "
             "ValidatingAdmissionPolicy (Unsupported policies switch by themselves after an "
             "upgrade)"),
-    Setting("operator_probe_minutes", "CONVERGERD_OPERATOR_PROBE_MINUTES",
-            "--operator-probe-minutes", _positive_float, "10",
-            "minutes between enforcement probes (a dry-run create of a violating pod) per "
-            "Enforcing policy; also how often every policy is reconciled again"),
     Setting("operator_probe_delay_s", "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS",
             "--operator-probe-delay-seconds", _positive_float, "10",
             "seconds from a policy becoming Enforcing to its first probe (under a minute)"),
@@ -244,6 +248,7 @@ OPERATOR_SHARED_KEYS = (
     "request_timeout_s", "connect_timeout_s", "cluster_qps", "cluster_burst",
     "max_response_bytes", "lease_duration_s", "renew_deadline_s", "retry_period_s",
     "lease_request_timeout_s", "grace_period_s", "log_level", "log_format",
+    "operator_probe_minutes",
 )
 SETTINGS_BY_KEY = {s.key: s for s in (*SETTINGS, *OPERATOR_SETTINGS)}
 # Secrets that can also be read from a file (a mounted Secret): value key -> file key.
@@ -309,6 +314,7 @@ class Settings:
     saves: Saves = field(default_factory=Saves)
     status_reads_per_s: float = 20.0
     probe_period_s: float = 10.0
+    operator_probe_period_s: float = 600.0  # the operators' enforcement probe period
 
     @property
     def database_url_redacted(self) -> str | None:
@@ -428,6 +434,7 @@ def load_settings(
         import_max_bytes=v["import_max_bytes"],
         status_reads_per_s=v["status_reads_per_s"],
         probe_period_s=v["probe_period_s"],
+        operator_probe_period_s=v["operator_probe_minutes"] * 60.0,
     )
     check_settings(settings)
     return settings

@@ -379,6 +379,16 @@ def rfc3339(value: object) -> dt.datetime | None:
         return None
 
 
+# A time a cluster sends that is later than now by more than this is not a clock difference
+# between machines: it names something that has not happened, so it is not trusted.
+CLOCK_SKEW_S = 60.0
+
+
+def in_the_future(moment: dt.datetime, now: dt.datetime) -> bool:
+    """Whether a time read from a cluster is after `now` by more than `CLOCK_SKEW_S`."""
+    return (moment - now).total_seconds() > CLOCK_SKEW_S
+
+
 def as_int(value: object) -> int | None:
     """An integer that fits PostgreSQL's bigint (booleans are not integers); else None."""
     if isinstance(value, bool) or not isinstance(value, int):

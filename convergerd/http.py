@@ -348,7 +348,8 @@ class _Handlers:
         policies = []
         for pid, record in sorted(records.items()):
             current = stored.current.get(pid) if stored is not None else None
-            view = record_view(record, now, self.state.interval_s)
+            view = record_view(record, now, self.state.interval_s,
+                               probe_period_s=self.state.probe_period_s)
             policies.append({
                 "id": pid,
                 "in_database": current is not None if stored is not None else None,
@@ -396,7 +397,8 @@ class _Handlers:
             live = self.state.clusters.get(ClusterId(cluster))
             record = merge_records(live.policies.get(pid) if live else None,
                                    stored_by_cluster.get(cluster))
-            view = record_view(record, now, self.state.interval_s)
+            view = record_view(record, now, self.state.interval_s,
+                               probe_period_s=self.state.probe_period_s)
             clusters.append({
                 "cluster": cluster,
                 "in_scope": cluster in scope,

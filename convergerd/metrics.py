@@ -19,7 +19,9 @@ derived values are true when Prometheus reads them:
 - `convergerd_policy_verification{cluster,result}`: the operator's enforcement probe as read
   back in the same listing: `verified` (a violating pod was denied), `admitted` (a violating pod
   was ADMITTED: the policy is not enforced there; alert `ConvergerdPolicyNotEnforced`),
-  `unverified` (any other False, Unknown, no condition, or stale). Every result of every
+  `unverified` (any other False, Unknown, no condition, a stale reading, or a condition no
+  probe accounts for: a lastProbeTime in the future), `stale` (the last probe is older than two
+  of the operators' probe periods, `CONVERGERD_OPERATOR_PROBE_MINUTES`). Every result of every
   cluster with readings is present (0 included), and they add up to the policy count there.
 - Counters carry no `_created` samples (they would double the series count for nothing).
 - Counters of every known cluster exist from the start at zero (applies by result, failures
@@ -63,8 +65,10 @@ from prometheus_client.metrics_core import (
 
 from convergerd import __version__
 from convergerd.phases import (
+    ADMITTED,
     ALL_PHASES,
     STALE,
+    STALE_VERIFICATION,
     UNSUPPORTED,
     UNVERIFIED,
     VERIFICATION_RESULTS,
@@ -72,8 +76,10 @@ from convergerd.phases import (
     is_stale_age,
     normalize_phase,
     phases_refreshed,
+    probe_time_problem,
     verification_of,
     verification_result,
+    verified_stale_after_s,
 )
 from convergerd.report import ApplyResult, ClusterOutcome, PhaseReading, RoundReport, RoundResult
 
@@ -127,8 +133,8 @@ class _Cluster:
     out_of_sync: int | None = None
     server_version: str | None = None
     round_duration_s: float | None = None
-    # (phase, seen at, verification result when fresh)
-    phases: list[tuple[str, float, str]] = field(default_factory=list)
+    # (phase, seen at, verification result when fresh, probe time when the result ages)
+    phases: list[tuple[str, float, str, float | None]] = field(default_factory=list)
 
 
 class Metrics:
@@ -148,12 +154,15 @@ class Metrics:
         process_collectors: bool = True,
         keep: Iterable[str] = (),
         pending_deletions: Callable[[], tuple[int, dt.datetime | None]] | None = None,
+        probe_period_s: float = 600.0,
     ) -> None:
         """`clusters`: known from the start (zeroed series). `keep`: clusters whose series stay
         whatever the database's set (the home cluster: its Lease requests are counted).
         `pending_deletions()`: how many deletions are pending and when the oldest began, read
-        at scrape time from their one keeper (`StatusState.pending_deletions`)."""
+        at scrape time from their one keeper (`StatusState.pending_deletions`).
+        `probe_period_s`: the operators' probe period (a Verified probe's age limit)."""
         self.interval_s = interval_s
+        self.verified_stale_s = verified_stale_after_s(probe_period_s)
         self.clock = clock
         self.version = version
         self.registry = CollectorRegistry(auto_describe=False)
@@ -366,13 +375,17 @@ class Metrics:
 
     def _policy_counts(self, c: _Cluster, now: float) -> tuple[dict[str, int], dict[str, int]]:
         """Policies per phase and per verification result (stale readings: `Stale`,
-        `unverified`)."""
+        `unverified`; probes older than two probe periods: `stale`)."""
         counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
         checked = dict.fromkeys(VERIFICATION_RESULTS, 0)
-        for ph, seen, result in c.phases:
+        for ph, seen, result, probed in c.phases:
             counts[counted_phase(ph, now - seen, self.interval_s)] += 1
-            stale = is_stale_age(max(0.0, now - seen), self.interval_s)
-            checked[UNVERIFIED if stale else result] += 1
+            if is_stale_age(max(0.0, now - seen), self.interval_s):
+                checked[UNVERIFIED] += 1
+            elif probed is not None and now - probed > self.verified_stale_s:
+                checked[STALE_VERIFICATION] += 1
+            else:
+                checked[result] += 1
         return counts, checked
 
     def _cluster_families(self, now: float) -> Iterator[Metric]:
@@ -501,9 +514,17 @@ def pending_deletion_values(
     return float(count), age
 
 
-def _phase_of(reading: PhaseReading) -> tuple[str, float, str]:
-    fresh = verification_result(verification_of(reading, 0.0, 1.0))
-    return normalize_phase(reading.phase), reading.seen_at.timestamp(), fresh
+def _phase_of(reading: PhaseReading) -> tuple[str, float, str, float | None]:
+    """Decided once when read, so a scrape over a large fleet is float arithmetic: the result
+    as if probed now, and the probe time when that result ages into `stale` (not for
+    `admitted`, nor for a condition whose time was not trusted when it was read)."""
+    at = reading.seen_at
+    fresh = verification_of(reading, 0.0, 1.0, now=at, probe_period_s=math.inf)
+    found = reading.verified
+    ages = (found is not None and found.probed_at is not None and fresh != ADMITTED
+            and probe_time_problem(found, at) is None)
+    probed = found.probed_at.timestamp() if ages and found and found.probed_at else None
+    return normalize_phase(reading.phase), at.timestamp(), verification_result(fresh), probed
 
 
 def _counter(

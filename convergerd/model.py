@@ -133,6 +133,18 @@ def check_boundary_id(value: str) -> None:
         )
 
 
+def is_object_name(value: object) -> bool:
+    """A Kubernetes object name (a DNS subdomain of at most 253 characters): what may stand in
+    a request path as one segment (no '/', '?', '%', '..')."""
+    return (isinstance(value, str) and len(value) <= _DNS_SUBDOMAIN_MAX_LEN
+            and _DNS_SUBDOMAIN.fullmatch(value) is not None)
+
+
+def is_namespace_name(value: object) -> bool:
+    """A namespace name (a DNS label of at most 63 characters)."""
+    return isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.fullmatch(value) is not None
+
+
 def check_cluster_id(value: str) -> None:
     # Length first: the pattern is then matched on at most 63 characters.
     if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.fullmatch(value):

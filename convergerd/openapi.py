@@ -71,7 +71,9 @@ _SCHEMAS: dict[str, Any] = {
             "verification": {
                 "type": "object", "additionalProperties": {"type": "integer"},
                 "description": "policies by the operator's enforcement probe: verified, "
-                               "admitted (NOT enforced), not_verified, unknown"},
+                               "admitted (NOT enforced), not_verified (including a "
+                               "condition no probe accounts for), stale (the last probe is "
+                               "older than verified_stale_after_seconds), unknown"},
             "last_error": _NULLABLE_STRING, "last_reason": _NULLABLE_STRING,
             "server_version": _NULLABLE_STRING,
         },
@@ -86,6 +88,7 @@ _SCHEMAS: dict[str, Any] = {
                 "is_leader": {"type": "boolean"}, "holder": _NULLABLE_STRING,
                 "since": _NULLABLE_TIME}},
             "interval_seconds": {"type": "number"}, "stale_after_seconds": {"type": "number"},
+            "verified_stale_after_seconds": {"type": "number"},
             "last_round": {"type": "object", "nullable": True, "additionalProperties": True},
             "next_round_at": _NULLABLE_TIME,
             "invalid_policies": {"type": "array", "items": {
@@ -125,7 +128,17 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "the Verified condition the operator's enforcement probe wrote",
                 "properties": {"status": {"type": "string", "enum": ["True", "False", "Unknown"]},
                                "reason": _NULLABLE_STRING, "message": _NULLABLE_STRING,
-                               "probed_at": _NULLABLE_TIME, "since": _NULLABLE_TIME}},
+                               "probed_at": _NULLABLE_TIME, "since": _NULLABLE_TIME,
+                               "verification": {"type": "string", "enum": [
+                                   "verified", "admitted", "not_verified", "stale",
+                                   "unknown"]},
+                               "stale": {"type": "boolean",
+                                         "description": "the probe is older than two of "
+                                                        "the operators' probe periods"},
+                               "untrusted": {**_NULLABLE_STRING,
+                                             "description": "why the condition is not "
+                                                            "believed (a lastProbeTime in "
+                                                            "the future)"}}},
         },
     },
     "ClusterView": {

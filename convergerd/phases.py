@@ -16,8 +16,11 @@ The operator's enforcement probe writes the `Verified` condition; it is read bac
 phase and counted per cluster (`verification_of`): `verified` (True: a violating pod was
 denied), `admitted` (False, reason `Admitted`: a violating pod was ADMITTED, the policy is not
 enforced), `not_verified` (any other False: no namespace of the boundary, the probe failed, the
-policy is not Enforcing) and `unknown` (Unknown, no condition, or a stale reading). The metric
-`convergerd_policy_verification{cluster,result}` folds the last two into `unverified`.
+policy is not Enforcing; or a condition no probe accounts for: a lastProbeTime in the future,
+True without one), `stale` (the last probe is older than two of the operators' probe periods:
+the operator stopped probing) and `unknown` (Unknown, no condition, or a stale reading). The
+metric `convergerd_policy_verification{cluster,result}` folds `not_verified` and `unknown` into
+`unverified`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Iterable
 
-from convergerd.report import ClusterOutcome, PhaseReading
+from convergerd.decode import in_the_future
+from convergerd.report import ClusterOutcome, PhaseReading, Verification
 
 PHASES = ("Enforcing", "Inert", "Unsupported", "Error")
 UNSUPPORTED = "Unsupported"
@@ -63,38 +67,67 @@ def counted_phase(phase: str | None, age: float, interval_s: float) -> str:
     return STALE if is_stale_age(age, interval_s) else normalize_phase(phase)
 
 
-VERIFIED, ADMITTED, NOT_VERIFIED, UNKNOWN_VERIFICATION = (
-    "verified", "admitted", "not_verified", "unknown")
-VERIFICATIONS = (VERIFIED, ADMITTED, NOT_VERIFIED, UNKNOWN_VERIFICATION)
+VERIFIED, ADMITTED, NOT_VERIFIED, STALE_VERIFICATION, UNKNOWN_VERIFICATION = (
+    "verified", "admitted", "not_verified", "stale", "unknown")
+VERIFICATIONS = (VERIFIED, ADMITTED, NOT_VERIFIED, STALE_VERIFICATION, UNKNOWN_VERIFICATION)
 # The metric's results: `not_verified` and `unknown` are one there.
 UNVERIFIED = "unverified"
-VERIFICATION_RESULTS = (VERIFIED, ADMITTED, UNVERIFIED)
+VERIFICATION_RESULTS = (VERIFIED, ADMITTED, UNVERIFIED, STALE_VERIFICATION)
+# A probe is current for two of the operators' probe periods (one missed probe is not yet
+# news); a lastProbeTime in the future (`decode.in_the_future`) is one nobody probed.
+VERIFIED_STALE_PERIODS = 2.0
 
 
-def verification_of(reading: PhaseReading, age: float, interval_s: float) -> str:
-    """One of `VERIFICATIONS` for a reading `age` seconds old."""
+def verified_stale_after_s(probe_period_s: float) -> float:
+    return VERIFIED_STALE_PERIODS * probe_period_s
+
+
+def probe_time_problem(found: Verification, now: dt.datetime) -> str | None:
+    """Why a Verified condition's lastProbeTime cannot be believed (None: it can)."""
+    at = found.probed_at
+    if at is not None and in_the_future(at, now):
+        return (f"lastProbeTime {at.isoformat().replace('+00:00', 'Z')} is in the future: "
+                "no probe made it, the condition is not trusted")
+    if at is None and found.status == "True":
+        return "Verified True without a lastProbeTime: no probe accounts for it"
+    return None
+
+
+def verification_of(reading: PhaseReading, age: float, interval_s: float, *,
+                    now: dt.datetime, probe_period_s: float) -> str:
+    """One of `VERIFICATIONS` for a reading `age` seconds old, at `now`.
+
+    A lastProbeTime in the future (a forged or broken condition) is `not_verified`; a probe
+    older than `VERIFIED_STALE_PERIODS` probe periods (the operator stopped probing: down, or
+    not leading anywhere) is `stale`, except `admitted`: a violating pod admitted stays news
+    until a later probe says otherwise."""
     found = reading.verified
     if found is None or is_stale_age(age, interval_s):
         return UNKNOWN_VERIFICATION
-    if found.status == "True":
-        return VERIFIED
-    if found.status == "False":
-        return ADMITTED if found.reason == "Admitted" else NOT_VERIFIED
-    return UNKNOWN_VERIFICATION
+    if probe_time_problem(found, now) is not None:
+        return NOT_VERIFIED
+    if found.status == "False" and found.reason == "Admitted":
+        return ADMITTED
+    at = found.probed_at
+    if at is not None and age_s(at, now) > verified_stale_after_s(probe_period_s):
+        return STALE_VERIFICATION
+    return {"True": VERIFIED, "False": NOT_VERIFIED}.get(found.status, UNKNOWN_VERIFICATION)
 
 
 def verification_result(verification: str) -> str:
     """The metric's result (one of `VERIFICATION_RESULTS`) for one of `VERIFICATIONS`."""
-    return verification if verification in (VERIFIED, ADMITTED) else UNVERIFIED
+    return verification if verification in VERIFICATION_RESULTS else UNVERIFIED
 
 
 def verification_counts(
-    readings: Iterable[PhaseReading], now: dt.datetime, interval_s: float
+    readings: Iterable[PhaseReading], now: dt.datetime, interval_s: float, *,
+    probe_period_s: float,
 ) -> dict[str, int]:
     """How many policies are in each of `VERIFICATIONS` (every key present)."""
     counts = dict.fromkeys(VERIFICATIONS, 0)
     for r in readings:
-        counts[verification_of(r, age_s(r.seen_at, now), interval_s)] += 1
+        counts[verification_of(r, age_s(r.seen_at, now), interval_s, now=now,
+                               probe_period_s=probe_period_s)] += 1
     return counts
 
 

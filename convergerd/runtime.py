@@ -91,12 +91,14 @@ class Daemon:
         self.stopping = asyncio.Event()
         e = settings.election
         self.state = StatusState(
-            identity=self.identity, interval_s=settings.rounds.interval_s
+            identity=self.identity, interval_s=settings.rounds.interval_s,
+            probe_period_s=settings.operator_probe_period_s,
         )
         self.metrics = Metrics(
             interval_s=settings.rounds.interval_s,
             keep=[e.home_context or HOME_IN_CLUSTER] if e.enabled else [],
             pending_deletions=self.state.pending_deletions,
+            probe_period_s=settings.operator_probe_period_s,
         )
         self.health = HealthCheck(on_lag=self.metrics.set_loop_lag)
         self.fanout_metrics = FanoutMetrics()

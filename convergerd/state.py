@@ -29,8 +29,11 @@ from convergerd.phases import (
     normalize_phase,
     phase_counts,
     phases_refreshed,
+    probe_time_problem,
     stale_after_s,
     verification_counts,
+    verification_of,
+    verified_stale_after_s,
 )
 from convergerd.report import (
     ApplyResult,
@@ -80,8 +83,13 @@ def iso(moment: dt.datetime | None) -> str | None:
     return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if moment else None
 
 
+# The operators' probe period when the caller does not say (CONVERGERD_OPERATOR_PROBE_MINUTES).
+DEFAULT_PROBE_PERIOD_S = 600.0
+
+
 def phase_view(
-    reading: PhaseReading | None, now: dt.datetime, interval_s: float
+    reading: PhaseReading | None, now: dt.datetime, interval_s: float, *,
+    probe_period_s: float = DEFAULT_PROBE_PERIOD_S,
 ) -> dict[str, Any]:
     """A phase as the status API shows it: last known phase, when seen, age, stale flag."""
     if reading is None:
@@ -96,17 +104,25 @@ def phase_view(
         "seen_at": iso(reading.seen_at),
         "age_seconds": round(age_s(reading.seen_at, now), 3),
         "stale": is_stale(reading.seen_at, now, interval_s),
-        "verified": verified_view(reading.verified),
+        "verified": verified_view(reading, now, interval_s, probe_period_s=probe_period_s),
     }
 
 
-def verified_view(found: Verification | None) -> dict[str, Any] | None:
+def verified_view(reading: PhaseReading, now: dt.datetime, interval_s: float, *,
+                  probe_period_s: float) -> dict[str, Any] | None:
     """The enforcement probe's verdict as the operator wrote it (None: no Verified condition
-    read back)."""
+    read back), with what it counts as (`verification`), whether the probe is too old to be
+    current (`stale`), and why the condition is not trusted (`untrusted`, else null)."""
+    found = reading.verified
     if found is None:
         return None
+    at = found.probed_at
     return {"status": found.status, "reason": found.reason, "message": found.message,
-            "probed_at": iso(found.probed_at), "since": iso(found.since)}
+            "probed_at": iso(at), "since": iso(found.since),
+            "verification": verification_of(reading, age_s(reading.seen_at, now), interval_s,
+                                             now=now, probe_period_s=probe_period_s),
+            "stale": at is not None and age_s(at, now) > verified_stale_after_s(probe_period_s),
+            "untrusted": probe_time_problem(found, now)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +201,8 @@ def merge_records(mine: PolicyRecord | None, stored: PolicyRecord | None) -> Pol
 
 
 def record_view(
-    record: PolicyRecord, now: dt.datetime, interval_s: float
+    record: PolicyRecord, now: dt.datetime, interval_s: float, *,
+    probe_period_s: float = DEFAULT_PROBE_PERIOD_S,
 ) -> dict[str, Any]:
     """One policy on one cluster as the status API shows it."""
     delivered = record.delivered_revision
@@ -198,7 +215,7 @@ def record_view(
         "last_success_at": iso(record.last_success_at),
         "last_error": record.last_error,
         "last_reason": record.last_reason,
-        **phase_view(record.phase, now, interval_s),
+        **phase_view(record.phase, now, interval_s, probe_period_s=probe_period_s),
     }
 
 
@@ -297,9 +314,11 @@ class StatusState:
     Not thread-safe: used from the event loop only.
     """
 
-    def __init__(self, *, identity: str, interval_s: float, clock: Clock = utc_now) -> None:
+    def __init__(self, *, identity: str, interval_s: float, clock: Clock = utc_now,
+                 probe_period_s: float = DEFAULT_PROBE_PERIOD_S) -> None:
         self.identity = identity
         self.interval_s = interval_s
+        self.probe_period_s = probe_period_s  # the operators': a Verified probe's age limit
         self.clock = clock
         self.started_at = clock()
         self.clusters: dict[ClusterId, ClusterState] = {}
@@ -527,7 +546,8 @@ class StatusState:
             "in_sync": state.in_sync,
             "failed": state.failed,
             "phases": phase_counts(state.readings(), now, self.interval_s),
-            "verification": verification_counts(state.readings(), now, self.interval_s),
+            "verification": verification_counts(state.readings(), now, self.interval_s,
+                                                probe_period_s=self.probe_period_s),
             "last_error": state.error,
             "last_reason": state.last_reason if state.error == state.last_error else "unreachable",
             "server_version": state.server_version,
@@ -562,6 +582,7 @@ class StatusState:
                        "since": iso(leader.since)},
             "interval_seconds": self.interval_s,
             "stale_after_seconds": stale_after_s(self.interval_s),
+            "verified_stale_after_seconds": verified_stale_after_s(self.probe_period_s),
             "last_round": self.round_view(),
             "next_round_at": iso(self.next_round_at),
             "invalid_policies": [{"id": k, "reason": v} for k, v in sorted(self.invalid.items())],

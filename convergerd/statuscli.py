@@ -150,16 +150,19 @@ def _phases(counts: Mapping[str, int] | None) -> str:
 
 
 def _verified(counts: object) -> str:
-    """`verified/policies`, and `ADMITTED=n` when a violating pod was admitted (not enforced)."""
+    """`verified/policies`, and `ADMITTED=n` when a violating pod was admitted (not enforced),
+    `STALE=n` when the last probe is too old to be current (the operator stopped probing)."""
     if not isinstance(counts, Mapping):
         return "-"
     numbers = {k: v for k, v in counts.items() if isinstance(v, int)}
     total = sum(numbers.values())
     if not total:
         return "-"
-    text = f"{numbers.get('verified', 0)}/{total}"
-    admitted = numbers.get("admitted", 0)
-    return f"{text} ADMITTED={admitted}" if admitted else text
+    parts = [f"{numbers.get('verified', 0)}/{total}"]
+    parts += [f"{label}={numbers[key]}" for key, label in (("admitted", "ADMITTED"),
+                                                             ("stale", "STALE"))
+              if numbers.get(key)]
+    return " ".join(parts)
 
 
 def _short(text: object, limit: int = _MAX_ERROR) -> str:

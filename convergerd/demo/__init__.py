@@ -45,12 +45,17 @@ DEMO_FAULTS = {
 
 # Loopback only: the demo's API token is printed on the terminal, and its fleet is fake.
 HTTP_ADDR = "127.0.0.1:8080"
+DEMO_OPERATOR_PROBE_MINUTES = "1"  # the demo's operators' probe period, and so the daemon's
 
 
 def default_flags(flags: MutableMapping[str, str | None], env: Mapping[str, str]) -> None:
     """The demo's own defaults, where neither a flag nor the environment sets the value."""
     if flags.get("http_addr") is None and SETTINGS_BY_KEY["http_addr"].env not in env:
         flags["http_addr"] = HTTP_ADDR
+    probe = SETTINGS_BY_KEY["operator_probe_minutes"].env
+    if flags.get("operator_probe_minutes") is None and probe not in env:
+        # The demo's operators probe every minute: the daemon ages their Verified by that.
+        flags["operator_probe_minutes"] = DEMO_OPERATOR_PROBE_MINUTES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

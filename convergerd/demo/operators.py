@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 
 from convergerd.config import load_operator_settings
+from convergerd.demo import DEMO_OPERATOR_PROBE_MINUTES
 from convergerd.operator.main import OperatorProcess
 from convergerd.operator.reconcile import BOUNDARY_LABEL
 from convergerd.sim.faults import Faults
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 OPERATOR_DEFAULTS = {
     "CONVERGERD_OPERATOR_HTTP_ADDR": "127.0.0.1:0",
     "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS": "5",
-    "CONVERGERD_OPERATOR_PROBE_MINUTES": "1",
+    "CONVERGERD_OPERATOR_PROBE_MINUTES": DEMO_OPERATOR_PROBE_MINUTES,
     "CONVERGERD_OPERATOR_RECHECK_SECONDS": "60",
 }
 STOP_TIMEOUT_S = 15.0

@@ -51,11 +51,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from convergerd.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
+from convergerd.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced, shown
 from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
 from convergerd.leader import Leadership
 from convergerd.lease import Fence
+from convergerd.model import is_namespace_name, is_object_name
 from convergerd.operator.admission import (
     ProbeUnsatisfiable,
     RenderError,
@@ -77,6 +78,7 @@ from convergerd.operator.reconcile import (
     Condition,
     PolicyObject,
     carried_verified,
+    condition_key,
     drifted,
     new_status,
     next_probe_in,
@@ -204,6 +206,11 @@ class Operator:
         # from status writes), and the boundary of those whose last probe was inconclusive.
         self._specs: dict[str, Mapping[str, Any]] = {}
         self._inconclusive: dict[str, str] = {}
+        # The Verified conditions this replica put in each Policy's status in its current term
+        # (the last two: the watch may deliver the one before the last write). Any other one
+        # on a Policy (a previous leader's, or written by someone else, e.g. True with a
+        # lastProbeTime of 9999-...) is not carried: the Policy is probed again at once.
+        self._mine: dict[str, tuple[tuple[str, str, str | None], ...]] = {}
         self._failures: dict[str, int] = {}
         self._sweep_at = math.inf
         self._fence: Fence | None = None
@@ -317,7 +324,8 @@ class Operator:
         await self.informer.synced.wait()
         await self._discovered.wait()
         self._all_due()
-        self._probe_at.clear()  # a new term starts from what the Policies record
+        self._probe_at.clear()
+        self._mine.clear()  # a new term vouches for no condition written before it
         next_sweep = self._clock() + self._t.probe_interval_s
         while True:
             now = self._clock()
@@ -361,7 +369,15 @@ class Operator:
         if obj is None:
             self._probe_at.pop(name, None)
             self._failures.pop(name, None)
+            self._mine.pop(name, None)
             self._metrics.set_phase(name, None)
+            return
+        if not is_object_name(name):
+            # Its status path would be built from it: a real apiserver never names an object
+            # so, so nothing is sent for it (nor retried; the next event or sweep logs again).
+            log.warning("cluster %s: a Policy named %s is not a Kubernetes object name: "
+                        "ignored", self.cluster, shown(name), extra=self._extra())
+            self._metrics.reconciled("error")
             return
         try:
             wrote = await self._reconcile(PolicyObject.from_object(obj))
@@ -383,7 +399,7 @@ class Operator:
 
     async def _reconcile(self, policy: PolicyObject) -> bool:
         """Bring one Policy's admission objects and status in line; True when it wrote."""
-        boundary = str(policy.spec.get("boundary", ""))
+        boundary = policy.boundary or ""
         enforced = await self._enforce(policy, boundary)
         phase, ready, wrote = enforced.phase, enforced.ready, enforced.wrote
         if phase == ENFORCING and enforced.before is not None:
@@ -394,6 +410,8 @@ class Operator:
         else:
             self._probe_at.pop(policy.name, None)
             verified = verified_pending(phase, self._t.probe_delay_s)
+        key = condition_key(verified)
+        self._mine[policy.name] = (*self._mine.get(policy.name, ())[-1:], key)
         status = new_status(policy, phase, [ready, verified], self._wall())
         self._metrics.set_phase(policy.name, phase)
         if phase != ERROR:
@@ -413,13 +431,17 @@ class Operator:
     async def _enforce(self, policy: PolicyObject, boundary: str) -> _Enforced:
         """The admission objects written; the phase, the Ready condition, whether it wrote, and
         what a probe found before a repair of drifted objects."""
+        if policy.invalid is not None or policy.policy_id is None:
+            # Before any request: the id builds the paths, the boundary the selector. Not
+            # retried: only a new spec (a watch event) can change it.
+            reason, detail = policy.invalid or ("InvalidPolicyId", "spec.policyId: missing")
+            return _Enforced(ERROR, ready_condition(
+                ERROR, name="", boundary=boundary, reason=reason,
+                detail=f"{detail}: nothing is read or written for this Policy but its status "
+                       "until it is saved again with a valid one"))
         if not self.supported:
             return _Enforced(UNSUPPORTED, ready_condition(UNSUPPORTED, name="",
                                                           boundary=boundary))
-        if policy.policy_id is None:
-            return _Enforced(ERROR, ready_condition(
-                ERROR, name="", boundary=boundary, reason="InvalidSpec",
-                detail="spec.policyId is missing or not a string"))
         name = admission_name(policy.policy_id)
         try:
             timeout = self._t.request_timeout_s
@@ -478,7 +500,15 @@ class Operator:
         carried = carried_verified(policy, ENFORCING, self._t.probe_delay_s)
         due = self._probe_at.get(policy.name)
         pending = carried.status == UNKNOWN and carried.reason != PROBE_INCONCLUSIVE
-        if due is None or (pending and due > now + self._t.probe_delay_s):
+        if not pending and condition_key(carried) not in self._mine.get(policy.name, ()):
+            # A probe result this replica did not write in this term: it cannot vouch for it
+            # (a previous leader's, or forged), so it probes now instead of carrying it.
+            log.info("cluster %s: Policy %s: its Verified condition (%s, probed %s) was not "
+                     "written by this leader in this term: probing now", self.cluster,
+                     policy.name, carried.reason, shown(carried.last_probe_time),
+                     extra=self._extra(policy=policy.name))
+            due = now
+        elif due is None or (pending and due > now + self._t.probe_delay_s):
             due = now + next_probe_in(policy, now=self._wall(),
                                       interval_s=self._t.probe_interval_s,
                                       first_delay_s=self._t.probe_delay_s)
@@ -581,9 +611,10 @@ class Operator:
 
 
 def _first_name(items: Any) -> str | None:
+    """The first namespace listed whose name can stand in the probe's request path."""
     for item in items:
         meta = item.get("metadata") if isinstance(item, Mapping) else None
         name = meta.get("name") if isinstance(meta, Mapping) else None
-        if isinstance(name, str) and name:
-            return name
+        if is_namespace_name(name):
+            return str(name)
     return None

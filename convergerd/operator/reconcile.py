@@ -26,8 +26,10 @@ from convergerd.decode import (
     MAX_REASON_CHARS,
     FieldReader,
     clean_text,
+    in_the_future,
     rfc3339,
 )
+from convergerd.model import RuleError, check_boundary_id, check_policy_id
 from convergerd.operator.admission import (
     Admission,
     RenderError,
@@ -73,8 +75,12 @@ class PolicyObject:
     spec: Mapping[str, Any]
     status: Mapping[str, Any]
     conditions: tuple[Mapping[str, Any], ...]  # string fields (and observedGeneration) only
+    # spec.policyId and spec.boundary, only when valid ids: the one builds request paths and
+    # object names, the other the namespace selector. None otherwise, and `invalid` says why.
     policy_id: str | None
     enabled: bool
+    boundary: str | None = None
+    invalid: tuple[str, str] | None = None  # (reason, message) for the Ready condition
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> PolicyObject:
@@ -87,7 +93,7 @@ class PolicyObject:
              if isinstance(v, str) or (k == "observedGeneration" and isinstance(v, int))}
             for c in r.sequence(status, "conditions", "status.conditions")
             if isinstance(c, Mapping) and isinstance(c.get("type"), str))
-        policy_id = r.text(spec, "policyId", "spec.policyId", MAX_NAME_CHARS)
+        policy_id, boundary, invalid = _ids(spec)
         return cls(
             name=r.text(meta, "name", "metadata.name", MAX_NAME_CHARS) or "",
             uid=r.text(meta, "uid", "metadata.uid", MAX_NAME_CHARS) or "",
@@ -97,10 +103,31 @@ class PolicyObject:
             conditions=conditions,
             policy_id=policy_id,
             enabled=spec.get("enabled") is not False,  # the CRD defaults it to true
+            boundary=boundary,
+            invalid=invalid,
         )
 
     def condition(self, kind: str) -> Mapping[str, Any] | None:
         return next((c for c in self.conditions if c.get("type") == kind), None)
+
+
+def _ids(spec: Mapping[str, Any]) -> tuple[str | None, str | None, tuple[str, str] | None]:
+    """spec.policyId and spec.boundary checked against the model's id rules before any use:
+    the cluster's copy of the CRD schema is not ours to rely on, and a policyId such as
+    `x/../../api/v1/namespaces/kube-system/secrets?watch=1&x=` would otherwise become a
+    request path. (policy id, boundary, why not) with None for what is not valid."""
+    policy_id: Any = spec.get("policyId")
+    boundary: Any = spec.get("boundary")
+    invalid = None
+    try:
+        check_boundary_id(boundary)
+    except RuleError as exc:
+        boundary, invalid = None, ("InvalidBoundary", f"spec.{exc}")
+    try:
+        check_policy_id(policy_id)
+    except RuleError as exc:
+        policy_id, invalid = None, ("InvalidPolicyId", f"spec.policyId: {exc}")
+    return policy_id, boundary, invalid
 
 
 # --- what to write ------------------------------------------------------------------------
@@ -186,9 +213,19 @@ def orphans(existing: Iterable[Mapping[str, Any]],
             continue
         name, labels = meta.get("name"), meta.get("labels")
         if (isinstance(name, str) and name.startswith(NAME_PREFIX) and name not in wanted
+                and _is_policy_id(name.removeprefix(NAME_PREFIX))  # a name from the cluster
+                # becomes a DELETE's path: only the names we make, `stackship-<policy id>`
                 and isinstance(labels, Mapping) and labels.get(MANAGED_BY_LABEL) == MANAGED_BY):
             found.append(name)
     return sorted(found)
+
+
+def _is_policy_id(value: str) -> bool:
+    try:
+        check_policy_id(value)
+    except RuleError:
+        return False
+    return True
 
 
 # --- conditions and status ----------------------------------------------------------------
@@ -231,6 +268,12 @@ def verified_pending(phase: str, delay_s: float) -> Condition:
                          f"the first enforcement probe runs within {delay_s:g} s")
     return Condition(VERIFIED, FALSE, "NotEnforcing",
                      f"nothing to verify: the policy is {phase}")
+
+
+def condition_key(cond: Condition) -> tuple[str, str, str | None]:
+    """What identifies a Verified condition as one this replica wrote: its verdict and the
+    probe time (never in the future: the operator stamps its own probes)."""
+    return cond.status, cond.reason, cond.last_probe_time
 
 
 def carried_verified(policy: PolicyObject, phase: str, delay_s: float) -> Condition:
@@ -350,7 +393,8 @@ def next_probe_in(policy: PolicyObject, *, now: dt.datetime, interval_s: float,
     9999-12-31 written by hand) must not put the next probe off for good."""
     verified = policy.condition(VERIFIED)
     last = parse_timestamp(verified.get("lastProbeTime")) if verified is not None else None
-    if last is None or (verified is not None and verified.get("status") == UNKNOWN
-                        and not _inconclusive(verified)):
-        return first_delay_s
+    if last is None or in_the_future(last, now) or (
+            verified is not None and verified.get("status") == UNKNOWN
+            and not _inconclusive(verified)):
+        return first_delay_s  # a probe time not yet reached is no probe (forged or broken)
     return min(interval_s, max(0.0, (last - now).total_seconds() + interval_s))

@@ -362,7 +362,8 @@ async def test_policy_status(client: Client, state: StatusState) -> None:
     assert (c3["in_scope"], c3["delivered_revision"], c3["phase"]) == (True, None, None)
     assert c1["verified"] == {"status": "False", "reason": "Admitted",
                               "message": "a pod was ADMITTED",
-                              "probed_at": "2026-01-01T11:59:40Z", "since": None}
+                              "probed_at": "2026-01-01T11:59:40Z", "since": None,
+                              "verification": "admitted", "stale": False, "untrusted": None}
     assert (c2["verified"], c3["verified"]) == (None, None)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from convergerd.sim.resources import (
 )
 from convergerd.sim.store import AdmissionRequest
 from tests.fixtures.fleet import kube_http
+from tests.integration.process_helpers import CONVERGERD, clean_env
 
 CLUSTER = "c0001"
 POLICIES = "/apis/platform.stackship.se/v1alpha1/policies"
@@ -206,7 +208,7 @@ async def test_rule_that_cannot_be_rendered_is_error_with_reason(fleet: Fleet) -
         assert await get(fleet, vap_path("bad")) is None
 
 
-async def test_restart_writes_nothing(fleet: Fleet) -> None:
+async def test_restart_writes_nothing_but_a_fresh_probe(fleet: Fleet) -> None:
     await put_namespace(fleet, "team-a", "b1")
     await put_policy(fleet, "p1")
     await put_policy(fleet, "p2", enabled=False)
@@ -221,11 +223,16 @@ async def test_restart_writes_nothing(fleet: Fleet) -> None:
         await wait_for(probed)
     mark = fleet.accounting.requests()[-1].seq
     async with running(operator_settings(fleet, identity="op-b")) as proc:
-        await wait_for(lambda: proc.metrics.reconciles["unchanged"] >= 2)
+        await wait_for(lambda: proc.metrics.reconciles["unchanged"]
+                       + proc.metrics.reconciles["written"] >= 2)
         await wait_for(lambda: proc.operator is not None and proc.operator.ready)
-    assert writes(fleet, mark) == []
-    assert not [r for r in fleet.accounting.requests(cluster=CLUSTER, after=mark)
-                if "dryRun" in r.path]  # the last probe is recent: not repeated at restart
+    # Nothing but the Verified of the Enforcing policy: a new leader cannot vouch for a probe
+    # result it did not write, so it probes once and records its own probe time.
+    assert {r.path.split("?")[0] for r in writes(fleet, mark)} <= {
+        f"{POLICIES}/policy-p1/status"}
+    probes = [r for r in fleet.accounting.requests(cluster=CLUSTER, after=mark)
+              if "dryRun" in r.path]
+    assert len(probes) == 1
 
 
 async def test_two_replicas_only_the_leader_writes(fleet: Fleet) -> None:
@@ -423,3 +430,114 @@ async def test_a_policy_no_pod_can_violate_alone_is_unknown_inconclusive(fleet: 
         assert (await wait_for(denied))["status"] == "True"
     probes = [r for r in fleet.accounting.requests(cluster=CLUSTER) if "dryRun=All" in r.path]
     assert len(probes) == 1  # the inconclusive ones never reached the apiserver
+
+
+async def test_a_taken_health_port_is_a_one_line_setting_error(fleet: Fleet) -> None:
+    """`convergerd operator` on a port something else holds: one line naming the setting and
+    the address, exit 2 (a setting to change), no traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        proc = await asyncio.create_subprocess_exec(
+            *CONVERGERD, "operator", "--context", CLUSTER,
+            env=clean_env(CONVERGERD_KUBECONFIG=str(fleet.kubeconfig_path),
+                          CONVERGERD_OPERATOR_HTTP_ADDR=addr),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    text = err.decode()
+    assert "Traceback" not in text
+    last = text.strip().splitlines()[-1]
+    assert last == (f"convergerd: setting error: CONVERGERD_OPERATOR_HTTP_ADDR='{addr}': cannot "
+                    "listen there for /healthz, /readyz and /metrics: Address already in use; "
+                    "choose another address (--operator-http-addr)"), text
+
+
+async def put_raw_policy(fleet: Fleet, name: str, spec: dict[str, Any]) -> None:
+    """A Policy as a cluster may hold it: the CRD's schema is not the operator's guarantee."""
+    body = {"apiVersion": "platform.stackship.se/v1alpha1", "kind": "Policy",
+            "metadata": {"name": name}, "spec": spec}
+    resp = await kube_http(fleet, CLUSTER, "POST", POLICIES, body=body)
+    assert resp.status == 201, resp.body
+
+
+async def test_a_policy_id_that_is_not_an_id_makes_no_request_and_says_so(fleet: Fleet) -> None:
+    """A policyId that would steer the request path elsewhere (here: a watch on the cluster's
+    Secrets) is refused before any request: the Policy is Error InvalidPolicyId, nothing is
+    read or written for it but its status, and it is not retried."""
+    await put_namespace(fleet, "team-a", "b1")
+    hostile = "x/../../api/v1/namespaces/kube-system/secrets?watch=1&x="
+    mark = fleet.accounting.requests()[-1].seq
+    async with running(operator_settings(fleet)) as proc:
+        await put_raw_policy(fleet, "policy-evil", {
+            "policyId": hostile, "boundary": "b1", "enabled": True, "revision": 1,
+            "rule": {"type": "ForbidLatestTag"}})
+        await put_policy(fleet, "p1")  # a good one next to it is enforced as usual
+        policy = await wait_for(lambda: phase_is(fleet, "evil", "Error"))
+        await wait_for(lambda: phase_is(fleet, "p1", "Enforcing"))
+        ready = condition(policy, "Ready")
+        assert ready is not None
+        assert (ready["status"], ready["reason"]) == ("False", "InvalidPolicyId")
+        assert "spec.policyId" in ready["message"]
+        verified = condition(policy, "Verified")
+        assert verified is not None
+        assert (verified["status"], verified["reason"]) == ("False", "NotEnforcing")
+        errors = proc.metrics.reconciles["error"]
+        await wait_for(lambda: proc.metrics.reconciles["unchanged"] >= 1)
+    paths = [r.path for r in fleet.accounting.requests(cluster=CLUSTER, after=mark)
+             if "(op-a)" in r.user_agent]  # the operator's, not this test's
+    assert not [p for p in paths if "secrets" in p or "/api/v1/namespaces/kube-system" in p]
+    evil = [p for p in paths if "evil" in p or "x/.." in p]
+    assert evil
+    assert all(p.startswith(f"{POLICIES}/policy-evil/status?") for p in evil), evil
+    assert errors == 0  # refused, not failed: no retry loop
+
+
+async def forge_verified(fleet: Fleet, pid: str, probe_time: str) -> None:
+    """Someone with access to the status writes `Verified True` with a probe time of their
+    choosing (a merge patch replaces the conditions list)."""
+    policy = await get(fleet, f"{POLICIES}/policy-{pid}")
+    assert policy is not None
+    conditions = [c for c in policy["status"]["conditions"] if c["type"] != "Verified"]
+    conditions.append({"type": "Verified", "status": "True", "reason": "Denied",
+                       "message": "a pod violating the policy was denied (forged)",
+                       "lastProbeTime": probe_time, "lastTransitionTime": probe_time,
+                       "observedGeneration": policy["metadata"]["generation"]})
+    resp = await kube_http(fleet, CLUSTER, "PATCH", f"{POLICIES}/policy-{pid}/status",
+                           body={"status": {"conditions": conditions}},
+                           content_type="application/merge-patch+json")
+    assert resp.status == 200, resp.body
+
+
+async def test_a_forged_verified_does_not_survive_a_new_leader(fleet: Fleet) -> None:
+    """Issue 17, item 9: Verified True with lastProbeTime 9999-... written while the policy
+    does not work (the apiserver enforces nothing) is not kept by the next leader: it probes
+    at once and reports the admitted pod."""
+    await put_namespace(fleet, "team-a", "b1")
+    async with running(operator_settings(fleet, identity="op-a")):
+        await put_policy(fleet, "p1")
+        await wait_for(lambda: verified_when(fleet, "p1", lambda v: v["reason"] == "Denied"))
+    fleet.set_faults(CLUSTER, Faults(admission=False))  # nothing is enforced any more
+    await forge_verified(fleet, "p1", "9999-12-31T23:59:59Z")
+    async with running(operator_settings(fleet, identity="op-b")) as proc:
+        found = await wait_for(
+            lambda: verified_when(fleet, "p1", lambda v: v["reason"] == "Admitted"))
+        assert found["status"] == "False"
+        assert found["lastProbeTime"] < "9999"
+        assert proc.metrics.probes["Admitted"] == 1
+
+
+async def test_a_verified_forged_during_the_term_is_probed_again_at_once(fleet: Fleet) -> None:
+    """The leader keeps only the Verified it wrote itself: one written by anyone else during
+    its term makes it probe now, not at the next probe period (10 minutes here)."""
+    await put_namespace(fleet, "team-a", "b1")
+    async with running(operator_settings(fleet)) as proc:
+        await put_policy(fleet, "p1")
+        await wait_for(lambda: verified_when(fleet, "p1", lambda v: v["reason"] == "Denied"))
+        fleet.set_faults(CLUSTER, Faults(admission=False))
+        await forge_verified(fleet, "p1", "9999-12-31T23:59:59Z")
+        found = await wait_for(
+            lambda: verified_when(fleet, "p1", lambda v: v["reason"] == "Admitted"))
+        assert found["lastProbeTime"] < "9999"
+        assert proc.metrics.probes["Denied"] == 1

@@ -24,7 +24,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from convergerd.errors import DatabaseUnavailable
-from convergerd.model import ClusterId
+from convergerd.model import ClusterId, PolicyId
 from convergerd.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.retry import MAX_ATTEMPTS
 from convergerd.runtime import Daemon
@@ -33,7 +33,9 @@ from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.sim.status import field_error, invalid_object
 from convergerd.sim.store import AdmissionRequest
+from convergerd.state import StatusState, record_view
 from convergerd.store.store import Store
+from tests.fixtures.fleet import kube_http
 from tests.integration.rounds_helpers import (
     DESIRED,
     FLEET_DOC,
@@ -749,3 +751,37 @@ async def test_the_daemon_warns_once_about_an_allowed_insecure_cluster_and_expor
         "cluster c0002 is reached insecurely (allowed by CONVERGERD_ALLOW_INSECURE_CLUSTERS): "
         "insecure-skip-tls-verify is true (the server's certificate is not verified)"
     ]
+
+
+async def test_a_verified_forged_into_the_future_is_not_counted_verified(
+    rounds: Rounds, fleet: Fleet
+) -> None:
+    """Issue 17, item 9, the daemon's side: a Policy whose status says Verified True with
+    lastProbeTime 9999-... (no operator wrote that) is read back by a round and shown as
+    not verified, with the reason, in /status, the policy view and the metric."""
+    await rounds.run()
+    name = sorted(objects(fleet, C1))[0]
+    forged = "9999-12-31T23:59:59Z"
+    path = f"/apis/platform.stackship.se/v1alpha1/policies/{name}/status"
+    resp = await kube_http(fleet, C1, "PATCH", path, body={
+        "status": {"phase": "Enforcing", "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Enforcing", "message": "m",
+             "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            {"type": "Verified", "status": "True", "reason": "Denied", "message": "forged",
+             "lastProbeTime": forged, "lastTransitionTime": forged}]}},
+        content_type="application/merge-patch+json")
+    assert resp.status == 200, resp.body
+    report = await rounds.run()
+    state = StatusState(identity="t", interval_s=rounds.settings.rounds.interval_s)
+    state.observe_round(report)
+    summary = next(c for c in state.snapshot()["clusters"] if c["id"] == C1)
+    assert summary["verification"]["verified"] == 0
+    assert summary["verification"]["not_verified"] == 1
+    record = state.clusters[C1].policies[PolicyId(name.removeprefix("policy-"))]
+    view = record_view(record, state.clock(), state.interval_s)["verified"]
+    assert (view["status"], view["verification"]) == ("True", "not_verified")
+    assert "in the future" in view["untrusted"]
+    rounds.metrics.observe_round(report)  # as the round loop does
+    text = rounds.metrics.render().decode()
+    assert f'convergerd_policy_verification{{cluster="{C1}",result="verified"}} 0.0' in text
+    assert f'convergerd_policy_verification{{cluster="{C1}",result="unverified"}}' in text

@@ -209,18 +209,51 @@ def test_verification_per_cluster_admitted_counted_and_stale_unverified(
                             verified)
 
     m.observe_round(round_at(T0, outcome("c1", reached=True, desired=5, in_sync=5, phases=[
-        reading("p1", Verification("True", "Denied")),
+        reading("p1", Verification("True", "Denied", None, T0)),
         reading("p2", Verification("False", "Admitted")),
         reading("p3", Verification("False", "NoBoundaryNamespace")),
         reading("p4", Verification("Unknown", "Pending")),
         reading("p5", None),
     ])))
     got = {r: value(m, "convergerd_policy_verification", cluster="c1", result=r)
-           for r in ("verified", "admitted", "unverified")}
-    assert got == {"verified": 1, "admitted": 1, "unverified": 3}
+           for r in ("verified", "admitted", "unverified", "stale")}
+    assert got == {"verified": 1, "admitted": 1, "unverified": 3, "stale": 0}
     clock.now += 2 * INTERVAL + 1  # not read back for two intervals: nothing is known now
     assert value(m, "convergerd_policy_verification", cluster="c1", result="admitted") == 0
     assert value(m, "convergerd_policy_verification", cluster="c1", result="unverified") == 5
+
+
+def test_verified_forged_in_the_future_is_unverified_and_an_old_probe_is_stale(
+    clock: WallClock
+) -> None:
+    """Issue 17, item 9: a Verified True with lastProbeTime 9999-... is not counted verified,
+    and a probe older than two of the operators' probe periods (a dead operator) counts as
+    `stale`; an admitted probe stays admitted (nothing has shown enforcement since)."""
+    probe_period = 600.0
+    m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c1"], probe_period_s=probe_period)
+    forged = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
+
+    def results() -> dict[str, float | None]:
+        return {r: value(m, "convergerd_policy_verification", cluster="c1", result=r)
+                for r in ("verified", "admitted", "unverified", "stale")}
+
+    def round_with_probes_at(seen: dt.datetime, probed: dt.datetime) -> None:
+        m.observe_round(round_at(seen, outcome("c1", reached=True, desired=3, in_sync=3, phases=[
+            PhaseReading(ClusterId("c1"), PolicyId("forged"), "Enforcing", None, None, 1, seen,
+                         Verification("True", "Denied", "denied", forged, forged)),
+            PhaseReading(ClusterId("c1"), PolicyId("ok"), "Enforcing", None, None, 1, seen,
+                         Verification("True", "Denied", "denied", probed, probed)),
+            PhaseReading(ClusterId("c1"), PolicyId("bad"), "Enforcing", None, None, 1, seen,
+                         Verification("False", "Admitted", "ADMITTED", probed, probed)),
+        ])))
+
+    round_with_probes_at(T0, T0)
+    assert results() == {"verified": 1, "admitted": 1, "unverified": 1, "stale": 0}
+    # The operator stops probing; rounds go on reading the same conditions.
+    seen = T0 + dt.timedelta(seconds=2 * probe_period + 1)
+    clock.now = seen.timestamp()
+    round_with_probes_at(seen, T0)
+    assert results() == {"verified": 0, "admitted": 1, "unverified": 1, "stale": 1}
 
 
 def test_unsupported_clusters_by_version(clock: WallClock) -> None:

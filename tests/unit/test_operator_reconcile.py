@@ -180,3 +180,17 @@ def test_a_policy_with_wrong_types_decodes_as_absent_fields() -> None:
     assert odd.generation is None
     assert odd.policy_id is None
     assert odd.conditions == ()
+
+
+def test_a_probe_time_in_the_future_is_no_probe() -> None:
+    """lastProbeTime 9999-...: not a reason to wait until then; probed as never probed."""
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    forged = policy(status={"phase": "Enforcing", "observedGeneration": 2, "conditions": [
+        {"type": "Verified", "status": "True", "reason": "Denied", "observedGeneration": 2,
+         "lastProbeTime": "9999-12-31T23:59:59Z"}]})
+    assert next_probe_in(forged, now=now, interval_s=600.0, first_delay_s=10.0) == 10.0
+    skewed = policy(status={"phase": "Enforcing", "observedGeneration": 2, "conditions": [
+        {"type": "Verified", "status": "True", "reason": "Denied", "observedGeneration": 2,
+         "lastProbeTime": "2026-01-01T00:00:30Z"}]})  # a clock 30 s ahead: believed ...
+    # ... but the next probe is never more than one interval away.
+    assert next_probe_in(skewed, now=now, interval_s=600.0, first_delay_s=10.0) == 600.0

@@ -229,16 +229,56 @@ def test_verified_per_policy_and_counted_per_cluster() -> None:
         checked("p5", None),
     ])))
     [c1] = state.snapshot()["clusters"]
-    assert c1["verification"] == {"verified": 1, "admitted": 1, "not_verified": 1, "unknown": 2}
+    assert c1["verification"] == {"verified": 1, "admitted": 1, "not_verified": 1, "stale": 0,
+                                  "unknown": 2}
     record = state.clusters[ClusterId("c1")].policies[PolicyId("p2")]
     assert record_view(record, clock.now, INTERVAL)["verified"] == {
         "status": "False", "reason": "Admitted", "message": "ADMITTED",
-        "probed_at": "2026-01-01T11:59:30Z", "since": "2026-01-01T11:59:30Z"}
+        "probed_at": "2026-01-01T11:59:30Z", "since": "2026-01-01T11:59:30Z",
+        "verification": "admitted", "stale": False, "untrusted": None}
     assert record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p5")], clock.now,
                        INTERVAL)["verified"] is None
     clock.advance(2 * INTERVAL + 1)  # stale: nothing is known now
     [c1] = state.snapshot()["clusters"]
-    assert c1["verification"] == {"verified": 0, "admitted": 0, "not_verified": 0, "unknown": 5}
+    assert c1["verification"] == {"verified": 0, "admitted": 0, "not_verified": 0, "stale": 0,
+                                  "unknown": 5}
+
+
+def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -> None:
+    """Issue 17, item 9: Verified True with lastProbeTime 9999-... (forged) counts as
+    not_verified and says why; a probe older than two of the operators' probe periods (a dead
+    operator) is `stale` in the counts and the policy view, though rounds still read it."""
+    clock = Clock()
+    period = 600.0
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=clock, probe_period_s=period)
+    forged = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
+    probed = clock.now
+
+    def round_at(seen: dt.datetime) -> None:
+        state.observe_round(report(seen, outcome("c1", desired=2, in_sync=2, phases=[
+            PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, seen,
+                         Verification("True", "Denied", "denied", forged, probed)),
+            PhaseReading(ClusterId("c1"), PolicyId("p2"), "Enforcing", None, None, 1, seen,
+                         Verification("True", "Denied", "denied", probed, probed)),
+        ])))
+
+    round_at(clock.now)
+    [c1] = state.snapshot()["clusters"]
+    assert (c1["verification"]["verified"], c1["verification"]["not_verified"]) == (1, 1)
+    view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p1")], clock.now,
+                       INTERVAL, probe_period_s=period)["verified"]
+    assert view["verification"] == "not_verified"
+    assert "in the future" in view["untrusted"]
+
+    clock.advance(2 * period + 1)
+    round_at(clock.now)  # read again, fresh, but the operator has not probed since
+    [c1] = state.snapshot()["clusters"]
+    assert c1["verification"] == {"verified": 0, "admitted": 0, "not_verified": 1, "stale": 1,
+                                  "unknown": 0}
+    view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p2")], clock.now,
+                       INTERVAL, probe_period_s=period)["verified"]
+    assert (view["status"], view["verification"], view["stale"]) == ("True", "stale", True)
+    assert state.snapshot()["verified_stale_after_seconds"] == 2 * period
 
 
 def test_a_standby_shows_the_verified_condition_from_the_database_row() -> None:

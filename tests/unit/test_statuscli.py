@@ -45,6 +45,8 @@ STATUS = {
          "server_version": "v1.29.4"},
         {"id": "failing", "reachable": True, "lag_seconds": 30.0, "desired": 3, "in_sync": 2,
          "failed": 1, "phases": {"Enforcing": 2, "Stale": 1}, "last_error": None,
+         "verification": {"verified": 0, "admitted": 0, "not_verified": 1, "stale": 2,
+                          "unknown": 0},
          "server_version": "v1.31.0"},
         {"id": "down", "reachable": False, "lag_seconds": 3725.0, "desired": 3, "in_sync": 0,
          "failed": 0, "phases": {"Stale": 3}, "last_error": "connect timeout",
@@ -78,6 +80,13 @@ def test_header_and_cells() -> None:
     fine = next(line for line in text.splitlines() if line.startswith("fine"))
     assert "2/3 ADMITTED=1" in fine
     assert " - " in down  # no verification known
+
+
+def test_probes_too_old_to_be_current_show_as_stale_in_the_verified_column() -> None:
+    """A dead operator leaves Verified True behind: counted `stale`, not verified."""
+    text = render_status(STATUS, addr="http://x:8080")
+    failing = next(line for line in text.splitlines() if line.startswith("failing"))
+    assert "0/3 STALE=2" in failing
 
 
 def test_no_leader_and_database_down_are_said_loudly() -> None:
