@@ -8,7 +8,8 @@ platform team deploys, which also records every round in PostgreSQL, keeps the s
 every cluster, renews its Lease and serves HTTP. Per point (N clusters x P policies, round
 interval I), each part a separate process:
 
-1. `convergerd sim` (`bench/rounds.py`'s `Sim`);
+1. `convergerd sim` (`bench/rounds.py`'s `Sim`), or `--sim-processes` of them, each serving
+   a slice of the fleet, with one merged kubeconfig;
 2. a fresh database on `--database-url`'s server, `convergerd migrate`, `convergerd import`
    of the fleet (`bench/soak.py`'s `fleet_doc`: two boundaries that cover every cluster);
 3. `convergerd run` with leader election on the simulator's home cluster, the HTTP server and
@@ -86,6 +87,9 @@ DOWN_DETECT_TIMEOUT_S = 120.0
 SAVE_TIMEOUT_S = 300.0
 CHANGED_RULE_PREFIX = "registry-"
 TICK = os.sysconf("SC_CLK_TCK")
+# 10,000 contexts: the C parser and emitter when PyYAML has them.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 MB = 1024 * 1024
 
 
@@ -171,13 +175,13 @@ class Daemon:
             tail = self.log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"convergerd run exited with {self.proc.returncode}:\n{tail}")
 
-    async def sample(self, sim: Sim) -> None:
+    async def sample(self, sim: Sims) -> None:
         """Until cancelled: CPU of the daemon and the simulator every SAMPLE_PERIOD_S."""
         while True:  # until cancelled
             self.record_sample(sim)
             await asyncio.sleep(SAMPLE_PERIOD_S)
 
-    def record_sample(self, sim: Sim) -> None:
+    def record_sample(self, sim: Sims) -> None:
         self.samples_t.append(time.time())
         self.samples_cpu.append(cpu_s(self.proc.pid))
         self.sim_cpu.append(sim.cpu_s())
@@ -201,6 +205,81 @@ class Daemon:
                 log("the daemon did not stop within %g s: killed", DAEMON_STOP_TIMEOUT_S)
                 self.proc.kill()
                 self.proc.wait()
+
+
+# --- the simulators ----------------------------------------------------------------------------
+
+
+@dataclass
+class Sims:
+    """The fleet over one or more `convergerd sim` processes. Cluster ids are the fleet's
+    (c0001..cN); process k serves a slice under its own ids, so the merged kubeconfig renames
+    its contexts (the servers' URLs stay what that process wrote). The home cluster is the
+    first process's."""
+
+    sims: list[Sim]
+    kubeconfig: Path
+    where: dict[str, tuple[Sim, str]]  # fleet id -> (its process, its id there)
+
+    @classmethod
+    def start(cls, clusters: int, processes: int, workdir: Path) -> Sims:
+        sizes = [clusters // processes + (k < clusters % processes) for k in range(processes)]
+        sims: list[Sim] = []
+        try:
+            for k, size in enumerate(sizes):
+                (workdir / f"sim{k}").mkdir()
+                sims.append(Sim.start(size, workdir / f"sim{k}"))
+            return cls._merged(sims, clusters, workdir / "kubeconfig")
+        except BaseException:
+            for sim in sims:
+                sim.stop()
+            raise
+
+    @classmethod
+    def _merged(cls, sims: list[Sim], clusters: int, path: Path) -> Sims:
+        fleet_ids = iter(member_ids(clusters))
+        where: dict[str, tuple[Sim, str]] = {}
+        merged: dict[str, Any] = {}
+        for k, sim in enumerate(sims):
+            doc = yaml.load(sim.kubeconfig.read_text(), Loader=YAML_LOADER)  # noqa: S506 - safe
+            names = {"home": "home"} if k == 0 else {}
+            for entry in doc["contexts"]:
+                if entry["name"] != "home":
+                    names[entry["name"]] = next(fleet_ids)
+                    where[names[entry["name"]]] = (sim, entry["name"])
+            for key in ("clusters", "users", "contexts"):
+                doc[key] = [e for e in doc[key] if e["name"] in names]
+                for e in doc[key]:
+                    e["name"] = names[e["name"]]
+            for e in doc["contexts"]:
+                e["context"] = {"cluster": e["name"], "user": e["name"]}
+            if not merged:
+                merged = doc
+            else:
+                for key in ("clusters", "users", "contexts"):
+                    merged[key].extend(doc[key])
+        path.write_text(yaml.dump(merged, Dumper=YAML_DUMPER, sort_keys=False))
+        path.chmod(0o600)
+        return cls(sims, path, where)
+
+    def cpu_s(self) -> float:
+        return sum(sim.cpu_s() for sim in self.sims)
+
+    def peak_rss_mb(self) -> float:
+        return sum(sim.peak_rss_mb() for sim in self.sims)
+
+    async def set_faults(self, clusters: Sequence[str], faults: dict[str, Any] | None) -> None:
+        for c in clusters:
+            sim, local = self.where[c]
+            path = f"/_sim/clusters/{local}/faults"
+            status, doc = await asyncio.to_thread(
+                sim.admin, *(("DELETE", path) if faults is None else ("POST", path, faults)))
+            if status != 200:
+                raise RuntimeError(f"simulator faults for {c} ({local}): {status} {doc}")
+
+    def stop(self) -> None:
+        for sim in self.sims:
+            sim.stop()
 
 
 # --- the database ------------------------------------------------------------------------------
@@ -423,7 +502,7 @@ class Run:
 
     point: Point
     args: argparse.Namespace
-    sim: Sim
+    sim: Sims
     daemon: Daemon
     monitor: Monitor
     session: aiohttp.ClientSession
@@ -474,6 +553,7 @@ class Run:
             "sim_cpu_s": round(self.daemon.cpu_between(started, seen, sim=True), 2),
             "idle_cpu_pct": None if idle is None else round(idle * 100, 1),
             "rss_mb": round(rss, 1), "peak_rss_mb": round(peak, 1),
+            "sim_peak_rss_mb": round(self.sim.peak_rss_mb(), 1),
             "rows_written": rows, "wal_bytes": wal, "wal_db_bytes": wal_db_bytes,
             "wal_db_fpi_bytes": wal_db_fpi, "checkpoints": snap.checkpoints - self.snap.checkpoints,
             **{k: counts.get(k) for k in ("converged", "unreached", "created", "updated",
@@ -496,20 +576,6 @@ class Run:
         await asyncio.sleep(max(0.0, due - time.time()))
 
 
-async def admin(sim: Sim, method: str, path: str, body: Any = None) -> None:
-    status, doc = await asyncio.to_thread(sim.admin, method, path, body)
-    if status != 200:
-        raise RuntimeError(f"simulator {method} {path}: {status} {doc}")
-
-
-async def set_faults(sim: Sim, clusters: Sequence[str], faults: dict[str, Any] | None) -> None:
-    for c in clusters:
-        if faults is None:
-            await admin(sim, "DELETE", f"/_sim/clusters/{c}/faults")
-        else:
-            await admin(sim, "POST", f"/_sim/clusters/{c}/faults", faults)
-
-
 async def cluster_up(run: Run, cluster: str) -> float | None:
     async with run.session.get(run.daemon.base + "/metrics") as resp:
         text = await resp.text()
@@ -520,7 +586,7 @@ async def cluster_up(run: Run, cluster: str) -> float | None:
 
 async def detect_down(run: Run, cluster: str) -> float:
     """Seconds from setting `cluster` down to its `convergerd_cluster_up` reading 0."""
-    await set_faults(run.sim, [cluster], {"down": True})
+    await run.sim.set_faults([cluster], {"down": True})
     started = time.perf_counter()
     try:
         while True:  # bounded by the deadline
@@ -531,7 +597,7 @@ async def detect_down(run: Run, cluster: str) -> float:
                 raise TimeoutError(f"{cluster} not seen down within {DOWN_DETECT_TIMEOUT_S:g} s")
             await asyncio.sleep(METRICS_POLL_S)
     finally:
-        await set_faults(run.sim, [cluster], None)
+        await run.sim.set_faults([cluster], None)
 
 
 async def change_rule(run: Run, policy: str, n: int, *, notify: bool) -> None:
@@ -569,10 +635,10 @@ async def save(run: Run, policy: str) -> tuple[float, dict[str, Any]]:
 async def bench_point(point: Point, args: argparse.Namespace, out: list[Measurement],
                       workdir: Path) -> None:
     n, p = point.clusters, point.policies
-    log("== %d clusters x %d policies, interval %g s: starting the simulator", n, p,
-        point.interval_s)
+    log("== %d clusters x %d policies, interval %g s: starting %d simulator process(es)", n, p,
+        point.interval_s, args.sim_processes)
     async with contextlib.AsyncExitStack() as stack:
-        sim = await asyncio.to_thread(Sim.start, n, workdir)
+        sim = await asyncio.to_thread(Sims.start, n, args.sim_processes, workdir)
         stack.callback(sim.stop)
         dsn, _name = await stack.enter_async_context(bench_database(args.database_url))
         clusters = member_ids(n)
@@ -650,11 +716,11 @@ async def _hung_round(run: Run) -> None:
     n = run.point.clusters
     step = max(1, round(1 / run.args.hung_share))
     hung = run.clusters[step - 1::step]
-    await set_faults(run.sim, hung, {"hang": True})
+    await run.sim.set_faults(hung, {"hang": True})
     try:
         m, row = await run.measure_round(f"hung {len(hung) / n:.0%}", {"hung": len(hung)})
     finally:
-        await set_faults(run.sim, hung, None)
+        await run.sim.set_faults(hung, None)
     m.fields["healthy_max_s"] = await run.monitor.healthy_max_s(row["id"], hung)
     log("hung round: slowest healthy cluster %s s", m.fields["healthy_max_s"])
 
@@ -792,6 +858,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="round interval of points without @INTERVAL_S (default 45); must "
                              "leave --settle seconds after each round")
     parser.add_argument("--in-sync-rounds", type=int, default=3)
+    parser.add_argument("--sim-processes", type=int, default=1, metavar="K",
+                        help="split the fleet over K simulator processes (when one simulator "
+                             "is the bottleneck and there are cores for more)")
     parser.add_argument("--max-create-rounds", type=int, default=10,
                         help="rounds cut by their deadline before giving up on being in sync")
     parser.add_argument("--status-clients", type=int, default=20,

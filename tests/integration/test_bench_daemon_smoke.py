@@ -1,6 +1,8 @@
 """`bench/daemon.py` runs end to end at a tiny size: exit 0, one JSON object per measurement
-line, then the Markdown tables; the daemon, simulator and database are gone afterwards. Figures
-are printed by the bench, never asserted here (a 1 s settle is too short for exact row counts)."""
+line, then the Markdown tables; the daemon, simulators and database are gone afterwards. The
+fleet is split over two simulator processes, so the merged kubeconfig and the fault routing
+run. Figures are printed by the bench, never asserted here (a 1 s settle is too short for
+exact row counts)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ async def _bench_databases(dsn: str) -> list[str]:
 def test_daemon_bench_runs_every_phase(postgres_server_dsn: str) -> None:
     before = set(run_async(_bench_databases(postgres_server_dsn)))
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--points", "5x3@3", "--in-sync-rounds", "1",
+        [sys.executable, str(BENCH), "--points", "5x3@3", "--sim-processes", "2",
+         "--in-sync-rounds", "1",
          "--status-clients", "2", "--hung-share", "0.2", "--down-probes", "1", "--saves", "2",
          "--save-pause", "0.1", "--settle", "1", "--database-url", postgres_server_dsn,
          "--env", "CONVERGERD_PROBE_PERIOD_SECONDS=1",
