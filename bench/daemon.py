@@ -569,6 +569,20 @@ class Run:
         log("round %d %s: %s", row["id"], bench, json.dumps(fields))
         return m, row
 
+    async def quiet_for(self, seconds: float) -> None:
+        """Return when no round is due for `seconds` (a round starts one interval after the
+        last one started), waiting for the next round to be recorded if one is. Rounds that
+        overrun their interval leave no quiet time: then after a few, go ahead anyway."""
+        for _ in range(3):
+            row = await self.monitor.conn.fetchrow(
+                "SELECT id, started_at FROM rounds ORDER BY id DESC LIMIT 1")
+            assert row is not None
+            if time.time() + seconds < row["started_at"].timestamp() + self.point.interval_s:
+                return
+            while not await self.monitor.rounds_after(row["id"]):
+                self.daemon.check_alive()
+                await asyncio.sleep(ROUND_POLL_S)
+
     async def wait_until_next_round_near(self, lead_s: float) -> None:
         """Sleep until `lead_s` before the next round is due (one interval after the last
         one started)."""
@@ -741,6 +755,7 @@ async def _saves(run: Run) -> None:
     took: list[float] = []
     results: Counter[str] = Counter()
     for i in range(args.saves):
+        await run.quiet_for(min(run.point.interval_s / 2, max(3.0, 2 * max(took, default=0))))
         await change_rule(run, policy, i, notify=args.save_notify)
         seconds, doc = await save(run, policy)
         took.append(seconds)
