@@ -512,6 +512,7 @@ class Run:
     last_seen: float = 0.0  # when the last round's row appeared (wall clock)
     last_started: float = 0.0
     snap: DbSnapshot | None = None
+    overlapped: bool = False  # the last window took in the next round's record
 
     async def next_round(self, timeout_s: float) -> tuple[asyncpg.Record, float]:
         """The next recorded round, and when its row appeared."""
@@ -560,8 +561,12 @@ class Run:
                                           "failed")},
             **(extra or {}),
         }
-        if await self.monitor.rounds_after(row["id"]):
-            fields["overlap"] = "the next round was recorded before the statistics were read"
+        if self.overlapped:
+            fields["overlap"] = "rows and WAL partly in the previous round's (overlap)"
+        self.overlapped = bool(await self.monitor.rounds_after(row["id"]))
+        if self.overlapped:
+            fields["overlap"] = ("the next round was recorded before the statistics were read: "
+                                 "rows and WAL partly its")
         self.last_round, self.last_seen, self.last_started = row["id"], seen, started
         self.snap = snap
         m = Measurement(bench, p.clusters, p.policies, fields)
@@ -743,8 +748,11 @@ async def _down_detection(run: Run) -> None:
     n, probes = run.point.clusters, run.args.down_probes
     took = []
     for cluster in run.clusters[:: max(1, n // probes)][:probes]:
+        at = dt.datetime.now(dt.UTC)
         took.append(await detect_down(run, cluster))
-        log("%s seen down after %.1f s", cluster, took[-1])
+        # The wall clock too, to find the moment in the daemon's log (--keep-workdir).
+        log("%s set down at %s, seen down after %.1f s", cluster, f"{at:%H:%M:%S.%f}"[:-3],
+            took[-1])
     emit(Measurement("down detection", n, run.point.policies, {
         "samples": len(took), **percentiles_s(took)}), run.out)
 
@@ -844,7 +852,7 @@ def header(args: argparse.Namespace) -> str:
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {_git_commit()}, "
         f"{os.cpu_count()} CPUs ({platform.machine()}), Python {platform.python_version()}; "
         f"`convergerd run`, the simulator, PostgreSQL and this bench as separate processes on "
-        f"the same machine; daemon settings its defaults"
+        f"the same machine; the daemon's settings are its defaults but the round interval"
         + (f" plus {', '.join(args.env)}" if args.env else "") + "."
     )
 
