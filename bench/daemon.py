@@ -945,9 +945,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.status_load is not None:
         eventloop.run(status_load(args.status_load, args.status_clients))
         return 0
+    # Both unwind at once from wherever the loop is (not asyncio.Runner's cancel-first SIGINT
+    # handler, whose cancellation was seen lost here); a background job may start with SIGINT
+    # ignored: Ctrl-C / kill -INT should still stop us.
     signal.signal(signal.SIGTERM, _terminate)
-    # A background job may start with SIGINT ignored: Ctrl-C / kill -INT should still stop us.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _terminate)
     results = eventloop.run(main_async(args))
     table = markdown(results)
     print()
