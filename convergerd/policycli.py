@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from convergerd.config import SETTINGS_BY_KEY, read_secret_file
-from convergerd.errors import ConfigError
+from convergerd.decode import bounded_json
+from convergerd.errors import ConfigError, NotJSON
 from convergerd.model import RuleError, check_policy_id
 from convergerd.statuscli import DEFAULT_ADDR
 
@@ -117,8 +118,8 @@ def call(addr: str, method: str, path: str, *, token: str, body: dict[str, Any] 
         raise Failed(f"cannot reach convergerd at {base} ({reason}); is the daemon running, "
                      "and is --addr its CONVERGERD_HTTP_ADDR?") from None
     try:
-        doc = json.loads(raw)
-    except ValueError:
+        doc = bounded_json(raw)
+    except NotJSON:
         doc = None
     if not isinstance(doc, dict):
         raise Failed(f"{method} {base}{path} answered {status} without a JSON object")

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
-from convergerd.errors import BadFile, ConvergerdError, shorten, shown
-from convergerd.files import decode_utf8, read_bounded
+from convergerd.errors import BadFile, ConvergerdError, shown
+from convergerd.files import read_bounded
 from convergerd.operator.admission import BOUNDARY_LABEL, RenderError, render_admission
+from convergerd.store.yamlfile import load_yaml_documents
 
 EXIT_ALLOWED = 0
 EXIT_DENIED = 1
@@ -86,17 +85,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _documents(path: Path) -> list[Any]:
     try:
-        text = decode_utf8(read_bounded(path, MAX_FILE_BYTES, setting="policy eval's limit"))
-        return [d for d in yaml.safe_load_all(text) if d is not None]
+        return load_yaml_documents(read_bounded(path, MAX_FILE_BYTES,
+                                                setting="policy eval's limit"))
     except BadFile as exc:
         raise EvalInputError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where is not None else ""
-        problem = getattr(exc, "problem", None) or "cannot be parsed"
-        raise EvalInputError(f"{path}: not valid YAML or JSON{at}: {shorten(problem)}") from None
-    except (ValueError, OverflowError, RecursionError) as exc:
-        raise EvalInputError(f"{path}: a value cannot be read: {shorten(str(exc))}") from None
 
 
 def policy_spec(doc: Any, source: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ one-line message naming the problem and, where known, its line.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -109,11 +110,37 @@ def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
 
 def load_yaml(data: bytes) -> Any:
     """The one YAML document in `data` as plain Python values (`None` for an empty file)."""
+    return _loaded(data, lambda loader: loader.get_single_data())
+
+
+def load_yaml_documents(data: bytes) -> list[Any]:
+    """Every non-empty YAML document in `data`, with the same bounds; together the documents
+    hold at most `YAML_MAX_NODES` values once aliases are expanded."""
+
+    def documents(loader: _BoundedLoader) -> list[Any]:
+        found, total = [], 0
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            total += loader._size(node)
+            if total > YAML_MAX_NODES:
+                raise BadFile(f"more than {YAML_MAX_NODES} values in all documents together "
+                              f"(the last one counted starts{_where(node.start_mark)})")
+            value = loader.construct_document(node)
+            if value is not None:
+                found.append(value)
+        return found
+
+    return _loaded(data, documents)  # type: ignore[no-any-return]
+
+
+def _loaded(data: bytes, load: Callable[[_BoundedLoader], Any]) -> Any:
     text = decode_utf8(data)
     loader: _BoundedLoader | None = None
     try:
         loader = _BoundedLoader(text)  # checks every character first
-        return loader.get_single_data()
+        return load(loader)
     except yaml.YAMLError as exc:
         raise BadFile(_yaml_problem(exc, text)) from None
     except (ValueError, OverflowError) as exc:

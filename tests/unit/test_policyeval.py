@@ -70,6 +70,12 @@ def test_all_allowed_is_exit_0_and_namespace_labels_apply_the_selector(
      "not a Kubernetes object"),
     ("kind: ConfigMap\napiVersion: v1\n", POD, "is not a Policy"),
     ("policies: []\n", POD, "whole import file"),
+    ("{id: x, boundary: team-a, rule: {type: ForbidLatestTag}, rule: {type: ForbidLatestTag}}",
+     POD, "p.yaml: duplicate key 'rule'"),
+    ("{id: x, boundary: team-a, rule: {type: ForbidLatestTag}}", POD + "---\n" + POD.replace(
+        "kind: Pod", "kind: Pod\nkind: Pod"), "o.yaml: duplicate key 'kind' at line 8"),
+    ("{id: x, boundary: team-a, rule: {type: ForbidLatestTag}}", "[" * 40 + "]" * 40,
+     "o.yaml: nested deeper than 32 levels"),
 ])
 def test_input_errors_are_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], policy_text: str, objects_text: str,
