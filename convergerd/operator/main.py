@@ -21,7 +21,7 @@ from aiohttp import web
 from convergerd import __version__
 from convergerd.config import OperatorSettings
 from convergerd.errors import NoCredentials
-from convergerd.http import error_response, server_options
+from convergerd.http import bound_port, error_response, serve
 from convergerd.kube.objects import ObjectClient
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
@@ -105,13 +105,10 @@ class OperatorProcess:
                 timing=Timing(request_timeout_s=s.clusters.request_timeout_s,
                               recheck_s=s.recheck_s, probe_interval_s=s.probe_interval_s,
                               probe_delay_s=s.probe_delay_s))
-            runner = web.AppRunner(make_app(operator, self.metrics, self.health),
-                                   **server_options())
-            await runner.setup()
+            runner = await serve(make_app(operator, self.metrics, self.health),
+                                 s.http_host, s.http_port, s.http)
             stack.push_async_callback(runner.cleanup)
-            site = web.TCPSite(runner, s.http_host, s.http_port)
-            await site.start()
-            self.port = runner.addresses[0][1]
+            self.port = bound_port(runner)
             log.info("convergerd operator %s (%s) on cluster %s; health and metrics on %s:%d",
                      __version__, s.election.identity, home.cluster, s.http_host, self.port)
             async with asyncio.TaskGroup() as tg:
