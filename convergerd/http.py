@@ -31,8 +31,13 @@ only show redacted values, and a last middleware replaces any that slipped into 
 Every request is untrusted, authenticated or not: an id that is not a valid policy id (a DNS
 label of at most 50 characters) or cluster id is refused with 400 before the database is asked;
 an `Authorization` header that does not decode is a wrong token (401); a request line or header
-longer than `MAX_LINE_BYTES` is refused by the server (400) with one warning, no traceback; ids
-and paths are escaped (`printable`) wherever they are logged, so a request cannot forge a line.
+longer than `MAX_LINE_BYTES` is refused by the server (400, JSON) with one warning, no
+traceback; ids and paths are escaped (`printable`) wherever they are logged, so a request cannot
+forge a line.
+
+The server is bounded (`serve`, `HttpLimits`): a cap on open connections (at the cap the one
+idle the longest is closed for a new one), a deadline for a request's line and headers, one for
+its body (`convergerd.mutations`) and for an answer left unread, and an idle keep-alive timeout.
 """
 
 from __future__ import annotations
