@@ -306,6 +306,32 @@ async def test_connections_are_capped_and_health_still_answers(served: Served) -
             writer.close()
 
 
+async def test_a_client_that_does_not_read_its_answers_is_cut(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pipelined requests whose answers are never read: once they fill the socket's buffers,
+    the connection is cut after the body timeout (the answers are not kept for ever)."""
+    caplog.set_level(logging.DEBUG)
+    server = served.runner.server
+    assert server is not None
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (served.host, served.port))
+    try:
+        request = b"GET /openapi.json HTTP/1.1\r\nHost: t\r\n\r\n"
+        for _ in range(400):  # ~10 MB of answers
+            await asyncio.wait_for(loop.sock_sendall(sock, request), 10)
+        deadline = time.monotonic() + 10 * (LIMITS.body_timeout_s + SLACK_S)
+        while server.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not server.connections, "the connection is still open"
+    finally:
+        sock.close()
+    assert_clean_log(caplog)
+
+
 async def test_accept_failing_for_want_of_descriptors_is_logged_once_a_minute(
     served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
