@@ -270,7 +270,7 @@ class _Connections:
                 lim.max_connections, lim.header_timeout_s, lim.body_timeout_s)
 
 
-def raw_error(status: int, message: str) -> bytes:
+def _raw_error(status: int, message: str) -> bytes:
     """A whole JSON error answer, for a connection no request handler owns."""
     body = json.dumps({"error": message}).encode()
     phrase = HTTPStatus(status).phrase
@@ -307,7 +307,7 @@ class _Connection(RequestHandler):
         super().connection_made(transport)
         if not self._connections.admit(self):
             assert isinstance(transport, asyncio.Transport)
-            transport.write(raw_error(503, "too many connections: every one is serving a "
+            transport.write(_raw_error(503, "too many connections: every one is serving a "
                                       "request; retry in a moment"))
             self.force_close()
             return
@@ -364,7 +364,7 @@ class _Connection(RequestHandler):
             return
         self._connections.note("header_timeout")
         if self._head_started:  # a client that is sending something is told why
-            self.transport.write(raw_error(
+            self.transport.write(_raw_error(
                 408, "the request line and headers did not arrive within "
                 f"{self._connections.limits.header_timeout_s:g} s"))
         self.force_close()
@@ -419,7 +419,8 @@ class _Site(web.BaseSite):
 
 async def serve(app: web.Application, host: str, port: int, limits: HttpLimits) -> web.AppRunner:
     """`app` served on `host:port` within `limits`, with `server_options()`;
-    `runner.cleanup()` stops it. The one server setup of the daemon and the operator."""
+    `runner.cleanup()` stops it. The one server setup of the daemon and the operator (it adds
+    the middleware that tells a connection when a request is in the app: serve an app once)."""
     _check_descriptors(limits)
     connections = _Connections(limits)
     app.middlewares.insert(0, _track_requests)  # outermost: the whole time in the app

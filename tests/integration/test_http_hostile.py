@@ -306,6 +306,38 @@ async def test_connections_are_capped_and_health_still_answers(served: Served) -
             writer.close()
 
 
+async def test_at_the_cap_with_every_connection_serving_a_new_one_is_answered_503() -> None:
+    release, entered = asyncio.Event(), []
+
+    async def slow(request: web.Request) -> web.Response:
+        entered.append(request)
+        await release.wait()
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/slow", slow)
+    runner = await serve(app, "127.0.0.1", 0, HttpLimits(max_connections=4))
+    port = bound_port(runner)
+    busy = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    try:
+        for _, writer in busy:
+            writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+        while len(entered) < 4:  # every connection is in the app
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"too many connections" in answer
+        release.set()
+        for reader, _ in busy:  # the busy ones were not disturbed
+            assert (await asyncio.wait_for(reader.readline(), 10)).startswith(b"HTTP/1.1 200")
+    finally:
+        for _, writer in busy:
+            writer.close()
+        await runner.cleanup()
+
+
 async def test_a_client_that_does_not_read_its_answers_is_cut(
     served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
