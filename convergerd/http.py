@@ -43,6 +43,7 @@ its body (`convergerd.mutations`) and for an answer left unread, and an idle kee
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -385,13 +386,20 @@ class _Connection(RequestHandler):
 
 @web.middleware
 async def _track_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Tells the connection a request is in the app: not idle, no header timeout."""
+    """Tells the connection a request is in the app or its answer is being sent: it is not
+    idle, its header timeout does not run (and cannot write into the answer)."""
     connection = request.protocol
     if not isinstance(connection, _Connection):
         return await handler(request)
     connection.request_started()
     try:
-        return await handler(request)
+        response = await handler(request)
+        # Sent here rather than by aiohttp just after (which then finds it sent), so that the
+        # connection is busy until the answer is out; a client gone meanwhile is aiohttp's.
+        with contextlib.suppress(ConnectionError):
+            await response.prepare(request)
+            await response.write_eof()
+        return response
     finally:
         connection.request_ended()
 
