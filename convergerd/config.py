@@ -26,6 +26,9 @@ INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 2**20
 ONCE_ENV = "Policies__ConvergeOnce"
 IMPORT_MAX_BYTES_DEFAULT = 4 * 1024 * 1024
+# Who connects: Prometheus, kubelet probes, module-policies saving, a few admins. 256 is far
+# more than they need and a small share of a 1,024-descriptor limit.
+HTTP_MAX_CONNECTIONS_DEFAULT = 256
 
 
 def _bool(value: str) -> bool:
@@ -152,6 +155,23 @@ SETTINGS: tuple[Setting, ...] = (
             "second by this replica, in bursts of twice that; more are answered 429 with "
             "Retry-After at once, so readers cannot slow the round (health and metrics are "
             "never limited)"),
+    Setting("http_max_connections", "CONVERGERD_HTTP_MAX_CONNECTIONS",
+            "--http-max-connections", _positive_int, str(HTTP_MAX_CONNECTIONS_DEFAULT),
+            "HTTP connections open at once; at the cap a new connection closes the one idle "
+            "the longest (or, when every one is serving a request, is answered 503), so "
+            "clients that never send a request cannot take the descriptors the database pool "
+            "and the clusters need"),
+    Setting("http_header_timeout_s", "CONVERGERD_HTTP_HEADER_TIMEOUT_SECONDS",
+            "--http-header-timeout-seconds", _positive_float, "10",
+            "seconds a request's line and headers may take to arrive, from the connection's "
+            "opening (or the first byte of a later request); a slower one is closed"),
+    Setting("http_body_timeout_s", "CONVERGERD_HTTP_BODY_TIMEOUT_SECONDS",
+            "--http-body-timeout-seconds", _positive_float, "10",
+            "seconds a request body may take to arrive (408 past it), and the longest a "
+            "client may leave an answer unread before its connection is cut"),
+    Setting("http_idle_timeout_s", "CONVERGERD_HTTP_IDLE_TIMEOUT_SECONDS",
+            "--http-idle-timeout-seconds", _positive_float, "30",
+            "seconds a kept-alive HTTP connection may wait for its next request"),
     Setting("api_token", "CONVERGERD_API_TOKEN", "--api-token", _text, None,
             "bearer token required by the mutating endpoints", secret=True),
     Setting("api_token_file", "CONVERGERD_API_TOKEN_FILE", "--api-token-file", Path, None,
@@ -249,6 +269,8 @@ OPERATOR_SHARED_KEYS = (
     "max_response_bytes", "lease_duration_s", "renew_deadline_s", "retry_period_s",
     "lease_request_timeout_s", "grace_period_s", "log_level", "log_format",
     "operator_probe_minutes",
+    "http_max_connections", "http_header_timeout_s", "http_body_timeout_s",
+    "http_idle_timeout_s",
 )
 SETTINGS_BY_KEY = {s.key: s for s in (*SETTINGS, *OPERATOR_SETTINGS)}
 # Secrets that can also be read from a file (a mounted Secret): value key -> file key.
@@ -299,6 +321,23 @@ class Saves:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one HTTP client may hold of the server (convergerd.http.serve)."""
+
+    max_connections: int = HTTP_MAX_CONNECTIONS_DEFAULT
+    header_timeout_s: float = 10.0  # request line and headers, from the first byte
+    body_timeout_s: float = 10.0  # a request body; an answer left unread
+    idle_timeout_s: float = 30.0  # a kept-alive connection between requests
+
+
+def _http_limits(v: Mapping[str, Any]) -> HttpLimits:
+    return HttpLimits(max_connections=v["http_max_connections"],
+                      header_timeout_s=v["http_header_timeout_s"],
+                      body_timeout_s=v["http_body_timeout_s"],
+                      idle_timeout_s=v["http_idle_timeout_s"])
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     database_url: str | None = field(repr=False)
     clusters: ClusterAccess
@@ -315,6 +354,7 @@ class Settings:
     status_reads_per_s: float = 20.0
     probe_period_s: float = 10.0
     operator_probe_period_s: float = 600.0  # the operators' enforcement probe period
+    http: HttpLimits = field(default_factory=HttpLimits)
 
     @property
     def database_url_redacted(self) -> str | None:
@@ -435,6 +475,7 @@ def load_settings(
         status_reads_per_s=v["status_reads_per_s"],
         probe_period_s=v["probe_period_s"],
         operator_probe_period_s=v["operator_probe_minutes"] * 60.0,
+        http=_http_limits(v),
     )
     check_settings(settings)
     return settings
@@ -495,6 +536,7 @@ class OperatorSettings:
     grace_period_s: float
     log_level: str
     log_format: str
+    http: HttpLimits = field(default_factory=HttpLimits)
 
 
 def load_operator_settings(
@@ -536,6 +578,7 @@ def load_operator_settings(
         grace_period_s=v["grace_period_s"],
         log_level=v["log_level"],
         log_format=v["log_format"],
+        http=_http_limits(v),
     )
     _check_election(settings.election)
     _check_logging(settings.log_level, settings.log_format)

@@ -30,17 +30,24 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import math
+import resource
 from asyncio import constants, selector_events, sslproto
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # 32 KiB: two full TLS records per read (16 KiB + 256 bytes each), 1/8 of asyncio's buffer.
 TLS_READ_BUFFER_BYTES = 32 * 1024
 # Allocations between young collections (CPython's default: 700). A young collection of this
 # many objects takes a few milliseconds.
 GC_GEN0_THRESHOLD = 50_000
+# asyncio's message for accept() failing with EMFILE, ENFILE, ENOBUFS or ENOMEM.
+_ACCEPT_OUT_OF_RESOURCES = "socket.accept() out of system resource"
+ACCEPT_FAILURE_LOG_PERIOD_S = 60.0
 
 
 class _SSLProtocol(sslproto.SSLProtocol):
@@ -48,7 +55,33 @@ class _SSLProtocol(sslproto.SSLProtocol):
 
 
 class EventLoop(asyncio.SelectorEventLoop):
-    """`asyncio.SelectorEventLoop` whose TLS connections read through a 32 KiB buffer."""
+    """`asyncio.SelectorEventLoop` whose TLS connections read through a 32 KiB buffer, and
+    that logs accept() failing for want of descriptors once a minute, not once per attempt."""
+
+    def __init__(self, selector: Any = None) -> None:
+        super().__init__(selector)
+        self.accept_failures = 0  # since the loop started
+        self._accept_failures_unlogged = 0
+        self._accept_logged_at = -math.inf
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        if context.get("message") != _ACCEPT_OUT_OF_RESOURCES:
+            super().call_exception_handler(context)
+            return
+        # asyncio reports every failed accept() (up to the listen backlog per attempt, an
+        # attempt a second): out of descriptors, that is a flood of tracebacks.
+        self.accept_failures += 1
+        self._accept_failures_unlogged += 1
+        now = self.time()
+        if now - self._accept_logged_at < ACCEPT_FAILURE_LOG_PERIOD_S:
+            return
+        self._accept_logged_at = now
+        count, self._accept_failures_unlogged = self._accept_failures_unlogged, 0
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        log.error("accept() failed %d time(s) since the last such line (at most one a minute): "
+                  "%s; new connections wait in the listen backlog until descriptors free up "
+                  "(this process may open %s)", count, context.get("exception"),
+                  "any number" if soft == resource.RLIM_INFINITY else soft)
 
     def _make_ssl_transport(
         self, rawsock: Any, protocol: Any, sslcontext: Any, waiter: Any = None, *,

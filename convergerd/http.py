@@ -32,27 +32,37 @@ only show redacted values, and a last middleware replaces any that slipped into 
 Every request is untrusted, authenticated or not: an id that is not a valid policy id (a DNS
 label of at most 50 characters) or cluster id is refused with 400 before the database is asked;
 an `Authorization` header that does not decode is a wrong token (401); a request line or header
-longer than `MAX_LINE_BYTES` is refused by the server (400) with one warning, no traceback; ids
-and paths are escaped (`printable`) wherever they are logged, so a request cannot forge a line.
+longer than `MAX_LINE_BYTES` is refused by the server (400, JSON) with one warning, no
+traceback; ids and paths are escaped (`printable`) wherever they are logged, so a request cannot
+forge a line.
+
+The server is bounded (`serve`, `HttpLimits`): a cap on open connections (at the cap the one
+idle the longest is closed for a new one), a deadline for a request's line and headers, one for
+its body (`convergerd.mutations`) and for an answer left unread, and an idle keep-alive timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import hmac
 import json
 import logging
 import math
+import os
+import resource
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from http import HTTPStatus
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 
 from convergerd import __version__
-from convergerd.config import Settings, check_settings, dsn_secrets
+from convergerd.config import SETTINGS_BY_KEY, HttpLimits, Settings, check_settings, dsn_secrets
 from convergerd.errors import ConfigError, ConvergerdError
 from convergerd.kube.ratelimit import TokenBucket
 from convergerd.metrics import CONTENT_TYPE, Metrics
@@ -212,6 +222,260 @@ def server_options() -> dict[str, Any]:
         "max_headers": MAX_HEADERS,
         "logger": _ServerLog(logging.getLogger("aiohttp.server"), {}),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The server's bounds (`HttpLimits`, the CONVERGERD_HTTP_* settings)
+
+# What the bounds did is logged at most this often, as counts: anyone can set them off.
+BOUNDS_LOG_PERIOD_S = 60.0
+_BOUNDS_LEVEL = {"evicted": logging.WARNING, "refused": logging.WARNING}
+
+
+class _Connections:
+    """The open connections of one server: the cap, and what the bounds did, counted."""
+
+    def __init__(self, limits: HttpLimits) -> None:
+        self.limits = limits
+        self.open: dict[_Connection, None] = {}  # oldest first
+        self._closed: dict[str, int] = {}
+        self._logged_at = -math.inf
+
+    def admit(self, connection: _Connection) -> bool:
+        """Room for `connection`: at the cap the connection idle the longest is closed for it;
+        False when every open one is serving a request."""
+        if len(self.open) >= self.limits.max_connections:
+            idle = [c for c in self.open if c.busy == 0]
+            if not idle:
+                self.note("refused")
+                return False
+            oldest = min(idle, key=lambda c: c.idle_since)
+            self.note("evicted")
+            self.forget(oldest)  # now: it is gone before its connection_lost comes
+            oldest.abort()
+        self.open[connection] = None
+        return True
+
+    def forget(self, connection: _Connection) -> None:
+        self.open.pop(connection, None)
+
+    def note(self, why: str) -> None:
+        self._closed[why] = self._closed.get(why, 0) + 1
+        now = time.monotonic()
+        if now - self._logged_at < BOUNDS_LOG_PERIOD_S:
+            return
+        self._logged_at = now
+        closed, self._closed = self._closed, {}
+        level = max(_BOUNDS_LEVEL.get(why, logging.INFO) for why in closed)
+        lim = self.limits
+        log.log(level, "HTTP connections closed by the server's bounds (counts, at most one "
+                "line a minute): %s; cap %d (CONVERGERD_HTTP_MAX_CONNECTIONS), header timeout "
+                "%g s, answer left unread %g s", ", ".join(f"{why} {n}" for why, n in
+                                                           sorted(closed.items())),
+                lim.max_connections, lim.header_timeout_s, lim.body_timeout_s)
+
+
+def _raw_error(status: int, message: str) -> bytes:
+    """A whole JSON error answer, for a connection no request handler owns."""
+    body = json.dumps({"error": message}).encode()
+    phrase = HTTPStatus(status).phrase
+    return (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+class _Connection(RequestHandler):
+    """aiohttp's connection handler, bounded: the request line and headers must arrive within
+    the header timeout (counted from the opening, or from the first byte of a later request);
+    an answer the client leaves unread for the body timeout cuts the connection; the server's
+    cap is checked on opening. aiohttp's own keep-alive timeout is the idle timeout. Requests
+    refused by the parser are answered in JSON, as every other error."""
+
+    __slots__ = (
+        "_connections",
+        "_head_started",
+        "_head_timer",
+        "_unread_timer",
+        "busy",
+        "idle_since",
+    )
+
+    def __init__(self, manager: Any, connections: _Connections, **options: Any) -> None:
+        super().__init__(manager, loop=asyncio.get_running_loop(), **options)
+        self._connections = connections
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_started = False
+        self._unread_timer: asyncio.TimerHandle | None = None
+        self.busy = 0  # requests in the app now
+        self.idle_since = time.monotonic()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if not self._connections.admit(self):
+            assert isinstance(transport, asyncio.Transport)
+            transport.write(_raw_error(503, "too many connections: every one is serving a "
+                                      "request; retry in a moment"))
+            self.force_close()
+            return
+        self._start_head_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._connections.forget(self)
+        for timer in (self._head_timer, self._unread_timer):
+            if timer is not None:
+                timer.cancel()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.busy == 0 and data:
+            self._head_started = True
+            if self._head_timer is None:  # the first byte of a later request
+                self._start_head_timer()
+        super().data_received(data)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._unread_timer is None:
+            self._unread_timer = self._loop.call_later(
+                self._connections.limits.body_timeout_s, self._unread)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._unread_timer is not None:
+            self._unread_timer.cancel()
+            self._unread_timer = None
+
+    def request_started(self) -> None:
+        self.busy += 1
+        self._head_started = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def request_ended(self) -> None:
+        self.busy -= 1
+        self.idle_since = time.monotonic()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _start_head_timer(self) -> None:
+        self._head_timer = self._loop.call_later(self._connections.limits.header_timeout_s,
+                                                 self._head_late)
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.busy or self.transport is None:
+            return
+        self._connections.note("header_timeout")
+        if self._head_started:  # a client that is sending something is told why
+            self.transport.write(_raw_error(
+                408, "the request line and headers did not arrive within "
+                f"{self._connections.limits.header_timeout_s:g} s"))
+        self.force_close()
+
+    def _unread(self) -> None:
+        self._unread_timer = None
+        self._connections.note("answer_unread")
+        self.abort()
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs, checks nothing was sent
+        text = message if message and status < 500 else HTTPStatus(status).phrase.lower()
+        response = error_response(status, printable(text, 2 * _SHOWN_CHARS))
+        response.force_close()
+        return response
+
+
+@web.middleware
+async def _track_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Tells the connection a request is in the app or its answer is being sent: it is not
+    idle, its header timeout does not run (and cannot write into the answer)."""
+    connection = request.protocol
+    if not isinstance(connection, _Connection):
+        return await handler(request)
+    connection.request_started()
+    try:
+        response = await handler(request)
+        # Sent here rather than by aiohttp just after (which then finds it sent), so that the
+        # connection is busy until the answer is out; a client gone meanwhile is aiohttp's.
+        with contextlib.suppress(ConnectionError):
+            await response.prepare(request)
+            await response.write_eof()
+        return response
+    finally:
+        connection.request_ended()
+
+
+class _Site(web.BaseSite):
+    """A TCP site whose connections are `_Connection`s (aiohttp's `TCPSite` makes plain
+    ones)."""
+
+    __slots__ = ("_factory", "_host", "_port")
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int,
+                 factory: Callable[[], _Connection]) -> None:
+        super().__init__(runner)
+        self._host, self._port, self._factory = host, port, factory
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        self._server = await asyncio.get_running_loop().create_server(
+            self._factory, self._host, self._port, backlog=self._backlog)
+
+
+async def serve(app: web.Application, host: str, port: int, limits: HttpLimits, *,
+                address_setting: str = "http_addr") -> web.AppRunner:
+    """`app` served on `host:port` within `limits`, with `server_options()`;
+    `runner.cleanup()` stops it. The one server setup of the daemon and the operator (it adds
+    the middleware that tells a connection when a request is in the app: serve an app once).
+    An address it cannot listen on is a `ConfigError` naming `address_setting`."""
+    _check_descriptors(limits)
+    connections = _Connections(limits)
+    app.middlewares.insert(0, _track_requests)  # outermost: the whole time in the app
+    options = {**server_options(), "keepalive_timeout": limits.idle_timeout_s,
+               "lingering_time": limits.body_timeout_s}
+    runner = web.AppRunner(app, **options)
+    await runner.setup()
+    manager = runner.server
+
+    def connection() -> _Connection:
+        return _Connection(manager, connections, **options)
+
+    try:
+        await _Site(runner, host, port, connection).start()
+    except OSError as exc:
+        await runner.cleanup()
+        # A taken or unusable port is a setting to change, not a crash to debug.
+        setting = SETTINGS_BY_KEY[address_setting]
+        why = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else (
+            exc.strerror or str(exc))  # errno's text: asyncio's repeats the address
+        raise ConfigError(setting.env, f"{host}:{port}",
+                          f"cannot listen there: {why}; choose another address "
+                          f"({setting.flag})") from None
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+def _check_descriptors(limits: HttpLimits) -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and limits.max_connections > soft // 2:
+        log.warning("CONVERGERD_HTTP_MAX_CONNECTIONS is %d, more than half of this process's "
+                    "descriptor limit (%d): HTTP clients could take the descriptors the "
+                    "database pool and the clusters need", limits.max_connections, soft)
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port `serve` listens on (the one the system chose for port 0)."""
+    port: int = runner.addresses[0][1]
+    return port
 
 
 def _describe(exc: BaseException) -> str:
@@ -475,7 +739,16 @@ def _json_errors() -> Any:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return error_response(exc.status, exc.reason, path=printable(request.path))
+            if not isinstance(exc, web.HTTPMethodNotAllowed):
+                return error_response(exc.status, exc.reason, path=printable(request.path))
+            # RFC 9110: a 405 names the methods the resource has.
+            response = error_response(exc.status, exc.reason, path=printable(request.path),
+                                      allowed_methods=sorted(exc.allowed_methods))
+            response.headers["Allow"] = exc.headers["Allow"]
+            return response
+        except ConnectionResetError:  # the client went away: nobody to answer, nothing wrong
+            log.debug("client gone during %s %s", request.method, printable(request.path))
+            return error_response(400, "the client closed the connection")
         except Exception:
             log.exception("unhandled error serving %s %s", request.method,
                           printable(request.path))

@@ -13,19 +13,20 @@ that the body is a JSON object, and its fields and their types. Answers:
 | delete not confirmed by every cluster | 409 naming them; the policy is kept, marked |
 | save of a policy whose deletion has begun | 409 |
 | unknown policy | 404 |
-| bad id, body or field | 400 (413 for a body over 16 KiB) |
+| bad id, body or field | 400 (413 over 16 KiB, 408 when it does not arrive in time) |
 | database unavailable | 503 |
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
-from convergerd.errors import DatabaseUnavailable
+from convergerd.decode import bounded_json
+from convergerd.errors import DatabaseUnavailable, NotJSON
 from convergerd.fanout import Report, Saver, Status
 from convergerd.http import MutationHandler, error_response
 from convergerd.model import RuleError, check_policy_id
@@ -61,19 +62,53 @@ def check_fields(doc: Any, allowed: Mapping[str, type]) -> dict[str, Any]:
     return dict(doc)
 
 
-async def read_body(request: web.Request, allowed: Mapping[str, type]) -> dict[str, Any]:
+async def read_body(
+    request: web.Request, allowed: Mapping[str, type], *, timeout_s: float
+) -> dict[str, Any]:
+    """The body's fields: read whole (however many segments it comes in) within `timeout_s`
+    and `MAX_BODY_BYTES`, then `parse_body`."""
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise BadRequest(f"body: {request.content_length} bytes, at most {MAX_BODY_BYTES}", 413)
-    raw = await request.content.read(MAX_BODY_BYTES + 1)
-    if len(raw) > MAX_BODY_BYTES:
-        raise BadRequest(f"body: more than {MAX_BODY_BYTES} bytes", 413)
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await _read_capped(request.content)
+    except TimeoutError:
+        raise BadRequest(f"body: not received within {timeout_s:g} s "
+                         "(CONVERGERD_HTTP_BODY_TIMEOUT_SECONDS)", 408) from None
+    except ConnectionError:
+        raise BadRequest("body: the client closed the connection before sending it all",
+                         400) from None
+    return parse_body(raw, allowed)
+
+
+async def _read_capped(content: StreamReader) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await content.read(MAX_BODY_BYTES + 1 - size):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BadRequest(f"body: more than {MAX_BODY_BYTES} bytes", 413)
+    return b"".join(chunks)
+
+
+def parse_body(raw: bytes, allowed: Mapping[str, type]) -> dict[str, Any]:
+    """The fields of a whole body (pure): empty is none; otherwise a JSON object (read by
+    `bounded_json`) of known fields of their types, or `BadRequest` (400) saying why not."""
     if not raw.strip():
         return {}
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body: not valid JSON ({exc})") from None
+        doc = bounded_json(raw)
+    except NotJSON as exc:
+        raise BadRequest(f"body: {exc}") from None
     return check_fields(doc, allowed)
+
+
+def _refusal_of(exc: BadRequest) -> web.Response:
+    response = error_response(exc.status, str(exc))
+    if exc.status in (408, 413):  # the rest of the body may still be coming: no next request
+        response.force_close()
+    return response
 
 
 def _policy_id(raw: str) -> str:
@@ -119,15 +154,18 @@ def _refusal(status: int, message: str, body: dict[str, Any]) -> web.Response:
     return web.json_response({"error": message, **body}, status=status)
 
 
-def handlers(saver: Saver) -> tuple[MutationHandler, MutationHandler]:
-    """`(on_apply, on_delete)` for `convergerd.http.make_app`."""
+def handlers(
+    saver: Saver, *, body_timeout_s: float = 10.0
+) -> tuple[MutationHandler, MutationHandler]:
+    """`(on_apply, on_delete)` for `convergerd.http.make_app`; a body must arrive within
+    `body_timeout_s` (`HttpLimits.body_timeout_s`)."""
 
     async def on_apply(request: web.Request, raw_id: str) -> web.StreamResponse:
         try:
             policy_id = _policy_id(raw_id)
-            fields = await read_body(request, _SAVE_FIELDS)
+            fields = await read_body(request, _SAVE_FIELDS, timeout_s=body_timeout_s)
         except BadRequest as exc:
-            return error_response(exc.status, str(exc))
+            return _refusal_of(exc)
         try:
             report = await saver.save(
                 policy_id, allow_mass_removal=fields.get("allow_mass_removal", False))
@@ -138,9 +176,9 @@ def handlers(saver: Saver) -> tuple[MutationHandler, MutationHandler]:
     async def on_delete(request: web.Request, raw_id: str) -> web.StreamResponse:
         try:
             policy_id = _policy_id(raw_id)
-            await read_body(request, _DELETE_FIELDS)
+            await read_body(request, _DELETE_FIELDS, timeout_s=body_timeout_s)
         except BadRequest as exc:
-            return error_response(exc.status, str(exc))
+            return _refusal_of(exc)
         try:
             report = await saver.delete(policy_id)
         except DatabaseUnavailable as exc:

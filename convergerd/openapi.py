@@ -201,6 +201,9 @@ _SCHEMAS: dict[str, Any] = {
             "error": {"type": "string", "description": "present when refused"},
         },
     },
+    "DeleteRequest": {
+        "type": "object", "additionalProperties": False, "properties": {},
+        "description": "no fields: an empty object, or no body at all"},
     "SaveRequest": {
         "type": "object", "additionalProperties": False,
         "properties": {"allow_mass_removal": {
@@ -214,6 +217,8 @@ _AUTH = _answer("no or a wrong bearer token")
 _NO_TOKEN_OR_DB = _answer("the database is unavailable, or CONVERGERD_API_TOKEN is unset "
                           "(the mutating endpoints are then disabled)")
 _TOO_BIG = _answer("the body is over 16 KiB")
+_BODY_LATE = _answer("the body did not arrive within CONVERGERD_HTTP_BODY_TIMEOUT_SECONDS "
+                     "(default 10)")
 _SHED = {**_answer("over this replica's status budget (CONVERGERD_STATUS_READS_PER_SECOND): "
                    "retry after `Retry-After` seconds"),
          "headers": {"Retry-After": {"description": "seconds to wait before asking again",
@@ -230,7 +235,7 @@ def _mutation(summary: str, description: str, ok: str, extra: dict[str, Any],
             "400": _answer("bad id, a body that is not a JSON object, an unknown field or a "
                            "field of the wrong type"),
             "401": _AUTH, "404": _answer("no such policy", "Report"),
-            "413": _TOO_BIG, "503": _NO_TOKEN_OR_DB, **extra,
+            "408": _BODY_LATE, "413": _TOO_BIG, "503": _NO_TOKEN_OR_DB, **extra,
         },
     }
     if body is not None:
@@ -287,8 +292,36 @@ _PATHS: dict[str, Any] = {
         "object.",
         "removed everywhere and from the database",
         {"409": _answer("some cluster did not confirm: named in `error`; the policy is kept "
-                        "(marked) and a retry finishes", "Report")})},
+                        "(marked) and a retry finishes", "Report")},
+        body={"required": False, "content": {JSON: {"schema": _ref("DeleteRequest")}}})},
 }
+
+
+def _head(get: dict[str, Any]) -> dict[str, Any]:
+    """HEAD of a GET route (aiohttp serves both): the same answers, without their bodies."""
+    head = {"summary": f"{get['summary']} (headers only)",
+            "responses": {status: {k: v for k, v in answer.items() if k != "content"}
+                          for status, answer in get["responses"].items()}}
+    if "parameters" in get:
+        head["parameters"] = get["parameters"]
+    return head
+
+
+for _item in _PATHS.values():
+    if "get" in _item:
+        _item["head"] = _head(_item["get"])
+
+# Answers of the server itself, for any path (not repeated per operation).
+_SERVER_ANSWERS = (
+    "Every error is JSON (`{\"error\": ...}`), the server's own included: 404 for an unknown "
+    "path; 405 for a method the path does not have, with `Allow`; 400 for a request the parser "
+    "refuses (a request line or header over 8,190 bytes, more than 64 headers, not HTTP); 408 "
+    "when the request line and headers do not arrive within "
+    "CONVERGERD_HTTP_HEADER_TIMEOUT_SECONDS (default 10); 503 when all "
+    "CONVERGERD_HTTP_MAX_CONNECTIONS (default 256) connections are serving requests (idle ones "
+    "are closed to make room). A kept-alive connection is closed after "
+    "CONVERGERD_HTTP_IDLE_TIMEOUT_SECONDS (default 30) without a request."
+)
 
 
 def document() -> dict[str, Any]:
@@ -298,8 +331,8 @@ def document() -> dict[str, Any]:
         "info": {
             "title": "convergerd",
             "version": __version__,
-            "description": "Health, metrics, status, and saving and deleting policies. Every "
-                           "error is JSON (`{\"error\": ...}`).",
+            "description": "Health, metrics, status, and saving and deleting policies. "
+                           + _SERVER_ANSWERS,
         },
         "paths": _PATHS,
         "components": {

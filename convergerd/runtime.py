@@ -34,7 +34,7 @@ from convergerd.errors import (
     NoCredentials,
 )
 from convergerd.fanout import FanoutEnv, SaveClusters, Saver, Unfenced
-from convergerd.http import make_app, server_options
+from convergerd.http import make_app, serve
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
 from convergerd.lease import Fence
@@ -313,14 +313,12 @@ class Daemon:
 
     async def _start_http(self, store: Store, saver: Saver) -> web.AppRunner:
         s = self.settings
-        on_apply, on_delete = handlers(saver)
+        on_apply, on_delete = handlers(saver, body_timeout_s=s.http.body_timeout_s)
         app = make_app(
             metrics=self.metrics, state=self.state, store=store, settings=s, health=self.health,
             on_apply=on_apply, on_delete=on_delete,
         )
-        runner = web.AppRunner(app, **server_options())
-        await runner.setup()
-        await web.TCPSite(runner, s.http_host, s.http_port).start()
+        runner = await serve(app, s.http_host, s.http_port, s.http)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",
             __version__, self.identity, s.http_host, s.http_port,

@@ -14,16 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from contextlib import AsyncExitStack
 
 from aiohttp import web
 
 from convergerd import __version__
-from convergerd.config import SETTINGS_BY_KEY, OperatorSettings
-from convergerd.errors import ConfigError, NoCredentials
-from convergerd.http import error_response, server_options
+from convergerd.config import OperatorSettings
+from convergerd.errors import NoCredentials
+from convergerd.http import bound_port, error_response, serve
 from convergerd.kube.objects import ObjectClient
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader import Elector, Leadership, NoElection
@@ -107,22 +106,11 @@ class OperatorProcess:
                 timing=Timing(request_timeout_s=s.clusters.request_timeout_s,
                               recheck_s=s.recheck_s, probe_interval_s=s.probe_interval_s,
                               probe_delay_s=s.probe_delay_s))
-            runner = web.AppRunner(make_app(operator, self.metrics, self.health),
-                                   **server_options())
-            await runner.setup()
+            runner = await serve(make_app(operator, self.metrics, self.health),
+                                 s.http_host, s.http_port, s.http,
+                                 address_setting="operator_http_addr")
             stack.push_async_callback(runner.cleanup)
-            site = web.TCPSite(runner, s.http_host, s.http_port)
-            try:
-                await site.start()
-            except OSError as exc:
-                # A taken or unusable port is a setting to change, not a crash to debug.
-                setting = SETTINGS_BY_KEY["operator_http_addr"]
-                why = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else (
-                    exc.strerror or str(exc))  # errno's text: asyncio's repeats the address
-                raise ConfigError(setting.env, f"{s.http_host}:{s.http_port}",
-                                  f"cannot listen there for /healthz, /readyz and /metrics: "
-                                  f"{why}; choose another address ({setting.flag})") from None
-            self.port = runner.addresses[0][1]
+            self.port = bound_port(runner)
             log.info("convergerd operator %s (%s) on cluster %s; health and metrics on %s:%d",
                      __version__, s.election.identity, home.cluster, s.http_host, self.port)
             async with asyncio.TaskGroup() as tg:

@@ -8,16 +8,24 @@ Requests go out as raw bytes where a well-behaved client library would refuse to
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import os
+import resource
+import socket
+import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
-from aiohttp.test_utils import TestServer
+from aiohttp import web
 
-from convergerd.config import load_settings
-from convergerd.http import MAX_LINE_BYTES, make_app, server_options
+from convergerd.config import HttpLimits, load_settings
+from convergerd.errors import ConfigError
+from convergerd.eventloop import EventLoop
+from convergerd.http import MAX_LINE_BYTES, bound_port, make_app, serve
 from convergerd.metrics import Metrics
 from convergerd.state import StatusState
 from convergerd.store.store import Store
@@ -42,14 +50,22 @@ class Answer:
         return self.body.decode(errors="replace")
 
 
+# Short bounds, so that tests of them take seconds.
+LIMITS = HttpLimits(max_connections=16, header_timeout_s=1.0, body_timeout_s=1.0,
+                    idle_timeout_s=1.0)
+SLACK_S = 4.0  # how much later than a bound a busy 2-core machine may enforce it
+
+
 @dataclass
 class Served:
-    server: TestServer
+    runner: web.AppRunner
+    port: int
     proxy: TcpProxy
+    host: str = "127.0.0.1"
 
     async def send(self, raw: bytes) -> Answer:
         """One request as raw bytes; the whole answer (the server closes the connection)."""
-        reader, writer = await asyncio.open_connection(self.server.host, self.server.port)
+        reader, writer = await asyncio.open_connection(self.host, self.port)
         try:
             writer.write(raw)
             await writer.drain()
@@ -81,12 +97,11 @@ async def served(database_url: str) -> AsyncIterator[Served]:
                               "CONVERGERD_API_TOKEN": TOKEN, "CONVERGERD_IDENTITY": "rep-a"})
     app = make_app(metrics=Metrics(), state=StatusState(identity="rep-a", interval_s=300),
                    store=store, settings=settings, health=HealthCheck())
-    server = TestServer(app)
-    await server.start_server(**server_options())
+    runner = await serve(app, "127.0.0.1", 0, LIMITS)
     try:
-        yield Served(server, proxy)
+        yield Served(runner, bound_port(runner), proxy)
     finally:
-        await server.close()
+        await runner.cleanup()
         await proxy.down()
         await store.close()
 
@@ -200,7 +215,198 @@ async def test_unknown_paths_and_methods_are_json_4xx(
     assert "\\n" in missing.text()  # the path is shown, escaped
     wrong = await served.get("/status", method="PUT")
     assert wrong.status == 405
+    # RFC 9110: a 405 names the methods the resource has.
+    assert "\r\nAllow: GET,HEAD" in "\r\n" + wrong.headers, wrong.headers
+    assert json.loads(wrong.body)["allowed_methods"] == ["GET", "HEAD"]
     assert_clean_log(caplog)
+
+
+async def test_requests_the_parser_refuses_are_answered_in_json(served: Served) -> None:
+    """The API document says every error is JSON: those aiohttp's parser answers too."""
+    for answer in (await served.get("/status" + "a" * 9000),
+                   await served.send(b"NOT HTTP AT ALL\r\n\r\n"),
+                   await served.get("/status", *(b"X-%d: a" % i for i in range(200)))):
+        assert answer.status == 400, answer.text()
+        assert "Content-Type: application/json" in answer.headers, answer.headers
+        assert json.loads(answer.body)["error"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The server's bounds (CONVERGERD_HTTP_*): LIMITS above
+
+
+async def _closed_within(reader: asyncio.StreamReader, timeout_s: float) -> bytes:
+    """What the server sent before closing the connection; fails if it is still open after
+    `timeout_s`."""
+    try:
+        return await asyncio.wait_for(reader.read(), timeout_s)
+    except ConnectionResetError:
+        return b""
+    except TimeoutError:
+        pytest.fail(f"the connection was still open after {timeout_s:g} s")
+
+
+async def test_a_slowloris_connection_is_cut_after_the_header_timeout(served: Served) -> None:
+    reader, writer = await asyncio.open_connection(served.host, served.port)
+    writer.write(b"GET /status HTTP/1.1\r\nHost: t\r\n")
+
+    async def trickle() -> None:  # one header byte every 0.1 s, never the end of the head
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"X")
+                await writer.drain()
+                await asyncio.sleep(0.1)
+
+    started = time.monotonic()
+    trickling = asyncio.create_task(trickle())
+    try:
+        answer = await _closed_within(reader, LIMITS.header_timeout_s + SLACK_S)
+    finally:
+        trickling.cancel()
+        writer.close()
+    assert time.monotonic() - started >= LIMITS.header_timeout_s * 0.9
+    if answer:  # it may be told why, in JSON, before the close
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert b"application/json" in answer
+    assert (await served.get("/healthz")).status == 200
+
+
+async def test_idle_connections_are_cut(served: Served) -> None:
+    # Never a byte: cut by the header timeout.
+    silent_reader, silent = await asyncio.open_connection(served.host, served.port)
+    # One answered request, then nothing: kept alive for the idle timeout, then cut.
+    kept_reader, kept = await asyncio.open_connection(served.host, served.port)
+    kept.write(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    head = await asyncio.wait_for(kept_reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    try:
+        await _closed_within(silent_reader, LIMITS.header_timeout_s + SLACK_S)
+        await _closed_within(kept_reader, LIMITS.idle_timeout_s + SLACK_S)
+    finally:
+        silent.close()
+        kept.close()
+
+
+async def test_connections_are_capped_and_health_still_answers(served: Served) -> None:
+    """Three times the cap in idle connections: the server keeps at most the cap open (it
+    closes those idle the longest) and a new client is still served."""
+    cap = LIMITS.max_connections
+    opened = [await asyncio.open_connection(served.host, served.port) for _ in range(3 * cap)]
+    try:
+        oldest = [reader for reader, _ in opened[: 2 * cap]]
+        # The oldest are closed at once to make room, well before any timeout.
+        await asyncio.wait_for(
+            asyncio.gather(*(_closed_within(r, LIMITS.header_timeout_s) for r in oldest)),
+            LIMITS.header_timeout_s * 0.9)
+        assert (await served.get("/healthz")).status == 200
+        server = served.runner.server
+        assert server is not None
+        assert len(server.connections) <= cap
+    finally:
+        for _, writer in opened:
+            writer.close()
+
+
+async def test_at_the_cap_with_every_connection_serving_a_new_one_is_answered_503() -> None:
+    release, entered = asyncio.Event(), []
+
+    async def slow(request: web.Request) -> web.Response:
+        entered.append(request)
+        await release.wait()
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/slow", slow)
+    runner = await serve(app, "127.0.0.1", 0, HttpLimits(max_connections=4))
+    port = bound_port(runner)
+    busy = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    try:
+        for _, writer in busy:
+            writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+        while len(entered) < 4:  # every connection is in the app
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"too many connections" in answer
+        release.set()
+        for reader, _ in busy:  # the busy ones were not disturbed
+            assert (await asyncio.wait_for(reader.readline(), 10)).startswith(b"HTTP/1.1 200")
+    finally:
+        for _, writer in busy:
+            writer.close()
+        await runner.cleanup()
+
+
+async def test_a_client_that_does_not_read_its_answers_is_cut(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pipelined requests whose answers are never read: once they fill the socket's buffers,
+    the connection is cut after the body timeout (the answers are not kept for ever)."""
+    caplog.set_level(logging.DEBUG)
+    server = served.runner.server
+    assert server is not None
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (served.host, served.port))
+    try:
+        request = b"GET /openapi.json HTTP/1.1\r\nHost: t\r\n\r\n"
+        for _ in range(400):  # ~10 MB of answers
+            await asyncio.wait_for(loop.sock_sendall(sock, request), 10)
+        deadline = time.monotonic() + 10 * (LIMITS.body_timeout_s + SLACK_S)
+        while server.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not server.connections, "the connection is still open"
+    finally:
+        sock.close()
+    assert_clean_log(caplog)
+
+
+async def test_accept_failing_for_want_of_descriptors_is_logged_once_a_minute(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncio logs every failed accept() (one per pending connection, each time it retries):
+    out of descriptors, that was hundreds of MB of log a minute."""
+    caplog.set_level(logging.DEBUG)
+    clients = [socket.socket() for _ in range(20)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    try:
+        # No descriptor left in this process: the server's accept() fails with EMFILE.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                fillers.append(os.open(os.devnull, os.O_RDONLY))
+        for client in clients:
+            client.setblocking(False)
+            client.connect_ex((served.host, served.port))
+
+        def failures() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if "accept" in r.getMessage()
+                    or "Too many open files" in r.getMessage()]
+
+        # asyncio retries accept() once a second: wait for three rounds of retries.
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, EventLoop)
+        rounds, seen, deadline = 0, loop.accept_failures, time.monotonic() + 20
+        while rounds < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            if loop.accept_failures > seen:
+                rounds, seen = rounds + 1, loop.accept_failures
+        assert rounds == 3, f"accept() failed {seen} times"
+        assert len(failures()) == 1, [r.getMessage() for r in failures()][:5]
+        assert "Too many open files" in failures()[0].getMessage()
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for client in clients:
+            client.close()
+    # Descriptors back: the pending connections are accepted and served.
+    assert (await served.get("/healthz")).status == 200
 
 
 def test_printable_escapes_what_could_forge_a_log_line() -> None:
@@ -209,3 +415,17 @@ def test_printable_escapes_what_could_forge_a_log_line() -> None:
     assert printable("p1") == "p1"
     assert printable("a\nb\r\x1b[31m\x00\udcff") == "a\\nb\\r\\x1b[31m\\x00\\udcff"
     assert printable("x" * 500) == "x" * 100 + "..."
+
+
+async def test_a_taken_address_is_a_setting_error_naming_it() -> None:
+    """Issue 17, item 15: the daemon (and the operator, test_operator.py) on a port something
+    else holds: a setting error naming the setting and the address, not an OSError traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError) as refused:
+            await serve(web.Application(), "127.0.0.1", port, HttpLimits())
+    assert str(refused.value) == (
+        f"CONVERGERD_HTTP_ADDR='127.0.0.1:{port}': cannot listen there: Address already in "
+        "use; choose another address (--http-addr)")

@@ -450,7 +450,7 @@ async def test_a_taken_health_port_is_a_one_line_setting_error(fleet: Fleet) -> 
     assert "Traceback" not in text
     last = text.strip().splitlines()[-1]
     assert last == (f"convergerd: setting error: CONVERGERD_OPERATOR_HTTP_ADDR='{addr}': cannot "
-                    "listen there for /healthz, /readyz and /metrics: Address already in use; "
+                    "listen there: Address already in use; "
                     "choose another address (--operator-http-addr)"), text
 
 

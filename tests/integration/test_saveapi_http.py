@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck as Checks
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from convergerd.http import make_app
+from convergerd.config import HttpLimits
+from convergerd.http import Handler, bound_port, make_app, serve
 from convergerd.metrics import Metrics
 from convergerd.mutations import MAX_BODY_BYTES, handlers
 from convergerd.sim.faults import Faults
@@ -29,22 +35,52 @@ from tests.integration.savedelete_helpers import make_saver
 TOKEN = "s3cret-token-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 Client = TestClient[web.Request, web.Application]
+BODY_TIMEOUT_S = 1.0
+# The requests the app has served, and when each was done (a test waits on these).
+SERVED: list[tuple[web.Request, asyncio.Event]] = []
+
+
+@web.middleware
+async def _note_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    done = asyncio.Event()
+    SERVED.append((request, done))
+    try:
+        return await handler(request)
+    finally:
+        done.set()
 
 
 @pytest.fixture
-async def client(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[Client]:
+async def app(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[web.Application]:
     await import_doc(database_url, FLEET_DOC)
     settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN)
     rounds = Rounds(fleet, store, settings)
-    on_apply, on_delete = handlers(make_saver(rounds, store))
+    on_apply, on_delete = handlers(make_saver(rounds, store), body_timeout_s=BODY_TIMEOUT_S)
     app = make_app(metrics=Metrics(), state=StatusState(identity="t", interval_s=300),
                    store=store, settings=settings, health=HealthCheck(),
                    on_apply=on_apply, on_delete=on_delete)
+    app.middlewares.insert(0, _note_requests)
     try:
-        async with TestClient(TestServer(app)) as c:
-            yield c
+        yield app
     finally:
         await rounds.close()
+
+
+@pytest.fixture
+async def client(app: web.Application) -> AsyncIterator[Client]:
+    async with TestClient(TestServer(app)) as c:
+        yield c
+
+
+@pytest.fixture
+async def port(app: web.Application) -> AsyncIterator[int]:
+    """The app served as the daemon serves it (aiohttp's test server differs: it cancels a
+    handler whose client went away)."""
+    runner = await serve(app, "127.0.0.1", 0, HttpLimits(body_timeout_s=BODY_TIMEOUT_S))
+    try:
+        yield bound_port(runner)
+    finally:
+        await runner.cleanup()
 
 
 async def call(client: Client, method: str, path: str, **kw: Any) -> tuple[int, Any]:
@@ -218,3 +254,131 @@ async def test_policy_cli_unreachable_daemon_exits_2() -> None:
     _, err = await proc.communicate()
     assert proc.returncode == 2
     assert b"cannot reach convergerd" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Request bodies as clients really send them
+
+
+async def raw_request(port: int, head: bytes, *parts: bytes,
+                      between: Callable[[], Awaitable[None]] | None = None) -> bytes:
+    """`head` and the body `parts` on one connection, `between()` awaited between parts; the
+    whole answer (the server closes: `Connection: close`)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)
+        for i, part in enumerate(parts):
+            if i and between is not None:
+                await between()
+            writer.write(part)
+            await writer.drain()
+        return await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+
+
+def post_head(path: str, length: int) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n"
+            "Connection: close\r\n\r\n").encode()
+
+
+def answer_of(data: bytes) -> tuple[int, Any]:
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert b"application/json" in head, head
+    return int(head.split()[1]), json.loads(body)
+
+
+async def test_a_body_in_two_segments_is_read_whole(port: int, fleet: Fleet) -> None:
+    SERVED.clear()
+    body = b'{"allow_mass_removal": false}'
+    first, second = body[:10], body[10:]
+
+    async def server_has_the_first_segment() -> None:
+        # Not a pause: until the server has read what was sent (it may answer then).
+        while not (SERVED and SERVED[-1][0].content.total_bytes >= len(first)):
+            await asyncio.sleep(0.01)
+
+    status, doc = answer_of(await raw_request(
+        port, post_head("/v1/policies/p-regs/apply", len(body)), first, second,
+        between=server_has_the_first_segment))
+    assert status == 200, doc
+    assert doc["status"] == "ok"
+    assert not nothing_written(fleet)
+
+
+@pytest.mark.parametrize(("body", "names"), [
+    (b"[" * 1000 + b"]" * 1000, "nested deeper than"),
+    (b'{"allow_mass_removal": ' + b"[" * 5000, "not JSON"),
+    (b'{"allow_mass_removal": 1' + b"0" * 5000 + b"}", "digits"),
+    (b'{"allow_mass_removal": 1e999}', "out of range"),
+    (b'{"allow_mass_removal": tr', "not JSON"),
+    (b"\xff\xfe{}", "not JSON"),
+])
+async def test_hostile_bodies_are_400_naming_the_problem(
+    client: Client, fleet: Fleet, caplog: pytest.LogCaptureFixture, body: bytes, names: str
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    status, doc = await call(client, "POST", "/v1/policies/p-regs/apply", headers=AUTH,
+                             data=body)
+    assert status == 400, doc
+    assert names in doc["error"], doc
+    assert nothing_written(fleet)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_a_body_that_stops_arriving_is_408(port: int, fleet: Fleet) -> None:
+    started = time.monotonic()
+    data = await raw_request(port, post_head("/v1/policies/p-regs/apply", 100), b'{"allow')
+    status, doc = answer_of(data)
+    assert status == 408, doc
+    assert "body" in doc["error"]
+    assert time.monotonic() - started >= BODY_TIMEOUT_S * 0.9
+    assert nothing_written(fleet)
+
+
+async def test_a_client_gone_mid_body_is_no_error(
+    port: int, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    SERVED.clear()
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post_head("/v1/policies/p-regs/apply", 100))  # the body is still to come
+    await writer.drain()
+    while not SERVED:  # the request reached the app, then its client goes away
+        await asyncio.sleep(0.01)
+    writer.close()
+    await asyncio.wait_for(SERVED[-1][1].wait(), 30)
+    assert not [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.ERROR or r.exc_info]
+    assert nothing_written(fleet)
+
+
+# Bodies a client may send: anything at all, JSON nested too deep, numbers too big, JSON cut
+# short. Each is answered 400 with a JSON error naming the body, or is a good body (the policy
+# is unknown: 404), never a 500.
+_JSON_TEXTS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=10,
+).map(lambda v: json.dumps(v).encode())
+_BODIES = (
+    st.binary(max_size=300)
+    | _JSON_TEXTS
+    | st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n)
+    | st.integers(1, 6000).map(lambda n: b'{"allow_mass_removal": ' + b"9" * n + b"}")
+    | st.tuples(_JSON_TEXTS, st.integers(0, 50)).map(lambda t: t[0][: t[1]])
+)
+
+
+@settings(max_examples=60, suppress_health_check=[Checks.function_scoped_fixture])
+@given(body=_BODIES)
+async def test_any_body_is_a_value_or_a_400_never_a_500(client: Client, body: bytes) -> None:
+    for method, path in (("POST", "/v1/policies/p-none/apply"),
+                         ("DELETE", "/v1/policies/p-none")):
+        status, doc = await call(client, method, path, headers=AUTH, data=body)
+        assert status in (400, 404), (status, doc)
+        assert doc["error"]
+        if status == 400:
+            assert doc["error"].startswith("body"), doc
