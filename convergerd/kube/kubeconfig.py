@@ -183,7 +183,9 @@ class _Loader(_FAST_LOADER, UniqueKeys):  # type: ignore[misc,valid-type]
 
 def parse_kubeconfig(text: str, *, base_dir: Path, source: str = "<kubeconfig>") -> Kubeconfig:
     try:
-        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader
+        # A safe loader; libyaml's refuses nesting past 1,000 levels, and the file's size is
+        # capped. Not store.yamlfile's pure-Python loader: kubeconfigs of 10,000 contexts.
+        doc = yaml.load(text, Loader=_Loader)  # noqa: S506, TID251
     except DuplicateKey as exc:
         # Lines only: a key of a kubeconfig is no secret, but keep to one rule for messages.
         raise ConfigError(SETTING, source, f"not valid YAML: a key given twice, at lines "
