@@ -66,10 +66,10 @@ def test_the_demo_listens_on_loopback_unless_told_otherwise() -> None:
 
     chosen: dict[str, str | None] = {"http_addr": ":9999"}
     demo.default_flags(chosen, {})
-    assert chosen == {"http_addr": ":9999"}
+    assert chosen["http_addr"] == ":9999"
     from_env: dict[str, str | None] = {"http_addr": None}
     demo.default_flags(from_env, {"CONVERGERD_HTTP_ADDR": ":8080"})
-    assert from_env == {"http_addr": None}
+    assert from_env["http_addr"] is None
 
 
 def _request(method: str, url: str, token: str | None = None) -> int | None:
