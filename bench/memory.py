@@ -8,7 +8,7 @@ Per point, with the daemon's wiring (`ClusterRegistry` over the simulator's kube
 1. start `convergerd sim` in its own process, create every cluster's store (untimed, throwaway
    sessions), note this process's RSS (`VmRSS`, current, not the peak);
 2. `create` round, then RSS and open TCP sockets right after it and again `--settle` seconds later;
-3. the reachability prober (`convergerd.probe.Prober`) over every cluster, `--probe-passes`
+3. the reachability prober (`convergerd.status.probe.Prober`) over every cluster, `--probe-passes`
    passes `--probe-period` seconds apart (the daemon's 10 s by default): CPU seconds, TLS
    handshakes, probes sent and probes skipped (the cluster answered a round's request within
    the period) of each pass;
@@ -44,8 +44,8 @@ import convergerd.kube.client as kube_client
 from convergerd import eventloop
 from convergerd.kube.kubeconfig import load_kubeconfig
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.metrics import Metrics
-from convergerd.probe import Answers, Prober
+from convergerd.status.metrics import Metrics
+from convergerd.status.probe import Answers, Prober
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse bench/rounds.py's pieces.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

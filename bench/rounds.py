@@ -54,13 +54,7 @@ import aiohttp
 
 from convergerd import eventloop
 from convergerd.config import SETTINGS_BY_KEY, Settings, load_settings
-from convergerd.converge import run_round
-from convergerd.kube.client import APPLY_CONTENT_TYPE
-from convergerd.kube.kubeconfig import load_kubeconfig
-from convergerd.kube.registry import ClusterRegistry
-from convergerd.leader import NoElection
-from convergerd.metrics import Metrics
-from convergerd.model import (
+from convergerd.core.model import (
     Boundary,
     BoundaryId,
     Cluster,
@@ -70,7 +64,7 @@ from convergerd.model import (
     PolicyId,
     parse_rule,
 )
-from convergerd.render import (
+from convergerd.core.render import (
     FIELD_MANAGER,
     GROUP,
     MANAGED_BY_LABEL,
@@ -78,9 +72,15 @@ from convergerd.render import (
     VERSION,
     render_policy,
 )
-from convergerd.report import RoundReport
-from convergerd.rounds import round_env
+from convergerd.core.report import RoundReport
+from convergerd.delivery.converge import run_round
+from convergerd.delivery.rounds import round_env
+from convergerd.kube.client import APPLY_CONTENT_TYPE
+from convergerd.kube.kubeconfig import load_kubeconfig
+from convergerd.kube.registry import ClusterRegistry
+from convergerd.leader.elector import NoElection
 from convergerd.sim.fleet import member_ids
+from convergerd.status.metrics import Metrics
 
 BOUNDARIES = 4
 FAULT_SHARE = 10  # every tenth cluster

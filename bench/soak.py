@@ -46,7 +46,7 @@ import yaml
 
 from convergerd import eventloop
 from convergerd.config import load_settings
-from convergerd.report import RoundReport
+from convergerd.core.report import RoundReport
 from convergerd.runtime import Daemon
 from convergerd.sim.fleet import member_ids
 from convergerd.store.importer import apply_plan, parse_import

@@ -46,15 +46,15 @@ import asyncpg
 from aiohttp import web
 
 from convergerd import eventloop
+from convergerd.api.server import make_app, server_options
 from convergerd.config import load_settings
-from convergerd.converge import run_round
-from convergerd.http import make_app, server_options
+from convergerd.delivery.converge import run_round
+from convergerd.delivery.rounds import round_env
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.leader import NoElection
-from convergerd.metrics import Metrics
-from convergerd.rounds import round_env
+from convergerd.leader.elector import NoElection
 from convergerd.sim.fleet import member_ids
-from convergerd.state import StatusState
+from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 from convergerd.store.importer import apply_plan, parse_import
 from convergerd.store.schema import migrate
 from convergerd.store.store import Store

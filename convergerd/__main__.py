@@ -1,5 +1,5 @@
 import sys
 
-from convergerd.cli import main
+from convergerd.cli.main import main
 
 sys.exit(main())

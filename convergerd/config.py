@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convergerd.errors import BadFile, ConfigError
+from convergerd.core.errors import BadFile, ConfigError
 from convergerd.files import read_bounded
 
 INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
@@ -314,7 +314,8 @@ class Election:
 
 @dataclass(frozen=True, slots=True)
 class Saves:
-    """Save and delete through the API or on a database notification (convergerd.fanout)."""
+    """Save and delete through the API or on a database notification
+    (`convergerd.delivery.fanout`)."""
 
     deadline_s: float = 10.0
     removal_guard_share: float = 0.5
@@ -322,7 +323,7 @@ class Saves:
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """What one HTTP client may hold of the server (convergerd.http.serve)."""
+    """What one HTTP client may hold of the server (convergerd.api.server.serve)."""
 
     max_connections: int = HTTP_MAX_CONNECTIONS_DEFAULT
     header_timeout_s: float = 10.0  # request line and headers, from the first byte

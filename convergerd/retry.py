@@ -21,7 +21,7 @@ from typing import Protocol, TypeVar
 
 import tenacity
 
-from convergerd.errors import ClusterError, ClusterUnreachable, Throttled
+from convergerd.core.errors import ClusterError, ClusterUnreachable, Throttled
 
 T = TypeVar("T")
 

@@ -26,27 +26,27 @@ from typing import Any
 from aiohttp import web
 
 from convergerd import __version__
+from convergerd.api.mutations import handlers
+from convergerd.api.server import make_app, serve
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
-from convergerd.errors import (
+from convergerd.core.errors import (
     ConfigError,
     DatabaseRejected,
     DatabaseUnavailable,
     NoCredentials,
 )
-from convergerd.fanout import FanoutEnv, SaveClusters, Saver, Unfenced
-from convergerd.http import make_app, serve
+from convergerd.core.report import RoundReport, RoundResult
+from convergerd.delivery.fanout import FanoutEnv, SaveClusters, Saver, Unfenced
+from convergerd.delivery.listener import Listener
+from convergerd.delivery.rounds import RoundLoop, StopFence, cluster_calls, database_backoff_s
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
-from convergerd.leader import Elector, Leadership, NoElection
-from convergerd.lease import Fence
-from convergerd.listener import Listener
-from convergerd.metrics import FanoutMetrics, Metrics
-from convergerd.mutations import handlers
-from convergerd.probe import Answers, Prober
-from convergerd.report import RoundReport, RoundResult
+from convergerd.leader.elector import Elector, Leadership, NoElection
+from convergerd.leader.lease import Fence
 from convergerd.retry import RetryObserver
-from convergerd.rounds import RoundLoop, StopFence, cluster_calls, database_backoff_s
-from convergerd.state import StatusState
-from convergerd.statussync import StatusSync
+from convergerd.status.metrics import FanoutMetrics, Metrics
+from convergerd.status.probe import Answers, Prober
+from convergerd.status.state import StatusState
+from convergerd.status.sync import StatusSync
 from convergerd.store.notify import PgNotifications
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck, first

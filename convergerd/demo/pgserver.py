@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from convergerd.errors import ConvergerdError
+from convergerd.core.errors import ConvergerdError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 from a cluster, as Protocols. `convergerd.kube.client` implements them over kubernetes-asyncio;
 tests may pass the simulator-backed real client or a small fake written for the purpose.
 
-Every method raises only `convergerd.errors.ClusterError` subclasses (already classified), and
+Every method raises only `convergerd.core.errors.ClusterError` subclasses (already classified), and
 honours `timeout_s` as a hard bound on the whole call including the rate limiter's wait.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from convergerd.model import ClusterId
+from convergerd.core.model import ClusterId
 
 KubeObject = dict[str, Any]
 

@@ -50,7 +50,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration, CoordinationV1Ap
 from kubernetes_asyncio.client.rest import RESTClientObject
 
 from convergerd.config import ClusterAccess
-from convergerd.decode import (
+from convergerd.core.decode import (
     MAX_REASON_PHRASE_CHARS,
     StatusBody,
     git_version,
@@ -60,7 +60,7 @@ from convergerd.decode import (
     short_text,
     status_body,
 )
-from convergerd.errors import (
+from convergerd.core.errors import (
     BadResponse,
     ClusterApiError,
     ClusterError,
@@ -71,11 +71,11 @@ from convergerd.errors import (
     Superseded,
     classify_status,
 )
+from convergerd.core.model import ClusterId
+from convergerd.core.render import CRD_NAME, FIELD_MANAGER, GROUP, PLURAL, VERSION
 from convergerd.kube.api import Applied, KubeObject, ObjectList, RequestObserver
 from convergerd.kube.kubeconfig import Credentials, read_token_file
 from convergerd.kube.ratelimit import TokenBucket
-from convergerd.model import ClusterId
-from convergerd.render import CRD_NAME, FIELD_MANAGER, GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 

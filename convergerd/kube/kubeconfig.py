@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from convergerd.errors import BadFile, ConfigError, NoCredentials
+from convergerd.core.errors import BadFile, ConfigError, NoCredentials
 from convergerd.files import DuplicateKey, UniqueKeys, decode_utf8, read_bounded
 
 SETTING = "CONVERGERD_KUBECONFIG"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from convergerd.decode import list_page, watch_line
-from convergerd.errors import BadResponse, ClusterLevelError
+from convergerd.core.decode import list_page, watch_line
+from convergerd.core.errors import BadResponse, ClusterLevelError
 from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchEvent
 from convergerd.kube.client import (
     APPLY_CONTENT_TYPE,

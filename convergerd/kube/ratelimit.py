@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from convergerd.errors import ClusterUnreachable
+from convergerd.core.errors import ClusterUnreachable
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import convergerd
 from convergerd.config import ClusterAccess
-from convergerd.errors import NoCredentials
+from convergerd.core.errors import NoCredentials
+from convergerd.core.model import ClusterId
 from convergerd.kube.api import Applied, KubeObject, ObjectList, RequestObserver
 from convergerd.kube.client import ClusterClient, user_agent
 from convergerd.kube.kubeconfig import (
@@ -40,7 +41,6 @@ from convergerd.kube.kubeconfig import (
     load_kubeconfig,
 )
 from convergerd.kube.tlsctx import TlsContexts, tls_key
-from convergerd.model import ClusterId
 
 log = logging.getLogger(__name__)
 

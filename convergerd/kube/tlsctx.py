@@ -18,7 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from convergerd.errors import NoCredentials
+from convergerd.core.errors import NoCredentials
 from convergerd.kube.kubeconfig import Credentials
 
 

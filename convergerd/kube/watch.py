@@ -8,7 +8,7 @@
   re-list, and only the differences from the cache are reported (`on_change`), so a re-list
   after an outage costs the consumer nothing for what did not change.
 - **Untrusted answers**: list pages and watch lines are checked where they are decoded
-  (`convergerd.decode`); each line is read with the response size cap. An unusable answer fails
+  (`convergerd.core.decode`); each line is read with the response size cap. An unusable answer fails
   that watch (restarted with backoff), never the process.
 - Generic: any `Resource`, an optional label selector, any `WatchApi` (the cluster client, or a
   fake in tests). The operator keeps its Policies here; the daemon's per-cluster Policy caches
@@ -27,8 +27,8 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from convergerd.decode import clean_text
-from convergerd.errors import ClusterError, classify_status
+from convergerd.core.decode import clean_text
+from convergerd.core.errors import ClusterError, classify_status
 from convergerd.kube.api import KubeObject, Resource, WatchApi
 from convergerd.retry import backoff_s
 

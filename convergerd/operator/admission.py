@@ -2,7 +2,7 @@
 
 The rule becomes CEL that kube-apiserver evaluates on CREATE and UPDATE of Pods and of the
 workload kinds that carry a pod template. Every value taken from the Policy (id, boundary,
-label keys, registry prefixes) is validated first (`convergerd.model`) and then written into
+label keys, registry prefixes) is validated first (`convergerd.core.model`) and then written into
 CEL only as a quoted string literal (`cel_string`), never spliced into the expression text.
 
 What the rules mean:
@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from convergerd.errors import shown
-from convergerd.model import (
+from convergerd.core.errors import shown
+from convergerd.core.model import (
     Rule,
     RuleError,
     check_boundary_id,

@@ -51,12 +51,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from convergerd.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced, shown
+from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced, shown
+from convergerd.core.model import is_namespace_name, is_object_name
 from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
-from convergerd.leader import Leadership
-from convergerd.lease import Fence
-from convergerd.model import is_namespace_name, is_object_name
+from convergerd.leader.elector import Leadership
+from convergerd.leader.lease import Fence
 from convergerd.operator.admission import (
     ProbeUnsatisfiable,
     RenderError,

@@ -20,15 +20,15 @@ from contextlib import AsyncExitStack
 from aiohttp import web
 
 from convergerd import __version__
+from convergerd.api.server import bound_port, error_response, serve
 from convergerd.config import OperatorSettings
-from convergerd.errors import NoCredentials
-from convergerd.http import bound_port, error_response, serve
+from convergerd.core.errors import NoCredentials
 from convergerd.kube.objects import ObjectClient
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.leader import Elector, Leadership, NoElection
-from convergerd.metrics import CONTENT_TYPE
+from convergerd.leader.elector import Elector, Leadership, NoElection
 from convergerd.operator.controller import Operator, Timing
 from convergerd.operator.metrics import OperatorMetrics
+from convergerd.status.metrics import CONTENT_TYPE
 from convergerd.supervise import HealthCheck
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from convergerd.decode import (
+from convergerd.core.decode import (
     MAX_MESSAGE_CHARS,
     MAX_NAME_CHARS,
     MAX_REASON_CHARS,
@@ -29,7 +29,7 @@ from convergerd.decode import (
     in_the_future,
     rfc3339,
 )
-from convergerd.model import RuleError, check_boundary_id, check_policy_id
+from convergerd.core.model import RuleError, check_boundary_id, check_policy_id
 from convergerd.operator.admission import (
     Admission,
     RenderError,

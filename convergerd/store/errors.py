@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import asyncpg
 
 from convergerd.config import redact_dsn
-from convergerd.errors import DatabaseRejected, DatabaseUnavailable
+from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable
 from convergerd.store.values import for_log
 
 # SQLSTATE classes and codes that say "the database cannot serve you right now".

@@ -24,9 +24,8 @@ from typing import Any
 import asyncpg
 
 from convergerd.config import IMPORT_MAX_BYTES_DEFAULT, SETTINGS_BY_KEY
-from convergerd.errors import BadFile, ConvergerdError, shorten, shown
-from convergerd.files import read_bounded
-from convergerd.model import (
+from convergerd.core.errors import BadFile, ConvergerdError, shorten, shown
+from convergerd.core.model import (
     InvalidPolicy,
     PolicyRow,
     RuleError,
@@ -36,7 +35,8 @@ from convergerd.model import (
     field_names,
     parse_rule,
 )
-from convergerd.render import validate_policy
+from convergerd.core.render import validate_policy
+from convergerd.files import read_bounded
 from convergerd.store.errors import database_errors
 from convergerd.store.schema import check_schema
 from convergerd.store.yamlfile import load_yaml

@@ -1,6 +1,6 @@
 """LISTEN on a PostgreSQL channel, on a connection of its own (never one from the pool: a
 listening connection is held for as long as the daemon runs, and a pooled one would be handed
-to a query meanwhile). `convergerd.listener` decides what a notification does."""
+to a query meanwhile). `convergerd.delivery.listener` decides what a notification does."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 
 from convergerd.config import redact_dsn
-from convergerd.errors import DatabaseUnavailable
+from convergerd.core.errors import DatabaseUnavailable
 from convergerd.store.errors import database_errors
 
 _CLOSE_TIMEOUT_S = 2.0
@@ -52,7 +52,8 @@ class Subscription:
 
 
 class PgNotifications:
-    """Opens `Subscription`s on the database at `dsn` (`convergerd.listener.NotifySource`)."""
+    """Opens `Subscription`s on the database at `dsn`
+    (`convergerd.delivery.listener.NotifySource`)."""
 
     def __init__(self, dsn: str, *, connect_timeout_s: float = 10.0) -> None:
         self._dsn = dsn

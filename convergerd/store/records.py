@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from convergerd.report import ClusterOutcome, Delivery, PhaseReading, RoundReport
+from convergerd.core.report import ClusterOutcome, Delivery, PhaseReading, RoundReport
 from convergerd.store.errors import describe, rejection_reason
 from convergerd.store.values import for_log, pg_count, pg_revision, pg_text
 

@@ -14,7 +14,7 @@ from importlib import resources
 
 import asyncpg
 
-from convergerd.errors import SchemaNotMigrated
+from convergerd.core.errors import SchemaNotMigrated
 from convergerd.store.errors import database_errors
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Any, Self
 import asyncpg
 
 from convergerd.config import redact_dsn
-from convergerd.errors import DatabaseRejected, DatabaseUnavailable
-from convergerd.model import (
+from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable
+from convergerd.core.model import (
     Boundary,
     BoundaryId,
     Cluster,
@@ -30,16 +30,16 @@ from convergerd.model import (
     PolicyRow,
     UnreadableJson,
 )
-from convergerd.removal import Current, Target
-from convergerd.render import validate_policy
-from convergerd.report import (
+from convergerd.core.removal import Current, Target
+from convergerd.core.render import validate_policy
+from convergerd.core.report import (
     ApplyResult,
     Delivery,
     Epoch,
     RoundReport,
     RoundResult,
 )
-from convergerd.rows import (
+from convergerd.core.rows import (
     ClusterStateRow,
     ClusterStatusRows,
     DeliveryRow,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from convergerd.decode import bounded_json
-from convergerd.errors import NotJSON
-from convergerd.model import UnreadableJson
+from convergerd.core.decode import bounded_json
+from convergerd.core.errors import NotJSON
+from convergerd.core.model import UnreadableJson
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -16,7 +16,7 @@ import yaml
 from yaml.events import AliasEvent, StreamEndEvent
 from yaml.nodes import CollectionNode, MappingNode, Node, SequenceNode
 
-from convergerd.errors import BadFile, shorten
+from convergerd.core.errors import BadFile, shorten
 from convergerd.files import DuplicateKey, UniqueKeys, decode_utf8
 
 # Far above what an import file needs (about 6 levels), far below Python's recursion limit.

@@ -22,8 +22,8 @@ import pytest
 
 from convergerd.config import ClusterAccess, Election
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.leader import Elector
-from convergerd.lease import format_microtime
+from convergerd.leader.elector import Elector
+from convergerd.leader.lease import format_microtime
 from convergerd.sim.fleet import Fleet
 from tests.e2e.harness import (
     CONVERGERD,

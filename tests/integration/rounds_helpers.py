@@ -15,16 +15,16 @@ from typing import Any
 import asyncpg
 
 from convergerd.config import Settings, load_settings
-from convergerd.converge import run_round
+from convergerd.core.report import RoundReport
+from convergerd.delivery.converge import run_round
+from convergerd.delivery.rounds import round_env
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.leader import NoElection
-from convergerd.metrics import Metrics
-from convergerd.report import RoundReport
-from convergerd.rounds import round_env
+from convergerd.leader.elector import NoElection
 from convergerd.runtime import Daemon
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
+from convergerd.status.metrics import Metrics
 from convergerd.store.importer import apply_plan, parse_import
 from convergerd.store.store import Store
 

@@ -8,12 +8,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from convergerd.fanout import Saver, Unfenced
+from convergerd.core.model import ClusterId
+from convergerd.delivery.fanout import Saver, Unfenced
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.metrics import FanoutMetrics
-from convergerd.model import ClusterId
 from convergerd.runtime import fanout_env
+from convergerd.status.metrics import FanoutMetrics
 from convergerd.store.store import Store
 from tests.integration.rounds_helpers import Rounds
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from convergerd.model import ClusterId
+from convergerd.core.model import ClusterId
 from convergerd.sim.fleet import Fleet
 from convergerd.store.store import Store
 from tests.fixtures.fifo import RESCUE_S, guarded_fifo

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from convergerd.model import Policy, PolicyRow
-from convergerd.render import render_policy, validate_policy
+from convergerd.core.model import Policy, PolicyRow
+from convergerd.core.render import render_policy, validate_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import asyncpg
 import pytest
 
-from convergerd.fanout import Saver, Status
+from convergerd.delivery.fanout import Saver, Status
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.store.store import Store

@@ -22,7 +22,7 @@ class NotInstalled:
         return None
 
 sys.meta_path.insert(0, NotInstalled())
-from convergerd.cli import main
+from convergerd.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -55,9 +55,9 @@ def test_the_daemon_commands_work_without_the_extra(args: list[str]) -> None:
 
 def test_the_daemon_modules_import_without_the_extra() -> None:
     code = WITHOUT_SIM_EXTRA.replace(
-        "from convergerd.cli import main\nsys.exit(main(sys.argv[1:]))",
-        "import convergerd.runtime, convergerd.http, convergerd.store.importer, "
-        "convergerd.statuscli\nprint('ok')",
+        "from convergerd.cli.main import main\nsys.exit(main(sys.argv[1:]))",
+        "import convergerd.runtime, convergerd.api.server, convergerd.store.importer, "
+        "convergerd.cli.status\nprint('ok')",
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=False)

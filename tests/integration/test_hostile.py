@@ -16,13 +16,13 @@ import pytest
 
 import convergerd
 from convergerd.config import ClusterAccess
-from convergerd.errors import BadResponse, ClusterLevelError, ClusterUnreachable
+from convergerd.core.errors import BadResponse, ClusterLevelError, ClusterUnreachable
+from convergerd.core.model import ClusterId
+from convergerd.core.plan import MALFORMED_REASON, UNKNOWN_PHASE, Observed
+from convergerd.core.render import MANAGED_SELECTOR
 from convergerd.kube.client import ERROR_BODY_MAX_BYTES, ClusterClient
 from convergerd.kube.kubeconfig import load_kubeconfig
 from convergerd.kube.tlsctx import TlsContexts
-from convergerd.model import ClusterId
-from convergerd.plan import MALFORMED_REASON, UNKNOWN_PHASE, Observed
-from convergerd.render import MANAGED_SELECTOR
 from convergerd.sim.faults import Faults, Hostile
 from convergerd.sim.fleet import Fleet
 

@@ -18,12 +18,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from convergerd.api.server import STATUS_DB_CONCURRENCY, make_app
+from convergerd.cli.status import StatusUnavailable, fetch_status
 from convergerd.config import Settings, load_settings
-from convergerd.errors import DatabaseUnavailable
-from convergerd.http import STATUS_DB_CONCURRENCY, make_app
-from convergerd.metrics import Metrics
-from convergerd.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
-from convergerd.report import (
+from convergerd.core.errors import DatabaseUnavailable
+from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
+from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
     Delivery,
@@ -32,7 +32,7 @@ from convergerd.report import (
     RoundReport,
     RoundResult,
 )
-from convergerd.rows import (
+from convergerd.core.rows import (
     ClusterStateRow,
     ClusterStatusRows,
     DeliveryRow,
@@ -40,9 +40,9 @@ from convergerd.rows import (
     PolicyStatusRows,
     RoundRow,
 )
-from convergerd.state import StatusState
-from convergerd.statuscli import StatusUnavailable, fetch_status
-from convergerd.statussync import StatusSync
+from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
+from convergerd.status.sync import StatusSync
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 

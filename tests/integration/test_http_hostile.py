@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
+from convergerd.api.server import MAX_LINE_BYTES, bound_port, make_app, serve
 from convergerd.config import HttpLimits, load_settings
-from convergerd.errors import ConfigError
+from convergerd.core.errors import ConfigError
 from convergerd.eventloop import EventLoop
-from convergerd.http import MAX_LINE_BYTES, bound_port, make_app, serve
-from convergerd.metrics import Metrics
-from convergerd.state import StatusState
+from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 from tests.integration.rounds_helpers import TcpProxy, import_doc
@@ -410,7 +410,7 @@ async def test_accept_failing_for_want_of_descriptors_is_logged_once_a_minute(
 
 
 def test_printable_escapes_what_could_forge_a_log_line() -> None:
-    from convergerd.http import printable
+    from convergerd.api.server import printable
 
     assert printable("p1") == "p1"
     assert printable("a\nb\r\x1b[31m\x00\udcff") == "a\\nb\\r\\x1b[31m\\x00\\udcff"

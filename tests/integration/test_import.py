@@ -11,8 +11,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from convergerd.errors import SchemaNotMigrated
-from convergerd.model import BoundaryId, ClusterId, PolicyRow
+from convergerd.core.errors import SchemaNotMigrated
+from convergerd.core.model import BoundaryId, ClusterId, PolicyRow
 from convergerd.store.importer import ImportFileError, import_file
 from convergerd.store.store import Store
 

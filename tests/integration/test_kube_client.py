@@ -18,7 +18,7 @@ import yaml
 
 import convergerd
 from convergerd.config import ClusterAccess
-from convergerd.errors import (
+from convergerd.core.errors import (
     ClusterLevelError,
     ClusterUnreachable,
     NoCredentials,
@@ -26,12 +26,12 @@ from convergerd.errors import (
     Throttled,
     TransientApiError,
 )
+from convergerd.core.model import ClusterId
+from convergerd.core.render import MANAGED_SELECTOR
 from convergerd.kube.client import ClusterClient
 from convergerd.kube.kubeconfig import Credentials, load_kubeconfig
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.kube.tlsctx import TlsContexts
-from convergerd.model import ClusterId
-from convergerd.render import MANAGED_SELECTOR
 from convergerd.retry import call_with_retries
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet

@@ -14,10 +14,10 @@ import pytest
 
 import convergerd
 from convergerd.config import ClusterAccess, Election
-from convergerd.errors import Fenced, ObjectRejected
+from convergerd.core.errors import Fenced, ObjectRejected
 from convergerd.kube.api import KubeObject, LeaseApi
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.leader import Elector
+from convergerd.leader.elector import Elector
 from convergerd.sim.accounting import RequestRecord
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import HOME, Fleet

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from convergerd.errors import ClusterUnreachable, NoCredentials
+from convergerd.core.errors import ClusterUnreachable, NoCredentials
+from convergerd.core.model import ClusterId
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.metrics import Metrics
-from convergerd.model import ClusterId
-from convergerd.probe import Prober
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
-from convergerd.state import StatusState
+from convergerd.status.metrics import Metrics
+from convergerd.status.probe import Prober
+from convergerd.status.state import StatusState
 from tests.integration.rounds_helpers import (
     FLEET_DOC,
     import_doc,

@@ -14,10 +14,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from convergerd.config import Settings
-from convergerd.listener import CHANNEL, Listener
-from convergerd.metrics import FanoutMetrics
+from convergerd.delivery.listener import CHANNEL, Listener
 from convergerd.runtime import Daemon
 from convergerd.sim.fleet import HOME, Fleet
+from convergerd.status.metrics import FanoutMetrics
 from convergerd.store.notify import PgNotifications
 from tests.integration.rounds_helpers import (
     FLEET_DOC,
@@ -90,7 +90,7 @@ async def test_a_database_write_is_saved_and_bad_payloads_are_dropped(
 async def test_the_listener_reconnects_after_its_backend_is_terminated(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="convergerd.listener")
+    caplog.set_level(logging.INFO, logger="convergerd.delivery.listener")
     await import_doc(database_url, FLEET_DOC)
     saver, metrics = RecordingSaver(), FanoutMetrics()
     async with listening(database_url, saver, metrics):

@@ -8,7 +8,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from convergerd.errors import SchemaNotMigrated
+from convergerd.core.errors import SchemaNotMigrated
 from convergerd.store.schema import check_schema, load_migrations, migrate, required_version
 from convergerd.store.store import Store
 

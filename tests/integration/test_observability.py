@@ -27,7 +27,7 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from convergerd import statuscli
+from convergerd.cli import status as statuscli
 from convergerd.config import load_settings
 from convergerd.runtime import Daemon
 from convergerd.sim.faults import Faults

@@ -16,13 +16,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 
-from convergerd.http import make_app, server_options
-from convergerd.metrics import Metrics
-from convergerd.mutations import MAX_BODY_BYTES, handlers
-from convergerd.openapi import document
+from convergerd.api.mutations import MAX_BODY_BYTES, handlers
+from convergerd.api.openapi import document
+from convergerd.api.server import make_app, server_options
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
-from convergerd.state import StatusState
+from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 from tests.integration.rounds_helpers import (

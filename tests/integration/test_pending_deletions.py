@@ -13,14 +13,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from convergerd.fanout import Saver, Status
-from convergerd.http import make_app, server_options
-from convergerd.metrics import Metrics
+from convergerd.api.server import make_app, server_options
+from convergerd.cli.status import render_status
+from convergerd.delivery.fanout import Saver, Status
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
-from convergerd.state import StatusState
-from convergerd.statuscli import render_status
-from convergerd.statussync import StatusSync
+from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
+from convergerd.status.sync import StatusSync
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 from tests.integration.rounds_helpers import Rounds

@@ -20,9 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from convergerd.config import Settings
-from convergerd.errors import DatabaseRejected
-from convergerd.model import ClusterId, PolicyId
-from convergerd.report import (
+from convergerd.core.errors import DatabaseRejected
+from convergerd.core.model import ClusterId, PolicyId
+from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
     Delivery,

@@ -23,9 +23,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from convergerd.errors import DatabaseUnavailable
-from convergerd.model import ClusterId, PolicyId
-from convergerd.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
+from convergerd.core.errors import DatabaseUnavailable
+from convergerd.core.model import ClusterId, PolicyId
+from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.retry import MAX_ATTEMPTS
 from convergerd.runtime import Daemon
 from convergerd.sim.faults import Faults
@@ -33,7 +33,7 @@ from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.sim.status import field_error, invalid_object
 from convergerd.sim.store import AdmissionRequest
-from convergerd.state import StatusState, record_view
+from convergerd.status.state import StatusState, record_view
 from convergerd.store.store import Store
 from tests.fixtures.fleet import kube_http
 from tests.integration.rounds_helpers import (

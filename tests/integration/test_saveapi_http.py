@@ -20,13 +20,13 @@ from hypothesis import HealthCheck as Checks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from convergerd.api.mutations import MAX_BODY_BYTES, handlers
+from convergerd.api.server import Handler, bound_port, make_app, serve
 from convergerd.config import HttpLimits
-from convergerd.http import Handler, bound_port, make_app, serve
-from convergerd.metrics import Metrics
-from convergerd.mutations import MAX_BODY_BYTES, handlers
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
-from convergerd.state import StatusState
+from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 from tests.integration.rounds_helpers import FLEET_DOC, Rounds, import_doc, objects, settings_for

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from convergerd.converge import ClusterSource, run_round
-from convergerd.fanout import Result, Saver, Status
-from convergerd.leader import NoElection
-from convergerd.metrics import FanoutMetrics, Metrics
-from convergerd.report import RoundReport
-from convergerd.rounds import round_env
+from convergerd.core.report import RoundReport
+from convergerd.delivery.converge import ClusterSource, run_round
+from convergerd.delivery.fanout import Result, Saver, Status
+from convergerd.delivery.rounds import round_env
+from convergerd.leader.elector import NoElection
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
+from convergerd.status.metrics import FanoutMetrics, Metrics
 from convergerd.store.store import Store
 from tests.integration.rounds_helpers import IDENTITY, Rounds, objects, sql
 from tests.integration.savedelete_helpers import HookedClusters, make_saver

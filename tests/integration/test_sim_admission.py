@@ -21,9 +21,9 @@ import kubernetes
 import pytest
 import yaml
 
-from convergerd.cli import main as cli_main
+from convergerd.cli.main import main as cli_main
+from convergerd.cli.policyeval import PolicyEval
 from convergerd.operator.admission import render_admission
-from convergerd.policyeval import PolicyEval
 from convergerd.sim import status
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet

@@ -11,10 +11,9 @@ import traceback
 import asyncpg
 import pytest
 
-from convergerd.demo.pgserver import free_port
-from convergerd.errors import DatabaseUnavailable
-from convergerd.model import BoundaryId, ClusterId, InvalidPolicy, PolicyId, PolicyRow
-from convergerd.report import (
+from convergerd.core.errors import DatabaseUnavailable
+from convergerd.core.model import BoundaryId, ClusterId, InvalidPolicy, PolicyId, PolicyRow
+from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
     Delivery,
@@ -24,7 +23,8 @@ from convergerd.report import (
     RoundResult,
     Verification,
 )
-from convergerd.rows import ClusterStateRow
+from convergerd.core.rows import ClusterStateRow
+from convergerd.demo.pgserver import free_port
 from convergerd.store.errors import is_transient
 from convergerd.store.store import Store
 

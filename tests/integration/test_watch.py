@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from convergerd.config import ClusterAccess
+from convergerd.core.model import ClusterId
 from convergerd.kube.api import KubeObject
 from convergerd.kube.objects import ObjectClient
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.kube.watch import Informer
-from convergerd.model import ClusterId
 from convergerd.operator.controller import POLICIES
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES as SIM_POLICIES

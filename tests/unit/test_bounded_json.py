@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convergerd.decode import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, bounded_json
-from convergerd.errors import NotJSON
+from convergerd.core.decode import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, bounded_json
+from convergerd.core.errors import NotJSON
 
 
 def _depth(value: Any) -> int:

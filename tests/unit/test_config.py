@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from convergerd.api.server import secrets_of
 from convergerd.config import (
     MAX_SECRET_FILE_BYTES,
     dsn_secrets,
@@ -15,8 +16,7 @@ from convergerd.config import (
     redact_dsn,
     secrets_in_flags,
 )
-from convergerd.errors import ConfigError
-from convergerd.http import secrets_of
+from convergerd.core.errors import ConfigError
 
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - the documented default listen address
 DSN = "postgresql://convergerd:s3cr3t-pw@db.example:5432/policies"

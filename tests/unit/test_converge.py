@@ -3,7 +3,7 @@ against an in-memory fleet.
 
 `FakeCluster` is a small `PolicyApi` written for these tests: a dict of Policy objects with
 server-side-apply semantics (our labels and spec replaced, other labels kept, status untouched),
-a record of every request, and injectable failures raised as our own `convergerd.errors`
+a record of every request, and injectable failures raised as our own `convergerd.core.errors`
 classes. Time is fake (looptime): a hang or a backoff costs no real time.
 """
 
@@ -18,8 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from convergerd.converge import Round, RoundLimits, run_round
-from convergerd.errors import (
+from convergerd.core.errors import (
     ClusterApiError,
     ClusterError,
     ClusterLevelError,
@@ -30,8 +29,7 @@ from convergerd.errors import (
     Throttled,
     TransientApiError,
 )
-from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
-from convergerd.model import (
+from convergerd.core.model import (
     Boundary,
     BoundaryId,
     Cluster,
@@ -41,8 +39,10 @@ from convergerd.model import (
     Policy,
     PolicyRow,
 )
-from convergerd.render import render_policy, validate_policy
-from convergerd.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
+from convergerd.core.render import render_policy, validate_policy
+from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
+from convergerd.delivery.converge import Round, RoundLimits, run_round
+from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
 
 pytestmark = pytest.mark.looptime
 

@@ -15,15 +15,15 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from convergerd.metrics import Metrics
-from convergerd.model import ClusterId, PolicyId
-from convergerd.report import (
+from convergerd.core.model import ClusterId, PolicyId
+from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
     Delivery,
     PhaseReading,
     RoundReport,
 )
+from convergerd.status.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "grafana" / "convergerd.json"

@@ -1,4 +1,4 @@
-"""What a cluster sends, decoded at the edge (`convergerd.decode`, `Observed.from_object`):
+"""What a cluster sends, decoded at the edge (`convergerd.core.decode`, `Observed.from_object`):
 strings clean and bounded, wrong types named, unusable answers `BadResponse` — never another
 exception, whatever the bytes."""
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convergerd.decode import (
+from convergerd.core.decode import (
     MAX_LABEL_VALUE_CHARS,
     MAX_MESSAGE_CHARS,
     MAX_NAME_CHARS,
@@ -29,9 +29,9 @@ from convergerd.decode import (
     parse_object,
     status_body,
 )
-from convergerd.errors import BadResponse
+from convergerd.core.errors import BadResponse
+from convergerd.core.plan import MALFORMED_REASON, UNKNOWN_PHASE, Observed
 from convergerd.kube.client import http_error, retry_after, status_message
-from convergerd.plan import MALFORMED_REASON, UNKNOWN_PHASE, Observed
 
 T = TypeVar("T")
 NUL_MESSAGE = {"type": "Ready", "status": "True", "reason": "Installed", "message": "ok\u0000"}

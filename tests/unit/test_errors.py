@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from convergerd.errors import SHOWN_MAX_CHARS, shorten, shown
+from convergerd.core.errors import SHOWN_MAX_CHARS, shorten, shown
 
 
 @pytest.mark.parametrize(

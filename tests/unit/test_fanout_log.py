@@ -13,12 +13,12 @@ from typing import TypeVar
 
 import pytest
 
-from convergerd.errors import ClusterUnreachable
-from convergerd.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver, Status, Unfenced
+from convergerd.core.errors import ClusterUnreachable
+from convergerd.core.model import ClusterId, PolicyRow
+from convergerd.core.removal import Target
+from convergerd.core.report import Delivery
+from convergerd.delivery.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver, Status, Unfenced
 from convergerd.kube.api import Applied, KubeObject, ObjectList
-from convergerd.model import ClusterId, PolicyRow
-from convergerd.removal import Target
-from convergerd.report import Delivery
 
 T = TypeVar("T")
 CLUSTERS = 10_000
@@ -116,14 +116,14 @@ def saver(clusters: int, down: int) -> Saver:
 
 def lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "convergerd.fanout" and r.levelno == level]
+            if r.name == "convergerd.delivery.fanout" and r.levelno == level]
 
 
 async def test_a_save_over_many_clusters_logs_counts_and_names_only_the_failures(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     failing = 25
-    caplog.set_level(logging.INFO, logger="convergerd.fanout")
+    caplog.set_level(logging.INFO, logger="convergerd.delivery.fanout")
     report = await saver(CLUSTERS, down=failing).save("p-latest")
     assert report.status is Status.PARTIAL
     [line] = lines(caplog, logging.INFO)
@@ -137,7 +137,7 @@ async def test_a_save_over_many_clusters_logs_counts_and_names_only_the_failures
 
 
 async def test_a_save_with_no_failure_names_no_cluster(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="convergerd.fanout")
+    caplog.set_level(logging.INFO, logger="convergerd.delivery.fanout")
     await saver(3, down=0).save("p-latest")
     assert lines(caplog, logging.INFO) == [
         "policy p-latest revision 1 saved (api): 3 clusters: apply created 3"]
@@ -146,7 +146,7 @@ async def test_a_save_with_no_failure_names_no_cluster(caplog: pytest.LogCapture
 async def test_a_refused_deletion_names_at_most_the_bounded_failures(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="convergerd.fanout")
+    caplog.set_level(logging.INFO, logger="convergerd.delivery.fanout")
     report = await saver(CLUSTERS, down=CLUSTERS // 2).delete("p-latest")
     assert report.status is Status.REFUSED
     [line] = lines(caplog, logging.WARNING)

@@ -18,7 +18,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from convergerd.config import MAX_SECRET_FILE_BYTES, read_secret_file
-from convergerd.errors import BadFile, ConfigError, NoCredentials
+from convergerd.core.errors import BadFile, ConfigError, NoCredentials
 from convergerd.files import NOT_REGULAR, read_bounded
 from convergerd.kube.kubeconfig import (
     MAX_TOKEN_BYTES,

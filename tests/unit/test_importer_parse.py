@@ -12,8 +12,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convergerd.model import InvalidPolicy, PolicyRow
-from convergerd.render import validate_policy
+from convergerd.core.model import InvalidPolicy, PolicyRow
+from convergerd.core.render import validate_policy
 from convergerd.store.importer import (
     MAX_PROBLEMS_LISTED,
     POLICY_FIELDS,

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from convergerd.config import ClusterAccess
-from convergerd.errors import ConfigError, NoCredentials
+from convergerd.core.errors import ConfigError, NoCredentials
+from convergerd.core.model import ClusterId
 from convergerd.kube.kubeconfig import (
     MAX_CREDENTIAL_FILE_BYTES,
     MAX_TOKEN_BYTES,
@@ -24,7 +25,6 @@ from convergerd.kube.kubeconfig import (
 )
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.kube.tlsctx import TlsContexts, tls_key
-from convergerd.model import ClusterId
 from convergerd.sim.kubeconfig import KubeconfigEntry, kubeconfig_document
 from tests.fixtures.fifo import guarded_fifo
 

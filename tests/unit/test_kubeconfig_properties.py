@@ -14,7 +14,7 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from convergerd.errors import ConfigError, NoCredentials
+from convergerd.core.errors import ConfigError, NoCredentials
 from convergerd.kube.kubeconfig import Credentials, Kubeconfig, check_secure, load_kubeconfig
 
 # Messages quote at most ~100 characters of any value, plus fixed text and a path.

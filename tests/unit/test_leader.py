@@ -17,11 +17,11 @@ from typing import TypeVar, cast
 import pytest
 
 from convergerd.config import Election
-from convergerd.errors import ClusterUnreachable, Fenced, ObjectRejected
+from convergerd.core.errors import ClusterUnreachable, Fenced, ObjectRejected
+from convergerd.core.report import Epoch
 from convergerd.kube.api import KubeObject, LeaseApi
-from convergerd.leader import STUCK_AFTER_DURATIONS, Elector, Leadership, NoElection
-from convergerd.lease import INT32_MAX, format_microtime, parse_microtime
-from convergerd.report import Epoch
+from convergerd.leader.elector import STUCK_AFTER_DURATIONS, Elector, Leadership, NoElection
+from convergerd.leader.lease import INT32_MAX, format_microtime, parse_microtime
 from convergerd.supervise import HealthCheck
 
 pytestmark = pytest.mark.looptime
@@ -558,7 +558,7 @@ async def test_a_dead_holders_lease_with_values_at_their_limits_is_taken_over() 
 async def test_a_stuck_elector_fails_health_and_keeps_warning_until_it_recovers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="convergerd.leader")
+    caplog.set_level(logging.DEBUG, logger="convergerd.leader.elector")
     server = LeaseServer()
     a = Replica(server, "a")
     a.api.fault = "error"  # an exception that is not ours, on every attempt
@@ -592,7 +592,7 @@ async def test_conflicts_that_never_end_are_stuck_too_and_warned_about(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """One 409 is a race lost, and quiet; every write refused is not."""
-    caplog.set_level(logging.DEBUG, logger="convergerd.leader")
+    caplog.set_level(logging.DEBUG, logger="convergerd.leader.elector")
     server = LeaseServer()
     a = Replica(server, "a")
     a.api.fault = "conflict"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from convergerd.lease import (
+from convergerd.leader.lease import (
     INT32_MAX,
     LeaseFormatError,
     LeaseRecord,

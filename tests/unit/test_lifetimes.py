@@ -3,8 +3,8 @@ while invalid, forgotten once fixed or deleted."""
 
 from __future__ import annotations
 
-from convergerd.model import InvalidPolicy
-from convergerd.rounds import invalid_to_log
+from convergerd.core.model import InvalidPolicy
+from convergerd.delivery.rounds import invalid_to_log
 
 
 def bad(policy: str, revision: int) -> InvalidPolicy:

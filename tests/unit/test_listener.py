@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from convergerd.listener import Listener
+from convergerd.delivery.listener import Listener
 
 
 @dataclass

@@ -9,9 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from convergerd.metrics import Metrics
-from convergerd.model import ClusterId, InvalidPolicy, PolicyId
-from convergerd.report import (
+from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
     Delivery,
@@ -20,6 +19,7 @@ from convergerd.report import (
     RoundReport,
     Verification,
 )
+from convergerd.status.metrics import Metrics
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 INTERVAL = 300.0

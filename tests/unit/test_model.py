@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convergerd.model import (
+from convergerd.core.model import (
     POLICY_ID_MAX_LEN,
     REGISTRY_MAX_LEN,
     RULE_LIST_MAX_ENTRIES,
@@ -26,7 +26,7 @@ from convergerd.model import (
     Rule,
     RuleError,
 )
-from convergerd.render import MAX_OBJECT_BYTES, check_object_size, object_size, validate_policy
+from convergerd.core.render import MAX_OBJECT_BYTES, check_object_size, object_size, validate_policy
 
 FORBID_LATEST: dict[str, Any] = {"type": "ForbidLatestTag"}
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convergerd.model import RULE_LIST_MAX_ENTRIES
+from convergerd.core.model import RULE_LIST_MAX_ENTRIES
 from convergerd.operator.admission import (
     Admission,
     ProbeUnsatisfiable,

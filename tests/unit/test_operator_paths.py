@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from yarl import URL
 
+from convergerd.core.model import check_policy_id
 from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchEvent
-from convergerd.leader import NoElection
-from convergerd.model import check_policy_id
+from convergerd.leader.elector import NoElection
 from convergerd.operator.controller import Operator, Timing
 from convergerd.operator.metrics import OperatorMetrics
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from convergerd.cli import main
+from convergerd.cli.main import main
 
 POD = """\
 apiVersion: v1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from convergerd.errors import (
+from convergerd.core.errors import (
     BadResponse,
     ClusterLevelError,
     ClusterUnreachable,
@@ -13,11 +13,11 @@ from convergerd.errors import (
     Throttled,
     TransientApiError,
 )
+from convergerd.core.model import ClusterId
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
-from convergerd.metrics import Metrics
-from convergerd.model import ClusterId
-from convergerd.probe import Answers, Prober
-from convergerd.state import StatusState
+from convergerd.status.metrics import Metrics
+from convergerd.status.probe import Answers, Prober
+from convergerd.status.state import StatusState
 
 
 class FakeApi:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from convergerd.errors import ClusterUnreachable
+from convergerd.core.errors import ClusterUnreachable
 from convergerd.kube.ratelimit import (
     BucketState,
     TokenBucket,

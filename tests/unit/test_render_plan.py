@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from convergerd.model import BoundaryId, Policy, PolicyId, PolicyRow
-from convergerd.plan import Observed, Why, plan_cluster
-from convergerd.render import render_policy, validate_policy
+from convergerd.core.model import BoundaryId, Policy, PolicyId, PolicyRow
+from convergerd.core.plan import Observed, Why, plan_cluster
+from convergerd.core.render import render_policy, validate_policy
 
 
 def make_policy(

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convergerd.mutations import BadRequest, parse_body
+from convergerd.api.mutations import BadRequest, parse_body
 
 FIELDS = {"allow_mass_removal": bool}
 json_texts = st.recursive(

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from convergerd.errors import (
+from convergerd.core.errors import (
     ClusterError,
     ClusterLevelError,
     ClusterUnreachable,

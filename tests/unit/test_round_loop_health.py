@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from convergerd.config import load_settings
+from convergerd.core.model import ClusterId, Fleet
+from convergerd.core.report import Epoch, RoundReport
+from convergerd.delivery.rounds import STUCK_AFTER_INTERVALS, RoundLoop
 from convergerd.kube.api import PolicyApi
-from convergerd.leader import NoElection
-from convergerd.metrics import Metrics
-from convergerd.model import ClusterId, Fleet
-from convergerd.report import Epoch, RoundReport
-from convergerd.rounds import STUCK_AFTER_INTERVALS, RoundLoop
-from convergerd.state import StatusState
+from convergerd.leader.elector import NoElection
+from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 from convergerd.supervise import HealthCheck
 
 pytestmark = pytest.mark.looptime

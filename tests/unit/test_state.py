@@ -6,9 +6,8 @@ import datetime as dt
 
 import pytest
 
-from convergerd.model import ClusterId, InvalidPolicy, PolicyId
-from convergerd.phases import STALE, is_stale, normalize_phase, phase_counts
-from convergerd.report import (
+from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
     Delivery,
@@ -17,8 +16,9 @@ from convergerd.report import (
     RoundReport,
     Verification,
 )
-from convergerd.rows import ClusterStateRow, DeliveryRow
-from convergerd.state import (
+from convergerd.core.rows import ClusterStateRow, DeliveryRow
+from convergerd.status.phases import STALE, is_stale, normalize_phase, phase_counts
+from convergerd.status.state import (
     PolicyRecord,
     StatusState,
     merge_records,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from convergerd.statuscli import (
+from convergerd.cli.status import (
     EXIT_UNREACHABLE,
     StatusUnavailable,
     add_arguments,

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convergerd.decode import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS
-from convergerd.model import UnreadableJson
+from convergerd.core.decode import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS
+from convergerd.core.model import UnreadableJson
 from convergerd.store.errors import rejection_reason
 from convergerd.store.values import (
     INT32_MAX,

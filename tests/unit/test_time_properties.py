@@ -13,8 +13,9 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from convergerd.decode import rfc3339
-from convergerd.lease import (
+from convergerd.cli.status import render_status
+from convergerd.core.decode import rfc3339
+from convergerd.leader.lease import (
     MAX_RENEW_TIME_AHEAD,
     LeaseFormatError,
     LeaseRecord,
@@ -26,7 +27,6 @@ from convergerd.lease import (
     renew_body,
 )
 from convergerd.operator.reconcile import PolicyObject, next_probe_in
-from convergerd.statuscli import render_status
 
 UTC = dt.UTC
 NOW = dt.datetime(2026, 12, 3, 9, 0, 0, tzinfo=UTC)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from convergerd.model import ClusterId, Policy, PolicyRow
+from convergerd.core.model import ClusterId, Policy, PolicyRow
 
 
 @dataclass(frozen=True, slots=True)

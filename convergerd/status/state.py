@@ -2,10 +2,11 @@
 error, last success, counts and the phases read back per policy; the last round; the leader;
 the invalid policies; the pending deletions; whether the database answered the last sync.
 Written by the round loop (`observe_round`), the reachability prober (`observe_probe`) and
-the periodic database sync (`convergerd.statussync`: the leader's records on standbys, and
+the periodic database sync (`convergerd.status.sync`: the leader's records on standbys, and
 after a restart); the HTTP handlers only read it. Pure: no I/O, time is passed in.
 
-Design decisions (the phase rules themselves are `convergerd.phases`, shared with the metrics):
+Design decisions (the phase rules themselves are `convergerd.status.phases`, shared with the
+metrics):
 
 - **Worst first.** Clusters are ordered: unreached, never checked, failing (a cluster-level
   error or failed policies), then the rest; within each group by lag, largest first.
@@ -21,8 +22,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from convergerd.model import ClusterId, InvalidPolicy, PolicyId
-from convergerd.phases import (
+from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.core.report import (
+    ApplyResult,
+    ClusterOutcome,
+    Delivery,
+    Epoch,
+    PhaseReading,
+    RoundReport,
+    Verification,
+    utc_now,
+)
+from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
+from convergerd.status.phases import (
     age_s,
     is_stale,
     is_unsupported,
@@ -35,17 +47,6 @@ from convergerd.phases import (
     verification_of,
     verified_stale_after_s,
 )
-from convergerd.report import (
-    ApplyResult,
-    ClusterOutcome,
-    Delivery,
-    Epoch,
-    PhaseReading,
-    RoundReport,
-    Verification,
-    utc_now,
-)
-from convergerd.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 
 UNKNOWN_VERSION = "unknown"
 

@@ -1,4 +1,4 @@
-"""The periodic database sync that feeds the live status (`convergerd.state.StatusState`) and
+"""The periodic database sync that feeds the live status (`convergerd.status.state.StatusState`) and
 the metrics with what the database recorded, on the leader and the standbys alike.
 
 One pass: the clusters the database knows with their recorded outcomes, the last recorded round
@@ -15,11 +15,11 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Protocol
 
-from convergerd.errors import ConvergerdError
-from convergerd.metrics import Metrics
-from convergerd.model import InvalidPolicy
-from convergerd.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
-from convergerd.state import StatusState
+from convergerd.core.errors import ConvergerdError
+from convergerd.core.model import InvalidPolicy
+from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
+from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 
 log = logging.getLogger(__name__)
 

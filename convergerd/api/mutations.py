@@ -1,6 +1,6 @@
 """The save and delete endpoints: `POST /v1/policies/{id}/apply`, `DELETE /v1/policies/{id}`.
 
-Called by `convergerd.http` after the bearer token check. Everything in the request is checked
+Called by `convergerd.api.server` after the bearer token check. Everything in the request is checked
 before the database is touched: the id (a DNS label of at most 50 characters), the body size,
 that the body is a JSON object, and its fields and their types. Answers:
 
@@ -25,11 +25,11 @@ from typing import Any
 
 from aiohttp import StreamReader, web
 
-from convergerd.decode import bounded_json
-from convergerd.errors import DatabaseUnavailable, NotJSON
-from convergerd.fanout import Report, Saver, Status
-from convergerd.http import MutationHandler, error_response
-from convergerd.model import RuleError, check_policy_id
+from convergerd.api.server import MutationHandler, error_response
+from convergerd.core.decode import bounded_json
+from convergerd.core.errors import DatabaseUnavailable, NotJSON
+from convergerd.core.model import RuleError, check_policy_id
+from convergerd.delivery.fanout import Report, Saver, Status
 
 MAX_BODY_BYTES = 16 * 1024
 _SAVE_FIELDS: Mapping[str, type] = {"allow_mass_removal": bool}
@@ -157,7 +157,7 @@ def _refusal(status: int, message: str, body: dict[str, Any]) -> web.Response:
 def handlers(
     saver: Saver, *, body_timeout_s: float = 10.0
 ) -> tuple[MutationHandler, MutationHandler]:
-    """`(on_apply, on_delete)` for `convergerd.http.make_app`; a body must arrive within
+    """`(on_apply, on_delete)` for `convergerd.api.server.make_app`; a body must arrive within
     `body_timeout_s` (`HttpLimits.body_timeout_s`)."""
 
     async def on_apply(request: web.Request, raw_id: str) -> web.StreamResponse:

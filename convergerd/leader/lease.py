@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from convergerd.decode import preview
+from convergerd.core.decode import preview
 
 
 class Fence(Protocol):

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from convergerd.cli.status import DEFAULT_ADDR
 from convergerd.config import SETTINGS_BY_KEY, read_secret_file
-from convergerd.decode import bounded_json
-from convergerd.errors import ConfigError, NotJSON
-from convergerd.model import RuleError, check_policy_id
-from convergerd.statuscli import DEFAULT_ADDR
+from convergerd.core.decode import bounded_json
+from convergerd.core.errors import ConfigError, NotJSON
+from convergerd.core.model import RuleError, check_policy_id
 
 EXIT_OK = 0
 EXIT_NOT_DONE = 1

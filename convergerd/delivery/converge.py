@@ -16,20 +16,18 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from convergerd.decode import as_int
-from convergerd.errors import (
+from convergerd.core.decode import as_int
+from convergerd.core.errors import (
     ClusterError,
     DatabaseUnavailable,
     Fenced,
     Superseded,
 )
-from convergerd.kube.api import Applied, PolicyApi
-from convergerd.lease import Fence
-from convergerd.model import ClusterId, Fleet, Policy, PolicyId
-from convergerd.plan import Apply, Observed, Why, plan_cluster, with_precondition
-from convergerd.removal import Current
-from convergerd.render import MANAGED_SELECTOR, object_name, policy_id_of, render_policy
-from convergerd.report import (
+from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId
+from convergerd.core.plan import Apply, Observed, Why, plan_cluster, with_precondition
+from convergerd.core.removal import Current
+from convergerd.core.render import MANAGED_SELECTOR, object_name, policy_id_of, render_policy
+from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
     Delivery,
@@ -37,6 +35,8 @@ from convergerd.report import (
     PhaseReading,
     RoundReport,
 )
+from convergerd.kube.api import Applied, PolicyApi
+from convergerd.leader.lease import Fence
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from convergerd.errors import BadResponse, NotJSON
+from convergerd.core.errors import BadResponse, NotJSON
 
 V = TypeVar("V")
 

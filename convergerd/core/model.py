@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
-from convergerd.errors import shorten, shown
+from convergerd.core.errors import shorten, shown
 
 ClusterId = NewType("ClusterId", str)
 BoundaryId = NewType("BoundaryId", str)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from convergerd import __version__
-from convergerd.model import POLICY_ID_MAX_LEN
+from convergerd.core.model import POLICY_ID_MAX_LEN
 
 JSON = "application/json"
 # The id patterns the handlers check (`model.check_policy_id`, `model.check_cluster_id`).

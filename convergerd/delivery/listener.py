@@ -30,8 +30,8 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from convergerd.errors import DatabaseUnavailable, shown
-from convergerd.model import RuleError, check_policy_id
+from convergerd.core.errors import DatabaseUnavailable, shown
+from convergerd.core.model import RuleError, check_policy_id
 from convergerd.retry import Random, backoff_s
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 A save reads the policy from the database and, concurrently on every cluster in its scope,
 reads the live object and applies the policy when it differs (with the live object's
 resourceVersion as precondition, so it never writes over a newer revision another writer put
-there), then removes it from clusters that hold it but left its scope (`convergerd.removal`
+there), then removes it from clusters that hold it but left its scope (`convergerd.core.removal`
 decides, with the mass-removal guard). A deletion marks the policy in the database first (rounds
 stop delivering it; a round that read it before checks again at write time), removes
 `policy-<id>` everywhere it may be installed (404 counts as removed), and deletes the row only
@@ -26,21 +26,21 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from convergerd.converge import Retrier
-from convergerd.errors import (
+from convergerd.core.errors import (
     ClusterError,
     DatabaseRejected,
     DatabaseUnavailable,
     Fenced,
     Superseded,
 )
+from convergerd.core.model import ClusterId, Policy, PolicyId
+from convergerd.core.plan import Observed, differs, with_precondition
+from convergerd.core.removal import SavePlan, Target, delete_targets, plan_save
+from convergerd.core.render import object_name, render_policy, validate_policy
+from convergerd.core.report import ApplyResult, Delivery
+from convergerd.delivery.converge import Retrier
 from convergerd.kube.api import KubeObject, PolicyApi
-from convergerd.lease import Fence
-from convergerd.model import ClusterId, Policy, PolicyId
-from convergerd.plan import Observed, differs, with_precondition
-from convergerd.removal import SavePlan, Target, delete_targets, plan_save
-from convergerd.render import object_name, render_policy, validate_policy
-from convergerd.report import ApplyResult, Delivery
+from convergerd.leader.lease import Fence
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Leader election on a coordination.k8s.io/v1 Lease, with fencing.
 
 Not kubernetes-asyncio's `leaderelection` (wall clock, no per-call timeout, keeps leading on
-network errors). The arithmetic lives in `convergerd.lease`; this module does the I/O.
+network errors). The arithmetic lives in `convergerd.leader.lease`; this module does the I/O.
 
 Safety: a leader may write only while `now < last successful renew + renew deadline`, where
 the renew time is the monotonic time at which the successful renew request was *sent*. Another
@@ -33,10 +33,11 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from convergerd.config import Election
-from convergerd.decode import MAX_MESSAGE_CHARS, clean_text
-from convergerd.errors import ConvergerdError, Fenced, ObjectRejected
+from convergerd.core.decode import MAX_MESSAGE_CHARS, clean_text
+from convergerd.core.errors import ConvergerdError, Fenced, ObjectRejected
+from convergerd.core.report import Epoch, utc_now
 from convergerd.kube.api import LeaseApi
-from convergerd.lease import (
+from convergerd.leader.lease import (
     Fence,
     LeaseFormatError,
     LeaseRecord,
@@ -49,7 +50,6 @@ from convergerd.lease import (
     release_body,
     write_budget,
 )
-from convergerd.report import Epoch, utc_now
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,22 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from convergerd.config import Settings
-from convergerd.converge import ClusterSource, Retrier, Round, RoundLimits, WriteGuard, run_round
-from convergerd.errors import ConfigError, DatabaseRejected, DatabaseUnavailable, Fenced
-from convergerd.leader import Leadership
-from convergerd.lease import Fence
-from convergerd.metrics import Metrics
-from convergerd.model import Fleet, InvalidPolicy
-from convergerd.report import Epoch, RoundReport, utc_now
+from convergerd.core.errors import ConfigError, DatabaseRejected, DatabaseUnavailable, Fenced
+from convergerd.core.model import Fleet, InvalidPolicy
+from convergerd.core.report import Epoch, RoundReport, utc_now
+from convergerd.delivery.converge import (
+    ClusterSource,
+    Retrier,
+    Round,
+    RoundLimits,
+    WriteGuard,
+    run_round,
+)
+from convergerd.leader.elector import Leadership
+from convergerd.leader.lease import Fence
 from convergerd.retry import RetryObserver, backoff_s, call_with_retries
-from convergerd.state import StatusState
+from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 from convergerd.supervise import first
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from convergerd.decode import bounded_json, rfc3339
-from convergerd.errors import NotJSON
-from convergerd.state import worst_first_key
+from convergerd.core.decode import bounded_json, rfc3339
+from convergerd.core.errors import NotJSON
+from convergerd.status.state import worst_first_key
 
 DEFAULT_ADDR = "http://127.0.0.1:8080"
 EXIT_OK = 0

@@ -29,8 +29,8 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Iterable
 
-from convergerd.decode import in_the_future
-from convergerd.report import ClusterOutcome, PhaseReading, Verification
+from convergerd.core.decode import in_the_future
+from convergerd.core.report import ClusterOutcome, PhaseReading, Verification
 
 PHASES = ("Enforcing", "Inert", "Unsupported", "Error")
 UNSUPPORTED = "Unsupported"

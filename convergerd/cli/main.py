@@ -24,7 +24,7 @@ from convergerd.config import (
     load_settings,
     secrets_in_flags,
 )
-from convergerd.errors import ConfigError, ConvergerdError
+from convergerd.core.errors import ConfigError, ConvergerdError
 
 log = logging.getLogger("convergerd")
 
@@ -143,12 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("file", type=Path, help="YAML with clusters, boundaries and policies")
     _add_settings(imp, (*db_keys, "import_max_bytes"))
 
-    from convergerd import statuscli
+    from convergerd.cli import status as statuscli
 
     status = sub.add_parser("status", help="a running daemon's status as a table")
     statuscli.add_arguments(status)
 
-    from convergerd import policycli, policyeval
+    from convergerd.cli import policy as policycli
+    from convergerd.cli import policyeval
 
     policy = sub.add_parser(
         "policy", help="one policy: apply or delete it now through a running daemon, or eval "
@@ -207,8 +208,8 @@ def _command_name(args: argparse.Namespace) -> str:
 
 
 # Commands that call a running daemon or work offline: their own output, no daemon settings.
-_TOOLS = {"status": "statuscli", "policy eval": "policyeval", "policy apply": "policycli",
-          "policy delete": "policycli"}
+_TOOLS = {"status": "cli.status", "policy eval": "cli.policyeval",
+          "policy apply": "cli.policy", "policy delete": "cli.policy"}
 
 
 def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command

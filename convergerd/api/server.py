@@ -10,12 +10,12 @@
 | `GET /v1/policies/{id}/status` | that policy per cluster: revisions, error, phase; its deletion |
 | `POST /v1/policies/{id}/apply` | save: bearer token required |
 | `DELETE /v1/policies/{id}` | delete: bearer token required |
-| `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.openapi`) |
+| `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.api.openapi`) |
 
 Status works on every replica: what this replica observed is merged with what the database
 recorded (whoever led), the newer fact winning, so a standby shows the leader's results. The
-handlers only read: `/status` is the live state (`convergerd.state`, fed by rounds and the
-periodic database sync, `convergerd.statussync`); the per-cluster and per-policy views add that
+handlers only read: `/status` is the live state (`convergerd.status.state`, fed by rounds and the
+periodic database sync, `convergerd.status.sync`); the per-cluster and per-policy views add that
 one cluster's or policy's rows, read in one query through a small gate with a short timeout, so
 status requests cannot take the database connections the round needs.
 
@@ -38,7 +38,7 @@ forge a line.
 
 The server is bounded (`serve`, `HttpLimits`): a cap on open connections (at the cap the one
 idle the longest is closed for a new one), a deadline for a request's line and headers, one for
-its body (`convergerd.mutations`) and for an answer left unread, and an idle keep-alive timeout.
+its body (`convergerd.api.mutations`) and for an answer left unread, and an idle keep-alive timeout.
 """
 
 from __future__ import annotations
@@ -62,11 +62,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from convergerd import __version__
+from convergerd.api.openapi import document
 from convergerd.config import SETTINGS_BY_KEY, HttpLimits, Settings, check_settings, dsn_secrets
-from convergerd.errors import ConfigError, ConvergerdError
-from convergerd.kube.ratelimit import TokenBucket
-from convergerd.metrics import CONTENT_TYPE, Metrics
-from convergerd.model import (
+from convergerd.core.errors import ConfigError, ConvergerdError
+from convergerd.core.model import (
     DELIVERED_RULE_TYPES,
     ClusterId,
     PolicyId,
@@ -74,10 +73,11 @@ from convergerd.model import (
     check_cluster_id,
     check_policy_id,
 )
-from convergerd.openapi import document
-from convergerd.phases import age_s
-from convergerd.rows import ClusterStatusRows, PolicyStatusRows
-from convergerd.state import PolicyRecord, StatusState, iso, merge_records, record_view
+from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
+from convergerd.kube.ratelimit import TokenBucket
+from convergerd.status.metrics import CONTENT_TYPE, Metrics
+from convergerd.status.phases import age_s
+from convergerd.status.state import PolicyRecord, StatusState, iso, merge_records, record_view
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from convergerd.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 
 
 def utc_now() -> dt.datetime:

@@ -1,7 +1,7 @@
 """What the database recorded, as the status code reads it: one definition of each row.
 
-Plain data (no driver): `convergerd.store.store` builds them, `convergerd.state` merges them into
-what this replica knows, the HTTP server shows them.
+Plain data (no driver): `convergerd.store.store` builds them, `convergerd.status.state` merges
+them into what this replica knows, the HTTP server shows them.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from convergerd.model import ClusterId, PolicyId, PolicyRow
-from convergerd.report import ApplyResult, Epoch, RoundResult
+from convergerd.core.model import ClusterId, PolicyId, PolicyRow
+from convergerd.core.report import ApplyResult, Epoch, RoundResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from convergerd.decode import (
+from convergerd.core.decode import (
     MAX_NAME_CHARS,
     MAX_REASON_CHARS,
     MAX_TOKEN_CHARS,
     FieldReader,
     expected,
 )
-from convergerd.model import Policy
-from convergerd.render import object_name, render_policy
-from convergerd.report import Verification
+from convergerd.core.model import Policy
+from convergerd.core.render import object_name, render_policy
+from convergerd.core.report import Verification
 
 # The phase and Ready reason of an object read back with a field of the wrong type.
 UNKNOWN_PHASE = "Unknown"
@@ -51,7 +51,7 @@ class Observed:
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Observed:
-        """Decoded at the edge (`convergerd.decode`): strings cleaned and capped; a field
+        """Decoded at the edge (`convergerd.core.decode`): strings cleaned and capped; a field
         with the wrong type reads as absent, and the object's phase is then `Unknown`
         with reason `Malformed` and the field and value as message."""
         r = FieldReader()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from convergerd.model import (
+from convergerd.core.model import (
     BoundaryId,
     InvalidPolicy,
     Policy,

@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from convergerd.errors import (
+from convergerd.core.errors import (
     ClusterError,
 )
+from convergerd.core.report import utc_now
 from convergerd.kube.api import PolicyApi, RequestObserver
-from convergerd.report import utc_now
-from convergerd.state import Clock
+from convergerd.status.state import Clock
 
 log = logging.getLogger(__name__)
 

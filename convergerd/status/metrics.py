@@ -15,7 +15,8 @@ derived values are true when Prometheus reads them:
   known (a 0 would read as "1970").
 - `convergerd_policy_phase{cluster,phase}`: phases read back in the last listing of that cluster.
   Readings older than two round intervals count under `phase="Stale"` instead of their last
-  known phase (see `convergerd.phases`), so `sum by (cluster)` is still the policy count there.
+  known phase (see `convergerd.status.phases`), so `sum by (cluster)` is still the policy count
+  there.
 - `convergerd_policy_verification{cluster,result}`: the operator's enforcement probe as read
   back in the same listing: `verified` (a violating pod was denied), `admitted` (a violating pod
   was ADMITTED: the policy is not enforced there; alert `ConvergerdPolicyNotEnforced`),
@@ -64,7 +65,14 @@ from prometheus_client.metrics_core import (
 )
 
 from convergerd import __version__
-from convergerd.phases import (
+from convergerd.core.report import (
+    ApplyResult,
+    ClusterOutcome,
+    PhaseReading,
+    RoundReport,
+    RoundResult,
+)
+from convergerd.status.phases import (
     ADMITTED,
     ALL_PHASES,
     STALE,
@@ -81,7 +89,6 @@ from convergerd.phases import (
     verification_result,
     verified_stale_after_s,
 )
-from convergerd.report import ApplyResult, ClusterOutcome, PhaseReading, RoundReport, RoundResult
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -548,7 +555,7 @@ FANOUT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
 
 
 class FanoutMetrics:
-    """Saves and deletions (`convergerd.fanout`) and the NOTIFY listener; register with
+    """Saves and deletions (`convergerd.delivery.fanout`) and the NOTIFY listener; register with
     `metrics.registry.register(...)`. No per-policy label:
 
     - `convergerd_saves_total{trigger,result}` (trigger `api` or `notify`; result `ok`,

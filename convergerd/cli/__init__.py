@@ -1,0 +1,1 @@
+"""The command line: `convergerd COMMAND` and its subcommands."""

@@ -1,0 +1,1 @@
+"""Leadership: Lease arithmetic (pure) and the elector with fencing."""
