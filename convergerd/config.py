@@ -146,9 +146,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("probe_period_s", "CONVERGERD_PROBE_PERIOD_SECONDS", "--probe-period-seconds",
             _positive_float, "10",
             "seconds between reachability checks (GET /version to each cluster no other "
-            "request reached within the period): an unreached cluster shows within this plus "
-            "the request timeout; a check costs ~0.35 ms of CPU, so at 10,000 clusters 20 "
-            "keeps the prober near 17%% of a core with detection within 25 s"),
+            "request reached within half the period): an unreached cluster shows within 1.5 "
+            "times this plus the request timeout; a check costs ~0.35 ms of CPU, so at 10,000 "
+            "clusters 20 keeps the prober near 17%% of a core with detection within 35 s"),
     Setting("status_reads_per_s", "CONVERGERD_STATUS_READS_PER_SECOND",
             "--status-reads-per-second", _positive_float, "20",
             "status views (/status, /v1/clusters/{id}, /v1/policies/{id}/status) served per "

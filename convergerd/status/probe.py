@@ -1,12 +1,16 @@
 """The reachability prober: between rounds, every `period_s` (default 10 s) one cheap
 `GET /version` per cluster, so a cluster that stops answering shows `convergerd_cluster_up 0`
-within `period_s + timeout_s` (well under 30 s with the defaults), not only at the next round.
+within `1.5 * period_s + timeout_s` (15 s plus the time to fail with the defaults), not only at
+the next round.
 
 Cost: at most one small request per cluster per period, on every replica (standbys too, so
 their `/status` and metrics are live): 1000 clusters at 10 s is up to 100 requests per second
 per replica. A cluster that answered any other request (a round's list or apply, a save)
-within the last period is not probed: that answer already proves it reached, and the bound
-holds, since the next pass probes it unless it answered again. At most `concurrency` probes
+within the last half period (`SKIP_WITHIN_PERIODS`) is not probed: that answer already proves
+it reached. Half, not a whole period: a cluster that went down just after answering is
+probed by the first pass at least half a period later, so the bound is 1.5 periods; skipping
+within a whole period made it two (a cluster that answered just before a pass waited out that
+pass and the whole next period). At most `concurrency` probes
 are in flight at once; a probe that gets no answer within `timeout_s` counts as unreached, so
 a dead cluster costs one timeout per period, never more.
 
@@ -47,6 +51,9 @@ class ProbeSink(Protocol):
         server_version: str | None = None, at: dt.datetime | None = None,
     ) -> None: ...
 
+
+# Another request's answer excuses a probe when it came within this share of the period.
+SKIP_WITHIN_PERIODS = 0.5
 
 # The prober's own request: its answers must not excuse the next probe. A watch reports its
 # status when the stream ends, possibly long after the answer (or cut by a reset): not proof.
@@ -100,8 +107,8 @@ class Prober:
         clock: Clock = utc_now,
         answers: Answers | None = None,
     ) -> None:
-        """`answers`: the requests' observer; a cluster it saw answer within the last period
-        is reported reached without a probe."""
+        """`answers`: the requests' observer; a cluster it saw answer within the last half
+        period is reported reached without a probe."""
         self.clusters = clusters
         self.metrics = metrics
         self.state = state
@@ -131,7 +138,8 @@ class Prober:
         reached: dict[str, bool] = {}
         due: list[str] = []
         for cluster in sorted(targets):
-            if self.answers is not None and self.answers.answered_within(cluster, self.period_s):
+            if self.answers is not None and self.answers.answered_within(
+                    cluster, self.period_s * SKIP_WITHIN_PERIODS):
                 self.skipped += 1
                 self._report(cluster, True, None, None)
                 reached[cluster] = True

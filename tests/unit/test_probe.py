@@ -176,3 +176,29 @@ async def test_answers_forget_clusters_no_longer_probed() -> None:
     answers.request_done("gone", "list", 200, 0.1)
     await prober.probe_once()
     assert len(answers) == 1
+
+
+async def test_a_cluster_that_goes_down_right_after_answering_is_seen_within_1_5_periods() -> None:
+    """It answered a round's list, then went down at once. A pass 9.9 s later used to spare it
+    (an answer within the period), and the next one came 19.9 s after the answer: two periods.
+    Sparing only answers within half a period, the worst case is a pass at 4.9 s that spares
+    it and the next at 14.9 s: 1.5 periods."""
+    api = CountingApi("c", "ok")
+    p = Probing({"c": api})
+    p.answers.request_done("c", "list", 200, 0.0)
+    api.behaviour = "down"
+    p.clock.now += 9.9
+    assert await p.prober.probe_once() == {"c": False}
+    assert 'convergerd_cluster_up{cluster="c"} 0.0' in p.metrics.render().decode()
+
+
+async def test_an_answer_within_half_a_period_spares_the_probe() -> None:
+    api = CountingApi("c", "ok")
+    p = Probing({"c": api})
+    p.answers.request_done("c", "list", 200, 0.0)
+    p.clock.now += 4.9
+    await p.prober.probe_once()
+    assert api.probes == 0
+    p.clock.now += 0.2  # 5.1 s: more than half a period
+    await p.prober.probe_once()
+    assert api.probes == 1
