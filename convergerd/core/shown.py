@@ -53,7 +53,7 @@ _JSON_MAX_LEVEL = 100
 
 def shown(value: object, limit: int = SHOWN_MAX_CHARS, *, style: Style = "repr") -> str:
     """`value` for a message or a log line: one line, escaped, at most `limit` characters,
-    written in `style` (see the module's table)."""
+    written in `style` (see the module docstring)."""
     if style == "json":
         # json.dumps writes every string in ASCII, so only the cut is left to do.
         return _cut(_json(value, limit + 1, 0), limit)
