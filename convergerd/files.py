@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
-from convergerd.core.errors import BadFile, shown
+from convergerd.core.errors import BadFile
+from convergerd.core.shown import shown
 
 _CHUNK = 1 << 16
 NOT_REGULAR = "not a regular file (a directory, pipe or device); give a file path"

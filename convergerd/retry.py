@@ -53,6 +53,28 @@ def backoff_s(attempt: int, *, base: float, cap: float, rng: Random | None = Non
     return (rng or _JITTER).uniform(0.0, ceiling)
 
 
+class BackoffWait(tenacity.wait.wait_base):
+    """tenacity's wait for `backoff_s`: full jitter for the attempt that just failed."""
+
+    def __init__(self, *, base: float, cap: float, rng: Random | None = None) -> None:
+        self.base, self.cap, self.rng = base, cap, rng
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        return backoff_s(retry_state.attempt_number, base=self.base, cap=self.cap, rng=self.rng)
+
+
+class StopBefore(tenacity.stop.stop_base):
+    """tenacity's stop at a deadline: no wait that would end at or past it. tenacity's own
+    `stop_before_delay` counts on `time.monotonic` from the first attempt; ours is the
+    caller's deadline on the caller's clock (the event loop's)."""
+
+    def __init__(self, deadline: float, clock: Callable[[], float]) -> None:
+        self.deadline, self.clock = deadline, clock
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.clock() + retry_state.upcoming_sleep >= self.deadline
+
+
 def next_wait(
     exc: BaseException,
     attempt: int,

@@ -36,9 +36,10 @@ from convergerd.core.errors import (
     NoCredentials,
 )
 from convergerd.core.report import RoundReport, RoundResult
+from convergerd.core.shown import describe
 from convergerd.delivery.fanout import FanoutEnv, SaveClusters, Saver, Unfenced
 from convergerd.delivery.listener import Listener
-from convergerd.delivery.rounds import RoundLoop, StopFence, cluster_calls, database_backoff_s
+from convergerd.delivery.rounds import RoundLoop, StopFence, cluster_calls, database_retrying
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader.elector import Elector, Leadership, NoElection
 from convergerd.leader.lease import Fence
@@ -148,19 +149,16 @@ class Daemon:
     async def _connect_store(self) -> Store | None:
         """Wait for the database (logging each failure once per attempt); None if stopped."""
         assert self.settings.database_url is not None
-        attempt = 0
-        while not self.stopping.is_set():
-            try:
+        # Refused too (e.g. a privilege revoked on the schema): an operator fixes it; a
+        # process that waits is fixed with it, one that exits crash-loops meanwhile.
+        async for attempt in database_retrying(
+                (DatabaseUnavailable, DatabaseRejected),
+                sleep=lambda wait_s: first(asyncio.sleep(wait_s), self.stopping.wait())):
+            with attempt:
+                if self.stopping.is_set():
+                    return None
                 return await Store.connect(self.settings.database_url, observer=self.metrics)
-            except (DatabaseUnavailable, DatabaseRejected) as exc:
-                # Refused (e.g. a privilege revoked on the schema): an operator fixes it; a
-                # process that waits is fixed with it, one that exits crash-loops meanwhile.
-                attempt += 1
-                wait = database_backoff_s(attempt)
-                what = "unavailable" if isinstance(exc, DatabaseUnavailable) else "refused"
-                log.warning("database %s (%s); retrying in %.1f s", what, exc, wait)
-                await first(asyncio.sleep(wait), self.stopping.wait())
-        return None
+        return None  # pragma: no cover - tenacity returns or raises
 
     # -- the main job ----------------------------------------------------------------------
 
@@ -244,8 +242,7 @@ class Daemon:
             async with asyncio.timeout(bound):
                 await elector.release()
         except Exception as exc:
-            log.warning("could not release the Lease within %.1f s: %s (%s)", bound,
-                        type(exc).__name__, exc)
+            log.warning("could not release the Lease within %.1f s: %s", bound, describe(exc))
 
     @property
     def last_report(self) -> RoundReport | None:

@@ -29,6 +29,7 @@ from convergerd.api.server import MutationHandler, error_response
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import DatabaseUnavailable, NotJSON
 from convergerd.core.model import RuleError, check_policy_id
+from convergerd.core.shown import shown
 from convergerd.delivery.fanout import Report, Saver, Status
 
 MAX_BODY_BYTES = 16 * 1024
@@ -42,11 +43,6 @@ class BadRequest(Exception):
         self.status = status
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 100 else text[:97] + "..."
-
-
 def check_fields(doc: Any, allowed: Mapping[str, type]) -> dict[str, Any]:
     """The body's fields, each known and of its type (pure)."""
     if not isinstance(doc, dict):
@@ -54,11 +50,11 @@ def check_fields(doc: Any, allowed: Mapping[str, type]) -> dict[str, Any]:
     unknown = sorted(str(k) for k in doc if k not in allowed)
     if unknown:
         known = ", ".join(allowed) or "none"
-        raise BadRequest(f"body: unknown field(s) {', '.join(_short(k) for k in unknown)} "
+        raise BadRequest(f"body: unknown field(s) {', '.join(shown(k) for k in unknown)} "
                          f"(known: {known})")
     for key, kind in allowed.items():
         if key in doc and type(doc[key]) is not kind:
-            raise BadRequest(f"body.{key}: expected {kind.__name__}, got {_short(doc[key])}")
+            raise BadRequest(f"body.{key}: expected {kind.__name__}, got {shown(doc[key])}")
     return dict(doc)
 
 

@@ -33,7 +33,7 @@ Every request is untrusted, authenticated or not: an id that is not a valid poli
 label of at most 50 characters) or cluster id is refused with 400 before the database is asked;
 an `Authorization` header that does not decode is a wrong token (401); a request line or header
 longer than `MAX_LINE_BYTES` is refused by the server (400, JSON) with one warning, no
-traceback; ids and paths are escaped (`printable`) wherever they are logged, so a request cannot
+traceback; ids and paths are escaped (`shown`) wherever they are logged, so a request cannot
 forge a line.
 
 The server is bounded (`serve`, `HttpLimits`): a cap on open connections (at the cap the one
@@ -74,6 +74,7 @@ from convergerd.core.model import (
     check_policy_id,
 )
 from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
+from convergerd.core.shown import SHOWN_MAX_CHARS, describe, shown
 from convergerd.kube.ratelimit import TokenBucket
 from convergerd.status.metrics import CONTENT_TYPE, Metrics
 from convergerd.status.phases import age_s
@@ -103,9 +104,6 @@ ROWS_PER_TOKEN = 100
 # The server's parser limits: a longer request line (the URL) or header line is refused (400).
 MAX_LINE_BYTES = 8190
 MAX_HEADERS = 64
-# What of a request value (an id, a path) a log line or an error message shows.
-_SHOWN_CHARS = 100
-
 T = TypeVar("T")
 MutationHandler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -154,16 +152,9 @@ def error_response(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
-def printable(text: str, limit: int = _SHOWN_CHARS) -> str:
-    """`text` for a log line or a message: shortened to `limit` characters, and every character
-    that is not printable (newline, ESC, NUL, an undecodable byte) written as its escape."""
-    short = text if len(text) <= limit else text[:limit] + "..."
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in short)
-
-
 def _bad_id(kind: str, value: str, exc: RuleError) -> web.Response:
-    return error_response(400, f"bad {kind} id: {printable(str(exc), 2 * _SHOWN_CHARS)}",
-                          **{kind: printable(value)})
+    why = shown(str(exc), 2 * SHOWN_MAX_CHARS, style="text")
+    return error_response(400, f"bad {kind} id: {why}", **{kind: shown(value, style="text")})
 
 
 def policy_id_of(request: web.Request) -> PolicyId | web.Response:
@@ -205,9 +196,10 @@ class _ServerLog(logging.LoggerAdapter[logging.Logger]):
     def exception(self, msg: object, *args: object, exc_info: Any = True,
                   **kwargs: Any) -> None:
         if isinstance(exc_info, HttpProcessingError):
-            remote = printable(str(args[0])) if args else "?"
+            remote = shown(str(args[0]), style="text") if args else "?"
             self.logger.warning("refused a malformed request from %s: %s %s", remote,
-                                exc_info.code, printable(exc_info.message, 2 * _SHOWN_CHARS))
+                                exc_info.code,
+                                shown(exc_info.message, 2 * SHOWN_MAX_CHARS, style="text"))
             return
         super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
@@ -383,7 +375,7 @@ class _Connection(RequestHandler):
                      message: str | None = None) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs, checks nothing was sent
         text = message if message and status < 500 else HTTPStatus(status).phrase.lower()
-        response = error_response(status, printable(text, 2 * _SHOWN_CHARS))
+        response = error_response(status, shown(text, 2 * SHOWN_MAX_CHARS, style="text"))
         response.force_close()
         return response
 
@@ -478,11 +470,6 @@ def bound_port(runner: web.AppRunner) -> int:
     return port
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 # ---------------------------------------------------------------------------------------------
 # The app
 
@@ -553,7 +540,7 @@ class _Handlers:
             return error_response(503, f"database did not answer within {DB_TIMEOUT_S:g} s",
                                   reason="database")
         except (ConvergerdError, OSError) as exc:
-            return error_response(503, f"database unreachable: {_describe(exc)}",
+            return error_response(503, f"database unreachable: {describe(exc)}",
                                   reason="database")
         return web.json_response({"ready": True})
 
@@ -580,7 +567,7 @@ class _Handlers:
     def _read_error(self, exc: BaseException) -> str:
         if isinstance(exc, TimeoutError):
             return f"the database did not answer within {self.db_timeout_s:g} s"
-        return _describe(exc)
+        return describe(exc)
 
     async def status(self, _: web.Request) -> web.Response:
         now = asyncio.get_running_loop().time()
@@ -740,18 +727,21 @@ def _json_errors() -> Any:
             if exc.status < 400:
                 raise
             if not isinstance(exc, web.HTTPMethodNotAllowed):
-                return error_response(exc.status, exc.reason, path=printable(request.path))
+                return error_response(exc.status, exc.reason,
+                                      path=shown(request.path, style="text"))
             # RFC 9110: a 405 names the methods the resource has.
-            response = error_response(exc.status, exc.reason, path=printable(request.path),
+            response = error_response(exc.status, exc.reason,
+                                      path=shown(request.path, style="text"),
                                       allowed_methods=sorted(exc.allowed_methods))
             response.headers["Allow"] = exc.headers["Allow"]
             return response
         except ConnectionResetError:  # the client went away: nobody to answer, nothing wrong
-            log.debug("client gone during %s %s", request.method, printable(request.path))
+            log.debug("client gone during %s %s", request.method,
+                      shown(request.path, style="text"))
             return error_response(400, "the client closed the connection")
         except Exception:
             log.exception("unhandled error serving %s %s", request.method,
-                          printable(request.path))
+                          shown(request.path, style="text"))
             return error_response(500, "internal error (see the daemon's log)")
 
     return middleware
@@ -772,7 +762,7 @@ def _scrub(secrets: Sequence[str]) -> Any:
                     body = body.replace(secret, b"***")
             if body is not response.body:
                 log.error("a secret was about to be sent in the response to %s %s; redacted",
-                          request.method, printable(request.path))
+                          request.method, shown(request.path, style="text"))
                 response.body = body
         return response
 

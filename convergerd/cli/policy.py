@@ -33,6 +33,7 @@ from convergerd.config import SETTINGS_BY_KEY, read_secret_file
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import ConfigError, NotJSON
 from convergerd.core.model import RuleError, check_policy_id
+from convergerd.core.shown import shown
 
 EXIT_OK = 0
 EXIT_NOT_DONE = 1
@@ -134,9 +135,7 @@ def cell(value: object, limit: int = _MAX_CELL) -> str:
     """A table cell from the daemon's answer: one line, printable, at most `limit` chars."""
     if value is None or value == "":
         return "-"
-    flat = " ".join(str(value).split())
-    flat = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in flat)
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return shown(value, limit, style="prose")
 
 
 def exit_code(answer: Answer) -> int:

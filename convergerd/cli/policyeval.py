@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from convergerd.core.errors import BadFile, ConvergerdError, shown
+from convergerd.core.errors import BadFile, ConvergerdError
+from convergerd.core.shown import shown
 from convergerd.files import read_bounded
 from convergerd.operator.admission import BOUNDARY_LABEL, RenderError, render_admission
 from convergerd.store.yamlfile import load_yaml_documents

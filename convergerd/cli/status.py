@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from convergerd.core.decode import bounded_json, rfc3339
 from convergerd.core.errors import NotJSON
+from convergerd.core.shown import shown
 from convergerd.status.state import worst_first_key
 
 DEFAULT_ADDR = "http://127.0.0.1:8080"
@@ -165,13 +166,6 @@ def _verified(counts: object) -> str:
     return " ".join(parts)
 
 
-def _short(text: object, limit: int = _MAX_ERROR) -> str:
-    if not text:
-        return ""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
 def sort_clusters(clusters: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return sorted(clusters, key=lambda c: worst_first_key(
         cluster=str(c.get("id", "")),
@@ -192,7 +186,7 @@ def _when(value: object) -> str:
         return "-"
     moment = rfc3339(value)  # in UTC; an offset past year 1 or 9999 is no time, not a crash
     if moment is None:
-        return _short(value)
+        return shown(value, _MAX_ERROR, style="prose")
     return f"{moment.year:04d}-{moment:%m-%d %H:%M:%S} UTC"
 
 
@@ -222,12 +216,13 @@ def _header(doc: Mapping[str, Any], addr: str | None) -> list[str]:
     lines.append(f"next round: {_when(doc.get('next_round_at'))}")
     database = doc.get("database") or {}
     if database and not database.get("reachable", True):
-        lines.append(f"DATABASE UNREACHABLE: {_short(database.get('error'), 120)} "
-                     "(cluster data may be old)")
+        error = shown(database.get("error") or "", 120, style="prose")
+        lines.append(f"DATABASE UNREACHABLE: {error} (cluster data may be old)")
     invalid = doc.get("invalid_policies") or []
     if invalid:
         lines.append(f"invalid policies ({len(invalid)}, never delivered):")
-        lines.extend(f"  {p.get('id')}: {_short(p.get('reason'), 100)}" for p in invalid)
+        lines.extend(f"  {shown(p.get('id'), style='text')}: "
+                     f"{shown(p.get('reason') or '', style='prose')}" for p in invalid)
     lines.extend(_pending_lines(doc.get("pending_deletions")))
     unsupported = doc.get("unsupported_by_version") or {}
     if unsupported:
@@ -273,7 +268,7 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
             _phases(c.get("phases")),
             _verified(c.get("verification")),
             str(c.get("server_version") or "-"),
-            _short(c.get("last_error")),
+            shown(c.get("last_error") or "", _MAX_ERROR, style="prose"),
         ]
         for c in clusters
     )

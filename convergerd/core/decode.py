@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import orjson
 
 from convergerd.core.errors import BadResponse, NotJSON
+from convergerd.core.shown import shown
 
 V = TypeVar("V")
 
@@ -41,7 +42,6 @@ MAX_NAME_CHARS = 253  # object names, label keys (DNS subdomain)
 MAX_LABEL_VALUE_CHARS = 63
 MAX_VERSION_CHARS = 64  # /version gitVersion
 MAX_TOKEN_CHARS = 4096  # resourceVersion, continue tokens (opaque, sent back or shown)
-MAX_VALUE_CHARS = 100  # a wrong value quoted in a message
 MAX_REASON_PHRASE_CHARS = 64
 # PostgreSQL bigint: a revision or generation outside it cannot be stored.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -68,42 +68,6 @@ def clean_text(value: str, limit: int) -> str:
     return value
 
 
-def preview(value: object, limit: int = MAX_VALUE_CHARS) -> str:
-    """A wrong value as a message quotes it: JSON-ish, ASCII, at most `limit` characters, built
-    without walking more of the value than it shows."""
-    return clean_text(_preview(value, limit + 1), limit)
-
-
-def _preview(value: object, budget: int) -> str:
-    if isinstance(value, str):
-        return json.dumps(value[:budget])
-    if value is None or isinstance(value, bool | int | float):
-        text = json.dumps(value) if not isinstance(value, int) or value.bit_length() < 64 else (
-            "<large integer>")
-        return text[:budget]
-    if isinstance(value, Mapping):
-        parts, used = [], 2
-        for key, item in value.items():
-            if used >= budget:
-                parts.append("...")
-                break
-            part = f"{_preview(str(key), budget - used)}:{_preview(item, budget - used)}"
-            parts.append(part)
-            used += len(part) + 1
-        return "{" + ",".join(parts) + "}"
-    if isinstance(value, Sequence):
-        parts, used = [], 2
-        for item in value:
-            if used >= budget:
-                parts.append("...")
-                break
-            part = _preview(item, budget - used)
-            parts.append(part)
-            used += len(part) + 1
-        return "[" + ",".join(parts) + "]"
-    return f"<{type(value).__name__}>"
-
-
 def _type_name(value: object) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
             int: "a number", float: "a number", type(None): "null"}.get(type(value), "a value")
@@ -111,7 +75,7 @@ def _type_name(value: object) -> str:
 
 def expected(field: str, what: str, value: object) -> str:
     """`"status.phase: expected a string, got {...}"`."""
-    return f"{field}: expected {what}, got {_type_name(value)} {preview(value)}"
+    return f"{field}: expected {what}, got {_type_name(value)} {shown(value, style='json')}"
 
 
 # --- whole answers: BadResponse ------------------------------------------------------------
@@ -233,7 +197,8 @@ def parse_json(body: bytes, what: str) -> Any:
 def parse_object(body: bytes, what: str) -> dict[str, Any]:
     doc = parse_json(body, what)
     if not isinstance(doc, dict):
-        raise BadResponse(f"{what} is not a JSON object: got {_type_name(doc)} {preview(doc)}")
+        raise BadResponse(
+            f"{what} is not a JSON object: got {_type_name(doc)} {shown(doc, style='json')}")
     return doc
 
 
@@ -277,7 +242,7 @@ def _token(meta: Mapping[str, Any], key: str) -> str | None:
         raise BadResponse(expected(f"list answer: metadata.{key}", "a string", value))
     if len(value) > MAX_TOKEN_CHARS:
         raise BadResponse(f"list answer: metadata.{key}: longer than {MAX_TOKEN_CHARS} "
-                          f"characters: {preview(value)}")
+                          f"characters: {shown(value, style='json')}")
     return value
 
 
@@ -480,7 +445,7 @@ class FieldReader:
         out: dict[str, str] = {}
         for name, item in value.items():
             if not isinstance(name, str) or not isinstance(item, str):
-                self._note(f"{field}[{preview(name, 40)}]", "a string", item)
+                self._note(f"{field}[{shown(name, 40, style='json')}]", "a string", item)
                 continue
             out[clean_text(name, MAX_NAME_CHARS)] = clean_text(item, MAX_LABEL_VALUE_CHARS)
         return out

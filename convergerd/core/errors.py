@@ -18,44 +18,7 @@ from a cluster"):
 
 from __future__ import annotations
 
-import builtins
-import reprlib
-
-# How much of an untrusted value a message quotes.
-SHOWN_MAX_CHARS = 100
-
-
-def shorten(text: str, limit: int = SHOWN_MAX_CHARS) -> str:
-    """`text` cut to `limit` characters, the cut marked with '…'."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-class _BoundedRepr(reprlib.Repr):
-    """reprlib's depth and item limits, but strings and bytes keep their start (the part a
-    reader recognises) and integers too long for `repr` do not raise."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.maxlevel = 3
-        self.maxstring = self.maxother = self.maxlong = limit
-        self.maxlist = self.maxtuple = self.maxdict = self.maxset = self.maxfrozenset = 8
-
-    def repr_str(self, x: str, level: int) -> str:
-        return builtins.repr(x[: self.maxstring + 1])
-
-    def repr_bytes(self, x: bytes, level: int) -> str:
-        return builtins.repr(x[: self.maxstring + 1])
-
-    def repr_int(self, x: int, level: int) -> str:
-        if x.bit_length() > 4 * self.maxlong:  # past that repr() is long, or refused
-            return f"<{x.bit_length()}-bit integer>"
-        return builtins.repr(x)
-
-
-def shown(value: object, limit: int = SHOWN_MAX_CHARS) -> str:
-    """`repr(value)` for a message, at most `limit` characters; only the start of a huge or
-    deeply nested value is looked at, so quoting untrusted input costs little."""
-    return shorten(_BoundedRepr(limit).repr(value), limit)
+from convergerd.core.shown import shown
 
 
 class ConvergerdError(Exception):
@@ -68,7 +31,7 @@ class ConfigError(ConvergerdError):
     def __init__(self, setting: str, value: object, problem: str) -> None:
         self.setting = setting
         self.value = value
-        super().__init__(f"{setting}={value!r}: {problem}")
+        super().__init__(f"{setting}={shown(value)}: {problem}")
 
 
 class ClusterError(ConvergerdError):

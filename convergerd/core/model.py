@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
-from convergerd.core.errors import shorten, shown
+from convergerd.core.shown import shown
 
 ClusterId = NewType("ClusterId", str)
 BoundaryId = NewType("BoundaryId", str)
@@ -157,11 +157,11 @@ def field_names(keys: Iterable[object]) -> str:
     """Field names for a message: sorted, plain names as written, anything else quoted (so the
     message stays one line); shortened."""
     names = sorted(
-        shorten(k, 40) if isinstance(k, str) and k.isprintable() and " " not in k
+        shown(k, 40, style="text") if isinstance(k, str) and k.isprintable() and " " not in k
         else shown(k, 40)
         for k in keys
     )
-    return shorten(", ".join(names))
+    return shown(", ".join(names), style="text")
 
 
 def _string_list(params: Mapping[str, Any], key: str, rule_type: str) -> list[str]:

@@ -30,8 +30,9 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from convergerd.core.errors import DatabaseUnavailable, shown
+from convergerd.core.errors import DatabaseUnavailable
 from convergerd.core.model import RuleError, check_policy_id
+from convergerd.core.shown import shown
 from convergerd.retry import Random, backoff_s
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import tenacity
+
 from convergerd.config import Settings
 from convergerd.core.errors import ConfigError, DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import Fleet, InvalidPolicy
@@ -36,7 +38,7 @@ from convergerd.delivery.converge import (
 )
 from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
-from convergerd.retry import RetryObserver, backoff_s, call_with_retries
+from convergerd.retry import BackoffWait, RetryObserver, StopBefore, call_with_retries
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.supervise import first
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 # jitter, `retry.backoff_s`), at startup and within a round alike.
 DB_BACKOFF_BASE_S = 1.0
 DB_BACKOFF_CAP_S = 30.0
+DATABASE_WAIT = BackoffWait(base=DB_BACKOFF_BASE_S, cap=DB_BACKOFF_CAP_S)
 # Rounds the database missed while it was down, kept to record later: the newest matter most.
 UNRECORDED_BACKLOG = 10
 # The loop is stuck (`/healthz` fails) after this many intervals without a round starting or
@@ -309,18 +312,11 @@ class RoundLoop:
 
     async def _load_fleet(self, deadline: float) -> Fleet:
         """A database that is down makes the round wait and retry, up to its deadline."""
-        loop = asyncio.get_running_loop()
-        attempt = 0
-        while True:
-            try:
+        async for attempt in database_retrying(
+                DatabaseUnavailable, stop=StopBefore(deadline, asyncio.get_running_loop().time)):
+            with attempt:
                 return await self.store.load_fleet()
-            except DatabaseUnavailable as exc:
-                attempt += 1
-                wait = database_backoff_s(attempt)
-                if loop.time() + wait >= deadline:
-                    raise
-                log.warning("database unavailable (%s); retrying in %.1f s", exc, wait)
-                await asyncio.sleep(wait)
+        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
     def _note_invalid(self, fleet: Fleet) -> None:
         """Invalid policies are logged once per revision, not every round."""
@@ -371,9 +367,22 @@ class RoundLoop:
             self.unrecorded.pop(0)
 
 
-def database_backoff_s(attempt: int) -> float:
-    """How long to wait before database attempt `attempt + 1` (startup and rounds alike)."""
-    return backoff_s(attempt, base=DB_BACKOFF_BASE_S, cap=DB_BACKOFF_CAP_S)
+def database_retrying(
+    errors: type[Exception] | tuple[type[Exception], ...], *,
+    stop: tenacity.stop.stop_base = tenacity.stop_never,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> tenacity.AsyncRetrying:
+    """Waiting out a database that is down (startup and rounds alike): tenacity retries on
+    `errors`, waits `DATABASE_WAIT` and logs each wait; the last error is raised as is."""
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception_type(errors), wait=DATABASE_WAIT, stop=stop,
+        sleep=sleep, before_sleep=_log_database_wait, reraise=True)
+
+
+def _log_database_wait(state: tenacity.RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    what = "refused" if isinstance(exc, DatabaseRejected) else "unavailable"
+    log.warning("database %s (%s); retrying in %.1f s", what, exc, state.upcoming_sleep)
 
 
 def _cut(progress: RoundReport, why: str) -> RoundReport:

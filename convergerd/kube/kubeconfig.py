@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from convergerd.core.errors import BadFile, ConfigError, NoCredentials
+from convergerd.core.shown import shown
 from convergerd.files import DuplicateKey, UniqueKeys, decode_utf8, read_bounded
 
 SETTING = "CONVERGERD_KUBECONFIG"
@@ -52,8 +53,6 @@ MAX_TOKEN_BYTES = 64 * 1024
 # 60 MiB; a few times that is still a kubeconfig, more is the wrong file.
 MAX_KUBECONFIG_BYTES = 256 << 20
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-# Values from the kubeconfig quoted in messages (context names, paths, odd values).
-_SHOWN_CHARS = 100
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 IN_CLUSTER_NAME = "in-cluster"
 
@@ -112,12 +111,6 @@ def check_secure(creds: Credentials, *, allow_insecure: bool) -> str | None:
             reason=INSECURE_REASON,
         )
     return why
-
-
-def shown(value: object) -> str:
-    """`repr(value)`, shortened for a message."""
-    text = repr(value)
-    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
 
 
 class Kubeconfig:

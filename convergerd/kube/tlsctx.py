@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convergerd.core.errors import NoCredentials
+from convergerd.core.shown import shown
 from convergerd.kube.kubeconfig import Credentials
 
 
@@ -80,7 +81,7 @@ def _build(creds: Credentials, key: TlsKey) -> ssl.SSLContext:
             ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
     except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
         raise NoCredentials(
-            f"context {creds.name!r}: certificate-authority is not a valid PEM certificate"
+            f"context {shown(creds.name)}: certificate-authority is not a valid PEM certificate"
         ) from exc
     if not key.verify:
         ctx.check_hostname = False
@@ -103,5 +104,5 @@ def _load_client_cert(ctx: ssl.SSLContext, name: str, cert: bytes, key: bytes) -
             ctx.load_cert_chain(cert_path, key_path)
         except ssl.SSLError as exc:
             raise NoCredentials(
-                f"context {name!r}: client-certificate and client-key do not form a valid pair"
+                f"context {shown(name)}: client-certificate and client-key do not form a valid pair"
             ) from exc

@@ -33,9 +33,9 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from convergerd.config import Election
-from convergerd.core.decode import MAX_MESSAGE_CHARS, clean_text
 from convergerd.core.errors import ConvergerdError, Fenced, ObjectRejected
 from convergerd.core.report import Epoch, utc_now
+from convergerd.core.shown import describe, shown
 from convergerd.kube.api import LeaseApi
 from convergerd.leader.lease import (
     Fence,
@@ -279,7 +279,8 @@ class Elector:
                     release_body(current, now=self._wall()), timeout_s=self._s.request_timeout_s))
             except Exception as exc:
                 log.warning("could not release Lease %s: %s; a standby takes over when it "
-                            "expires", self._where, _describe(exc))
+                            "expires", self._where,
+                            "timed out" if isinstance(exc, TimeoutError) else describe(exc))
                 return
             record = LeaseRecord.from_object(written)
             self._observed = Observed(record, self._clock())
@@ -364,7 +365,7 @@ class Elector:
                 self._api.replace_lease(body, timeout_s=s.request_timeout_s))
         mine = LeaseRecord.from_object(written)
         if mine.holder != self.identity:
-            raise LeaseFormatError(f"the Lease written back names {mine.holder!r} as holder")
+            raise LeaseFormatError(f"the Lease written back names {shown(mine.holder)} as holder")
         self._observed = Observed(mine, sent)
         self._renewed(sent, mine)
 
@@ -395,8 +396,8 @@ class Elector:
 
     def _failed(self, term: _Term | None, exc: Exception) -> None:
         self._failures += 1
-        why = _describe(exc)
-        self._last_error = clean_text(why, MAX_MESSAGE_CHARS)  # shown by /healthz
+        why = "timed out" if isinstance(exc, TimeoutError) else describe(exc)
+        self._last_error = why  # shown by /healthz; `describe` bounds and escapes it
         # Not ours nor a timeout: a bug, or a value nobody thought of. Never quiet.
         unexpected = not isinstance(exc, ConvergerdError | TimeoutError | LeaseFormatError)
         if term is not None and not term.over:
@@ -528,10 +529,3 @@ class NoElection:
 
     def problem(self) -> str | None:
         return None
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from convergerd.core.decode import preview
+from convergerd.core.shown import shown
 
 
 class Fence(Protocol):
@@ -81,12 +81,12 @@ def parse_microtime(text: str) -> dt.datetime:
     Raises only `LeaseFormatError`, whatever `text` is: also for a time whose offset carries it
     past year 1 or 9999 in UTC (Go accepts those; a Python datetime cannot hold them)."""
     if not isinstance(text, str) or _MICROTIME.fullmatch(text) is None:
-        raise LeaseFormatError(
-            f"not a MicroTime (RFC3339 with six fractional digits): {preview(text, 40)}")
+        raise LeaseFormatError("not a MicroTime (RFC3339 with six fractional digits): "
+                               f"{shown(text, 40, style='json')}")
     try:
         return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.UTC)
     except (ValueError, OverflowError) as exc:
-        raise LeaseFormatError(f"not a valid MicroTime: {preview(text, 40)}") from exc
+        raise LeaseFormatError(f"not a valid MicroTime: {shown(text, 40, style='json')}") from exc
 
 
 
@@ -140,7 +140,7 @@ def _typed(mapping: dict[str, Any], key: str, kind: type[Any]) -> Any:
     if value is None:
         return None
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise LeaseFormatError(f"Lease field {key} must be {kind.__name__}, got {value!r}")
+        raise LeaseFormatError(f"Lease field {key} must be {kind.__name__}, got {shown(value)}")
     return value
 
 
@@ -252,7 +252,7 @@ def renew_body(
     """Renew our own Lease: a new `renewTime`, everything else as it is."""
     record = LeaseRecord.from_object(current)
     if record.holder != identity:
-        raise ValueError(f"cannot renew a Lease held by {record.holder!r} as {identity!r}")
+        raise ValueError(f"cannot renew a Lease held by {shown(record.holder)} as {identity!r}")
     body = _replacement(current)
     renewed = next_renew_time(record.renew_time, now)
     body["spec"].update(

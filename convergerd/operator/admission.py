@@ -23,7 +23,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from convergerd.core.errors import shown
 from convergerd.core.model import (
     Rule,
     RuleError,
@@ -31,6 +30,7 @@ from convergerd.core.model import (
     check_policy_id,
     parse_rule,
 )
+from convergerd.core.shown import shown
 
 API_VERSION = "admissionregistration.k8s.io/v1"
 NAME_PREFIX = "stackship-"

@@ -51,8 +51,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced, shown
+from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
 from convergerd.core.model import is_namespace_name, is_object_name
+from convergerd.core.shown import shown
 from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
 from convergerd.leader.elector import Leadership

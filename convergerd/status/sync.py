@@ -18,6 +18,7 @@ from typing import Protocol
 from convergerd.core.errors import ConvergerdError
 from convergerd.core.model import InvalidPolicy
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
+from convergerd.core.shown import describe
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 
@@ -39,11 +40,6 @@ class SyncSource(Protocol):
     ) -> Sequence[DeliveryRow]: ...
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 class StatusSync:
     def __init__(
         self, *, store: SyncSource, state: StatusState, metrics: Metrics | None = None,
@@ -63,7 +59,7 @@ class StatusSync:
         try:
             await asyncio.wait_for(self._pass(), self.timeout_s)
         except (TimeoutError, ConvergerdError, OSError) as exc:
-            error = _describe(exc) if not isinstance(exc, TimeoutError) else (
+            error = describe(exc) if not isinstance(exc, TimeoutError) else (
                 f"the database did not answer within {self.timeout_s:g} s")
             log.warning("status sync: reading the database failed: %s", error)
             self.state.note_sync(error)

@@ -14,7 +14,7 @@ import asyncpg
 
 from convergerd.config import redact_dsn
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable
-from convergerd.store.values import for_log
+from convergerd.core.shown import describe
 
 # SQLSTATE classes and codes that say "the database cannot serve you right now".
 _TRANSIENT_CLASSES = (
@@ -68,7 +68,7 @@ def rejection_reason(exc: BaseException) -> str | None:
 
 def rejected(exc: BaseException, reason: str) -> DatabaseRejected:
     """The `DatabaseRejected` for `exc` (raise it `from exc`)."""
-    return DatabaseRejected(for_log(describe(exc), 300), reason=reason)
+    return DatabaseRejected(describe(exc), reason=reason)
 
 
 def is_transient(exc: BaseException, *, connecting: bool = False) -> bool:
@@ -101,16 +101,6 @@ def is_transient(exc: BaseException, *, connecting: bool = False) -> bool:
     return False
 
 
-def describe(exc: BaseException) -> str:
-    """A short reason without secrets: the class name and SQLSTATE (message text of server
-    errors never contains the DSN password)."""
-    code = getattr(exc, "sqlstate", None)
-    name = type(exc).__name__
-    text = str(exc).strip()
-    detail = f"{name} (SQLSTATE {code})" if code else name
-    return f"{detail}: {text}" if text else detail
-
-
 @contextmanager
 def database_errors(dsn: str, *, connecting: bool = False) -> Iterator[None]:
     """Turn transient database errors raised inside into `DatabaseUnavailable` naming the
@@ -128,4 +118,5 @@ def database_errors(dsn: str, *, connecting: bool = False) -> Iterator[None]:
 def unavailable(dsn: str, exc: BaseException, *, connecting: bool = False) -> DatabaseUnavailable:
     """The `DatabaseUnavailable` for a transient `exc` (raise it `from exc`)."""
     action = "cannot connect to" if connecting else "lost the database at"
+    # The class, SQLSTATE and message: a server's message never holds the DSN's password.
     return DatabaseUnavailable(f"{action} {redact_dsn(dsn)}: {describe(exc)}")

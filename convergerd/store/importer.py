@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 
 from convergerd.config import IMPORT_MAX_BYTES_DEFAULT, SETTINGS_BY_KEY
-from convergerd.core.errors import BadFile, ConvergerdError, shorten, shown
+from convergerd.core.errors import BadFile, ConvergerdError
 from convergerd.core.model import (
     InvalidPolicy,
     PolicyRow,
@@ -36,6 +36,7 @@ from convergerd.core.model import (
     parse_rule,
 )
 from convergerd.core.render import validate_policy
+from convergerd.core.shown import shown
 from convergerd.files import read_bounded
 from convergerd.store.errors import database_errors
 from convergerd.store.schema import check_schema
@@ -140,7 +141,7 @@ class _Problems:
 
     def add(self, where: str, message: str) -> None:
         if len(self.items) < MAX_PROBLEMS_LISTED:
-            self.items.append(shorten(f"{where}: {message}", MAX_PROBLEM_CHARS))
+            self.items.append(shown(f"{where}: {message}", MAX_PROBLEM_CHARS, style="text"))
         else:
             self.more += 1
 

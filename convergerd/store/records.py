@@ -20,8 +20,9 @@ from typing import Any, Protocol
 import asyncpg
 
 from convergerd.core.report import ClusterOutcome, Delivery, PhaseReading, RoundReport
-from convergerd.store.errors import describe, rejection_reason
-from convergerd.store.values import for_log, pg_count, pg_revision, pg_text
+from convergerd.core.shown import describe, shown
+from convergerd.store.errors import rejection_reason
+from convergerd.store.values import pg_count, pg_revision, pg_text
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +175,9 @@ class _Cleaner:
         self.changed += 1
         if len(self.examples) < self._EXAMPLES:
             where = " ".join(
-                f"{name} {for_log(v)}" for name, v in (("cluster", cluster), ("policy", policy))
-                if v is not None)
-            self.examples.append(f"{where} {column} {for_log(value)}: {what}".lstrip())
+                f"{name} {shown(v, style='text')}"
+                for name, v in (("cluster", cluster), ("policy", policy)) if v is not None)
+            self.examples.append(f"{where} {column} {shown(value, style='text')}: {what}".lstrip())
 
     def text(
         self, value: str | None, cluster: str | None, policy: str | None, column: str
@@ -458,14 +459,14 @@ async def _write_part_alone(
                 await _write_parts(conn, record, round_id, [piece])
         except Exception as exc:
             reason = refusals.refused(exc)
-            first = first or (f"{for_log(describe(exc), 300)} ({reason})", reason)
+            first = first or (f"{describe(exc)} ({reason})", reason)
             dropped.append(policy or "(cluster state)")
     if dropped and first is not None:
         refusals.count(first[1])
         log.error(
             "cluster %s: the database refused %d of its %d rows of round %d, dropped: %s%s; "
             "first refusal: %s", cluster, len(dropped), len(pieces), round_id,
-            ", ".join(for_log(p, 60) for p in dropped[:10]),
+            ", ".join(shown(p, 60, style="text") for p in dropped[:10]),
             ", ..." if len(dropped) > 10 else "", first[0],
             extra={"cluster": cluster, "policies": dropped[:10], "round_id": round_id,
                    "reason": first[1]},
@@ -510,7 +511,7 @@ async def write_round_by_cluster(
         refusals.count(reason)
         log.error(  # noqa: TRY400 - a refusal, not a bug: the reason is the story
             "invalid policies of round %d not recorded: %s (%s)", round_id,
-            for_log(describe(exc), 300), reason, extra={"reason": reason})
+            describe(exc), reason, extra={"reason": reason})
     return round_id
 
 

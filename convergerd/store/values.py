@@ -57,14 +57,6 @@ def pg_revision(value: int | None) -> int | None:
     return value if INT64_MIN <= value <= INT64_MAX else None
 
 
-def for_log(value: object, limit: int = 100) -> str:
-    """A value for a log line or an error message: `repr` (NUL and surrogates escaped),
-    shortened to about `limit` characters."""
-    text = value if isinstance(value, str) else repr(value)
-    shown = ascii(text) if not text.isprintable() else text
-    return shown if len(shown) <= limit else shown[: limit - 1] + _ELLIPSIS
-
-
 def json_column(text: str) -> Any:
     """A `json`/`jsonb` value as the database sends it (asyncpg's decoder): the value, or an
     `UnreadableJson` saying why `bounded_json` would not read it. Never raises: a decoder that

@@ -16,7 +16,8 @@ import yaml
 from yaml.events import AliasEvent, StreamEndEvent
 from yaml.nodes import CollectionNode, MappingNode, Node, SequenceNode
 
-from convergerd.core.errors import BadFile, shorten
+from convergerd.core.errors import BadFile
+from convergerd.core.shown import shown
 from convergerd.files import DuplicateKey, UniqueKeys, decode_utf8
 
 # Far above what an import file needs (about 6 levels), far below Python's recursion limit.
@@ -104,8 +105,8 @@ def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "cannot be parsed"
-        return f"not valid YAML{_where(mark)}: {shorten(' '.join(problem.split()))}"
-    return f"not valid YAML: {shorten(' '.join(str(exc).split()))}"
+        return f"not valid YAML{_where(mark)}: {shown(problem, style='prose')}"
+    return f"not valid YAML: {shown(str(exc), style='prose')}"
 
 
 def load_yaml(data: bytes) -> Any:
@@ -146,7 +147,7 @@ def _loaded(data: bytes, load: Callable[[_BoundedLoader], Any]) -> Any:
     except (ValueError, OverflowError) as exc:
         # The safe constructors raise these for values their tag cannot hold: a date with
         # month 13, an integer of more digits than Python converts.
-        raise BadFile(f"a value cannot be read: {shorten(' '.join(str(exc).split()))}") from None
+        raise BadFile(f"a value cannot be read: {shown(str(exc), style='prose')}") from None
     finally:
         if loader is not None:
             loader.dispose()

@@ -409,14 +409,6 @@ async def test_accept_failing_for_want_of_descriptors_is_logged_once_a_minute(
     assert (await served.get("/healthz")).status == 200
 
 
-def test_printable_escapes_what_could_forge_a_log_line() -> None:
-    from convergerd.api.server import printable
-
-    assert printable("p1") == "p1"
-    assert printable("a\nb\r\x1b[31m\x00\udcff") == "a\\nb\\r\\x1b[31m\\x00\\udcff"
-    assert printable("x" * 500) == "x" * 100 + "..."
-
-
 async def test_a_taken_address_is_a_setting_error_naming_it() -> None:
     """Issue 17, item 15: the daemon (and the operator, test_operator.py) on a port something
     else holds: a setting error naming the setting and the address, not an OSError traceback."""

@@ -499,6 +499,31 @@ async def test_database_down_mid_round_waits_and_records_when_back(
     assert {r["delivered_revision"] for r in delivered} == {1}
 
 
+async def test_a_daemon_started_before_its_database_waits_for_it(
+    fleet: Fleet, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`Daemon.main` with its database refusing connections waits it out (each wait logged),
+    and runs its first round once the database answers."""
+    await import_doc(database_url, FLEET_DOC)
+    target = urllib.parse.urlsplit(database_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.up()
+    await proxy.down()  # its port now refuses connections
+    settings = settings_for(fleet.kubeconfig_path, _via(database_url, proxy.port))
+    try:
+        async with running_daemon(settings) as (daemon, task):
+            await wait_for(lambda: "database unavailable" in caplog.text
+                           and "; retrying in" in caplog.text,
+                           what="the daemon waiting for its database")
+            assert daemon.last_report is None
+            await proxy.up()
+            await wait_for(lambda: daemon.last_report is not None,
+                           what="the first round once the database answers")
+            assert not task.done()
+    finally:
+        await proxy.down()
+
+
 async def test_daemon_uses_rotated_credentials_from_the_next_round(
     fleet: Fleet, database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import random
 
 import pytest
+import tenacity
 
 from convergerd.core.errors import (
     ClusterError,
@@ -16,7 +17,7 @@ from convergerd.core.errors import (
     Throttled,
     TransientApiError,
 )
-from convergerd.retry import backoff_s, call_with_retries, next_wait
+from convergerd.retry import BackoffWait, StopBefore, backoff_s, call_with_retries, next_wait
 from tests.unit.faketime import FakeTime
 
 
@@ -42,6 +43,31 @@ def test_backoff_is_full_jitter() -> None:
     assert max(draws) <= 1.6
     assert min(draws) < 0.2  # spread over the whole range, not just near the top
     assert max(draws) > 1.4
+
+
+async def test_tenacity_waits_our_backoff_and_stops_before_the_deadline() -> None:
+    """The database waits: tenacity's loop, `BackoffWait` and `StopBefore` around
+    `backoff_s`; no wait ends past the deadline, the last error is raised as is."""
+    fake = FakeTime(start=100.0)
+    calls = 0
+
+    async def down() -> None:
+        nonlocal calls
+        calls += 1
+        raise ConnectionRefusedError(f"attempt {calls}")
+
+    retrying = tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception_type(OSError), reraise=True, sleep=fake.sleep,
+        wait=BackoffWait(base=1.0, cap=30.0, rng=Top()), stop=StopBefore(108.0, fake.clock))
+
+    async def retried() -> None:
+        async for attempt in retrying:
+            with attempt:
+                await down()
+
+    with pytest.raises(ConnectionRefusedError, match="attempt 4"):
+        await retried()
+    assert fake.slept == [1.0, 2.0, 4.0]  # the next, 8 s at 107, would end past 108
 
 
 UNREACHABLE = ClusterUnreachable("connection refused", reason="connect_error")

@@ -18,7 +18,6 @@ from convergerd.store.values import (
     INT32_MAX,
     INT64_MAX,
     TEXT_MAX_CHARS,
-    for_log,
     json_column,
     pg_count,
     pg_revision,
@@ -67,12 +66,6 @@ def test_counts_are_clamped_and_odd_revisions_dropped() -> None:
     assert pg_revision(2**63 - 1) == INT64_MAX
     assert pg_revision(True) is None  # a JSON `true` where a revision was due
     assert pg_revision(3) == 3
-
-
-def test_values_for_logs_are_escaped_and_short() -> None:
-    assert for_log("ok\x00") == "'ok\\x00'"
-    assert len(for_log("y" * 1000)) == 100
-    assert for_log("plain") == "plain"
 
 
 @pytest.mark.parametrize(
