@@ -75,7 +75,7 @@ from convergerd.core.model import (
 )
 from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
 from convergerd.core.shown import SHOWN_MAX_CHARS, describe, shown
-from convergerd.kube.ratelimit import TokenBucket
+from convergerd.ratelimit import TokenBucket
 from convergerd.status.metrics import CONTENT_TYPE, Metrics
 from convergerd.status.phases import age_s
 from convergerd.status.state import PolicyRecord, StatusState, iso, merge_records, record_view

@@ -75,7 +75,7 @@ from convergerd.core.model import ClusterId
 from convergerd.core.render import CRD_NAME, FIELD_MANAGER, GROUP, PLURAL, VERSION
 from convergerd.kube.api import Applied, KubeObject, ObjectList, RequestObserver
 from convergerd.kube.kubeconfig import Credentials, read_token_file
-from convergerd.kube.ratelimit import TokenBucket
+from convergerd.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from convergerd.core.errors import ClusterUnreachable
-from convergerd.kube.ratelimit import (
+from convergerd.ratelimit import (
     BucketState,
     TokenBucket,
     charge,
