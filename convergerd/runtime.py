@@ -36,13 +36,13 @@ from convergerd.core.errors import (
     NoCredentials,
 )
 from convergerd.core.report import RoundReport, RoundResult
-from convergerd.delivery.fanout import FanoutEnv, SaveClusters, Saver, Unfenced
+from convergerd.delivery.apply import StopFence, Unfenced
+from convergerd.delivery.fanout import FanoutEnv, Saver, fanout_env
 from convergerd.delivery.listener import Listener
-from convergerd.delivery.rounds import RoundLoop, StopFence, cluster_calls, database_backoff_s
+from convergerd.delivery.rounds import RoundLoop, database_backoff_s
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader.elector import Elector, Leadership, NoElection
 from convergerd.leader.lease import Fence
-from convergerd.retry import RetryObserver
 from convergerd.status.metrics import FanoutMetrics, Metrics
 from convergerd.status.probe import Answers, Prober
 from convergerd.status.state import StatusState
@@ -58,24 +58,6 @@ EXIT_NOT_CONVERGED = 1
 
 # The database sync of the live status (every replica): at most this long between passes.
 STATUS_SYNC_PERIOD_S = 30.0
-
-
-def fanout_env(
-    settings: Settings, clusters: SaveClusters, fence: Fence, observer: RetryObserver
-) -> FanoutEnv:
-    """What a save or delete runs with: the rounds' clients and `cluster_calls`, under the save
-    deadline."""
-    calls = cluster_calls(settings, observer)
-    return FanoutEnv(
-        clusters=clusters,
-        retrier=calls.retrier,
-        fence=fence,
-        request_timeout_s=calls.request_timeout_s,
-        deadline_s=settings.saves.deadline_s,
-        concurrency=settings.rounds.cluster_concurrency,
-        clock=calls.clock,
-        wall=calls.wall,
-    )
 
 
 class Daemon:

@@ -12,17 +12,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
-from convergerd.core.decode import as_int
-from convergerd.core.errors import (
-    ClusterError,
-    DatabaseUnavailable,
-    Fenced,
-    Superseded,
-)
+from convergerd.core.errors import ClusterError, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId
 from convergerd.core.plan import Apply, Observed, Why, plan_cluster, with_precondition
 from convergerd.core.removal import Current
@@ -35,28 +29,11 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
 )
-from convergerd.kube.api import Applied, PolicyApi
+from convergerd.delivery.apply import ClusterSource, Retrier, Writer, cluster_revision
+from convergerd.kube.api import Applied
 from convergerd.leader.lease import Fence
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class Retrier(Protocol):
-    """Runs `fn` with the retry policy (docs/design.md, "Errors from a cluster") until it
-    succeeds, fails for good, or
-    the next attempt could not finish before `deadline` (loop time)."""
-
-    async def __call__(
-        self, fn: Callable[[], Awaitable[T]], *, cluster: str, deadline: float
-    ) -> T: ...
-
-
-class ClusterSource(Protocol):
-    def get(self, cluster: ClusterId) -> PolicyApi:
-        """The cluster's client; raises `NoCredentials` when the kubeconfig lacks it."""
-        ...
 
 
 class WriteGuard(Protocol):
@@ -185,14 +162,16 @@ def _fail_cluster(
 async def _converge(
     outcome: ClusterOutcome, desired: Sequence[Policy], env: Round, deadline: float
 ) -> None:
-    api = env.clusters.get(outcome.cluster)
+    writer = Writer(outcome.cluster, env.clusters.get(outcome.cluster), env.retrier, env.fence,
+                    env.limits.request_timeout_s, deadline, env.wall)
     timeout = env.limits.request_timeout_s
 
     async def list_once() -> Sequence[Observed]:
-        found = await api.list_policies(label_selector=MANAGED_SELECTOR, timeout_s=timeout)
+        found = await writer.api.list_policies(label_selector=MANAGED_SELECTOR,
+                                               timeout_s=timeout)
         return [Observed.from_object(obj) for obj in found.items]
 
-    observed = await env.retrier(list_once, cluster=outcome.cluster, deadline=deadline)
+    observed = await writer.call(list_once)
     outcome.reached = True
     by_name = {o.name: o for o in observed}
     outcome.phases = _phases(outcome.cluster, by_name, env.wall())
@@ -208,7 +187,7 @@ async def _converge(
     outcome.in_sync = len(desired) - len(actions)
     if actions:
         actions = await _guard_creates(outcome, actions, env)
-        await _apply_all(outcome, actions, api, env, deadline)
+        await _apply_all(outcome, actions, writer, env)
 
 
 async def _guard_creates(
@@ -259,7 +238,7 @@ class _Done:
 
 
 async def _apply_all(
-    outcome: ClusterOutcome, actions: Sequence[Apply], api: PolicyApi, env: Round, deadline: float
+    outcome: ClusterOutcome, actions: Sequence[Apply], writer: Writer, env: Round
 ) -> None:
     # Creates are checked against the database once more before they are recorded (see
     # `_settle_creates`); everything else is recorded as it completes, so a round cut short
@@ -269,7 +248,7 @@ async def _apply_all(
 
     async def worker() -> None:
         for action in todo:  # shared by the workers: each action is applied once
-            done = await _apply_one(outcome.cluster, action, api, env, deadline)
+            done = await _apply_one(writer, action)
             if env.guard is not None and action.why is Why.MISSING and done.applied is not None:
                 unsettled.append(done)
             else:
@@ -294,12 +273,12 @@ async def _apply_all(
             _record_unsettled(outcome, unsettled)
             raise
         # What finished before the failure is kept; the cluster's reason is the first error.
-        await _settle_and_record(outcome, unsettled, api, env, deadline)
+        await _settle_and_record(outcome, unsettled, writer, env)
         raise errors.exceptions[0] from None
     except BaseException:
         _record_unsettled(outcome, unsettled)  # cancelled: the writes made still count
         raise
-    await _settle_and_record(outcome, unsettled, api, env, deadline)
+    await _settle_and_record(outcome, unsettled, writer, env)
 
 
 def _record_unsettled(outcome: ClusterOutcome, unsettled: list[_Done]) -> None:
@@ -309,18 +288,16 @@ def _record_unsettled(outcome: ClusterOutcome, unsettled: list[_Done]) -> None:
 
 
 async def _settle_and_record(
-    outcome: ClusterOutcome, done: list[_Done], api: PolicyApi, env: Round, deadline: float
+    outcome: ClusterOutcome, done: list[_Done], writer: Writer, env: Round
 ) -> None:
     try:
-        await _settle_creates(outcome.cluster, done, api, env, deadline)
+        await _settle_creates(done, writer, env)
     finally:
         for item in done:
             _record(outcome, item.delivery)
 
 
-async def _settle_creates(
-    cluster: ClusterId, done: list[_Done], api: PolicyApi, env: Round, deadline: float
-) -> None:
+async def _settle_creates(done: list[_Done], writer: Writer, env: Round) -> None:
     """After creating what the list did not have, ask the database once more. A deletion that
     began meanwhile may have removed the object before this write landed: the write is undone
     (the deletion marks the database before it removes, so either it removes after this write
@@ -331,7 +308,7 @@ async def _settle_creates(
                if d.action.why is Why.MISSING and d.applied is not None}
     if env.guard is None or not created:
         return
-    current = await _ask(env.guard, list(created), cluster)
+    current = await _ask(env.guard, list(created), writer.cluster)
     if current is None:
         return
     for pid, item in created.items():
@@ -341,22 +318,15 @@ async def _settle_creates(
         assert item.applied is not None
         item.delivery = None  # superseded: the newer writer's record stands
         if now is None or now.deleting:
-            await _undo_create(cluster, item.action, api, env, deadline)
+            await _undo_create(writer, item.action)
         elif now.revision > item.action.policy.revision and now.policy is not None:
-            item.delivery = await _repair(cluster, now.policy, item.applied, api, env, deadline)
+            item.delivery = await _repair(writer, now.policy, item.applied)
 
 
-async def _undo_create(
-    cluster: ClusterId, action: Apply, api: PolicyApi, env: Round, deadline: float
-) -> None:
-    name = object_name(action.policy.id)
-
-    async def attempt() -> bool:
-        budget = min(env.limits.request_timeout_s, env.fence.remaining_s())
-        return await api.delete_policy(name, timeout_s=budget)
-
+async def _undo_create(writer: Writer, action: Apply) -> None:
+    cluster, name = writer.cluster, object_name(action.policy.id)
     try:
-        await env.retrier(attempt, cluster=cluster, deadline=deadline)
+        await writer.remove(name)
     except ClusterError as exc:
         # The deletion's own retry removes it (the policy stays marked until every cluster did).
         log.warning("cluster %s: could not undo the creation of %s, whose deletion began: %s",
@@ -366,16 +336,13 @@ async def _undo_create(
              cluster, name, extra={"cluster": cluster})
 
 
-async def _repair(  # noqa: PLR0917 - the same five as _apply_one, plus what to repair
-    cluster: ClusterId, policy: Policy, applied: Applied, api: PolicyApi, env: Round,
-    deadline: float,
-) -> Delivery | None:
+async def _repair(writer: Writer, policy: Policy, applied: Applied) -> Delivery | None:
     rv = str((applied.object.get("metadata") or {}).get("resourceVersion") or "")
     action = Apply(policy, with_precondition(render_policy(policy), rv), Why.DRIFT)
     log.info("cluster %s: policy %s was saved (revision %d) while this round created it: "
-             "applying the saved revision", cluster, policy.id, policy.revision,
-             extra={"cluster": cluster})
-    return (await _apply_one(cluster, action, api, env, deadline)).delivery
+             "applying the saved revision", writer.cluster, policy.id, policy.revision,
+             extra={"cluster": writer.cluster})
+    return (await _apply_one(writer, action)).delivery
 
 
 def _record(outcome: ClusterOutcome, delivery: Delivery | None) -> None:
@@ -390,37 +357,9 @@ def _record(outcome: ClusterOutcome, delivery: Delivery | None) -> None:
         outcome.in_sync += 1
 
 
-async def _apply_one(
-    cluster: ClusterId, action: Apply, api: PolicyApi, env: Round, deadline: float
-) -> _Done:
-    attempts = 0
-
-    async def attempt() -> Applied:
-        nonlocal attempts
-        attempts += 1
-        # Never let a write outlive the fence: a deposed leader must not land one late.
-        budget = min(env.limits.request_timeout_s, env.fence.remaining_s())
-        return await api.apply_policy(action.body, timeout_s=budget)
-
-    policy = action.policy
-    try:
-        applied = await env.retrier(attempt, cluster=cluster, deadline=deadline)
-    except Superseded as exc:
-        # A save or a deletion wrote the object after the list: theirs is newer.
-        log.debug("cluster %s: policy %s superseded: %s", cluster, policy.id, exc)
-        return _Done(action, None)
-    except ClusterError as exc:
-        if exc.cluster_level:
-            raise
-        log.debug("cluster %s: policy %s rejected: %s", cluster, policy.id, exc)
-        return _Done(action, Delivery(
-            cluster, policy.id, policy.revision, ApplyResult.FAILED, env.wall(),
-            error=str(exc), reason=exc.reason, attempts=attempts,
-        ))
-    result = ApplyResult.CREATED if applied.created else ApplyResult.UPDATED
-    delivery = Delivery(cluster, policy.id, policy.revision, result, env.wall(),
-                        attempts=attempts)
-    return _Done(action, delivery, applied)
+async def _apply_one(writer: Writer, action: Apply) -> _Done:
+    written = await writer.apply(action.policy, action.body)
+    return _Done(action, written.delivery, written.applied)
 
 
 def _phases(
@@ -432,8 +371,7 @@ def _phases(
         policy_id = policy_id_of(name)
         if policy_id is None or object_name(policy_id) != name:
             continue
-        # The spec is the cluster's copy: anything but a bigint is no revision.
-        revision = as_int(obj.spec.get("revision"))
+        revision = cluster_revision(obj)
         readings.append(
             PhaseReading(
                 cluster=cluster,

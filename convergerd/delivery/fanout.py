@@ -26,21 +26,17 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from convergerd.core.errors import (
-    ClusterError,
-    DatabaseRejected,
-    DatabaseUnavailable,
-    Fenced,
-    Superseded,
-)
+from convergerd.config import Settings
+from convergerd.core.errors import ClusterError, DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Policy, PolicyId
 from convergerd.core.plan import Observed, differs, with_precondition
 from convergerd.core.removal import SavePlan, Target, delete_targets, plan_save
-from convergerd.core.render import object_name, render_policy, validate_policy
+from convergerd.core.render import deliverable_policy, object_name, render_policy
 from convergerd.core.report import ApplyResult, Delivery
-from convergerd.delivery.converge import Retrier
+from convergerd.delivery.apply import Retrier, Writer, cluster_calls, cluster_revision
 from convergerd.kube.api import KubeObject, PolicyApi
 from convergerd.leader.lease import Fence
+from convergerd.retry import RetryObserver
 
 log = logging.getLogger(__name__)
 
@@ -80,22 +76,17 @@ class FanoutObserver(Protocol):
         ...
 
 
-class Unfenced:
-    """The fence of a replica that does not lead: its saves are made safe by the
-    resourceVersion preconditions, not by the Lease; only shutdown stops them."""
-
-    def remaining_s(self) -> float:
-        return float("inf")
-
-
 class Result(StrEnum):
-    CREATED = "created"
-    UPDATED = "updated"
-    UNCHANGED = "unchanged"
+    """What a save or deletion did on one cluster: what a delivery records (`ApplyResult`), and
+    what only a save reports."""
+
+    CREATED = ApplyResult.CREATED.value
+    UPDATED = ApplyResult.UPDATED.value
+    UNCHANGED = ApplyResult.UNCHANGED.value
+    FAILED = ApplyResult.FAILED.value
     SUPERSEDED = "superseded"  # the cluster holds a newer revision than this save read
     REMOVED = "removed"  # gone from the cluster (404 included)
     SKIPPED = "skipped"  # a removal the mass-removal guard refused
-    FAILED = "failed"
 
 
 OK_RESULTS = frozenset(Result) - {Result.FAILED}
@@ -108,6 +99,12 @@ class ClusterResult:
     result: Result
     reason: str | None = None
     error: str | None = None
+
+    @classmethod
+    def applied(cls, delivery: Delivery) -> ClusterResult:
+        """An apply's result, from the delivery the engine made (`apply.Writer.apply`)."""
+        return cls(delivery.cluster, "apply", Result(delivery.result.value), delivery.reason,
+                   delivery.error)
 
     def as_json(self) -> dict[str, str | None]:
         return {"cluster": self.cluster, "action": self.action, "result": self.result.value,
@@ -124,6 +121,24 @@ class FanoutEnv:
     concurrency: int
     clock: Callable[[], float]  # monotonic (loop time)
     wall: Callable[[], dt.datetime]  # UTC, for records
+
+
+def fanout_env(
+    settings: Settings, clusters: SaveClusters, fence: Fence, observer: RetryObserver
+) -> FanoutEnv:
+    """What a save or delete runs with: the rounds' clients and `apply.cluster_calls`, under
+    the save deadline. Pure wiring (tests build saves with it too)."""
+    calls = cluster_calls(settings, observer)
+    return FanoutEnv(
+        clusters=clusters,
+        retrier=calls.retrier,
+        fence=fence,
+        request_timeout_s=calls.request_timeout_s,
+        deadline_s=settings.saves.deadline_s,
+        concurrency=settings.rounds.cluster_concurrency,
+        clock=calls.clock,
+        wall=calls.wall,
+    )
 
 
 class Status(StrEnum):
@@ -176,38 +191,33 @@ async def _guarded(
                              f"unexpected error ({type(exc).__name__})")
 
 
-def _budget(env: FanoutEnv) -> float:
-    return min(env.request_timeout_s, env.fence.remaining_s())
+def _writer(cluster: ClusterId, api: SaveApi, env: FanoutEnv, deadline: float) -> Writer:
+    return Writer(cluster, api, env.retrier, env.fence, env.request_timeout_s, deadline, env.wall)
 
 
 async def _apply_to(
     cluster: ClusterId, policy: Policy, env: FanoutEnv, deadline: float
 ) -> ClusterResult:
     api = env.clusters.get(cluster)
+    writer = _writer(cluster, api, env, deadline)
     name = object_name(policy.id)
     body = render_policy(policy)
     for _ in range(_SAVE_ATTEMPTS):
-        live = await env.retrier(
-            lambda: api.get_policy(name, timeout_s=env.request_timeout_s),
-            cluster=cluster, deadline=deadline)
+        live = await writer.call(lambda: api.get_policy(name, timeout_s=env.request_timeout_s))
         write = body
         if live is not None:
             observed = Observed.from_object(live)
-            revision = observed.spec.get("revision")
-            if isinstance(revision, int) and revision > policy.revision:
+            revision = cluster_revision(observed)
+            if revision is not None and revision > policy.revision:
                 return ClusterResult(cluster, "apply", Result.SUPERSEDED, None,
                                      f"the cluster holds revision {revision}")
             if not differs(body, observed):
                 return ClusterResult(cluster, "apply", Result.UNCHANGED)
             write = with_precondition(body, observed.resource_version)
-        try:
-            applied = await env.retrier(
-                lambda w=write: api.apply_policy(w, timeout_s=_budget(env)),  # type: ignore[misc]
-                cluster=cluster, deadline=deadline)
-        except Superseded:
+        written = await writer.apply(policy, write)
+        if written.delivery is None:
             continue  # written by someone else between our read and our write: look again
-        return ClusterResult(cluster, "apply",
-                             Result.CREATED if applied.created else Result.UPDATED)
+        return ClusterResult.applied(written.delivery)
     return ClusterResult(cluster, "apply", Result.FAILED, "conflict",
                          f"{name} kept changing under {_SAVE_ATTEMPTS} attempts")
 
@@ -215,10 +225,8 @@ async def _apply_to(
 async def _remove_from(
     cluster: ClusterId, policy_id: str, env: FanoutEnv, deadline: float
 ) -> ClusterResult:
-    api = env.clusters.get(cluster)
-    name = object_name(policy_id)
-    await env.retrier(lambda: api.delete_policy(name, timeout_s=_budget(env)),
-                      cluster=cluster, deadline=deadline)
+    await _writer(cluster, env.clusters.get(cluster), env, deadline).remove(
+        object_name(policy_id))
     return ClusterResult(cluster, "remove", Result.REMOVED)
 
 
@@ -293,12 +301,9 @@ class Saver:
         if target.deleting:
             return Report("save", policy_id, Status.DELETING, revision,
                           error="its deletion has begun: DELETE it again to finish")
-        policy = validate_policy(target.row)
+        policy = deliverable_policy(target.row, boundary_exists=target.boundary_exists)
         if not isinstance(policy, Policy):
             return Report("save", policy_id, Status.INVALID, revision, error=policy.reason)
-        if not target.boundary_exists:
-            return Report("save", policy_id, Status.INVALID, revision,
-                          error=f"boundary: {target.row.boundary!r} does not exist")
         plan = plan_save(target, delivered=policy.rule.delivered,
                          guard_share=self._guard_share, allow_mass_removal=allow_mass_removal)
         env = self._env()

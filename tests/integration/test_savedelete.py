@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from convergerd.core.report import RoundReport
-from convergerd.delivery.converge import ClusterSource, run_round
+from convergerd.delivery.apply import ClusterSource
+from convergerd.delivery.converge import run_round
 from convergerd.delivery.fanout import Result, Saver, Status
 from convergerd.delivery.rounds import round_env
 from convergerd.leader.elector import NoElection

@@ -17,7 +17,8 @@ from convergerd.core.errors import ClusterUnreachable
 from convergerd.core.model import ClusterId, PolicyRow
 from convergerd.core.removal import Target
 from convergerd.core.report import Delivery
-from convergerd.delivery.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver, Status, Unfenced
+from convergerd.delivery.apply import Unfenced
+from convergerd.delivery.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver, Status
 from convergerd.kube.api import Applied, KubeObject, ObjectList
 
 T = TypeVar("T")
