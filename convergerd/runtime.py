@@ -26,8 +26,8 @@ from typing import Any
 from aiohttp import web
 
 from convergerd import __version__
-from convergerd.api.mutations import handlers
-from convergerd.api.server import make_app, serve
+from convergerd.api.app import make_app
+from convergerd.api.server import serve
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
 from convergerd.core.errors import (
     ConfigError,
@@ -295,11 +295,8 @@ class Daemon:
 
     async def _start_http(self, store: Store, saver: Saver) -> web.AppRunner:
         s = self.settings
-        on_apply, on_delete = handlers(saver, body_timeout_s=s.http.body_timeout_s)
-        app = make_app(
-            metrics=self.metrics, state=self.state, store=store, settings=s, health=self.health,
-            on_apply=on_apply, on_delete=on_delete,
-        )
+        app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
+                       health=self.health, saver=saver)
         runner = await serve(app, s.http_host, s.http_port, s.http)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",

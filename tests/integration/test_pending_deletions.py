@@ -13,7 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from convergerd.api.server import make_app, server_options
+from convergerd.api.app import make_app
+from convergerd.api.server import server_options
 from convergerd.cli.status import render_status
 from convergerd.delivery.fanout import Saver, Status
 from convergerd.sim.faults import Faults
@@ -50,7 +51,7 @@ async def views(rounds: Rounds, store: Store) -> AsyncIterator[Views]:
     state = StatusState(identity="replica-a", interval_s=rounds.settings.rounds.interval_s)
     metrics = Metrics(process_collectors=False, pending_deletions=state.pending_deletions)
     app = make_app(metrics=metrics, state=state, store=store, settings=rounds.settings,
-                   health=HealthCheck())
+                   health=HealthCheck(), saver=make_saver(rounds, store))
     async with TestClient(TestServer(app, **server_options())) as client:
         yield Views(client, StatusSync(store=store, state=state, metrics=metrics), metrics)
 
