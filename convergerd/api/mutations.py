@@ -31,7 +31,8 @@ from aiohttp import StreamReader, web
 from convergerd.api.server import error_response, policy_id_of
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import DatabaseUnavailable, NotJSON
-from convergerd.delivery.fanout import Report, Saver, Status
+from convergerd.core.report import FanoutReport, FanoutStatus
+from convergerd.delivery.fanout import Saver
 
 MAX_BODY_BYTES = 16 * 1024
 _SAVE_FIELDS: Mapping[str, type] = {"allow_mass_removal": bool}
@@ -113,7 +114,7 @@ def _refusal_of(exc: BadRequest) -> web.Response:
     return response
 
 
-def report_json(report: Report) -> dict[str, Any]:
+def report_json(report: FanoutReport) -> dict[str, Any]:
     return {
         "operation": report.operation,
         "policy": report.policy,
@@ -124,15 +125,15 @@ def report_json(report: Report) -> dict[str, Any]:
     }
 
 
-def _answer(report: Report) -> web.Response:
+def _answer(report: FanoutReport) -> web.Response:
     body = report_json(report)
-    if report.status in (Status.OK, Status.PARTIAL):
+    if report.status in (FanoutStatus.OK, FanoutStatus.PARTIAL):
         return web.json_response(body)
-    if report.status is Status.NOT_FOUND:
+    if report.status is FanoutStatus.NOT_FOUND:
         return _refusal(404, f"unknown policy {report.policy!r}", body)
-    if report.status is Status.INVALID:
+    if report.status is FanoutStatus.INVALID:
         return _refusal(422, f"policy {report.policy!r} is invalid: {report.error}", body)
-    if report.status is Status.DELETING:
+    if report.status is FanoutStatus.DELETING:
         return _refusal(409, f"policy {report.policy!r}: {report.error}", body)
     if not report.failed:
         return _refusal(409, f"policy {report.policy!r} not deleted: {report.error}; it is kept "

@@ -22,8 +22,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from typing import Protocol
 
 from convergerd.config import Settings
@@ -32,7 +31,14 @@ from convergerd.core.model import ClusterId, Policy, PolicyId
 from convergerd.core.plan import Observed, differs, with_precondition
 from convergerd.core.removal import SavePlan, Target, delete_targets, plan_save
 from convergerd.core.render import deliverable_policy, object_name, render_policy
-from convergerd.core.report import ApplyResult, Delivery
+from convergerd.core.report import (
+    ApplyResult,
+    ClusterResult,
+    Delivery,
+    FanoutReport,
+    FanoutResult,
+    FanoutStatus,
+)
 from convergerd.delivery.apply import Retrier, Writer, cluster_calls, cluster_revision
 from convergerd.kube.api import KubeObject, PolicyApi
 from convergerd.leader.lease import Fence
@@ -76,41 +82,6 @@ class FanoutObserver(Protocol):
         ...
 
 
-class Result(StrEnum):
-    """What a save or deletion did on one cluster: what a delivery records (`ApplyResult`), and
-    what only a save reports."""
-
-    CREATED = ApplyResult.CREATED.value
-    UPDATED = ApplyResult.UPDATED.value
-    UNCHANGED = ApplyResult.UNCHANGED.value
-    FAILED = ApplyResult.FAILED.value
-    SUPERSEDED = "superseded"  # the cluster holds a newer revision than this save read
-    REMOVED = "removed"  # gone from the cluster (404 included)
-    SKIPPED = "skipped"  # a removal the mass-removal guard refused
-
-
-OK_RESULTS = frozenset(Result) - {Result.FAILED}
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterResult:
-    cluster: ClusterId
-    action: str  # "apply" or "remove"
-    result: Result
-    reason: str | None = None
-    error: str | None = None
-
-    @classmethod
-    def applied(cls, delivery: Delivery) -> ClusterResult:
-        """An apply's result, from the delivery the engine made (`apply.Writer.apply`)."""
-        return cls(delivery.cluster, "apply", Result(delivery.result.value), delivery.reason,
-                   delivery.error)
-
-    def as_json(self) -> dict[str, str | None]:
-        return {"cluster": self.cluster, "action": self.action, "result": self.result.value,
-                "reason": self.reason, "error": self.error}
-
-
 @dataclass(frozen=True, slots=True)
 class FanoutEnv:
     clusters: SaveClusters
@@ -141,30 +112,6 @@ def fanout_env(
     )
 
 
-class Status(StrEnum):
-    OK = "ok"  # every cluster done
-    PARTIAL = "partial"  # a save with failed clusters (still a success: recorded)
-    REFUSED = "refused"  # a deletion some cluster did not confirm: the row is kept
-    NOT_FOUND = "not_found"
-    INVALID = "invalid"
-    DELETING = "deleting"  # a save of a policy whose deletion has begun
-
-
-@dataclass(slots=True)
-class Report:
-    operation: str  # "save" or "delete"
-    policy: str
-    status: Status
-    revision: int | None = None
-    results: list[ClusterResult] = field(default_factory=list)
-    skipped_reason: str | None = None
-    error: str | None = None  # why INVALID / DELETING / NOT_FOUND
-
-    @property
-    def failed(self) -> list[ClusterResult]:
-        return [r for r in self.results if r.result is Result.FAILED]
-
-
 # ---------------------------------------------------------------------------------------------
 # Per cluster
 
@@ -178,16 +125,16 @@ async def _guarded(
         async with asyncio.timeout_at(deadline):
             return await work()
     except TimeoutError:
-        return ClusterResult(cluster, action, Result.FAILED, "deadline",
+        return ClusterResult(cluster, action, FanoutResult.FAILED, "deadline",
                              f"not done within the {env.deadline_s:g} s deadline")
     except ClusterError as exc:
-        return ClusterResult(cluster, action, Result.FAILED, exc.reason, str(exc))
+        return ClusterResult(cluster, action, FanoutResult.FAILED, exc.reason, str(exc))
     except Fenced as exc:
-        return ClusterResult(cluster, action, Result.FAILED, "fenced", str(exc))
+        return ClusterResult(cluster, action, FanoutResult.FAILED, "fenced", str(exc))
     except Exception as exc:
         log.exception("cluster %s: unexpected error during %s", cluster, action,
                       extra={"cluster": cluster})
-        return ClusterResult(cluster, action, Result.FAILED, "internal_error",
+        return ClusterResult(cluster, action, FanoutResult.FAILED, "internal_error",
                              f"unexpected error ({type(exc).__name__})")
 
 
@@ -209,16 +156,16 @@ async def _apply_to(
             observed = Observed.from_object(live)
             revision = cluster_revision(observed)
             if revision is not None and revision > policy.revision:
-                return ClusterResult(cluster, "apply", Result.SUPERSEDED, None,
+                return ClusterResult(cluster, "apply", FanoutResult.SUPERSEDED, None,
                                      f"the cluster holds revision {revision}")
             if not differs(body, observed):
-                return ClusterResult(cluster, "apply", Result.UNCHANGED)
+                return ClusterResult(cluster, "apply", FanoutResult.UNCHANGED)
             write = with_precondition(body, observed.resource_version)
         written = await writer.apply(policy, write)
         if written.delivery is None:
             continue  # written by someone else between our read and our write: look again
         return ClusterResult.applied(written.delivery)
-    return ClusterResult(cluster, "apply", Result.FAILED, "conflict",
+    return ClusterResult(cluster, "apply", FanoutResult.FAILED, "conflict",
                          f"{name} kept changing under {_SAVE_ATTEMPTS} attempts")
 
 
@@ -227,7 +174,7 @@ async def _remove_from(
 ) -> ClusterResult:
     await _writer(cluster, env.clusters.get(cluster), env, deadline).remove(
         object_name(policy_id))
-    return ClusterResult(cluster, "remove", Result.REMOVED)
+    return ClusterResult(cluster, "remove", FanoutResult.REMOVED)
 
 
 async def _fan_out(
@@ -259,9 +206,9 @@ def deliveries_of(
     out = []
     pid = PolicyId(policy_id)
     for r in results:
-        if r.result in (Result.CREATED, Result.UPDATED, Result.UNCHANGED):
+        if r.result in (FanoutResult.CREATED, FanoutResult.UPDATED, FanoutResult.UNCHANGED):
             out.append(Delivery(r.cluster, pid, revision, ApplyResult(r.result.value), at))
-        elif r.result is Result.FAILED:
+        elif r.result is FanoutResult.FAILED:
             error = r.error if r.action == "apply" else f"removing failed: {r.error}"
             out.append(Delivery(r.cluster, pid, revision, ApplyResult.FAILED, at,
                                 error=error, reason=r.reason))
@@ -286,35 +233,36 @@ class Saver:
 
     async def save(
         self, policy_id: str, *, allow_mass_removal: bool = False, trigger: str = "api"
-    ) -> Report:
+    ) -> FanoutReport:
         """Raises `DatabaseUnavailable` when the policy cannot be read."""
         started = time.monotonic()
         report = await self._save(policy_id, allow_mass_removal, trigger)
         self._observe(report, trigger, started)
         return report
 
-    async def _save(self, policy_id: str, allow_mass_removal: bool, trigger: str) -> Report:
+    async def _save(self, policy_id: str, allow_mass_removal: bool, trigger: str) -> FanoutReport:
         target = await self._store.save_target(policy_id)
         if target is None:
-            return Report("save", policy_id, Status.NOT_FOUND, error="no such policy")
+            return FanoutReport("save", policy_id, FanoutStatus.NOT_FOUND, error="no such policy")
         revision = target.row.revision
         if target.deleting:
-            return Report("save", policy_id, Status.DELETING, revision,
+            return FanoutReport("save", policy_id, FanoutStatus.DELETING, revision,
                           error="its deletion has begun: DELETE it again to finish")
         policy = deliverable_policy(target.row, boundary_exists=target.boundary_exists)
         if not isinstance(policy, Policy):
-            return Report("save", policy_id, Status.INVALID, revision, error=policy.reason)
+            return FanoutReport("save", policy_id, FanoutStatus.INVALID, revision,
+                                error=policy.reason)
         plan = plan_save(target, delivered=policy.rule.delivered,
                          guard_share=self._guard_share, allow_mass_removal=allow_mass_removal)
         env = self._env()
         results = await _fan_out(self._save_work(policy, plan, env), env)
-        results += [ClusterResult(c, "remove", Result.SKIPPED, "guard", plan.skipped_reason)
+        results += [ClusterResult(c, "remove", FanoutResult.SKIPPED, "guard", plan.skipped_reason)
                     for c in sorted(plan.skipped)]
         await self._record(policy_id, revision, results, env)
-        report = Report("save", policy_id, Status.OK, revision, results,
+        report = FanoutReport("save", policy_id, FanoutStatus.OK, revision, results,
                         skipped_reason=plan.skipped_reason)
         if report.failed:
-            report.status = Status.PARTIAL
+            report.status = FanoutStatus.PARTIAL
         log.info("policy %s revision %d saved (%s): %s", policy_id, revision, trigger,
                  summary(results), extra={"policy": policy_id, "trigger": trigger,
                                           "fanout_counts": counts(results)})
@@ -331,26 +279,26 @@ class Saver:
             for c in sorted(plan.remove_from)]
         return applies + removals
 
-    async def delete(self, policy_id: str) -> Report:
+    async def delete(self, policy_id: str) -> FanoutReport:
         """Raises `DatabaseUnavailable` when the deletion cannot be marked or finished."""
         started = time.monotonic()
         report = await self._delete(policy_id)
         self._observe(report, "api", started)
         return report
 
-    async def _delete(self, policy_id: str) -> Report:
+    async def _delete(self, policy_id: str) -> FanoutReport:
         target = await self._store.begin_deletion(policy_id)
         if target is None:
-            return Report("delete", policy_id, Status.NOT_FOUND, error="no such policy")
+            return FanoutReport("delete", policy_id, FanoutStatus.NOT_FOUND, error="no such policy")
         env = self._env()
         work: list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]] = [
             (c, "remove", lambda d, c=c: _remove_from(c, policy_id, env, d))  # type: ignore[misc]
             for c in sorted(delete_targets(target))
         ]
         results = await _fan_out(work, env)
-        report = Report("delete", policy_id, Status.OK, target.row.revision, results)
+        report = FanoutReport("delete", policy_id, FanoutStatus.OK, target.row.revision, results)
         if report.failed:
-            report.status = Status.REFUSED
+            report.status = FanoutStatus.REFUSED
             await self._record(policy_id, target.row.revision, results, env)
             log.warning("policy %s not deleted: %d cluster(s) still hold it: %s", policy_id,
                         len(report.failed), named_failures(report.failed),
@@ -365,7 +313,7 @@ class Saver:
             log.warning("policy %s: removed from %d cluster(s), but the database keeps the row:"
                         " %s", policy_id, len(results), exc, extra={"policy": policy_id})
             await self._record(policy_id, target.row.revision, results, env)
-            report.status = Status.REFUSED
+            report.status = FanoutStatus.REFUSED
             report.error = str(exc)
             return report
         log.info("policy %s deleted from %d cluster(s) and from the database", policy_id,
@@ -378,14 +326,14 @@ class Saver:
         try:
             await self._store.record_deliveries(
                 deliveries_of(results, policy_id, revision, env.wall()))
-            removed = [r.cluster for r in results if r.result is Result.REMOVED]
+            removed = [r.cluster for r in results if r.result is FanoutResult.REMOVED]
             await self._store.forget_deliveries(policy_id, removed)
         except DatabaseUnavailable as exc:
             # The clusters were written; the next round records what they hold.
             log.warning("policy %s: could not record the fan-out (%s)", policy_id, exc,
                         extra={"policy": policy_id})
 
-    def _observe(self, report: Report, trigger: str, started: float) -> None:
+    def _observe(self, report: FanoutReport, trigger: str, started: float) -> None:
         if self._observer is not None:
             self._observer.fanout_done(report.operation, trigger, report.status.value,
                                        time.monotonic() - started)
@@ -396,13 +344,13 @@ def counts(results: Iterable[ClusterResult]) -> dict[str, int]:
     of `Result`, applies first)."""
     found = Counter((r.action, r.result) for r in results)
     return {f"{action} {result.value}": found[action, result]
-            for action in ("apply", "remove") for result in Result if found[action, result]}
+            for action in ("apply", "remove") for result in FanoutResult if found[action, result]}
 
 
 def named_failures(results: Iterable[ClusterResult]) -> str:
     """The failed clusters with their reasons, at most `MAX_NAMED_FAILURES`, the rest counted:
     `"c0001 apply (timeout), c0002 remove (forbidden) and 3 more"`."""
-    failed = [r for r in results if r.result is Result.FAILED]
+    failed = [r for r in results if r.result is FanoutResult.FAILED]
     named = ", ".join(f"{r.cluster} {r.action} ({r.reason or 'unknown'})"
                       for r in failed[:MAX_NAMED_FAILURES])
     more = len(failed) - MAX_NAMED_FAILURES

@@ -16,9 +16,9 @@ import pytest
 from convergerd.core.errors import ClusterUnreachable
 from convergerd.core.model import ClusterId, PolicyRow
 from convergerd.core.removal import Target
-from convergerd.core.report import Delivery
+from convergerd.core.report import Delivery, FanoutStatus
 from convergerd.delivery.apply import Unfenced
-from convergerd.delivery.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver, Status
+from convergerd.delivery.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver
 from convergerd.kube.api import Applied, KubeObject, ObjectList
 
 T = TypeVar("T")
@@ -126,7 +126,7 @@ async def test_a_save_over_many_clusters_logs_counts_and_names_only_the_failures
     failing = 25
     caplog.set_level(logging.INFO, logger="convergerd.delivery.fanout")
     report = await saver(CLUSTERS, down=failing).save("p-latest")
-    assert report.status is Status.PARTIAL
+    assert report.status is FanoutStatus.PARTIAL
     [line] = lines(caplog, logging.INFO)
     assert len(line) <= MAX_LINE_CHARS, line
     assert line.startswith(f"policy p-latest revision 1 saved (api): {CLUSTERS} clusters: "
@@ -149,7 +149,7 @@ async def test_a_refused_deletion_names_at_most_the_bounded_failures(
 ) -> None:
     caplog.set_level(logging.INFO, logger="convergerd.delivery.fanout")
     report = await saver(CLUSTERS, down=CLUSTERS // 2).delete("p-latest")
-    assert report.status is Status.REFUSED
+    assert report.status is FanoutStatus.REFUSED
     [line] = lines(caplog, logging.WARNING)
     assert len(line) <= MAX_LINE_CHARS, line
     assert line.startswith(f"policy p-latest not deleted: {CLUSTERS // 2} cluster(s) still "
