@@ -112,19 +112,18 @@ class Written:
 
 @dataclass(frozen=True, slots=True)
 class Writer:
-    """One cluster, written to under `fence` until `deadline` (loop time)."""
+    """One cluster, written to under `fence` until `deadline` (loop time), called as `calls`
+    says."""
 
     cluster: ClusterId
     api: PolicyApi
-    retrier: Retrier
+    calls: ClusterCalls
     fence: Fence
-    request_timeout_s: float
     deadline: float
-    wall: Callable[[], dt.datetime]  # UTC, for records
 
     async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
         """`fn` under the retry policy, up to the deadline (reads: no fence)."""
-        return await self.retrier(fn, cluster=self.cluster, deadline=self.deadline)
+        return await self.calls.retrier(fn, cluster=self.cluster, deadline=self.deadline)
 
     async def apply(self, policy: Policy, body: dict[str, Any]) -> Written:
         """Server-side apply `body` (the rendered `policy`, perhaps with a resourceVersion
@@ -135,7 +134,7 @@ class Writer:
         async def attempt() -> Applied:
             nonlocal attempts
             attempts += 1
-            timeout = write_timeout_s(self.request_timeout_s, self.fence)
+            timeout = write_timeout_s(self.calls.request_timeout_s, self.fence)
             return await self.api.apply_policy(body, timeout_s=timeout)
 
         try:
@@ -150,14 +149,14 @@ class Writer:
                 raise
             log.debug("cluster %s: policy %s rejected: %s", self.cluster, policy.id, exc)
             return Written(Delivery(
-                self.cluster, policy.id, policy.revision, ApplyResult.FAILED, self.wall(),
+                self.cluster, policy.id, policy.revision, ApplyResult.FAILED, self.calls.wall(),
                 error=str(exc), reason=exc.reason, attempts=attempts,
             ))
         result = ApplyResult.CREATED if applied.created else ApplyResult.UPDATED
-        return Written(Delivery(self.cluster, policy.id, policy.revision, result, self.wall(),
+        return Written(Delivery(self.cluster, policy.id, policy.revision, result, self.calls.wall(),
                                 attempts=attempts), applied)
 
     async def remove(self, name: str) -> bool:
         """Delete the object `name`; False when it was already gone. Errors are raised."""
         return await self.call(lambda: self.api.delete_policy(
-            name, timeout_s=write_timeout_s(self.request_timeout_s, self.fence)))
+            name, timeout_s=write_timeout_s(self.calls.request_timeout_s, self.fence)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,7 +29,7 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
 )
-from convergerd.delivery.apply import ClusterSource, Retrier, Writer, cluster_revision
+from convergerd.delivery.apply import ClusterCalls, ClusterSource, Writer, cluster_revision
 from convergerd.kube.api import Applied
 from convergerd.leader.lease import Fence
 
@@ -48,7 +48,6 @@ class RoundLimits:
     deadline_s: float  # the whole round, from its start
     cluster_concurrency: int
     apply_concurrency: int  # per cluster
-    request_timeout_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +55,9 @@ class Round:
     """Everything a round needs, passed in (no globals): see `run_round`."""
 
     clusters: ClusterSource
-    retrier: Retrier
+    calls: ClusterCalls  # retries, request timeout, loop and wall clocks (as saves have)
     fence: Fence
     limits: RoundLimits
-    clock: Callable[[], float]  # monotonic (loop time)
-    wall: Callable[[], dt.datetime]  # UTC, for records
     # Checks creates against the database at write time (see `_guard_creates`); None: no check.
     guard: WriteGuard | None = None
 
@@ -75,10 +72,10 @@ async def run_round(
     cancels it): the clusters that finished go to `clusters`, the others, with the deliveries
     they completed, to `cut_short`, so what was done can still be recorded."""
     if report is None:
-        report = RoundReport(started_at=env.wall())
+        report = RoundReport(started_at=env.calls.wall())
     report.epoch = epoch or report.epoch
     report.invalid = list(fleet.invalid)
-    deadline = env.clock() + env.limits.deadline_s
+    deadline = env.calls.clock() + env.limits.deadline_s
     gate = asyncio.Semaphore(env.limits.cluster_concurrency)
     desired = fleet.desired_by_cluster()
     outcomes = {c: ClusterOutcome(cluster=c, desired=len(p)) for c, p in desired.items()}
@@ -103,7 +100,7 @@ async def run_round(
         report.clusters = [o for c, o in outcomes.items() if c in finished]
         report.cut_short = [o for c, o in outcomes.items()
                             if c not in finished and (o.deliveries or o.phases)]
-        report.finished_at = env.wall()
+        report.finished_at = env.calls.wall()
     return report
 
 
@@ -118,7 +115,7 @@ async def converge_cluster(
     """`outcome`, if given, is filled in as the work goes (each delivery as it completes)."""
     if outcome is None:
         outcome = ClusterOutcome(cluster=cluster, desired=len(desired))
-    started = env.clock()
+    started = env.calls.clock()
     try:
         async with asyncio.timeout_at(deadline):
             await _converge(outcome, desired, env, deadline)
@@ -136,7 +133,7 @@ async def converge_cluster(
         _fail_cluster(outcome, f"unexpected error ({type(_first_leaf(exc)).__name__})",
                       "internal_error")
     finally:
-        outcome.duration_s = env.clock() - started
+        outcome.duration_s = env.calls.clock() - started
     if outcome.error:
         log.warning(
             "cluster %s: %s", cluster, outcome.error,
@@ -162,9 +159,9 @@ def _fail_cluster(
 async def _converge(
     outcome: ClusterOutcome, desired: Sequence[Policy], env: Round, deadline: float
 ) -> None:
-    writer = Writer(outcome.cluster, env.clusters.get(outcome.cluster), env.retrier, env.fence,
-                    env.limits.request_timeout_s, deadline, env.wall)
-    timeout = env.limits.request_timeout_s
+    writer = Writer(outcome.cluster, env.clusters.get(outcome.cluster), env.calls, env.fence,
+                    deadline)
+    timeout = env.calls.request_timeout_s
 
     async def list_once() -> Sequence[Observed]:
         found = await writer.api.list_policies(label_selector=MANAGED_SELECTOR,
@@ -174,10 +171,10 @@ async def _converge(
     observed = await writer.call(list_once)
     outcome.reached = True
     by_name = {o.name: o for o in observed}
-    outcome.phases = _phases(outcome.cluster, by_name, env.wall())
+    outcome.phases = _phases(outcome.cluster, by_name, env.calls.wall())
 
     actions = plan_cluster(desired, by_name)
-    now = env.wall()
+    now = env.calls.wall()
     pending = {a.policy.id for a in actions}
     for policy in desired:
         if policy.id not in pending:

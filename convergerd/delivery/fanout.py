@@ -39,7 +39,7 @@ from convergerd.core.report import (
     FanoutResult,
     FanoutStatus,
 )
-from convergerd.delivery.apply import Retrier, Writer, cluster_calls, cluster_revision
+from convergerd.delivery.apply import ClusterCalls, Writer, cluster_calls, cluster_revision
 from convergerd.kube.api import KubeObject, PolicyApi
 from convergerd.leader.lease import Fence
 from convergerd.retry import RetryObserver
@@ -84,14 +84,13 @@ class FanoutObserver(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class FanoutEnv:
+    """Everything a save or a deletion needs, passed in: see `fanout_env`."""
+
     clusters: SaveClusters
-    retrier: Retrier
+    calls: ClusterCalls  # retries, request timeout, loop and wall clocks (as rounds have)
     fence: Fence
-    request_timeout_s: float
     deadline_s: float
     concurrency: int
-    clock: Callable[[], float]  # monotonic (loop time)
-    wall: Callable[[], dt.datetime]  # UTC, for records
 
 
 def fanout_env(
@@ -99,16 +98,12 @@ def fanout_env(
 ) -> FanoutEnv:
     """What a save or delete runs with: the rounds' clients and `apply.cluster_calls`, under
     the save deadline. Pure wiring (tests build saves with it too)."""
-    calls = cluster_calls(settings, observer)
     return FanoutEnv(
         clusters=clusters,
-        retrier=calls.retrier,
+        calls=cluster_calls(settings, observer),
         fence=fence,
-        request_timeout_s=calls.request_timeout_s,
         deadline_s=settings.saves.deadline_s,
         concurrency=settings.rounds.cluster_concurrency,
-        clock=calls.clock,
-        wall=calls.wall,
     )
 
 
@@ -139,7 +134,7 @@ async def _guarded(
 
 
 def _writer(cluster: ClusterId, api: SaveApi, env: FanoutEnv, deadline: float) -> Writer:
-    return Writer(cluster, api, env.retrier, env.fence, env.request_timeout_s, deadline, env.wall)
+    return Writer(cluster, api, env.calls, env.fence, deadline)
 
 
 async def _apply_to(
@@ -149,8 +144,9 @@ async def _apply_to(
     writer = _writer(cluster, api, env, deadline)
     name = object_name(policy.id)
     body = render_policy(policy)
+    timeout = env.calls.request_timeout_s
     for _ in range(_SAVE_ATTEMPTS):
-        live = await writer.call(lambda: api.get_policy(name, timeout_s=env.request_timeout_s))
+        live = await writer.call(lambda: api.get_policy(name, timeout_s=timeout))
         write = body
         if live is not None:
             observed = Observed.from_object(live)
@@ -181,7 +177,7 @@ async def _fan_out(
     work: Iterable[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]],
     env: FanoutEnv,
 ) -> list[ClusterResult]:
-    deadline = env.clock() + env.deadline_s
+    deadline = env.calls.clock() + env.deadline_s
     gate = asyncio.Semaphore(env.concurrency)
 
     async def one(
@@ -325,7 +321,7 @@ class Saver:
     ) -> None:
         try:
             await self._store.record_deliveries(
-                deliveries_of(results, policy_id, revision, env.wall()))
+                deliveries_of(results, policy_id, revision, env.calls.wall()))
             removed = [r.cluster for r in results if r.result is FanoutResult.REMOVED]
             await self._store.forget_deliveries(policy_id, removed)
         except DatabaseUnavailable as exc:

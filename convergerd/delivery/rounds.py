@@ -81,19 +81,15 @@ def round_env(
 ) -> Round:
     """What a round of this daemon runs with: the settings' limits and `cluster_calls`. Pure
     wiring (tests build rounds with it too)."""
-    calls = cluster_calls(settings, observer)
     return Round(
         clusters=clusters,
-        retrier=calls.retrier,
+        calls=cluster_calls(settings, observer),
         fence=fence,
         limits=RoundLimits(
             deadline_s=deadline_s,
             cluster_concurrency=settings.rounds.cluster_concurrency,
             apply_concurrency=settings.clusters.apply_concurrency,
-            request_timeout_s=calls.request_timeout_s,
         ),
-        clock=calls.clock,
-        wall=calls.wall,
         guard=guard,
     )
 

@@ -17,7 +17,7 @@ from convergerd.core.errors import ClusterUnreachable
 from convergerd.core.model import ClusterId, PolicyRow
 from convergerd.core.removal import Target
 from convergerd.core.report import Delivery, FanoutStatus
-from convergerd.delivery.apply import Unfenced
+from convergerd.delivery.apply import ClusterCalls, Unfenced
 from convergerd.delivery.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver
 from convergerd.kube.api import Applied, KubeObject, ObjectList
 
@@ -109,9 +109,10 @@ def saver(clusters: int, down: int) -> Saver:
     ids = [cluster_id(i) for i in range(clusters)]
     fakes = FakeClusters(frozenset(ids[:down]))
     loop = asyncio.get_running_loop()
-    env = FanoutEnv(clusters=fakes, retrier=once, fence=Unfenced(), request_timeout_s=5,
-                    deadline_s=60, concurrency=1_000, clock=loop.time,
-                    wall=lambda: dt.datetime.now(dt.UTC))
+    calls = ClusterCalls(retrier=once, request_timeout_s=5, clock=loop.time,
+                         wall=lambda: dt.datetime.now(dt.UTC))
+    env = FanoutEnv(clusters=fakes, calls=calls, fence=Unfenced(), deadline_s=60,
+                    concurrency=1_000)
     return Saver(store=FakeStore(frozenset(ids)), env=lambda: env, guard_share=0.5)
 
 
