@@ -153,13 +153,14 @@ class FanoutResult(StrEnum):
     """What a save or a deletion did on one cluster: what a delivery records (`ApplyResult`),
     and what only a save or a deletion reports."""
 
+    # In this order in the API's document and in a save's log line (`fanout.counts`).
     CREATED = ApplyResult.CREATED.value
     UPDATED = ApplyResult.UPDATED.value
     UNCHANGED = ApplyResult.UNCHANGED.value
-    FAILED = ApplyResult.FAILED.value
     SUPERSEDED = "superseded"  # the cluster holds a newer revision than this save read
     REMOVED = "removed"  # gone from the cluster (404 included)
     SKIPPED = "skipped"  # a removal the mass-removal guard refused
+    FAILED = ApplyResult.FAILED.value
 
 
 @dataclass(frozen=True, slots=True)
