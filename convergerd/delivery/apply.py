@@ -105,6 +105,38 @@ def cluster_revision(observed: Observed) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterFailure:
+    """Why one cluster's work (a round's, a save's) ended early."""
+
+    reason: str  # its metrics slug
+    error: str  # readable; never an unexpected exception's message (it may quote anything)
+    reached: bool  # the cluster answered (`ClusterError.answered`)
+
+
+def cluster_failure(
+    exc: Exception, cluster: ClusterId, *, deadline_error: str, during: str
+) -> ClusterFailure:
+    """The one reading of what ended a cluster's work: the deadline, a classified
+    `ClusterError`, or anything else (not ours: a client or library bug, an odd object in the
+    cluster), which fails that cluster only and is logged with its traceback."""
+    if isinstance(exc, TimeoutError):
+        return ClusterFailure("deadline", deadline_error, reached=False)
+    if isinstance(exc, ClusterError):
+        return ClusterFailure(exc.reason, str(exc), reached=exc.answered)
+    log.error("cluster %s: unexpected error during %s", cluster, during,
+              exc_info=exc, extra={"cluster": cluster})
+    return ClusterFailure("internal_error",
+                          f"unexpected error ({type(_first_leaf(exc)).__name__})",
+                          reached=False)
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+@dataclass(frozen=True, slots=True)
 class Written:
     delivery: Delivery | None  # None: superseded, the newer writer's record stands
     applied: Applied | None = None  # the object as written (None: not written)

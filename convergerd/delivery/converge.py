@@ -29,7 +29,14 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
 )
-from convergerd.delivery.apply import ClusterCalls, ClusterSource, Writer, cluster_revision
+from convergerd.delivery.apply import (
+    ClusterCalls,
+    ClusterFailure,
+    ClusterSource,
+    Writer,
+    cluster_failure,
+    cluster_revision,
+)
 from convergerd.kube.api import Applied
 from convergerd.leader.lease import Fence
 
@@ -119,19 +126,12 @@ async def converge_cluster(
     try:
         async with asyncio.timeout_at(deadline):
             await _converge(outcome, desired, env, deadline)
-    except TimeoutError:
-        _fail_cluster(outcome, "round deadline reached before this cluster finished", "deadline")
-    except ClusterError as exc:
-        _fail_cluster(outcome, str(exc), exc.reason, reached=exc.answered)
     except Fenced:
         raise
     except Exception as exc:
-        # Not ours (a client or library bug, an odd object in the cluster): this cluster fails
-        # for this round; the round and the daemon go on. Status and metrics get the type
-        # only (a message may quote anything); the traceback goes to the log.
-        log.exception("cluster %s: unexpected error", cluster, extra={"cluster": cluster})
-        _fail_cluster(outcome, f"unexpected error ({type(_first_leaf(exc)).__name__})",
-                      "internal_error")
+        _fail_cluster(outcome, cluster_failure(
+            exc, cluster, deadline_error="round deadline reached before this cluster finished",
+            during="a round"))
     finally:
         outcome.duration_s = env.calls.clock() - started
     if outcome.error:
@@ -142,18 +142,10 @@ async def converge_cluster(
     return outcome
 
 
-def _first_leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _fail_cluster(
-    outcome: ClusterOutcome, error: str, reason: str, *, reached: bool = False
-) -> None:
-    outcome.error = error
-    outcome.reason = reason
-    outcome.reached = outcome.reached or reached
+def _fail_cluster(outcome: ClusterOutcome, failure: ClusterFailure) -> None:
+    outcome.error = failure.error
+    outcome.reason = failure.reason
+    outcome.reached = outcome.reached or failure.reached
 
 
 async def _converge(

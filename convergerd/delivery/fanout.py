@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from convergerd.config import Settings
-from convergerd.core.errors import ClusterError, DatabaseRejected, DatabaseUnavailable, Fenced
+from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Policy, PolicyId
 from convergerd.core.plan import Observed, differs, with_precondition
 from convergerd.core.removal import SavePlan, Target, delete_targets, plan_save
@@ -39,7 +39,13 @@ from convergerd.core.report import (
     FanoutResult,
     FanoutStatus,
 )
-from convergerd.delivery.apply import ClusterCalls, Writer, cluster_calls, cluster_revision
+from convergerd.delivery.apply import (
+    ClusterCalls,
+    Writer,
+    cluster_calls,
+    cluster_failure,
+    cluster_revision,
+)
 from convergerd.kube.api import KubeObject, PolicyApi
 from convergerd.leader.lease import Fence
 from convergerd.retry import RetryObserver
@@ -119,18 +125,14 @@ async def _guarded(
     try:
         async with asyncio.timeout_at(deadline):
             return await work()
-    except TimeoutError:
-        return ClusterResult(cluster, action, FanoutResult.FAILED, "deadline",
-                             f"not done within the {env.deadline_s:g} s deadline")
-    except ClusterError as exc:
-        return ClusterResult(cluster, action, FanoutResult.FAILED, exc.reason, str(exc))
     except Fenced as exc:
         return ClusterResult(cluster, action, FanoutResult.FAILED, "fenced", str(exc))
     except Exception as exc:
-        log.exception("cluster %s: unexpected error during %s", cluster, action,
-                      extra={"cluster": cluster})
-        return ClusterResult(cluster, action, FanoutResult.FAILED, "internal_error",
-                             f"unexpected error ({type(exc).__name__})")
+        failure = cluster_failure(
+            exc, cluster, deadline_error=f"not done within the {env.deadline_s:g} s deadline",
+            during=action)
+        return ClusterResult(cluster, action, FanoutResult.FAILED, failure.reason,
+                             failure.error)
 
 
 def _writer(cluster: ClusterId, api: SaveApi, env: FanoutEnv, deadline: float) -> Writer:
