@@ -461,7 +461,7 @@ def _describe(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The app
+# The views that only read
 
 
 class Views:

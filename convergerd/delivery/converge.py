@@ -4,7 +4,8 @@ Apply-only: a round adds and updates, it never deletes. Per cluster it costs one
 label-selected list, plus one server-side apply per missing or drifted object; a cluster in
 sync costs exactly the list. Clusters run concurrently under a global bound; each runs under
 the round's deadline, so one down or hung cluster costs at most its own timeout and never
-delays the others. Every write first asks the fence how long this replica may still write.
+delays the others. Every write goes through `apply.Writer`, as a save's: it first asks the
+fence how long this replica may still write.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ stop delivering it; a round that read it before checks again at write time), rem
 `policy-<id>` everywhere it may be installed (404 counts as removed), and deletes the row only
 when every cluster removed it.
 
-Clusters are reached through the same registry, retry policy and error classes as rounds, under
-one short overall deadline. A cluster that fails is recorded (deliveries) and reported; it never
-fails the others. Every write asks the fence first.
+Clusters are reached through the same registry, retry policy and error classes as rounds, and
+written through the same `apply.Writer` (the fence asked before every write), under one short
+overall deadline. A cluster that fails is recorded (deliveries) and reported; it never fails the
+others.
 """
 
 from __future__ import annotations
