@@ -11,7 +11,7 @@ fresh database on the PostgreSQL of `CONVERGERD_TEST_DATABASE_URL` (default
 `postgresql://postgres@127.0.0.1:5432/postgres`), migrated, filled with the fleet, dropped at
 the end. A round runs the daemon's way, on the daemon's pool (5 connections): `load_fleet`,
 `run_round` (`rounds.round_env`), `record_round`, then the status state observes it; the HTTP
-server (`http.make_app`, `server_options()`) serves on the same event loop, as in the daemon.
+server (`app.make_app`, `server_options()`) serves on the same event loop, as in the daemon.
 
 The load comes from a separate process (so its own CPU is not the round's): `--clients` tasks,
 each looping over `GET /status`, `GET /v1/clusters/{id}` and `GET /v1/policies/{id}/status` on
@@ -46,9 +46,12 @@ import asyncpg
 from aiohttp import web
 
 from convergerd import eventloop
-from convergerd.api.server import make_app, server_options
+from convergerd.api.app import make_app
+from convergerd.api.server import server_options
 from convergerd.config import load_settings
+from convergerd.delivery.apply import Unfenced
 from convergerd.delivery.converge import run_round
+from convergerd.delivery.fanout import Saver, fanout_env
 from convergerd.delivery.rounds import round_env
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader.elector import NoElection
@@ -242,8 +245,10 @@ async def _measure(
     state = StatusState(identity="bench", interval_s=settings.rounds.interval_s)
     registry = ClusterRegistry(kubeconfig=sim.kubeconfig, access=settings.clusters,
                                identity="bench", observer=metrics)
+    saver = Saver(store=store, guard_share=settings.saves.removal_guard_share,
+                  env=lambda: fanout_env(settings, registry, Unfenced(), metrics))
     app = make_app(metrics=metrics, state=state, store=store, settings=settings,
-                   health=HealthCheck())
+                   health=HealthCheck(), saver=saver)
     runner = web.AppRunner(app, **server_options())
     await runner.setup()
     port = _free_port()

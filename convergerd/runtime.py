@@ -26,8 +26,8 @@ from typing import Any
 from aiohttp import web
 
 from convergerd import __version__
-from convergerd.api.mutations import handlers
-from convergerd.api.server import make_app, serve
+from convergerd.api.app import make_app
+from convergerd.api.server import serve
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
 from convergerd.core.errors import (
     ConfigError,
@@ -37,13 +37,13 @@ from convergerd.core.errors import (
 )
 from convergerd.core.report import RoundReport, RoundResult
 from convergerd.core.shown import describe
-from convergerd.delivery.fanout import FanoutEnv, SaveClusters, Saver, Unfenced
+from convergerd.delivery.apply import StopFence, Unfenced
+from convergerd.delivery.fanout import FanoutEnv, Saver, fanout_env
 from convergerd.delivery.listener import Listener
-from convergerd.delivery.rounds import RoundLoop, StopFence, cluster_calls, database_retrying
+from convergerd.delivery.rounds import RoundLoop, database_retrying
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader.elector import Elector, Leadership, NoElection
 from convergerd.leader.lease import Fence
-from convergerd.retry import RetryObserver
 from convergerd.status.metrics import FanoutMetrics, Metrics
 from convergerd.status.probe import Answers, Prober
 from convergerd.status.state import StatusState
@@ -59,24 +59,6 @@ EXIT_NOT_CONVERGED = 1
 
 # The database sync of the live status (every replica): at most this long between passes.
 STATUS_SYNC_PERIOD_S = 30.0
-
-
-def fanout_env(
-    settings: Settings, clusters: SaveClusters, fence: Fence, observer: RetryObserver
-) -> FanoutEnv:
-    """What a save or delete runs with: the rounds' clients and `cluster_calls`, under the save
-    deadline."""
-    calls = cluster_calls(settings, observer)
-    return FanoutEnv(
-        clusters=clusters,
-        retrier=calls.retrier,
-        fence=fence,
-        request_timeout_s=calls.request_timeout_s,
-        deadline_s=settings.saves.deadline_s,
-        concurrency=settings.rounds.cluster_concurrency,
-        clock=calls.clock,
-        wall=calls.wall,
-    )
 
 
 class Daemon:
@@ -310,11 +292,8 @@ class Daemon:
 
     async def _start_http(self, store: Store, saver: Saver) -> web.AppRunner:
         s = self.settings
-        on_apply, on_delete = handlers(saver, body_timeout_s=s.http.body_timeout_s)
-        app = make_app(
-            metrics=self.metrics, state=self.state, store=store, settings=s, health=self.health,
-            on_apply=on_apply, on_delete=on_delete,
-        )
+        app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
+                       health=self.health, saver=saver)
         runner = await serve(app, s.http_host, s.http_port, s.http)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",

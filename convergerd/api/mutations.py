@@ -1,8 +1,9 @@
 """The save and delete endpoints: `POST /v1/policies/{id}/apply`, `DELETE /v1/policies/{id}`.
 
-Called by `convergerd.api.server` after the bearer token check. Everything in the request is checked
-before the database is touched: the id (a DNS label of at most 50 characters), the body size,
-that the body is a JSON object, and its fields and their types. Answers:
+Routed here by `convergerd.api.app`; the work is `convergerd.delivery.fanout.Saver`'s. Everything
+in the request is checked before the database is touched: the bearer token, the id (a DNS label
+of at most 50 characters), the body size, that the body is a JSON object, and its fields and
+their types. Answers:
 
 | operation | answer |
 |---|---|
@@ -12,6 +13,7 @@ that the body is a JSON object, and its fields and their types. Answers:
 | delete done everywhere, row deleted | 200, `status: ok` |
 | delete not confirmed by every cluster | 409 naming them; the policy is kept, marked |
 | save of a policy whose deletion has begun | 409 |
+| no or a wrong bearer token | 401 (503 when no token is configured: the endpoints are off) |
 | unknown policy | 404 |
 | bad id, body or field | 400 (413 over 16 KiB, 408 when it does not arrive in time) |
 | database unavailable | 503 |
@@ -20,17 +22,18 @@ that the body is a JSON object, and its fields and their types. Answers:
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import StreamReader, web
 
-from convergerd.api.server import MutationHandler, error_response
+from convergerd.api.server import error_response, policy_id_of
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import DatabaseUnavailable, NotJSON
-from convergerd.core.model import RuleError, check_policy_id
+from convergerd.core.report import FanoutReport, FanoutStatus
 from convergerd.core.shown import shown
-from convergerd.delivery.fanout import Report, Saver, Status
+from convergerd.delivery.fanout import Saver
 
 MAX_BODY_BYTES = 16 * 1024
 _SAVE_FIELDS: Mapping[str, type] = {"allow_mass_removal": bool}
@@ -107,15 +110,7 @@ def _refusal_of(exc: BadRequest) -> web.Response:
     return response
 
 
-def _policy_id(raw: str) -> str:
-    try:
-        check_policy_id(raw)
-    except RuleError as exc:
-        raise BadRequest(str(exc)) from None
-    return raw
-
-
-def report_json(report: Report) -> dict[str, Any]:
+def report_json(report: FanoutReport) -> dict[str, Any]:
     return {
         "operation": report.operation,
         "policy": report.policy,
@@ -126,15 +121,15 @@ def report_json(report: Report) -> dict[str, Any]:
     }
 
 
-def _answer(report: Report) -> web.Response:
+def _answer(report: FanoutReport) -> web.Response:
     body = report_json(report)
-    if report.status in (Status.OK, Status.PARTIAL):
+    if report.status in (FanoutStatus.OK, FanoutStatus.PARTIAL):
         return web.json_response(body)
-    if report.status is Status.NOT_FOUND:
+    if report.status is FanoutStatus.NOT_FOUND:
         return _refusal(404, f"unknown policy {report.policy!r}", body)
-    if report.status is Status.INVALID:
+    if report.status is FanoutStatus.INVALID:
         return _refusal(422, f"policy {report.policy!r} is invalid: {report.error}", body)
-    if report.status is Status.DELETING:
+    if report.status is FanoutStatus.DELETING:
         return _refusal(409, f"policy {report.policy!r}: {report.error}", body)
     if not report.failed:
         return _refusal(409, f"policy {report.policy!r} not deleted: {report.error}; it is kept "
@@ -150,35 +145,69 @@ def _refusal(status: int, message: str, body: dict[str, Any]) -> web.Response:
     return web.json_response({"error": message, **body}, status=status)
 
 
-def handlers(
-    saver: Saver, *, body_timeout_s: float = 10.0
-) -> tuple[MutationHandler, MutationHandler]:
-    """`(on_apply, on_delete)` for `convergerd.api.server.make_app`; a body must arrive within
-    `body_timeout_s` (`HttpLimits.body_timeout_s`)."""
+def _bearer(header: str) -> bytes | None:
+    """The token of a `Bearer` authorization header; None when it is not one or does not
+    decode (aiohttp keeps undecodable header bytes as surrogates)."""
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    try:
+        return given.strip().encode()
+    except UnicodeEncodeError:
+        return None
 
-    async def on_apply(request: web.Request, raw_id: str) -> web.StreamResponse:
+
+class Saves:
+    """The save and delete handlers, over `saver`; a body must arrive within `body_timeout_s`
+    (`HttpLimits.body_timeout_s`)."""
+
+    def __init__(self, saver: Saver, *, token: str | None, body_timeout_s: float) -> None:
+        self._saver = saver
+        self._token = token
+        self._body_timeout_s = body_timeout_s
+
+    def _unauthorized(self, request: web.Request) -> web.Response | None:
+        if not self._token:
+            return error_response(
+                503, "mutating endpoints are disabled: CONVERGERD_API_TOKEN is not set")
+        given = _bearer(request.headers.get("Authorization", ""))
+        if given is None or not hmac.compare_digest(given, self._token.encode()):
+            response = error_response(401, "a valid bearer token is required")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="convergerd"'
+            return response
+        return None
+
+    async def apply(self, request: web.Request) -> web.StreamResponse:
+        refused = self._unauthorized(request)
+        if refused is not None:
+            return refused
+        policy_id = policy_id_of(request)
+        if isinstance(policy_id, web.Response):
+            return policy_id
         try:
-            policy_id = _policy_id(raw_id)
-            fields = await read_body(request, _SAVE_FIELDS, timeout_s=body_timeout_s)
+            fields = await read_body(request, _SAVE_FIELDS, timeout_s=self._body_timeout_s)
         except BadRequest as exc:
             return _refusal_of(exc)
         try:
-            report = await saver.save(
+            report = await self._saver.save(
                 policy_id, allow_mass_removal=fields.get("allow_mass_removal", False))
         except DatabaseUnavailable as exc:
             return error_response(503, f"database unavailable: {exc}", reason="database")
         return _answer(report)
 
-    async def on_delete(request: web.Request, raw_id: str) -> web.StreamResponse:
+    async def delete(self, request: web.Request) -> web.StreamResponse:
+        refused = self._unauthorized(request)
+        if refused is not None:
+            return refused
+        policy_id = policy_id_of(request)
+        if isinstance(policy_id, web.Response):
+            return policy_id
         try:
-            policy_id = _policy_id(raw_id)
-            await read_body(request, _DELETE_FIELDS, timeout_s=body_timeout_s)
+            await read_body(request, _DELETE_FIELDS, timeout_s=self._body_timeout_s)
         except BadRequest as exc:
             return _refusal_of(exc)
         try:
-            report = await saver.delete(policy_id)
+            report = await self._saver.delete(policy_id)
         except DatabaseUnavailable as exc:
             return error_response(503, f"database unavailable: {exc}", reason="database")
         return _answer(report)
-
-    return on_apply, on_delete

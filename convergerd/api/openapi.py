@@ -10,6 +10,7 @@ from typing import Any
 
 from convergerd import __version__
 from convergerd.core.model import POLICY_ID_MAX_LEN
+from convergerd.core.report import FanoutResult, FanoutStatus
 
 JSON = "application/json"
 # The id patterns the handlers check (`model.check_policy_id`, `model.check_cluster_id`).
@@ -182,9 +183,7 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "cluster": {"type": "string"},
             "action": {"type": "string", "enum": ["apply", "remove"]},
-            "result": {"type": "string", "enum": [
-                "created", "updated", "unchanged", "superseded", "removed", "skipped",
-                "failed"]},
+            "result": {"type": "string", "enum": [r.value for r in FanoutResult]},
             "reason": _NULLABLE_STRING, "error": _NULLABLE_STRING,
         },
     },
@@ -193,8 +192,7 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "operation": {"type": "string", "enum": ["save", "delete"]},
             "policy": {"type": "string"},
-            "status": {"type": "string", "enum": [
-                "ok", "partial", "refused", "not_found", "invalid", "deleting"]},
+            "status": {"type": "string", "enum": [s.value for s in FanoutStatus]},
             "revision": {"type": "integer", "nullable": True},
             "clusters": {"type": "array", "items": _ref("ClusterResult")},
             "skipped_reason": _NULLABLE_STRING,

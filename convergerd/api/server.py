@@ -1,16 +1,7 @@
-"""The HTTP server (aiohttp, one port): health, metrics, status and the save/delete API.
-
-| path | answers |
-|---|---|
-| `GET /healthz` | liveness: the loop turns, no supervised task ended, none is stuck |
-| `GET /readyz` | readiness: settings valid and the database answers (standbys are ready too) |
-| `GET /metrics` | Prometheus text exposition of the process's own registry |
-| `GET /status` | JSON: identity, leader, rounds, clusters worst first, Unsupported roll-up |
-| `GET /v1/clusters/{id}` | that cluster's policies: delivered vs current revision, error, phase |
-| `GET /v1/policies/{id}/status` | that policy per cluster: revisions, error, phase; its deletion |
-| `POST /v1/policies/{id}/apply` | save: bearer token required |
-| `DELETE /v1/policies/{id}` | delete: bearer token required |
-| `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.api.openapi`) |
+"""The HTTP server (aiohttp, one port): its bounds, the health, metrics and status views, and
+what every handler shares (the JSON error answer, ids read from the path). Which path is served
+by which handler is `convergerd.api.app`; the save and delete handlers are
+`convergerd.api.mutations`.
 
 Status works on every replica: what this replica observed is merged with what the database
 recorded (whoever led), the newer fact winning, so a standby shows the leader's results. The
@@ -46,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import hmac
 import json
 import logging
 import math
@@ -105,7 +95,6 @@ ROWS_PER_TOKEN = 100
 MAX_LINE_BYTES = 8190
 MAX_HEADERS = 64
 T = TypeVar("T")
-MutationHandler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -174,18 +163,6 @@ def cluster_id_of(request: web.Request) -> ClusterId | web.Response:
     except RuleError as exc:
         return _bad_id("cluster", value, exc)
     return ClusterId(value)
-
-
-def _bearer(header: str) -> bytes | None:
-    """The token of a `Bearer` authorization header; None when it is not one or does not
-    decode (aiohttp keeps undecodable header bytes as surrogates)."""
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    try:
-        return given.strip().encode()
-    except UnicodeEncodeError:
-        return None
 
 
 class _ServerLog(logging.LoggerAdapter[logging.Logger]):
@@ -471,10 +448,12 @@ def bound_port(runner: web.AppRunner) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# The app
+# The views that only read
 
 
-class _Handlers:
+class Views:
+    """The handlers that only read: health, readiness, metrics, status, the OpenAPI document."""
+
     def __init__(
         self,
         *,
@@ -483,16 +462,12 @@ class _Handlers:
         store: StatusSource,
         settings: Settings,
         health: Health,
-        on_apply: MutationHandler | None,
-        on_delete: MutationHandler | None,
     ) -> None:
         self.metrics = metrics
         self.state = state
         self.store = store
         self.settings = settings
         self.health = health
-        self.on_apply = on_apply
-        self.on_delete = on_delete
         self.db_gate = asyncio.Semaphore(STATUS_DB_CONCURRENCY)
         self._status_built: tuple[int, float, str] | None = None  # (version, when, body)
         self.db_timeout_s = STATUS_DB_TIMEOUT_S
@@ -669,42 +644,6 @@ class _Handlers:
             "clusters": clusters,
         }
 
-    # -- mutations -------------------------------------------------------------------------
-
-    def _unauthorized(self, request: web.Request) -> web.Response | None:
-        token = self.settings.api_token
-        if not token:
-            return error_response(
-                503, "mutating endpoints are disabled: CONVERGERD_API_TOKEN is not set")
-        given = _bearer(request.headers.get("Authorization", ""))
-        if given is None or not hmac.compare_digest(given, token.encode()):
-            response = error_response(401, "a valid bearer token is required")
-            response.headers["WWW-Authenticate"] = 'Bearer realm="convergerd"'
-            return response
-        return None
-
-    async def apply(self, request: web.Request) -> web.StreamResponse:
-        refused = self._unauthorized(request)
-        if refused is not None:
-            return refused
-        pid = policy_id_of(request)
-        if isinstance(pid, web.Response):
-            return pid
-        if self.on_apply is None:
-            return error_response(503, "saving policies is not implemented in this version")
-        return await self.on_apply(request, pid)
-
-    async def delete(self, request: web.Request) -> web.StreamResponse:
-        refused = self._unauthorized(request)
-        if refused is not None:
-            return refused
-        pid = policy_id_of(request)
-        if isinstance(pid, web.Response):
-            return pid
-        if self.on_delete is None:
-            return error_response(503, "deleting policies is not implemented in this version")
-        return await self.on_delete(request, pid)
-
 
 def _deletion_view(found: PolicyStatusRows, now: dt.datetime) -> dict[str, Any] | None:
     """A pending deletion: when it began and the clusters still recorded as holding the policy
@@ -769,34 +708,7 @@ def _scrub(secrets: Sequence[str]) -> Any:
     return middleware
 
 
-def make_app(
-    *,
-    metrics: Metrics,
-    state: StatusState,
-    store: StatusSource,
-    settings: Settings,
-    health: Health,
-    on_apply: MutationHandler | None = None,
-    on_delete: MutationHandler | None = None,
-    status_db_timeout_s: float = STATUS_DB_TIMEOUT_S,
-) -> web.Application:
-    """The aiohttp application.
-    `status_db_timeout_s`: how long a cluster or policy view waits for its database read.
-    `on_apply(request, policy_id)` / `on_delete(...)` are called after the bearer token checks;
-    without them the mutating endpoints answer 503."""
-    h = _Handlers(metrics=metrics, state=state, store=store, settings=settings, health=health,
-                  on_apply=on_apply, on_delete=on_delete)
-    h.db_timeout_s = status_db_timeout_s
-    # Outermost last: errors become JSON first, then every body is checked for secrets.
-    app = web.Application(middlewares=[_scrub(secrets_of(settings)), _json_errors()])
-    app.add_routes([
-        web.get("/healthz", h.healthz),
-        web.get("/readyz", h.readyz),
-        web.get("/metrics", h.metrics_text),
-        *(web.get(path, h.limited(path, handler)) for path, handler in
-          zip(STATUS_VIEWS, (h.status, h.cluster, h.policy), strict=True)),
-        web.post("/v1/policies/{id}/apply", h.apply),
-        web.delete("/v1/policies/{id}", h.delete),
-        web.get("/openapi.json", h.openapi),
-    ])
-    return app
+def middlewares(settings: Settings) -> list[Any]:
+    """The app's middlewares, outermost first: errors become JSON first, then every body is
+    checked for secrets."""
+    return [_scrub(secrets_of(settings)), _json_errors()]

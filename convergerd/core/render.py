@@ -99,3 +99,13 @@ def validate_policy(row: PolicyRow) -> Policy | InvalidPolicy:
     except RuleError as exc:
         return InvalidPolicy(row.id, row.boundary, row.revision, reason=str(exc))
     return policy
+
+
+def deliverable_policy(row: PolicyRow, *, boundary_exists: bool) -> Policy | InvalidPolicy:
+    """`validate_policy`, then the one boundary rule of rounds, status and saves: a policy
+    naming a boundary that does not exist is invalid (it could reach no cluster)."""
+    result = validate_policy(row)
+    if isinstance(result, Policy) and not boundary_exists:
+        return InvalidPolicy(row.id, row.boundary, row.revision,
+                             reason=f"boundary: {row.boundary!r} does not exist")
+    return result

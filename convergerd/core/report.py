@@ -1,5 +1,9 @@
-"""What a round found and did, as plain data: produced by the round engine, consumed by the
-store (deliveries), the metrics and the status API. Pure."""
+"""What a round or a save found and did, as plain data: produced by the delivery engine,
+consumed by the store (deliveries), the metrics, the status API and the save API. Pure.
+
+A round reports per cluster (`ClusterOutcome`) and per policy there (`Delivery`); a save or a
+deletion, of one policy, reports per cluster (`ClusterResult`). An apply is a `Delivery` in
+both: a save's apply result is made from it, and recorded as one."""
 
 from __future__ import annotations
 
@@ -143,3 +147,64 @@ class RoundReport:
             "failed": sum(d.result is ApplyResult.FAILED for d in applies),
             "invalid": len(self.invalid),
         }
+
+
+class FanoutResult(StrEnum):
+    """What a save or a deletion did on one cluster: what a delivery records (`ApplyResult`),
+    and what only a save or a deletion reports."""
+
+    # In this order in the API's document and in a save's log line (`fanout.counts`).
+    CREATED = ApplyResult.CREATED.value
+    UPDATED = ApplyResult.UPDATED.value
+    UNCHANGED = ApplyResult.UNCHANGED.value
+    SUPERSEDED = "superseded"  # the cluster holds a newer revision than this save read
+    REMOVED = "removed"  # gone from the cluster (404 included)
+    SKIPPED = "skipped"  # a removal the mass-removal guard refused
+    FAILED = ApplyResult.FAILED.value
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterResult:
+    """One cluster in one save or deletion (`ClusterResult` in the OpenAPI document)."""
+
+    cluster: ClusterId
+    action: str  # "apply" or "remove"
+    result: FanoutResult
+    reason: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def applied(cls, delivery: Delivery) -> ClusterResult:
+        """An apply's result, from the delivery the engine made."""
+        return cls(delivery.cluster, "apply", FanoutResult(delivery.result.value),
+                   delivery.reason, delivery.error)
+
+    def as_json(self) -> dict[str, str | None]:
+        return {"cluster": self.cluster, "action": self.action, "result": self.result.value,
+                "reason": self.reason, "error": self.error}
+
+
+class FanoutStatus(StrEnum):
+    OK = "ok"  # every cluster done
+    PARTIAL = "partial"  # a save with failed clusters (still a success: recorded)
+    REFUSED = "refused"  # a deletion some cluster did not confirm: the row is kept
+    NOT_FOUND = "not_found"
+    INVALID = "invalid"
+    DELETING = "deleting"  # a save of a policy whose deletion has begun
+
+
+@dataclass(slots=True)
+class FanoutReport:
+    """One save or deletion (`Report` in the OpenAPI document)."""
+
+    operation: str  # "save" or "delete"
+    policy: str
+    status: FanoutStatus
+    revision: int | None = None
+    results: list[ClusterResult] = field(default_factory=list)
+    skipped_reason: str | None = None
+    error: str | None = None  # why INVALID / DELETING / NOT_FOUND
+
+    @property
+    def failed(self) -> list[ClusterResult]:
+        return [r for r in self.results if r.result is FanoutResult.FAILED]

@@ -4,7 +4,8 @@ Apply-only: a round adds and updates, it never deletes. Per cluster it costs one
 label-selected list, plus one server-side apply per missing or drifted object; a cluster in
 sync costs exactly the list. Clusters run concurrently under a global bound; each runs under
 the round's deadline, so one down or hung cluster costs at most its own timeout and never
-delays the others. Every write first asks the fence how long this replica may still write.
+delays the others. Every write goes through `apply.Writer`, as a save's: it first asks the
+fence how long this replica may still write.
 """
 
 from __future__ import annotations
@@ -12,17 +13,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
-from convergerd.core.decode import as_int
-from convergerd.core.errors import (
-    ClusterError,
-    DatabaseUnavailable,
-    Fenced,
-    Superseded,
-)
+from convergerd.core.errors import ClusterError, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId
 from convergerd.core.plan import Apply, Observed, Why, plan_cluster, with_precondition
 from convergerd.core.removal import Current
@@ -35,28 +30,18 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
 )
-from convergerd.kube.api import Applied, PolicyApi
+from convergerd.delivery.apply import (
+    ClusterCalls,
+    ClusterFailure,
+    ClusterSource,
+    Writer,
+    cluster_failure,
+    cluster_revision,
+)
+from convergerd.kube.api import Applied
 from convergerd.leader.lease import Fence
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class Retrier(Protocol):
-    """Runs `fn` with the retry policy (docs/design.md, "Errors from a cluster") until it
-    succeeds, fails for good, or
-    the next attempt could not finish before `deadline` (loop time)."""
-
-    async def __call__(
-        self, fn: Callable[[], Awaitable[T]], *, cluster: str, deadline: float
-    ) -> T: ...
-
-
-class ClusterSource(Protocol):
-    def get(self, cluster: ClusterId) -> PolicyApi:
-        """The cluster's client; raises `NoCredentials` when the kubeconfig lacks it."""
-        ...
 
 
 class WriteGuard(Protocol):
@@ -71,7 +56,6 @@ class RoundLimits:
     deadline_s: float  # the whole round, from its start
     cluster_concurrency: int
     apply_concurrency: int  # per cluster
-    request_timeout_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +63,9 @@ class Round:
     """Everything a round needs, passed in (no globals): see `run_round`."""
 
     clusters: ClusterSource
-    retrier: Retrier
+    calls: ClusterCalls  # retries, request timeout, loop and wall clocks (as saves have)
     fence: Fence
     limits: RoundLimits
-    clock: Callable[[], float]  # monotonic (loop time)
-    wall: Callable[[], dt.datetime]  # UTC, for records
     # Checks creates against the database at write time (see `_guard_creates`); None: no check.
     guard: WriteGuard | None = None
 
@@ -98,10 +80,10 @@ async def run_round(
     cancels it): the clusters that finished go to `clusters`, the others, with the deliveries
     they completed, to `cut_short`, so what was done can still be recorded."""
     if report is None:
-        report = RoundReport(started_at=env.wall())
+        report = RoundReport(started_at=env.calls.wall())
     report.epoch = epoch or report.epoch
     report.invalid = list(fleet.invalid)
-    deadline = env.clock() + env.limits.deadline_s
+    deadline = env.calls.clock() + env.limits.deadline_s
     gate = asyncio.Semaphore(env.limits.cluster_concurrency)
     desired = fleet.desired_by_cluster()
     outcomes = {c: ClusterOutcome(cluster=c, desired=len(p)) for c, p in desired.items()}
@@ -126,7 +108,7 @@ async def run_round(
         report.clusters = [o for c, o in outcomes.items() if c in finished]
         report.cut_short = [o for c, o in outcomes.items()
                             if c not in finished and (o.deliveries or o.phases)]
-        report.finished_at = env.wall()
+        report.finished_at = env.calls.wall()
     return report
 
 
@@ -141,25 +123,18 @@ async def converge_cluster(
     """`outcome`, if given, is filled in as the work goes (each delivery as it completes)."""
     if outcome is None:
         outcome = ClusterOutcome(cluster=cluster, desired=len(desired))
-    started = env.clock()
+    started = env.calls.clock()
     try:
         async with asyncio.timeout_at(deadline):
             await _converge(outcome, desired, env, deadline)
-    except TimeoutError:
-        _fail_cluster(outcome, "round deadline reached before this cluster finished", "deadline")
-    except ClusterError as exc:
-        _fail_cluster(outcome, str(exc), exc.reason, reached=exc.answered)
     except Fenced:
         raise
     except Exception as exc:
-        # Not ours (a client or library bug, an odd object in the cluster): this cluster fails
-        # for this round; the round and the daemon go on. Status and metrics get the type
-        # only (a message may quote anything); the traceback goes to the log.
-        log.exception("cluster %s: unexpected error", cluster, extra={"cluster": cluster})
-        _fail_cluster(outcome, f"unexpected error ({type(_first_leaf(exc)).__name__})",
-                      "internal_error")
+        _fail_cluster(outcome, cluster_failure(
+            exc, cluster, deadline_error="round deadline reached before this cluster finished",
+            during="a round"))
     finally:
-        outcome.duration_s = env.clock() - started
+        outcome.duration_s = env.calls.clock() - started
     if outcome.error:
         log.warning(
             "cluster %s: %s", cluster, outcome.error,
@@ -168,37 +143,31 @@ async def converge_cluster(
     return outcome
 
 
-def _first_leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _fail_cluster(
-    outcome: ClusterOutcome, error: str, reason: str, *, reached: bool = False
-) -> None:
-    outcome.error = error
-    outcome.reason = reason
-    outcome.reached = outcome.reached or reached
+def _fail_cluster(outcome: ClusterOutcome, failure: ClusterFailure) -> None:
+    outcome.error = failure.error
+    outcome.reason = failure.reason
+    outcome.reached = outcome.reached or failure.reached
 
 
 async def _converge(
     outcome: ClusterOutcome, desired: Sequence[Policy], env: Round, deadline: float
 ) -> None:
-    api = env.clusters.get(outcome.cluster)
-    timeout = env.limits.request_timeout_s
+    writer = Writer(outcome.cluster, env.clusters.get(outcome.cluster), env.calls, env.fence,
+                    deadline)
+    timeout = env.calls.request_timeout_s
 
     async def list_once() -> Sequence[Observed]:
-        found = await api.list_policies(label_selector=MANAGED_SELECTOR, timeout_s=timeout)
+        found = await writer.api.list_policies(label_selector=MANAGED_SELECTOR,
+                                               timeout_s=timeout)
         return [Observed.from_object(obj) for obj in found.items]
 
-    observed = await env.retrier(list_once, cluster=outcome.cluster, deadline=deadline)
+    observed = await writer.call(list_once)
     outcome.reached = True
     by_name = {o.name: o for o in observed}
-    outcome.phases = _phases(outcome.cluster, by_name, env.wall())
+    outcome.phases = _phases(outcome.cluster, by_name, env.calls.wall())
 
     actions = plan_cluster(desired, by_name)
-    now = env.wall()
+    now = env.calls.wall()
     pending = {a.policy.id for a in actions}
     for policy in desired:
         if policy.id not in pending:
@@ -208,7 +177,7 @@ async def _converge(
     outcome.in_sync = len(desired) - len(actions)
     if actions:
         actions = await _guard_creates(outcome, actions, env)
-        await _apply_all(outcome, actions, api, env, deadline)
+        await _apply_all(outcome, actions, writer, env)
 
 
 async def _guard_creates(
@@ -259,7 +228,7 @@ class _Done:
 
 
 async def _apply_all(
-    outcome: ClusterOutcome, actions: Sequence[Apply], api: PolicyApi, env: Round, deadline: float
+    outcome: ClusterOutcome, actions: Sequence[Apply], writer: Writer, env: Round
 ) -> None:
     # Creates are checked against the database once more before they are recorded (see
     # `_settle_creates`); everything else is recorded as it completes, so a round cut short
@@ -269,7 +238,7 @@ async def _apply_all(
 
     async def worker() -> None:
         for action in todo:  # shared by the workers: each action is applied once
-            done = await _apply_one(outcome.cluster, action, api, env, deadline)
+            done = await _apply_one(writer, action)
             if env.guard is not None and action.why is Why.MISSING and done.applied is not None:
                 unsettled.append(done)
             else:
@@ -294,12 +263,12 @@ async def _apply_all(
             _record_unsettled(outcome, unsettled)
             raise
         # What finished before the failure is kept; the cluster's reason is the first error.
-        await _settle_and_record(outcome, unsettled, api, env, deadline)
+        await _settle_and_record(outcome, unsettled, writer, env)
         raise errors.exceptions[0] from None
     except BaseException:
         _record_unsettled(outcome, unsettled)  # cancelled: the writes made still count
         raise
-    await _settle_and_record(outcome, unsettled, api, env, deadline)
+    await _settle_and_record(outcome, unsettled, writer, env)
 
 
 def _record_unsettled(outcome: ClusterOutcome, unsettled: list[_Done]) -> None:
@@ -309,18 +278,16 @@ def _record_unsettled(outcome: ClusterOutcome, unsettled: list[_Done]) -> None:
 
 
 async def _settle_and_record(
-    outcome: ClusterOutcome, done: list[_Done], api: PolicyApi, env: Round, deadline: float
+    outcome: ClusterOutcome, done: list[_Done], writer: Writer, env: Round
 ) -> None:
     try:
-        await _settle_creates(outcome.cluster, done, api, env, deadline)
+        await _settle_creates(done, writer, env)
     finally:
         for item in done:
             _record(outcome, item.delivery)
 
 
-async def _settle_creates(
-    cluster: ClusterId, done: list[_Done], api: PolicyApi, env: Round, deadline: float
-) -> None:
+async def _settle_creates(done: list[_Done], writer: Writer, env: Round) -> None:
     """After creating what the list did not have, ask the database once more. A deletion that
     began meanwhile may have removed the object before this write landed: the write is undone
     (the deletion marks the database before it removes, so either it removes after this write
@@ -331,7 +298,7 @@ async def _settle_creates(
                if d.action.why is Why.MISSING and d.applied is not None}
     if env.guard is None or not created:
         return
-    current = await _ask(env.guard, list(created), cluster)
+    current = await _ask(env.guard, list(created), writer.cluster)
     if current is None:
         return
     for pid, item in created.items():
@@ -341,22 +308,15 @@ async def _settle_creates(
         assert item.applied is not None
         item.delivery = None  # superseded: the newer writer's record stands
         if now is None or now.deleting:
-            await _undo_create(cluster, item.action, api, env, deadline)
+            await _undo_create(writer, item.action)
         elif now.revision > item.action.policy.revision and now.policy is not None:
-            item.delivery = await _repair(cluster, now.policy, item.applied, api, env, deadline)
+            item.delivery = await _repair(writer, now.policy, item.applied)
 
 
-async def _undo_create(
-    cluster: ClusterId, action: Apply, api: PolicyApi, env: Round, deadline: float
-) -> None:
-    name = object_name(action.policy.id)
-
-    async def attempt() -> bool:
-        budget = min(env.limits.request_timeout_s, env.fence.remaining_s())
-        return await api.delete_policy(name, timeout_s=budget)
-
+async def _undo_create(writer: Writer, action: Apply) -> None:
+    cluster, name = writer.cluster, object_name(action.policy.id)
     try:
-        await env.retrier(attempt, cluster=cluster, deadline=deadline)
+        await writer.remove(name)
     except ClusterError as exc:
         # The deletion's own retry removes it (the policy stays marked until every cluster did).
         log.warning("cluster %s: could not undo the creation of %s, whose deletion began: %s",
@@ -366,16 +326,13 @@ async def _undo_create(
              cluster, name, extra={"cluster": cluster})
 
 
-async def _repair(  # noqa: PLR0917 - the same five as _apply_one, plus what to repair
-    cluster: ClusterId, policy: Policy, applied: Applied, api: PolicyApi, env: Round,
-    deadline: float,
-) -> Delivery | None:
+async def _repair(writer: Writer, policy: Policy, applied: Applied) -> Delivery | None:
     rv = str((applied.object.get("metadata") or {}).get("resourceVersion") or "")
     action = Apply(policy, with_precondition(render_policy(policy), rv), Why.DRIFT)
     log.info("cluster %s: policy %s was saved (revision %d) while this round created it: "
-             "applying the saved revision", cluster, policy.id, policy.revision,
-             extra={"cluster": cluster})
-    return (await _apply_one(cluster, action, api, env, deadline)).delivery
+             "applying the saved revision", writer.cluster, policy.id, policy.revision,
+             extra={"cluster": writer.cluster})
+    return (await _apply_one(writer, action)).delivery
 
 
 def _record(outcome: ClusterOutcome, delivery: Delivery | None) -> None:
@@ -390,37 +347,9 @@ def _record(outcome: ClusterOutcome, delivery: Delivery | None) -> None:
         outcome.in_sync += 1
 
 
-async def _apply_one(
-    cluster: ClusterId, action: Apply, api: PolicyApi, env: Round, deadline: float
-) -> _Done:
-    attempts = 0
-
-    async def attempt() -> Applied:
-        nonlocal attempts
-        attempts += 1
-        # Never let a write outlive the fence: a deposed leader must not land one late.
-        budget = min(env.limits.request_timeout_s, env.fence.remaining_s())
-        return await api.apply_policy(action.body, timeout_s=budget)
-
-    policy = action.policy
-    try:
-        applied = await env.retrier(attempt, cluster=cluster, deadline=deadline)
-    except Superseded as exc:
-        # A save or a deletion wrote the object after the list: theirs is newer.
-        log.debug("cluster %s: policy %s superseded: %s", cluster, policy.id, exc)
-        return _Done(action, None)
-    except ClusterError as exc:
-        if exc.cluster_level:
-            raise
-        log.debug("cluster %s: policy %s rejected: %s", cluster, policy.id, exc)
-        return _Done(action, Delivery(
-            cluster, policy.id, policy.revision, ApplyResult.FAILED, env.wall(),
-            error=str(exc), reason=exc.reason, attempts=attempts,
-        ))
-    result = ApplyResult.CREATED if applied.created else ApplyResult.UPDATED
-    delivery = Delivery(cluster, policy.id, policy.revision, result, env.wall(),
-                        attempts=attempts)
-    return _Done(action, delivery, applied)
+async def _apply_one(writer: Writer, action: Apply) -> _Done:
+    written = await writer.apply(action.policy, action.body)
+    return _Done(action, written.delivery, written.applied)
 
 
 def _phases(
@@ -432,8 +361,7 @@ def _phases(
         policy_id = policy_id_of(name)
         if policy_id is None or object_name(policy_id) != name:
             continue
-        # The spec is the cluster's copy: anything but a bigint is no revision.
-        revision = as_int(obj.spec.get("revision"))
+        revision = cluster_revision(obj)
         readings.append(
             PhaseReading(
                 cluster=cluster,

@@ -9,9 +9,10 @@ stop delivering it; a round that read it before checks again at write time), rem
 `policy-<id>` everywhere it may be installed (404 counts as removed), and deletes the row only
 when every cluster removed it.
 
-Clusters are reached through the same registry, retry policy and error classes as rounds, under
-one short overall deadline. A cluster that fails is recorded (deliveries) and reported; it never
-fails the others. Every write asks the fence first.
+Clusters are reached through the same registry, retry policy and error classes as rounds, and
+written through the same `apply.Writer` (the fence asked before every write), under one short
+overall deadline. A cluster that fails is recorded (deliveries) and reported; it never fails the
+others.
 """
 
 from __future__ import annotations
@@ -22,25 +23,33 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from typing import Protocol
 
-from convergerd.core.errors import (
-    ClusterError,
-    DatabaseRejected,
-    DatabaseUnavailable,
-    Fenced,
-    Superseded,
-)
+from convergerd.config import Settings
+from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Policy, PolicyId
 from convergerd.core.plan import Observed, differs, with_precondition
 from convergerd.core.removal import SavePlan, Target, delete_targets, plan_save
-from convergerd.core.render import object_name, render_policy, validate_policy
-from convergerd.core.report import ApplyResult, Delivery
-from convergerd.delivery.converge import Retrier
+from convergerd.core.render import deliverable_policy, object_name, render_policy
+from convergerd.core.report import (
+    ApplyResult,
+    ClusterResult,
+    Delivery,
+    FanoutReport,
+    FanoutResult,
+    FanoutStatus,
+)
+from convergerd.delivery.apply import (
+    ClusterCalls,
+    Writer,
+    cluster_calls,
+    cluster_failure,
+    cluster_revision,
+)
 from convergerd.kube.api import KubeObject, PolicyApi
 from convergerd.leader.lease import Fence
+from convergerd.retry import RetryObserver
 
 log = logging.getLogger(__name__)
 
@@ -80,74 +89,29 @@ class FanoutObserver(Protocol):
         ...
 
 
-class Unfenced:
-    """The fence of a replica that does not lead: its saves are made safe by the
-    resourceVersion preconditions, not by the Lease; only shutdown stops them."""
-
-    def remaining_s(self) -> float:
-        return float("inf")
-
-
-class Result(StrEnum):
-    CREATED = "created"
-    UPDATED = "updated"
-    UNCHANGED = "unchanged"
-    SUPERSEDED = "superseded"  # the cluster holds a newer revision than this save read
-    REMOVED = "removed"  # gone from the cluster (404 included)
-    SKIPPED = "skipped"  # a removal the mass-removal guard refused
-    FAILED = "failed"
-
-
-OK_RESULTS = frozenset(Result) - {Result.FAILED}
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterResult:
-    cluster: ClusterId
-    action: str  # "apply" or "remove"
-    result: Result
-    reason: str | None = None
-    error: str | None = None
-
-    def as_json(self) -> dict[str, str | None]:
-        return {"cluster": self.cluster, "action": self.action, "result": self.result.value,
-                "reason": self.reason, "error": self.error}
-
-
 @dataclass(frozen=True, slots=True)
 class FanoutEnv:
+    """Everything a save or a deletion needs, passed in: see `fanout_env`."""
+
     clusters: SaveClusters
-    retrier: Retrier
+    calls: ClusterCalls  # retries, request timeout, loop and wall clocks (as rounds have)
     fence: Fence
-    request_timeout_s: float
     deadline_s: float
     concurrency: int
-    clock: Callable[[], float]  # monotonic (loop time)
-    wall: Callable[[], dt.datetime]  # UTC, for records
 
 
-class Status(StrEnum):
-    OK = "ok"  # every cluster done
-    PARTIAL = "partial"  # a save with failed clusters (still a success: recorded)
-    REFUSED = "refused"  # a deletion some cluster did not confirm: the row is kept
-    NOT_FOUND = "not_found"
-    INVALID = "invalid"
-    DELETING = "deleting"  # a save of a policy whose deletion has begun
-
-
-@dataclass(slots=True)
-class Report:
-    operation: str  # "save" or "delete"
-    policy: str
-    status: Status
-    revision: int | None = None
-    results: list[ClusterResult] = field(default_factory=list)
-    skipped_reason: str | None = None
-    error: str | None = None  # why INVALID / DELETING / NOT_FOUND
-
-    @property
-    def failed(self) -> list[ClusterResult]:
-        return [r for r in self.results if r.result is Result.FAILED]
+def fanout_env(
+    settings: Settings, clusters: SaveClusters, fence: Fence, observer: RetryObserver
+) -> FanoutEnv:
+    """What a save or delete runs with: the rounds' clients and `apply.cluster_calls`, under
+    the save deadline. Pure wiring (tests build saves with it too)."""
+    return FanoutEnv(
+        clusters=clusters,
+        calls=cluster_calls(settings, observer),
+        fence=fence,
+        deadline_s=settings.saves.deadline_s,
+        concurrency=settings.rounds.cluster_concurrency,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,71 +126,61 @@ async def _guarded(
     try:
         async with asyncio.timeout_at(deadline):
             return await work()
-    except TimeoutError:
-        return ClusterResult(cluster, action, Result.FAILED, "deadline",
-                             f"not done within the {env.deadline_s:g} s deadline")
-    except ClusterError as exc:
-        return ClusterResult(cluster, action, Result.FAILED, exc.reason, str(exc))
     except Fenced as exc:
-        return ClusterResult(cluster, action, Result.FAILED, "fenced", str(exc))
+        return ClusterResult(cluster, action, FanoutResult.FAILED, "fenced", str(exc))
     except Exception as exc:
-        log.exception("cluster %s: unexpected error during %s", cluster, action,
-                      extra={"cluster": cluster})
-        return ClusterResult(cluster, action, Result.FAILED, "internal_error",
-                             f"unexpected error ({type(exc).__name__})")
+        failure = cluster_failure(
+            exc, cluster, deadline_error=f"not done within the {env.deadline_s:g} s deadline",
+            during=action)
+        return ClusterResult(cluster, action, FanoutResult.FAILED, failure.reason,
+                             failure.error)
 
 
-def _budget(env: FanoutEnv) -> float:
-    return min(env.request_timeout_s, env.fence.remaining_s())
+def _writer(cluster: ClusterId, api: SaveApi, env: FanoutEnv, deadline: float) -> Writer:
+    return Writer(cluster, api, env.calls, env.fence, deadline)
 
 
 async def _apply_to(
     cluster: ClusterId, policy: Policy, env: FanoutEnv, deadline: float
 ) -> ClusterResult:
     api = env.clusters.get(cluster)
+    writer = _writer(cluster, api, env, deadline)
     name = object_name(policy.id)
     body = render_policy(policy)
+    timeout = env.calls.request_timeout_s
     for _ in range(_SAVE_ATTEMPTS):
-        live = await env.retrier(
-            lambda: api.get_policy(name, timeout_s=env.request_timeout_s),
-            cluster=cluster, deadline=deadline)
+        live = await writer.call(lambda: api.get_policy(name, timeout_s=timeout))
         write = body
         if live is not None:
             observed = Observed.from_object(live)
-            revision = observed.spec.get("revision")
-            if isinstance(revision, int) and revision > policy.revision:
-                return ClusterResult(cluster, "apply", Result.SUPERSEDED, None,
+            revision = cluster_revision(observed)
+            if revision is not None and revision > policy.revision:
+                return ClusterResult(cluster, "apply", FanoutResult.SUPERSEDED, None,
                                      f"the cluster holds revision {revision}")
             if not differs(body, observed):
-                return ClusterResult(cluster, "apply", Result.UNCHANGED)
+                return ClusterResult(cluster, "apply", FanoutResult.UNCHANGED)
             write = with_precondition(body, observed.resource_version)
-        try:
-            applied = await env.retrier(
-                lambda w=write: api.apply_policy(w, timeout_s=_budget(env)),  # type: ignore[misc]
-                cluster=cluster, deadline=deadline)
-        except Superseded:
+        written = await writer.apply(policy, write)
+        if written.delivery is None:
             continue  # written by someone else between our read and our write: look again
-        return ClusterResult(cluster, "apply",
-                             Result.CREATED if applied.created else Result.UPDATED)
-    return ClusterResult(cluster, "apply", Result.FAILED, "conflict",
+        return ClusterResult.applied(written.delivery)
+    return ClusterResult(cluster, "apply", FanoutResult.FAILED, "conflict",
                          f"{name} kept changing under {_SAVE_ATTEMPTS} attempts")
 
 
 async def _remove_from(
     cluster: ClusterId, policy_id: str, env: FanoutEnv, deadline: float
 ) -> ClusterResult:
-    api = env.clusters.get(cluster)
-    name = object_name(policy_id)
-    await env.retrier(lambda: api.delete_policy(name, timeout_s=_budget(env)),
-                      cluster=cluster, deadline=deadline)
-    return ClusterResult(cluster, "remove", Result.REMOVED)
+    await _writer(cluster, env.clusters.get(cluster), env, deadline).remove(
+        object_name(policy_id))
+    return ClusterResult(cluster, "remove", FanoutResult.REMOVED)
 
 
 async def _fan_out(
     work: Iterable[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]],
     env: FanoutEnv,
 ) -> list[ClusterResult]:
-    deadline = env.clock() + env.deadline_s
+    deadline = env.calls.clock() + env.deadline_s
     gate = asyncio.Semaphore(env.concurrency)
 
     async def one(
@@ -251,9 +205,9 @@ def deliveries_of(
     out = []
     pid = PolicyId(policy_id)
     for r in results:
-        if r.result in (Result.CREATED, Result.UPDATED, Result.UNCHANGED):
+        if r.result in (FanoutResult.CREATED, FanoutResult.UPDATED, FanoutResult.UNCHANGED):
             out.append(Delivery(r.cluster, pid, revision, ApplyResult(r.result.value), at))
-        elif r.result is Result.FAILED:
+        elif r.result is FanoutResult.FAILED:
             error = r.error if r.action == "apply" else f"removing failed: {r.error}"
             out.append(Delivery(r.cluster, pid, revision, ApplyResult.FAILED, at,
                                 error=error, reason=r.reason))
@@ -278,38 +232,36 @@ class Saver:
 
     async def save(
         self, policy_id: str, *, allow_mass_removal: bool = False, trigger: str = "api"
-    ) -> Report:
+    ) -> FanoutReport:
         """Raises `DatabaseUnavailable` when the policy cannot be read."""
         started = time.monotonic()
         report = await self._save(policy_id, allow_mass_removal, trigger)
         self._observe(report, trigger, started)
         return report
 
-    async def _save(self, policy_id: str, allow_mass_removal: bool, trigger: str) -> Report:
+    async def _save(self, policy_id: str, allow_mass_removal: bool, trigger: str) -> FanoutReport:
         target = await self._store.save_target(policy_id)
         if target is None:
-            return Report("save", policy_id, Status.NOT_FOUND, error="no such policy")
+            return FanoutReport("save", policy_id, FanoutStatus.NOT_FOUND, error="no such policy")
         revision = target.row.revision
         if target.deleting:
-            return Report("save", policy_id, Status.DELETING, revision,
+            return FanoutReport("save", policy_id, FanoutStatus.DELETING, revision,
                           error="its deletion has begun: DELETE it again to finish")
-        policy = validate_policy(target.row)
+        policy = deliverable_policy(target.row, boundary_exists=target.boundary_exists)
         if not isinstance(policy, Policy):
-            return Report("save", policy_id, Status.INVALID, revision, error=policy.reason)
-        if not target.boundary_exists:
-            return Report("save", policy_id, Status.INVALID, revision,
-                          error=f"boundary: {target.row.boundary!r} does not exist")
+            return FanoutReport("save", policy_id, FanoutStatus.INVALID, revision,
+                                error=policy.reason)
         plan = plan_save(target, delivered=policy.rule.delivered,
                          guard_share=self._guard_share, allow_mass_removal=allow_mass_removal)
         env = self._env()
         results = await _fan_out(self._save_work(policy, plan, env), env)
-        results += [ClusterResult(c, "remove", Result.SKIPPED, "guard", plan.skipped_reason)
+        results += [ClusterResult(c, "remove", FanoutResult.SKIPPED, "guard", plan.skipped_reason)
                     for c in sorted(plan.skipped)]
         await self._record(policy_id, revision, results, env)
-        report = Report("save", policy_id, Status.OK, revision, results,
+        report = FanoutReport("save", policy_id, FanoutStatus.OK, revision, results,
                         skipped_reason=plan.skipped_reason)
         if report.failed:
-            report.status = Status.PARTIAL
+            report.status = FanoutStatus.PARTIAL
         log.info("policy %s revision %d saved (%s): %s", policy_id, revision, trigger,
                  summary(results), extra={"policy": policy_id, "trigger": trigger,
                                           "fanout_counts": counts(results)})
@@ -326,26 +278,26 @@ class Saver:
             for c in sorted(plan.remove_from)]
         return applies + removals
 
-    async def delete(self, policy_id: str) -> Report:
+    async def delete(self, policy_id: str) -> FanoutReport:
         """Raises `DatabaseUnavailable` when the deletion cannot be marked or finished."""
         started = time.monotonic()
         report = await self._delete(policy_id)
         self._observe(report, "api", started)
         return report
 
-    async def _delete(self, policy_id: str) -> Report:
+    async def _delete(self, policy_id: str) -> FanoutReport:
         target = await self._store.begin_deletion(policy_id)
         if target is None:
-            return Report("delete", policy_id, Status.NOT_FOUND, error="no such policy")
+            return FanoutReport("delete", policy_id, FanoutStatus.NOT_FOUND, error="no such policy")
         env = self._env()
         work: list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]] = [
             (c, "remove", lambda d, c=c: _remove_from(c, policy_id, env, d))  # type: ignore[misc]
             for c in sorted(delete_targets(target))
         ]
         results = await _fan_out(work, env)
-        report = Report("delete", policy_id, Status.OK, target.row.revision, results)
+        report = FanoutReport("delete", policy_id, FanoutStatus.OK, target.row.revision, results)
         if report.failed:
-            report.status = Status.REFUSED
+            report.status = FanoutStatus.REFUSED
             await self._record(policy_id, target.row.revision, results, env)
             log.warning("policy %s not deleted: %d cluster(s) still hold it: %s", policy_id,
                         len(report.failed), named_failures(report.failed),
@@ -360,7 +312,7 @@ class Saver:
             log.warning("policy %s: removed from %d cluster(s), but the database keeps the row:"
                         " %s", policy_id, len(results), exc, extra={"policy": policy_id})
             await self._record(policy_id, target.row.revision, results, env)
-            report.status = Status.REFUSED
+            report.status = FanoutStatus.REFUSED
             report.error = str(exc)
             return report
         log.info("policy %s deleted from %d cluster(s) and from the database", policy_id,
@@ -372,15 +324,15 @@ class Saver:
     ) -> None:
         try:
             await self._store.record_deliveries(
-                deliveries_of(results, policy_id, revision, env.wall()))
-            removed = [r.cluster for r in results if r.result is Result.REMOVED]
+                deliveries_of(results, policy_id, revision, env.calls.wall()))
+            removed = [r.cluster for r in results if r.result is FanoutResult.REMOVED]
             await self._store.forget_deliveries(policy_id, removed)
         except DatabaseUnavailable as exc:
             # The clusters were written; the next round records what they hold.
             log.warning("policy %s: could not record the fan-out (%s)", policy_id, exc,
                         extra={"policy": policy_id})
 
-    def _observe(self, report: Report, trigger: str, started: float) -> None:
+    def _observe(self, report: FanoutReport, trigger: str, started: float) -> None:
         if self._observer is not None:
             self._observer.fanout_done(report.operation, trigger, report.status.value,
                                        time.monotonic() - started)
@@ -391,13 +343,13 @@ def counts(results: Iterable[ClusterResult]) -> dict[str, int]:
     of `Result`, applies first)."""
     found = Counter((r.action, r.result) for r in results)
     return {f"{action} {result.value}": found[action, result]
-            for action in ("apply", "remove") for result in Result if found[action, result]}
+            for action in ("apply", "remove") for result in FanoutResult if found[action, result]}
 
 
 def named_failures(results: Iterable[ClusterResult]) -> str:
     """The failed clusters with their reasons, at most `MAX_NAMED_FAILURES`, the rest counted:
     `"c0001 apply (timeout), c0002 remove (forbidden) and 3 more"`."""
-    failed = [r for r in results if r.result is Result.FAILED]
+    failed = [r for r in results if r.result is FanoutResult.FAILED]
     named = ", ".join(f"{r.cluster} {r.action} ({r.reason or 'unknown'})"
                       for r in failed[:MAX_NAMED_FAILURES])
     more = len(failed) - MAX_NAMED_FAILURES

@@ -16,10 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import tenacity
@@ -28,17 +26,11 @@ from convergerd.config import Settings
 from convergerd.core.errors import ConfigError, DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import Fleet, InvalidPolicy
 from convergerd.core.report import Epoch, RoundReport, utc_now
-from convergerd.delivery.converge import (
-    ClusterSource,
-    Retrier,
-    Round,
-    RoundLimits,
-    WriteGuard,
-    run_round,
-)
+from convergerd.delivery.apply import ClusterSource, StopFence, cluster_calls
+from convergerd.delivery.converge import Round, RoundLimits, WriteGuard, run_round
 from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
-from convergerd.retry import BackoffWait, RetryObserver, StopBefore, call_with_retries
+from convergerd.retry import BackoffWait, RetryObserver, StopBefore
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.supervise import first
@@ -81,27 +73,6 @@ def invalid_to_log(
     return [bad for key, bad in current.items() if key not in seen], set(current)
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterCalls:
-    """How this daemon calls a cluster, in rounds and saves alike."""
-
-    retrier: Retrier  # the retry policy, reporting each retry to the observer
-    request_timeout_s: float
-    clock: Callable[[], float]  # monotonic (loop time)
-    wall: Callable[[], dt.datetime]  # UTC, for records
-
-
-def cluster_calls(settings: Settings, observer: RetryObserver) -> ClusterCalls:
-    """The one wiring of cluster calls, shared by `round_env` and `runtime.fanout_env` so that
-    saves and rounds retry, time out and timestamp the same way."""
-    return ClusterCalls(
-        retrier=functools.partial(call_with_retries, observer=observer),
-        request_timeout_s=settings.clusters.request_timeout_s,
-        clock=asyncio.get_running_loop().time,
-        wall=utc_now,
-    )
-
-
 def round_env(
     settings: Settings,
     clusters: ClusterSource,
@@ -113,35 +84,17 @@ def round_env(
 ) -> Round:
     """What a round of this daemon runs with: the settings' limits and `cluster_calls`. Pure
     wiring (tests build rounds with it too)."""
-    calls = cluster_calls(settings, observer)
     return Round(
         clusters=clusters,
-        retrier=calls.retrier,
+        calls=cluster_calls(settings, observer),
         fence=fence,
         limits=RoundLimits(
             deadline_s=deadline_s,
             cluster_concurrency=settings.rounds.cluster_concurrency,
             apply_concurrency=settings.clusters.apply_concurrency,
-            request_timeout_s=calls.request_timeout_s,
         ),
-        clock=calls.clock,
-        wall=calls.wall,
         guard=guard,
     )
-
-
-class StopFence:
-    """The leader's fence, also closed once the daemon is stopping: on SIGTERM the writes in
-    flight finish, and no new write (nor retry) starts, so a standby can take over at once."""
-
-    def __init__(self, fence: Fence, stopping: asyncio.Event) -> None:
-        self._fence = fence
-        self._stopping = stopping
-
-    def remaining_s(self) -> float:
-        if self._stopping.is_set():
-            raise Fenced("shutting down: no new writes")
-        return self._fence.remaining_s()
 
 
 class RoundLoop:

@@ -31,7 +31,7 @@ from convergerd.core.model import (
     UnreadableJson,
 )
 from convergerd.core.removal import Current, Target
-from convergerd.core.render import validate_policy
+from convergerd.core.render import deliverable_policy, validate_policy
 from convergerd.core.report import (
     ApplyResult,
     Delivery,
@@ -307,7 +307,7 @@ class Store:
             return None
         first = rows[0]
         policy = _policy_row(first)
-        checked = _validated(policy, boundary_known=first["boundary_known"])
+        checked = deliverable_policy(policy, boundary_exists=first["boundary_known"])
         return PolicyStatusRows(
             policy=policy,
             invalid=checked.reason if isinstance(checked, InvalidPolicy) else None,
@@ -569,20 +569,8 @@ async def _target(conn: asyncpg.Connection, policy_id: str) -> Target | None:
 def _validate_all(
     rows: Sequence[PolicyRow], boundaries: Mapping[BoundaryId, Boundary]
 ) -> list[Policy | InvalidPolicy]:
-    return [_validated(row, boundary_known=BoundaryId(row.boundary) in boundaries)
+    return [deliverable_policy(row, boundary_exists=BoundaryId(row.boundary) in boundaries)
             for row in rows]
-
-
-def _validated(row: PolicyRow, *, boundary_known: bool) -> Policy | InvalidPolicy:
-    """A row validated; naming a boundary that does not exist makes it invalid (it could reach
-    no cluster)."""
-    result = validate_policy(row)
-    if isinstance(result, Policy) and not boundary_known:
-        result = InvalidPolicy(
-            row.id, row.boundary, row.revision,
-            reason=f"boundary: {row.boundary!r} does not exist",
-        )
-    return result
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -1,5 +1,5 @@
 """Shared pieces of the save/delete tests: a `Saver` wired as the daemon wires it (the real
-registry on the simulator's kubeconfig, `runtime.fanout_env`, the store), and a cluster source
+registry on the simulator's kubeconfig, `fanout.fanout_env`, the store), and a cluster source
 that runs a hook between a round's list and its writes (to inject a save or a delete there)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convergerd.core.model import ClusterId
-from convergerd.delivery.fanout import Saver, Unfenced
+from convergerd.delivery.apply import Unfenced
+from convergerd.delivery.fanout import Saver, fanout_env
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.runtime import fanout_env
 from convergerd.status.metrics import FanoutMetrics
 from convergerd.store.store import Store
 from tests.integration.rounds_helpers import Rounds

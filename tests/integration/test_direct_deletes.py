@@ -10,7 +10,8 @@ from collections.abc import Sequence
 import asyncpg
 import pytest
 
-from convergerd.delivery.fanout import Saver, Status
+from convergerd.core.report import FanoutStatus
+from convergerd.delivery.fanout import Saver
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.store.store import Store
@@ -53,7 +54,7 @@ async def test_a_direct_policy_delete_is_refused_with_how_to_delete_it(
         await sql(database_url, "TRUNCATE policies")
 
     # The guarded deletion removes it everywhere, then the row passes.
-    assert (await saver.delete("p-regs")).status is Status.OK
+    assert (await saver.delete("p-regs")).status is FanoutStatus.OK
     assert all(REGS not in objects(fleet, c) for c in (C1, C2, C3))
     assert await sql(database_url, "SELECT id FROM policies WHERE id = 'p-regs'") == []
 
@@ -63,12 +64,12 @@ async def test_a_refused_deletion_keeps_the_row_until_every_cluster_removed_it(
 ) -> None:
     await rounds.run()
     fleet.set_faults(C2, Faults(down=True))
-    assert (await saver.delete("p-regs")).status is Status.REFUSED
+    assert (await saver.delete("p-regs")).status is FanoutStatus.REFUSED
     assert await holders(database_url, "p-regs") == {C2}
     with pytest.raises(asyncpg.RestrictViolationError, match=r"on 1 cluster\(s\) \(c0002\)"):
         await sql(database_url, "DELETE FROM policies WHERE id = 'p-regs'")
     fleet.clear_faults(C2)
-    assert (await saver.delete("p-regs")).status is Status.OK
+    assert (await saver.delete("p-regs")).status is FanoutStatus.OK
     assert await sql(database_url, "SELECT id FROM policies WHERE id = 'p-regs'") == []
 
 
@@ -123,7 +124,7 @@ async def test_a_holder_recorded_during_the_deletion_keeps_the_row(
         report = await make_saver(rounds, store).delete("p-regs")
     finally:
         await store.close()
-    assert report.status is Status.REFUSED
+    assert report.status is FanoutStatus.REFUSED
     assert report.error is not None
     assert "policy p-regs is installed on 1 cluster(s) (c0009)" in report.error
     assert all(REGS not in objects(fleet, c) for c in (C1, C2, C3))

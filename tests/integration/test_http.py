@@ -18,11 +18,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from convergerd.api.server import STATUS_DB_CONCURRENCY, make_app
+from convergerd.api.app import make_app
+from convergerd.api.server import STATUS_DB_CONCURRENCY
 from convergerd.cli.status import StatusUnavailable, fetch_status
 from convergerd.config import Settings, load_settings
 from convergerd.core.errors import DatabaseUnavailable
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
+from convergerd.core.removal import Target
 from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
@@ -40,6 +42,7 @@ from convergerd.core.rows import (
     PolicyStatusRows,
     RoundRow,
 )
+from convergerd.delivery.fanout import FanoutEnv, Saver
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.status.sync import StatusSync
@@ -51,6 +54,39 @@ TOKEN = "canary-api-token-5e1d9c"
 DB_PASSWORD = "CanaryDbPassword-77f3"
 DSN = f"postgresql://convergerd:{DB_PASSWORD}@db.example:5432/policies"
 Client = TestClient[web.Request, web.Application]
+
+
+class NoPolicies:
+    """The save side of the database, knowing no policy: a save or delete that gets past the
+    token is answered by its handler (404) without reaching a cluster."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def save_target(self, policy_id: str, /) -> Target | None:
+        self.asked.append(f"save {policy_id}")
+        return None
+
+    async def begin_deletion(self, policy_id: str, /) -> Target | None:
+        self.asked.append(f"delete {policy_id}")
+        return None
+
+    async def finish_deletion(self, policy_id: str, removed_from: Sequence[str], /) -> bool:
+        raise AssertionError("no deletion begins here")
+
+    async def record_deliveries(self, deliveries: Sequence[Delivery], /) -> None:
+        raise AssertionError("nothing is delivered here")
+
+    async def forget_deliveries(self, policy_id: str, clusters: Sequence[str], /) -> None:
+        raise AssertionError("nothing is removed here")
+
+
+def _no_clusters() -> FanoutEnv:
+    raise AssertionError("no save here reaches the clusters")
+
+
+def saver(policies: NoPolicies | None = None) -> Saver:
+    return Saver(store=policies or NoPolicies(), env=_no_clusters, guard_share=0.5)
 
 
 class FakeStore:
@@ -189,7 +225,7 @@ async def client(
     store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
 ) -> AsyncIterator[Client]:
     app = make_app(metrics=Metrics(interval_s=300, clusters=["c1", "c2"]), state=state,
-                   store=store, settings=settings(), health=health)
+                   store=store, settings=settings(), health=health, saver=saver())
     async for c in _serve(app, seen):
         yield c
     assert seen
@@ -432,7 +468,7 @@ async def test_status_reads_are_few_at_a_time_and_give_up_quickly(
     slow = SlowStore()
     app = make_app(metrics=Metrics(), state=state, store=slow,
                    settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="100"),
-                   health=health, status_db_timeout_s=0.3)
+                   health=health, status_db_timeout_s=0.3, saver=saver())
     state.observe_probe("c1", reachable=True)
     async for client in _serve(app, seen):
         started = asyncio.get_running_loop().time()
@@ -461,7 +497,7 @@ async def test_status_reads_over_the_budget_are_shed_at_once_but_health_and_metr
     refills the views serve again."""
     metrics = Metrics()
     app = make_app(metrics=metrics, state=state, store=store, health=health,
-                   settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="2"))
+                   settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="2"), saver=saver())
     state.observe_probe("c1", reachable=True)
     async for client in _serve(app, seen):
         paths = ["/status", "/v1/clusters/c1", "/v1/policies/p1/status", "/status"]
@@ -493,7 +529,7 @@ async def test_convergerd_status_waits_out_a_429(
     """`convergerd status` against a daemon shedding status reads: it honours Retry-After and
     shows the status instead of failing; with no time left for the wait it says 429."""
     app = make_app(metrics=Metrics(), state=state, store=store, health=health,
-                   settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="1"))
+                   settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="1"), saver=saver())
     async for client in _serve(app, seen):
         addr = str(client.make_url("")).rstrip("/")
         while (await client.get("/status")).status != 429:  # use up the burst
@@ -519,34 +555,35 @@ async def test_mutations_need_the_bearer_token(client: Client, method: str, path
     basic = await client.request(method, path, headers={"Authorization": f"Basic {TOKEN}"})
     assert basic.status == 401
     right = await client.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert right.status == 503
-    assert "not implemented" in (await right.json())["error"]
+    assert right.status == 404  # the handler's answer: this database knows no policy p1
+    assert "unknown policy" in (await right.json())["error"]
 
 
-async def test_mutation_handlers_are_called_after_auth(
+async def test_saves_reach_the_saver_only_after_auth(
     store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
 ) -> None:
-    calls: list[tuple[str, str]] = []
-
-    async def on_apply(request: web.Request, policy_id: str) -> web.StreamResponse:
-        calls.append(("apply", policy_id))
-        return web.json_response({"saved": policy_id})
-
+    policies = NoPolicies()
     app = make_app(metrics=Metrics(), state=state, store=store, settings=settings(),
-                   health=health, on_apply=on_apply)
+                   health=health, saver=saver(policies))
     async for client in _serve(app, seen):
         assert (await client.post("/v1/policies/p1/apply")).status == 401
+        assert (await client.delete("/v1/policies/p2")).status == 401
+        assert policies.asked == []
         response = await client.post("/v1/policies/p1/apply",
                                      headers={"Authorization": f"Bearer {TOKEN}"})
-        assert response.status == 200
-    assert calls == [("apply", "p1")]
+        assert response.status == 404
+        response = await client.delete("/v1/policies/p2",
+                                       headers={"Authorization": f"Bearer {TOKEN}"})
+        assert response.status == 404
+    assert policies.asked == ["save p1", "delete p2"]
 
 
 async def test_mutations_disabled_without_a_token(
     store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
 ) -> None:
     s = load_settings({"CONVERGERD_DATABASE_URL": DSN})
-    app = make_app(metrics=Metrics(), state=state, store=store, settings=s, health=health)
+    app = make_app(metrics=Metrics(), state=state, store=store, settings=s, health=health,
+                   saver=saver())
     async for client in _serve(app, seen):
         response = await client.delete("/v1/policies/p1", headers={"Authorization": "Bearer "})
         assert response.status == 503
@@ -599,7 +636,7 @@ async def test_status_from_a_real_database(
         standby = StatusState(identity="rep-b", interval_s=300, clock=Now())
         app = make_app(metrics=Metrics(), state=standby, store=real,
                        settings=settings(CONVERGERD_DATABASE_URL=database_url),
-                       health=HealthCheck())
+                       health=HealthCheck(), saver=saver())
         assert await StatusSync(store=real, state=standby).once()
         async for client in _serve(app, seen):
             doc = await (await client.get("/status")).json()
@@ -650,7 +687,7 @@ async def test_policy_status_reports_an_invalid_row_as_the_database_holds_it_now
         standby.set_invalid([("p1", "rule.type: unknown type 'Old'")])
         app = make_app(metrics=Metrics(), state=standby, store=real,
                        settings=settings(CONVERGERD_DATABASE_URL=database_url),
-                       health=HealthCheck())
+                       health=HealthCheck(), saver=saver())
         async for client in _serve(app, seen):
             for pid in ("p-list", "p-string", "p-type"):
                 response = await client.get(f"/v1/policies/{pid}/status")

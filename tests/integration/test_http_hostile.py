@@ -22,9 +22,11 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
-from convergerd.api.server import MAX_LINE_BYTES, bound_port, make_app, serve
+from convergerd.api.app import make_app
+from convergerd.api.server import MAX_LINE_BYTES, bound_port, serve
 from convergerd.config import HttpLimits, load_settings
 from convergerd.core.errors import ConfigError
+from convergerd.delivery.fanout import FanoutEnv, Saver
 from convergerd.eventloop import EventLoop
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
@@ -83,6 +85,10 @@ class Served:
         return await self.send(b"\r\n".join(lines) + b"\r\n\r\n")
 
 
+def _no_clusters() -> FanoutEnv:
+    raise AssertionError("no request here gets as far as the clusters")
+
+
 @pytest.fixture
 async def served(database_url: str) -> AsyncIterator[Served]:
     """The app over a `Store` that reaches PostgreSQL through a proxy (so a test can take the
@@ -96,7 +102,8 @@ async def served(database_url: str) -> AsyncIterator[Served]:
     settings = load_settings({"CONVERGERD_DATABASE_URL": database_url,
                               "CONVERGERD_API_TOKEN": TOKEN, "CONVERGERD_IDENTITY": "rep-a"})
     app = make_app(metrics=Metrics(), state=StatusState(identity="rep-a", interval_s=300),
-                   store=store, settings=settings, health=HealthCheck())
+                   store=store, settings=settings, health=HealthCheck(),
+                   saver=Saver(store=store, env=_no_clusters, guard_share=0.5))
     runner = await serve(app, "127.0.0.1", 0, LIMITS)
     try:
         yield Served(runner, bound_port(runner), proxy)

@@ -16,9 +16,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 
-from convergerd.api.mutations import MAX_BODY_BYTES, handlers
+from convergerd.api.app import make_app
+from convergerd.api.mutations import MAX_BODY_BYTES
 from convergerd.api.openapi import document
-from convergerd.api.server import make_app, server_options
+from convergerd.api.server import server_options
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.status.metrics import Metrics
@@ -87,13 +88,13 @@ async def world(fleet: Fleet, database_url: str) -> AsyncIterator[World]:
     await proxy.up()
     store = await Store.connect(database_url.replace(
         f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}"))
-    settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN)
+    settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN,
+                            CONVERGERD_HTTP_BODY_TIMEOUT_SECONDS="0.5")
     rounds = Rounds(fleet, store, settings)
-    on_apply, on_delete = handlers(make_saver(rounds, store), body_timeout_s=0.5)
     health = HealthCheck()
     app = make_app(metrics=Metrics(), state=StatusState(identity="t", interval_s=300),
                    store=store, settings=settings, health=health,
-                   on_apply=on_apply, on_delete=on_delete, status_db_timeout_s=2)
+                   saver=make_saver(rounds, store), status_db_timeout_s=2)
     seen: set[Answer] = set()
 
     async def record(request: web.Request, response: web.StreamResponse) -> None:

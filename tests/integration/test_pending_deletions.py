@@ -13,9 +13,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from convergerd.api.server import make_app, server_options
+from convergerd.api.app import make_app
+from convergerd.api.server import server_options
 from convergerd.cli.status import render_status
-from convergerd.delivery.fanout import Saver, Status
+from convergerd.core.report import FanoutStatus
+from convergerd.delivery.fanout import Saver
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.status.metrics import Metrics
@@ -50,7 +52,7 @@ async def views(rounds: Rounds, store: Store) -> AsyncIterator[Views]:
     state = StatusState(identity="replica-a", interval_s=rounds.settings.rounds.interval_s)
     metrics = Metrics(process_collectors=False, pending_deletions=state.pending_deletions)
     app = make_app(metrics=metrics, state=state, store=store, settings=rounds.settings,
-                   health=HealthCheck())
+                   health=HealthCheck(), saver=make_saver(rounds, store))
     async with TestClient(TestServer(app, **server_options())) as client:
         yield Views(client, StatusSync(store=store, state=state, metrics=metrics), metrics)
 
@@ -72,7 +74,7 @@ async def test_a_refused_deletion_shows_where_the_policy_is_still_held_until_a_r
     await rounds.run()
     fleet.set_faults(C2, Faults(down=True))
     refused = await saver.delete("p-regs")
-    assert refused.status is Status.REFUSED
+    assert refused.status is FanoutStatus.REFUSED
 
     view = await views.json("/v1/policies/p-regs/status")
     deletion = view["policy"]["deletion"]
@@ -101,7 +103,7 @@ async def test_a_refused_deletion_shows_where_the_policy_is_still_held_until_a_r
     assert other["policy"]["deletion"] is None
 
     fleet.clear_faults(C2)
-    assert (await saver.delete("p-regs")).status is Status.OK
+    assert (await saver.delete("p-regs")).status is FanoutStatus.OK
     assert (await views.client.get("/v1/policies/p-regs/status")).status == 404
     assert await views.sync.once()
     doc = await views.json("/status")

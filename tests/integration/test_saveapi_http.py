@@ -20,8 +20,9 @@ from hypothesis import HealthCheck as Checks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convergerd.api.mutations import MAX_BODY_BYTES, handlers
-from convergerd.api.server import Handler, bound_port, make_app, serve
+from convergerd.api.app import make_app
+from convergerd.api.mutations import MAX_BODY_BYTES
+from convergerd.api.server import Handler, bound_port, serve
 from convergerd.config import HttpLimits
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
@@ -53,12 +54,12 @@ async def _note_requests(request: web.Request, handler: Handler) -> web.StreamRe
 @pytest.fixture
 async def app(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[web.Application]:
     await import_doc(database_url, FLEET_DOC)
-    settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN)
+    settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN,
+                            CONVERGERD_HTTP_BODY_TIMEOUT_SECONDS=str(BODY_TIMEOUT_S))
     rounds = Rounds(fleet, store, settings)
-    on_apply, on_delete = handlers(make_saver(rounds, store), body_timeout_s=BODY_TIMEOUT_S)
     app = make_app(metrics=Metrics(), state=StatusState(identity="t", interval_s=300),
                    store=store, settings=settings, health=HealthCheck(),
-                   on_apply=on_apply, on_delete=on_delete)
+                   saver=make_saver(rounds, store))
     app.middlewares.insert(0, _note_requests)
     try:
         yield app

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from convergerd.core.report import RoundReport
-from convergerd.delivery.converge import ClusterSource, run_round
-from convergerd.delivery.fanout import Result, Saver, Status
+from convergerd.core.report import FanoutResult, FanoutStatus, RoundReport
+from convergerd.delivery.apply import ClusterSource
+from convergerd.delivery.converge import run_round
+from convergerd.delivery.fanout import Saver
 from convergerd.delivery.rounds import round_env
 from convergerd.leader.elector import NoElection
 from convergerd.sim.faults import Faults
@@ -28,7 +29,7 @@ def saver(rounds: Rounds, store: Store) -> Saver:
     return make_saver(rounds, store)
 
 
-def results(report: object) -> dict[tuple[str, str], Result]:
+def results(report: object) -> dict[tuple[str, str], FanoutResult]:
     return {(r.cluster, r.action): r.result for r in report.results}  # type: ignore[attr-defined]
 
 
@@ -52,14 +53,14 @@ async def test_save_reaches_every_cluster_in_scope_at_once(
     fleet: Fleet, saver: Saver, database_url: str
 ) -> None:
     report = await saver.save("p-regs")
-    assert report.status is Status.OK
-    assert results(report) == {(c, "apply"): Result.CREATED for c in (C1, C2, C3)}
+    assert report.status is FanoutStatus.OK
+    assert results(report) == {(c, "apply"): FanoutResult.CREATED for c in (C1, C2, C3)}
     for c in (C1, C2, C3):
         assert REGS in objects(fleet, c)
     assert "policy-p-latest" not in objects(fleet, C1)  # only the saved policy
     assert await deliveries(database_url, "p-regs") == dict.fromkeys((C1, C2, C3), (1, "created"))
     again = await saver.save("p-regs")
-    assert results(again) == {(c, "apply"): Result.UNCHANGED for c in (C1, C2, C3)}
+    assert results(again) == {(c, "apply"): FanoutResult.UNCHANGED for c in (C1, C2, C3)}
 
 
 async def test_save_with_a_cluster_down_succeeds_records_it_and_a_round_catches_up(
@@ -67,9 +68,9 @@ async def test_save_with_a_cluster_down_succeeds_records_it_and_a_round_catches_
 ) -> None:
     fleet.set_faults(C2, Faults(down=True))
     report = await saver.save("p-regs")
-    assert report.status is Status.PARTIAL
+    assert report.status is FanoutStatus.PARTIAL
     failed = next(r for r in report.results if r.cluster == C2)
-    assert failed.result is Result.FAILED
+    assert failed.result is FanoutResult.FAILED
     assert failed.reason is not None
     assert REGS in objects(fleet, C1)
     recorded = await deliveries(database_url, "p-regs")
@@ -87,8 +88,9 @@ async def test_scope_narrowing_removes_from_the_dropped_cluster_only(
     await sql(database_url, "DELETE FROM boundary_clusters WHERE boundary_id = 'team-a' "
               "AND cluster_id = $1", C3)
     report = await saver.save("p-regs")
-    assert results(report) == {(C1, "apply"): Result.UNCHANGED, (C2, "apply"): Result.UNCHANGED,
-                               (C3, "remove"): Result.REMOVED}
+    assert results(report) == {(C1, "apply"): FanoutResult.UNCHANGED,
+                               (C2, "apply"): FanoutResult.UNCHANGED,
+                               (C3, "remove"): FanoutResult.REMOVED}
     assert REGS not in objects(fleet, C3)
     assert "policy-p-latest" in objects(fleet, C3)  # other policies stay
     assert REGS in objects(fleet, C1)
@@ -102,14 +104,14 @@ async def test_an_empty_scope_read_removes_nothing(
     await rounds.run()
     await sql(database_url, "DELETE FROM boundary_clusters WHERE boundary_id = 'team-a'")
     report = await saver.save("p-regs")
-    assert results(report) == {(c, "remove"): Result.SKIPPED for c in (C1, C2, C3)}
+    assert results(report) == {(c, "remove"): FanoutResult.SKIPPED for c in (C1, C2, C3)}
     assert report.skipped_reason is not None
     assert "empty" in report.skipped_reason
     for c in (C1, C2, C3):
         assert REGS in objects(fleet, c)
     # Said explicitly, the removal happens.
     report = await saver.save("p-regs", allow_mass_removal=True)
-    assert results(report) == {(c, "remove"): Result.REMOVED for c in (C1, C2, C3)}
+    assert results(report) == {(c, "remove"): FanoutResult.REMOVED for c in (C1, C2, C3)}
     assert all(REGS not in objects(fleet, c) for c in (C1, C2, C3))
 
 
@@ -119,10 +121,10 @@ async def test_invalid_and_unknown_policies_write_nothing(
     await sql(database_url, "UPDATE policies SET rule = '{\"type\": \"Nope\"}' WHERE id = $1",
               "p-regs")
     report = await saver.save("p-regs")
-    assert report.status is Status.INVALID
+    assert report.status is FanoutStatus.INVALID
     assert report.error is not None
     assert "rule.type" in report.error
-    assert (await saver.save("p-nope")).status is Status.NOT_FOUND
+    assert (await saver.save("p-nope")).status is FanoutStatus.NOT_FOUND
     assert all(not objects(fleet, c) for c in (C1, C2, C3))
 
 
@@ -131,11 +133,11 @@ async def test_delete_removes_everywhere_then_from_the_database(
 ) -> None:
     await rounds.run()
     report = await saver.delete("p-regs")
-    assert report.status is Status.OK
-    assert results(report) == {(c, "remove"): Result.REMOVED for c in (C1, C2, C3)}
+    assert report.status is FanoutStatus.OK
+    assert results(report) == {(c, "remove"): FanoutResult.REMOVED for c in (C1, C2, C3)}
     assert all(REGS not in objects(fleet, c) for c in (C1, C2, C3))
     assert await sql(database_url, "SELECT id FROM policies WHERE id = 'p-regs'") == []
-    assert (await saver.delete("p-regs")).status is Status.NOT_FOUND
+    assert (await saver.delete("p-regs")).status is FanoutStatus.NOT_FOUND
 
 
 async def test_delete_with_a_cluster_down_is_refused_and_a_retry_completes(
@@ -144,7 +146,7 @@ async def test_delete_with_a_cluster_down_is_refused_and_a_retry_completes(
     await rounds.run()
     fleet.set_faults(C2, Faults(down=True))
     report = await saver.delete("p-regs")
-    assert report.status is Status.REFUSED
+    assert report.status is FanoutStatus.REFUSED
     assert [r.cluster for r in report.failed] == [C2]
     assert REGS not in objects(fleet, C1)
     [row] = await sql(database_url, "SELECT deleted_at FROM policies WHERE id = 'p-regs'")
@@ -152,10 +154,10 @@ async def test_delete_with_a_cluster_down_is_refused_and_a_retry_completes(
     # A round meanwhile does not re-create it where it was removed.
     await rounds.run()
     assert REGS not in objects(fleet, C1)
-    assert (await saver.save("p-regs")).status is Status.DELETING
+    assert (await saver.save("p-regs")).status is FanoutStatus.DELETING
     fleet.clear_faults(C2)
     report = await saver.delete("p-regs")
-    assert report.status is Status.OK
+    assert report.status is FanoutStatus.OK
     assert all(REGS not in objects(fleet, c) for c in (C1, C2, C3))
     assert await sql(database_url, "SELECT id FROM policies WHERE id = 'p-regs'") == []
 
@@ -195,7 +197,7 @@ async def test_a_save_between_a_rounds_list_and_its_apply_is_not_reverted(
     async def save_revision_3() -> None:
         await sql(database_url, "UPDATE policies SET rule = $1::jsonb WHERE id = 'p-regs'",
                   '{"type": "AllowedRegistries", "registries": ["newer.example.com"]}')
-        assert (await saver.save("p-regs")).status is Status.OK
+        assert (await saver.save("p-regs")).status is FanoutStatus.OK
 
     clusters = HookedClusters(rounds.registry)
     clusters.hook(C1, after_list=save_revision_3)  # the round has read revision 2 and listed
@@ -218,7 +220,7 @@ async def test_a_save_between_a_rounds_check_and_its_create_is_repaired(
 ) -> None:
     async def save_revision_2() -> None:
         await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")
-        assert (await saver.save("p-regs")).status is Status.OK
+        assert (await saver.save("p-regs")).status is FanoutStatus.OK
 
     clusters = HookedClusters(rounds.registry)
     # c0003 holds two policies; the hook runs before its first create lands.
@@ -240,7 +242,7 @@ async def test_a_round_concurrent_with_a_delete_does_not_recreate_the_policy(  #
         await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")
 
     async def delete_it() -> None:
-        assert (await saver.delete("p-regs")).status is Status.OK
+        assert (await saver.delete("p-regs")).status is FanoutStatus.OK
 
     clusters = HookedClusters(rounds.registry)
     clusters.hook(C1, **{when: delete_it})

@@ -41,6 +41,7 @@ from convergerd.core.model import (
 )
 from convergerd.core.render import render_policy, validate_policy
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
+from convergerd.delivery.apply import ClusterCalls
 from convergerd.delivery.converge import Round, RoundLimits, run_round
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
 
@@ -225,16 +226,14 @@ def make_round(
 ) -> Round:
     return Round(
         clusters=clusters,
-        retrier=retrier or Retrier(),
+        calls=ClusterCalls(retrier=retrier or Retrier(), request_timeout_s=request_timeout_s,
+                           clock=asyncio.get_running_loop().time, wall=lambda: WALL),
         fence=fence or Fence(),
         limits=RoundLimits(
             deadline_s=deadline_s,
             cluster_concurrency=64,
             apply_concurrency=apply_concurrency,
-            request_timeout_s=request_timeout_s,
         ),
-        clock=asyncio.get_running_loop().time,
-        wall=lambda: WALL,
     )
 
 

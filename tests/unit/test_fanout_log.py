@@ -16,8 +16,9 @@ import pytest
 from convergerd.core.errors import ClusterUnreachable
 from convergerd.core.model import ClusterId, PolicyRow
 from convergerd.core.removal import Target
-from convergerd.core.report import Delivery
-from convergerd.delivery.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver, Status, Unfenced
+from convergerd.core.report import Delivery, FanoutStatus
+from convergerd.delivery.apply import ClusterCalls, Unfenced
+from convergerd.delivery.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver
 from convergerd.kube.api import Applied, KubeObject, ObjectList
 
 T = TypeVar("T")
@@ -108,9 +109,10 @@ def saver(clusters: int, down: int) -> Saver:
     ids = [cluster_id(i) for i in range(clusters)]
     fakes = FakeClusters(frozenset(ids[:down]))
     loop = asyncio.get_running_loop()
-    env = FanoutEnv(clusters=fakes, retrier=once, fence=Unfenced(), request_timeout_s=5,
-                    deadline_s=60, concurrency=1_000, clock=loop.time,
-                    wall=lambda: dt.datetime.now(dt.UTC))
+    calls = ClusterCalls(retrier=once, request_timeout_s=5, clock=loop.time,
+                         wall=lambda: dt.datetime.now(dt.UTC))
+    env = FanoutEnv(clusters=fakes, calls=calls, fence=Unfenced(), deadline_s=60,
+                    concurrency=1_000)
     return Saver(store=FakeStore(frozenset(ids)), env=lambda: env, guard_share=0.5)
 
 
@@ -125,7 +127,7 @@ async def test_a_save_over_many_clusters_logs_counts_and_names_only_the_failures
     failing = 25
     caplog.set_level(logging.INFO, logger="convergerd.delivery.fanout")
     report = await saver(CLUSTERS, down=failing).save("p-latest")
-    assert report.status is Status.PARTIAL
+    assert report.status is FanoutStatus.PARTIAL
     [line] = lines(caplog, logging.INFO)
     assert len(line) <= MAX_LINE_CHARS, line
     assert line.startswith(f"policy p-latest revision 1 saved (api): {CLUSTERS} clusters: "
@@ -148,7 +150,7 @@ async def test_a_refused_deletion_names_at_most_the_bounded_failures(
 ) -> None:
     caplog.set_level(logging.INFO, logger="convergerd.delivery.fanout")
     report = await saver(CLUSTERS, down=CLUSTERS // 2).delete("p-latest")
-    assert report.status is Status.REFUSED
+    assert report.status is FanoutStatus.REFUSED
     [line] = lines(caplog, logging.WARNING)
     assert len(line) <= MAX_LINE_CHARS, line
     assert line.startswith(f"policy p-latest not deleted: {CLUSTERS // 2} cluster(s) still "

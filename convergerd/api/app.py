@@ -1,0 +1,63 @@
+"""The daemon's HTTP application: every path bound to its handler. The save and delete paths
+are handled by `mutations.Saves` (over the `Saver`), the others by `server.Views`, which only
+read.
+
+| path | answers |
+|---|---|
+| `GET /healthz` | liveness: the loop turns, no supervised task ended, none is stuck |
+| `GET /readyz` | readiness: settings valid and the database answers (standbys are ready too) |
+| `GET /metrics` | Prometheus text exposition of the process's own registry |
+| `GET /status` | JSON: identity, leader, rounds, clusters worst first, Unsupported roll-up |
+| `GET /v1/clusters/{id}` | that cluster's policies: delivered vs current revision, error, phase |
+| `GET /v1/policies/{id}/status` | that policy per cluster: revisions, error, phase; its deletion |
+| `POST /v1/policies/{id}/apply` | save: bearer token required |
+| `DELETE /v1/policies/{id}` | delete: bearer token required |
+| `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.api.openapi`) |
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from convergerd.api.mutations import Saves
+from convergerd.api.server import (
+    STATUS_DB_TIMEOUT_S,
+    STATUS_VIEWS,
+    Health,
+    StatusSource,
+    Views,
+    middlewares,
+)
+from convergerd.config import Settings
+from convergerd.delivery.fanout import Saver
+from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
+
+
+def make_app(
+    *,
+    metrics: Metrics,
+    state: StatusState,
+    store: StatusSource,
+    settings: Settings,
+    health: Health,
+    saver: Saver,
+    status_db_timeout_s: float = STATUS_DB_TIMEOUT_S,
+) -> web.Application:
+    """The aiohttp application. `saver` does the saves and deletions (`mutations.Saves`);
+    `status_db_timeout_s`: how long a cluster or policy view waits for its database read."""
+    views = Views(metrics=metrics, state=state, store=store, settings=settings, health=health)
+    views.db_timeout_s = status_db_timeout_s
+    saves = Saves(saver, token=settings.api_token, body_timeout_s=settings.http.body_timeout_s)
+    app = web.Application(middlewares=middlewares(settings))
+    app.add_routes([
+        web.get("/healthz", views.healthz),
+        web.get("/readyz", views.readyz),
+        web.get("/metrics", views.metrics_text),
+        *(web.get(path, views.limited(path, handler)) for path, handler in
+          zip(STATUS_VIEWS, (views.status, views.cluster, views.policy), strict=True)),
+        web.post("/v1/policies/{id}/apply", saves.apply),
+        web.delete("/v1/policies/{id}", saves.delete),
+        web.get("/openapi.json", views.openapi),
+    ])
+    return app
