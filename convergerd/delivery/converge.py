@@ -3,9 +3,10 @@
 Apply-only: a round adds and updates, it never deletes. Per cluster it costs one paginated,
 label-selected list, plus one server-side apply per missing or drifted object; a cluster in
 sync costs exactly the list. Clusters run concurrently under a global bound; each runs under
-the round's deadline, so one down or hung cluster costs at most its own timeout and never
-delays the others. Every write goes through `apply.Writer`, as a save's: it first asks the
-fence how long this replica may still write.
+the round's deadline, so one down or hung cluster costs at most its own timeout. Clusters last
+seen unreachable run in a small lane of their own (`Round.suspects`), so even a tenth of the
+fleet hung never holds the slots the healthy clusters wait for. Every write goes through
+`apply.Writer`, as a save's: it first asks the fence how long this replica may still write.
 """
 
 from __future__ import annotations
@@ -68,6 +69,20 @@ class Round:
     limits: RoundLimits
     # Checks creates against the database at write time (see `_guard_creates`); None: no check.
     guard: WriteGuard | None = None
+    # Clusters last seen unreachable (by a round or the prober): they run in a lane of their
+    # own (`suspect_slots`), so while they hang they hold none of the healthy clusters' slots.
+    suspects: frozenset[ClusterId] = frozenset()
+
+
+# The share of the cluster slots the suspects' lane gets: a tenth of the fleet hung at 10,000
+# clusters then costs those clusters' timeouts in their lane, not the healthy clusters' wait.
+SUSPECT_SLOT_SHARE = 8  # one slot in eight
+
+
+def suspect_slots(concurrency: int) -> tuple[int, int]:
+    """(healthy slots, suspect slots) out of `concurrency`, each at least one."""
+    suspect = max(1, concurrency // SUSPECT_SLOT_SHARE)
+    return max(1, concurrency - suspect), suspect
 
 
 async def run_round(
@@ -84,12 +99,17 @@ async def run_round(
     report.epoch = epoch or report.epoch
     report.invalid = list(fleet.invalid)
     deadline = env.calls.clock() + env.limits.deadline_s
-    gate = asyncio.Semaphore(env.limits.cluster_concurrency)
     desired = fleet.desired_by_cluster()
     outcomes = {c: ClusterOutcome(cluster=c, desired=len(p)) for c, p in desired.items()}
+    suspects = env.suspects.intersection(desired)
+    if suspects:
+        healthy_slots, lane_slots = suspect_slots(env.limits.cluster_concurrency)
+        healthy, lane = asyncio.Semaphore(healthy_slots), asyncio.Semaphore(lane_slots)
+    else:
+        healthy = lane = asyncio.Semaphore(env.limits.cluster_concurrency)
 
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:
-        async with gate:
+        async with lane if cluster in suspects else healthy:
             return await converge_cluster(cluster, policies, env, deadline,
                                           outcome=outcomes[cluster])
 

@@ -24,7 +24,7 @@ import tenacity
 
 from convergerd.config import Settings
 from convergerd.core.errors import ConfigError, DatabaseRejected, DatabaseUnavailable, Fenced
-from convergerd.core.model import Fleet, InvalidPolicy
+from convergerd.core.model import ClusterId, Fleet, InvalidPolicy
 from convergerd.core.report import Epoch, RoundReport, utc_now
 from convergerd.delivery.apply import ClusterSource, StopFence, cluster_calls
 from convergerd.delivery.converge import Round, RoundLimits, WriteGuard, run_round
@@ -81,6 +81,7 @@ def round_env(
     *,
     deadline_s: float,
     guard: WriteGuard | None = None,
+    suspects: Iterable[ClusterId] = (),
 ) -> Round:
     """What a round of this daemon runs with: the settings' limits and `cluster_calls`. Pure
     wiring (tests build rounds with it too)."""
@@ -94,6 +95,7 @@ def round_env(
             apply_concurrency=settings.clusters.apply_concurrency,
         ),
         guard=guard,
+        suspects=frozenset(suspects),
     )
 
 
@@ -246,6 +248,7 @@ class RoundLoop:
         env = round_env(
             s, self.clusters, StopFence(self.elector.fence(epoch), self.stopping), self.metrics,
             deadline_s=max(0.0, deadline - loop.time()), guard=self.guard,
+            suspects=[c.id for c in self.state.clusters.values() if c.reachable is False],
         )
         try:
             report = await run_round(fleet, env, epoch=epoch, report=progress)

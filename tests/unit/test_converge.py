@@ -42,7 +42,7 @@ from convergerd.core.model import (
 from convergerd.core.render import render_policy, validate_policy
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.delivery.apply import ClusterCalls
-from convergerd.delivery.converge import Round, RoundLimits, run_round
+from convergerd.delivery.converge import Round, RoundLimits, run_round, suspect_slots
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
 
 pytestmark = pytest.mark.looptime
@@ -223,6 +223,8 @@ def make_round(
     deadline_s: float = DEADLINE_S,
     request_timeout_s: float = REQUEST_TIMEOUT_S,
     apply_concurrency: int = 4,
+    cluster_concurrency: int = 64,
+    suspects: frozenset[ClusterId] = frozenset(),
 ) -> Round:
     return Round(
         clusters=clusters,
@@ -231,9 +233,10 @@ def make_round(
         fence=fence or Fence(),
         limits=RoundLimits(
             deadline_s=deadline_s,
-            cluster_concurrency=64,
+            cluster_concurrency=cluster_concurrency,
             apply_concurrency=apply_concurrency,
         ),
+        suspects=suspects,
     )
 
 
@@ -898,3 +901,36 @@ async def test_a_cancelled_round_still_reports_what_it_did() -> None:
     assert set(results(cut).values()) == {ApplyResult.CREATED}
     assert {f"policy-{p}" for p in results(cut)} == set(clusters["c1"].objects)
     assert len(cut.deliveries) == 2
+
+
+async def test_a_hung_tenth_of_the_fleet_does_not_hold_the_healthy_clusters() -> None:
+    """Issue 19, item 4: 8 slots, 40 healthy clusters and 8 hung ones that were unreachable
+    last time. Without a lane of their own, the hung clusters (first in the fleet) took every
+    slot for a whole request timeout before any healthy cluster ran; in their lane (one slot
+    here) they wait on each other, and the healthy part of the round takes what it takes
+    alone."""
+    hung = [f"a-hung-{i}" for i in range(8)]
+    healthy = [f"c{i:02d}" for i in range(40)]
+    clusters = fleet_of(*hung, *healthy, latency_s=0.1)
+    for cid in hung:
+        clusters[cid].hang = True
+    env = make_round(clusters, retrier=Retrier(attempts=1), cluster_concurrency=8,
+                     suspects=frozenset(ClusterId(c) for c in hung))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    report = await run_round(team_a(*hung, *healthy), env)
+
+    # 40 healthy clusters in 7 slots: 6 waves of a list and a wave of applies, 0.2 s each.
+    healthy_done = max(c.at for cid in healthy for c in clusters[cid].calls) - start
+    assert healthy_done < 1.5
+    assert all(outcome(report, c).converged for c in healthy)
+    # The hung ones ran one at a time in their lane, each for its timeout.
+    assert loop.time() - start == pytest.approx(8 * REQUEST_TIMEOUT_S)
+    assert all(outcome(report, c).reason == "unreachable" for c in hung)
+
+
+def test_the_suspects_lane_is_an_eighth_of_the_slots() -> None:
+    assert suspect_slots(64) == (56, 8)
+    assert suspect_slots(8) == (7, 1)
+    assert suspect_slots(1) == (1, 1)
