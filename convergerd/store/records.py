@@ -20,7 +20,13 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from convergerd.core.report import ClusterOutcome, Delivery, PhaseReading, RoundReport
+from convergerd.core.report import (
+    ApplyResult,
+    ClusterOutcome,
+    Delivery,
+    PhaseReading,
+    RoundReport,
+)
 from convergerd.store.errors import describe, rejection_reason
 from convergerd.store.values import for_log, pg_count, pg_revision, pg_text
 
@@ -327,6 +333,12 @@ def _delivery_records(
         error[i] = clean.text(d.error, d.cluster, d.policy, "last_error")
         reason[i] = clean.text(d.reason, d.cluster, d.policy, "last_reason")
         attempts[i] = clean.count(d.attempts, d.cluster, d.policy, "attempts")
+        if d.result is ApplyResult.CREATED:
+            # A created object has no status yet: its first reading, so that the round that
+            # first lists it finds nothing changed (a reading from that listing, newer, wins).
+            phase[i] = phase_reason[i] = phase_message[i] = None
+            v_status[i] = v_reason[i] = v_message[i] = v_probed_at[i] = v_since[i] = None
+            phase_revision[i], phase_seen_at[i] = revision[i], attempt_at[i]
     for p in phases:
         if clean.bad_id(p.cluster, p.policy):
             continue
