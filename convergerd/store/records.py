@@ -57,7 +57,7 @@ CREATE TEMPORARY TABLE incoming_deliveries (
     verified_probed_at timestamptz, verified_since timestamptz
 ) ON COMMIT DROP
 """
-# What a row shows, derived times included (the same rule as `store._D_COLUMNS`): `known`.
+# What a row shows, derived times included (the rule of `store._D_COLUMNS`): `known`.
 # What of the incoming row is newer than that: `f` (a part that is not is passed as NULL, so
 # the upsert leaves it alone).
 _UPSERT_DELIVERIES = """
@@ -85,8 +85,8 @@ CROSS JOIN LATERAL (
                      AND o.last_result IN ('created', 'updated', 'unchanged')
                      AND s.listed_at > o.last_attempt_at
                 THEN s.listed_at ELSE o.last_attempt_at END AS attempt_at,
-           GREATEST(o.phase_seen_at,
-                    CASE WHEN o.phase_seen_at IS NOT NULL THEN s.listed_at END) AS seen_at
+           -- Without a phase, the last listing did not find the object: older is stale.
+           GREATEST(o.phase_seen_at, s.listed_at) AS seen_at
 ) AS known
 CROSS JOIN LATERAL (
     SELECT CASE WHEN known.attempt_at IS NULL OR u.at >= known.attempt_at THEN u.at END AS at,

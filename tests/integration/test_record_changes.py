@@ -5,6 +5,7 @@ rounds knows. Rows are counted by triggers the test puts on the record tables.""
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -16,13 +17,20 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from convergerd.api.server import make_app
+from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import (
     ApplyResult,
+    ClusterOutcome,
+    Delivery,
+    PhaseReading,
+    RoundReport,
+    Verification,
 )
 from convergerd.sim.fleet import HOME, Fleet
 from convergerd.status.metrics import Metrics
-from convergerd.status.state import StatusState
+from convergerd.status.state import PolicyRecord, StatusState, record_view
 from convergerd.status.sync import StatusSync
+from convergerd.store.schema import load_migrations, migrate
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 from tests.integration.rounds_helpers import Rounds, import_doc, settings_for
@@ -182,3 +190,184 @@ async def test_an_in_sync_round_writes_one_row_per_cluster_and_status_stays(
     assert all(last["started_at"] <= v["seen_at"] <= last["finished_at"] for v in on.values())
     assert all(last["started_at"] <= v["last_success_at"] <= last["finished_at"]
                for v in on.values())
+
+
+# ---- what a round writes, and what status derives, one fact at a time -------------------------
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+C1 = ClusterId("c1")
+P1, P2 = PolicyId("p1"), PolicyId("p2")
+
+
+def at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+async def counting(dsn: str) -> None:
+    """One cluster, two policies in its boundary, and the write counter."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("""
+            INSERT INTO clusters (id) VALUES ('c1');
+            INSERT INTO boundaries (id) VALUES ('b');
+            INSERT INTO boundary_clusters VALUES ('b', 'c1');
+            INSERT INTO policies (id, boundary_id, rule, revision) VALUES
+                ('p1', 'b', '{"type": "ForbidLatestTag"}', 3),
+                ('p2', 'b', '{"type": "ForbidLatestTag"}', 5);
+        """)
+        await conn.execute(COUNT_WRITES)
+    finally:
+        await conn.close()
+
+
+def reading(policy: PolicyId, seen: float, verified: Verification | None = None,
+            phase: str = "Enforcing") -> PhaseReading:
+    return PhaseReading(C1, policy, phase, "Enforcing", "ok", 3 if policy == P1 else 5,
+                        at(seen), verified)
+
+
+def listed(seen: float, *readings: PhaseReading, deliveries: bool = True) -> RoundReport:
+    """A round that listed c1 at `seen` and found `readings`, each in sync."""
+    in_sync = [Delivery(C1, r.policy, r.revision or 0, ApplyResult.UNCHANGED, at(seen + 0.1))
+               for r in readings] if deliveries else []
+    return RoundReport(started_at=at(seen - 1), finished_at=at(seen + 1), clusters=[
+        ClusterOutcome(C1, reached=True, desired=len(readings), in_sync=len(readings),
+                       deliveries=in_sync, phases=list(readings))])
+
+
+async def test_a_probe_moving_forward_is_not_written_and_its_age_still_shows(
+    database_url: str, store: Store
+) -> None:
+    """The operators probe every period: a lastProbeTime moving forward alone is no change, the
+    row's probe time is derived from the listing's oldest, and it ages as before when the
+    operator stops probing (Verified `stale`). A new verdict is written."""
+    await counting(database_url)
+    denied = Verification("True", "Denied", "denied", at(40), at(30))
+
+    def probed(t: float) -> Verification:
+        return Verification("True", "Denied", "denied", at(t), at(30))
+
+    await store.record_round(listed(50, reading(P1, 50, denied), reading(P2, 50, probed(45))),
+                             identity="r")
+    assert (await written(database_url))["deliveries"] == 2
+    await store.record_round(listed(350, reading(P1, 350, probed(340)),
+                                    reading(P2, 350, probed(345))), identity="r")
+    assert "deliveries" not in await written(database_url)
+    rows = {r.policy: r for r in await store.deliveries_for_cluster(C1)}
+    # At least the listing's oldest probe (p1's 340), never later than its own.
+    assert rows["p1"].verified_probed_at == at(340)
+    assert rows["p2"].verified_probed_at == at(340)
+    assert rows["p1"].phase_seen_at == at(350)
+
+    # The operator stops probing; the listings go on.
+    await store.record_round(listed(650, reading(P1, 650, probed(340)),
+                                    reading(P2, 650, probed(345))), identity="r")
+    assert "deliveries" not in await written(database_url)
+    [row, _] = await store.deliveries_for_cluster(C1)
+    probe_period_s = 600.0
+    current = record_view(PolicyRecord.from_row(row), at(660), 3600,
+                          probe_period_s=probe_period_s)
+    assert current["verified"]["verification"] == "verified"
+    later = at(340 + 2 * probe_period_s + 1)
+    gone = record_view(PolicyRecord.from_row(row), later, 3600, probe_period_s=probe_period_s)
+    assert (gone["verified"]["stale"], gone["verified"]["verification"]) == (True, "stale")
+
+    admitted = Verification("False", "Admitted", "a violating pod was ADMITTED", at(900),
+                            at(900))
+    await store.record_round(listed(950, reading(P1, 950, admitted),
+                                    reading(P2, 950, probed(345))), identity="r")
+    assert (await written(database_url))["deliveries"] == 1
+    rows = {r.policy: r for r in await store.deliveries_for_cluster(C1)}
+    assert (rows["p1"].verified_reason, rows["p1"].verified_probed_at) == ("Admitted", at(900))
+
+
+async def test_a_policy_the_listing_no_longer_finds_loses_its_phase(
+    database_url: str, store: Store
+) -> None:
+    """Rows a round does not write are taken as seen at its listing, so one the listing did not
+    find is written: its phase cleared, as this replica's own status has it. A late record
+    of an older listing neither clears nor restores anything."""
+    await counting(database_url)
+    both = listed(50, reading(P1, 50), reading(P2, 50))
+    await store.record_round(both, identity="r")
+    await written(database_url)
+    await store.record_round(listed(350, reading(P1, 350)), identity="r")
+    assert (await written(database_url))["deliveries"] == 1  # p2 cleared, p1 unchanged
+    rows = {r.policy: r for r in await store.deliveries_for_cluster(C1)}
+    assert (rows["p1"].phase, rows["p1"].phase_seen_at) == ("Enforcing", at(350))
+    assert (rows["p2"].phase, rows["p2"].phase_seen_at) == (None, None)
+    # p2's delivery is no longer confirmed by a listing: its own times stay.
+    assert (rows["p2"].last_result, rows["p2"].last_attempt_at) == (
+        ApplyResult.UNCHANGED, at(50.1))
+    assert rows["p1"].last_attempt_at == at(350)
+
+    await store.record_round(both, identity="r")  # late: the listing at 50 again
+    assert "deliveries" not in await written(database_url)
+    rows = {r.policy: r for r in await store.deliveries_for_cluster(C1)}
+    assert (rows["p1"].phase_seen_at, rows["p2"].phase_seen_at) == (at(350), None)
+
+
+async def test_an_unreached_cluster_s_rows_age_from_its_last_listing(
+    database_url: str, store: Store
+) -> None:
+    """No listing, nothing confirmed: the rows show the last listing's times, and age into
+    `Stale` after two intervals as before."""
+    await counting(database_url)
+    await store.record_round(listed(50, reading(P1, 50)), identity="r")
+    await store.record_round(listed(350, reading(P1, 350)), identity="r")
+    await written(database_url)
+    down = RoundReport(started_at=at(649), finished_at=at(651), clusters=[
+        ClusterOutcome(C1, desired=1, error="connect timeout", reason="unreachable")])
+    await store.record_round(down, identity="r")
+    assert "deliveries" not in await written(database_url)
+    [row] = await store.deliveries_for_cluster(C1)
+    assert (row.phase_seen_at, row.last_success_at) == (at(350), at(350))
+    view = record_view(PolicyRecord.from_row(row), at(350 + 600 + 1), 300)
+    assert view["stale"] is True
+
+
+async def test_a_database_recorded_before_0004_is_carried_over(
+    empty_database_url: str
+) -> None:
+    """A database at 0003 with rows the old version rewrote every round: after `migrate`, the
+    rows show their own times (no listing recorded yet), and the first round that reads them
+    unchanged writes none of them and confirms them."""
+    *before, last = load_migrations()
+    assert last.version == "0004"
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        async with conn.transaction():
+            await conn.execute(
+                "CREATE TABLE schema_migrations (version text PRIMARY KEY, name text NOT NULL,"
+                " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+            for m in before:
+                await conn.execute(m.sql)
+                await conn.execute("INSERT INTO schema_migrations (version, name, checksum) "
+                                   "VALUES ($1, $2, $3)", m.version, m.name, m.checksum)
+        await conn.execute("""
+            INSERT INTO clusters (id) VALUES ('c1');
+            INSERT INTO cluster_state (cluster_id, last_attempt_at, last_success_at,
+                                       last_reached_at, reachable, desired, in_sync)
+                VALUES ('c1', $1, $1, $1, true, 1, 1);
+            INSERT INTO deliveries (policy_id, cluster_id, delivered_revision, last_result,
+                                    last_attempt_at, last_success_at, phase, phase_revision,
+                                    phase_seen_at)
+                VALUES ('p1', 'c1', 3, 'unchanged', $1, $1, 'Enforcing', 3, $1);
+        """.replace("$1", f"'{at(50).isoformat()}'"))
+        assert await migrate(empty_database_url) == ["0004"]
+        await conn.execute(COUNT_WRITES)
+    finally:
+        await conn.close()
+    store = await Store.connect(empty_database_url)
+    try:
+        [row] = await store.deliveries_for_cluster(C1)
+        assert (row.last_attempt_at, row.phase_seen_at, row.last_result) == (
+            at(50), at(50), ApplyResult.UNCHANGED)
+        await store.record_round(listed(350, PhaseReading(
+            C1, P1, "Enforcing", None, None, 3, at(350))), identity="r")
+        assert "deliveries" not in await written(empty_database_url)
+        [row] = await store.deliveries_for_cluster(C1)
+    finally:
+        await store.close()
+    assert (row.last_attempt_at, row.last_success_at, row.phase_seen_at) == (
+        at(350), at(350), at(350))
