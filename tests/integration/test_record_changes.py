@@ -371,3 +371,36 @@ async def test_a_database_recorded_before_0004_is_carried_over(
         await store.close()
     assert (row.last_attempt_at, row.last_success_at, row.phase_seen_at) == (
         at(350), at(350), at(350))
+
+
+async def test_a_cluster_recorded_row_by_row_is_not_taken_as_listed(
+    database_url: str, store: Store
+) -> None:
+    """When the database refuses one of a cluster's rows, the others are written one by one:
+    the rows not written are then not known to be unchanged, so the cluster's listing is not
+    recorded, and they keep the times of the last listing that was."""
+    await counting(database_url)
+    await store.record_round(listed(50, reading(P1, 50), reading(P2, 50)), identity="r")
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("""
+            CREATE FUNCTION test_refuse_p2() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.policy_id = 'p2' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER test_refuse BEFORE INSERT OR UPDATE ON deliveries
+                FOR EACH ROW EXECUTE FUNCTION test_refuse_p2();
+        """)
+        await written(database_url)
+        await store.record_round(listed(350, reading(P1, 350), reading(P2, 350, phase="Error")),
+                                 identity="r")
+        state = await conn.fetchrow(
+            "SELECT last_attempt_at, listed_at FROM cluster_state WHERE cluster_id = 'c1'")
+    finally:
+        await conn.close()
+    assert "deliveries" not in await written(database_url)
+    assert state is not None
+    assert (state["last_attempt_at"], state["listed_at"]) == (at(351), at(50))
+    rows = {r.policy: r for r in await store.deliveries_for_cluster(C1)}
+    assert (rows["p1"].phase_seen_at, rows["p2"].phase) == (at(50), "Enforcing")
