@@ -440,7 +440,10 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
     listed_at = listed_probed_at = None
     # As `phases.phases_refreshed`: a listing returns every managed Policy, possibly none.
     if c.phases or (c.reached and c.error is None):
-        listed_at = max((_utc(p.seen_at) for p in c.phases), default=at)
+        # The listing's time; of an empty one, no later than the round's first write (what
+        # the round created afterwards is newer than what the listing did not find).
+        listed_at = max((_utc(p.seen_at) for p in c.phases),
+                        default=min((_utc(d.at) for d in c.deliveries), default=at))
         listed_probed_at = min(
             (p.verified.probed_at for p in c.phases
              if p.verified is not None and p.verified.probed_at is not None), default=None)
