@@ -57,10 +57,22 @@ CREATE TEMPORARY TABLE incoming_deliveries (
     verified_probed_at timestamptz, verified_since timestamptz
 ) ON COMMIT DROP
 """
-# What a row shows, derived times included (the rule of `store._D_COLUMNS`): `known`.
+
+
+def confirmed_by_listing(d: str, s: str) -> str:
+    """SQL: whether delivery row `d`'s success was confirmed by its cluster's (`cluster_state
+    s`) last listing without being rewritten: its object was found there (a phase is still
+    recorded) at the revision delivered, after the row's last attempt. Its shown result is
+    then `unchanged`, attempted and succeeded at `s.listed_at` (`store._D_COLUMNS`)."""
+    return (f"({d}.phase_seen_at IS NOT NULL AND {d}.phase_revision = {d}.delivered_revision"
+            f" AND {d}.last_result IN ('created', 'updated', 'unchanged')"
+            f" AND {s}.listed_at > {d}.last_attempt_at)")
+
+
+# What a row shows, derived times included (as `store._D_COLUMNS`): `known`.
 # What of the incoming row is newer than that: `f` (a part that is not is passed as NULL, so
 # the upsert leaves it alone).
-_UPSERT_DELIVERIES = """
+_UPSERT_DELIVERIES = f"""
 INSERT INTO deliveries AS d (
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
     last_error, last_reason, attempts, round_id,
@@ -80,10 +92,7 @@ FROM incoming_deliveries u
 LEFT JOIN deliveries o ON o.policy_id = u.policy_id AND o.cluster_id = u.cluster_id
 LEFT JOIN cluster_state s ON s.cluster_id = u.cluster_id
 CROSS JOIN LATERAL (
-    SELECT CASE WHEN o.phase_seen_at IS NOT NULL
-                     AND o.phase_revision = o.delivered_revision
-                     AND o.last_result IN ('created', 'updated', 'unchanged')
-                     AND s.listed_at > o.last_attempt_at
+    SELECT CASE WHEN {confirmed_by_listing("o", "s")}
                 THEN s.listed_at ELSE o.last_attempt_at END AS attempt_at,
            -- Without a phase, the last listing did not find the object: older is stale.
            GREATEST(o.phase_seen_at, s.listed_at) AS seen_at
@@ -142,7 +151,7 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
      FROM (SELECT EXCLUDED.phase_seen_at IS NOT NULL
                   AND (d.phase_seen_at IS NULL
                        OR d.phase_seen_at <= EXCLUDED.phase_seen_at) AS seen) AS s)
-"""
+"""  # noqa: S608 (no value is formatted in: a rule over column names only)
 
 # A listing that did not find a policy's object: its recorded phase is no longer there (as this
 # replica's own status has it), so it is cleared, or rows nobody rewrites would be shown as seen
@@ -436,10 +445,10 @@ class RoundRecord:
 
 def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any, ...]:
     """A cluster's outcome as a row of `_UPSERT_CLUSTER_STATE`'s unnest; its last two values,
-    the listing (`_LISTED_AT`, `_LISTED_PROBED_AT`), are None unless the round listed it."""
+    the listing's time (at `_LISTED_AT`) and oldest probe, are None unless the round listed
+    it."""
     listed_at = listed_probed_at = None
-    # As `phases.phases_refreshed`: a listing returns every managed Policy, possibly none.
-    if c.phases or (c.reached and c.error is None):
+    if c.listed:
         # The listing's time; of an empty one, no later than the round's first write (what
         # the round created afterwards is newer than what the listing did not find).
         listed_at = max((_utc(p.seen_at) for p in c.phases),

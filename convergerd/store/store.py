@@ -57,6 +57,7 @@ from convergerd.store.errors import (
 )
 from convergerd.store.records import (
     RecordObserver,
+    confirmed_by_listing,
     round_record,
     write_deliveries,
     write_round,
@@ -86,9 +87,7 @@ def _rule_column(table: str = "") -> str:
 # confirmed is derived: a phase still recorded was seen then, and with it a success still held
 # when the object listed was the revision delivered (an in-sync policy: `unchanged`, attempted
 # and succeeded then); a probe time is at least the oldest that listing read.
-_CONFIRMED = """(d.phase_seen_at IS NOT NULL AND d.phase_revision = d.delivered_revision
-     AND d.last_result IN ('created', 'updated', 'unchanged')
-     AND cs.listed_at > d.last_attempt_at)"""
+_CONFIRMED = confirmed_by_listing("d", "cs")
 _D_COLUMNS = f"""
     d.policy_id, d.cluster_id, d.delivered_revision,
     CASE WHEN {_CONFIRMED} THEN 'unchanged' ELSE d.last_result END AS last_result,
