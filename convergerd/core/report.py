@@ -112,6 +112,13 @@ class ClusterOutcome:
     def converged(self) -> bool:
         return self.reached and self.error is None and self.in_sync == self.desired
 
+    @property
+    def listed(self) -> bool:
+        """Whether the round listed the cluster's Policies: one list returns every managed
+        Policy, so a reached cluster without a cluster-level error returns the full set
+        (possibly empty); readings mean the list answered before a later error."""
+        return bool(self.phases) or (self.reached and self.error is None)
+
 
 @dataclass(slots=True)
 class RoundReport:

@@ -48,7 +48,9 @@ class ClusterStateRow:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryRow:
-    """One policy on one cluster: the last delivery and the last phase read back."""
+    """One policy on one cluster: the last delivery and the last phase read back, as shown. A
+    round does not rewrite a row it read unchanged: the times of such a row (and `unchanged`
+    for an in-sync one) come from its cluster's last listing (`convergerd.store.store`)."""
 
     policy: str
     cluster: str

@@ -132,13 +132,11 @@ def verification_counts(
 
 
 def phases_refreshed(outcome: ClusterOutcome) -> bool:
-    """Whether a round's outcome replaces the cluster's phase readings.
-
-    The round lists every managed Policy of a cluster in one go, so a reached cluster without a
-    cluster-level error returns the full set (possibly empty). When the listing did not happen
-    (unreached, 401, ...) the old readings stay, and age into staleness.
+    """Whether a round's outcome replaces the cluster's phase readings: when it listed the
+    cluster (`ClusterOutcome.listed`). When the listing did not happen (unreached, 401, ...)
+    the old readings stay, and age into staleness.
     """
-    return bool(outcome.phases) or (outcome.reached and outcome.error is None)
+    return outcome.listed
 
 
 def phase_counts(

@@ -1,8 +1,9 @@
 """How a round's outcome becomes rows in the database, and how they are written.
 
-A round is recorded in one transaction: the round, each cluster's state, every delivery and
-phase reading (merged per policy and cluster), and the invalid policies it saw. Every value is
-cleaned for PostgreSQL first (`convergerd.store.values`; what changed is logged, naming the
+A round is recorded in one transaction: the round, each cluster's state (with when the round
+listed it), the deliveries and phase readings (merged per policy and cluster) that changed what
+is recorded, and the invalid policies it saw: an in-sync round writes one row per cluster. Every
+value is cleaned for PostgreSQL first (`convergerd.store.values`; what changed is logged, naming the
 cluster, policy and column). If the database still refuses the record for good
 (`DatabaseRejected`), `write_round_by_cluster` writes it again with each cluster in a savepoint,
 and a refused cluster row by row: only the refused rows are dropped, logged with their cluster
@@ -19,7 +20,13 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from convergerd.core.report import ClusterOutcome, Delivery, PhaseReading, RoundReport
+from convergerd.core.report import (
+    ApplyResult,
+    ClusterOutcome,
+    Delivery,
+    PhaseReading,
+    RoundReport,
+)
 from convergerd.core.shown import describe, shown
 from convergerd.store.errors import rejection_reason
 from convergerd.store.values import pg_count, pg_revision, pg_text
@@ -28,8 +35,14 @@ log = logging.getLogger(__name__)
 
 
 # Deliveries and phase readings, merged per policy and cluster, are copied (binary COPY) into a
-# temporary table, then upserted in one statement: each row is rewritten once per round. Older
-# facts never overwrite newer ones (a save racing a round, a late record).
+# temporary table, then upserted in one statement that writes only the rows whose recorded facts
+# change: a new row; a delivery that applied, failed (its attempts count), or differs from the
+# recorded one in revision or error; a phase reading that differs in phase, Ready, revision or
+# Verified verdict, or whose probe time went anywhere but forward. An in-sync policy read back as
+# recorded is not written: its cluster's state row says when it was listed (`listed_at`), and
+# readers derive its times from that (`convergerd.store.store`). Older facts never overwrite
+# newer ones (a save racing a round, a late record), newer meaning later than what the row shows,
+# derived times included.
 _INCOMING_COLUMNS = (
     "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
     "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
@@ -45,7 +58,22 @@ CREATE TEMPORARY TABLE incoming_deliveries (
     verified_probed_at timestamptz, verified_since timestamptz
 ) ON COMMIT DROP
 """
-_UPSERT_DELIVERIES = """
+
+
+def confirmed_by_listing(d: str, s: str) -> str:
+    """SQL: whether delivery row `d`'s success was confirmed by its cluster's (`cluster_state
+    s`) last listing without being rewritten: its object was found there (a phase is still
+    recorded) at the revision delivered, after the row's last attempt. Its shown result is
+    then `unchanged`, attempted and succeeded at `s.listed_at` (`store._D_COLUMNS`)."""
+    return (f"({d}.phase_seen_at IS NOT NULL AND {d}.phase_revision = {d}.delivered_revision"
+            f" AND {d}.last_result IN ('created', 'updated', 'unchanged')"
+            f" AND {s}.listed_at > {d}.last_attempt_at)")
+
+
+# What a row shows, derived times included (as `store._D_COLUMNS`): `known`.
+# What of the incoming row is newer than that: `f` (a part that is not is passed as NULL, so
+# the upsert leaves it alone).
+_UPSERT_DELIVERIES = f"""
 INSERT INTO deliveries AS d (
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
     last_error, last_reason, attempts, round_id,
@@ -53,15 +81,44 @@ INSERT INTO deliveries AS d (
     verified_status, verified_reason, verified_message, verified_probed_at, verified_since)
 SELECT u.policy_id, u.cluster_id,
        CASE WHEN u.result <> 'failed' THEN u.revision END,
-       u.result, u.at,
-       CASE WHEN u.result <> 'failed' THEN u.at END,
+       u.result, f.at,
+       CASE WHEN u.result <> 'failed' THEN f.at END,
        u.error, u.reason,
        CASE WHEN u.result = 'failed' THEN u.attempts ELSE 0 END,
        $1::bigint,
-       u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.phase_seen_at,
+       u.phase, u.phase_reason, u.phase_message, u.phase_revision, f.seen_at,
        u.verified_status, u.verified_reason, u.verified_message, u.verified_probed_at,
        u.verified_since
 FROM incoming_deliveries u
+LEFT JOIN deliveries o ON o.policy_id = u.policy_id AND o.cluster_id = u.cluster_id
+LEFT JOIN cluster_state s ON s.cluster_id = u.cluster_id
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN {confirmed_by_listing("o", "s")}
+                THEN s.listed_at ELSE o.last_attempt_at END AS attempt_at,
+           -- Without a phase, the last listing did not find the object: older is stale.
+           GREATEST(o.phase_seen_at, s.listed_at) AS seen_at
+) AS known
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN known.attempt_at IS NULL OR u.at >= known.attempt_at THEN u.at END AS at,
+           CASE WHEN known.seen_at IS NULL OR u.phase_seen_at >= known.seen_at
+                THEN u.phase_seen_at END AS seen_at
+) AS f
+WHERE o.policy_id IS NULL
+   OR (f.at IS NOT NULL
+       AND (u.result <> 'unchanged' OR o.last_result IS NULL OR o.last_result = 'failed'
+            OR (u.revision, u.error, u.reason)
+               IS DISTINCT FROM (o.delivered_revision, o.last_error, o.last_reason)))
+   OR (f.seen_at IS NOT NULL
+       AND (o.phase_seen_at IS NULL
+            OR (u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.verified_status,
+                u.verified_reason, u.verified_message, u.verified_since)
+               IS DISTINCT FROM (o.phase, o.phase_reason, o.phase_message, o.phase_revision,
+                                 o.verified_status, o.verified_reason, o.verified_message,
+                                 o.verified_since)
+            -- A probe time moving forward is the operator probing again, not news: the
+            -- cluster's `listed_probed_at` bounds it. Gone, come, or going back is written.
+            OR (u.verified_probed_at IS DISTINCT FROM o.verified_probed_at
+                AND NOT COALESCE(u.verified_probed_at > o.verified_probed_at, false))))
 ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
     (delivered_revision, last_result, last_attempt_at, last_success_at, last_error,
      last_reason, attempts, round_id) =
@@ -95,6 +152,24 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
      FROM (SELECT EXCLUDED.phase_seen_at IS NOT NULL
                   AND (d.phase_seen_at IS NULL
                        OR d.phase_seen_at <= EXCLUDED.phase_seen_at) AS seen) AS s)
+"""  # noqa: S608 (no value is formatted in: a rule over column names only)
+
+# A listing that did not find a policy's object: its recorded phase is no longer there (as this
+# replica's own status has it), so it is cleared, or rows nobody rewrites would be shown as seen
+# at every later listing. Unless a newer listing was recorded already (a late record).
+_CLEAR_UNLISTED = """
+UPDATE deliveries AS d SET
+    phase = NULL, phase_reason = NULL, phase_message = NULL, phase_revision = NULL,
+    phase_seen_at = NULL, verified_status = NULL, verified_reason = NULL,
+    verified_message = NULL, verified_probed_at = NULL, verified_since = NULL
+FROM unnest($1::text[], $2::timestamptz[]) AS l(cluster_id, listed_at)
+WHERE d.cluster_id = l.cluster_id
+  AND d.phase_seen_at IS NOT NULL AND d.phase_seen_at < l.listed_at
+  AND NOT EXISTS (SELECT 1 FROM cluster_state s
+                  WHERE s.cluster_id = l.cluster_id AND s.listed_at > l.listed_at)
+  AND NOT EXISTS (SELECT 1 FROM incoming_deliveries u
+                  WHERE u.cluster_id = d.cluster_id AND u.policy_id = d.policy_id
+                    AND u.phase_seen_at IS NOT NULL)
 """
 
 # A round recorded late (kept while the database was down) must not overwrite the outcome of a
@@ -102,19 +177,26 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
 _UPSERT_CLUSTER_STATE = """
 INSERT INTO cluster_state AS s (
     cluster_id, last_attempt_at, last_success_at, last_reached_at, reachable, last_error,
-    last_reason, desired, in_sync, failed, server_version, duration_s, round_id)
+    last_reason, desired, in_sync, failed, server_version, duration_s, round_id, listed_at,
+    listed_probed_at)
 SELECT u.cluster_id, $2::timestamptz,
        CASE WHEN u.converged THEN $2::timestamptz END,
        CASE WHEN u.reached THEN $2::timestamptz END,
        u.reached, u.error, u.reason, u.desired, u.in_sync, u.failed, u.server_version,
-       u.duration_s, $1::bigint
+       u.duration_s, $1::bigint, u.listed_at, u.listed_probed_at
 FROM unnest($3::text[], $4::boolean[], $5::boolean[], $6::text[], $7::text[], $8::int[],
-            $9::int[], $10::int[], $11::text[], $12::float8[])
+            $9::int[], $10::int[], $11::text[], $12::float8[], $13::timestamptz[],
+            $14::timestamptz[])
      AS u(cluster_id, reached, converged, error, reason, desired, in_sync, failed,
-          server_version, duration_s)
+          server_version, duration_s, listed_at, listed_probed_at)
 ON CONFLICT (cluster_id) DO UPDATE SET
     last_success_at = GREATEST(EXCLUDED.last_success_at, s.last_success_at),
     last_reached_at = GREATEST(EXCLUDED.last_reached_at, s.last_reached_at),
+    (listed_at, listed_probed_at) =
+    (SELECT CASE WHEN newer THEN EXCLUDED.listed_at ELSE s.listed_at END,
+            CASE WHEN newer THEN EXCLUDED.listed_probed_at ELSE s.listed_probed_at END
+     FROM (SELECT EXCLUDED.listed_at IS NOT NULL
+                  AND (s.listed_at IS NULL OR s.listed_at < EXCLUDED.listed_at) AS newer) AS l),
     (last_attempt_at, reachable, last_error, last_reason, desired, in_sync, failed,
      server_version, duration_s, round_id) =
     (SELECT CASE WHEN fresh THEN EXCLUDED.last_attempt_at ELSE s.last_attempt_at END,
@@ -261,6 +343,12 @@ def _delivery_records(
         error[i] = clean.text(d.error, d.cluster, d.policy, "last_error")
         reason[i] = clean.text(d.reason, d.cluster, d.policy, "last_reason")
         attempts[i] = clean.count(d.attempts, d.cluster, d.policy, "attempts")
+        if d.result is ApplyResult.CREATED:
+            # A created object has no status yet: its first reading, so that the round that
+            # first lists it finds nothing changed (a reading from that listing, newer, wins).
+            phase[i] = phase_reason[i] = phase_message[i] = None
+            v_status[i] = v_reason[i] = v_message[i] = v_probed_at[i] = v_since[i] = None
+            phase_revision[i], phase_seen_at[i] = revision[i], attempt_at[i]
     for p in phases:
         if clean.bad_id(p.cluster, p.policy):
             continue
@@ -284,13 +372,18 @@ def _delivery_records(
 
 
 async def _upsert_deliveries(
-    conn: asyncpg.Connection, records: Sequence[tuple[Any, ...]], round_id: int | None
+    conn: asyncpg.Connection, records: Sequence[tuple[Any, ...]], round_id: int | None,
+    listed: Sequence[tuple[str, dt.datetime]] = (),
 ) -> None:
-    """Inside a transaction: COPY the merged records in, upsert them into `deliveries`."""
+    """Inside a transaction: COPY the merged records in, clear the phases the `listed`
+    clusters' listings (cluster, when) no longer found, upsert the records into `deliveries`.
+    `records` must then hold all the readings of those listings."""
     await conn.execute(_CREATE_INCOMING)
     await conn.copy_records_to_table(
         "incoming_deliveries", records=records, columns=_INCOMING_COLUMNS
     )
+    if listed:
+        await conn.execute(_CLEAR_UNLISTED, [c for c, _ in listed], [at for _, at in listed])
     await conn.execute(_UPSERT_DELIVERIES, round_id)
     await conn.execute("DROP TABLE incoming_deliveries")
 
@@ -329,7 +422,7 @@ class RoundRecord:
             clean.text(report.error, None, None, "error"),
         )
         parts = [
-            _ClusterPart(c.cluster, _state_row(c, clean),
+            _ClusterPart(c.cluster, _state_row(c, at, clean),
                          _delivery_records(c.deliveries, c.phases, clean))
             for c in report.clusters if not clean.bad_id(c.cluster, None)
         ]
@@ -351,8 +444,19 @@ class RoundRecord:
         return cls(round_row, at, parts, invalid)
 
 
-def _state_row(c: ClusterOutcome, clean: _Cleaner) -> tuple[Any, ...]:
-    """A cluster's outcome as a row of `_UPSERT_CLUSTER_STATE`'s unnest."""
+def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any, ...]:
+    """A cluster's outcome as a row of `_UPSERT_CLUSTER_STATE`'s unnest; its last two values,
+    the listing's time (at `_LISTED_AT`) and oldest probe, are None unless the round listed
+    it."""
+    listed_at = listed_probed_at = None
+    if c.listed:
+        # The listing's time; of an empty one, no later than the round's first write (what
+        # the round created afterwards is newer than what the listing did not find).
+        listed_at = max((_utc(p.seen_at) for p in c.phases),
+                        default=min((_utc(d.at) for d in c.deliveries), default=at))
+        listed_probed_at = min(
+            (p.verified.probed_at for p in c.phases
+             if p.verified is not None and p.verified.probed_at is not None), default=None)
     return (
         c.cluster, c.reached, c.converged,
         clean.text(c.error, c.cluster, None, "last_error"),
@@ -362,7 +466,18 @@ def _state_row(c: ClusterOutcome, clean: _Cleaner) -> tuple[Any, ...]:
         clean.count(c.failed, c.cluster, None, "failed"),
         clean.text(c.server_version, c.cluster, None, "server_version"),
         float(c.duration_s),
+        listed_at,
+        listed_probed_at,
     )
+
+
+_LISTED_AT = 10  # the state row's listing time: the cluster's readings are all in the part
+
+
+def _unlisted(state: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The state row without its listing: for a part that does not hold all of the listing's
+    readings (the row-by-row fallback), whose unwritten rows must not be taken as read."""
+    return (*state[:_LISTED_AT], None, None)
 
 
 async def _insert_round(conn: asyncpg.Connection, record: RoundRecord, kept: int) -> int:
@@ -384,9 +499,10 @@ async def _write_parts(
     if states:
         await conn.execute(_UPSERT_CLUSTER_STATE, round_id, record.at,
                            *(list(col) for col in zip(*states, strict=True)))
+    listed = [(s[0], s[_LISTED_AT]) for s in states if s[_LISTED_AT] is not None]
     deliveries = [r for p in parts for r in p.deliveries]
-    if deliveries:
-        await _upsert_deliveries(conn, deliveries, round_id)
+    if deliveries or listed:
+        await _upsert_deliveries(conn, deliveries, round_id, listed)
 
 
 async def _replace_invalid(conn: asyncpg.Connection, record: RoundRecord, round_id: int) -> None:
@@ -446,7 +562,7 @@ async def _write_part_alone(
     cluster = part.cluster
     pieces: list[tuple[str | None, _ClusterPart]] = []
     if part.state is not None:
-        pieces.append((None, _ClusterPart(cluster, part.state, [])))
+        pieces.append((None, _ClusterPart(cluster, _unlisted(part.state), [])))
     pieces += [(row[0], _ClusterPart(cluster, None, [row])) for row in part.deliveries]
     dropped: list[str] = []
     first: tuple[str, str] | None = None  # the first refusal's message and reason

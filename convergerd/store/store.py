@@ -57,6 +57,7 @@ from convergerd.store.errors import (
 )
 from convergerd.store.records import (
     RecordObserver,
+    confirmed_by_listing,
     round_record,
     write_deliveries,
     write_round,
@@ -81,13 +82,28 @@ def _rule_column(table: str = "") -> str:
     return f"CASE WHEN octet_length({rule}::text) <= {MAX_RULE_BYTES} THEN {rule} END AS rule"
 
 
-_DELIVERY_COLUMNS = """
-    policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
-    last_error, last_reason, attempts, round_id, phase, phase_reason, phase_message,
-    phase_revision, phase_seen_at, verified_status, verified_reason, verified_message,
-    verified_probed_at, verified_since
+# A delivery row as status shows it. Rows are written when their facts change
+# (`convergerd.store.records`); what the last listing of the cluster (`cluster_state cs`)
+# confirmed is derived: a phase still recorded was seen then, and with it a success still held
+# when the object listed was the revision delivered (an in-sync policy: `unchanged`, attempted
+# and succeeded then); a probe time is at least the oldest that listing read.
+_CONFIRMED = confirmed_by_listing("d", "cs")
+_D_COLUMNS = f"""
+    d.policy_id, d.cluster_id, d.delivered_revision,
+    CASE WHEN {_CONFIRMED} THEN 'unchanged' ELSE d.last_result END AS last_result,
+    CASE WHEN {_CONFIRMED} THEN cs.listed_at ELSE d.last_attempt_at END AS last_attempt_at,
+    CASE WHEN {_CONFIRMED} THEN cs.listed_at ELSE d.last_success_at END AS last_success_at,
+    d.last_error, d.last_reason, d.attempts, d.round_id, d.phase, d.phase_reason,
+    d.phase_message, d.phase_revision,
+    GREATEST(d.phase_seen_at, CASE WHEN d.phase_seen_at IS NOT NULL THEN cs.listed_at END)
+        AS phase_seen_at,
+    d.verified_status, d.verified_reason, d.verified_message,
+    GREATEST(d.verified_probed_at,
+             CASE WHEN d.verified_probed_at IS NOT NULL THEN cs.listed_probed_at END)
+        AS verified_probed_at,
+    d.verified_since
 """
-_D_COLUMNS = ", ".join(f"d.{c.strip()}" for c in _DELIVERY_COLUMNS.split(","))
+_WITH_LISTING = "LEFT JOIN cluster_state cs ON cs.cluster_id = d.cluster_id"
 
 # One policy for its status page, in one statement: the row, whether its boundary exists, the
 # known clusters the boundary covers (computed once), and its records on every cluster.
@@ -106,7 +122,7 @@ SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, p.deleted_at, s.bound
        -- (at 1,000 clusters, 1,000,000 array elements for the server to build and us to decode).
        CASE WHEN row_number() OVER (ORDER BY d.cluster_id) = 1 THEN s.scope END AS scope,
        {_D_COLUMNS}
-FROM p CROSS JOIN s LEFT JOIN deliveries d ON d.policy_id = p.id
+FROM p CROSS JOIN s LEFT JOIN deliveries d ON d.policy_id = p.id {_WITH_LISTING}
 ORDER BY d.cluster_id
 """  # noqa: S608 (no value is formatted in: column names only)
 
@@ -123,7 +139,8 @@ SELECT EXISTS (SELECT 1 FROM clusters WHERE id = $1) AS known,
 FROM (SELECT 1) AS one
 LEFT JOIN (wanted w
            LEFT JOIN policies p ON p.id = w.policy_id AND p.deleted_at IS NULL
-           LEFT JOIN deliveries d ON d.cluster_id = $1 AND d.policy_id = w.policy_id) ON true
+           LEFT JOIN deliveries d ON d.cluster_id = $1 AND d.policy_id = w.policy_id
+           {_WITH_LISTING}) ON true
 ORDER BY w.policy_id
 """  # noqa: S608 (no value is formatted in: column names only)
 
@@ -453,24 +470,25 @@ class Store:
     async def _deliveries(self, where: str, *args: Any) -> list[DeliveryRow]:
         """Delivery records by `where`: the callers' literal clause after WHERE (ORDER BY
         included); values only as `args`."""
-        query = f"SELECT {_DELIVERY_COLUMNS} FROM deliveries WHERE {where}"  # noqa: S608
+        query = f"SELECT {_D_COLUMNS} FROM deliveries d {_WITH_LISTING} WHERE {where}"  # noqa: S608
         async with self._acquire() as conn:
             rows = await conn.fetch(query, *args)
         return [_delivery_row(r) for r in rows]
 
     async def deliveries_for_policy(self, policy_id: str) -> list[DeliveryRow]:
-        return await self._deliveries("policy_id = $1 ORDER BY cluster_id", policy_id)
+        return await self._deliveries("d.policy_id = $1 ORDER BY d.cluster_id", policy_id)
 
     async def deliveries_for_clusters(self, cluster_ids: Sequence[str]) -> list[DeliveryRow]:
         """The records of several clusters in one query (a standby catching up)."""
         if not cluster_ids:
             return []
         return await self._deliveries(
-            "cluster_id = ANY($1::text[]) ORDER BY cluster_id, policy_id", list(cluster_ids)
+            "d.cluster_id = ANY($1::text[]) ORDER BY d.cluster_id, d.policy_id",
+            list(cluster_ids)
         )
 
     async def deliveries_for_cluster(self, cluster_id: str) -> list[DeliveryRow]:
-        return await self._deliveries("cluster_id = $1 ORDER BY policy_id", cluster_id)
+        return await self._deliveries("d.cluster_id = $1 ORDER BY d.policy_id", cluster_id)
 
     # ---- saves and deletions -----------------------------------------------------------------
 

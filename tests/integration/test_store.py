@@ -175,6 +175,8 @@ async def test_record_round_keeps_the_last_success_across_failures(
         ClusterId("c1"), reached=True, desired=1, failed=1,
         deliveries=[delivery("c1", "p-latest", 4, ApplyResult.FAILED, 61,
                              error="422: spec.rule: Invalid", reason="invalid", attempts=2)],
+        phases=[PhaseReading(ClusterId("c1"), PolicyId("p-latest"), "Enforcing", "Installed",
+                             "bound", 3, at(60))],
     )
     second = RoundReport(started_at=at(60), finished_at=at(65), clusters=[failed])
     round2 = await store.record_round(second, identity="replica-b")
@@ -190,8 +192,9 @@ async def test_record_round_keeps_the_last_success_across_failures(
         "422: spec.rule: Invalid", "invalid", 4
     )
     assert row.round_id == round2 + 1
+    # Read unchanged at 60: not rewritten, seen then (the cluster's listing).
     assert (row.phase, row.phase_reason, row.phase_message, row.phase_revision,
-            row.phase_seen_at) == ("Enforcing", "Installed", "bound", 3, at(2))
+            row.phase_seen_at) == ("Enforcing", "Installed", "bound", 3, at(60))
 
     fixed = ClusterOutcome(
         ClusterId("c1"), reached=True, desired=1, in_sync=1,
@@ -237,9 +240,9 @@ async def test_older_facts_never_overwrite_newer_ones(database_url: str, store: 
     ]), identity="r")
     await store.record_round(late_round, identity="r")
     [row] = await store.deliveries_for_cluster("c1")
-    assert (row.delivered_revision, row.last_result, row.last_error, row.round_id) == (
-        4, ApplyResult.UPDATED, None, None  # the save at 100 stands
-    )
+    # The save at 100 stands (round_id None), confirmed in sync by the listing at 150.
+    assert (row.delivered_revision, row.last_result, row.last_error, row.round_id,
+            row.last_attempt_at) == (4, ApplyResult.UNCHANGED, None, None, at(150))
     assert (row.phase, row.phase_revision, row.phase_seen_at) == ("Enforcing", 4, at(150))
 
 
