@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from aiohttp import StreamReader, web
@@ -31,6 +31,7 @@ from aiohttp import StreamReader, web
 from convergerd.api.server import error_response, policy_id_of
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import DatabaseUnavailable, NotJSON
+from convergerd.core.model import PolicyId
 from convergerd.core.report import FanoutReport, FanoutStatus
 from convergerd.core.shown import shown
 from convergerd.delivery.fanout import Saver
@@ -177,7 +178,10 @@ class Saves:
             return response
         return None
 
-    async def apply(self, request: web.Request) -> web.StreamResponse:
+    async def _request(self, request: web.Request, allowed: Mapping[str, type]
+                       ) -> tuple[PolicyId, dict[str, Any]] | web.Response:
+        """The token, the path's policy id and the body checked, in that order: the id and
+        the fields, or the answer that refuses the request."""
         refused = self._unauthorized(request)
         if refused is not None:
             return refused
@@ -185,29 +189,29 @@ class Saves:
         if isinstance(policy_id, web.Response):
             return policy_id
         try:
-            fields = await read_body(request, _SAVE_FIELDS, timeout_s=self._body_timeout_s)
+            fields = await read_body(request, allowed, timeout_s=self._body_timeout_s)
         except BadRequest as exc:
             return _refusal_of(exc)
-        try:
-            report = await self._saver.save(
-                policy_id, allow_mass_removal=fields.get("allow_mass_removal", False))
-        except DatabaseUnavailable as exc:
-            return error_response(503, f"database unavailable: {exc}", reason="database")
-        return _answer(report)
+        return policy_id, fields
+
+    async def apply(self, request: web.Request) -> web.StreamResponse:
+        checked = await self._request(request, _SAVE_FIELDS)
+        if isinstance(checked, web.Response):
+            return checked
+        policy_id, fields = checked
+        allow = fields.get("allow_mass_removal", False)
+        return await _answered(self._saver.save(policy_id, allow_mass_removal=allow))
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
-        refused = self._unauthorized(request)
-        if refused is not None:
-            return refused
-        policy_id = policy_id_of(request)
-        if isinstance(policy_id, web.Response):
-            return policy_id
-        try:
-            await read_body(request, _DELETE_FIELDS, timeout_s=self._body_timeout_s)
-        except BadRequest as exc:
-            return _refusal_of(exc)
-        try:
-            report = await self._saver.delete(policy_id)
-        except DatabaseUnavailable as exc:
-            return error_response(503, f"database unavailable: {exc}", reason="database")
-        return _answer(report)
+        checked = await self._request(request, _DELETE_FIELDS)
+        if isinstance(checked, web.Response):
+            return checked
+        return await _answered(self._saver.delete(checked[0]))
+
+
+async def _answered(work: Awaitable[FanoutReport]) -> web.Response:
+    try:
+        report = await work
+    except DatabaseUnavailable as exc:
+        return error_response(503, f"database unavailable: {exc}", reason="database")
+    return _answer(report)

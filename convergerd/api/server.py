@@ -95,6 +95,7 @@ ROWS_PER_TOKEN = 100
 MAX_LINE_BYTES = 8190
 MAX_HEADERS = 64
 T = TypeVar("T")
+Id = TypeVar("Id", PolicyId, ClusterId)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -148,21 +149,22 @@ def _bad_id(kind: str, value: str, exc: RuleError) -> web.Response:
 
 def policy_id_of(request: web.Request) -> PolicyId | web.Response:
     """The `{id}` of a policy path, or the 400 answer naming why it cannot be one."""
-    value = request.match_info["id"]
-    try:
-        check_policy_id(value)
-    except RuleError as exc:
-        return _bad_id("policy", value, exc)
-    return PolicyId(value)
+    return _path_id(request, "policy", check_policy_id, PolicyId)
 
 
 def cluster_id_of(request: web.Request) -> ClusterId | web.Response:
+    """The `{id}` of a cluster path, or the 400 answer naming why it cannot be one."""
+    return _path_id(request, "cluster", check_cluster_id, ClusterId)
+
+
+def _path_id(request: web.Request, kind: str, check: Callable[[str], object],
+             make: Callable[[str], Id]) -> Id | web.Response:
     value = request.match_info["id"]
     try:
-        check_cluster_id(value)
+        check(value)
     except RuleError as exc:
-        return _bad_id("cluster", value, exc)
-    return ClusterId(value)
+        return _bad_id(kind, value, exc)
+    return make(value)
 
 
 class _ServerLog(logging.LoggerAdapter[logging.Logger]):
