@@ -238,8 +238,8 @@ async def _measure(
     args: argparse.Namespace, settings: Any, dsn: str, sim: Sim
 ) -> dict[str, Any]:
     store = await Store.connect(dsn)  # the daemon's pool size
-    metrics = Metrics(interval_s=settings.rounds.interval_s, process_collectors=False)
     state = StatusState(identity="bench", interval_s=settings.rounds.interval_s)
+    metrics = Metrics(state=state, process_collectors=False)
     registry = ClusterRegistry(kubeconfig=sim.kubeconfig, access=settings.clusters,
                                identity="bench", observer=metrics)
     app = make_app(metrics=metrics, state=state, store=store, settings=settings,

@@ -91,7 +91,8 @@ async def world(fleet: Fleet, database_url: str) -> AsyncIterator[World]:
     rounds = Rounds(fleet, store, settings)
     on_apply, on_delete = handlers(make_saver(rounds, store), body_timeout_s=0.5)
     health = HealthCheck()
-    app = make_app(metrics=Metrics(), state=StatusState(identity="t", interval_s=300),
+    state = StatusState(identity="t", interval_s=300)
+    app = make_app(metrics=Metrics(state=state), state=state,
                    store=store, settings=settings, health=health,
                    on_apply=on_apply, on_delete=on_delete, status_db_timeout_s=2)
     seen: set[Answer] = set()

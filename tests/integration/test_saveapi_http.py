@@ -56,7 +56,8 @@ async def app(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[we
     settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN)
     rounds = Rounds(fleet, store, settings)
     on_apply, on_delete = handlers(make_saver(rounds, store), body_timeout_s=BODY_TIMEOUT_S)
-    app = make_app(metrics=Metrics(), state=StatusState(identity="t", interval_s=300),
+    state = StatusState(identity="t", interval_s=300)
+    app = make_app(metrics=Metrics(state=state), state=state,
                    store=store, settings=settings, health=HealthCheck(),
                    on_apply=on_apply, on_delete=on_delete)
     app.middlewares.insert(0, _note_requests)
