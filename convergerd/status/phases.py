@@ -166,10 +166,12 @@ def tally_counts(
     counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
     checked = dict.fromkeys(VERIFICATION_RESULTS, 0)
     for (phase, seen, result, probed), n in readings.items():
-        counts[counted_phase(phase, now - seen, interval_s)] += n
-        if is_stale_age(max(0.0, now - seen), interval_s):
+        if is_stale_age(now - seen, interval_s):  # `counted_phase`, the phase being normalized
+            counts[STALE] += n
             checked[UNVERIFIED] += n
-        elif probed is not None and now - probed > verified_stale_s:
+            continue
+        counts[phase] += n
+        if probed is not None and now - probed > verified_stale_s:
             checked[STALE_VERIFICATION] += n
         else:
             checked[result] += n

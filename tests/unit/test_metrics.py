@@ -20,7 +20,7 @@ from convergerd.core.report import (
     RoundReport,
     Verification,
 )
-from convergerd.core.rows import ClusterStateRow
+from convergerd.core.rows import ClusterStateRow, DeliveryRow
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 
@@ -409,3 +409,62 @@ def test_removed_clusters_lose_their_series_and_late_observations_do_not_bring_t
                  code="200") == 1
     m.set_clusters(["c1", "c2"])  # back again: zeroed, counted from now on
     assert value(m, "convergerd_applies_total", cluster="c2", result="created") == 0
+
+
+def test_a_standby_exports_what_its_status_shows_from_the_database(clock: WallClock) -> None:
+    """One owner: the gauges read the status, so a standby's are the leader's recorded results,
+    as its /status shows them (alerts and the dashboard use the leader's series only)."""
+    m = Replica(clock, ["c1"])
+    m.state.absorb_cluster_rows([ClusterStateRow(
+        cluster=ClusterId("c1"), reachable=False, last_attempt_at=T0, last_success_at=None,
+        last_reached_at=None, last_error="down", last_reason="timeout", desired=3, in_sync=1,
+        failed=0, server_version="v1.30.1", round_id=7)])
+    m.state.absorb_delivery_rows([DeliveryRow(
+        "p1", "c1", 1, ApplyResult.UNCHANGED, T0, T0, None, None, 0, 7, "Enforcing", None,
+        None, 1, T0, verified_status="False", verified_reason="Admitted", verified_message="m",
+        verified_probed_at=T0)], cluster="c1")
+    m.state.set_leader(False, "rep-b")
+    assert value(m, "convergerd_cluster_up", cluster="c1") == 0
+    assert value(m, "convergerd_cluster_out_of_sync_policies", cluster="c1") == 2
+    assert value(m, "convergerd_cluster_server_info", cluster="c1", version="v1.30.1") == 1
+    assert value(m, "convergerd_policy_phase", cluster="c1", phase="Enforcing") == 1
+    assert value(m, "convergerd_policy_verification", cluster="c1", result="admitted") == 1
+    assert value(m, "convergerd_is_leader") == 0
+    assert value(m, "convergerd_applies_total", cluster="c1", result="unchanged") == 0
+
+
+def test_the_gauges_agree_with_status(clock: WallClock) -> None:
+    """Per cluster, the phase and verification gauges count what /status counts."""
+    m = Replica(clock, ["c1", "c2"])
+
+    def probed(status: str, reason: str, minutes_ago: float) -> Verification:
+        at = T0 - dt.timedelta(minutes=minutes_ago)
+        return Verification(status, reason, "m", at, at)
+
+    old = T0 - dt.timedelta(seconds=3 * INTERVAL)
+    m.observe_round(round_at(T0, outcome("c1", reached=True, desired=5, in_sync=5, phases=[
+        PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
+                     probed("True", "Denied", 1)),
+        PhaseReading(ClusterId("c1"), PolicyId("p2"), "Enforcing", None, None, 1, T0,
+                     probed("True", "Denied", 30)),
+        PhaseReading(ClusterId("c1"), PolicyId("p3"), "Inert", None, None, 1, T0,
+                     probed("False", "Admitted", 1)),
+        PhaseReading(ClusterId("c1"), PolicyId("p4"), "Weird", None, None, 1, T0, None),
+        PhaseReading(ClusterId("c1"), PolicyId("p5"), "Error", None, None, 1, T0,
+                     probed("Unknown", "Pending", 1)),
+    ]), outcome("c2", reached=True, desired=1, in_sync=1, phases=[
+        PhaseReading(ClusterId("c2"), PolicyId("p1"), "Enforcing", None, None, 1, old,
+                     probed("True", "Denied", 1))])))
+    for _ in range(2):
+        for cluster in m.state.snapshot()["clusters"]:
+            name = cluster["id"]
+            phases = {p: value(m, "convergerd_policy_phase", cluster=name, phase=p)
+                      for p in ("Enforcing", "Inert", "Unsupported", "Error", "Unknown",
+                                "Stale")}
+            assert {p: n for p, n in phases.items() if n} == cluster["phases"], name
+            seen = cluster["verification"]
+            assert {r: value(m, "convergerd_policy_verification", cluster=name, result=r)
+                    for r in ("verified", "admitted", "unverified", "stale")} == {
+                "verified": seen["verified"], "admitted": seen["admitted"],
+                "unverified": seen["not_verified"] + seen["unknown"], "stale": seen["stale"]}
+        clock.now += 2 * INTERVAL + 1  # and once everything aged
