@@ -46,6 +46,7 @@ from convergerd.kube.kubeconfig import load_kubeconfig
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.status.metrics import Metrics
 from convergerd.status.probe import Answers, Prober
+from convergerd.status.state import StatusState
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse bench/rounds.py's pieces.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -85,10 +86,7 @@ def open_sockets() -> int:
 
 
 class _Sink:
-    """The prober's metrics and state sinks: nothing kept."""
-
-    def set_cluster_up(self, cluster: str, up: bool, server_version: str | None = None) -> None:
-        pass
+    """The prober's state sink: nothing kept."""
 
     def observe_probe(self, cluster: str, **_: Any) -> None:
         pass
@@ -125,7 +123,8 @@ async def point(
         fleet = build_fleet(n, p)
         ids = [c.id for c in fleet.clusters]
         settings = limits.settings(sim.kubeconfig)
-        metrics = Metrics(interval_s=settings.rounds.interval_s, process_collectors=False)
+        state = StatusState(identity="bench", interval_s=settings.rounds.interval_s)
+        metrics = Metrics(state=state, process_collectors=False)
         answers = Answers(metrics)  # as the daemon wires it: the prober skips answered clusters
         registry = ClusterRegistry(kubeconfig=sim.kubeconfig, access=settings.clusters,
                                    identity="bench", observer=answers)
@@ -159,7 +158,7 @@ async def point(
             await after_round("create")
 
             prober = Prober(clusters=lambda: {c: registry.get(c) for c in ids},
-                            metrics=_Sink(), state=_Sink(), period_s=args.probe_period,
+                            state=_Sink(), period_s=args.probe_period,
                             timeout_s=limits.request_timeout_s, answers=answers)
             loop = asyncio.get_running_loop()
 

@@ -81,6 +81,7 @@ from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader.elector import NoElection
 from convergerd.sim.fleet import member_ids
 from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 
 BOUNDARIES = 4
 FAULT_SHARE = 10  # every tenth cluster
@@ -545,7 +546,8 @@ async def _bench_point(
     fleet = build_fleet(clusters, policies)
     ids = [c.id for c in fleet.clusters]
     settings = limits.settings(sim.kubeconfig)
-    metrics = Metrics(interval_s=settings.rounds.interval_s, process_collectors=False)
+    state = StatusState(identity="bench", interval_s=settings.rounds.interval_s)
+    metrics = Metrics(state=state, process_collectors=False)  # the requests' observer
     registry = ClusterRegistry(
         kubeconfig=sim.kubeconfig, access=settings.clusters, identity="bench", observer=metrics
     )

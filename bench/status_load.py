@@ -241,8 +241,8 @@ async def _measure(
     args: argparse.Namespace, settings: Any, dsn: str, sim: Sim
 ) -> dict[str, Any]:
     store = await Store.connect(dsn)  # the daemon's pool size
-    metrics = Metrics(interval_s=settings.rounds.interval_s, process_collectors=False)
     state = StatusState(identity="bench", interval_s=settings.rounds.interval_s)
+    metrics = Metrics(state=state, process_collectors=False)
     registry = ClusterRegistry(kubeconfig=sim.kubeconfig, access=settings.clusters,
                                identity="bench", observer=metrics)
     saver = Saver(store=store, guard_share=settings.saves.removal_guard_share,

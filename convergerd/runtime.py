@@ -73,16 +73,14 @@ class Daemon:
         self.identity = settings.election.identity
         self.stopping = asyncio.Event()
         e = settings.election
+        # The home cluster is no fleet member, but its Lease requests are counted.
         self.state = StatusState(
             identity=self.identity, interval_s=settings.rounds.interval_s,
             probe_period_s=settings.operator_probe_period_s,
-        )
-        self.metrics = Metrics(
-            interval_s=settings.rounds.interval_s,
             keep=[e.home_context or HOME_IN_CLUSTER] if e.enabled else [],
-            pending_deletions=self.state.pending_deletions,
-            probe_period_s=settings.operator_probe_period_s,
         )
+        # Counters and histograms; every gauge is read from the state when scraped.
+        self.metrics = Metrics(state=self.state)
         self.health = HealthCheck(on_lag=self.metrics.set_loop_lag)
         self.fanout_metrics = FanoutMetrics()
         self.metrics.registry.register(self.fanout_metrics)
@@ -159,7 +157,7 @@ class Daemon:
             registry = ClusterRegistry(
                 kubeconfig=s.clusters.kubeconfig, access=s.clusters,
                 identity=self.identity, observer=answers,
-                on_insecure=self.metrics.set_cluster_insecure,
+                on_insecure=self.state.set_insecure,
             )
             stack.push_async_callback(registry.close)
             self.registry = registry
@@ -176,12 +174,10 @@ class Daemon:
             # The clusters the database knows and what was recorded (by whoever led): lag
             # survives restarts, standbys show the leader's results, a deleted cluster leaves.
             # A database that is down leaves what this replica knows (rounds wait for it).
-            sync = StatusSync(store=store, state=self.state, metrics=self.metrics,
-                              on_clusters=self._follow_database)
+            sync = StatusSync(store=store, state=self.state, on_clusters=self._follow_database)
             await sync.once()
             prober = Prober(
-                clusters=self._probe_targets(registry),
-                metrics=self.metrics, state=self.state,
+                clusters=self._probe_targets(registry), state=self.state,
                 period_s=self.probe_period_s, timeout_s=s.clusters.request_timeout_s,
                 answers=answers,
             )
@@ -257,8 +253,7 @@ class Daemon:
         )
 
     def _leadership_changed(self, is_leader: bool, holder: str | None) -> None:
-        """The elector tells; metrics and status are written here, never on a read."""
-        self.metrics.set_leader(is_leader, holder)
+        """The elector tells; status is written here (the metrics read it), never on a read."""
         self.state.set_leader(is_leader, holder)
 
     def _probe_targets(self, registry: ClusterRegistry) -> Callable[[], Any]:
@@ -308,11 +303,12 @@ class Daemon:
         self, clusters: Collection[str], *, policies: Collection[str] | None = None
     ) -> None:
         """The one place where what this replica keeps per cluster and per policy follows the
-        database: status, metrics and cluster clients keep the clusters it lists and drop the
-        rest; given the round's fleet, status drops the records of deleted policies too. (The
-        prober forgets the clusters it no longer probes by itself, each pass.)"""
+        database: status keeps the clusters it lists and drops the rest, then the metrics'
+        counters and the cluster clients follow; given the round's fleet, status drops the
+        records of deleted policies too. (The prober forgets the clusters it no longer probes
+        by itself, each pass.)"""
         self.state.set_clusters(clusters)
-        self.metrics.set_clusters(clusters)
+        self.metrics.follow_clusters()
         if self.registry is not None:
             await self.registry.retain(clusters)
         if policies is not None:

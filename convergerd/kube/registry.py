@@ -76,8 +76,8 @@ class ClusterRegistry:
     ) -> None:
         """`drain_s`: how long a retired client may wait for its calls in flight (default:
         twice the request timeout, at least `DRAIN_MIN_S`). `on_insecure(cluster, insecure)`
-        is told, for every client opened, whether it is reached insecurely (the metrics'
-        `set_cluster_insecure`)."""
+        is told, for every client opened, whether it is reached insecurely (the status's
+        `set_insecure`, which the metrics read)."""
         self._path = kubeconfig
         self._access = access
         self._observer = observer

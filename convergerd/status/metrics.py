@@ -1,22 +1,26 @@
 """Prometheus metrics on the process's own registry (docs/design.md, "Status and metrics"; no
 default-registry globals).
 
-Every series is produced at scrape time by one collector from plain values kept here, so
-derived values are true when Prometheus reads them:
+Every series is produced at scrape time by one collector, so derived values are true when
+Prometheus reads them. One owner per fact: the counters and histograms are kept here; every
+gauge of what this replica knows is read from `convergerd.status.state.StatusState` (nothing
+here keeps a copy of it, so a feeder writes each fact once, to the state):
 
 - `convergerd_cluster_lag_seconds{cluster}` is `now - last success` computed at scrape time: a
   cluster that has not converged for an hour shows ~3600 even when no round ran. A cluster that
-  never converged (since this process knows of it) lags since the moment it became known to this
-  process (construction, `set_clusters`, or its first round), unless the database's last success
-  was fed in with `seed_last_success` (the runtime does that at start and on standbys, so a
-  restart does not reset the lag). A success is stamped with the round's end, as the database
-  records it, so every replica reports the same lag.
+  never converged (since this process knows of it) lags since the moment it became known to the
+  state, unless the database's last success was absorbed (the status sync does that at start
+  and on standbys, so a restart does not reset the lag). A success is stamped with the round's
+  end, as the database records it, so every replica reports the same lag.
 - `convergerd_cluster_last_success_timestamp_seconds{cluster}` is absent until a success is
   known (a 0 would read as "1970").
-- `convergerd_policy_phase{cluster,phase}`: phases read back in the last listing of that cluster.
-  Readings older than two round intervals count under `phase="Stale"` instead of their last
-  known phase (see `convergerd.status.phases`), so `sum by (cluster)` is still the policy count
-  there.
+- `convergerd_cluster_up{cluster}`, `convergerd_cluster_out_of_sync_policies{cluster}` (absent
+  until a round, or its record, worked on the cluster), `convergerd_cluster_server_info`:
+  from the last round or reachability check, or the database's newer record.
+- `convergerd_policy_phase{cluster,phase}`: phases read back in the last listing of that cluster
+  (or recorded by the replica that read them, when newer). Readings older than two round
+  intervals count under `phase="Stale"` instead of their last known phase (see
+  `convergerd.status.phases`), so `sum by (cluster)` is still the policy count there.
 - `convergerd_policy_verification{cluster,result}`: the operator's enforcement probe as read
   back in the same listing: `verified` (a violating pod was denied), `admitted` (a violating pod
   was ADMITTED: the policy is not enforced there; alert `ConvergerdPolicyNotEnforced`),
@@ -51,9 +55,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import math
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -65,30 +67,9 @@ from prometheus_client.metrics_core import (
 )
 
 from convergerd import __version__
-from convergerd.core.report import (
-    ApplyResult,
-    ClusterOutcome,
-    PhaseReading,
-    RoundReport,
-    RoundResult,
-)
-from convergerd.status.phases import (
-    ADMITTED,
-    ALL_PHASES,
-    STALE,
-    STALE_VERIFICATION,
-    UNSUPPORTED,
-    UNVERIFIED,
-    VERIFICATION_RESULTS,
-    counted_phase,
-    is_stale_age,
-    normalize_phase,
-    phases_refreshed,
-    probe_time_problem,
-    verification_of,
-    verification_result,
-    verified_stale_after_s,
-)
+from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
+from convergerd.status.phases import UNSUPPORTED, tally_counts, verified_stale_after_s
+from convergerd.status.state import StatusState
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -110,7 +91,6 @@ ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 300.0, 450
 APPLY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 Labels = tuple[str, ...]
-WallClock = Callable[[], float]
 
 
 class _Histogram:
@@ -132,48 +112,31 @@ class _Histogram:
         return result
 
 
-@dataclass(slots=True)
-class _Cluster:
-    known_since: float
-    up: float | None = None
-    last_success: float | None = None
-    out_of_sync: int | None = None
-    server_version: str | None = None
-    round_duration_s: float | None = None
-    # (phase, seen at, verification result when fresh, probe time when the result ages)
-    phases: list[tuple[str, float, str, float | None]] = field(default_factory=list)
-
-
 class Metrics:
     """The metrics of one convergerd process. Implements `convergerd.kube.api.RequestObserver`.
 
-    `clock` is the wall clock in seconds since the epoch (lag and timestamps); `interval_s` is
-    the round interval, used to decide when a phase reading is stale.
+    Keeps what is its own, counters and histograms; every gauge of what this replica knows
+    (reachability, lag, counts, versions, phases, leader, invalid policies, pending
+    deletions, insecure clusters) is read from `state`, the one keeper of those facts, when
+    Prometheus scrapes. Time, the round interval and the operators' probe period are the
+    state's too.
     """
 
     def __init__(
         self,
         *,
-        interval_s: float = 300.0,
-        clock: WallClock = time.time,
+        state: StatusState,
         version: str = __version__,
-        clusters: Iterable[str] = (),
         process_collectors: bool = True,
-        keep: Iterable[str] = (),
-        pending_deletions: Callable[[], tuple[int, dt.datetime | None]] | None = None,
-        probe_period_s: float = 600.0,
     ) -> None:
-        """`clusters`: known from the start (zeroed series). `keep`: clusters whose series stay
-        whatever the database's set (the home cluster: its Lease requests are counted).
-        `pending_deletions()`: how many deletions are pending and when the oldest began, read
-        at scrape time from their one keeper (`StatusState.pending_deletions`).
-        `probe_period_s`: the operators' probe period (a Verified probe's age limit)."""
-        self.interval_s = interval_s
-        self.verified_stale_s = verified_stale_after_s(probe_period_s)
-        self.clock = clock
+        """Counters exist at zero for `state`'s clusters from the start; clusters that join
+        later get theirs from `follow_clusters`. Counters exist only for the clusters `state`
+        tracks (`StatusState.tracks`: the database's, and the kept home cluster, whose Lease
+        requests are counted): a late observation of a removed cluster (a request in flight
+        when it was deleted) is dropped instead of bringing its series back for good."""
+        self.state = state
         self.version = version
         self.registry = CollectorRegistry(auto_describe=False)
-        self._clusters: dict[str, _Cluster] = {}
         self._applies: dict[Labels, float] = {}
         self._failures: dict[Labels, float] = {}
         self._retries: dict[Labels, float] = {}
@@ -181,35 +144,19 @@ class Metrics:
         self._apply_latency: dict[str, _Histogram] = {}
         self._rounds: dict[str, float] = {r.value: 0.0 for r in RoundResult}
         self._round_duration = _Histogram(ROUND_BUCKETS)
-        self._last_round_end: float | None = None
-        self._is_leader = 0.0
-        self._leader: tuple[bool, str | None] | None = None
-        self._transitions = 0.0
-        self._invalid = 0
         self._loop_lag_s = 0.0
         self._record_failures: dict[Labels, float] = {
             (r,): 0.0 for r in RECORD_FAILURE_REASONS}
-        self._insecure: set[str] = set()
         self._status_shed: dict[Labels, float] = {}
-        # Once the database's cluster set is known (`set_clusters`), series exist only for it
-        # and `keep`: a late observation of a removed cluster (a request or probe in flight
-        # when it was deleted) is dropped instead of bringing its series back for good.
-        self._fleet: frozenset[str] | None = None
-        self._keep = frozenset(keep)
-        self._pending_deletions = pending_deletions
         self.registry.register(_Collector(self))
         if process_collectors:
             ProcessCollector(registry=self.registry)
             GCCollector(registry=self.registry)
-        for cluster in clusters:
-            self.add_cluster(cluster)
+        self.follow_clusters()
 
     # -- cluster set -----------------------------------------------------------------------
 
-    def add_cluster(self, cluster: str) -> None:
-        if cluster in self._clusters:
-            return
-        self._clusters[cluster] = _Cluster(known_since=self.clock())
+    def _zero(self, cluster: str) -> None:
         for result in ApplyResult:
             self._applies.setdefault((cluster, result.value), 0.0)
         for reason in FAILURE_REASONS:
@@ -217,76 +164,47 @@ class Metrics:
         for reason in RETRY_REASONS:
             self._retries.setdefault((cluster, reason), 0.0)
 
-    def set_clusters(self, clusters: Iterable[str]) -> None:
-        """The clusters the database knows: new ones get zeroed series, removed ones lose all."""
-        wanted = set(clusters)
-        self._fleet = frozenset(wanted)
+    def follow_clusters(self) -> None:
+        """The counters follow the state's cluster set, after it changed: a new cluster's
+        exist at zero from now on, a removed one's are dropped (back later: from zero)."""
         labelled = {key[0] for series in (self._applies, self._failures, self._retries,
                                           self._requests) for key in series}
-        for gone in (set(self._clusters) | set(self._apply_latency) | labelled) - wanted:
-            if not self._tracks(gone):
-                self.remove_cluster(gone)
-        for cluster in sorted(wanted):
-            self.add_cluster(cluster)
+        for gone in (set(self._apply_latency) | labelled):
+            if not self.state.tracks(gone):
+                self._forget(gone)
+        for cluster in self.state.cluster_ids():
+            self._zero(cluster)
 
-    def _tracks(self, cluster: str) -> bool:
-        """Whether `cluster` may have series: all until the set is known, then its members
-        and the kept ones."""
-        return self._fleet is None or cluster in self._fleet or cluster in self._keep
-
-    def sizes(self) -> dict[str, int]:
-        """How many clusters and labelled series are held (watched by the soak benchmark)."""
-        return {"clusters": len(self._clusters),
-                "series": sum(len(s) for s in (self._applies, self._failures, self._retries,
-                                                self._requests, self._apply_latency))}
-
-    def remove_cluster(self, cluster: str) -> None:
-        self._clusters.pop(cluster, None)
+    def _forget(self, cluster: str) -> None:
         self._apply_latency.pop(cluster, None)
-        self._insecure.discard(cluster)
         for series in (self._applies, self._failures, self._retries, self._requests):
             for key in [k for k in series if k[0] == cluster]:
                 del series[key]
 
-    def seed_last_success(self, cluster: str, at: dt.datetime | float | None) -> None:
-        """A last success known from elsewhere (the database); kept only if newer."""
-        if at is None or not self._tracks(cluster):
-            return
-        ts = at.timestamp() if isinstance(at, dt.datetime) else at
-        self.add_cluster(cluster)
-        state = self._clusters[cluster]
-        if state.last_success is None or ts > state.last_success:
-            state.last_success = ts
+    def sizes(self) -> dict[str, int]:
+        """How many clusters have counters and how many labelled series are held (watched by
+        the soak benchmark)."""
+        return {"clusters": len({key[0] for key in self._applies}),
+                "series": sum(len(s) for s in (self._applies, self._failures, self._retries,
+                                                self._requests, self._apply_latency))}
 
     # -- updates ---------------------------------------------------------------------------
 
     def observe_round(self, report: RoundReport) -> None:
+        """Count a round: its result and duration, and per cluster the applies and failures
+        (what the round found goes to `StatusState.observe_round`)."""
         for outcome in report.clusters:
-            self._observe_outcome(report, outcome)
-        if report.error is None:  # a round that could not run saw no policies at all
-            self._invalid = len(report.invalid)
+            self._count_outcome(outcome)
         self._rounds[report.result.value] += 1
-        end = report.finished_at.timestamp() if report.finished_at else self.clock()
-        self._last_round_end = end
         if report.finished_at is not None:
             self._round_duration.observe(
                 max(0.0, (report.finished_at - report.started_at).total_seconds()))
 
-    def _observe_outcome(self, report: RoundReport, outcome: ClusterOutcome) -> None:
+    def _count_outcome(self, outcome: ClusterOutcome) -> None:
         cluster = outcome.cluster
-        if not self._tracks(cluster):
+        if not self.state.tracks(cluster):
             return
-        self.add_cluster(cluster)
-        state = self._clusters[cluster]
-        state.up = 1.0 if outcome.reached else 0.0
-        state.out_of_sync = max(0, outcome.desired - outcome.in_sync)
-        state.round_duration_s = outcome.duration_s
-        if outcome.server_version:
-            state.server_version = outcome.server_version
-        if outcome.converged:
-            self.seed_last_success(cluster, report.finished_at or report.started_at)
-        if phases_refreshed(outcome):
-            state.phases = [_phase_of(r) for r in outcome.phases]
+        self._zero(cluster)
         for delivery in outcome.deliveries:
             self._applies[(cluster, delivery.result.value)] += 1
             if delivery.result is ApplyResult.FAILED:
@@ -299,37 +217,10 @@ class Metrics:
         key = (cluster, reason or "error")
         self._failures[key] = self._failures.get(key, 0.0) + 1
 
-    def set_cluster_up(self, cluster: str, up: bool, server_version: str | None = None) -> None:
-        """From the reachability prober (or anything else that just tried the cluster)."""
-        if not self._tracks(cluster):
-            return
-        self.add_cluster(cluster)
-        state = self._clusters[cluster]
-        state.up = 1.0 if up else 0.0
-        if server_version:
-            state.server_version = server_version
-
-    def set_leader(self, is_leader: bool, holder: str | None) -> None:
-        """What the elector sees. A transition is any change of (leading, holder) after the
-        first observation: this replica gaining or losing it, or another holder taking over."""
-        now = (is_leader, holder)
-        if self._leader is not None and now != self._leader:
-            self._transitions += 1
-        self._leader = now
-        self._is_leader = 1.0 if is_leader else 0.0
-
     def record_refused(self, reason: str) -> None:
         """A record the database refused for good (`convergerd.store.store.RecordObserver`)."""
         key = (reason,)
         self._record_failures[key] = self._record_failures.get(key, 0.0) + 1
-
-    def set_cluster_insecure(self, cluster: str, insecure: bool) -> None:
-        """From the cluster registry, for every client it opens (insecure ones only when
-        CONVERGERD_ALLOW_INSECURE_CLUSTERS allows them)."""
-        if insecure and self._tracks(cluster):
-            self._insecure.add(cluster)
-        else:
-            self._insecure.discard(cluster)
 
     def status_read_shed(self, path: str) -> None:
         """A status view answered 429: over `CONVERGERD_STATUS_READS_PER_SECOND`."""
@@ -343,7 +234,7 @@ class Metrics:
     def request_done(
         self, cluster: str, verb: str, status: int | None, duration_s: float
     ) -> None:
-        if not self._tracks(cluster):
+        if not self.state.tracks(cluster):
             return
         key = (cluster, verb, "none" if status is None else str(status))
         self._requests[key] = self._requests.get(key, 0.0) + 1
@@ -354,16 +245,15 @@ class Metrics:
             hist.observe(duration_s)
 
     def retry(self, cluster: str, reason: str) -> None:
-        if not self._tracks(cluster):
+        if not self.state.tracks(cluster):
             return
         key = (cluster, reason)
         self._retries[key] = self._retries.get(key, 0.0) + 1
 
     # -- exposition ------------------------------------------------------------------------
 
-    def _pending_families(self) -> Iterator[Metric]:
-        pending = self._pending_deletions() if self._pending_deletions else (0, None)
-        count, age = pending_deletion_values(pending, self.clock())
+    def _pending_families(self, now: float) -> Iterator[Metric]:
+        count, age = pending_deletion_values(self.state.pending_deletions(), now)
         yield GaugeMetricFamily("convergerd_pending_deletions",
                                 "Policy deletions begun and not finished: some cluster did not "
                                 "confirm the removal (a retry of the DELETE finishes them)",
@@ -377,26 +267,15 @@ class Metrics:
         return generate_latest(self.registry)
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._cluster_families(self.clock())
-        yield from self._fleet_families()
-
-    def _policy_counts(self, c: _Cluster, now: float) -> tuple[dict[str, int], dict[str, int]]:
-        """Policies per phase and per verification result (stale readings: `Stale`,
-        `unverified`; probes older than two probe periods: `stale`)."""
-        counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
-        checked = dict.fromkeys(VERIFICATION_RESULTS, 0)
-        for ph, seen, result, probed in c.phases:
-            counts[counted_phase(ph, now - seen, self.interval_s)] += 1
-            if is_stale_age(max(0.0, now - seen), self.interval_s):
-                checked[UNVERIFIED] += 1
-            elif probed is not None and now - probed > self.verified_stale_s:
-                checked[STALE_VERIFICATION] += 1
-            else:
-                checked[result] += 1
-        return counts, checked
+        now = self.state.clock().timestamp()
+        yield from self._cluster_families(now)
+        yield from self._fleet_families(now)
 
     def _cluster_families(self, now: float) -> Iterator[Metric]:
-        clusters = sorted(self._clusters.items())
+        state = self.state
+        interval_s = state.interval_s
+        verified_stale_s = verified_stale_after_s(state.probe_period_s)
+        clusters = sorted(state.clusters.items())
 
         lag = GaugeMetricFamily("convergerd_cluster_lag_seconds",
                                 "Seconds since the cluster last fully converged (at scrape time)",
@@ -424,19 +303,22 @@ class Metrics:
                                  labels=["cluster"])
         unsupported: dict[str, int] = {}
         for name, c in clusters:
-            since = c.last_success if c.last_success is not None else c.known_since
-            lag.add_metric([name], max(0.0, now - since))
-            if c.last_success is not None:
-                last.add_metric([name], c.last_success)
-            if c.up is not None:
-                up.add_metric([name], c.up)
-            if c.out_of_sync is not None:
-                oos.add_metric([name], float(c.out_of_sync))
+            labels = [name]
+            success = c.last_success_at.timestamp() if c.last_success_at is not None else None
+            since = success if success is not None else c.known_since.timestamp()
+            lag.add_metric(labels, max(0.0, now - since))
+            if success is not None:
+                last.add_metric(labels, success)
+            if c.reachable is not None:
+                up.add_metric(labels, 1.0 if c.reachable else 0.0)
+            if c.last_attempt_at is not None:  # counts known: from a round, or its record
+                oos.add_metric(labels, float(max(0, c.desired - c.in_sync)))
             if c.server_version:
                 info.add_metric([name, c.server_version], 1.0)
-            if c.round_duration_s is not None:
-                cdur.add_metric([name], c.round_duration_s)
-            counts, checked = self._policy_counts(c, now)
+            if c.duration_s is not None:
+                cdur.add_metric(labels, c.duration_s)
+            counts, checked = tally_counts(c.phase_tally, now, interval_s,
+                                           verified_stale_s=verified_stale_s)
             for ph, count in counts.items():
                 phase.add_metric([name, ph], float(count))
             for result, count in checked.items():
@@ -449,8 +331,8 @@ class Metrics:
         insecure = GaugeMetricFamily("convergerd_cluster_insecure",
                                      "1 if the cluster is reached without TLS verification or "
                                      "over http:// (allowed by a setting)", labels=["cluster"])
-        for name in sorted(self._insecure):
-            insecure.add_metric([name], 1.0)
+        for flagged in sorted(state.insecure):
+            insecure.add_metric([flagged], 1.0)
         yield insecure
 
         unsup = GaugeMetricFamily("convergerd_unsupported_clusters",
@@ -461,7 +343,9 @@ class Metrics:
             unsup.add_metric([version], float(count))
         yield unsup
 
-    def _fleet_families(self) -> Iterator[Metric]:
+    def _fleet_families(self, now: float) -> Iterator[Metric]:
+        state = self.state
+        leader = state.leader()
         yield _counter("convergerd_applies", "Policy applies by result",
                        ["cluster", "result"], self._applies)
         yield _counter("convergerd_apply_failures", "Failed applies and cluster-level failures "
@@ -473,7 +357,7 @@ class Metrics:
         yield _counter("convergerd_rounds", "Converge rounds by result", ["result"],
                        {(k,): v for k, v in self._rounds.items()})
         yield _counter("convergerd_leader_transitions", "Leadership changes seen by this replica",
-                       [], {(): self._transitions})
+                       [], {(): float(leader.changes)})
         yield _counter("convergerd_record_failures", "Records the database refused for good "
                        "(dropped), by reason", ["reason"], self._record_failures)
         yield _counter("convergerd_status_reads_shed", "Status view requests answered 429 "
@@ -492,20 +376,21 @@ class Metrics:
         yield rounds
 
         yield GaugeMetricFamily("convergerd_is_leader", "1 if this replica holds the Lease",
-                                value=self._is_leader)
+                                value=1.0 if leader.is_leader else 0.0)
         yield GaugeMetricFamily("convergerd_invalid_policies",
                                 "Policies that cannot be delivered (bad id, type or params)",
-                                value=float(self._invalid))
-        yield from self._pending_families()
+                                value=float(len(state.invalid)))
+        yield from self._pending_families(now)
         yield GaugeMetricFamily("convergerd_event_loop_lag_seconds",
                                 "How late the event loop ran the last heartbeat",
                                 value=self._loop_lag_s)
         yield GaugeMetricFamily("convergerd_round_interval_seconds",
-                                "Configured time between converge rounds", value=self.interval_s)
-        if self._last_round_end is not None:
+                                "Configured time between converge rounds", value=state.interval_s)
+        last_round = state.last_round
+        if last_round is not None and last_round.finished_at is not None:
             yield GaugeMetricFamily("convergerd_last_round_timestamp_seconds",
                                     "When the last converge round ended (Unix time)",
-                                    value=self._last_round_end)
+                                    value=last_round.finished_at.timestamp())
         build = GaugeMetricFamily("convergerd_build_info", "convergerd version",
                                   labels=["version"])
         build.add_metric([self.version], 1.0)
@@ -519,19 +404,6 @@ def pending_deletion_values(
     count, oldest = pending
     age = max(0.0, now - oldest.timestamp()) if oldest is not None else 0.0
     return float(count), age
-
-
-def _phase_of(reading: PhaseReading) -> tuple[str, float, str, float | None]:
-    """Decided once when read, so a scrape over a large fleet is float arithmetic: the result
-    as if probed now, and the probe time when that result ages into `stale` (not for
-    `admitted`, nor for a condition whose time was not trusted when it was read)."""
-    at = reading.seen_at
-    fresh = verification_of(reading, 0.0, 1.0, now=at, probe_period_s=math.inf)
-    found = reading.verified
-    ages = (found is not None and found.probed_at is not None and fresh != ADMITTED
-            and probe_time_problem(found, at) is None)
-    probed = found.probed_at.timestamp() if ages and found and found.probed_at else None
-    return normalize_phase(reading.phase), at.timestamp(), verification_result(fresh), probed
 
 
 def _counter(

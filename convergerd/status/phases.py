@@ -26,8 +26,9 @@ metric `convergerd_policy_verification{cluster,result}` folds `not_verified` and
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from convergerd.core.decode import in_the_future
 from convergerd.core.report import ClusterOutcome, PhaseReading, Verification
@@ -129,6 +130,52 @@ def verification_counts(
         counts[verification_of(r, age_s(r.seen_at, now), interval_s, now=now,
                                probe_period_s=probe_period_s)] += 1
     return counts
+
+
+# One reading as the metrics count it: (phase, seen at, the verification result as if probed
+# when seen, the probe time when that result ages into `stale`), times in seconds since the
+# epoch. Decided once when the reading is taken, so a scrape over a large fleet is float
+# arithmetic; readings that agree on all four are counted together.
+TallyEntry = tuple[str, float, str, float | None]
+PhaseTally = Mapping[TallyEntry, int]
+
+
+def tally_entry(reading: PhaseReading) -> TallyEntry:
+    """How `tally_counts` will count `reading`: the probe time is kept only where the result
+    can age into `stale` (not for `admitted`, nor for a condition whose time was not trusted
+    when it was read)."""
+    at = reading.seen_at
+    fresh = verification_of(reading, 0.0, 1.0, now=at, probe_period_s=math.inf)
+    found = reading.verified
+    ages = (found is not None and found.probed_at is not None and fresh != ADMITTED
+            and probe_time_problem(found, at) is None)
+    probed = found.probed_at.timestamp() if ages and found and found.probed_at else None
+    return normalize_phase(reading.phase), at.timestamp(), verification_result(fresh), probed
+
+
+def tally(readings: Iterable[PhaseReading]) -> Counter[TallyEntry]:
+    return Counter(tally_entry(r) for r in readings)
+
+
+def tally_counts(
+    readings: PhaseTally, now: float, interval_s: float, *, verified_stale_s: float
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Policies per phase (every one of `ALL_PHASES` and `Stale`) and per verification result
+    (every one of `VERIFICATION_RESULTS`) at `now` (seconds since the epoch): a stale reading
+    counts as `Stale` and `unverified`, a probe older than `verified_stale_s` as `stale`."""
+    counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
+    checked = dict.fromkeys(VERIFICATION_RESULTS, 0)
+    for (phase, seen, result, probed), n in readings.items():
+        if is_stale_age(now - seen, interval_s):  # `counted_phase`, the phase being normalized
+            counts[STALE] += n
+            checked[UNVERIFIED] += n
+            continue
+        counts[phase] += n
+        if probed is not None and now - probed > verified_stale_s:
+            checked[STALE_VERIFICATION] += n
+        else:
+            checked[result] += n
+    return counts, checked
 
 
 def phases_refreshed(outcome: ClusterOutcome) -> bool:

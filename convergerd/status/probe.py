@@ -40,11 +40,6 @@ log = logging.getLogger(__name__)
 Targets = Callable[[], Mapping[str, PolicyApi]]
 
 
-class UpSink(Protocol):
-    def set_cluster_up(self, cluster: str, up: bool, server_version: str | None = None) -> None:
-        ...
-
-
 class ProbeSink(Protocol):
     def observe_probe(
         self, cluster: str, *, reachable: bool, error: str | None = None,
@@ -99,7 +94,6 @@ class Prober:
         self,
         *,
         clusters: Targets,
-        metrics: UpSink,
         state: ProbeSink,
         period_s: float = 10.0,
         timeout_s: float = 5.0,
@@ -107,10 +101,10 @@ class Prober:
         clock: Clock = utc_now,
         answers: Answers | None = None,
     ) -> None:
-        """`answers`: the requests' observer; a cluster it saw answer within the last half
+        """`state`: where each result goes (`StatusState.observe_probe`; the metrics read it
+        there). `answers`: the requests' observer; a cluster it saw answer within the last half
         period is reported reached without a probe."""
         self.clusters = clusters
-        self.metrics = metrics
         self.state = state
         self.period_s = period_s
         self.timeout_s = min(timeout_s, period_s)
@@ -179,7 +173,6 @@ class Prober:
         return up
 
     def _report(self, cluster: str, up: bool, version: str | None, error: str | None) -> None:
-        self.metrics.set_cluster_up(cluster, up, version)
         self.state.observe_probe(cluster, reachable=up, error=error, server_version=version,
                                  at=self.clock())
         if self._was_up.get(cluster, True) != up:

@@ -1,9 +1,12 @@
-"""The one keeper of this replica's live status of the fleet: per cluster reachability, last
-error, last success, counts and the phases read back per policy; the last round; the leader;
-the invalid policies; the pending deletions; whether the database answered the last sync.
-Written by the round loop (`observe_round`), the reachability prober (`observe_probe`) and
-the periodic database sync (`convergerd.status.sync`: the leader's records on standbys, and
-after a restart); the HTTP handlers only read it. Pure: no I/O, time is passed in.
+"""The one keeper of this replica's live status of the fleet: the clusters the database knows,
+per cluster reachability, last error, last success, counts, Kubernetes version, whether it is
+reached insecurely, and the phases read back per policy; the last round; the leader (and how
+often it changed); the invalid policies; the pending deletions; whether the database answered
+the last sync. Written by the round loop (`observe_round`), the reachability prober
+(`observe_probe`), the elector (`set_leader`), the cluster registry (`set_insecure`) and the
+periodic database sync (`convergerd.status.sync`: the leader's records on standbys, and after
+a restart); the HTTP handlers and the metrics (at scrape time) only read it. Pure: no I/O,
+time is passed in.
 
 Design decisions (the phase rules themselves are `convergerd.status.phases`, shared with the
 metrics):
@@ -13,11 +16,15 @@ metrics):
 - **Unsupported roll-up.** A cluster whose fresh readings include `Unsupported` (the operator
   found no ValidatingAdmissionPolicy API) is rolled up under its Kubernetes version.
 - **Newer fact wins.** A database row replaces what this replica saw only where it is newer.
+- **The database's clusters only.** Once the cluster set is known (`set_clusters`), a late
+  observation of another cluster (a probe or round in flight when it was deleted) is dropped
+  instead of bringing it back.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +42,7 @@ from convergerd.core.report import (
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 from convergerd.status.phases import (
+    TallyEntry,
     age_s,
     is_stale,
     is_unsupported,
@@ -43,6 +51,7 @@ from convergerd.status.phases import (
     phases_refreshed,
     probe_time_problem,
     stale_after_s,
+    tally,
     verification_counts,
     verification_of,
     verified_stale_after_s,
@@ -244,6 +253,9 @@ class ClusterState:
     own_round_at: dt.datetime | None = None  # when this replica's own round last worked on it
     stored_attempt_at: dt.datetime | None = None  # the database's last attempt, as last read
     rows_read_for: dt.datetime | None = None  # the database attempt whose rows were absorbed
+    # The readings as the metrics count them, recounted whenever the readings change
+    # (`recount_phases`): a scrape then costs a few additions per cluster, not per policy.
+    phase_tally: Counter[TallyEntry] = field(default_factory=Counter)
 
     def needs_rows(self) -> bool:
         """Whether the database holds per-policy records newer than this replica has: a round
@@ -271,6 +283,10 @@ class ClusterState:
 
     def readings(self) -> list[PhaseReading]:
         return [r.phase for r in self.policies.values() if r.phase is not None]
+
+    def recount_phases(self) -> None:
+        """Told after the readings changed."""
+        self.phase_tally = tally(self.readings())
 
     def record(self, policy: str) -> PolicyRecord:
         pid = PolicyId(policy)
@@ -307,6 +323,10 @@ class LeaderInfo:
     holder: str | None = None
     epoch: Epoch | None = None
     since: dt.datetime | None = None
+    told: bool = False  # whether the elector has said anything yet
+    # Changes of (leading, holder) after the first one told: this replica gaining or losing
+    # it, or another holder taking over (`convergerd_leader_transitions_total`).
+    changes: int = 0
 
 
 class StatusState:
@@ -316,13 +336,18 @@ class StatusState:
     """
 
     def __init__(self, *, identity: str, interval_s: float, clock: Clock = utc_now,
-                 probe_period_s: float = DEFAULT_PROBE_PERIOD_S) -> None:
+                 probe_period_s: float = DEFAULT_PROBE_PERIOD_S, keep: Iterable[str] = ()) -> None:
+        """`keep`: clusters this replica talks to outside the database's set (the home cluster
+        holding the Lease), whose client facts (`insecure`) and counters stay (`tracks`)."""
         self.identity = identity
         self.interval_s = interval_s
         self.probe_period_s = probe_period_s  # the operators': a Verified probe's age limit
         self.clock = clock
         self.started_at = clock()
         self.clusters: dict[ClusterId, ClusterState] = {}
+        self.fleet_known = False  # set_clusters was told the database's set
+        self.keep = frozenset(keep)
+        self.insecure: set[str] = set()  # clusters reached without TLS verification or http://
         self.last_round: RoundSummary | None = None
         self.next_round_at: dt.datetime | None = None
         self._leader = LeaderInfo()
@@ -341,17 +366,40 @@ class StatusState:
             found = self.clusters[cid] = ClusterState(cid, known_since=self.clock())
         return found
 
+    def _observed(self, cluster: str) -> ClusterState | None:
+        """The cluster's state for an observation, None when it is not one of the database's
+        clusters (any cluster before that set is known)."""
+        return self.cluster(cluster) if self.member(cluster) else None
+
+    def member(self, cluster: str) -> bool:
+        """Whether `cluster` is one of the database's clusters (all are, until that is known)."""
+        return not self.fleet_known or ClusterId(cluster) in self.clusters
+
+    def tracks(self, cluster: str) -> bool:
+        """Whether facts and counters of `cluster` are kept: a member, or a kept cluster."""
+        return cluster in self.keep or self.member(cluster)
+
     def cluster_ids(self) -> list[ClusterId]:
         return sorted(self.clusters)
 
     def set_clusters(self, clusters: Iterable[str]) -> None:
         """The clusters the database knows: new ones are added, removed ones forgotten."""
         self.version += 1  # what status shows may have changed
+        self.fleet_known = True
         wanted = {ClusterId(c) for c in clusters}
         for gone in set(self.clusters) - wanted:
             del self.clusters[gone]
         for cluster in wanted:
             self.cluster(cluster)
+        self.insecure = {c for c in self.insecure if self.tracks(c)}
+
+    def set_insecure(self, cluster: str, insecure: bool) -> None:
+        """From the cluster registry, for every client it opens (insecure ones only when
+        CONVERGERD_ALLOW_INSECURE_CLUSTERS allows them). Not in the views: no new version."""
+        if insecure and self.tracks(cluster):
+            self.insecure.add(cluster)
+        else:
+            self.insecure.discard(cluster)
 
     def retain_policies(self, policies: Iterable[str]) -> None:
         """The policies the database holds: a record of any other one is dropped unless its
@@ -372,7 +420,9 @@ class StatusState:
         self.last_round = RoundSummary.from_report(report)
 
     def _observe_outcome(self, report: RoundReport, outcome: ClusterOutcome) -> None:
-        state = self.cluster(outcome.cluster)
+        state = self._observed(outcome.cluster)
+        if state is None:
+            return
         at = report.finished_at or self.clock()
         state.reachable = outcome.reached
         state.checked_at = at
@@ -395,6 +445,7 @@ class StatusState:
                     record.phase = None  # no longer in the cluster
             for reading in outcome.phases:
                 state.record(reading.policy).phase = reading
+            state.recount_phases()
         for delivery in outcome.deliveries:
             state.record(delivery.policy).note_delivery(delivery)
 
@@ -403,7 +454,9 @@ class StatusState:
         server_version: str | None = None, at: dt.datetime | None = None,
     ) -> None:
         self.version += 1  # what status shows may have changed
-        state = self.cluster(cluster)
+        state = self._observed(cluster)
+        if state is None:
+            return
         state.reachable = reachable
         state.checked_at = at or self.clock()
         state.probe_error = None if reachable else error
@@ -412,12 +465,15 @@ class StatusState:
 
     def set_leader(self, is_leader: bool, holder: str | None, epoch: Epoch | None = None) -> None:
         """Told by the elector (its `on_change` hook) whenever who leads changes."""
-        if (is_leader, holder, epoch) != (self._leader.is_leader, self._leader.holder,
-                                          self._leader.epoch):
+        leader = self._leader
+        if (is_leader, holder, epoch) != (leader.is_leader, leader.holder, leader.epoch):
             self.version += 1  # what status shows changed
-        if (is_leader, holder) != (self._leader.is_leader, self._leader.holder):
-            self._leader.since = self.clock()
-        self._leader.is_leader, self._leader.holder, self._leader.epoch = is_leader, holder, epoch
+        if (is_leader, holder) != (leader.is_leader, leader.holder):
+            leader.since = self.clock()
+            if leader.told:
+                leader.changes += 1
+        leader.is_leader, leader.holder, leader.epoch = is_leader, holder, epoch
+        leader.told = True
 
     def leader(self) -> LeaderInfo:
         return self._leader
@@ -442,13 +498,11 @@ class StatusState:
         self, clusters: Iterable[ClusterStateRow], last_round: RoundRow | None,
         invalid: Iterable[InvalidPolicy],
     ) -> None:
-        """One database sync: the clusters the database knows (a deleted one leaves status),
-        their recorded outcomes, the last recorded round, and the invalid policies that round
+        """One database sync, after `set_clusters` was told the clusters of `clusters`: their
+        recorded outcomes, the last recorded round, and the invalid policies that round
         recorded (taken unless this replica ran a newer round itself)."""
         self.version += 1  # what status shows may have changed
-        rows = list(clusters)
-        self.set_clusters(r.cluster for r in rows)
-        self.absorb_cluster_rows(rows)
+        self.absorb_cluster_rows(clusters)
         mine = self.last_round
         if last_round is not None and (mine is None or last_round.started_at >= mine.started_at):
             self.invalid = {p.id: p.reason for p in invalid}
@@ -466,7 +520,9 @@ class StatusState:
         (a standby, or a leader just after a restart)."""
         self.version += 1  # what status shows may have changed
         for row in rows:
-            state = self.cluster(row.cluster)
+            state = self._observed(row.cluster)
+            if state is None:
+                continue
             state.stored_attempt_at = row.last_attempt_at
             if _newer(row.last_success_at, state.last_success_at):
                 state.last_success_at = row.last_success_at
@@ -494,13 +550,18 @@ class StatusState:
         """Phase readings and deliveries the database holds (recorded by whoever led); with
         `cluster`, these are all of that cluster's rows as of its stored attempt."""
         self.version += 1  # what status shows may have changed
-        if cluster is not None:
-            whole = self.cluster(cluster)
+        if cluster is not None and (whole := self._observed(cluster)) is not None:
             whole.rows_read_for = whole.stored_attempt_at
+        changed: dict[ClusterId, ClusterState] = {}
         for row in rows:
-            state = self.cluster(row.cluster)
+            state = self._observed(row.cluster)
+            if state is None:
+                continue
             pid = PolicyId(row.policy)
             state.policies[pid] = merge_records(state.policies.get(pid), PolicyRecord.from_row(row))
+            changed[state.id] = state
+        for state in changed.values():
+            state.recount_phases()
 
     # -- views -----------------------------------------------------------------------------
 

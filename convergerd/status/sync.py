@@ -1,5 +1,6 @@
-"""The periodic database sync that feeds the live status (`convergerd.status.state.StatusState`) and
-the metrics with what the database recorded, on the leader and the standbys alike.
+"""The periodic database sync that feeds the live status (`convergerd.status.state.StatusState`)
+with what the database recorded, on the leader and the standbys alike (the metrics read that
+status when scraped).
 
 One pass: the clusters the database knows with their recorded outcomes, the last recorded round
 and the invalid policies it recorded, the deletions still pending, then the per-policy records
@@ -19,7 +20,6 @@ from convergerd.core.errors import ConvergerdError
 from convergerd.core.model import InvalidPolicy
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 from convergerd.core.shown import describe
-from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 
 log = logging.getLogger(__name__)
@@ -42,15 +42,14 @@ class SyncSource(Protocol):
 
 class StatusSync:
     def __init__(
-        self, *, store: SyncSource, state: StatusState, metrics: Metrics | None = None,
-        timeout_s: float = SYNC_TIMEOUT_S,
+        self, *, store: SyncSource, state: StatusState, timeout_s: float = SYNC_TIMEOUT_S,
         on_clusters: Callable[[Collection[str]], Awaitable[None]] | None = None,
     ) -> None:
         """`on_clusters(ids)`: told the database's cluster set each pass, so everything this
-        replica keeps per cluster (clients too) follows it."""
+        replica keeps per cluster follows it (`Daemon._follow_database`: the status's set,
+        the counters, the clients); without it, the status's set alone."""
         self.store = store
         self.state = state
-        self.metrics = metrics
         self.timeout_s = timeout_s
         self.on_clusters = on_clusters
 
@@ -80,14 +79,14 @@ class StatusSync:
         clusters = await self.store.cluster_states()
         last_round = await self.store.last_round()
         invalid = await self.store.recorded_invalid()
+        # The cluster set first, once: the records then land on exactly those clusters.
+        ids = [r.cluster for r in clusters]
+        if self.on_clusters is not None:
+            await self.on_clusters(ids)
+        else:
+            self.state.set_clusters(ids)
         self.state.absorb_records(clusters, last_round, invalid)
         self.state.set_pending_deletions(await self.store.pending_deletions())
-        if self.metrics is not None:
-            self.metrics.set_clusters(r.cluster for r in clusters)
-            for row in clusters:
-                self.metrics.seed_last_success(row.cluster, row.last_success_at)
-        if self.on_clusters is not None:
-            await self.on_clusters([r.cluster for r in clusters])
         wanted = [c.id for c in self.state.clusters.values() if c.needs_rows()]
         if wanted:
             records = await self.store.deliveries_for_clusters(wanted)

@@ -25,6 +25,7 @@ from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 from convergerd.store.importer import apply_plan, parse_import
 from convergerd.store.store import Store
 
@@ -101,15 +102,16 @@ class Rounds:
     sim: Fleet
     store: Store
     settings: Settings
+    state: StatusState = field(init=False)
     metrics: Metrics = field(init=False)
     registry: ClusterRegistry = field(init=False)
 
     def __post_init__(self) -> None:
-        self.metrics = Metrics(interval_s=self.settings.rounds.interval_s)
+        self.state = StatusState(identity=IDENTITY, interval_s=self.settings.rounds.interval_s)
+        self.metrics = Metrics(state=self.state)
         self.registry = ClusterRegistry(
             kubeconfig=self.settings.clusters.kubeconfig, access=self.settings.clusters,
-            identity=IDENTITY, observer=self.metrics,
-            on_insecure=self.metrics.set_cluster_insecure,
+            identity=IDENTITY, observer=self.metrics, on_insecure=self.state.set_insecure,
         )
 
     async def run(self, *, record: bool = True) -> RoundReport:

@@ -224,7 +224,7 @@ async def _serve(app: web.Application, seen: list[str]) -> AsyncIterator[Client]
 async def client(
     store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
 ) -> AsyncIterator[Client]:
-    app = make_app(metrics=Metrics(interval_s=300, clusters=["c1", "c2"]), state=state,
+    app = make_app(metrics=Metrics(state=state), state=state,
                    store=store, settings=settings(), health=health, saver=saver())
     async for c in _serve(app, seen):
         yield c
@@ -286,7 +286,8 @@ async def test_readyz(client: Client, store: FakeStore) -> None:
     assert "database unreachable" in body["error"]
 
 
-async def test_metrics_endpoint(client: Client) -> None:
+async def test_metrics_endpoint(client: Client, state: StatusState) -> None:
+    state.set_clusters(["c1", "c2"])  # as the status sync does: the database's clusters
     response = await client.get("/metrics")
     assert response.status == 200
     assert response.headers["Content-Type"].startswith("text/plain")
@@ -466,7 +467,7 @@ async def test_status_reads_are_few_at_a_time_and_give_up_quickly(
     does not answer costs a request its short timeout (503 for a policy, the cluster from
     memory), not the rounds' connections."""
     slow = SlowStore()
-    app = make_app(metrics=Metrics(), state=state, store=slow,
+    app = make_app(metrics=Metrics(state=state), state=state, store=slow,
                    settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="100"),
                    health=health, status_db_timeout_s=0.3, saver=saver())
     state.observe_probe("c1", reachable=True)
@@ -495,7 +496,7 @@ async def test_status_reads_over_the_budget_are_shed_at_once_but_health_and_metr
     """At 2 reads/s (bursts of 4) the 5th view in a burst is answered 429 with Retry-After,
     without a database query; health, readiness and metrics still answer; once the budget
     refills the views serve again."""
-    metrics = Metrics()
+    metrics = Metrics(state=state)
     app = make_app(metrics=metrics, state=state, store=store, health=health,
                    settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="2"), saver=saver())
     state.observe_probe("c1", reachable=True)
@@ -528,7 +529,7 @@ async def test_convergerd_status_waits_out_a_429(
 ) -> None:
     """`convergerd status` against a daemon shedding status reads: it honours Retry-After and
     shows the status instead of failing; with no time left for the wait it says 429."""
-    app = make_app(metrics=Metrics(), state=state, store=store, health=health,
+    app = make_app(metrics=Metrics(state=state), state=state, store=store, health=health,
                    settings=settings(CONVERGERD_STATUS_READS_PER_SECOND="1"), saver=saver())
     async for client in _serve(app, seen):
         addr = str(client.make_url("")).rstrip("/")
@@ -563,7 +564,7 @@ async def test_saves_reach_the_saver_only_after_auth(
     store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
 ) -> None:
     policies = NoPolicies()
-    app = make_app(metrics=Metrics(), state=state, store=store, settings=settings(),
+    app = make_app(metrics=Metrics(state=state), state=state, store=store, settings=settings(),
                    health=health, saver=saver(policies))
     async for client in _serve(app, seen):
         assert (await client.post("/v1/policies/p1/apply")).status == 401
@@ -582,8 +583,8 @@ async def test_mutations_disabled_without_a_token(
     store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
 ) -> None:
     s = load_settings({"CONVERGERD_DATABASE_URL": DSN})
-    app = make_app(metrics=Metrics(), state=state, store=store, settings=s, health=health,
-                   saver=saver())
+    app = make_app(metrics=Metrics(state=state), state=state, store=store, settings=s,
+                   health=health, saver=saver())
     async for client in _serve(app, seen):
         response = await client.delete("/v1/policies/p1", headers={"Authorization": "Bearer "})
         assert response.status == 503
@@ -634,7 +635,7 @@ async def test_status_from_a_real_database(
             ])
         await real.record_round(leader_report, identity="rep-a")
         standby = StatusState(identity="rep-b", interval_s=300, clock=Now())
-        app = make_app(metrics=Metrics(), state=standby, store=real,
+        app = make_app(metrics=Metrics(state=standby), state=standby, store=real,
                        settings=settings(CONVERGERD_DATABASE_URL=database_url),
                        health=HealthCheck(), saver=saver())
         assert await StatusSync(store=real, state=standby).once()
@@ -685,7 +686,7 @@ async def test_policy_status_reports_an_invalid_row_as_the_database_holds_it_now
         standby = StatusState(identity="rep-b", interval_s=300, clock=Now())
         # What the last round found, before p1 was fixed (it is valid now).
         standby.set_invalid([("p1", "rule.type: unknown type 'Old'")])
-        app = make_app(metrics=Metrics(), state=standby, store=real,
+        app = make_app(metrics=Metrics(state=standby), state=standby, store=real,
                        settings=settings(CONVERGERD_DATABASE_URL=database_url),
                        health=HealthCheck(), saver=saver())
         async for client in _serve(app, seen):

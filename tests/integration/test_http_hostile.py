@@ -101,7 +101,8 @@ async def served(database_url: str) -> AsyncIterator[Served]:
         database_url.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}"))
     settings = load_settings({"CONVERGERD_DATABASE_URL": database_url,
                               "CONVERGERD_API_TOKEN": TOKEN, "CONVERGERD_IDENTITY": "rep-a"})
-    app = make_app(metrics=Metrics(), state=StatusState(identity="rep-a", interval_s=300),
+    state = StatusState(identity="rep-a", interval_s=300)
+    app = make_app(metrics=Metrics(state=state), state=state,
                    store=store, settings=settings, health=HealthCheck(),
                    saver=Saver(store=store, env=_no_clusters, guard_share=0.5))
     runner = await serve(app, "127.0.0.1", 0, LIMITS)

@@ -45,10 +45,9 @@ async def test_reload_with_a_request_in_flight_lets_it_finish_and_reports_nothin
     fleet.set_faults(C1, Faults(latency_ms=600))
     path = write_kubeconfig(tmp_path / "kc", contexts(fleet, C1))
     reg = ClusterRegistry(kubeconfig=path, access=access(path), identity=IDENTITY)
-    metrics = Metrics(process_collectors=False)
     state = StatusState(identity=IDENTITY, interval_s=300)
-    prober = Prober(clusters=lambda: {C1: reg.get(C1)}, metrics=metrics, state=state,
-                    timeout_s=5)
+    metrics = Metrics(state=state, process_collectors=False)
+    prober = Prober(clusters=lambda: {C1: reg.get(C1)}, state=state, timeout_s=5)
     try:
         old = reg.client(C1)
         probe = asyncio.create_task(prober.probe_once())

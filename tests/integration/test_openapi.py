@@ -92,7 +92,8 @@ async def world(fleet: Fleet, database_url: str) -> AsyncIterator[World]:
                             CONVERGERD_HTTP_BODY_TIMEOUT_SECONDS="0.5")
     rounds = Rounds(fleet, store, settings)
     health = HealthCheck()
-    app = make_app(metrics=Metrics(), state=StatusState(identity="t", interval_s=300),
+    state = StatusState(identity="t", interval_s=300)
+    app = make_app(metrics=Metrics(state=state), state=state,
                    store=store, settings=settings, health=health,
                    saver=make_saver(rounds, store), status_db_timeout_s=2)
     seen: set[Answer] = set()

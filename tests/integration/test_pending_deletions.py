@@ -50,11 +50,11 @@ class Views:
 @pytest.fixture
 async def views(rounds: Rounds, store: Store) -> AsyncIterator[Views]:
     state = StatusState(identity="replica-a", interval_s=rounds.settings.rounds.interval_s)
-    metrics = Metrics(process_collectors=False, pending_deletions=state.pending_deletions)
+    metrics = Metrics(state=state, process_collectors=False)
     app = make_app(metrics=metrics, state=state, store=store, settings=rounds.settings,
                    health=HealthCheck(), saver=make_saver(rounds, store))
     async with TestClient(TestServer(app, **server_options())) as client:
-        yield Views(client, StatusSync(store=store, state=state, metrics=metrics), metrics)
+        yield Views(client, StatusSync(store=store, state=state), metrics)
 
 
 @pytest.fixture

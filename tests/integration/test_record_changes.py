@@ -142,7 +142,6 @@ async def test_an_in_sync_round_writes_one_row_per_cluster_and_status_stays(
                             CONVERGERD_STATUS_READS_PER_SECOND="1000")
     rounds = Rounds(sim, store, settings)
     leader = StatusState(identity="leader", interval_s=settings.rounds.interval_s)
-    metrics = Metrics(interval_s=settings.rounds.interval_s)
 
     async def after_round() -> tuple[dict[str, int], dict[str, Any], dict[str, Any]]:
         report = await rounds.run()
@@ -152,7 +151,8 @@ async def test_an_in_sync_round_writes_one_row_per_cluster_and_status_stays(
         assert await StatusSync(store=store, state=standby).once()
         shown = {}
         for state in (leader, standby):
-            app = make_app(metrics=metrics, state=state, store=store, settings=settings,
+            app = make_app(metrics=Metrics(state=state, process_collectors=False), state=state,
+                           store=store, settings=settings,
                            health=HealthCheck(), saver=saver())
             shown[state is leader] = await views(app, clusters)
         return counts, report.counts(), {"leader": shown[True], "standby": shown[False]}

@@ -33,7 +33,7 @@ from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.sim.status import field_error, invalid_object
 from convergerd.sim.store import AdmissionRequest
-from convergerd.status.state import StatusState, record_view
+from convergerd.status.state import record_view
 from convergerd.store.store import Store
 from tests.fixtures.fleet import kube_http
 from tests.integration.rounds_helpers import (
@@ -797,8 +797,8 @@ async def test_a_verified_forged_into_the_future_is_not_counted_verified(
         content_type="application/merge-patch+json")
     assert resp.status == 200, resp.body
     report = await rounds.run()
-    state = StatusState(identity="t", interval_s=rounds.settings.rounds.interval_s)
-    state.observe_round(report)
+    state = rounds.state
+    state.observe_round(report)  # as the round loop does, with the counting below
     summary = next(c for c in state.snapshot()["clusters"] if c["id"] == C1)
     assert summary["verification"]["verified"] == 0
     assert summary["verification"]["not_verified"] == 1
@@ -806,7 +806,7 @@ async def test_a_verified_forged_into_the_future_is_not_counted_verified(
     view = record_view(record, state.clock(), state.interval_s)["verified"]
     assert (view["status"], view["verification"]) == ("True", "not_verified")
     assert "in the future" in view["untrusted"]
-    rounds.metrics.observe_round(report)  # as the round loop does
+    rounds.metrics.observe_round(report)
     text = rounds.metrics.render().decode()
     assert f'convergerd_policy_verification{{cluster="{C1}",result="verified"}} 0.0' in text
     assert f'convergerd_policy_verification{{cluster="{C1}",result="unverified"}}' in text

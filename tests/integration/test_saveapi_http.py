@@ -57,7 +57,8 @@ async def app(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[we
     settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN,
                             CONVERGERD_HTTP_BODY_TIMEOUT_SECONDS=str(BODY_TIMEOUT_S))
     rounds = Rounds(fleet, store, settings)
-    app = make_app(metrics=Metrics(), state=StatusState(identity="t", interval_s=300),
+    state = StatusState(identity="t", interval_s=300)
+    app = make_app(metrics=Metrics(state=state), state=state,
                    store=store, settings=settings, health=HealthCheck(),
                    saver=make_saver(rounds, store))
     app.middlewares.insert(0, _note_requests)

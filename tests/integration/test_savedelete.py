@@ -201,9 +201,9 @@ async def test_a_save_between_a_rounds_list_and_its_apply_is_not_reverted(
 
     clusters = HookedClusters(rounds.registry)
     clusters.hook(C1, after_list=save_revision_3)  # the round has read revision 2 and listed
-    metrics = Metrics(interval_s=300)
+    metrics = Metrics(state=rounds.state)
     report = await guarded_round(rounds, clusters, store)
-    metrics.observe_round(report)
+    metrics.observe_round(report)  # the counters, as the round loop does
     c1 = next(c for c in report.clusters if c.cluster == C1)
     assert c1.superseded == 1
     assert c1.failed == 0

@@ -24,6 +24,7 @@ from convergerd.core.report import (
     RoundReport,
 )
 from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "grafana" / "convergerd.json"
@@ -91,16 +92,18 @@ def exported_series() -> set[str]:
     """Sample names of a daemon that has seen one of everything: a round over a cluster with
     deliveries, phases and a failure, probes, requests, retries and leadership."""
     t0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
-    metrics = Metrics(interval_s=300.0, clock=lambda: t0.timestamp() + 60,
-                      clusters=["c0001", "c0002"], process_collectors=False)
-    metrics.set_leader(True, "convergerd-a")
-    metrics.set_leader(False, "convergerd-b")
-    metrics.set_cluster_up("c0002", False)
+    state = StatusState(identity="convergerd-a", interval_s=300.0,
+                        clock=lambda: t0 + dt.timedelta(seconds=60))
+    state.set_clusters(["c0001", "c0002"])
+    metrics = Metrics(state=state, process_collectors=False)
+    state.set_leader(True, "convergerd-a")
+    state.set_leader(False, "convergerd-b")
+    state.observe_probe("c0002", reachable=False)
     metrics.request_done("c0001", "apply", 200, 0.05)
     metrics.retry("c0001", "throttled")
     metrics.set_loop_lag(0.01)
     c1, pid = ClusterId("c0001"), PolicyId("p-regs")
-    metrics.observe_round(RoundReport(
+    report = RoundReport(
         started_at=t0, finished_at=t0 + dt.timedelta(seconds=3),
         clusters=[
             ClusterOutcome(
@@ -111,7 +114,9 @@ def exported_series() -> set[str]:
             ClusterOutcome(cluster=ClusterId("c0002"), error="connect timeout",
                            reason="unreachable"),
         ],
-    ))
+    )
+    metrics.observe_round(report)  # as the round loop does: counted, and into the status
+    state.observe_round(report)
     text = metrics.render().decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 

@@ -1,5 +1,6 @@
 """Metrics: the documented names, labels and types exactly (docs/design.md, "Status and
-metrics"), read back from the exposition text."""
+metrics"), read back from the exposition text. Fed as the daemon feeds them: a round's report
+to the status and the counters, everything else to the status alone, which the gauges read."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from convergerd.core.report import (
     RoundReport,
     Verification,
 )
+from convergerd.core.rows import ClusterStateRow, DeliveryRow
 from convergerd.status.metrics import Metrics
+from convergerd.status.state import StatusState
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 INTERVAL = 300.0
@@ -46,16 +49,41 @@ class WallClock:
     def __init__(self) -> None:
         self.now = T0.timestamp()
 
-    def __call__(self) -> float:
-        return self.now
+    def __call__(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self.now, dt.UTC)
 
 
-def parse(metrics: Metrics) -> dict[str, tuple[str, list[Sample]]]:
+class Replica:
+    """A status and its metrics, fed as the daemon feeds them."""
+
+    def __init__(self, clock: WallClock, clusters: list[str] | None = None, *,
+                 probe_period_s: float = 600.0, keep: tuple[str, ...] = ()) -> None:
+        self.state = StatusState(identity="rep-a", interval_s=INTERVAL, clock=clock,
+                                 probe_period_s=probe_period_s, keep=keep)
+        if clusters is not None:
+            self.state.set_clusters(clusters)
+        self.metrics = Metrics(state=self.state, process_collectors=False)
+
+    def observe_round(self, report: RoundReport) -> None:
+        """As the round loop does: counted, and what it found to the status."""
+        self.metrics.observe_round(report)
+        self.state.observe_round(report)
+
+    def set_clusters(self, clusters: list[str]) -> None:
+        """As `Daemon._follow_database` does."""
+        self.state.set_clusters(clusters)
+        self.metrics.follow_clusters()
+
+    def render(self) -> bytes:
+        return self.metrics.render()
+
+
+def parse(metrics: Replica | Metrics) -> dict[str, tuple[str, list[Sample]]]:
     text = metrics.render().decode()
     return {f.name: (f.type, f.samples) for f in text_string_to_metric_families(text)}
 
 
-def value(metrics: Metrics, sample: str, **labels: str) -> float | None:
+def value(metrics: Replica | Metrics, sample: str, **labels: str) -> float | None:
     for _type, samples in parse(metrics).values():
         for s in samples:
             if s.name == sample and s.labels == labels:
@@ -84,10 +112,10 @@ def clock() -> WallClock:
 
 
 @pytest.fixture
-def metrics(clock: WallClock) -> Metrics:
-    m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c1", "c2"])
-    m.set_cluster_up("c1", True)
-    m.set_cluster_up("c2", False)
+def metrics(clock: WallClock) -> Replica:
+    m = Replica(clock, ["c1", "c2"])
+    m.state.observe_probe("c1", reachable=True)
+    m.state.observe_probe("c2", reachable=False)
     m.observe_round(round_at(T0, outcome(
         "c1", reached=True, desired=2, in_sync=2,
         phases=[PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0)],
@@ -97,7 +125,7 @@ def metrics(clock: WallClock) -> Metrics:
     return m
 
 
-def test_every_spec_metric_has_its_exact_name_type_and_labels(metrics: Metrics) -> None:
+def test_every_spec_metric_has_its_exact_name_type_and_labels(metrics: Replica) -> None:
     families = parse(metrics)
     for name, (kind, labels) in SPEC.items():
         assert name in families, name
@@ -108,7 +136,7 @@ def test_every_spec_metric_has_its_exact_name_type_and_labels(metrics: Metrics) 
             assert set(sample.labels) - {"le"} == labels, (name, sample.labels)
 
 
-def test_counters_are_exposed_with_total_and_without_created(metrics: Metrics) -> None:
+def test_counters_are_exposed_with_total_and_without_created(metrics: Replica) -> None:
     text = metrics.render().decode()
     for name in ("convergerd_applies_total", "convergerd_apply_failures_total",
                  "convergerd_rounds_total", "convergerd_leader_transitions_total"):
@@ -116,14 +144,14 @@ def test_counters_are_exposed_with_total_and_without_created(metrics: Metrics) -
     assert "_created" not in text
 
 
-def test_no_per_policy_label(metrics: Metrics) -> None:
+def test_no_per_policy_label(metrics: Replica) -> None:
     for _kind, samples in parse(metrics).values():
         for sample in samples:
             assert not {"policy", "policy_id", "name"} & set(sample.labels), sample
             assert "p1" not in sample.labels.values()
 
 
-def test_lag_is_true_at_scrape_time(metrics: Metrics, clock: WallClock) -> None:
+def test_lag_is_true_at_scrape_time(metrics: Replica, clock: WallClock) -> None:
     assert value(metrics, "convergerd_cluster_lag_seconds", cluster="c1") == 0
     assert value(metrics, "convergerd_cluster_last_success_timestamp_seconds",
                  cluster="c1") == T0.timestamp()
@@ -132,7 +160,7 @@ def test_lag_is_true_at_scrape_time(metrics: Metrics, clock: WallClock) -> None:
 
 
 def test_a_cluster_that_never_converged_lags_since_it_became_known(
-    metrics: Metrics, clock: WallClock
+    metrics: Replica, clock: WallClock
 ) -> None:
     clock.now += 90
     assert value(metrics, "convergerd_cluster_lag_seconds", cluster="c2") == 90
@@ -140,16 +168,24 @@ def test_a_cluster_that_never_converged_lags_since_it_became_known(
                  cluster="c2") is None
 
 
+def recorded(cluster: str, last_success: dt.datetime) -> ClusterStateRow:
+    """A cluster's row as the database holds it (read by the status sync)."""
+    return ClusterStateRow(cluster=ClusterId(cluster), reachable=None, last_attempt_at=None,
+                           last_success_at=last_success, last_reached_at=None,
+                           last_error=None, last_reason=None, desired=0, in_sync=0, failed=0,
+                           server_version=None, round_id=None)
+
+
 def test_seeded_last_success_from_the_database(clock: WallClock) -> None:
-    m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c1"])
-    m.seed_last_success("c1", T0 - dt.timedelta(hours=2))
+    m = Replica(clock, ["c1"])
+    m.state.absorb_records([recorded("c1", T0 - dt.timedelta(hours=2))], None, [])
     assert value(m, "convergerd_cluster_lag_seconds", cluster="c1") == 7200
-    m.seed_last_success("c1", T0 - dt.timedelta(hours=3))  # older: ignored
+    m.state.absorb_records([recorded("c1", T0 - dt.timedelta(hours=3))], None, [])  # older
     assert value(m, "convergerd_cluster_lag_seconds", cluster="c1") == 7200
 
 
 def test_known_clusters_have_zero_counters_from_the_start(clock: WallClock) -> None:
-    m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c9"])
+    m = Replica(clock, ["c9"])
     for result in ("created", "updated", "unchanged", "failed"):
         assert value(m, "convergerd_applies_total", cluster="c9", result=result) == 0
     for reason in ("connect_error", "timeout", "crd_missing", "unauthorized", "forbidden"):
@@ -161,7 +197,7 @@ def test_known_clusters_have_zero_counters_from_the_start(clock: WallClock) -> N
     assert value(m, "convergerd_applies_total", cluster="c9", result="created") is None
 
 
-def test_round_counts(metrics: Metrics) -> None:
+def test_round_counts(metrics: Replica) -> None:
     assert value(metrics, "convergerd_applies_total", cluster="c1", result="created") == 1
     assert value(metrics, "convergerd_applies_total", cluster="c1", result="unchanged") == 1
     assert value(metrics, "convergerd_rounds_total", result="ok") == 1
@@ -172,7 +208,7 @@ def test_round_counts(metrics: Metrics) -> None:
     assert value(metrics, "convergerd_cluster_out_of_sync_policies", cluster="c1") == 0
 
 
-def test_failures_by_reason_object_and_cluster_level(metrics: Metrics) -> None:
+def test_failures_by_reason_object_and_cluster_level(metrics: Replica) -> None:
     metrics.observe_round(round_at(
         T0,
         outcome("c1", reached=True, desired=2, in_sync=1, failed=1,
@@ -190,7 +226,7 @@ def test_failures_by_reason_object_and_cluster_level(metrics: Metrics) -> None:
 
 
 def test_phases_per_cluster_and_stale_after_two_intervals(
-    metrics: Metrics, clock: WallClock
+    metrics: Replica, clock: WallClock
 ) -> None:
     assert value(metrics, "convergerd_policy_phase", cluster="c1", phase="Enforcing") == 1
     assert value(metrics, "convergerd_policy_phase", cluster="c1", phase="Stale") == 0
@@ -202,7 +238,7 @@ def test_phases_per_cluster_and_stale_after_two_intervals(
 def test_verification_per_cluster_admitted_counted_and_stale_unverified(
     clock: WallClock
 ) -> None:
-    m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c1"])
+    m = Replica(clock, ["c1"])
 
     def reading(pid: str, verified: Verification | None) -> PhaseReading:
         return PhaseReading(ClusterId("c1"), PolicyId(pid), "Enforcing", None, None, 1, T0,
@@ -230,7 +266,7 @@ def test_verified_forged_in_the_future_is_unverified_and_an_old_probe_is_stale(
     and a probe older than two of the operators' probe periods (a dead operator) counts as
     `stale`; an admitted probe stays admitted (nothing has shown enforcement since)."""
     probe_period = 600.0
-    m = Metrics(interval_s=INTERVAL, clock=clock, clusters=["c1"], probe_period_s=probe_period)
+    m = Replica(clock, ["c1"], probe_period_s=probe_period)
     forged = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
 
     def results() -> dict[str, float | None]:
@@ -257,7 +293,7 @@ def test_verified_forged_in_the_future_is_unverified_and_an_old_probe_is_stale(
 
 
 def test_unsupported_clusters_by_version(clock: WallClock) -> None:
-    m = Metrics(interval_s=INTERVAL, clock=clock)
+    m = Replica(clock)
     for name in ("a", "b"):
         m.observe_round(round_at(T0, outcome(
             name, reached=True, server_version="v1.29.8",
@@ -266,29 +302,30 @@ def test_unsupported_clusters_by_version(clock: WallClock) -> None:
     assert value(m, "convergerd_unsupported_clusters", version="v1.29.8") == 2
 
 
-def test_leader_and_transitions(metrics: Metrics) -> None:
-    metrics.set_leader(False, "rep-b")  # first observation: no transition
+def test_leader_and_transitions(metrics: Replica) -> None:
+    # What the elector tells the status (its on_change hook).
+    metrics.state.set_leader(False, "rep-b")  # first observation: no transition
     assert value(metrics, "convergerd_leader_transitions_total") == 0
-    metrics.set_leader(True, "rep-a")
-    metrics.set_leader(True, "rep-a")
+    metrics.state.set_leader(True, "rep-a")
+    metrics.state.set_leader(True, "rep-a")
     assert value(metrics, "convergerd_is_leader") == 1
     assert value(metrics, "convergerd_leader_transitions_total") == 1
-    metrics.set_leader(False, None)
+    metrics.state.set_leader(False, None)
     assert value(metrics, "convergerd_is_leader") == 0
     assert value(metrics, "convergerd_leader_transitions_total") == 2
 
 
-def test_invalid_policies_gauge(metrics: Metrics) -> None:
+def test_invalid_policies_gauge(metrics: Replica) -> None:
     r = round_at(T0)
     r.invalid = [InvalidPolicy("X", "b", 1, "bad id")]
     metrics.observe_round(r)
     assert value(metrics, "convergerd_invalid_policies") == 1
 
 
-def test_request_observer(metrics: Metrics) -> None:
-    metrics.request_done("c1", "apply", 200, 0.3)
-    metrics.request_done("c1", "list", None, 5.0)
-    metrics.retry("c1", "throttled")
+def test_request_observer(metrics: Replica) -> None:
+    metrics.metrics.request_done("c1", "apply", 200, 0.3)
+    metrics.metrics.request_done("c1", "list", None, 5.0)
+    metrics.metrics.retry("c1", "throttled")
     assert value(metrics, "convergerd_cluster_requests_total", cluster="c1", verb="apply",
                  code="200") == 1
     assert value(metrics, "convergerd_cluster_requests_total", cluster="c1", verb="list",
@@ -299,22 +336,22 @@ def test_request_observer(metrics: Metrics) -> None:
                  le="0.25") == 0
 
 
-def test_on_call_extras(metrics: Metrics) -> None:
-    metrics.set_loop_lag(0.25)
+def test_on_call_extras(metrics: Replica) -> None:
+    metrics.metrics.set_loop_lag(0.25)
     assert value(metrics, "convergerd_event_loop_lag_seconds") == 0.25
-    assert value(metrics, "convergerd_build_info", version=metrics.version) == 1
+    assert value(metrics, "convergerd_build_info", version=metrics.metrics.version) == 1
     assert value(metrics, "convergerd_round_interval_seconds") == INTERVAL
     assert value(metrics, "convergerd_last_round_timestamp_seconds") == T0.timestamp()
 
 
 def test_own_registry_per_instance(clock: WallClock) -> None:
-    a = Metrics(interval_s=INTERVAL, clock=clock, clusters=["only-a"])
-    b = Metrics(interval_s=INTERVAL, clock=clock, clusters=["only-b"])
+    a = Replica(clock, ["only-a"])
+    b = Replica(clock, ["only-b"])
     assert b"only-a" not in b.render()
     assert b"only-b" not in a.render()
 
 
-def test_a_round_that_could_not_run_keeps_the_invalid_policies_gauge(metrics: Metrics) -> None:
+def test_a_round_that_could_not_run_keeps_the_invalid_policies_gauge(metrics: Replica) -> None:
     r = round_at(T0)
     r.invalid = [InvalidPolicy("X", "b", 1, "bad id")]
     metrics.observe_round(r)
@@ -331,42 +368,103 @@ def test_a_round_that_could_not_run_keeps_the_invalid_policies_gauge(metrics: Me
 def test_insecure_clusters_gauge_is_1_only_for_them_and_pruned_with_the_cluster(
     clock: WallClock,
 ) -> None:
-    m = Metrics(clock=clock, clusters=["c1", "c2"], process_collectors=False)
-    m.set_cluster_insecure("c1", True)
-    m.set_cluster_insecure("c2", False)
+    m = Replica(clock, ["c1", "c2"])
+    # What the cluster registry tells, for every client it opens.
+    m.state.set_insecure("c1", True)
+    m.state.set_insecure("c2", False)
     assert parse(m)["convergerd_cluster_insecure"][0] == "gauge"
     assert value(m, "convergerd_cluster_insecure", cluster="c1") == 1
     assert value(m, "convergerd_cluster_insecure", cluster="c2") is None
     m.set_clusters(["c2"])  # c1 left the fleet
     assert value(m, "convergerd_cluster_insecure", cluster="c1") is None
-    m.set_cluster_insecure("c2", True)
-    m.set_cluster_insecure("c2", False)  # its kubeconfig was fixed
+    m.state.set_insecure("c2", True)
+    m.state.set_insecure("c2", False)  # its kubeconfig was fixed
     assert value(m, "convergerd_cluster_insecure", cluster="c2") is None
 
 
 def test_removed_clusters_lose_their_series_and_late_observations_do_not_bring_them_back(
     clock: WallClock,
 ) -> None:
-    m = Metrics(interval_s=INTERVAL, clock=clock, process_collectors=False, keep=["home"])
+    m = Replica(clock, keep=("home",))
     m.set_clusters(["c1", "c2"])
-    m.request_done("home", "update", 200, 0.01)  # the Lease, not a fleet member
+    m.metrics.request_done("home", "update", 200, 0.01)  # the Lease, not a fleet member
     m.observe_round(round_at(T0, outcome("c2", reached=True, desired=1, in_sync=1,
                                          deliveries=[delivery("c2", "p1", ApplyResult.CREATED)])))
-    m.request_done("c2", "apply", 201, 0.1)
-    grown = m.sizes()
+    m.metrics.request_done("c2", "apply", 201, 0.1)
+    grown = m.metrics.sizes()
 
     m.set_clusters(["c1"])
-    # In flight when c2 was deleted: a probe, a request, a retry, a seeded success.
-    m.set_cluster_up("c2", True)
-    m.request_done("c2", "version", 200, 0.01)
-    m.retry("c2", "throttled")
-    m.seed_last_success("c2", T0)
+    # In flight when c2 was deleted: a probe, a request, a retry, a recorded success.
+    m.state.observe_probe("c2", reachable=True)
+    m.metrics.request_done("c2", "version", 200, 0.01)
+    m.metrics.retry("c2", "throttled")
+    m.state.absorb_cluster_rows([recorded("c2", T0)])
+    m.state.set_insecure("c2", True)
     m.observe_round(round_at(T0, outcome("c2", reached=True)))
 
     assert 'cluster="c2"' not in m.render().decode()
-    assert m.sizes()["clusters"] == 1
-    assert m.sizes()["series"] < grown["series"]
+    assert m.metrics.sizes()["clusters"] == 1
+    assert m.metrics.sizes()["series"] < grown["series"]
     assert value(m, "convergerd_cluster_requests_total", cluster="home", verb="update",
                  code="200") == 1
     m.set_clusters(["c1", "c2"])  # back again: zeroed, counted from now on
     assert value(m, "convergerd_applies_total", cluster="c2", result="created") == 0
+
+
+def test_a_standby_exports_what_its_status_shows_from_the_database(clock: WallClock) -> None:
+    """One owner: the gauges read the status, so a standby's are the leader's recorded results,
+    as its /status shows them (alerts and the dashboard use the leader's series only)."""
+    m = Replica(clock, ["c1"])
+    m.state.absorb_cluster_rows([ClusterStateRow(
+        cluster=ClusterId("c1"), reachable=False, last_attempt_at=T0, last_success_at=None,
+        last_reached_at=None, last_error="down", last_reason="timeout", desired=3, in_sync=1,
+        failed=0, server_version="v1.30.1", round_id=7)])
+    m.state.absorb_delivery_rows([DeliveryRow(
+        "p1", "c1", 1, ApplyResult.UNCHANGED, T0, T0, None, None, 0, 7, "Enforcing", None,
+        None, 1, T0, verified_status="False", verified_reason="Admitted", verified_message="m",
+        verified_probed_at=T0)], cluster="c1")
+    m.state.set_leader(False, "rep-b")
+    assert value(m, "convergerd_cluster_up", cluster="c1") == 0
+    assert value(m, "convergerd_cluster_out_of_sync_policies", cluster="c1") == 2
+    assert value(m, "convergerd_cluster_server_info", cluster="c1", version="v1.30.1") == 1
+    assert value(m, "convergerd_policy_phase", cluster="c1", phase="Enforcing") == 1
+    assert value(m, "convergerd_policy_verification", cluster="c1", result="admitted") == 1
+    assert value(m, "convergerd_is_leader") == 0
+    assert value(m, "convergerd_applies_total", cluster="c1", result="unchanged") == 0
+
+
+def test_the_gauges_agree_with_status(clock: WallClock) -> None:
+    """Per cluster, the phase and verification gauges count what /status counts."""
+    m = Replica(clock, ["c1", "c2"])
+
+    def probed(status: str, reason: str, minutes_ago: float) -> Verification:
+        at = T0 - dt.timedelta(minutes=minutes_ago)
+        return Verification(status, reason, "m", at, at)
+
+    old = T0 - dt.timedelta(seconds=3 * INTERVAL)
+    m.observe_round(round_at(T0, outcome("c1", reached=True, desired=5, in_sync=5, phases=[
+        PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
+                     probed("True", "Denied", 1)),
+        PhaseReading(ClusterId("c1"), PolicyId("p2"), "Enforcing", None, None, 1, T0,
+                     probed("True", "Denied", 30)),
+        PhaseReading(ClusterId("c1"), PolicyId("p3"), "Inert", None, None, 1, T0,
+                     probed("False", "Admitted", 1)),
+        PhaseReading(ClusterId("c1"), PolicyId("p4"), "Weird", None, None, 1, T0, None),
+        PhaseReading(ClusterId("c1"), PolicyId("p5"), "Error", None, None, 1, T0,
+                     probed("Unknown", "Pending", 1)),
+    ]), outcome("c2", reached=True, desired=1, in_sync=1, phases=[
+        PhaseReading(ClusterId("c2"), PolicyId("p1"), "Enforcing", None, None, 1, old,
+                     probed("True", "Denied", 1))])))
+    for _ in range(2):
+        for cluster in m.state.snapshot()["clusters"]:
+            name = cluster["id"]
+            phases = {p: value(m, "convergerd_policy_phase", cluster=name, phase=p)
+                      for p in ("Enforcing", "Inert", "Unsupported", "Error", "Unknown",
+                                "Stale")}
+            assert {p: n for p, n in phases.items() if n} == cluster["phases"], name
+            seen = cluster["verification"]
+            assert {r: value(m, "convergerd_policy_verification", cluster=name, result=r)
+                    for r in ("verified", "admitted", "unverified", "stale")} == {
+                "verified": seen["verified"], "admitted": seen["admitted"],
+                "unverified": seen["not_verified"] + seen["unknown"], "stale": seen["stale"]}
+        clock.now += 2 * INTERVAL + 1  # and once everything aged

@@ -1,4 +1,4 @@
-"""The reachability prober with a fake cluster API: up/down into metrics and status."""
+"""The reachability prober with a fake cluster API: up/down into status, read by the metrics."""
 
 from __future__ import annotations
 
@@ -57,11 +57,11 @@ class FakeApi:
 
 
 async def test_probe_sets_up_and_down() -> None:
-    metrics = Metrics(process_collectors=False)
     state = StatusState(identity="r", interval_s=300)
+    metrics = Metrics(state=state, process_collectors=False)
     names = ("ok", "down", "401", "429", "503", "junk", "nocreds", "hang")
     apis: dict[str, PolicyApi] = {n: FakeApi(n, n) for n in names}
-    prober = Prober(clusters=lambda: apis, metrics=metrics, state=state, timeout_s=0.05)
+    prober = Prober(clusters=lambda: apis, state=state, timeout_s=0.05)
     result = await prober.probe_once()
     # Any answer (even 401, 429, 503 or junk) means the API server was reached.
     assert result == {"401": True, "429": True, "503": True, "junk": True,
@@ -76,10 +76,9 @@ async def test_probe_sets_up_and_down() -> None:
 
 
 async def test_prober_forgets_clusters_it_no_longer_probes() -> None:
-    metrics = Metrics(process_collectors=False)
     state = StatusState(identity="r", interval_s=300)
     apis: dict[str, PolicyApi] = {n: FakeApi(n, "ok") for n in ("a", "b", "c")}
-    prober = Prober(clusters=lambda: apis, metrics=metrics, state=state, timeout_s=0.05)
+    prober = Prober(clusters=lambda: apis, state=state, timeout_s=0.05)
     await prober.probe_once()
     assert len(prober) == 3
     del apis["b"], apis["c"]
@@ -117,12 +116,11 @@ class Probing:
     prober: Prober = field(init=False)
 
     def __post_init__(self) -> None:
-        self.metrics = Metrics(process_collectors=False)
         self.state = StatusState(identity="r", interval_s=300)
+        self.metrics = Metrics(state=self.state, process_collectors=False)
         self.answers = Answers(self.metrics, monotonic=self.clock)
-        self.prober = Prober(clusters=lambda: dict(self.apis), metrics=self.metrics,
-                             state=self.state, period_s=10.0, timeout_s=0.05,
-                             answers=self.answers)
+        self.prober = Prober(clusters=lambda: dict(self.apis), state=self.state,
+                             period_s=10.0, timeout_s=0.05, answers=self.answers)
 
 
 async def test_a_cluster_that_just_answered_a_round_is_not_probed() -> None:
@@ -166,11 +164,11 @@ async def test_the_probers_own_answers_do_not_spare_the_next_probe() -> None:
 
 
 async def test_answers_forget_clusters_no_longer_probed() -> None:
-    metrics = Metrics(process_collectors=False)
     state = StatusState(identity="r", interval_s=300)
+    metrics = Metrics(state=state, process_collectors=False)
     answers = Answers(metrics, monotonic=Clock())
     apis: dict[str, PolicyApi] = {"a": FakeApi("a", "ok")}
-    prober = Prober(clusters=lambda: apis, metrics=metrics, state=state, timeout_s=0.05,
+    prober = Prober(clusters=lambda: apis, state=state, timeout_s=0.05,
                     answers=answers)
     answers.request_done("a", "list", 200, 0.1)
     answers.request_done("gone", "list", 200, 0.1)

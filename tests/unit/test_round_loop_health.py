@@ -67,8 +67,8 @@ def round_loop(store: FleetStore, elector: NoElection) -> RoundLoop:
     settings = load_settings({"Policies__ConvergeIntervalMinutes": str(INTERVAL_S / 60)})
     return RoundLoop(
         settings=settings, store=store, clusters=NoClusters(), elector=elector,
-        metrics=Metrics(interval_s=INTERVAL_S),
-        state=StatusState(identity="me", interval_s=INTERVAL_S),
+        metrics=Metrics(state=(state := StatusState(identity="me", interval_s=INTERVAL_S))),
+        state=state,
         stopping=asyncio.Event(), identity="me", follow=follow,
     )
 

@@ -346,3 +346,37 @@ def test_records_of_deleted_policies_are_dropped_unless_still_read_back() -> Non
     state.retain_policies(["p1"])  # p2 and p3 deleted; p3's object is still in the cluster
 
     assert sorted(state.clusters[ClusterId("c1")].policies) == ["p1", "p3"]
+
+
+# -- the database's clusters only ----------------------------------------------------------------
+
+
+def test_a_deleted_cluster_is_not_brought_back_by_a_late_observation() -> None:
+    """A probe or a round in flight when a cluster was deleted reports after the database's
+    set no longer has it: dropped, so neither status nor the metrics show it again."""
+    state = StatusState(identity="rep-a", interval_s=INTERVAL, clock=Clock(), keep=["home"])
+    state.set_clusters(["c1", "c2"])
+    state.set_insecure("c2", True)
+    state.set_clusters(["c1"])
+    state.observe_probe("c2", reachable=True, server_version="v1.31.0")
+    state.observe_round(report(T0, outcome("c2")))
+    state.set_insecure("c2", True)
+    assert state.cluster_ids() == ["c1"]
+    assert [c["id"] for c in state.snapshot()["clusters"]] == ["c1"]
+    assert state.insecure == set()
+    # The home cluster (the Lease) is no member, but what its client is told stays.
+    state.set_insecure("home", True)
+    state.set_clusters(["c1"])
+    assert state.insecure == {"home"}
+    assert state.cluster_ids() == ["c1"]
+
+
+def test_leadership_changes_are_counted_after_the_first_one_told() -> None:
+    state = StatusState(identity="rep-a", interval_s=INTERVAL, clock=Clock())
+    state.set_leader(False, None)  # the first word: no change yet
+    state.set_leader(False, None)
+    assert state.leader().changes == 0
+    state.set_leader(True, "rep-a")
+    state.set_leader(True, "rep-a", Epoch("rep-a", 2))  # a new term, same (leading, holder)
+    state.set_leader(False, "rep-b")
+    assert state.leader().changes == 2
