@@ -483,28 +483,23 @@ class ClusterClient:
 
     async def get_policy(self, name: str, *, timeout_s: float) -> KubeObject | None:
         """The Policy object, or None when there is none."""
+        answer = await self._one_policy("get", name, timeout_s)
+        return None if answer is None else answer.json()
+
+    async def delete_policy(self, name: str, *, timeout_s: float) -> bool:
+        return await self._one_policy("delete", name, timeout_s) is not None
+
+    async def _one_policy(self, verb: str, name: str, timeout_s: float) -> _Answer | None:
+        """`verb` on the Policy `name`: the answer, or None when there is no such object."""
         try:
-            answer = await self._request(
-                "get", self._http("GET", f"{POLICIES_PATH}/{name}"),
+            return await self._request(
+                verb, self._http(verb.upper(), f"{POLICIES_PATH}/{name}"),
                 deadline=self._clock() + timeout_s, not_found=name,
             )
         except _Gone:
             return None
         except ClusterLevelError as exc:
             raise self._policy_api_error(exc) from exc
-        return answer.json()
-
-    async def delete_policy(self, name: str, *, timeout_s: float) -> bool:
-        try:
-            await self._request(
-                "delete", self._http("DELETE", f"{POLICIES_PATH}/{name}"),
-                deadline=self._clock() + timeout_s, not_found=name,
-            )
-        except _Gone:
-            return False
-        except ClusterLevelError as exc:
-            raise self._policy_api_error(exc) from exc
-        return True
 
     async def server_version(self, *, timeout_s: float) -> str:
         answer = await self._request(

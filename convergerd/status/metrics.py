@@ -55,7 +55,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -364,12 +364,8 @@ class Metrics:
                        "(over CONVERGERD_STATUS_READS_PER_SECOND), by path", ["path"],
                        self._status_shed)
 
-        apply_latency = HistogramMetricFamily(
-            "convergerd_apply_duration_seconds", "Latency of apply requests per cluster",
-            labels=["cluster"])
-        for name, hist in sorted(self._apply_latency.items()):
-            apply_latency.add_metric([name], hist.buckets(), hist.sum)
-        yield apply_latency
+        yield _histograms("convergerd_apply_duration_seconds",
+                          "Latency of apply requests per cluster", "cluster", self._apply_latency)
         rounds = HistogramMetricFamily("convergerd_round_duration_seconds",
                                        "Duration of converge rounds")
         rounds.add_metric([], self._round_duration.buckets(), self._round_duration.sum)
@@ -412,6 +408,15 @@ def _counter(
     family = CounterMetricFamily(name, doc, labels=labels)
     for key, value in sorted(values.items()):
         family.add_metric(list(key), value)
+    return family
+
+
+def _histograms(name: str, doc: str, label: str,
+                histograms: Mapping[str, _Histogram]) -> HistogramMetricFamily:
+    """One histogram series per value of `label`."""
+    family = HistogramMetricFamily(name, doc, labels=[label])
+    for value, hist in sorted(histograms.items()):
+        family.add_metric([value], hist.buckets(), hist.sum)
     return family
 
 
@@ -473,12 +478,8 @@ class FanoutMetrics:
                        ["trigger", "result"], self._saves)
         yield _counter("convergerd_deletes", "Policy deletions by result", ["result"],
                        self._deletes)
-        duration = HistogramMetricFamily(
-            "convergerd_fanout_duration_seconds", "Duration of save and delete fan-outs",
-            labels=["operation"])
-        for op, hist in sorted(self._duration.items()):
-            duration.add_metric([op], hist.buckets(), hist.sum)
-        yield duration
+        yield _histograms("convergerd_fanout_duration_seconds",
+                          "Duration of save and delete fan-outs", "operation", self._duration)
         yield GaugeMetricFamily("convergerd_notify_listener_connected",
                                 "1 while the database notification listener is connected",
                                 value=self._connected)
