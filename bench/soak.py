@@ -190,6 +190,8 @@ class Churn:
             # A cluster that holds policies is deleted only once its records are dropped
             # (the database refuses otherwise): what an admin does for a cluster that is gone.
             async with conn.transaction():
+                # Locked, so that a round cannot record the victim between the two deletes.
+                await conn.execute("LOCK TABLE deliveries IN SHARE ROW EXCLUSIVE MODE")
                 await conn.execute("DELETE FROM deliveries WHERE cluster_id = $1", victim)
                 await conn.execute("DELETE FROM clusters WHERE id = $1", victim)
         finally:

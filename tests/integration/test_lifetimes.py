@@ -157,9 +157,11 @@ async def test_daemon_forgets_deleted_clusters_and_policies(
         assert before["status_policy_records"] == 7
 
         # What the database asks for before deleting rows convergerd delivered (migration
-        # 0003): forget what they hold first, in the same transaction (rounds go on recording
-        # meanwhile). The cluster is gone; p-labels stays installed, untracked on purpose.
+        # 0003): forget what they hold first, in the same transaction, with the table locked
+        # so that the rounds going on meanwhile cannot record them in between. The cluster is
+        # gone; p-labels stays installed, untracked on purpose.
         await sql(database_url, """DO $$ BEGIN
+            LOCK TABLE deliveries IN SHARE ROW EXCLUSIVE MODE;
             DELETE FROM deliveries WHERE cluster_id = 'c0003' OR policy_id = 'p-labels';
             DELETE FROM clusters WHERE id = 'c0003';
             DELETE FROM policies WHERE id = 'p-labels';

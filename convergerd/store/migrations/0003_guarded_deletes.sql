@@ -65,8 +65,11 @@ BEGIN
                   HINT = format('Take the cluster out of its boundaries and save those '
                                 'policies (`convergerd policy apply ID` removes them from it), '
                                 'or delete them (`convergerd policy delete ID`). If the cluster '
-                                'no longer exists, forget what it held first: DELETE FROM '
-                                'deliveries WHERE cluster_id = %L', OLD.id);
+                                'no longer exists, forget what it held first, in the same '
+                                'transaction and with the table locked so that a round cannot '
+                                'record it meanwhile: LOCK TABLE deliveries IN SHARE ROW '
+                                'EXCLUSIVE MODE; DELETE FROM deliveries WHERE cluster_id = %L',
+                                OLD.id);
     END IF;
     RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
 END $$;
