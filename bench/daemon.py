@@ -57,9 +57,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +72,7 @@ from convergerd.sim.fleet import member_ids
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse the benchmarks' pieces.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.rounds import Sim, _free_port, _git_commit, log, proc_status_mb
+from bench.rounds import Sim, _free_port, _git_commit, fmt, fresh_database, log, proc_status_mb
 from bench.soak import fleet_doc
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
@@ -280,26 +279,6 @@ class Sims:
     def stop(self) -> None:
         for sim in self.sims:
             sim.stop()
-
-
-# --- the database ------------------------------------------------------------------------------
-
-
-def _with_database(dsn: str, name: str) -> str:
-    return urllib.parse.urlunsplit(urllib.parse.urlsplit(dsn)._replace(path="/" + name))
-
-
-@contextlib.asynccontextmanager
-async def bench_database(server_dsn: str) -> AsyncIterator[tuple[str, str]]:
-    """A fresh, empty database on the server (dropped afterwards): (dsn, name)."""
-    name = f"convergerd_benchd_{os.getpid()}_{secrets.token_hex(3)}"
-    admin = await asyncpg.connect(server_dsn, timeout=10)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield _with_database(server_dsn, name), name
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 @dataclass(frozen=True)
@@ -659,7 +638,8 @@ async def bench_point(point: Point, args: argparse.Namespace, out: list[Measurem
     async with contextlib.AsyncExitStack() as stack:
         sim = await asyncio.to_thread(Sims.start, n, args.sim_processes, workdir)
         stack.callback(sim.stop)
-        dsn, _name = await stack.enter_async_context(bench_database(args.database_url))
+        dsn, _name = await stack.enter_async_context(
+            fresh_database(args.database_url, "convergerd_benchd", migrated=False))
         clusters = member_ids(n)
         fleet = workdir / "fleet.yaml"
         fleet.write_text(yaml.safe_dump(fleet_doc(clusters, p)))
@@ -785,16 +765,6 @@ def percentiles_s(values: Sequence[float]) -> dict[str, Any]:
 # --- tables ------------------------------------------------------------------------------------
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
 def _mb(value: int | None) -> str:
     return "" if value is None else f"{value / MB:,.1f}"
 
@@ -820,29 +790,29 @@ def markdown(results: Sequence[Measurement]) -> str:
             if f.get("overlap"):
                 notes.append(f["overlap"])
             rounds.append(
-                f"| {m.bench} | {_fmt(m.clusters)} | {_fmt(m.policies)} | "
-                f"{_fmt(f['wall_s'], 2)} | {_fmt(f['record_s'], 2)} | "
-                f"{_fmt(f['daemon_cpu_s'], 2)} | {_fmt(f['sim_cpu_s'], 2)} | "
-                f"{_fmt(f['idle_cpu_pct'])} | {_fmt(f['rss_mb'])} | {_fmt(f['peak_rss_mb'])} | "
-                f"{_fmt(f['rows_written'])} | {_mb(f['wal_bytes'])} | {_mb(f['wal_db_bytes'])} | "
+                f"| {m.bench} | {fmt(m.clusters)} | {fmt(m.policies)} | "
+                f"{fmt(f['wall_s'], 2)} | {fmt(f['record_s'], 2)} | "
+                f"{fmt(f['daemon_cpu_s'], 2)} | {fmt(f['sim_cpu_s'], 2)} | "
+                f"{fmt(f['idle_cpu_pct'])} | {fmt(f['rss_mb'])} | {fmt(f['peak_rss_mb'])} | "
+                f"{fmt(f['rows_written'])} | {_mb(f['wal_bytes'])} | {_mb(f['wal_db_bytes'])} | "
                 f"{'; '.join(notes)} |")
         elif m.bench == "/status":
             c = f.get("counts", {})
             other.append(
-                f"| /status, 200s | {_fmt(m.clusters)} | {_fmt(m.policies)} | "
-                f"{_fmt(f.get('ok_p50_ms'))} ms | {_fmt(f.get('ok_p99_ms'))} ms | "
-                f"{_fmt(f.get('ok_max_ms'))} ms | {f['clients']} clients during round "
+                f"| /status, 200s | {fmt(m.clusters)} | {fmt(m.policies)} | "
+                f"{fmt(f.get('ok_p50_ms'))} ms | {fmt(f.get('ok_p99_ms'))} ms | "
+                f"{fmt(f.get('ok_max_ms'))} ms | {f['clients']} clients during round "
                 f"{f['round_id']}: {c.get('200', 0):,} x 200, {c.get('429', 0):,} x 429 "
-                f"(P50 {_fmt(f.get('shed_p50_ms'))} ms), {c.get('error', 0)} errors, "
-                f"{_fmt(f.get('requests_per_s'))} req/s |")
+                f"(P50 {fmt(f.get('shed_p50_ms'))} ms), {c.get('error', 0)} errors, "
+                f"{fmt(f.get('requests_per_s'))} req/s |")
         else:
             note = f"{f['samples']} samples"
             if m.bench == "save":
                 note += (f"; results {f['results']}; "
                          + ("notification on too" if f["notify"] else "API only"))
             other.append(
-                f"| {m.bench} | {_fmt(m.clusters)} | {_fmt(m.policies)} | "
-                f"{_fmt(f['p50_s'], 2)} s | {_fmt(f['p99_s'], 2)} s | {_fmt(f['max_s'], 2)} s | "
+                f"| {m.bench} | {fmt(m.clusters)} | {fmt(m.policies)} | "
+                f"{fmt(f['p50_s'], 2)} s | {fmt(f['p99_s'], 2)} s | {fmt(f['max_s'], 2)} s | "
                 f"{note} |")
     return "\n".join(rounds) + "\n\n" + "\n".join(other)
 

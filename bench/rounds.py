@@ -36,6 +36,7 @@ import os
 import platform
 import pstats
 import resource
+import secrets
 import signal
 import socket
 import ssl
@@ -44,13 +45,15 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 
 from convergerd import eventloop
 from convergerd.config import SETTINGS_BY_KEY, Settings, load_settings
@@ -225,6 +228,29 @@ def _rss(sim: Sim) -> dict[str, float]:
 def bench_peak_rss_mb() -> float:
     # ru_maxrss is in KiB on Linux; the peak of the whole run so far (the matrix ascends).
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
+
+
+# --- a database of its own (soak, status load, the whole daemon) -------------------------------
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(server_dsn: str, prefix: str, *, migrated: bool
+                         ) -> AsyncIterator[tuple[str, str]]:
+    """A new database `<prefix>_<pid>_<hex>` on the server, migrated or empty, dropped
+    afterwards whatever happens: (its dsn, its name)."""
+    from convergerd.store.schema import migrate
+
+    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(3)}"
+    admin = await asyncpg.connect(server_dsn, timeout=10)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        dsn = urllib.parse.urlunsplit(urllib.parse.urlsplit(server_dsn)._replace(path="/" + name))
+        if migrated:
+            await migrate(dsn)
+        yield dsn, name
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
 
 
 # --- the fleet, in memory ----------------------------------------------------------------------
@@ -661,7 +687,8 @@ def _fault_measurement(
 # --- the table ---------------------------------------------------------------------------------
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
+def fmt(value: Any, digits: int = 1) -> str:
+    """A table cell: thousands separated, floats to `digits` places, None empty."""
     if value is None:
         return ""
     if isinstance(value, float):
@@ -696,10 +723,10 @@ def markdown(results: Sequence[Measurement]) -> str:
                 f"{f['requests_per_faulty_cluster']:g} req/faulty cluster"
             )
         rows.append(
-            f"| {m.bench} | {_fmt(m.clusters)} | {_fmt(m.policies)} | {_fmt(m.wall_s, 2)} | "
-            f"{_fmt(rate)} | {_fmt(f.get('requests_per_cluster'), 2)} | "
-            f"{_fmt(f.get('bench_cpu_s'), 2)} | {_fmt(f.get('sim_cpu_s'), 2)} | "
-            f"{_fmt(f.get('bench_rss_mb'))} | {_fmt(f.get('sim_rss_mb'))} | {notes} |"
+            f"| {m.bench} | {fmt(m.clusters)} | {fmt(m.policies)} | {fmt(m.wall_s, 2)} | "
+            f"{fmt(rate)} | {fmt(f.get('requests_per_cluster'), 2)} | "
+            f"{fmt(f.get('bench_cpu_s'), 2)} | {fmt(f.get('sim_cpu_s'), 2)} | "
+            f"{fmt(f.get('bench_rss_mb'))} | {fmt(f.get('sim_rss_mb'))} | {notes} |"
         )
     return "\n".join(rows)
 

@@ -26,17 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 import os
 import random
-import secrets
 import sys
 import tempfile
 import time
-import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,12 +47,11 @@ from convergerd.core.report import RoundReport
 from convergerd.runtime import Daemon
 from convergerd.sim.fleet import member_ids
 from convergerd.store.importer import apply_plan, parse_import
-from convergerd.store.schema import migrate
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse the benchmark's pieces.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.memory import rss_mb
-from bench.rounds import Sim, log
+from bench.rounds import Sim, fresh_database, log
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 FAULTS: dict[str, dict[str, Any]] = {
@@ -88,28 +84,6 @@ def fleet_doc(clusters: Sequence[str], policies: int) -> dict[str, Any]:
         "policies": [{"id": f"p{i:03d}", "boundary": f"team-{i % 2}",
                       "rule": RULES[i % len(RULES)]} for i in range(policies)],
     }
-
-
-# --- the database --------------------------------------------------------------------------------
-
-
-def _with_database(dsn: str, name: str) -> str:
-    return urllib.parse.urlunsplit(urllib.parse.urlsplit(dsn)._replace(path="/" + name))
-
-
-@contextlib.asynccontextmanager
-async def soak_database(server_dsn: str) -> AsyncIterator[tuple[str, str]]:
-    """A fresh, migrated database on the server (dropped afterwards): (dsn, name)."""
-    name = f"convergerd_soak_{os.getpid()}_{secrets.token_hex(3)}"
-    admin = await asyncpg.connect(server_dsn, timeout=10)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        dsn = _with_database(server_dsn, name)
-        await migrate(dsn)
-        yield dsn, name
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 async def import_doc(dsn: str, doc: dict[str, Any]) -> None:
@@ -284,7 +258,8 @@ async def soak(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
     log("starting the simulator (%d clusters)", args.clusters)
     sim = await asyncio.to_thread(Sim.start, args.clusters, workdir)
     try:
-        async with soak_database(args.database_url) as (dsn, name):
+        database = fresh_database(args.database_url, "convergerd_soak", migrated=True)
+        async with database as (dsn, name):
             await import_doc(dsn, fleet_doc(clusters, args.policies))
             kubeconfig = workdir / "daemon-kubeconfig"
             kubeconfig.write_text(sim.kubeconfig.read_text())

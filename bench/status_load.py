@@ -28,14 +28,12 @@ import asyncio
 import json
 import os
 import random
-import secrets
 import signal
 import socket
 import statistics
 import sys
 import tempfile
 import time
-import urllib.parse
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,13 +57,12 @@ from convergerd.sim.fleet import member_ids
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.store.importer import apply_plan, parse_import
-from convergerd.store.schema import migrate
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse bench/rounds.py's pieces.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.rounds import Sim
+from bench.rounds import Sim, fresh_database
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 RULES: tuple[dict[str, Any], ...] = (
@@ -94,10 +91,6 @@ def fleet_doc(clusters: int, policies: int) -> dict[str, Any]:
         "policies": [{"id": f"p{i:04d}", "boundary": "team-a", "rule": RULES[i % len(RULES)]}
                      for i in range(policies)],
     }
-
-
-def _with_database(dsn: str, name: str) -> str:
-    return urllib.parse.urlunsplit(urllib.parse.urlsplit(dsn)._replace(path="/" + name))
 
 
 # --- the load (its own process) ---------------------------------------------------------------
@@ -292,23 +285,9 @@ async def _measure(
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     server = os.environ.get("CONVERGERD_TEST_DATABASE_URL") or DEFAULT_SERVER
-    name = f"convergerd_bench_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(server)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = _with_database(server, name)
-    try:
-        await migrate(dsn)
+    async with fresh_database(server, "convergerd_bench", migrated=True) as (dsn, _name):
         with tempfile.TemporaryDirectory(prefix="convergerd-status-load-") as tmp:
             return await bench(args, dsn, Path(tmp))
-    finally:
-        admin = await asyncpg.connect(server)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
