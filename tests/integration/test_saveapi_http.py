@@ -18,7 +18,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck as Checks
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from convergerd.api.app import make_app
 from convergerd.api.mutations import MAX_BODY_BYTES
@@ -32,6 +31,7 @@ from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 from tests.integration.rounds_helpers import FLEET_DOC, Rounds, import_doc, objects, settings_for
 from tests.integration.savedelete_helpers import make_saver
+from tests.strategies import HOSTILE_BODIES
 
 TOKEN = "s3cret-token-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -356,26 +356,10 @@ async def test_a_client_gone_mid_body_is_no_error(
     assert nothing_written(fleet)
 
 
-# Bodies a client may send: anything at all, JSON nested too deep, numbers too big, JSON cut
-# short. Each is answered 400 with a JSON error naming the body, or is a good body (the policy
-# is unknown: 404), never a 500.
-_JSON_TEXTS = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.text(max_size=6), children, max_size=3),
-    max_leaves=10,
-).map(lambda v: json.dumps(v).encode())
-_BODIES = (
-    st.binary(max_size=300)
-    | _JSON_TEXTS
-    | st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n)
-    | st.integers(1, 6000).map(lambda n: b'{"allow_mass_removal": ' + b"9" * n + b"}")
-    | st.tuples(_JSON_TEXTS, st.integers(0, 50)).map(lambda t: t[0][: t[1]])
-)
-
-
+# Bodies a client may send (`tests.strategies.HOSTILE_BODIES`): each is answered 400 with a
+# JSON error naming the body, or is a good body (the policy is unknown: 404), never a 500.
 @settings(max_examples=60, suppress_health_check=[Checks.function_scoped_fixture])
-@given(body=_BODIES)
+@given(body=HOSTILE_BODIES)
 async def test_any_body_is_a_value_or_a_400_never_a_500(client: Client, body: bytes) -> None:
     for method, path in (("POST", "/v1/policies/p-none/apply"),
                          ("DELETE", "/v1/policies/p-none")):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from convergerd.core.decode import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, bounded_json
 from convergerd.core.errors import NotJSON
+from tests.strategies import JSON_VALUES
 
 
 def _depth(value: Any) -> int:
@@ -21,14 +22,6 @@ def _depth(value: Any) -> int:
         return 1 + max((_depth(v) for v in value), default=0)
     return 0
 
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=30,
-)
 
 
 @given(st.binary(max_size=512))
@@ -40,14 +33,14 @@ def test_arbitrary_bytes_give_a_value_or_not_json(data: bytes) -> None:
     assert _depth(value) <= MAX_JSON_DEPTH
 
 
-@given(json_values)
+@given(JSON_VALUES)
 def test_json_within_bounds_reads_as_the_standard_library_reads_it(value: Any) -> None:
     text = json.dumps(value)
     assert bounded_json(text) == json.loads(text)
     assert bounded_json(text.encode()) == json.loads(text)
 
 
-@given(json_values, st.integers(1, len(json.dumps([1]))))
+@given(JSON_VALUES, st.integers(1, len(json.dumps([1]))))
 def test_truncated_json_is_refused(value: Any, cut: int) -> None:
     text = json.dumps([value, "end"])
     with pytest.raises(NotJSON):

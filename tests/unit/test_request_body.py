@@ -4,29 +4,13 @@ anything else (which the server would answer 500)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 from convergerd.api.mutations import BadRequest, parse_body
+from tests.strategies import HOSTILE_BODIES
 
 FIELDS = {"allow_mass_removal": bool}
-json_texts = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.text(max_size=6), children, max_size=3),
-    max_leaves=10,
-).map(lambda v: json.dumps(v).encode())
-bodies = (
-    st.binary(max_size=512)
-    | json_texts
-    | st.integers(1, 5000).map(lambda n: b"[" * n + b"]" * n)
-    | st.integers(1, 5000).map(lambda n: b'{"allow_mass_removal": ' + b"[" * n)
-    | st.integers(1, 10_000).map(lambda n: b'{"allow_mass_removal": 9' + b"9" * n + b"}")
-    | st.tuples(json_texts, st.integers(0, 40)).map(lambda t: t[0][: t[1]])
-)
 
 
 def outcome(raw: bytes) -> dict[str, object] | BadRequest:
@@ -36,7 +20,7 @@ def outcome(raw: bytes) -> dict[str, object] | BadRequest:
         return exc
 
 
-@given(bodies)
+@given(HOSTILE_BODIES)
 def test_a_body_is_its_fields_or_a_400_naming_the_body(raw: bytes) -> None:
     got = outcome(raw)
     if isinstance(got, BadRequest):

@@ -23,6 +23,7 @@ from convergerd.store.values import (
     pg_revision,
     pg_text,
 )
+from tests.strategies import JSON_VALUES
 
 # Every code point, lone surrogates and NUL included (what a JSON decoder can hand us).
 ANY_TEXT = st.text(st.characters(codec=None, min_codepoint=0), max_size=300)
@@ -98,14 +99,6 @@ def test_refusals_are_classified_by_sqlstate_class(
 
 
 # --- json/jsonb columns: what the database hands back ------------------------------------------
-
-JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=20,
-)
 
 
 @st.composite
