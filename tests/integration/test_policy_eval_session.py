@@ -48,6 +48,8 @@ def populate(sim: SimProcess) -> None:
             ("team-b-apps", pod("other", "nginx:latest")),
         ):
             core.create_namespaced_pod(namespace, body)
+        # what the session must leave out: the cluster keeps managedFields on every object
+        assert core.read_namespaced_pod("web", "team-a-apps").metadata.managed_fields
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,8 @@ def test_record_then_replay_with_the_cluster_gone(recorded: Recorded) -> None:
     paths = [e["request"]["path"] for e in doc["exchanges"]]
     # page size 2: three pods in team-a-apps take two pages, the second asked by `continue`
     pod_pages = [p for p in paths if p.startswith("/api/v1/namespaces/team-a-apps/pods")]
-    assert len(pod_pages) == 2 and "continue=" in pod_pages[1]
+    assert len(pod_pages) == 2
+    assert "continue=" in pod_pages[1]
     assert not any("team-b" in p for p in paths)
 
     replay = ["policy", "eval", "--policy", str(recorded.policy), "--replay",
