@@ -153,13 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     policy = sub.add_parser(
         "policy", help="one policy: apply or delete it now through a running daemon, or eval "
-        "it offline", description=policycli.__doc__,
+        "it on objects, a live cluster or a recorded session", description=policycli.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
     policycli.add_arguments(policy_sub)
     policyeval.add_arguments(policy_sub.add_parser(
-        "eval", help="evaluate a policy on objects offline, as the operator renders it"))
+        "eval", help="evaluate a policy as the operator renders it: on objects (--object), a "
+        "live cluster (--context, --record) or a recorded session (--replay)",
+        description=policyeval.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
 
     operator = sub.add_parser(
         "operator", help="the in-cluster operator (Policy -> ValidatingAdmissionPolicy)",

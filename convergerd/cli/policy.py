@@ -1,7 +1,8 @@
 """`convergerd policy apply ID` and `convergerd policy delete ID`: ask a running daemon to save
 or delete one policy now (`POST /v1/policies/{id}/apply`, `DELETE /v1/policies/{id}`) and print
 the per-cluster result as a table (`--json`: the daemon's answer as is). `convergerd policy
-eval` needs no daemon: it evaluates a policy on objects offline (`policy eval --help`).
+eval` needs no daemon: it evaluates a policy on objects, a live cluster or a recorded session
+(`policy eval --help`).
 
 The bearer token comes from `--api-token-file`, else `CONVERGERD_API_TOKEN`, else
 `CONVERGERD_API_TOKEN_FILE` (never from a flag holding the token itself: `ps` would show it).

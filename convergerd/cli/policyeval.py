@@ -1,5 +1,5 @@
-"""`convergerd policy eval --policy FILE --object FILE...`: a policy's verdict on objects,
-offline.
+"""`convergerd policy eval --policy FILE (--object FILE... | --context NAME | --replay SESSION)`:
+a policy's verdict on objects: given ones, a live cluster's, or a recorded session's.
 
 The policy is rendered exactly as the in-cluster operator renders it
 (`convergerd.operator.admission.render_admission`) and evaluated with the simulator's

@@ -4,6 +4,7 @@ traceback, and the replayer's order checks."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ def test_the_policy_is_identified_by_its_spec() -> None:
      "exchanges[0]: missing field(s) ['response']"),
 ])
 def test_every_field_is_checked_and_named(edit: Any, words: str) -> None:
-    doc = session_document(session())
+    doc = copy.deepcopy(session_document(session()))  # the bodies are shared constants
     edit(doc)
     with pytest.raises(SessionError) as caught:
         decode_session(doc, "s.yaml")
@@ -120,7 +121,7 @@ def test_garbage_bytes_are_a_session_error_never_a_traceback(
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_documents_with_any_value_anywhere_never_traceback(data: st.DataObject) -> None:
-    doc = session_document(session())
+    doc = copy.deepcopy(session_document(session()))  # the bodies are shared constants
     # Replace one value somewhere in the document by anything JSON can carry.
     node: Any = doc
     while isinstance(node, dict | list) and node:
