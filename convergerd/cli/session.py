@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import tempfile
 import urllib.parse
@@ -32,9 +31,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
 import yaml
 
-from convergerd.core.errors import BadFile, ClusterApiError, ConvergerdError
+from convergerd.core.decode import bounded_json
+from convergerd.core.errors import BadFile, ClusterApiError, ConvergerdError, NotJSON
 from convergerd.core.shown import shown
 from convergerd.files import read_bounded
 from convergerd.kube.client import ClusterClient
@@ -51,7 +52,8 @@ _FIELDS = frozenset({"apiVersion", "kind", "policy", "context", "recordedAt", "p
 _POLICY_FIELDS = frozenset({"id", "revision", "specSha256"})
 _HEADER = f"""\
 # A `convergerd policy eval --record` session ({KIND}, {API_VERSION}): every API request the
-# evaluation made, in order, with the cluster's answer (managedFields dropped).
+# evaluation made, in order, with the cluster's answer: its status and its JSON body
+# (managedFields dropped).
 # `convergerd policy eval --policy FILE --replay THIS-FILE` repeats the evaluation from it,
 # with no cluster; a request that differs from the recorded one is an error (exit 2).
 # It holds the objects of the boundary's namespaces: keep it as private as the cluster.
@@ -225,6 +227,38 @@ class Replayer:
 # --- the file ----------------------------------------------------------------------------------
 
 
+class _JsonText(str):
+    """A body's JSON, written as a YAML literal block: readable and diffable line by line,
+    and read back by the JSON decoder rather than node by node by the (pure-Python, bounded)
+    YAML loader, about four times faster for a list of thousands of pods."""
+
+    __slots__ = ()
+
+
+_DUMPER_BASE: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(_DUMPER_BASE):  # type: ignore[misc]
+    pass
+
+
+def _literal(dumper: yaml.SafeDumper, value: _JsonText) -> yaml.ScalarNode:
+    # The emitter falls back to a quoted scalar when a literal block cannot hold the text.
+    return dumper.represent_scalar("tag:yaml.org,2002:str", str(value), style="|")
+
+
+_Dumper.add_representer(_JsonText, _literal)
+
+
+def _json_text(body: Mapping[str, Any]) -> _JsonText:
+    try:
+        return _JsonText(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+    except orjson.JSONEncodeError:
+        # A lone surrogate (`bounded_json` keeps one a server escaped): orjson will not
+        # encode it; escaped as \udXXX it reads back as it was read.
+        return _JsonText(json.dumps(body, indent=2, ensure_ascii=True))
+
+
 def session_document(session: Session) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION, "kind": KIND,
@@ -233,14 +267,14 @@ def session_document(session: Session) -> dict[str, Any]:
         "context": session.context, "recordedAt": session.recorded_at,
         "pageSize": session.page_size,
         "exchanges": [{"request": {"method": e.method, "path": e.path},
-                       "response": {"status": e.status, "body": e.body}}
+                       "response": {"status": e.status, "body": _json_text(e.body)}}
                       for e in session.exchanges],
     }
 
 
 def dump_session(session: Session) -> bytes:
-    text = yaml.safe_dump(session_document(session), sort_keys=False, allow_unicode=True,
-                          width=100)
+    text = yaml.dump(session_document(session), Dumper=_Dumper, sort_keys=False,
+                     allow_unicode=True, width=100)
     return (_HEADER + text).encode()
 
 
@@ -329,33 +363,6 @@ def decode_session(doc: Any, source: str) -> Session:
     )
 
 
-def _json_only(source: str, where: str, value: object) -> None:
-    """What a cluster can answer: JSON values only (YAML also has dates, binary, keys that
-    are not strings, integers of any size), so the evaluator gets what a live one gets."""
-    if value is None or isinstance(value, str | bool):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise _bad(source, where, "a finite number", value)
-        return
-    if isinstance(value, int):
-        if not -(2**63) <= value < 2**63:
-            raise _bad(source, where, "a 64-bit integer", value)
-        return
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            _json_only(source, f"{where}[{i}]", item)
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise _bad(source, where, "string keys", key)
-            _json_only(source, f"{where}.{key}", item)
-        return
-    raise _bad(source, where, "a JSON value (string, number, boolean, null, list, mapping)",
-               value)
-
-
 def _exchange(source: str, index: int, value: object) -> Exchange:
     where = f"exchanges[{index}]"
     both = frozenset({"request", "response"})
@@ -370,9 +377,14 @@ def _exchange(source: str, index: int, value: object) -> Exchange:
     path = _text(source, f"{where}.request.path", request["path"], max_chars=MAX_PATH_CHARS)
     if not path.startswith("/"):
         raise _bad(source, f"{where}.request.path", "a path starting with /", path)
-    body = response["body"]
+    text = response["body"]
+    if not isinstance(text, str):
+        raise _bad(source, f"{where}.response.body", "the answer's JSON text (a string)", text)
+    try:
+        body = bounded_json(text)
+    except NotJSON as exc:
+        raise SessionError(f"{source}: {where}.response.body: {exc}") from None
     if not isinstance(body, dict):
-        raise _bad(source, f"{where}.response.body", "a mapping (a JSON object)", body)
-    _json_only(source, f"{where}.response.body", body)
+        raise _bad(source, f"{where}.response.body", "a JSON object", body)
     status = _int(source, f"{where}.response.status", response["status"], 100, 599)
     return Exchange("GET", path, status, body)
