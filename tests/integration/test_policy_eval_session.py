@@ -29,8 +29,8 @@ def pod(name: str, image: str) -> dict[str, Any]:
 
 
 def populate(sim: SimProcess) -> None:
-    """Two namespaces of boundary team-a (four pods, two violating), one of team-b (a
-    violating pod that the evaluation must not see)."""
+    """Two namespaces of boundary team-a (four pods and a Deployment, three violating), one
+    of team-b (a violating pod that the evaluation must not see)."""
     sync: Any = kubernetes  # the generated stubs disagree with dict bodies
     api = sync.config.new_client_from_config(config_file=str(sim.kubeconfig_path),
                                              context="c0001")
@@ -48,6 +48,12 @@ def populate(sim: SimProcess) -> None:
             ("team-b-apps", pod("other", "nginx:latest")),
         ):
             core.create_namespaced_pod(namespace, body)
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                      "metadata": {"name": "worker"}, "spec": {
+                          "selector": {"matchLabels": {"app": "worker"}},
+                          "template": {"metadata": {"labels": {"app": "worker"}},
+                                       "spec": pod("x", "worker:latest")["spec"]}}}
+        sync.client.AppsV1Api(api).create_namespaced_deployment("team-a-jobs", deployment)
         # what the session must leave out: the cluster keeps managedFields on every object
         assert core.read_namespaced_pod("web", "team-a-apps").metadata.managed_fields
 
@@ -57,6 +63,7 @@ class Recorded:
     tmp: Path
     policy: Path
     session: Path
+    kubeconfig: Path
     live: tuple[int, str, str]  # exit code, stdout, stderr of the recording run
 
 
@@ -82,7 +89,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
                    "--record", str(session))
     finally:
         stop_sim_process(sim)
-    return Recorded(tmp, policy, session, live)
+    return Recorded(tmp, policy, session, sim.kubeconfig_path, live)
 
 
 def test_record_then_replay_with_the_cluster_gone(recorded: Recorded) -> None:
@@ -99,6 +106,10 @@ def test_record_then_replay_with_the_cluster_gone(recorded: Recorded) -> None:
         "ValidatingAdmissionPolicy 'stackship-p1' with binding 'stackship-p1' denied request: "
         "image(s) 'busybox' have no tag or digest, which means tag 'latest': pin a version "
         "tag (e.g. nginx:1.27.3) or a digest (nginx@sha256:...)",
+        "denied   c0001  Deployment team-a-jobs/worker: deployments.apps \"worker\" is "
+        "forbidden: ValidatingAdmissionPolicy 'stackship-p1' with binding 'stackship-p1' "
+        "denied request: image(s) 'worker:latest' use the tag 'latest', which changes under "
+        "you: pin a version tag (e.g. nginx:1.27.3) or a digest (nginx@sha256:...)",
     ]
     assert "context c0001, 2 namespace(s) labelled platform.stackship.se/boundary=team-a" in err
 
@@ -119,7 +130,8 @@ def test_record_then_replay_with_the_cluster_gone(recorded: Recorded) -> None:
     assert cli(*replay) == recorded.live
     code, out, _ = cli(*replay, "--json")
     assert code == 1
-    assert [r["allowed"] for r in json.loads(out)["results"]] == [True, False, True, False]
+    assert [r["allowed"] for r in json.loads(out)["results"]] == [True, False, True, False,
+                                                                  False]
 
 
 def corrupt(recorded: Recorded, name: str, edit: Any) -> Path:
@@ -184,3 +196,13 @@ def test_another_policy_is_refused(recorded: Recorded) -> None:
     assert (code, out) == (2, "")
     assert "recorded for policy 'p1' revision 1 (spec sha256" in err
     assert f"--policy {other} is policy 'p1' revision 1" in err
+
+
+def test_a_cluster_that_cannot_be_read_is_exit_2_and_no_session(recorded: Recorded) -> None:
+    session = recorded.tmp / "down.yaml"
+    code, out, err = cli("policy", "eval", "--policy", str(recorded.policy), "--context",
+                         "c0001", "--kubeconfig", str(recorded.kubeconfig), "--record",
+                         str(session))
+    assert (code, out) == (2, "")
+    assert err == "convergerd policy eval: context 'c0001': connection refused\n"
+    assert not session.exists()
