@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -179,8 +180,15 @@ def test_the_replayer_names_the_first_difference() -> None:
     replay(recorded, "/api/v1", "/apis/apps/v1").finish()
 
 
-def test_replay_from_a_written_session(tmp_path: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_from_a_written_session_opens_no_connection(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_network(*args: object) -> None:
+        raise AssertionError("replay opened a connection")
+
+    for name in ("connect", "connect_ex"):
+        monkeypatch.setattr(socket.socket, name, no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
     path, policy = tmp_path / "s.yaml", tmp_path / "p.yaml"
     write_session(path, session())
     policy.write_text(yaml.safe_dump({"id": "p1", "boundary": "team-a",
