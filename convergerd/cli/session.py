@@ -383,7 +383,8 @@ def _exchange(source: str, index: int, value: object) -> Exchange:
     try:
         body = bounded_json(text)
     except NotJSON as exc:
-        raise SessionError(f"{source}: {where}.response.body: {exc}") from None
+        raise SessionError(f"{source}: {where}.response.body: {exc}: the recorded answer was "
+                           "cut short (a truncated file) or edited") from None
     if not isinstance(body, dict):
         raise _bad(source, f"{where}.response.body", "a JSON object", body)
     status = _int(source, f"{where}.response.status", response["status"], 100, 599)

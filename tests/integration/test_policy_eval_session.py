@@ -173,7 +173,6 @@ def _items(doc: dict[str, Any]) -> None:
     (_items, "list answer: items: expected a list"),
     (lambda doc: b"\x00\xff garbage", "not UTF-8"),
     (lambda doc: b"exchanges: [", "not valid YAML"),
-    (lambda doc: yaml.safe_dump(doc)[:200].encode(), "session"),
 ])
 def test_a_session_that_does_not_match_is_exit_2_with_the_reason(
     recorded: Recorded, edit: Any, words: str, request: pytest.FixtureRequest,
@@ -185,6 +184,17 @@ def test_a_session_that_does_not_match_is_exit_2_with_the_reason(
     assert len(err.splitlines()) == 1, err
     assert err.startswith(f"convergerd policy eval: {path}")
     assert words in err
+
+
+def test_a_file_cut_in_an_answer_is_exit_2(recorded: Recorded) -> None:
+    text = recorded.session.read_text()
+    cut = recorded.tmp / "cut.yaml"
+    cut.write_text(text[: text.index('"items"', text.index("team-a-apps/pods"))])
+    code, out, err = cli("policy", "eval", "--policy", str(recorded.policy), "--replay",
+                         str(cut))
+    assert (code, out) == (2, "")
+    assert "response.body: not JSON" in err
+    assert "the recorded answer was cut short (a truncated file) or edited" in err
 
 
 def test_another_policy_is_refused(recorded: Recorded) -> None:
