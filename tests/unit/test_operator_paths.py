@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -50,7 +50,9 @@ class RecordingCluster:
 
     async def list_objects(self, resource: Resource, *, label_selector: str | None,
                            timeout_s: float, namespace: str | None = None,
-                           limit: int | None = None) -> ObjectList:
+                           limit: int | None = None,
+                           transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           ) -> ObjectList:
         self._sent(resource, namespace=namespace)
         items = [self.policy] if resource.plural == "policies" else []
         return ObjectList(items=items, resource_version="1", requests=1)
