@@ -24,7 +24,7 @@
 
 `on_change(name, object or None)` is called for every change (None: deleted), in order, from
 the informer's task; `on_restart(reason)` for every watch restart (`closed`: the server ended
-it, `expired`: 410, else the error's reason slug).
+it, `expired`: 410, else the error's reason slug); `on_health(healthy)` when `healthy` flips.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ class Informer:
         on_change: ChangeHook | None = None,
         on_restart: RestartHook | None = None,
         transform: Transform | None = None,
+        on_health: Callable[[bool], None] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
@@ -112,13 +113,25 @@ class Informer:
         self._on_change = on_change
         self._on_restart = on_restart
         self._transform = transform
+        self._on_health = on_health
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._objects: dict[str, KubeObject] = {}
         self.resource_version: str | None = None
         self.synced = asyncio.Event()  # set once the first list is in
         self.lists = 0  # how many times the cache was (re-)listed
-        self.healthy = False  # listed, and the watch not failed since (see the module doc)
+        self._healthy = False  # listed, and the watch not failed since (see the module doc)
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        if value != self._healthy:
+            self._healthy = value
+            if self._on_health is not None:
+                self._on_health(value)
 
     @property
     def objects(self) -> Mapping[str, KubeObject]:
@@ -198,7 +211,8 @@ class Informer:
                           reason=reason)
             if event.resource_version is not None:
                 self.resource_version = event.resource_version
-            self.healthy = True
+            if not self._healthy:
+                self.healthy = True
             if event.type == "BOOKMARK" or event.name is None:
                 continue
             key = object_key(event.object, self.resource.namespaced)

@@ -26,7 +26,8 @@ POLICY_API = "/apis/platform.stackship.se/v1alpha1/policies"
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1/"
 # The lists of the operator's own admission objects (its clean-up), built from no Policy.
 SWEEP = {f"{ADMISSION_API}validatingadmissionpolicies",
-         f"{ADMISSION_API}validatingadmissionpolicybindings"}
+         f"{ADMISSION_API}validatingadmissionpolicybindings",
+         "/api/v1/namespaces"}  # the workload cache's namespace list and watch
 _ID = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
