@@ -38,8 +38,10 @@ and the result written to its `status.audit` by the leader, under its own field 
 other's fields). A Policy is audited again when its spec changes, when a cached object of its
 boundary changes, when the cache's namespaces or sync state change, and every
 `probe_interval_s`; at most once per `AUDIT_MIN_INTERVAL_S` (changes in between are coalesced
-into one audit). Nothing is written when the figures did not change, except to refresh
-`auditedAt` every `probe_interval_s`. A change of only `status.audit` does not reconcile the
+into one audit). A cache that is not synced gets `CACHE_GRACE_S` to catch up before an audit
+writes `cacheSynced: false` (so a restart or a quick re-list writes nothing). Nothing is
+written when the figures did not change, except to refresh `auditedAt` every
+`probe_interval_s`. A change of only `status.audit` does not reconcile the
 Policy again.
 
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
@@ -122,6 +124,10 @@ DISCOVERY_RETRY_S = 30.0
 # A Policy is audited at most this often (changes in between are coalesced).
 AUDIT_MIN_INTERVAL_S = 1.0
 AUDIT_FIELD_MANAGER = "stackship-operator-audit"
+# An unsynced cache (starting, re-listing after a 410, a watch failing) is given this long to
+# catch up before an audit says `cacheSynced: false`: a restart or a quick re-list then writes
+# nothing, and a cache that stays behind is still said to be.
+CACHE_GRACE_S = 10.0
 
 
 class OperatorApi(WatchApi, Protocol):
@@ -238,12 +244,13 @@ class Operator:
         self._audit_due = _Due()
         self._audited_at: dict[str, float] = {}
         self._views: dict[str, Any] = {}
+        self._unsynced_since: float | None = None
         self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
         self.workloads = WorkloadCache(api, request_timeout_s=timing.request_timeout_s,
                                        cluster=cluster, on_objects=self._objects_changed,
-                                       on_state=self._audit_all,
+                                       on_state=self._cache_state,
                                        on_restart=metrics.workload_watch_restarted)
         metrics.workload_cache = self.workloads
 
@@ -330,6 +337,13 @@ class Operator:
             if spec.get("boundary") == boundary:
                 self._audit_soon(name)
 
+    def _cache_state(self) -> None:
+        if self.workloads.synced:
+            self._unsynced_since = None
+        elif self._unsynced_since is None:
+            self._unsynced_since = self._clock()
+        self._audit_all()
+
     def _audit_all(self) -> None:
         for name in self.informer.objects:
             self._audit_soon(name)
@@ -369,6 +383,12 @@ class Operator:
         except RenderError:
             return  # not enforceable in a cluster (the Ready condition says why)
         synced = self.workloads.synced
+        if not synced:
+            if self._unsynced_since is None:
+                self._unsynced_since = self._clock()
+            if self._clock() < self._unsynced_since + CACHE_GRACE_S:
+                self._audit_due.at(name, self._unsynced_since + CACHE_GRACE_S)
+                return
         namespaces = self.workloads.namespaces_of(policy.boundary)
         result = audit(judge, self.workloads.objects_in(namespaces))
         now = self._wall()

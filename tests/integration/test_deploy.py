@@ -7,6 +7,7 @@ is skipped with the reason, never silently passed.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import yaml
 
 from convergerd.core.model import Policy, PolicyRow
 from convergerd.core.render import render_policy, validate_policy
+from convergerd.operator.audit import Judge, audit, audit_status
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -442,6 +444,20 @@ def test_crd_schema_constrains_spec_and_status() -> None:
     assert status["phase"]["enum"] == ["Enforcing", "Inert", "Unsupported", "Error"]
     assert status["observedGeneration"]["type"] == "integer"
     assert status["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_the_audit_status_conforms_to_the_crd() -> None:
+    """The operator's status.audit is accepted by the schema (a real apiserver would prune
+    an undeclared field)."""
+    judge = Judge.of({"policyId": "p", "boundary": "b", "enabled": False, "revision": 1,
+                      "rule": {"type": "ForbidLatestTag"}})
+    pods = [{"kind": "Pod", "metadata": {"name": f"p{i}", "namespace": "team-a"},
+             "images": ("nginx",)} for i in range(7)]
+    status = {"audit": audit_status(audit(judge, pods), synced=True,
+                                    now=dt.datetime(2026, 12, 3, tzinfo=dt.UTC))}
+    _conforms(status, _schema()["properties"]["status"], "status")
+    assert len(status["audit"]["sample"]) == _schema()["properties"]["status"]["properties"][
+        "audit"]["properties"]["sample"]["maxItems"]
 
 
 def _rendered_policy(rule: Obj | None = None) -> Obj:

@@ -101,6 +101,11 @@ async def test_a_disabled_policy_audits_what_already_runs_and_follows_changes(
         policy = await get(fleet, f"{POLICIES}/policy-nolatest")
         assert policy is not None
         assert policy["status"]["phase"] == "Inert"  # the reconciler's fields are kept too
+        # Listed in pages, cluster-wide (one watch per kind, not per namespace).
+        lists = [r.path for r in fleet.accounting.requests(cluster=CLUSTER, verb="list")
+                 if r.path.startswith(("/api/v1/pods?", "/apis/apps/v1/deployments?"))]
+        assert len(lists) == 2
+        assert all("limit=500" in path for path in lists), lists
 
         # A compliant change to one pod: the watch brings it, the count drops.
         set_image(fleet, WEB, "web-1", "nginx:1.27.3")
@@ -126,6 +131,7 @@ async def test_a_disabled_policy_audits_what_already_runs_and_follows_changes(
         assert "convergerd_operator_workload_cache_objects 34.0" in text
         assert "convergerd_operator_workload_cache_synced 1.0" in text
         assert "convergerd_operator_audit_violations 12.0" in text
+        assert set(proc.metrics.workload_watch_restarts) == {"closed", "expired"}
 
 
 async def test_a_namespace_joining_the_boundary_is_listed_and_audited(fleet: Fleet) -> None:
@@ -146,3 +152,5 @@ async def test_a_namespace_joining_the_boundary_is_listed_and_audited(fleet: Fle
         assert found["sample"][0]["message"].startswith("image(s) 'nginx' not from an allowed")
         assert proc.operator is not None
         assert len(proc.operator.workloads) == 1
+        # Nine watches at once (Policies, Namespaces, seven kinds) never starve the requests.
+        assert set(proc.metrics.workload_watch_restarts) == {"closed", "expired"}
