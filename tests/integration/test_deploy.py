@@ -525,19 +525,24 @@ def test_convergerd_may_only_touch_policies_in_member_clusters() -> None:
 def test_operator_rbac_and_deployment() -> None:
     objs = render("operator")
     role = one(objs, "ClusterRole", "stackship:convergerd:operator")
-    grants = {
-        (group, resource): sorted(rule["verbs"])
-        for rule in role["rules"] if "apiGroups" in rule
-        for group in rule["apiGroups"] for resource in rule["resources"]
-    }
+    grants: dict[tuple[str, str], list[str]] = {}
+    for rule in role["rules"]:
+        for group in rule.get("apiGroups", ()):
+            for resource in rule["resources"]:
+                grants[group, resource] = sorted({*grants.get((group, resource), ()),
+                                                  *rule["verbs"]})
     full = sorted(["get", "list", "watch", "create", "update", "patch", "delete"])
+    watch = ["list", "watch"]  # the audit's workload cache
     assert grants == {
         ("platform.stackship.se", "policies"): ["get", "list", "watch"],
         ("platform.stackship.se", "policies/status"): ["patch", "update"],
         ("admissionregistration.k8s.io", "validatingadmissionpolicies"): full,
         ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): full,
         ("", "namespaces"): ["get", "list", "watch"],
-        ("", "pods"): ["create"],  # the dry-run enforcement probe
+        ("", "pods"): ["create", "list", "watch"],  # the dry-run probe; the cache
+        ("apps", "deployments"): watch, ("apps", "replicasets"): watch,
+        ("apps", "statefulsets"): watch, ("apps", "daemonsets"): watch,
+        ("batch", "jobs"): watch, ("batch", "cronjobs"): watch,
     }
     discovery = [r for r in role["rules"] if "nonResourceURLs" in r]
     assert discovery == [{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version"],
