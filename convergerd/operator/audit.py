@@ -27,7 +27,7 @@ import datetime as dt
 import heapq
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from convergerd.core.decode import clean_text
@@ -41,6 +41,7 @@ _CEL_MESSAGE_MAX_CHARS = 5 * 1024  # a longer messageExpression result falls bac
 # The rendered CEL's `i.matches(...)`: RE2 search, `$` = end of text.
 _EXPLICIT_LATEST = re.compile(r":latest(@.*)?\Z")
 _TAGGED = re.compile(r":[^/]*\Z")
+_VERDICTS_MAX = 100_000  # images remembered per Policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +50,20 @@ class Judge:
 
     rule: Rule
     messages: tuple[str, ...]  # each validation's `message`, in order
+    labels: tuple[str, ...] = ()  # RequiredLabels: the keys
+    prefixes: tuple[str, ...] = ()  # AllowedRegistries: each registry with its "/"
+    # image -> denied, for the image rules: thousands of pods share a few images
+    verdicts: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> Judge:
         """`RenderError` for a spec admission could not enforce (nothing to audit)."""
         admission = render_admission(spec)
         validations = admission.policy["spec"]["validations"]
-        return cls(parse_rule(spec["rule"]), tuple(str(v["message"]) for v in validations))
+        rule = parse_rule(spec["rule"])
+        return cls(rule, tuple(str(v["message"]) for v in validations),
+                   labels=tuple(rule.params.get("labels", ())),
+                   prefixes=tuple(p + "/" for p in rule.params.get("registries", ())))
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -132,6 +140,36 @@ def _forbid_latest(judge: Judge, images: Sequence[str]) -> str | None:
     return None
 
 
+def _latest(image: str) -> bool:
+    return bool(_EXPLICIT_LATEST.search(image)) or (
+        "@" not in image and not _TAGGED.search(image))
+
+
+def denied(judge: Judge, obj: Mapping[str, Any]) -> bool:
+    """`denial(judge, obj) is not None`, without building the message: the audit counts every
+    object but words only its sample."""
+    invalid = obj.get("invalid")
+    if judge.rule.type == "RequiredLabels":
+        if invalid and "labels" in invalid:
+            return True
+        labels = obj["metadata"].get("labels") or {}
+        return any(k not in labels for k in judge.labels)
+    if invalid and "images" in invalid:
+        return True
+    verdicts = judge.verdicts
+    for image in obj.get("images") or ():
+        verdict = verdicts.get(image)
+        if verdict is None:
+            if len(verdicts) >= _VERDICTS_MAX:
+                verdicts.clear()
+            verdict = verdicts[image] = (
+                not image.startswith(judge.prefixes) if judge.rule.type == "AllowedRegistries"
+                else _latest(image))
+        if verdict:
+            return True
+    return False
+
+
 def denial(judge: Judge, obj: Mapping[str, Any]) -> str | None:
     """The message admission would deny `obj` (a slim object) with, None when it admits it."""
     if judge.rule.type == "RequiredLabels":
@@ -145,16 +183,21 @@ def denial(judge: Judge, obj: Mapping[str, Any]) -> str | None:
     return _forbid_latest(judge, images)  # Judge.of refuses control-plane-only rules
 
 
+def _order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    meta = obj["metadata"]
+    return str(meta.get("namespace") or ""), str(obj.get("kind", "")), str(meta.get("name", ""))
+
+
 def audit(judge: Judge, objects: Iterable[Mapping[str, Any]]) -> AuditResult:
-    """The objects `judge` denies: how many, and the first `SAMPLE_SIZE`."""
-    found: list[Violation] = []
-    for obj in objects:
+    """The objects `judge` denies: how many, and the first `SAMPLE_SIZE` (by namespace, kind,
+    name) with admission's message."""
+    found = [obj for obj in objects if denied(judge, obj)]
+    sample = []
+    for obj in heapq.nsmallest(SAMPLE_SIZE, found, key=_order):
         message = denial(judge, obj)
-        if message is not None:
-            meta = obj["metadata"]
-            found.append(Violation(str(meta.get("namespace") or ""), str(obj.get("kind", "")),
-                                   str(meta.get("name", "")), message))
-    return AuditResult(len(found), tuple(heapq.nsmallest(SAMPLE_SIZE, found)))
+        assert message is not None  # `denied` and `denial` agree (tested)
+        sample.append(Violation(*_order(obj), message))
+    return AuditResult(len(found), tuple(sample))
 
 
 def audit_status(result: AuditResult, *, synced: bool, now: dt.datetime) -> dict[str, Any]:

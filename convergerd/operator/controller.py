@@ -245,6 +245,7 @@ class Operator:
         self._audited_at: dict[str, float] = {}
         self._views: dict[str, Any] = {}
         self._unsynced_since: float | None = None
+        self._judges: dict[str, tuple[Mapping[str, Any], Judge]] = {}  # by Policy, with spec
         self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
@@ -366,22 +367,37 @@ class Operator:
                     async with asyncio.timeout(None if math.isinf(wait) else wait):
                         await self._audit_due.wake.wait()
 
+    def _judge(self, name: str, policy: PolicyObject) -> Judge | None:
+        """The Policy's rule, kept while its spec is the same (it remembers image verdicts);
+        None when it cannot be judged."""
+        if not is_object_name(name) or policy.invalid is not None:
+            return None
+        cached = self._judges.get(name)
+        if cached is not None and cached[0] == policy.spec:
+            return cached[1]
+        try:
+            judge = Judge.of(policy.spec)
+        except RenderError:
+            self._judges.pop(name, None)
+            return None  # not enforceable in a cluster
+        self._judges[name] = (policy.spec, judge)
+        return judge
+
     async def _audit_one(self, name: str) -> None:
         obj = self.informer.objects.get(name)
         if obj is None:
             self._audited_at.pop(name, None)
+            self._judges.pop(name, None)
             self._metrics.audited(name, None)
             return
         self._audited_at[name] = self._clock()
         # Audited again every probe interval: `auditedAt` says the audit still runs.
         self._audit_due.at(name, self._clock() + self._t.probe_interval_s)
         policy = PolicyObject.from_object(obj)
-        if not is_object_name(name) or policy.invalid is not None or policy.boundary is None:
+        judge = self._judge(name, policy)
+        if judge is None or policy.boundary is None:
+            self._metrics.audited(name, None)
             return  # the Ready condition says why; nothing can be judged
-        try:
-            judge = Judge.of(policy.spec)
-        except RenderError:
-            return  # not enforceable in a cluster (the Ready condition says why)
         synced = self.workloads.synced
         if not synced:
             if self._unsynced_since is None:

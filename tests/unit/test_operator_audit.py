@@ -17,6 +17,7 @@ from convergerd.operator.audit import (
     audit_differs,
     audit_status,
     denial,
+    denied,
 )
 from convergerd.operator.workloads import slim
 from convergerd.sim.vap import Attributes, PolicyEvaluator
@@ -50,7 +51,10 @@ def cel_denial(rule: dict[str, Any], obj: dict[str, Any]) -> str | None:
 def audit_denial(rule: dict[str, Any], obj: dict[str, Any]) -> str | None:
     kept = slim(obj["kind"], obj | {"metadata": obj["metadata"] | {"namespace": NS}})
     assert kept is not None
-    return denial(Judge.of(spec(rule)), kept)
+    judge = Judge.of(spec(rule))
+    message = denial(judge, kept)
+    assert denied(judge, kept) == (message is not None)
+    return message
 
 
 @pytest.mark.parametrize("kind", ["Pod", "Deployment", "CronJob"])
