@@ -105,8 +105,8 @@ class WorkloadCache:
     @property
     def synced(self) -> bool:
         """Everything the audit needs is listed and every watch is current."""
-        if self._boundaries is None or not self.namespaces.healthy:
-            return False
+        if self._boundaries is None or not self.namespaces.healthy or self._changed.is_set():
+            return False  # not told, or a change of namespaces or boundaries not applied yet
         if self._watched != self._relevant:
             return False  # a re-list for new namespaces is due
         return not self._relevant or all(i.healthy for i in self.kinds.values())

@@ -152,5 +152,14 @@ async def test_a_namespace_joining_the_boundary_is_listed_and_audited(fleet: Fle
         assert found["sample"][0]["message"].startswith("image(s) 'nginx' not from an allowed")
         assert proc.operator is not None
         assert len(proc.operator.workloads) == 1
+        lists = cache_lists(proc)
+
+        # It leaves the boundary: its objects are dropped, nothing is listed again.
+        ns = store.get(NAMESPACES, None, "later")
+        ns["metadata"]["labels"] = {BOUNDARY_LABEL: "b2"}
+        store.update(NAMESPACES, None, "later", ns, manager="test")
+        await wait_for(lambda: audit_of(fleet, "regs", violations=0, cacheSynced=True))
+        assert len(proc.operator.workloads) == 0
+        assert cache_lists(proc) == lists
         # Nine watches at once (Policies, Namespaces, seven kinds) never starve the requests.
         assert set(proc.metrics.workload_watch_restarts) == {"closed", "expired"}
