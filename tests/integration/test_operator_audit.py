@@ -3,7 +3,10 @@ counts the running objects its rule would deny, enabled or not, and follows the 
 
 from __future__ import annotations
 
+import gc
+import logging
 import random
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,7 @@ from typing import Any
 import pytest
 
 from convergerd.operator.main import OperatorProcess
+from convergerd.operator.workloads import SLIM_BYTES_BUDGET
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import DEPLOYMENTS, NAMESPACES, PODS
 from tests.integration.test_operator import (
@@ -25,6 +29,7 @@ from tests.integration.test_operator import (
 
 BOUNDARY_LABEL = "platform.stackship.se/boundary"
 WEB, API, OTHER = "team-a-web", "team-a-api", "team-b-web"
+PODS_AT_SCALE = 10_000
 UNPINNED = ("image(s) 'nginx' have no tag or digest, which means tag 'latest': pin a version "
             "tag (e.g. nginx:1.27.3) or a digest (nginx@sha256:...)")
 
@@ -163,3 +168,44 @@ async def test_a_namespace_joining_the_boundary_is_listed_and_audited(fleet: Fle
         assert cache_lists(proc) == lists
         # Nine watches at once (Policies, Namespaces, seven kinds) never starve the requests.
         assert set(proc.metrics.workload_watch_restarts) == {"closed", "expired"}
+
+
+async def test_the_cache_of_10000_pods_listed_from_a_cluster_stays_within_its_budget(
+        fleet: Fleet) -> None:
+    """Through the real client, paged list and watch: what the cache retains (allocations made
+    by the operator's, the client's and the decoder's code, after a collection) per pod."""
+    namespace(fleet, WEB, "b1")
+    store = fleet.store(CLUSTER)
+    for i in range(PODS_AT_SCALE):
+        store.create(PODS, WEB, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"api-7f9c-{i:05d}", "labels": {
+                "app": "api", "pod-template-hash": "7f9c", "team": "a"},
+                "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-12-01T00:00:00Z"}},
+            "spec": {"containers": [
+                {"name": "api", "image": "registry.example.com/team-a/api:1.4.2",
+                 "ports": [{"containerPort": 8080}]},
+                {"name": "proxy", "image": "registry.example.com/envoy:1.31"}]}},
+            manager="kubectl-client-side-apply")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        async with running(operator_settings(fleet)) as proc:
+            await put_policy(fleet, "nolatest", enabled=False)
+            await wait_for(lambda: audit_of(fleet, "nolatest", violations=0, cacheSynced=True),
+                           120)
+            assert proc.operator is not None
+            assert len(proc.operator.workloads) == PODS_AT_SCALE
+            gc.collect()
+            snapshot = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    ours = [tracemalloc.Filter(True, f"*/convergerd/{part}/*")
+            for part in ("operator", "kube", "core")]
+    retained = sum(stat.size for stat in snapshot.filter_traces(ours).statistics("filename"))
+    per_pod = retained / PODS_AT_SCALE
+    figure = (f"{PODS_AT_SCALE} pods listed from the simulator: the cache retains "
+              f"{retained / 2**20:.1f} MiB, {per_pod:.0f} bytes per pod (budget "
+              f"{SLIM_BYTES_BUDGET})")
+    logging.getLogger(__name__).warning("%s", figure)
+    assert per_pod <= SLIM_BYTES_BUDGET, figure
