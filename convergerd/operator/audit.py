@@ -74,7 +74,10 @@ class Violation:
     message: str
 
     def as_status(self) -> dict[str, str]:
-        return {"kind": self.kind, "namespace": self.namespace, "name": self.name,
+        """Within the CRD schema's limits, whatever the cluster answered (a status the schema
+        rejects would be retried for ever)."""
+        return {"kind": clean_text(self.kind, 63), "namespace": clean_text(self.namespace, 63),
+                "name": clean_text(self.name, 253),
                 "message": clean_text(self.message, MESSAGE_MAX_CHARS)}
 
 
