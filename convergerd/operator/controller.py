@@ -246,6 +246,7 @@ class Operator:
         self._views: dict[str, Any] = {}
         self._unsynced_since: float | None = None
         self._judges: dict[str, tuple[Mapping[str, Any], Judge]] = {}  # by Policy, with spec
+        self._audit_failures: dict[str, int] = {}
         self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
@@ -388,6 +389,7 @@ class Operator:
         if obj is None:
             self._audited_at.pop(name, None)
             self._judges.pop(name, None)
+            self._audit_failures.pop(name, None)
             self._metrics.audited(name, None)
             return
         self._audited_at[name] = self._clock()
@@ -422,10 +424,13 @@ class Operator:
         except Fenced:
             raise
         except ClusterError as exc:
-            log.warning("cluster %s: Policy %s: writing its audit failed: %s; again in %g s",
-                        self.cluster, name, exc, RETRY_BASE_S, extra=self._extra(policy=name))
-            self._audit_due.at(name, self._clock() + RETRY_BASE_S)
+            failures = self._audit_failures[name] = self._audit_failures.get(name, 0) + 1
+            wait = backoff_s(failures, base=RETRY_BASE_S, cap=RETRY_CAP_S, rng=self._rng)
+            log.warning("cluster %s: Policy %s: writing its audit failed: %s; again in %.1f s",
+                        self.cluster, name, exc, wait, extra=self._extra(policy=name))
+            self._audit_due.at(name, self._clock() + wait)
             return
+        self._audit_failures.pop(name, None)
         self._metrics.wrote("audit")
         log.info("cluster %s: Policy %s: audit: %d violation(s)%s", self.cluster, name,
                  result.violations, "" if synced else " (cache not synced: may be behind)",
