@@ -49,7 +49,6 @@ class WorkloadCache:
         on_objects: Callable[[str], None] = lambda namespace: None,
         on_state: Callable[[], None] = lambda: None,
         on_restart: Callable[[str], None] = lambda reason: None,
-        informer: Callable[..., Informer] = Informer,
     ) -> None:
         self.cluster = cluster
         self._on_objects = on_objects
@@ -59,14 +58,14 @@ class WorkloadCache:
         self._watched: frozenset[str] = frozenset()  # what the running informers keep
         self._changed = asyncio.Event()
         self._was_synced = False
-        self.namespaces = informer(api, NAMESPACES, request_timeout_s=request_timeout_s,
+        self.namespaces = Informer(api, NAMESPACES, request_timeout_s=request_timeout_s,
                                    label_selector=BOUNDARY_LABEL,
                                    transform=functools.partial(slim_namespace,
                                                                label=BOUNDARY_LABEL),
                                    on_change=self._namespace_changed, on_restart=on_restart,
                                    on_health=self._namespaces_health)
         self.kinds: dict[str, Informer] = {
-            kind: informer(api, resource, request_timeout_s=request_timeout_s,
+            kind: Informer(api, resource, request_timeout_s=request_timeout_s,
                            transform=functools.partial(self._keep, kind),
                            on_change=self._object_changed, on_restart=on_restart,
                            on_health=self._health_changed)
