@@ -8,7 +8,7 @@ honours `timeout_s` as a hard bound on the whole call including the rate limiter
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -131,8 +131,11 @@ class WatchApi(Protocol):
     """List and watch one resource type in one cluster (what a watch cache needs)."""
 
     async def list_objects(self, resource: Resource, *, label_selector: str | None,
-                           timeout_s: float) -> ObjectList:
-        """Every object, following `continue` until the end."""
+                           timeout_s: float,
+                           transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           ) -> ObjectList:
+        """Every object, following `continue` until the end; with `transform`, each item as
+        it returns (None: left out), one page at a time."""
         ...
 
     def watch(self, resource: Resource, *, resource_version: str, label_selector: str | None,

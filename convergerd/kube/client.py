@@ -403,6 +403,11 @@ class ClusterClient:
 
         self._warm = session(1, WARM_KEEPALIVE_S)
         self._burst = session(max(1, self.pool_size - 1), burst_keepalive_s)
+        # Watches: one connection each for as long as the watch runs, so not from the pools
+        # short requests wait on (nine watches would starve a pool of four). Unbounded: the
+        # callers run a fixed, small number of watches (the operator: Policies, Namespaces
+        # and one per workload kind).
+        self._streams = session(0, burst_keepalive_s)
         self._warm_busy = False
         self._leases: dict[aiohttp.ClientSession, CoordinationV1Api] = {}
 
@@ -415,11 +420,12 @@ class ClusterClient:
 
     @property
     def closed(self) -> bool:
-        return self._warm.closed and self._burst.closed
+        return self._warm.closed and self._burst.closed and self._streams.closed
 
     async def close(self) -> None:
         await self._warm.close()
         await self._burst.close()
+        await self._streams.close()
 
     # --- PolicyApi --------------------------------------------------------------------------
 
@@ -578,9 +584,9 @@ class ClusterClient:
         max_line_bytes: int | None = None,
     ) -> AsyncIterator[bytes]:
         """The lines of a long answer (a watch), each capped at `max_line_bytes` (default: the
-        response cap), for at most `timeout_s`. Goes over the burst pool: the warm connection
-        stays free for short requests. An error status, a reset or the deadline raise our
-        error classes, as `call` does."""
+        response cap), for at most `timeout_s`. Goes over its own connections (one per watch),
+        so a running watch never holds a connection that short requests wait for. An error
+        status, a reset or the deadline raise our error classes, as `call` does."""
         limit = max_line_bytes or self._max_response_bytes
         start = self._clock()
         status: int | None = None
@@ -592,7 +598,7 @@ class ClusterClient:
                                             sock_connect=self._connect_timeout_s)
             headers = {**await self._auth.headers(), "User-Agent": self._agent,
                        "Accept": JSON_CONTENT_TYPE}
-            async with self._burst.get(
+            async with self._streams.get(
                 self._server + path, params=dict(query), headers=headers, timeout=timeout,
                 server_hostname=self._server_hostname,
             ) as response:

@@ -9,7 +9,7 @@ raised as `ClusterLevelError` with status 404, reason `not_served`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from convergerd.core.decode import list_page, watch_line
@@ -56,8 +56,12 @@ class ObjectClient:
 
     async def list_objects(self, resource: Resource, *, label_selector: str | None,
                            timeout_s: float, namespace: str | None = None,
-                           limit: int | None = None) -> ObjectList:
-        """Every object (or the first `limit`), following `continue` until the end."""
+                           limit: int | None = None,
+                           transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           ) -> ObjectList:
+        """Every object (or the first `limit`), following `continue` until the end. With
+        `transform`, each item is replaced as its page arrives (None: left out), so only one
+        page of full objects is held at a time."""
         items: list[KubeObject] = []
         token: str | None = None
         requests = 0
@@ -75,7 +79,10 @@ class ObjectClient:
             assert reply is not None
             requests += 1
             page = list_page(reply.object)
-            items.extend(page.items)
+            if transform is None:
+                items.extend(page.items)
+            else:
+                items.extend(t for t in map(transform, page.items) if t is not None)
             if page.continue_token is not None and page.continue_token == token:
                 raise BadResponse("list answer: metadata.continue: the same token again")
             token = page.continue_token

@@ -11,12 +11,20 @@
   (`convergerd.core.decode`); each line is read with the response size cap. An unusable answer fails
   that watch (restarted with backoff), never the process.
 - Generic: any `Resource`, an optional label selector, any `WatchApi` (the cluster client, or a
-  fake in tests). The operator keeps its Policies here; the daemon's per-cluster Policy caches
-  can use the same class.
+  fake in tests). The operator keeps its Policies here, and its workload cache
+  (`convergerd.operator.cache`) one informer per workload kind; the daemon's per-cluster
+  Policy caches can use the same class.
+- Namespaced resources are keyed `namespace/name` (cluster-scoped: `name`).
+- `transform` (optional) replaces each listed or watched object before it is stored (the
+  workload cache keeps only what the rules read); None leaves the object out (a stored one is
+  then reported deleted). List pages are transformed one page at a time, so a full list is
+  never held at once.
+- `healthy` is False until the first list, and from a watch failure or a 410 until the
+  re-list or the first event of the resumed watch: a cache that may be behind says so.
 
 `on_change(name, object or None)` is called for every change (None: deleted), in order, from
 the informer's task; `on_restart(reason)` for every watch restart (`closed`: the server ended
-it, `expired`: 410, else the error's reason slug).
+it, `expired`: 410, else the error's reason slug); `on_health(healthy)` when `healthy` flips.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ BACKOFF_CAP_S = 30.0
 
 ChangeHook = Callable[[str, KubeObject | None], None]
 RestartHook = Callable[[str], None]
+Transform = Callable[[KubeObject], KubeObject | None]
 
 
 class Expired(Exception):
@@ -55,6 +64,16 @@ def _name_and_version(obj: Mapping[str, Any]) -> tuple[str | None, str | None]:
     name, version = meta.get("name"), meta.get("resourceVersion")
     return (name if isinstance(name, str) and name else None,
             version if isinstance(version, str) else None)
+
+
+def object_key(obj: Mapping[str, Any], namespaced: bool) -> str | None:
+    """The cache key of `obj`: `namespace/name` for a namespaced resource, else `name`; None
+    without a name (or, namespaced, without a namespace)."""
+    name, _ = _name_and_version(obj)
+    if name is None or not namespaced:
+        return name
+    namespace = obj["metadata"].get("namespace")
+    return f"{namespace}/{name}" if isinstance(namespace, str) and namespace else None
 
 
 def diff(old: Mapping[str, KubeObject],
@@ -81,6 +100,8 @@ class Informer:
         watch_timeout_s: float = WATCH_TIMEOUT_S,
         on_change: ChangeHook | None = None,
         on_restart: RestartHook | None = None,
+        transform: Transform | None = None,
+        on_health: Callable[[bool], None] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
@@ -91,12 +112,26 @@ class Informer:
         self._watch_timeout_s = watch_timeout_s
         self._on_change = on_change
         self._on_restart = on_restart
+        self._transform = transform
+        self._on_health = on_health
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._objects: dict[str, KubeObject] = {}
         self.resource_version: str | None = None
         self.synced = asyncio.Event()  # set once the first list is in
         self.lists = 0  # how many times the cache was (re-)listed
+        self._healthy = False  # listed, and the watch not failed since (see the module doc)
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        if value != self._healthy:
+            self._healthy = value
+            if self._on_health is not None:
+                self._on_health(value)
 
     @property
     def objects(self) -> Mapping[str, KubeObject]:
@@ -115,9 +150,11 @@ class Informer:
                 self._restarted("closed")
             except Expired:
                 self.resource_version = None
+                self.healthy = False
                 self._restarted("expired")
             except ClusterError as exc:
                 failures += 1
+                self.healthy = False
                 self._restarted(exc.reason)
                 wait = backoff_s(failures, base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S, rng=self._rng)
                 log.warning("watch of %s failed (%s): %s; again in %.1f s", self.resource,
@@ -126,21 +163,37 @@ class Informer:
 
     async def relist(self) -> None:
         """Replace the cache with a fresh list; report only the differences."""
-        listed = await self._api.list_objects(self.resource, label_selector=self._selector,
-                                              timeout_s=self._request_timeout_s)
+        if self._transform is None:
+            listed = await self._api.list_objects(self.resource, label_selector=self._selector,
+                                                  timeout_s=self._request_timeout_s)
+        else:
+            listed = await self._api.list_objects(self.resource, label_selector=self._selector,
+                                                  timeout_s=self._request_timeout_s,
+                                                  transform=self._transform)
         fresh: dict[str, KubeObject] = {}
         for item in listed.items:
-            name, _ = _name_and_version(item)
-            if name is None:
+            key = object_key(item, self.resource.namespaced)
+            if key is None:
                 log.warning("a listed %s has no name; left out", self.resource)
                 continue
-            fresh[name] = item
+            fresh[key] = item
         old, self._objects = self._objects, fresh
         self.resource_version = listed.resource_version or None
         self.lists += 1
-        for name, obj in diff(old, fresh):
-            self._changed(name, obj)
+        self.healthy = True
+        for key, obj in diff(old, fresh):
+            self._changed(key, obj)
         self.synced.set()
+
+    def invalidate(self) -> None:
+        """The next `run` starts with a re-list (e.g. the transform now keeps more)."""
+        self.resource_version = None
+        self.healthy = False
+
+    def forget(self, keep: Callable[[str], bool]) -> None:
+        """Drop the cached objects whose key `keep` rejects, without reporting them (they left
+        the consumer's interest, not the cluster)."""
+        self._objects = {k: v for k, v in self._objects.items() if keep(k)}
 
     async def _watch(self) -> None:
         assert self.resource_version is not None
@@ -158,14 +211,23 @@ class Informer:
                           reason=reason)
             if event.resource_version is not None:
                 self.resource_version = event.resource_version
+            if not self._healthy:
+                self.healthy = True
             if event.type == "BOOKMARK" or event.name is None:
                 continue
-            if event.type == "DELETED":
-                if self._objects.pop(event.name, None) is not None:
-                    self._changed(event.name, None)
+            key = object_key(event.object, self.resource.namespaced)
+            if key is None:
+                log.warning("a watched %s has no namespace; left out", self.resource)
+                continue
+            obj: KubeObject | None = event.object
+            if obj is not None and event.type != "DELETED" and self._transform is not None:
+                obj = self._transform(obj)
+            if event.type == "DELETED" or obj is None:
+                if self._objects.pop(key, None) is not None:
+                    self._changed(key, None)
             else:
-                self._objects[event.name] = event.object
-                self._changed(event.name, event.object)
+                self._objects[key] = obj
+                self._changed(key, obj)
 
     def _changed(self, name: str, obj: KubeObject | None) -> None:
         if self._on_change is not None:

@@ -31,6 +31,19 @@ probe again `probe_delay_s` later.
 Every log line names the cluster (in the message and `extra={"cluster": ...}`): one process
 may run many operators (the demo runs one per simulated cluster).
 
+The audit (`convergerd.operator.audit`): every Policy, enabled or not, is judged against the
+workload cache (`convergerd.operator.cache`, run on every replica so a standby takes over warm)
+and the result written to its `status.audit` by the leader, under its own field manager
+(`AUDIT_FIELD_MANAGER`, so the reconciler's status writes and the audit's never remove each
+other's fields). A Policy is audited again when its spec changes, when a cached object of its
+boundary changes, when the cache's namespaces or sync state change, and every
+`probe_interval_s`; at most once per `AUDIT_MIN_INTERVAL_S` (changes in between are coalesced
+into one audit). A cache that is not synced gets `CACHE_GRACE_S` to catch up before an audit
+writes `cacheSynced: false` (so a restart or a quick re-list writes nothing). Nothing is
+written when the figures did not change, except to refresh `auditedAt` every
+`probe_interval_s`. A change of only `status.audit` does not reconcile the
+Policy again.
+
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
 an upgrade. What to write is decided in `convergerd.operator.reconcile`; this module does the
@@ -64,6 +77,8 @@ from convergerd.operator.admission import (
     admission_name,
     violating_pod,
 )
+from convergerd.operator.audit import Judge, audit, audit_differs, audit_status
+from convergerd.operator.cache import WorkloadCache
 from convergerd.operator.metrics import OperatorMetrics
 from convergerd.operator.reconcile import (
     ADMITTED,
@@ -106,6 +121,13 @@ RETRY_BASE_S = 2.0
 RETRY_CAP_S = 300.0
 # Discovery that could not be asked is asked again this soon.
 DISCOVERY_RETRY_S = 30.0
+# A Policy is audited at most this often (changes in between are coalesced).
+AUDIT_MIN_INTERVAL_S = 1.0
+AUDIT_FIELD_MANAGER = "stackship-operator-audit"
+# An unsynced cache (starting, re-listing after a 410, a watch failing) is given this long to
+# catch up before an audit says `cacheSynced: false`: a restart or a quick re-list then writes
+# nothing, and a cache that stays behind is still said to be.
+CACHE_GRACE_S = 10.0
 
 
 class OperatorApi(WatchApi, Protocol):
@@ -115,7 +137,9 @@ class OperatorApi(WatchApi, Protocol):
                   namespace: str | None = None) -> KubeObject | None: ...
     async def list_objects(self, resource: Resource, *, label_selector: str | None,
                            timeout_s: float, namespace: str | None = None,
-                           limit: int | None = None) -> ObjectList: ...
+                           limit: int | None = None,
+                           transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           ) -> ObjectList: ...
     async def apply(self, resource: Resource, body: KubeObject, *, field_manager: str,
                     timeout_s: float, subresource: str | None = None) -> KubeObject: ...
     async def delete(self, resource: Resource, name: str, *, timeout_s: float) -> bool: ...
@@ -215,9 +239,22 @@ class Operator:
         self._failures: dict[str, int] = {}
         self._sweep_at = math.inf
         self._fence: Fence | None = None
+        # The audit: due times (rate-limited per Policy), and each Policy as last seen apart
+        # from what only the audit writes (a change of status.audit alone is not reconciled).
+        self._audit_due = _Due()
+        self._audited_at: dict[str, float] = {}
+        self._views: dict[str, Any] = {}
+        self._unsynced_since: float | None = None
+        self._judges: dict[str, tuple[Mapping[str, Any], Judge]] = {}  # by Policy, with spec
+        self._audit_failures: dict[str, int] = {}
         self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
+        self.workloads = WorkloadCache(api, request_timeout_s=timing.request_timeout_s,
+                                       cluster=cluster, on_objects=self._objects_changed,
+                                       on_state=self._cache_state,
+                                       on_restart=metrics.workload_watch_restarted)
+        metrics.workload_cache = self.workloads
 
     def _extra(self, **fields: str) -> dict[str, str]:
         return {"cluster": self.cluster, **fields}
@@ -230,13 +267,21 @@ class Operator:
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.informer.run(), name="policy watch")
+            tg.create_task(self.workloads.run(), name="workload cache")
+            tg.create_task(self._boundaries_when_listed(), name="boundaries")
             tg.create_task(self._discovery(), name="discovery")
             tg.create_task(self._lead(), name="reconciler")
 
     # -- events ----------------------------------------------------------------------------
 
     def _on_change(self, name: str, obj: KubeObject | None) -> None:
-        self._due.at(name, self._clock())
+        view = _reconcile_view(obj) if obj is not None else None
+        if view is None or self._views.get(name) != view:
+            self._due.at(name, self._clock())
+        if view is None:
+            self._views.pop(name, None)
+        else:
+            self._views[name] = view
         if obj is None:
             self._sweep_at = self._clock()
             self._due.wake.set()
@@ -252,6 +297,9 @@ class Operator:
         if old != new:
             boundaries = {str(s.get("boundary", "")) for s in (old, new) if s is not None}
             self._reprobe_inconclusive(name, boundaries)
+            self._audit_soon(name)
+            if self.informer.synced.is_set():
+                self._set_boundaries()
 
     def _reprobe_inconclusive(self, changed: str, boundaries: set[str]) -> None:
         """A Policy of these boundaries changed its spec (or came or went): the others whose
@@ -270,6 +318,123 @@ class Operator:
             self._due.at(name, now)
         self._sweep_at = now
         self._due.wake.set()
+
+    # -- the audit -------------------------------------------------------------------------
+
+    def _set_boundaries(self) -> None:
+        self.workloads.set_boundaries(str(spec.get("boundary", ""))
+                                      for spec in self._specs.values())
+
+    async def _boundaries_when_listed(self) -> None:
+        await self.informer.synced.wait()
+        self._set_boundaries()
+
+    def _audit_soon(self, name: str) -> None:
+        when = max(self._clock(), self._audited_at.get(name, -math.inf) + AUDIT_MIN_INTERVAL_S)
+        self._audit_due.at(name, when)
+
+    def _objects_changed(self, namespace: str) -> None:
+        boundary = self.workloads.boundary_of(namespace)
+        for name, spec in self._specs.items():
+            if spec.get("boundary") == boundary:
+                self._audit_soon(name)
+
+    def _cache_state(self) -> None:
+        if self.workloads.synced:
+            self._unsynced_since = None
+        elif self._unsynced_since is None:
+            self._unsynced_since = self._clock()
+        self._audit_all()
+
+    def _audit_all(self) -> None:
+        for name in self.informer.objects:
+            self._audit_soon(name)
+
+    async def _audits(self) -> None:
+        """The leader's audit loop: due Policies one at a time."""
+        await self.informer.synced.wait()
+        self._audit_all()
+        while True:
+            now = self._clock()
+            name = self._audit_due.pop_due(now)
+            if name is not None:
+                await self._audit_one(name)
+                await asyncio.sleep(0)  # one audit at a time: let the watches in between
+                continue
+            self._audit_due.wake.clear()
+            wait = self._audit_due.next_at() - self._clock()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(None if math.isinf(wait) else wait):
+                        await self._audit_due.wake.wait()
+
+    def _judge(self, name: str, policy: PolicyObject) -> Judge | None:
+        """The Policy's rule, kept while its spec is the same (it remembers image verdicts);
+        None when it cannot be judged."""
+        if not is_object_name(name) or policy.invalid is not None:
+            return None
+        cached = self._judges.get(name)
+        if cached is not None and cached[0] == policy.spec:
+            return cached[1]
+        try:
+            judge = Judge.of(policy.spec)
+        except RenderError:
+            self._judges.pop(name, None)
+            return None  # not enforceable in a cluster
+        self._judges[name] = (policy.spec, judge)
+        return judge
+
+    async def _audit_one(self, name: str) -> None:
+        obj = self.informer.objects.get(name)
+        if obj is None:
+            self._audited_at.pop(name, None)
+            self._judges.pop(name, None)
+            self._audit_failures.pop(name, None)
+            self._metrics.audited(name, None)
+            return
+        self._audited_at[name] = self._clock()
+        # Audited again every probe interval: `auditedAt` says the audit still runs.
+        self._audit_due.at(name, self._clock() + self._t.probe_interval_s)
+        policy = PolicyObject.from_object(obj)
+        judge = self._judge(name, policy)
+        if judge is None or policy.boundary is None:
+            self._metrics.audited(name, None)
+            return  # the Ready condition says why; nothing can be judged
+        synced = self.workloads.synced
+        if not synced:
+            if self._unsynced_since is None:
+                self._unsynced_since = self._clock()
+            if self._clock() < self._unsynced_since + CACHE_GRACE_S:
+                self._audit_due.at(name, self._unsynced_since + CACHE_GRACE_S)
+                return
+        namespaces = self.workloads.namespaces_of(policy.boundary)
+        result = audit(judge, self.workloads.objects_in(namespaces))
+        now = self._wall()
+        new = audit_status(result, synced=synced, now=now)
+        self._metrics.audited(name, result.violations)
+        if not audit_differs(policy.status.get("audit"), new, now=now,
+                             refresh_s=self._t.probe_interval_s):
+            return
+        body = {"apiVersion": POLICIES.api_version, "kind": "Policy",
+                "metadata": {"name": name}, "status": {"audit": new}}
+        try:
+            await self._write(lambda t: self._api.apply(
+                POLICIES, body, field_manager=AUDIT_FIELD_MANAGER, timeout_s=t,
+                subresource="status"), "audit")
+        except Fenced:
+            raise
+        except ClusterError as exc:
+            failures = self._audit_failures[name] = self._audit_failures.get(name, 0) + 1
+            wait = backoff_s(failures, base=RETRY_BASE_S, cap=RETRY_CAP_S, rng=self._rng)
+            log.warning("cluster %s: Policy %s: writing its audit failed: %s; again in %.1f s",
+                        self.cluster, name, exc, wait, extra=self._extra(policy=name))
+            self._audit_due.at(name, self._clock() + wait)
+            return
+        self._audit_failures.pop(name, None)
+        self._metrics.wrote("audit")
+        log.info("cluster %s: Policy %s: audit: %d violation(s)%s", self.cluster, name,
+                 result.violations, "" if synced else " (cache not synced: may be behind)",
+                 extra=self._extra(policy=name))
 
     # -- discovery -------------------------------------------------------------------------
 
@@ -306,17 +471,19 @@ class Operator:
             epoch = await self._leadership.wait_leading()
             self._fence = self._leadership.fence(epoch)
             worker = asyncio.create_task(self._work(), name="reconcile worker")
+            auditor = asyncio.create_task(self._audits(), name="audit")
             lost = asyncio.create_task(self._leadership.wait_lost(epoch))
             try:
-                await asyncio.wait({worker, lost}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({worker, auditor, lost}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (worker, lost):
+                for task in (worker, auditor, lost):
                     task.cancel()
-                await asyncio.gather(worker, lost, return_exceptions=True)
-            if worker.done() and not worker.cancelled() and worker.exception() is not None:
-                exc = worker.exception()
-                if not isinstance(exc, Fenced):
-                    raise exc  # type: ignore[misc]
+                await asyncio.gather(worker, auditor, lost, return_exceptions=True)
+            for task in (worker, auditor):
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    exc = task.exception()
+                    if not isinstance(exc, Fenced):
+                        raise exc  # type: ignore[misc]
             self._fence = None
             log.info("cluster %s: not leading: reconciling stops until this replica leads "
                      "again", self.cluster, extra=self._extra())
@@ -609,6 +776,20 @@ class Operator:
 
     async def _delete(self, resource: Resource, name: str, timeout_s: float) -> bool:
         return await self._api.delete(resource, name, timeout_s=timeout_s)
+
+
+def _reconcile_view(obj: KubeObject) -> Any:
+    """What reconciling reads of a Policy: all but its resourceVersion, managedFields and
+    status.audit (the audit's own writes)."""
+    meta = obj.get("metadata")
+    status = obj.get("status")
+    view = dict(obj)
+    if isinstance(meta, Mapping):
+        view["metadata"] = {k: v for k, v in meta.items()
+                            if k not in ("resourceVersion", "managedFields")}
+    if isinstance(status, Mapping):
+        view["status"] = {k: v for k, v in status.items() if k != "audit"}
+    return view
 
 
 def _first_name(items: Any) -> str | None:

@@ -14,12 +14,21 @@ No per-policy label: policies are counted per phase, and the policies a probe fo
 - `convergerd_operator_vap_supported`: 1 when the cluster serves ValidatingAdmissionPolicy
   (absent until known);
 - `convergerd_operator_is_leader`: 1/0;
-- `convergerd_operator_writes_total{kind}`: `policy`, `binding`, `delete`, `status`.
+- `convergerd_operator_writes_total{kind}`: `policy`, `binding`, `delete`, `status`, `audit`
+  (a Policy's `status.audit`);
+- `convergerd_operator_workload_cache_objects`: objects in the workload cache;
+- `convergerd_operator_workload_cache_synced`: 1 when every kind is listed and every watch
+  current (the audit's `cacheSynced`);
+- `convergerd_operator_workload_watch_restarts_total{reason}`: as the Policy watch's, for the
+  workload cache's watches (namespaces and every workload kind);
+- `convergerd_operator_audit_violations`: objects the Policies' rules would deny, summed over
+  the Policies as last audited (enabled or not; absent until an audit ran).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
 from prometheus_client.exposition import generate_latest
@@ -41,7 +50,15 @@ from convergerd.operator.reconcile import (
 PHASES = (ENFORCING, INERT, UNSUPPORTED, ERROR)
 RECONCILE_RESULTS = ("unchanged", "written", "error")
 PROBE_RESULTS = (DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED, PROBE_INCONCLUSIVE)
-WRITE_KINDS = ("policy", "binding", "delete", "status")
+WRITE_KINDS = ("policy", "binding", "delete", "status", "audit")
+
+
+class CacheFacts(Protocol):
+    """What the metrics read of the workload cache at scrape."""
+
+    @property
+    def synced(self) -> bool: ...
+    def __len__(self) -> int: ...
 
 
 class OperatorMetrics:
@@ -54,6 +71,9 @@ class OperatorMetrics:
         self.admitted: set[str] = set()  # policy names whose last probe was admitted
         self.supported: bool | None = None
         self.is_leader = False
+        self.workload_cache: CacheFacts | None = None
+        self.workload_watch_restarts: dict[str, float] = {"closed": 0.0, "expired": 0.0}
+        self.violations: dict[str, int] = {}  # policy name -> violations last audited
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
         GCCollector(registry=self.registry)
@@ -67,6 +87,15 @@ class OperatorMetrics:
 
     def watch_restarted(self, reason: str) -> None:
         self.watch_restarts[reason] = self.watch_restarts.get(reason, 0.0) + 1
+
+    def workload_watch_restarted(self, reason: str) -> None:
+        self.workload_watch_restarts[reason] = self.workload_watch_restarts.get(reason, 0.0) + 1
+
+    def audited(self, name: str, violations: int | None) -> None:
+        if violations is None:
+            self.violations.pop(name, None)
+        else:
+            self.violations[name] = violations
 
     def probed(self, name: str, result: str) -> None:
         self.probes[result] = self.probes.get(result, 0.0) + 1
@@ -112,6 +141,19 @@ class OperatorMetrics:
                                     "ValidatingAdmissionPolicy", value=float(self.supported))
         yield GaugeMetricFamily(p + "is_leader", "1 if this replica holds the operator Lease",
                                 value=float(self.is_leader))
+        cache = self.workload_cache
+        if cache is not None:
+            yield GaugeMetricFamily(p + "workload_cache_objects", "Objects in the workload "
+                                    "cache (the kinds the rules judge, in boundary namespaces)",
+                                    value=float(len(cache)))
+            yield GaugeMetricFamily(p + "workload_cache_synced", "1 if every workload kind is "
+                                    "listed and every watch is current", value=float(cache.synced))
+        yield _counter(p + "workload_watch_restarts", "Workload cache watch restarts by reason",
+                       "reason", self.workload_watch_restarts)
+        if self.violations:
+            yield GaugeMetricFamily(p + "audit_violations", "Objects the Policies' rules would "
+                                    "deny, as last audited", value=float(sum(
+                                        self.violations.values())))
         build = GaugeMetricFamily(p + "build_info", "convergerd version", labels=["version"])
         build.add_metric([__version__], 1.0)
         yield build

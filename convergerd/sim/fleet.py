@@ -79,6 +79,8 @@ class FleetConfig:
     admin_port: int = 0  # 0: any free port (read fleet.admin_url)
     bookmark_interval_s: float = 60.0
     history_limit: int = 10_000  # watch events a store keeps for resourceVersion resumes
+    # events a watch may fall behind by before it gets 410 and ends (a slow consumer)
+    watch_buffer_limit: int = 10_000
     log_size: int = 10_000  # request log ring buffer
 
     def __post_init__(self) -> None:
@@ -264,6 +266,7 @@ class Fleet:
     def _new_store(self, cluster: Cluster) -> ClusterStore:
         kwargs: dict[str, Any] = {
             "history_limit": self.config.history_limit,
+            "watch_buffer_limit": self.config.watch_buffer_limit,
             # Read on every call: a version fault changes what the store serves at once.
             "served_minor": lambda: cluster.faults.minor,
         }

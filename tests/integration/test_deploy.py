@@ -7,6 +7,7 @@ is skipped with the reason, never silently passed.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import yaml
 
 from convergerd.core.model import Policy, PolicyRow
 from convergerd.core.render import render_policy, validate_policy
+from convergerd.operator.audit import Judge, audit, audit_status
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -444,6 +446,20 @@ def test_crd_schema_constrains_spec_and_status() -> None:
     assert status["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
 
 
+def test_the_audit_status_conforms_to_the_crd() -> None:
+    """The operator's status.audit is accepted by the schema (a real apiserver would prune
+    an undeclared field)."""
+    judge = Judge.of({"policyId": "p", "boundary": "b", "enabled": False, "revision": 1,
+                      "rule": {"type": "ForbidLatestTag"}})
+    pods = [{"kind": "Pod", "metadata": {"name": f"p{i}", "namespace": "team-a"},
+             "images": ("nginx",)} for i in range(7)]
+    status = {"audit": audit_status(audit(judge, pods), synced=True,
+                                    now=dt.datetime(2026, 12, 3, tzinfo=dt.UTC))}
+    _conforms(status, _schema()["properties"]["status"], "status")
+    assert len(status["audit"]["sample"]) == _schema()["properties"]["status"]["properties"][
+        "audit"]["properties"]["sample"]["maxItems"]
+
+
 def _rendered_policy(rule: Obj | None = None) -> Obj:
     policy = validate_policy(PolicyRow(
         id="p-regs", boundary="team-a", enabled=True, revision=3,
@@ -509,19 +525,24 @@ def test_convergerd_may_only_touch_policies_in_member_clusters() -> None:
 def test_operator_rbac_and_deployment() -> None:
     objs = render("operator")
     role = one(objs, "ClusterRole", "stackship:convergerd:operator")
-    grants = {
-        (group, resource): sorted(rule["verbs"])
-        for rule in role["rules"] if "apiGroups" in rule
-        for group in rule["apiGroups"] for resource in rule["resources"]
-    }
+    grants: dict[tuple[str, str], list[str]] = {}
+    for rule in role["rules"]:
+        for group in rule.get("apiGroups", ()):
+            for resource in rule["resources"]:
+                grants[group, resource] = sorted({*grants.get((group, resource), ()),
+                                                  *rule["verbs"]})
     full = sorted(["get", "list", "watch", "create", "update", "patch", "delete"])
+    watch = ["list", "watch"]  # the audit's workload cache
     assert grants == {
         ("platform.stackship.se", "policies"): ["get", "list", "watch"],
         ("platform.stackship.se", "policies/status"): ["patch", "update"],
         ("admissionregistration.k8s.io", "validatingadmissionpolicies"): full,
         ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): full,
         ("", "namespaces"): ["get", "list", "watch"],
-        ("", "pods"): ["create"],  # the dry-run enforcement probe
+        ("", "pods"): ["create", "list", "watch"],  # the dry-run probe; the cache
+        ("apps", "deployments"): watch, ("apps", "replicasets"): watch,
+        ("apps", "statefulsets"): watch, ("apps", "daemonsets"): watch,
+        ("batch", "jobs"): watch, ("batch", "cronjobs"): watch,
     }
     discovery = [r for r in role["rules"] if "nonResourceURLs" in r]
     assert discovery == [{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version"],

@@ -221,6 +221,15 @@ async def test_restart_writes_nothing_but_a_fresh_probe(fleet: Fleet) -> None:
             return verified is not None and "lastProbeTime" in verified
 
         await wait_for(probed)
+
+        async def audited() -> bool:
+            for pid in ("p1", "p2"):
+                policy = await get(fleet, f"{POLICIES}/policy-{pid}")
+                if ((policy or {}).get("status") or {}).get("audit") is None:
+                    return False
+            return True
+
+        await wait_for(audited)
     mark = fleet.accounting.requests()[-1].seq
     async with running(operator_settings(fleet, identity="op-b")) as proc:
         await wait_for(lambda: proc.metrics.reconciles["unchanged"]

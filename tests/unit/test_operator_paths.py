@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,7 +26,8 @@ POLICY_API = "/apis/platform.stackship.se/v1alpha1/policies"
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1/"
 # The lists of the operator's own admission objects (its clean-up), built from no Policy.
 SWEEP = {f"{ADMISSION_API}validatingadmissionpolicies",
-         f"{ADMISSION_API}validatingadmissionpolicybindings"}
+         f"{ADMISSION_API}validatingadmissionpolicybindings",
+         "/api/v1/namespaces"}  # the workload cache's namespace list and watch
 _ID = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
@@ -50,7 +51,9 @@ class RecordingCluster:
 
     async def list_objects(self, resource: Resource, *, label_selector: str | None,
                            timeout_s: float, namespace: str | None = None,
-                           limit: int | None = None) -> ObjectList:
+                           limit: int | None = None,
+                           transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           ) -> ObjectList:
         self._sent(resource, namespace=namespace)
         items = [self.policy] if resource.plural == "policies" else []
         return ObjectList(items=items, resource_version="1", requests=1)

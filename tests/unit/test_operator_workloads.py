@@ -1,0 +1,112 @@
+"""What the workload cache keeps: the kinds admission judges, only what the rules read, and
+within its memory budget for 10,000 pods."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import tracemalloc
+from typing import Any
+
+from convergerd.core.decode import parse_object
+from convergerd.kube.api import KubeObject
+from convergerd.kube.watch import object_key
+from convergerd.operator.workloads import SLIM_BYTES_BUDGET, WORKLOAD_KINDS, images, slim
+
+PODS = 10_000
+
+
+def test_the_kinds_are_those_admission_judges() -> None:
+    assert [(r.group, r.plural, kind) for r, kind in WORKLOAD_KINDS] == [
+        ("", "pods", "Pod"), ("apps", "deployments", "Deployment"),
+        ("apps", "replicasets", "ReplicaSet"), ("apps", "statefulsets", "StatefulSet"),
+        ("apps", "daemonsets", "DaemonSet"), ("batch", "jobs", "Job"),
+        ("batch", "cronjobs", "CronJob")]
+    assert all(r.namespaced for r, _ in WORKLOAD_KINDS)
+
+
+def pod_json(i: int) -> bytes:
+    """A pod as a real apiserver lists it: managedFields, annotations, status and all."""
+    fields = {"f:metadata": {"f:labels": {".": {}, "f:app": {}}},
+              "f:spec": {"f:containers": {'k:{"name":"api"}': {".": {}, "f:image": {}}}}}
+    pod = {
+        "metadata": {
+            "name": f"api-7f9c-{i:05d}", "namespace": "team-a-web",
+            "uid": f"0d9f1c2e-5a7b-4c3d-9e8f-{i:012d}", "resourceVersion": str(1000 + i),
+            "generation": 1, "creationTimestamp": "2026-12-03T12:00:00Z",
+            "labels": {"app": "api", "pod-template-hash": "7f9c", "team": "a",
+                       "example.com/cost-center": "cc-1"},
+            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-12-01T00:00:00Z"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                 "name": "api-7f9c", "uid": "u", "controller": True}],
+            "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                               "apiVersion": "v1", "fieldsType": "FieldsV1",
+                               "fieldsV1": fields}],
+        },
+        "spec": {
+            "containers": [
+                {"name": "api", "image": "registry.example.com/team-a/api:1.4.2",
+                 "ports": [{"containerPort": 8080}],
+                 "resources": {"requests": {"cpu": "100m"}}},
+                {"name": "proxy", "image": "registry.example.com/envoy:1.31"}],
+            "nodeName": "n1", "serviceAccountName": "default",
+            "tolerations": [{"key": "k", "operator": "Exists"}],
+        },
+        "status": {"phase": "Running", "podIP": "10.0.0.1",
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    return json.dumps(pod).encode()
+
+
+def test_slim_keeps_only_what_the_rules_read() -> None:
+    pod = parse_object(pod_json(1), "pod")
+    assert slim("Pod", pod) == {
+        "kind": "Pod",
+        "metadata": {"name": "api-7f9c-00001", "namespace": "team-a-web",
+                     "resourceVersion": "1001",
+                     "labels": {"app": "api", "pod-template-hash": "7f9c", "team": "a",
+                                "example.com/cost-center": "cc-1"}},
+        "images": ("registry.example.com/team-a/api:1.4.2", "registry.example.com/envoy:1.31"),
+    }
+
+
+def test_images_are_read_where_the_rendered_cel_reads_them() -> None:
+    spec = {"containers": [{"image": "a:1"}, {"name": "no-image"}],
+            "initContainers": [{"image": "b:1"}], "ephemeralContainers": [{"image": "c:1"}]}
+    assert images("Pod", {"spec": spec}) == ("a:1", "b:1", "c:1")
+    assert images("Deployment", {"spec": {"template": {"spec": spec}}}) == ("a:1", "b:1", "c:1")
+    assert images("CronJob", {"spec": {"jobTemplate": {"spec": {"template": {"spec": spec}}}}}) \
+        == ("a:1", "b:1", "c:1")
+    assert images("Job", {"spec": {}}) == ()
+    assert images("Pod", {}) == ()
+    kept = slim("Pod", {"metadata": {"name": "p", "labels": None}, "spec": {"containers": {}}})
+    assert kept is not None
+    assert kept["invalid"] == {"labels": "metadata.labels is not a map",
+                               "images": "the pod spec's containers is not a list"}
+
+
+def test_the_cache_holds_10000_pods_within_its_budget() -> None:
+    raw = [pod_json(i) for i in range(PODS)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        cache: dict[str, KubeObject] = {}
+        for body in raw:
+            # Decoded one at a time as a list page would be, then slimmed: the full object
+            # is garbage at once, only the slim one is kept.
+            kept: Any = slim("Pod", parse_object(body, "pod") | {"kind": "Pod"})
+            key = object_key(kept, namespaced=True)
+            assert key is not None
+            cache[key] = kept
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    per_object = used / PODS
+    figure = (f"workload cache: {PODS} pods, {used / 2**20:.1f} MiB, {per_object:.0f} bytes "
+              f"per pod (budget {SLIM_BYTES_BUDGET})")
+    logging.getLogger(__name__).warning("%s", figure)
+    assert len(cache) == PODS
+    assert per_object <= SLIM_BYTES_BUDGET, figure
