@@ -150,6 +150,12 @@ def _no_constants(name: str) -> Any:
     raise NotJSON(f"{name} is not JSON")
 
 
+# 19 digits or more may not fit in 64 bits (int64 holds 18 digits whatever their values). A
+# run inside a string only costs the slower decoder.
+_LONG_DIGITS_TEXT = re.compile(r"\d{19}")
+_LONG_DIGITS_BYTES = re.compile(rb"\d{19}")
+
+
 def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """The JSON value in `data`, or `NotJSON` saying why not: not JSON (NaN and Infinity are
     not), nested deeper than `max_depth`, an integer of more than `MAX_JSON_INT_DIGITS`
@@ -161,6 +167,10 @@ def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     text that is not UTF-8) is read again by `json`, after a recursion-free depth check, so
     such an answer reads as it always did and is cleaned later by the field decoders. Sizes
     are bounded where the bytes are read (`read_capped`, the HTTP server, file readers)."""
+    long_digits = _LONG_DIGITS_TEXT if isinstance(data, str) else _LONG_DIGITS_BYTES
+    if long_digits.search(data):
+        # orjson reads an integer past 64 bits as a float; `json` keeps it exact (and bounded).
+        return _fallback(data, max_depth)
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:

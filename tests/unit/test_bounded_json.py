@@ -75,6 +75,14 @@ def test_huge_integers_are_refused(digits: int, negative: bool) -> None:
         bounded_json(f"[{text}e400]")
 
 
+@given(st.integers(2**63 - 10, 10**MAX_JSON_INT_DIGITS - 1), st.booleans(), st.booleans())
+def test_integers_past_64_bits_read_exactly(magnitude: int, negative: bool,
+                                             as_bytes: bool) -> None:
+    number = -magnitude if negative else magnitude
+    text = json.dumps({"n": [number]})
+    assert bounded_json(text.encode() if as_bytes else text) == {"n": [number]}
+
+
 def test_brackets_inside_strings_do_not_count_as_depth() -> None:
     text = json.dumps(["[" * 5000, {"a": "{" * 5000}, "\ud800"])
     assert bounded_json(text)[0] == "[" * 5000
