@@ -167,8 +167,8 @@ def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     text that is not UTF-8) is read again by `json`, after a recursion-free depth check, so
     such an answer reads as it always did and is cleaned later by the field decoders. Sizes
     are bounded where the bytes are read (`read_capped`, the HTTP server, file readers)."""
-    long_digits = _LONG_DIGITS_TEXT if isinstance(data, str) else _LONG_DIGITS_BYTES
-    if long_digits.search(data):
+    if (_LONG_DIGITS_TEXT.search(data) if isinstance(data, str)
+            else _LONG_DIGITS_BYTES.search(data)):
         # orjson reads an integer past 64 bits as a float; `json` keeps it exact (and bounded).
         return _fallback(data, max_depth)
     try:
