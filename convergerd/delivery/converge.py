@@ -392,6 +392,7 @@ def _phases(
                 revision=revision,
                 seen_at=seen_at,
                 verified=obj.verified,
+                audit=obj.audit,
             )
         )
     return readings
