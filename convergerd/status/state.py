@@ -33,6 +33,7 @@ from typing import Any
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.report import (
     ApplyResult,
+    Audit,
     AuditSample,
     ClusterOutcome,
     Delivery,
@@ -199,7 +200,7 @@ class PolicyRecord:
                 cluster=ClusterId(row.cluster), policy=PolicyId(row.policy), phase=row.phase,
                 ready_reason=row.phase_reason, ready_message=row.phase_message,
                 revision=row.phase_revision, seen_at=row.phase_seen_at,
-                verified=_verification_of_row(row),
+                verified=_verification_of_row(row), audit=_audit_of_row(row),
             )
         return cls(
             delivered_revision=row.delivered_revision,
@@ -214,6 +215,14 @@ def _verification_of_row(row: DeliveryRow) -> Verification | None:
         return None
     return Verification(row.verified_status, row.verified_reason, row.verified_message,
                         row.verified_probed_at, row.verified_since)
+
+
+def _audit_of_row(row: DeliveryRow) -> Audit | None:
+    if row.audit_synced is None:
+        return None
+    if row.audit_violations is None:
+        return Audit(None, problem=row.audit_problem or "the recorded audit has no count")
+    return Audit(row.audit_violations, row.audit_at, row.audit_synced)
 
 
 def _newer(a: dt.datetime | None, b: dt.datetime | None) -> bool:

@@ -7,12 +7,17 @@ phase is read as usual."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from typing import Any
 
+from convergerd.core.model import PolicyId
+from convergerd.core.report import Audit, PhaseReading
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
+from convergerd.status.state import PolicyRecord, StatusState, record_view
+from convergerd.store.store import Store
 from tests.integration.test_observability import (
     C1,
     C2,
@@ -21,6 +26,16 @@ from tests.integration.test_observability import (
     policy_count,
     running,
     wait_for,
+)
+from tests.integration.test_record_changes import C1 as RECORDED_C1
+from tests.integration.test_record_changes import (
+    P1,
+    P2,
+    at,
+    counting,
+    listed,
+    reading,
+    written,
 )
 
 MANAGER = "convergerd-operator"
@@ -143,3 +158,59 @@ async def test_audits_roll_up_per_cluster_per_policy_in_status_cli_and_metrics(
         await wait_for(fixed, what="C1's audit of 0 read back")
         assert {s["cluster"] for s in found["audit"]["sample"]} == {C2}
         assert (await run.scrape()).value("convergerd_audit_clusters_with_violations") == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Recorded with the phase (migration 0006): a standby shows what the leader read
+
+
+def audited(policy: PolicyId, seen: float, violations: int | None, audited_s: float, *,
+            synced: bool = True) -> PhaseReading:
+    found = (Audit(violations, at(audited_s), synced, None, ())
+             if violations is not None else Audit(None, problem="status.audit.violations: bad"))
+    return dataclasses.replace(reading(policy, seen), audit=found)
+
+
+async def test_an_audit_is_recorded_when_it_changes_and_a_standby_shows_it(
+    database_url: str, store: Store
+) -> None:
+    await counting(database_url)
+    await store.record_round(listed(50, audited(P1, 50, 3, 40), audited(P2, 50, 0, 45)),
+                             identity="r")
+    assert (await written(database_url))["deliveries"] == 2
+    # The operator audits again and finds the same: auditedAt moving forward is no change.
+    await store.record_round(listed(350, audited(P1, 350, 3, 340), audited(P2, 350, 0, 345)),
+                             identity="r")
+    assert "deliveries" not in await written(database_url)
+    rows = {r.policy: r for r in await store.deliveries_for_cluster(RECORDED_C1)}
+    # At least the listing's oldest audit (p1's 340), never later than its own.
+    assert (rows["p1"].audit_violations, rows["p1"].audit_at) == (3, at(340))
+    assert rows["p2"].audit_at == at(340)
+
+    # A standby's status, from those rows alone.
+    standby = StatusState(identity="standby", interval_s=300, clock=lambda: at(360))
+    standby.set_clusters([RECORDED_C1])
+    standby.absorb_delivery_rows(list(rows.values()), cluster=RECORDED_C1)
+    views = {p: record_view(r, at(360), 300)["audit"]
+             for p, r in standby.clusters[RECORDED_C1].policies.items()}
+    assert views[P1] == {"violations": 3, "audited_at": "2026-01-01T12:05:40Z",
+                         "cache_synced": True, "state": "current", "problem": None}
+    summary = standby.cluster_audit_view(standby.clusters[RECORDED_C1], at(360))
+    assert summary is not None
+    assert summary["violations"] == 3
+    assert standby.snapshot()["audit"]["policies"] == [
+        {"id": "p1", "violations": 3, "clusters": 1}]
+
+    # A new count, an unsynced cache, an unreadable audit: each is written.
+    await store.record_round(listed(650, audited(P1, 650, 1, 640),
+                                    audited(P2, 650, None, 0)), identity="r")
+    assert (await written(database_url))["deliveries"] == 2
+    rows = {r.policy: r for r in await store.deliveries_for_cluster(RECORDED_C1)}
+    assert rows["p1"].audit_violations == 1
+    assert (rows["p2"].audit_violations, rows["p2"].audit_synced) == (None, False)
+    assert rows["p2"].audit_problem == "status.audit.violations: bad"
+    view = record_view(PolicyRecord.from_row(rows["p2"]), at(660), 300)["audit"]
+    assert (view["violations"], view["state"]) == (None, "unknown")
+    await store.record_round(listed(950, audited(P1, 950, 1, 940, synced=False),
+                                    audited(P2, 950, None, 0)), identity="r")
+    assert (await written(database_url))["deliveries"] == 1
