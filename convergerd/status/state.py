@@ -241,8 +241,8 @@ def merge_records(mine: PolicyRecord | None, stored: PolicyRecord | None) -> Pol
     if _newer(mine.last_success_at, stored.last_success_at):
         merged.delivered_revision = mine.delivered_revision
         merged.last_success_at = mine.last_success_at
-    # A tie is the same listing: this replica's reading also carries the audit, which the
-    # database does not record.
+    # A tie is the same listing: this replica's own reading is the one whose audit sample
+    # it keeps (the database records only the count).
     if mine.phase is not None and (
         stored.phase is None or mine.phase.seen_at >= stored.phase.seen_at
     ):
