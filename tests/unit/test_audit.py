@@ -316,3 +316,17 @@ def test_hostile_status_documents_do_not_break_the_violations_column() -> None:
         text = render_status({"clusters": [{"id": "c1", "audit": audit_doc}],
                               "audit": {"clusters_audited": 1, "policies": ["x", {"id": 7}]}})
         assert "VIOLATIONS" in text
+
+
+def test_the_table_lists_the_ten_worst_policies_and_says_how_many_more() -> None:
+    policies = [{"id": f"p{i:02d}", "violations": 100 - i, "clusters": 1} for i in range(12)]
+    text = render_status({"clusters": [{"id": "c1", "audit": {
+        "violations": 1000, "unknown": 0, "policies_audited": 12, "unsynced": False}}],
+        "audit": {"violations": 1000, "clusters_audited": 1, "clusters_with_violations": 1,
+                  "unsynced_clusters": 0, "policies_with_violations": 12,
+                  "policies": policies}})
+    lines = text.splitlines()
+    assert "  p00: 100 on 1 cluster" in lines
+    assert "  p09: 91 on 1 cluster" in lines
+    assert "  p10: 90 on 1 cluster" not in lines
+    assert any(line.startswith("  and 2 more policies") for line in lines)
