@@ -77,7 +77,45 @@ _SCHEMAS: dict[str, Any] = {
                                "older than verified_stale_after_seconds), unknown"},
             "last_error": _NULLABLE_STRING, "last_reason": _NULLABLE_STRING,
             "server_version": _NULLABLE_STRING,
+            "audit": _ref("ClusterAudit"),
         },
+    },
+    "ClusterAudit": {
+        "type": "object", "nullable": True,
+        "description": "the operator's audit of what already runs on the cluster, summed over "
+                       "its policies (null: no audit read there)",
+        "properties": {
+            "violations": {"type": "integer", "minimum": 0,
+                           "description": "existing objects the policies would deny (audits "
+                                          "that cannot be read count nothing)"},
+            "policies_with_violations": {"type": "integer"},
+            "policies_audited": {"type": "integer"},
+            "unknown": {"type": "integer", "description": "audits that cannot be read"},
+            "unsynced": {"type": "boolean",
+                         "description": "some audit is not current: the operator's cache not "
+                                        "synced, unreadable, or stale"}},
+    },
+    "Audit": {
+        "type": "object", "nullable": True,
+        "description": "`status.audit` as the operator wrote it (null: none): existing objects "
+                       "in the boundary's namespaces that the policy would deny",
+        "properties": {
+            "violations": {"type": "integer", "minimum": 0, "maximum": 1000000000,
+                           "nullable": True,
+                           "description": "null: the audit cannot be read or believed "
+                                          "(`problem` says why)"},
+            "audited_at": _NULLABLE_TIME,
+            "cache_synced": {"type": "boolean", "nullable": True},
+            "state": {"type": "string", "enum": ["current", "unsynced", "stale", "unknown"],
+                      "description": "stale: the reading is stale, or the audit is older "
+                                     "than two of the operators' probe periods"},
+            "problem": _NULLABLE_STRING},
+    },
+    "AuditSample": {
+        "type": "object",
+        "properties": {"cluster": {"type": "string"}, "kind": {"type": "string"},
+                       "namespace": _NULLABLE_STRING, "name": {"type": "string"},
+                       "message": _NULLABLE_STRING},
     },
     "Status": {
         "type": "object", "additionalProperties": True,
@@ -113,6 +151,19 @@ _SCHEMAS: dict[str, Any] = {
                          "description": "worst first"},
             "unsupported_by_version": {"type": "object", "additionalProperties": {
                 "type": "array", "items": {"type": "string"}}},
+            "audit": {
+                "type": "object",
+                "description": "the operators' audits over the fleet, and the policies whose "
+                               "audits count violations (worst first, at most 100 listed)",
+                "properties": {
+                    "violations": {"type": "integer"}, "clusters_audited": {"type": "integer"},
+                    "clusters_with_violations": {"type": "integer"},
+                    "unsynced_clusters": {"type": "integer"},
+                    "policies_with_violations": {"type": "integer"},
+                    "policies": {"type": "array", "items": {
+                        "type": "object", "properties": {
+                            "id": {"type": "string"}, "violations": {"type": "integer"},
+                            "clusters": {"type": "integer"}}}}}},
             "database": _ref("Database"),
         },
     },
@@ -140,6 +191,7 @@ _SCHEMAS: dict[str, Any] = {
                                              "description": "why the condition is not "
                                                             "believed (a lastProbeTime in "
                                                             "the future)"}}},
+            "audit": _ref("Audit"),
         },
     },
     "ClusterView": {
@@ -171,6 +223,19 @@ _SCHEMAS: dict[str, Any] = {
                         "pending_seconds": {"type": "number"},
                         "held_by": {"type": "array", "items": {"type": "string"},
                                     "description": "clusters still recorded as holding it"}}}}},
+            "audit": {
+                "type": "object",
+                "description": "the policy's audits over its clusters (per cluster: `audit`)",
+                "properties": {
+                    "violations": {"type": "integer",
+                                   "description": "the total of the counts that can be read"},
+                    "clusters_audited": {"type": "integer"},
+                    "clusters_with_violations": {"type": "integer"},
+                    "clusters_unknown": {"type": "integer"},
+                    "clusters_not_current": {"type": "integer"},
+                    "sample": {"type": "array", "maxItems": 5, "items": _ref("AuditSample"),
+                               "description": "at most five, from clusters still counting "
+                                              "violations (the cluster read last first)"}}},
             "clusters": {"type": "array", "items": {"allOf": [_ref("PolicyRecord"), {
                 "type": "object", "properties": {
                     "cluster": {"type": "string"}, "in_scope": {"type": "boolean"},

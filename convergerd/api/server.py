@@ -68,7 +68,14 @@ from convergerd.core.shown import SHOWN_MAX_CHARS, describe, shown
 from convergerd.ratelimit import TokenBucket
 from convergerd.status.metrics import CONTENT_TYPE, Metrics
 from convergerd.status.phases import age_s
-from convergerd.status.state import PolicyRecord, StatusState, iso, merge_records, record_view
+from convergerd.status.state import (
+    PolicyRecord,
+    StatusState,
+    iso,
+    merge_records,
+    policy_audit_view,
+    record_view,
+)
 
 log = logging.getLogger(__name__)
 
@@ -643,6 +650,8 @@ class Views:
                 "invalid": found.invalid,
                 "deletion": _deletion_view(found, now),
             },
+            "audit": policy_audit_view((c["audit"] for c in clusters),
+                                       self.state.audit_sample_view(pid)),
             "clusters": clusters,
         }
 

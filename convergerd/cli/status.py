@@ -166,6 +166,54 @@ def _verified(counts: object) -> str:
     return " ".join(parts)
 
 
+def _violations(audit: object) -> str:
+    """The audit's count of existing objects the cluster's policies would deny; `UNKNOWN=n`
+    for audits that cannot be read, `UNSYNCED` when some audit is not current; `?` when none
+    can be read, `-` when none was read."""
+    if not isinstance(audit, Mapping):
+        return "-"
+    count, unknown, audited = (audit.get(k) for k in ("violations", "unknown",
+                                                       "policies_audited"))
+    if not _is_count(count) or (_is_count(unknown) and unknown and unknown == audited):
+        return "?"
+    parts = [str(count)]
+    if _is_count(unknown) and unknown:
+        parts.append(f"UNKNOWN={unknown}")
+    if audit.get("unsynced") is True:
+        parts.append("UNSYNCED")
+    return " ".join(parts)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Policies listed under the table with their fleet-wide violations, worst first.
+_POLICIES_SHOWN = 10
+
+
+def _audit_lines(audit: object) -> list[str]:
+    """Per policy, the existing objects it would deny over the fleet (the operator's audit)."""
+    if not isinstance(audit, Mapping) or not audit.get("clusters_audited"):
+        return []
+    listed = [p for p in audit.get("policies") or [] if isinstance(p, Mapping)]
+    total = audit.get("policies_with_violations")
+    lines = [f"existing workloads the policies would deny (operator audit): "
+             f"{audit.get('violations', '?')} on {audit.get('clusters_with_violations', '?')} "
+             f"of {audit.get('clusters_audited', '?')} audited clusters"
+             + (f"; {audit['unsynced_clusters']} with an audit not current (UNSYNCED)"
+                if audit.get("unsynced_clusters") else "")]
+    for p in listed[:_POLICIES_SHOWN]:
+        clusters = p.get("clusters")
+        lines.append(f"  {shown(p.get('id'), style='text')}: {p.get('violations')} on "
+                     f"{clusters} cluster{'' if clusters == 1 else 's'}")
+    shown_count = min(len(listed), _POLICIES_SHOWN)
+    if isinstance(total, int) and total > shown_count:
+        lines.append(f"  and {total - shown_count} more policies "
+                     "(GET /v1/policies/ID/status for one)")
+    return lines
+
+
 def sort_clusters(clusters: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return sorted(clusters, key=lambda c: worst_first_key(
         cluster=str(c.get("id", "")),
@@ -256,7 +304,7 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
         lines.append("no clusters known")
         return "\n".join(lines) + "\n"
     rows = [["CLUSTER", "REACHED", "LAG", "DESIRED", "IN-SYNC", "FAILED", "PHASES", "VERIFIED",
-             "VERSION", "LAST ERROR"]]
+             "VIOLATIONS", "VERSION", "LAST ERROR"]]
     rows.extend(
         [
             str(c.get("id", "?")),
@@ -267,6 +315,7 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
             str(c.get("failed", 0)),
             _phases(c.get("phases")),
             _verified(c.get("verification")),
+            _violations(c.get("audit")),
             str(c.get("server_version") or "-"),
             shown(c.get("last_error") or "", _MAX_ERROR, style="prose"),
         ]
@@ -279,4 +328,5 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
                   for c in clusters)
     lines.append("")
     lines.append(f"{len(clusters)} clusters: {down} unreached, {failing} reached but failing")
+    lines.extend(_audit_lines(doc.get("audit")))
     return "\n".join(lines) + "\n"

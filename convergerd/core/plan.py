@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from convergerd.core.decode import (
+    MAX_LABEL_VALUE_CHARS,
     MAX_NAME_CHARS,
     MAX_REASON_CHARS,
     MAX_TOKEN_CHARS,
@@ -20,12 +21,16 @@ from convergerd.core.decode import (
 )
 from convergerd.core.model import Policy
 from convergerd.core.render import object_name, render_policy
-from convergerd.core.report import Verification
+from convergerd.core.report import Audit, AuditSample, Verification
 
 # The phase and Ready reason of an object read back with a field of the wrong type.
 UNKNOWN_PHASE = "Unknown"
 MALFORMED_REASON = "Malformed"
 CONDITION_STATUSES = ("True", "False", "Unknown")
+# Bounds of `status.audit`, written by the operator and so untrusted: a count past a billion
+# or more than five samples is not what our operator writes.
+MAX_AUDIT_VIOLATIONS = 10**9
+MAX_AUDIT_SAMPLE = 5
 
 
 class Why(StrEnum):
@@ -48,6 +53,7 @@ class Observed:
     ready_reason: str | None = None
     ready_message: str | None = None
     verified: Verification | None = None
+    audit: Audit | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Observed:
@@ -85,13 +91,15 @@ class Observed:
             ready_reason=r.text(ready, "reason", f"{where}.reason", MAX_REASON_CHARS),
             ready_message=r.message(ready, "message", f"{where}.message"),
             verified=verification(verified) if verified is not None else None,
+            # Decoded on its own: a bad audit is an unknown audit, never a bad phase.
+            audit=audit(status["audit"]) if status.get("audit") is not None else None,
         )
         problem = r.problem
         if problem is None:
             return observed
         return dataclasses.replace(observed, phase=UNKNOWN_PHASE, ready_status=None,
                                    ready_reason=MALFORMED_REASON, ready_message=problem,
-                                   verified=None)
+                                   verified=None, audit=None)
 
 
 def verification(condition: Mapping[str, Any]) -> Verification:
@@ -114,6 +122,55 @@ def verification(condition: Mapping[str, Any]) -> Verification:
     if problem is None:
         return found
     return Verification(UNKNOWN_PHASE, MALFORMED_REASON, problem)
+
+
+def audit(value: object) -> Audit:
+    """`status.audit`, decoded on its own: `violations` an integer from 0 to
+    `MAX_AUDIT_VIOLATIONS`, `auditedAt` an RFC 3339 time and `cacheSynced` a boolean (all three
+    required), `sample` at most `MAX_AUDIT_SAMPLE` objects of strings (`kind` and `name`
+    required). Anything else is an unknown audit (violations None) with the field and value
+    as `problem`; strings are cleaned and capped."""
+    where = "status.audit"
+    r = FieldReader()
+    if not isinstance(value, Mapping):
+        r.problems.append(expected(where, "an object", value))
+        return Audit(None, problem=r.problem)
+    violations = r.integer(value, "violations", f"{where}.violations")
+    if violations is not None and not 0 <= violations <= MAX_AUDIT_VIOLATIONS:
+        r.problems.append(expected(f"{where}.violations",
+                                   f"an integer from 0 to {MAX_AUDIT_VIOLATIONS}", violations))
+    audited_at = r.time(value, "auditedAt", f"{where}.auditedAt")
+    synced = value.get("cacheSynced")
+    if not isinstance(synced, bool):
+        r.problems.append(expected(f"{where}.cacheSynced", "true or false", synced))
+    for key, field in (("violations", "violations"), ("auditedAt", "auditedAt")):
+        if value.get(key) is None:
+            r.problems.append(f"{where}.{field}: missing")
+    raw_sample = r.sequence(value, "sample", f"{where}.sample")
+    if len(raw_sample) > MAX_AUDIT_SAMPLE:
+        r.problems.append(f"{where}.sample: expected at most {MAX_AUDIT_SAMPLE} entries, "
+                          f"got {len(raw_sample)}")
+        raw_sample = ()
+    sample = tuple(s for i, entry in enumerate(raw_sample)
+                   if (s := _audit_sample(r, entry, f"{where}.sample[{i}]")) is not None)
+    problem = r.problem
+    if problem is not None:
+        return Audit(None, problem=problem)
+    return Audit(violations, audited_at, synced is True, None, sample)
+
+
+def _audit_sample(r: FieldReader, entry: object, where: str) -> AuditSample | None:
+    if not isinstance(entry, Mapping):
+        r.problems.append(expected(where, "an object", entry))
+        return None
+    kind = r.text(entry, "kind", f"{where}.kind", MAX_REASON_CHARS)
+    name = r.text(entry, "name", f"{where}.name", MAX_NAME_CHARS)
+    namespace = r.text(entry, "namespace", f"{where}.namespace", MAX_LABEL_VALUE_CHARS)
+    message = r.message(entry, "message", f"{where}.message")
+    if not kind or not name:
+        r.problems.append(f"{where}: kind and name are required")
+        return None
+    return AuditSample(kind, namespace, name, message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,32 @@ class Verification:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditSample:
+    """One existing object the operator's audit found the policy would deny."""
+
+    kind: str
+    namespace: str | None
+    name: str
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """`status.audit` as read back: how many existing objects in the boundary's namespaces the
+    policy would deny, as the operator counted them from its watch-fed cache.
+
+    `violations` None: the audit could not be read (`problem` says why) and is shown as
+    unknown. `sample` (at most five) travels from the listing to the status state, which keeps
+    samples per policy, not per policy and cluster (`StatusState.observe_round`)."""
+
+    violations: int | None
+    audited_at: dt.datetime | None = None
+    synced: bool = False  # cacheSynced: the operator's cache had listed everything
+    problem: str | None = None
+    sample: tuple[AuditSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class PhaseReading:
     """A Policy's status as read back from a cluster, and when (wall clock, UTC)."""
 
@@ -81,6 +107,7 @@ class PhaseReading:
     revision: int | None
     seen_at: dt.datetime
     verified: Verification | None = None  # None: the Policy has no Verified condition
+    audit: Audit | None = None  # None: the Policy has no status.audit
 
 
 @dataclass(slots=True)

@@ -73,6 +73,11 @@ class DeliveryRow:
     verified_message: str | None = None
     verified_probed_at: dt.datetime | None = None
     verified_since: dt.datetime | None = None
+    # The audit read back with the phase (`audit_synced` None: none was read).
+    audit_violations: int | None = None
+    audit_at: dt.datetime | None = None
+    audit_synced: bool | None = None
+    audit_problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from convergerd.core.removal import Current
 from convergerd.core.render import MANAGED_SELECTOR, object_name, policy_id_of, render_policy
 from convergerd.core.report import (
     ApplyResult,
+    Audit,
     ClusterOutcome,
     Delivery,
     Epoch,
@@ -372,11 +373,20 @@ async def _apply_one(writer: Writer, action: Apply) -> _Done:
     return _Done(action, written.delivery, written.applied)
 
 
+def _shared(audit: Audit | None, shared: dict[Audit, Audit]) -> Audit | None:
+    if audit is None or audit.sample:
+        return audit
+    return shared.setdefault(audit, audit)
+
+
 def _phases(
     cluster: ClusterId, observed: Mapping[str, Observed], seen_at: dt.datetime
 ) -> list[PhaseReading]:
-    """What the in-cluster operator reports, read from the same list (no extra requests)."""
+    """What the in-cluster operator reports, read from the same list (no extra requests).
+    Audits without a sample that agree (one pass of the operator: the same count, time and
+    flag, most often 0) are held as one object: the status state keeps every reading."""
     readings = []
+    shared: dict[Audit, Audit] = {}
     for name, obj in observed.items():
         policy_id = policy_id_of(name)
         if policy_id is None or object_name(policy_id) != name:
@@ -392,6 +402,7 @@ def _phases(
                 revision=revision,
                 seen_at=seen_at,
                 verified=obj.verified,
+                audit=_shared(obj.audit, shared),
             )
         )
     return readings

@@ -6,7 +6,11 @@ here), the sample tenants imported, the in-cluster operator of every member clus
 (`convergerd.demo.operators`: tasks of this process, each leading on its own cluster's Lease)
 with a namespace per tenant boundary to probe in, and the daemon converging them with its HTTP
 server up: `/status` shows the phases the operators report (Enforcing, Inert, Unsupported on
-the 1.29 cluster) and whether their enforcement probes verified the policies.
+the 1.29 cluster) and whether their enforcement probes verified the policies. Some workloads
+are created before the policies are delivered (`convergerd.demo.operators.LEGACY_WORKLOADS`):
+the operators' audit counts those the policies would deny, and `convergerd status` shows them
+(VIOLATIONS). The banner prints a record/replay pair of `convergerd policy eval` commands
+against one of the simulated clusters (a policy file for them is written to the workdir).
 
 The demo listens on 127.0.0.1 (unless CONVERGERD_HTTP_ADDR / --http-addr says otherwise) and,
 unless an API token is given, makes a random one and prints it once, with how to use it.
@@ -58,6 +62,14 @@ def default_flags(flags: MutableMapping[str, str | None], env: Mapping[str, str]
         flags["operator_probe_minutes"] = DEMO_OPERATOR_PROBE_MINUTES
 
 
+# The policy the banner's `policy eval` record/replay commands evaluate (one of the sample
+# tenants'), written to the workdir as a policy entry.
+EVAL_POLICY = "id: no-latest\nboundary: platform\nrule: {type: ForbidLatestTag}\n"
+EVAL_POLICY_FILE = "no-latest.policy.yaml"
+EVAL_SESSION_FILE = "no-latest.session"
+EVAL_CONTEXT = "c0002"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workdir", type=Path, default=Path(".demo"),
@@ -103,6 +115,7 @@ def _prepare(workdir: Path) -> Path:
 async def run(args: argparse.Namespace, settings: Settings) -> int:
     from convergerd.demo.operators import (
         create_boundary_namespaces,
+        create_legacy_workloads,
         operated,
         running_operators,
     )
@@ -121,6 +134,11 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         log.info("imported sample tenants: %s", summary)
         made = create_boundary_namespaces(fleet, load_file(tenants))
         log.info("created %d namespaces labelled with the tenants' boundaries", made)
+        legacy = create_legacy_workloads(fleet)
+        log.info("created %d workloads that predate the policies (the operators audit them)",
+                 legacy)
+        eval_policy = workdir / EVAL_POLICY_FILE
+        eval_policy.write_text(EVAL_POLICY)
         operators = operated(fleet.member_ids, DEMO_FAULTS)
         token = settings.api_token or secrets.token_urlsafe(24)
         flags = {
@@ -138,7 +156,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         daemon_settings = load_settings(env, flags)
         print(  # noqa: T201 - the demo's banner is for the person who started it
             banner(settings, clusters=args.clusters, admin_url=fleet.admin_url,
-                   kubeconfig=fleet.kubeconfig_path, token=token, operators=operators),
+                   kubeconfig=fleet.kubeconfig_path, token=token, operators=operators,
+                   eval_policy=eval_policy),
             flush=True,
         )
         async with running_operators(operators, kubeconfig=fleet.kubeconfig_path, env=env):
@@ -147,7 +166,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def banner(
     settings: Settings, *, clusters: int, admin_url: str, kubeconfig: Path, token: str,
-    operators: Sequence[str] = (),
+    operators: Sequence[str] = (), eval_policy: Path = Path(EVAL_POLICY_FILE),
 ) -> str:
     """What the person who started the demo reads: where to look, and the API token (shown
     here once when it was made for this run; never when they chose it)."""
@@ -166,6 +185,7 @@ def banner(
         f"one per member cluster in this process ({len(operators)}: not on a cluster that is "
         "down or has no Policy CRD), each leading on its own cluster's Lease"
         if operators else "none")
+    session = eval_policy.with_name(EVAL_SESSION_FILE)
     return f"""
 convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
   status:        {http}/status      or: convergerd status --addr {http}
@@ -180,7 +200,15 @@ convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
                  counts the policies whose probe (a dry-run pod violating the policy, in the
                  namespace named after its boundary) was denied; "verified" per cluster in
                  {http}/v1/policies/no-latest/status
-  try:           kubectl --kubeconfig {kubeconfig} --context c0001 delete \
+  audit:         the VIOLATIONS column of convergerd status: workloads that ran before the
+                 policies were delivered (pods and deployments in the boundaries' namespaces
+                 on c0001, c0002, c0004, c0005) that a policy would deny; per cluster and in
+                 total (with samples): {http}/v1/policies/no-latest/status ("audit")
+  record/replay: convergerd policy eval --policy {eval_policy} --context {EVAL_CONTEXT} \\
+                   --kubeconfig {kubeconfig} --record {session}
+                 convergerd policy eval --policy {eval_policy} --replay {session}
+                 (the same verdicts from the recorded session, with no cluster: for CI)
+  try:           kubectl --kubeconfig {kubeconfig} --context c0001 delete \\
                    validatingadmissionpolicybinding stackship-no-latest
                  (the operator's next pass, within a minute, probes first: Verified False
                  Admitted; then it re-creates the binding and verifies it again)

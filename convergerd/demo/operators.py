@@ -9,6 +9,10 @@ reports.
 - **Namespaces of the tenants' boundaries** are created in every cluster a boundary covers
   (named after the boundary, labelled `platform.stackship.se/boundary=<boundary>`), so the
   enforcement probe has somewhere to run and the policies can be `Verified`.
+- **Workloads that predate the policies** (`LEGACY_WORKLOADS`): pods and a deployment created
+  in some boundary namespaces before the daemon delivers anything, some of which the policies
+  would deny. Admission never sees them (they exist already); the operators' audit counts them,
+  and `convergerd status` shows them in its VIOLATIONS column.
 - The operators' settings are the demo's (short probe delay and period), overridable with the
   usual `CONVERGERD_OPERATOR_*` variables. A failed operator is logged and leaves the demo
   running; they all stop (and release their Leases) when the daemon stops.
@@ -21,6 +25,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from convergerd.config import load_operator_settings
 from convergerd.demo import DEMO_OPERATOR_PROBE_MINUTES
@@ -28,7 +33,7 @@ from convergerd.operator.main import OperatorProcess
 from convergerd.operator.reconcile import BOUNDARY_LABEL
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
-from convergerd.sim.resources import NAMESPACES
+from convergerd.sim.resources import DEPLOYMENTS, NAMESPACES, PODS, ResourceType
 from convergerd.sim.status import ApiError
 from convergerd.store.importer import ImportPlan
 
@@ -65,6 +70,58 @@ def create_boundary_namespaces(fleet: Fleet, plan: ImportPlan) -> int:
             except ApiError:  # it exists already (another boundary of the same name cannot)
                 continue
             made += 1
+    return made
+
+
+def _pod(name: str, image: str, **labels: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+            "spec": {"containers": [{"name": "main", "image": image}]}}
+
+
+def _deployment(name: str, image: str, **labels: str) -> dict[str, Any]:
+    selector = {"app.kubernetes.io/name": name}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "labels": {**selector, **labels}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": selector},
+                     "template": {"metadata": {"labels": {**selector, **labels}},
+                                  "spec": {"containers": [{"name": "main", "image": image}]}}}}
+
+
+# (cluster, namespace = boundary, resource, object): what already ran in the sample tenants'
+# clusters before their policies were delivered. Against convergerd/demo/tenants.yaml:
+LEGACY_WORKLOADS: tuple[tuple[str, str, ResourceType, dict[str, Any]], ...] = (
+    # no-latest: an image without a tag (implicitly latest), and one tagged latest.
+    ("c0001", "platform", PODS, _pod("legacy-cache", "redis")),
+    ("c0002", "platform", DEPLOYMENTS, _deployment("legacy-web", "nginx:latest")),
+    # team-a-registries and team-a-labels: an ad-hoc pod from Docker Hub, no labels.
+    ("c0002", "team-a", PODS, _pod("adhoc-debug", "docker.io/library/busybox:1.36")),
+    # team-a-labels only: from the team's registry, without the `team` label.
+    ("c0004", "team-a", PODS, _pod("api-7f9c", "registry.team-a.example.com/api:2.1",
+                                   **{"app.kubernetes.io/name": "api"})),
+    # team-b-registries, and team-b-owner (disabled, so Inert, but audited all the same).
+    ("c0005", "team-b", PODS, _pod("worker-0", "docker.io/library/python:3.12")),
+    # Compliant, for contrast: counted by nobody.
+    ("c0001", "team-a", PODS, _pod("web-1", "registry.team-a.example.com/web:1.4",
+                                   **{"app.kubernetes.io/name": "web", "team": "a"})),
+    ("c0008", "team-b", DEPLOYMENTS, _deployment("reports",
+                                                 "registry.team-b.example.com/reports:1.0",
+                                                 owner="team-b")),
+)
+
+
+def create_legacy_workloads(fleet: Fleet) -> int:
+    """`LEGACY_WORKLOADS` in the simulated clusters, before any policy is delivered; how many
+    were made (none where the cluster or its boundary namespace is not there: other tenants)."""
+    members = set(fleet.member_ids)
+    made = 0
+    for cluster, namespace, resource, body in LEGACY_WORKLOADS:
+        if cluster not in members:
+            continue
+        try:
+            fleet.store(cluster).create(resource, namespace, body, manager=_NAMESPACE_MANAGER)
+        except ApiError:  # no such namespace there (another tenants file), or made already
+            continue
+        made += 1
     return made
 
 

@@ -28,6 +28,12 @@ here keeps a copy of it, so a feeder writes each fact once, to the state):
   probe accounts for: a lastProbeTime in the future), `stale` (the last probe is older than two
   of the operators' probe periods, `CONVERGERD_OPERATOR_PROBE_MINUTES`). Every result of every
   cluster with readings is present (0 included), and they add up to the policy count there.
+- `convergerd_audit_violations{cluster}`: the operator's audit of what already runs (existing
+  objects the policies would deny), summed over the cluster's policies, as last read (absent
+  where no audit was read); `convergerd_audit_clusters_with_violations` and
+  `convergerd_audit_unsynced_clusters` (some audit there is not current: the operator's cache
+  not synced, unreadable, or stale) over the fleet. Per policy: the status API and
+  `convergerd status`, never a label (policies x clusters series).
 - Counters carry no `_created` samples (they would double the series count for nothing).
 - Counters of every known cluster exist from the start at zero (applies by result, failures
   and retries by the known reasons), so `rate()`/`increase()` see the first failure.
@@ -68,8 +74,13 @@ from prometheus_client.metrics_core import (
 
 from convergerd import __version__
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
-from convergerd.status.phases import UNSUPPORTED, tally_counts, verified_stale_after_s
-from convergerd.status.state import StatusState
+from convergerd.status.phases import (
+    UNSUPPORTED,
+    audit_stale_after_s,
+    tally_counts,
+    verified_stale_after_s,
+)
+from convergerd.status.state import ClusterState, StatusState
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -327,6 +338,7 @@ class Metrics:
                 version = c.server_version or "unknown"
                 unsupported[version] = unsupported.get(version, 0) + 1
         yield from (lag, last, up, oos, phase, verification, info, cdur)
+        yield from self._audit_families(now, clusters)
 
         insecure = GaugeMetricFamily("convergerd_cluster_insecure",
                                      "1 if the cluster is reached without TLS verification or "
@@ -342,6 +354,29 @@ class Metrics:
         for version, count in sorted(unsupported.items()):
             unsup.add_metric([version], float(count))
         yield unsup
+
+    def _audit_families(self, now: float,
+                        clusters: Sequence[tuple[str, ClusterState]]) -> Iterator[Metric]:
+        audit = GaugeMetricFamily(
+            "convergerd_audit_violations", "Existing objects on the cluster that its policies "
+            "would deny, summed over the policies (the operator's audit, as last read)",
+            labels=["cluster"])
+        audit_stale_s = audit_stale_after_s(self.state.probe_period_s)
+        with_violations = unsynced = 0
+        for name, c in clusters:
+            audited = c.audit_tally
+            if audited.audited:
+                audit.add_metric([name], float(audited.violations))
+                with_violations += audited.violations > 0
+                unsynced += audited.unsettled(now, self.state.interval_s, audit_stale_s)
+        yield audit
+        yield GaugeMetricFamily("convergerd_audit_clusters_with_violations",
+                                "Clusters where the operator's audit counts existing objects "
+                                "that a policy would deny", value=float(with_violations))
+        yield GaugeMetricFamily("convergerd_audit_unsynced_clusters",
+                                "Clusters with an audit that is not current: the operator's "
+                                "cache not synced, unreadable, or older than two probe periods",
+                                value=float(unsynced))
 
     def _fleet_families(self, now: float) -> Iterator[Metric]:
         state = self.state

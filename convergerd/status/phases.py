@@ -29,9 +29,11 @@ import datetime as dt
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from convergerd.core.decode import in_the_future
-from convergerd.core.report import ClusterOutcome, PhaseReading, Verification
+from convergerd.core.model import PolicyId
+from convergerd.core.report import Audit, ClusterOutcome, PhaseReading, Verification
 
 PHASES = ("Enforcing", "Inert", "Unsupported", "Error")
 UNSUPPORTED = "Unsupported"
@@ -198,3 +200,112 @@ def is_unsupported(readings: Iterable[PhaseReading], now: dt.datetime, interval_
     """A cluster is rolled up as Unsupported when a fresh reading there says so."""
     return any(counted_phase(r.phase, age_s(r.seen_at, now), interval_s) == UNSUPPORTED
                for r in readings)
+
+
+# ---------------------------------------------------------------------------------------------
+# The audit: `status.audit`, what the operator found already running that the policy would deny
+#
+# Per policy on a cluster (`audit_state`): `current` (read from a synced cache, recently),
+# `unsynced` (cacheSynced false: the count may be partial), `stale` (the reading is stale, or
+# auditedAt is older than `AUDIT_STALE_PERIODS` of the operators' probe periods: the operator
+# stopped auditing), `unknown` (unreadable, or an auditedAt after the reading: nobody audited
+# then). Per cluster (`AuditTally`, counted when the readings change): the violations summed
+# over its policies and whether every audit there is current (`AuditTally.unsettled`).
+
+AUDIT_CURRENT, AUDIT_UNSYNCED, AUDIT_STALE, AUDIT_UNKNOWN = (
+    "current", "unsynced", "stale", "unknown")
+AUDIT_STATES = (AUDIT_CURRENT, AUDIT_UNSYNCED, AUDIT_STALE, AUDIT_UNKNOWN)
+# The operator audits at least once per probe pass: two missed passes is news.
+AUDIT_STALE_PERIODS = 2.0
+
+
+def audit_stale_after_s(probe_period_s: float) -> float:
+    return AUDIT_STALE_PERIODS * probe_period_s
+
+
+def audit_time_problem(audit: Audit, seen_at: dt.datetime) -> str | None:
+    """Why an audit's time cannot be believed (None: it can): after the reading of it."""
+    at = audit.audited_at
+    if at is not None and in_the_future(at, seen_at):
+        return (f"auditedAt {at.isoformat().replace('+00:00', 'Z')} is after the reading of "
+                "it: no audit made it, the count is not trusted")
+    return None
+
+
+def known_violations(reading: PhaseReading) -> int | None:
+    """The reading's audited count, None when there is no audit or it cannot be believed."""
+    found = reading.audit
+    if found is None or found.violations is None:
+        return None
+    return None if audit_time_problem(found, reading.seen_at) else found.violations
+
+
+def audit_state(reading: PhaseReading, now: dt.datetime, interval_s: float, *,
+                probe_period_s: float) -> str | None:
+    """One of `AUDIT_STATES` at `now`; None when the Policy carries no audit."""
+    found = reading.audit
+    if found is None:
+        return None
+    if known_violations(reading) is None:
+        return AUDIT_UNKNOWN
+    at = found.audited_at
+    if is_stale(reading.seen_at, now, interval_s) or (
+            at is not None and age_s(at, now) > audit_stale_after_s(probe_period_s)):
+        return AUDIT_STALE
+    return AUDIT_CURRENT if found.synced else AUDIT_UNSYNCED
+
+
+@dataclass(frozen=True, slots=True)
+class AuditTally:
+    """One cluster's audits, counted when its readings change (a scrape then costs a few
+    comparisons per cluster). Times in seconds since the epoch."""
+
+    audited: int = 0  # policies read with an audit
+    unknown: int = 0  # of which unreadable (`AUDIT_UNKNOWN`)
+    unsynced: int = 0  # of which read from a cache not synced
+    violations: int = 0  # summed over the readable ones
+    oldest_audit: float | None = None  # the earliest auditedAt of the readable ones
+    oldest_seen: float | None = None  # the earliest reading of an audit
+    by_policy: Mapping[PolicyId, int] = field(default_factory=dict)  # violations > 0 only
+
+    def unsettled(self, now: float, interval_s: float, audit_stale_s: float) -> bool:
+        """Whether some audit here is not current: unreadable, from a cache not synced, or
+        stale (`audit_state`)."""
+        if not self.audited:
+            return False
+        return bool(
+            self.unknown or self.unsynced
+            or (self.oldest_seen is not None and is_stale_age(now - self.oldest_seen, interval_s))
+            or (self.oldest_audit is not None and now - self.oldest_audit > audit_stale_s))
+
+
+def audit_tally(readings: Iterable[PhaseReading]) -> AuditTally:
+    audited = unknown = unsynced = violations = 0
+    oldest_audit: float | None = None
+    oldest_seen: float | None = None
+    by_policy: dict[PolicyId, int] = {}
+    for r in readings:
+        found = r.audit
+        if found is None:
+            continue
+        audited += 1
+        seen = r.seen_at.timestamp()
+        oldest_seen = seen if oldest_seen is None else min(oldest_seen, seen)
+        count = known_violations(r)
+        if count is None:
+            unknown += 1
+            continue
+        violations += count
+        if count:
+            by_policy[r.policy] = count
+        unsynced += not found.synced
+        if found.audited_at is not None:
+            at = found.audited_at.timestamp()
+            oldest_audit = at if oldest_audit is None else min(oldest_audit, at)
+    if not audited:
+        return NO_AUDITS
+    return AuditTally(audited, unknown, unsynced, violations, oldest_audit, oldest_seen,
+                      by_policy)
+
+
+NO_AUDITS = AuditTally()

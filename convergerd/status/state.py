@@ -23,6 +23,7 @@ metrics):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -32,6 +33,8 @@ from typing import Any
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.report import (
     ApplyResult,
+    Audit,
+    AuditSample,
     ClusterOutcome,
     Delivery,
     Epoch,
@@ -42,10 +45,18 @@ from convergerd.core.report import (
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 from convergerd.status.phases import (
+    AUDIT_CURRENT,
+    NO_AUDITS,
+    AuditTally,
     TallyEntry,
     age_s,
+    audit_stale_after_s,
+    audit_state,
+    audit_tally,
+    audit_time_problem,
     is_stale,
     is_unsupported,
+    known_violations,
     normalize_phase,
     phase_counts,
     phases_refreshed,
@@ -93,6 +104,10 @@ def iso(moment: dt.datetime | None) -> str | None:
     return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if moment else None
 
 
+# Audit samples kept per policy, and policies listed in the fleet's audit view.
+AUDIT_SAMPLES_KEPT = 5
+AUDIT_POLICIES_LISTED = 100
+
 # The operators' probe period when the caller does not say (CONVERGERD_OPERATOR_PROBE_MINUTES).
 DEFAULT_PROBE_PERIOD_S = 600.0
 
@@ -105,7 +120,7 @@ def phase_view(
     if reading is None:
         return {"phase": None, "ready_reason": None, "ready_message": None,
                 "observed_revision": None, "seen_at": None, "age_seconds": None, "stale": None,
-                "verified": None}
+                "verified": None, "audit": None}
     return {
         "phase": normalize_phase(reading.phase),
         "ready_reason": reading.ready_reason,
@@ -115,7 +130,22 @@ def phase_view(
         "age_seconds": round(age_s(reading.seen_at, now), 3),
         "stale": is_stale(reading.seen_at, now, interval_s),
         "verified": verified_view(reading, now, interval_s, probe_period_s=probe_period_s),
+        "audit": audit_view(reading, now, interval_s, probe_period_s=probe_period_s),
     }
+
+
+def audit_view(reading: PhaseReading, now: dt.datetime, interval_s: float, *,
+               probe_period_s: float) -> dict[str, Any] | None:
+    """The operator's audit of what already runs (None: the Policy carries none): the count
+    (null when it cannot be read or believed, `problem` says why), when and whether the
+    operator's cache was synced, and what that makes it (`state`, `audit_state`)."""
+    found = reading.audit
+    if found is None:
+        return None
+    return {"violations": known_violations(reading), "audited_at": iso(found.audited_at),
+            "cache_synced": found.synced if found.violations is not None else None,
+            "state": audit_state(reading, now, interval_s, probe_period_s=probe_period_s),
+            "problem": found.problem or audit_time_problem(found, reading.seen_at)}
 
 
 def verified_view(reading: PhaseReading, now: dt.datetime, interval_s: float, *,
@@ -170,7 +200,7 @@ class PolicyRecord:
                 cluster=ClusterId(row.cluster), policy=PolicyId(row.policy), phase=row.phase,
                 ready_reason=row.phase_reason, ready_message=row.phase_message,
                 revision=row.phase_revision, seen_at=row.phase_seen_at,
-                verified=_verification_of_row(row),
+                verified=_verification_of_row(row), audit=_audit_of_row(row),
             )
         return cls(
             delivered_revision=row.delivered_revision,
@@ -185,6 +215,14 @@ def _verification_of_row(row: DeliveryRow) -> Verification | None:
         return None
     return Verification(row.verified_status, row.verified_reason, row.verified_message,
                         row.verified_probed_at, row.verified_since)
+
+
+def _audit_of_row(row: DeliveryRow) -> Audit | None:
+    if row.audit_synced is None:
+        return None
+    if row.audit_violations is None:
+        return Audit(None, problem=row.audit_problem or "the recorded audit has no count")
+    return Audit(row.audit_violations, row.audit_at, row.audit_synced)
 
 
 def _newer(a: dt.datetime | None, b: dt.datetime | None) -> bool:
@@ -203,8 +241,10 @@ def merge_records(mine: PolicyRecord | None, stored: PolicyRecord | None) -> Pol
     if _newer(mine.last_success_at, stored.last_success_at):
         merged.delivered_revision = mine.delivered_revision
         merged.last_success_at = mine.last_success_at
+    # A tie is the same listing: this replica's own reading is the one whose audit sample
+    # it keeps (the database records only the count).
     if mine.phase is not None and (
-        stored.phase is None or mine.phase.seen_at > stored.phase.seen_at
+        stored.phase is None or mine.phase.seen_at >= stored.phase.seen_at
     ):
         merged.phase = mine.phase
     return merged
@@ -227,6 +267,20 @@ def record_view(
         "last_reason": record.last_reason,
         **phase_view(record.phase, now, interval_s, probe_period_s=probe_period_s),
     }
+
+
+def policy_audit_view(audits: Iterable[Mapping[str, Any] | None],
+                      sample: list[dict[str, Any]]) -> dict[str, Any]:
+    """One policy's audits over its clusters (`audit_view` of each, None where none was read):
+    the total of the counts that can be read, how many clusters count violations, how many
+    audits cannot be read (`unknown`) or are not current, and the kept sample."""
+    read = [a for a in audits if a is not None]
+    known = [a["violations"] for a in read if a["violations"] is not None]
+    return {"violations": sum(known), "clusters_audited": len(read),
+            "clusters_with_violations": sum(n > 0 for n in known),
+            "clusters_unknown": len(read) - len(known),
+            "clusters_not_current": sum(a["state"] != AUDIT_CURRENT for a in read),
+            "sample": sample}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +310,7 @@ class ClusterState:
     # The readings as the metrics count them, recounted whenever the readings change
     # (`recount_phases`): a scrape then costs a few additions per cluster, not per policy.
     phase_tally: Counter[TallyEntry] = field(default_factory=Counter)
+    audit_tally: AuditTally = NO_AUDITS  # likewise, the audits (`phases.audit_tally`)
 
     def needs_rows(self) -> bool:
         """Whether the database holds per-policy records newer than this replica has: a round
@@ -286,7 +341,9 @@ class ClusterState:
 
     def recount_phases(self) -> None:
         """Told after the readings changed."""
-        self.phase_tally = tally(self.readings())
+        readings = self.readings()
+        self.phase_tally = tally(readings)
+        self.audit_tally = audit_tally(readings)
 
     def record(self, policy: str) -> PolicyRecord:
         pid = PolicyId(policy)
@@ -356,6 +413,10 @@ class StatusState:
         self.version = 0  # counts the updates: a status view built at one version stays true
         self.synced_at: dt.datetime | None = None  # the last database sync that answered
         self.sync_error: str | None = None  # why the last database sync failed, if it did
+        # Audit samples per policy, not per policy and cluster (memory: policies x clusters
+        # readings hold only counts): the first `AUDIT_SAMPLES_KEPT` across clusters, those of
+        # the cluster read last first; a view shows those of clusters still counting violations.
+        self.audit_samples: dict[PolicyId, tuple[tuple[ClusterId, AuditSample], ...]] = {}
 
     # -- updates ---------------------------------------------------------------------------
 
@@ -406,6 +467,8 @@ class StatusState:
         object is still read back from the cluster (a round never deletes, so that reading
         is real and bounded by what the cluster holds)."""
         wanted = {PolicyId(p) for p in policies}
+        for gone_sample in set(self.audit_samples) - wanted:
+            del self.audit_samples[gone_sample]
         for state in self.clusters.values():
             for gone in [p for p, r in state.policies.items()
                          if p not in wanted and r.phase is None]:
@@ -444,10 +507,26 @@ class StatusState:
                 if policy not in seen:
                     record.phase = None  # no longer in the cluster
             for reading in outcome.phases:
-                state.record(reading.policy).phase = reading
+                state.record(reading.policy).phase = self._take_sample(reading)
             state.recount_phases()
         for delivery in outcome.deliveries:
             state.record(delivery.policy).note_delivery(delivery)
+
+    def _take_sample(self, reading: PhaseReading) -> PhaseReading:
+        """`reading` without its audit's sample, which is kept per policy."""
+        found = reading.audit
+        pid, cluster = reading.policy, reading.cluster
+        fresh = found.sample if found is not None and known_violations(reading) else ()
+        kept = self.audit_samples.get(pid, ())
+        if kept or fresh:
+            merged = (*((cluster, s) for s in fresh), *(e for e in kept if e[0] != cluster))
+            if merged:
+                self.audit_samples[pid] = merged[:AUDIT_SAMPLES_KEPT]
+            else:
+                del self.audit_samples[pid]
+        if found is not None and found.sample:
+            return dataclasses.replace(reading, audit=dataclasses.replace(found, sample=()))
+        return reading
 
     def observe_probe(
         self, cluster: str, *, reachable: bool, error: str | None = None,
@@ -613,7 +692,61 @@ class StatusState:
             "last_error": state.error,
             "last_reason": state.last_reason if state.error == state.last_error else "unreachable",
             "server_version": state.server_version,
+            "audit": self.cluster_audit_view(state, now),
         }
+
+    def _audit_unsettled(self, tally: AuditTally, now: dt.datetime) -> bool:
+        return tally.unsettled(now.timestamp(), self.interval_s,
+                               audit_stale_after_s(self.probe_period_s))
+
+    def cluster_audit_view(self, state: ClusterState, now: dt.datetime) -> dict[str, Any] | None:
+        """A cluster's audits summed over its policies (None: none read there)."""
+        tally = state.audit_tally
+        if not tally.audited:
+            return None
+        return {"violations": tally.violations, "policies_with_violations": len(tally.by_policy),
+                "policies_audited": tally.audited, "unknown": tally.unknown,
+                "unsynced": self._audit_unsettled(tally, now)}
+
+    def audit_fleet_view(self, now: dt.datetime) -> dict[str, Any]:
+        """The audits over the fleet, and per policy its total (worst first, at most
+        `AUDIT_POLICIES_LISTED` listed): cost grows with the violating (cluster, policy) pairs,
+        not with the fleet's policies."""
+        totals: dict[PolicyId, list[int]] = {}
+        audited = violations = with_violations = unsynced = 0
+        for state in self.clusters.values():
+            tally = state.audit_tally
+            if not tally.audited:
+                continue
+            audited += 1
+            violations += tally.violations
+            with_violations += tally.violations > 0
+            unsynced += self._audit_unsettled(tally, now)
+            for pid, count in tally.by_policy.items():
+                entry = totals.setdefault(pid, [0, 0])
+                entry[0] += count
+                entry[1] += 1
+        worst = sorted(totals.items(), key=lambda kv: (-kv[1][0], kv[0]))
+        return {"violations": violations, "clusters_audited": audited,
+                "clusters_with_violations": with_violations, "unsynced_clusters": unsynced,
+                "policies_with_violations": len(worst),
+                "policies": [{"id": pid, "violations": v, "clusters": n}
+                             for pid, (v, n) in worst[:AUDIT_POLICIES_LISTED]]}
+
+    def audit_sample_view(self, policy: str) -> list[dict[str, Any]]:
+        """The policy's kept samples, of clusters whose current reading still counts
+        violations."""
+        pid = PolicyId(policy)
+        shown_samples = []
+        for cluster, sample in self.audit_samples.get(pid, ()):
+            live = self.clusters.get(cluster)
+            record = live.policies.get(pid) if live is not None else None
+            if record is None or record.phase is None or not known_violations(record.phase):
+                continue
+            shown_samples.append({"cluster": cluster, "kind": sample.kind,
+                                  "namespace": sample.namespace, "name": sample.name,
+                                  "message": sample.message})
+        return shown_samples
 
     def pending_view(self, now: dt.datetime) -> dict[str, Any]:
         return {
@@ -651,4 +784,5 @@ class StatusState:
             "pending_deletions": self.pending_view(now),
             "clusters": [self.cluster_summary(c, now) for c in self.sorted_clusters(now)],
             "unsupported_by_version": self.unsupported(now),
+            "audit": self.audit_fleet_view(now),
         }

@@ -47,7 +47,7 @@ _INCOMING_COLUMNS = (
     "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
     "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
     "verified_status", "verified_reason", "verified_message", "verified_probed_at",
-    "verified_since",
+    "verified_since", "audit_violations", "audit_at", "audit_synced", "audit_problem",
 )
 _CREATE_INCOMING = """
 CREATE TEMPORARY TABLE incoming_deliveries (
@@ -55,7 +55,8 @@ CREATE TEMPORARY TABLE incoming_deliveries (
     error text, reason text, attempts integer, phase text, phase_reason text,
     phase_message text, phase_revision bigint, phase_seen_at timestamptz,
     verified_status text, verified_reason text, verified_message text,
-    verified_probed_at timestamptz, verified_since timestamptz
+    verified_probed_at timestamptz, verified_since timestamptz,
+    audit_violations bigint, audit_at timestamptz, audit_synced boolean, audit_problem text
 ) ON COMMIT DROP
 """
 
@@ -78,7 +79,8 @@ INSERT INTO deliveries AS d (
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
     last_error, last_reason, attempts, round_id,
     phase, phase_reason, phase_message, phase_revision, phase_seen_at,
-    verified_status, verified_reason, verified_message, verified_probed_at, verified_since)
+    verified_status, verified_reason, verified_message, verified_probed_at, verified_since,
+    audit_violations, audit_at, audit_synced, audit_problem)
 SELECT u.policy_id, u.cluster_id,
        CASE WHEN u.result <> 'failed' THEN u.revision END,
        u.result, f.at,
@@ -88,7 +90,7 @@ SELECT u.policy_id, u.cluster_id,
        $1::bigint,
        u.phase, u.phase_reason, u.phase_message, u.phase_revision, f.seen_at,
        u.verified_status, u.verified_reason, u.verified_message, u.verified_probed_at,
-       u.verified_since
+       u.verified_since, u.audit_violations, u.audit_at, u.audit_synced, u.audit_problem
 FROM incoming_deliveries u
 LEFT JOIN deliveries o ON o.policy_id = u.policy_id AND o.cluster_id = u.cluster_id
 LEFT JOIN cluster_state s ON s.cluster_id = u.cluster_id
@@ -111,14 +113,19 @@ WHERE o.policy_id IS NULL
    OR (f.seen_at IS NOT NULL
        AND (o.phase_seen_at IS NULL
             OR (u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.verified_status,
-                u.verified_reason, u.verified_message, u.verified_since)
+                u.verified_reason, u.verified_message, u.verified_since, u.audit_violations,
+                u.audit_synced, u.audit_problem)
                IS DISTINCT FROM (o.phase, o.phase_reason, o.phase_message, o.phase_revision,
                                  o.verified_status, o.verified_reason, o.verified_message,
-                                 o.verified_since)
-            -- A probe time moving forward is the operator probing again, not news: the
-            -- cluster's `listed_probed_at` bounds it. Gone, come, or going back is written.
+                                 o.verified_since, o.audit_violations, o.audit_synced,
+                                 o.audit_problem)
+            -- A probe or audit time moving forward is the operator probing or auditing
+            -- again, not news: the cluster's `listed_probed_at` and `listed_audited_at` bound
+            -- it. Gone, come, or going back is written.
             OR (u.verified_probed_at IS DISTINCT FROM o.verified_probed_at
-                AND NOT COALESCE(u.verified_probed_at > o.verified_probed_at, false))))
+                AND NOT COALESCE(u.verified_probed_at > o.verified_probed_at, false))
+            OR (u.audit_at IS DISTINCT FROM o.audit_at
+                AND NOT COALESCE(u.audit_at > o.audit_at, false))))
 ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
     (delivered_revision, last_result, last_attempt_at, last_success_at, last_error,
      last_reason, attempts, round_id) =
@@ -138,7 +145,8 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
                   AND (d.last_attempt_at IS NULL
                        OR d.last_attempt_at <= EXCLUDED.last_attempt_at) AS fresh) AS f),
     (phase, phase_reason, phase_message, phase_revision, phase_seen_at,
-     verified_status, verified_reason, verified_message, verified_probed_at, verified_since) =
+     verified_status, verified_reason, verified_message, verified_probed_at, verified_since,
+     audit_violations, audit_at, audit_synced, audit_problem) =
     (SELECT CASE WHEN seen THEN EXCLUDED.phase ELSE d.phase END,
             CASE WHEN seen THEN EXCLUDED.phase_reason ELSE d.phase_reason END,
             CASE WHEN seen THEN EXCLUDED.phase_message ELSE d.phase_message END,
@@ -148,7 +156,11 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
             CASE WHEN seen THEN EXCLUDED.verified_reason ELSE d.verified_reason END,
             CASE WHEN seen THEN EXCLUDED.verified_message ELSE d.verified_message END,
             CASE WHEN seen THEN EXCLUDED.verified_probed_at ELSE d.verified_probed_at END,
-            CASE WHEN seen THEN EXCLUDED.verified_since ELSE d.verified_since END
+            CASE WHEN seen THEN EXCLUDED.verified_since ELSE d.verified_since END,
+            CASE WHEN seen THEN EXCLUDED.audit_violations ELSE d.audit_violations END,
+            CASE WHEN seen THEN EXCLUDED.audit_at ELSE d.audit_at END,
+            CASE WHEN seen THEN EXCLUDED.audit_synced ELSE d.audit_synced END,
+            CASE WHEN seen THEN EXCLUDED.audit_problem ELSE d.audit_problem END
      FROM (SELECT EXCLUDED.phase_seen_at IS NOT NULL
                   AND (d.phase_seen_at IS NULL
                        OR d.phase_seen_at <= EXCLUDED.phase_seen_at) AS seen) AS s)
@@ -161,7 +173,8 @@ _CLEAR_UNLISTED = """
 UPDATE deliveries AS d SET
     phase = NULL, phase_reason = NULL, phase_message = NULL, phase_revision = NULL,
     phase_seen_at = NULL, verified_status = NULL, verified_reason = NULL,
-    verified_message = NULL, verified_probed_at = NULL, verified_since = NULL
+    verified_message = NULL, verified_probed_at = NULL, verified_since = NULL,
+    audit_violations = NULL, audit_at = NULL, audit_synced = NULL, audit_problem = NULL
 FROM unnest($1::text[], $2::timestamptz[]) AS l(cluster_id, listed_at)
 WHERE d.cluster_id = l.cluster_id
   AND d.phase_seen_at IS NOT NULL AND d.phase_seen_at < l.listed_at
@@ -178,23 +191,24 @@ _UPSERT_CLUSTER_STATE = """
 INSERT INTO cluster_state AS s (
     cluster_id, last_attempt_at, last_success_at, last_reached_at, reachable, last_error,
     last_reason, desired, in_sync, failed, server_version, duration_s, round_id, listed_at,
-    listed_probed_at)
+    listed_probed_at, listed_audited_at)
 SELECT u.cluster_id, $2::timestamptz,
        CASE WHEN u.converged THEN $2::timestamptz END,
        CASE WHEN u.reached THEN $2::timestamptz END,
        u.reached, u.error, u.reason, u.desired, u.in_sync, u.failed, u.server_version,
-       u.duration_s, $1::bigint, u.listed_at, u.listed_probed_at
+       u.duration_s, $1::bigint, u.listed_at, u.listed_probed_at, u.listed_audited_at
 FROM unnest($3::text[], $4::boolean[], $5::boolean[], $6::text[], $7::text[], $8::int[],
             $9::int[], $10::int[], $11::text[], $12::float8[], $13::timestamptz[],
-            $14::timestamptz[])
+            $14::timestamptz[], $15::timestamptz[])
      AS u(cluster_id, reached, converged, error, reason, desired, in_sync, failed,
-          server_version, duration_s, listed_at, listed_probed_at)
+          server_version, duration_s, listed_at, listed_probed_at, listed_audited_at)
 ON CONFLICT (cluster_id) DO UPDATE SET
     last_success_at = GREATEST(EXCLUDED.last_success_at, s.last_success_at),
     last_reached_at = GREATEST(EXCLUDED.last_reached_at, s.last_reached_at),
-    (listed_at, listed_probed_at) =
+    (listed_at, listed_probed_at, listed_audited_at) =
     (SELECT CASE WHEN newer THEN EXCLUDED.listed_at ELSE s.listed_at END,
-            CASE WHEN newer THEN EXCLUDED.listed_probed_at ELSE s.listed_probed_at END
+            CASE WHEN newer THEN EXCLUDED.listed_probed_at ELSE s.listed_probed_at END,
+            CASE WHEN newer THEN EXCLUDED.listed_audited_at ELSE s.listed_audited_at END
      FROM (SELECT EXCLUDED.listed_at IS NOT NULL
                   AND (s.listed_at IS NULL OR s.listed_at < EXCLUDED.listed_at) AS newer) AS l),
     (last_attempt_at, reachable, last_error, last_reason, desired, in_sync, failed,
@@ -316,7 +330,8 @@ def _delivery_records(
     cols: list[list[Any]] = [[] for _ in _INCOMING_COLUMNS]
     (policy, cluster, revision, result, attempt_at, error, reason, attempts,
      phase, phase_reason, phase_message, phase_revision, phase_seen_at,
-     v_status, v_reason, v_message, v_probed_at, v_since) = cols
+     v_status, v_reason, v_message, v_probed_at, v_since,
+     a_violations, a_at, a_synced, a_problem) = cols
 
     def row(policy_id: str, cluster_id: str) -> tuple[int, bool]:
         """The row of (policy, cluster), and whether it was new."""
@@ -348,6 +363,7 @@ def _delivery_records(
             # first lists it finds nothing changed (a reading from that listing, newer, wins).
             phase[i] = phase_reason[i] = phase_message[i] = None
             v_status[i] = v_reason[i] = v_message[i] = v_probed_at[i] = v_since[i] = None
+            a_violations[i] = a_at[i] = a_synced[i] = a_problem[i] = None
             phase_revision[i], phase_seen_at[i] = revision[i], attempt_at[i]
     for p in phases:
         if clean.bad_id(p.cluster, p.policy):
@@ -368,7 +384,19 @@ def _delivery_records(
             v_probed_at[i], v_since[i] = v.probed_at, v.since
         else:
             v_status[i] = v_reason[i] = v_message[i] = v_probed_at[i] = v_since[i] = None
+        a_violations[i], a_at[i], a_synced[i], a_problem[i] = _audit_values(p, clean)
     return list(zip(*cols, strict=True))
+
+
+def _audit_values(
+    p: PhaseReading, clean: _Cleaner
+) -> tuple[int | None, dt.datetime | None, bool | None, str | None]:
+    """The audit columns of a reading: all None when it carries no audit."""
+    a = p.audit
+    if a is None:
+        return None, None, None, None
+    return (clean.revision(a.violations, p.cluster, p.policy, "audit_violations"),
+            a.audited_at, a.synced, clean.text(a.problem, p.cluster, p.policy, "audit_problem"))
 
 
 async def _upsert_deliveries(
@@ -445,10 +473,10 @@ class RoundRecord:
 
 
 def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any, ...]:
-    """A cluster's outcome as a row of `_UPSERT_CLUSTER_STATE`'s unnest; its last two values,
-    the listing's time (at `_LISTED_AT`) and oldest probe, are None unless the round listed
-    it."""
-    listed_at = listed_probed_at = None
+    """A cluster's outcome as a row of `_UPSERT_CLUSTER_STATE`'s unnest; its last three
+    values, the listing's time (at `_LISTED_AT`), oldest probe and oldest audit, are None
+    unless the round listed it."""
+    listed_at = listed_probed_at = listed_audited_at = None
     if c.listed:
         # The listing's time; of an empty one, no later than the round's first write (what
         # the round created afterwards is newer than what the listing did not find).
@@ -457,6 +485,9 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
         listed_probed_at = min(
             (p.verified.probed_at for p in c.phases
              if p.verified is not None and p.verified.probed_at is not None), default=None)
+        listed_audited_at = min(
+            (p.audit.audited_at for p in c.phases
+             if p.audit is not None and p.audit.audited_at is not None), default=None)
     return (
         c.cluster, c.reached, c.converged,
         clean.text(c.error, c.cluster, None, "last_error"),
@@ -468,6 +499,7 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
         float(c.duration_s),
         listed_at,
         listed_probed_at,
+        listed_audited_at,
     )
 
 
@@ -477,7 +509,7 @@ _LISTED_AT = 10  # the state row's listing time: the cluster's readings are all 
 def _unlisted(state: tuple[Any, ...]) -> tuple[Any, ...]:
     """The state row without its listing: for a part that does not hold all of the listing's
     readings (the row-by-row fallback), whose unwritten rows must not be taken as read."""
-    return (*state[:_LISTED_AT], None, None)
+    return (*state[:_LISTED_AT], None, None, None)
 
 
 async def _insert_round(conn: asyncpg.Connection, record: RoundRecord, kept: int) -> int:

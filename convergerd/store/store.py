@@ -101,7 +101,10 @@ _D_COLUMNS = f"""
     GREATEST(d.verified_probed_at,
              CASE WHEN d.verified_probed_at IS NOT NULL THEN cs.listed_probed_at END)
         AS verified_probed_at,
-    d.verified_since
+    d.verified_since, d.audit_violations,
+    GREATEST(d.audit_at, CASE WHEN d.audit_at IS NOT NULL THEN cs.listed_audited_at END)
+        AS audit_at,
+    d.audit_synced, d.audit_problem
 """
 _WITH_LISTING = "LEFT JOIN cluster_state cs ON cs.cluster_id = d.cluster_id"
 
@@ -167,6 +170,10 @@ def _delivery_row(r: asyncpg.Record) -> DeliveryRow:
         verified_message=r["verified_message"],
         verified_probed_at=r["verified_probed_at"],
         verified_since=r["verified_since"],
+        audit_violations=r["audit_violations"],
+        audit_at=r["audit_at"],
+        audit_synced=r["audit_synced"],
+        audit_problem=r["audit_problem"],
     )
 
 

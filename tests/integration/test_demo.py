@@ -4,16 +4,21 @@ the phases and the enforcement probe's verdicts that a real fleet reports."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import re
+import shutil
+import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.fixtures.fleet import free_port
-from tests.integration.process_helpers import clean_env, run_demo
+from tests.integration.process_helpers import CONVERGERD, clean_env, run_demo
 from tests.integration.rounds_helpers import wait_for
 
 SEEN_S = 80.0  # rounds every 3 s, the first probe 1 s after a policy is Enforcing; a busy box
@@ -38,6 +43,12 @@ def _get(url: str) -> Any:
     return None
 
 
+def _kubectl(kubeconfig: Path, context: str, *args: str) -> list[str]:
+    done = subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "--context", context,
+                           *args], capture_output=True, text=True, timeout=30, check=True)
+    return sorted(done.stdout.split())
+
+
 async def test_the_demo_shows_real_phases_and_verified_policies(
     tmp_path: Path, database_url: str
 ) -> None:
@@ -50,6 +61,18 @@ async def test_the_demo_shows_real_phases_and_verified_policies(
         text = "\n".join(banner)
         assert "operators:" in text
         assert "VERIFIED" in text
+        assert "VIOLATIONS" in text
+        workdir = tmp_path / "demo"
+        policy_file, session = workdir / "no-latest.policy.yaml", workdir / "no-latest.session"
+        assert (f"convergerd policy eval --policy {policy_file} --context c0002 \\\n"
+                f"                   --kubeconfig {workdir / 'kubeconfig'} --record {session}"
+                in text), text
+        assert f"convergerd policy eval --policy {policy_file} --replay {session}" in text
+        assert policy_file.read_text().startswith("id: no-latest")
+        if shutil.which("kubectl"):  # the workloads that predate the policies are there
+            assert await asyncio.to_thread(
+                _kubectl, workdir / "kubeconfig", "c0002", "get", "deployments,pods", "-A",
+                "-o", "name") == ["deployment.apps/legacy-web", "pod/adhoc-debug"]
         seen: dict[str, Any] = {}
 
         async def phases_shown() -> bool:
@@ -105,3 +128,42 @@ async def test_the_demo_shows_real_phases_and_verified_policies(
     assert lines
     unnamed = [line for line in lines if not re.search(r"\bcluster c00\d\d\b", line)]
     assert not unnamed, unnamed[:3]
+
+
+# The workloads of convergerd.demo.operators.LEGACY_WORKLOADS that a policy would deny, and the
+# policies' totals over the fleet.
+EXPECTED_VIOLATIONS = {"no-latest": 2, "team-a-registries": 1, "team-a-labels": 2,
+                       "team-b-registries": 1, "team-b-owner": 1}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("convergerd.operator.audit") is None,
+                    reason="needs the operator's audit (status.audit, convergerd.operator.audit)")
+async def test_the_demo_shows_violations_of_workloads_that_predate_the_policies(
+    tmp_path: Path, database_url: str
+) -> None:
+    port = free_port()
+    env = clean_env(CONVERGERD_DATABASE_URL=database_url,
+                     Policies__ConvergeIntervalMinutes="0.05")
+    base = f"http://127.0.0.1:{port}"
+    async with run_demo(tmp_path, env, "--http-addr", f"127.0.0.1:{port}"):
+        seen: dict[str, Any] = {}
+
+        async def counted() -> bool:
+            doc = await asyncio.to_thread(_get, f"{base}/status")
+            policies = {p["id"]: p["violations"]
+                        for p in ((doc or {}).get("audit") or {}).get("policies", [])}
+            seen.update(policies=policies)
+            return policies == EXPECTED_VIOLATIONS
+
+        await wait_for(counted, timeout_s=SEEN_S, what=f"the audits' totals ({seen})")
+        policy = await asyncio.to_thread(_get, f"{base}/v1/policies/no-latest/status")
+        per_cluster = {c["cluster"]: (c["audit"] or {}).get("violations")
+                       for c in policy["clusters"]}
+        assert per_cluster["c0001"] == 1
+        assert per_cluster["c0002"] == 1
+        assert {s["name"] for s in policy["audit"]["sample"]} == {"legacy-cache", "legacy-web"}
+        out = await asyncio.create_subprocess_exec(
+            *CONVERGERD, "status", "--addr", base, stdout=asyncio.subprocess.PIPE)
+        table = (await out.communicate())[0].decode()
+        assert "VIOLATIONS" in table
+        assert "  no-latest: 2 on 2 clusters" in table.splitlines(), table

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import (
     ApplyResult,
+    Audit,
     ClusterOutcome,
     Delivery,
     PhaseReading,
@@ -109,7 +110,8 @@ def exported_series() -> set[str]:
             ClusterOutcome(
                 cluster=c1, reached=True, desired=1, in_sync=1, server_version="v1.29.4",
                 deliveries=[Delivery(c1, pid, 3, ApplyResult.CREATED, t0)],
-                phases=[PhaseReading(c1, pid, "Unsupported", None, None, 3, t0)],
+                phases=[PhaseReading(c1, pid, "Unsupported", None, None, 3, t0,
+                                     audit=Audit(2, t0, synced=True))],
             ),
             ClusterOutcome(cluster=ClusterId("c0002"), error="connect timeout",
                            reason="unreachable"),
