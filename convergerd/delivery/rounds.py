@@ -118,9 +118,18 @@ class RoundLoop:
         identity: str,
         follow: Callable[..., Awaitable[None]],
         guard: WriteGuard | None = None,
+        shard: int | None = None,
+        select: Callable[[Fleet], Fleet] | None = None,
+        round_lock: asyncio.Lock | None = None,
+        lease: str | None = None,
     ) -> None:
         """`guard`: the database, asked at write time so a round never writes over a newer save
-        nor re-creates a policy whose deletion began (see `converge`)."""
+        nor re-creates a policy whose deletion began (see `converge`).
+
+        With shards (`convergerd.leader.shards`) there is one loop per shard: `select` keeps
+        the shard's clusters of the fleet (`follow` still gets the whole fleet), `round_lock`
+        is held while a round runs so a hand-back lets it finish first, `lease` names the
+        shard's Lease in messages."""
         self.settings = settings
         self.store = store
         self.clusters = clusters
@@ -131,6 +140,12 @@ class RoundLoop:
         self.identity = identity
         self.follow = follow
         self.guard = guard
+        self.shard = shard
+        self.select = select
+        self.round_lock = round_lock or asyncio.Lock()
+        self.lease = lease or settings.election.lease_name
+        # `once`: whether the Lease was had (a round ran); False: it was not.
+        self.got_lease: bool | None = None
         self.last_report: RoundReport | None = None
         self.seen_invalid: set[tuple[str, int]] = set()
         self.unrecorded: list[RoundReport] = []
@@ -176,23 +191,29 @@ class RoundLoop:
                 break
             if leading.cancelled():
                 log.error(
-                    "not converged: did not get the Lease within %g s: %s leads; "
+                    "not converged: did not get the Lease %s within %g s: %s leads; "
                     "a round runs under one leader at a time",
-                    s.election.lease_duration_s + s.election.renew_deadline_s,
+                    self.lease, s.election.lease_duration_s + s.election.renew_deadline_s,
                     self.elector.leader or "another replica",
                 )
+                self.got_lease = False
                 break
             epoch = leading.result()
-            self._step()
-            started = loop.time()
-            # Known from the start: the next round starts one interval after this one did
-            # (at once if this one overruns), so status never shows none while a round runs.
-            self.state.set_next_round(utc_now() + dt.timedelta(seconds=s.rounds.interval_s))
-            report = await self._guarded(epoch)
-            self.last_report = report
-            self._observe(report)
-            await self._record(report)
-            self._step()
+            async with self.round_lock:
+                if self.elector.epoch != epoch:
+                    continue  # handed back (or lost) while waiting for the lock
+                self.got_lease = True
+                self._step()
+                started = loop.time()
+                # Known from the start: the next round starts one interval after this one
+                # did (at once if it overruns), so status never shows none while one runs.
+                self.state.set_next_round(
+                    utc_now() + dt.timedelta(seconds=s.rounds.interval_s))
+                report = await self._guarded(epoch)
+                self.last_report = report
+                self._observe(report)
+                await self._record(report)
+                self._step()
             if s.rounds.once:
                 return
             next_at = started + s.rounds.interval_s
@@ -245,6 +266,8 @@ class RoundLoop:
             [c.id for c in fleet.clusters],
             policies=[p.id for p in fleet.policies] + [p.id for p in fleet.invalid],
         )
+        if self.select is not None:
+            fleet = self.select(fleet)
         env = round_env(
             s, self.clusters, StopFence(self.elector.fence(epoch), self.stopping), self.metrics,
             deadline_s=max(0.0, deadline - loop.time()), guard=self.guard,

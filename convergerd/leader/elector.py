@@ -131,8 +131,13 @@ class Elector:
         wall: Callable[[], dt.datetime] = utc_now,
         on_change: ChangeHook | None = None,
         rng: random.Random | None = None,
+        may_acquire: Callable[[], bool] | None = None,
     ) -> None:
+        """`may_acquire()`: asked before taking the Lease (never before renewing it); a shard's
+        elector takes its Lease only when the fair share says so (`convergerd.leader.shards`).
+        Without it, always."""
         self._api = api
+        self._may_acquire = may_acquire
         self._s = settings
         self._clock = clock
         self._wall = wall
@@ -259,14 +264,21 @@ class Elector:
             if term is not None:
                 self._end(term, "the elector stopped", logging.WARNING)
 
-    async def release(self) -> None:
+    async def release(self, *, stop: bool = True) -> None:
         """Stop renewing; if the Lease is ours, write an empty holder so a standby takes over at
-        once. One attempt, each request bounded by the request timeout; failures are logged."""
-        self._stop.set()
+        once. One attempt, each request bounded by the request timeout; failures are logged.
+
+        With `stop=False` (a shard handed back) the elector goes on watching the Lease, and
+        takes it again only when `may_acquire()` says so. The caller has let the rounds
+        writing under this Lease finish first: the term ends here, before the write that
+        frees the Lease, so no fence of it opens again."""
+        if stop:
+            self._stop.set()
         async with self._lock:  # let an in-flight renewal finish: its RV is the precondition
             term = self._term
             if term is not None:
-                self._end(term, "releasing the Lease", logging.INFO)
+                self._end(term, "releasing the Lease" if stop else "handing the Lease back",
+                          logging.INFO)
             if self._holder != self.identity:
                 return
             try:
@@ -351,6 +363,11 @@ class Elector:
         if not can_acquire(self._observed, now, self.identity,
                            default_duration_s=s.lease_duration_s):
             self._progressed()  # another replica holds it, validly: nothing is stuck
+            return
+        if term is None and self._may_acquire is not None and not self._may_acquire():
+            # Not ours to take now (the fair share gives it to another replica): deciding
+            # not to lead is progress too; an unheld shard is the shard set's to report.
+            self._progressed()
             return
         wall = self._wall()
         sent = self._clock()

@@ -70,32 +70,32 @@ def _holders(spec: str) -> list[str]:
     return ["" if ch == "." else ch for ch in spec]
 
 
-@pytest.mark.parametrize(("me", "members", "holders", "share", "take", "release"), [
+@pytest.mark.parametrize(("me", "members", "holders", "expected"), [
     # Start: nobody holds anything, three replicas: each takes its 4 lowest free.
-    ("a", "abc", "............", 4, (0, 1, 2, 3), ()),
-    ("b", "abc", "aaaa........", 4, (4, 5, 6, 7), ()),
+    ("a", "abc", "............", (4, (0, 1, 2, 3), ())),
+    ("b", "abc", "aaaa........", (4, (4, 5, 6, 7), ())),
     # Balanced: nothing to do.
-    ("a", "abc", "aaaabbbbcccc", 4, (), ()),
+    ("a", "abc", "aaaabbbbcccc", (4, (), ())),
     # c was killed (its Leases expired, membership too): a and b split its four.
-    ("a", "ab", "aaaabbbb....", 6, (8, 9), ()),
-    ("b", "ab", "aaaaaabb....", 6, (8, 9, 10, 11), ()),
+    ("a", "ab", "aaaabbbb....", (6, (8, 9), ())),
+    ("b", "ab", "aaaaaabb....", (6, (8, 9, 10, 11), ())),
     # d joins: everyone else hands back one (the highest numbered), d takes free ones only.
-    ("a", "abcd", "aaaabbbbcccc", 3, (), (3,)),
-    ("d", "abcd", "aaaabbbbcccc", 3, (), ()),
-    ("d", "abcd", "aaa.bbb.ccc.", 3, (3, 7, 11), ()),
+    ("a", "abcd", "aaaabbbbcccc", (3, (), (3,))),
+    ("d", "abcd", "aaaabbbbcccc", (3, (), ())),
+    ("d", "abcd", "aaa.bbb.ccc.", (3, (3, 7, 11), ())),
     # A holder whose membership Lease we do not see still counts (its shard Lease is live).
-    ("a", "a", "aaaabbbbcccc", 4, (), ()),
+    ("a", "a", "aaaabbbbcccc", (4, (), ())),
     # Alone: everything.
-    ("a", "", "....", 4, (0, 1, 2, 3), ()),
+    ("a", "", "....", (4, (0, 1, 2, 3), ())),
     # More replicas than shards: who holds one keeps it, the others hold none.
-    ("c", "abc", "ab", 0, (), ()),
-    ("a", "abc", "a.", 1, (), ()),
+    ("c", "abc", "ab", (0, (), ())),
+    ("a", "abc", "a.", (1, (), ())),
 ])
-def test_plan(me: str, members: str, holders: str, share: int, take: tuple[int, ...],
-              release: tuple[int, ...]) -> None:
+def test_plan(me: str, members: str, holders: str,
+              expected: tuple[int, tuple[int, ...], tuple[int, ...]]) -> None:
     hs = _holders(holders)
     p = plan(shards=len(hs), identity=me, members=set(members), holders=hs)
-    assert (p.share, p.take, p.release) == (share, take, release)
+    assert (p.share, p.take, p.release) == expected
 
 
 def test_plan_scale_moves_only_what_must_move() -> None:
