@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
@@ -26,6 +27,7 @@ from convergerd.config import Settings
 from convergerd.core.errors import ConfigError, DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Fleet, InvalidPolicy
 from convergerd.core.report import Epoch, RoundReport, utc_now
+from convergerd.core.shards import shard_of
 from convergerd.delivery.apply import ClusterSource, StopFence, cluster_calls
 from convergerd.delivery.converge import Round, RoundLimits, WriteGuard, run_round
 from convergerd.leader.elector import Leadership
@@ -71,6 +73,13 @@ def invalid_to_log(
     forgotten)."""
     current = {(bad.id, bad.revision): bad for bad in invalid}
     return [bad for key, bad in current.items() if key not in seen], set(current)
+
+
+def shard_fleet(fleet: Fleet, *, shard: int, shards: int) -> Fleet:
+    """The part of `fleet` one shard's round works on: its clusters (`core.shards.shard_of`),
+    with every policy and boundary (a boundary's other clusters are simply not in it)."""
+    return dataclasses.replace(
+        fleet, clusters=[c for c in fleet.clusters if shard_of(c.id, shards) == shard])
 
 
 def round_env(
@@ -312,12 +321,14 @@ class RoundLoop:
             (report.finished_at - report.started_at).total_seconds() if report.finished_at else 0
         )
         log.info(
-            "round %s in %.1f s: %d clusters, %d converged, %d unreached; applied %d created, "
+            "round%s %s in %.1f s: %d clusters, %d converged, %d unreached; applied %d created, "
             "%d updated, %d failed; %d invalid policies%s",
+            "" if self.shard is None else f" of shard {self.shard}",
             report.result.value, duration, counts["clusters"], counts["converged"],
             counts["unreached"], counts["created"], counts["updated"], counts["failed"],
             counts["invalid"], f"; {report.error}" if report.error else "",
-            extra={"round_result": report.result.value, "round_counts": counts},
+            extra={"round_result": report.result.value, "round_counts": counts,
+                   "shard": self.shard},
         )
 
     async def _record(self, report: RoundReport) -> None:

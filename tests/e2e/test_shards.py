@@ -1,0 +1,232 @@
+"""Shards across replicas with real `convergerd` processes (docs/design.md, "Shards").
+
+What is asserted comes from the simulator: the shard Leases in `home` (who holds which, how
+many transitions) and its request log (who wrote which Policy, by User-Agent); the fleet view
+of `/status` for the rounds recorded. Every bound is the election's own arithmetic plus an
+allowance for a busy machine; the measured figures are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from convergerd.core.shards import shard_of
+from tests.e2e.harness import (
+    CONVERGERD,
+    INTERVAL_MINUTES,
+    LEASE_NS,
+    LEASE_S,
+    RETRY_S,
+    STARTUP_S,
+    WRITE_VERBS,
+    Daemon,
+    Drift,
+    Request,
+    World,
+    kubernetes,
+    say,
+    wait_for,
+)
+from tests.fixtures.fleet import start_sim_process, stop_sim_process
+
+pytestmark = pytest.mark.e2e
+
+INTERVAL_S = INTERVAL_MINUTES * 60
+# Process scheduling on a loaded 2-core machine, added to every bound.
+ALLOWANCE_S = 3.0
+# A replica plans every retry period; a standby's attempt is spread over retry x [0.8, 1.2].
+PLAN_S = 2.5 * RETRY_S
+CLUSTERS = [f"c{i:04d}" for i in range(1, 13)]
+FIRST = CLUSTERS[:8]  # imported at the start; the rest are added while a replica dies
+
+
+def _tenants(clusters: list[str]) -> str:
+    return (f"clusters: [{', '.join(f'{{id: {c}}}' for c in clusters)}]\n"
+            f"boundaries:\n  - {{id: everyone, clusters: [{', '.join(clusters)}]}}\n"
+            "policies:\n"
+            "  - {id: no-latest, boundary: everyone, rule: {type: ForbidLatestTag}}\n")
+
+
+@pytest.fixture
+def fleet_world(tmp_path: Path, database_url: str) -> Iterator[World]:
+    """Twelve member clusters in the simulator; the first eight in the database."""
+    sim = start_sim_process(tmp_path, clusters=len(CLUSTERS))
+    w = World(tmp_path, sim, database_url)
+    try:
+        assert w.cli("migrate").returncode == 0
+        tenants = tmp_path / "tenants.yaml"
+        tenants.write_text(_tenants(FIRST))
+        imported = w.cli("import", str(tenants))
+        assert imported.returncode == 0, imported.stdout + imported.stderr
+        yield w
+    finally:
+        w.kill_all()
+        w.dump_logs()
+        w.close()
+        stop_sim_process(sim)
+
+
+def _leases(world: World) -> dict[str, dict[str, Any]]:
+    api = kubernetes.client.CoordinationV1Api(world._home_api)  # noqa: SLF001 - the harness's
+    doc = json.loads(api.list_namespaced_lease(LEASE_NS, _preload_content=False).data)
+    return {item["metadata"]["name"]: item for item in doc["items"]}
+
+
+def _holders(world: World, shards: int) -> list[str]:
+    leases = _leases(world)
+    return [(leases.get(f"convergerd-shard-{k}") or {}).get("spec", {}).get("holderIdentity")
+            or "" for k in range(shards)]
+
+
+def _transitions(world: World, shards: int) -> list[int]:
+    leases = _leases(world)
+    return [(leases.get(f"convergerd-shard-{k}") or {}).get("spec", {}).get("leaseTransitions")
+            or 0 for k in range(shards)]
+
+
+def _balanced(world: World, shards: int, expected: dict[str, int]) -> list[str] | None:
+    holders = _holders(world, shards)
+    return holders if Counter(holders) == expected else None
+
+
+def _settled(world: World, shards: int, expected: dict[str, int], timeout_s: float,
+             what: str) -> list[str]:
+    """Balanced as `expected`, and still the same holders two plan periods later."""
+    def steady() -> list[str] | None:
+        first = _balanced(world, shards, expected)
+        if first is None:
+            return None
+        time.sleep(2 * PLAN_S)
+        return first if _holders(world, shards) == first else None
+    return wait_for(steady, timeout_s, what)
+
+
+def _start(world: World, *names: str, **env: str) -> list[Daemon]:
+    daemons = [world.start(name, **env) for name in names]
+    wait_for(lambda: all(d.serving() for d in daemons), STARTUP_S, f"{names} serving")
+    return daemons
+
+
+def _policy_writes(world: World, after: int = 0) -> list[Request]:
+    return [r for r in world.requests(after)
+            if r.cluster in CLUSTERS and r.verb in WRITE_VERBS and "/policies" in r.path]
+
+
+def _shard_acquired(r: Request, identity: str) -> bool:
+    """A Lease write of `identity` that the server accepted, on a shard Lease."""
+    return (r.cluster == "home" and r.verb in WRITE_VERBS and "convergerd-shard-" in r.path
+            and r.status in (200, 201) and r.by(identity))
+
+
+def test_kill_while_adding_clusters_then_freeze_a_holder(fleet_world: World) -> None:
+    world = fleet_world
+    shards = 6
+    env = {"CONVERGERD_SHARDS": str(shards)}
+    alpha, bravo, charlie = _start(world, "alpha", "bravo", "charlie", **env)
+    _settled(world, shards, {"alpha": 2, "bravo": 2, "charlie": 2}, STARTUP_S,
+             "2/2/2 shards")
+
+    # SIGKILL charlie mid-round (right after one of its writes) while clusters are added.
+    drifted = next(c for c in FIRST if _holders(world, shards)[shard_of(c, shards)] == "charlie")
+    with Drift(world, cluster=drifted):
+        seq = world.last_seq()
+        wait_for(lambda: any(w.by("charlie") for w in _policy_writes(world, seq)), 20,
+                 "a write by charlie")
+        tenants = world.workdir / "more.yaml"
+        tenants.write_text(_tenants(CLUSTERS))
+        adding = subprocess.Popen([*CONVERGERD, "import", str(tenants)],
+                                  env=world.env(None, 0), stdout=subprocess.DEVNULL)
+        charlie.kill()
+        killed_at = time.time()
+        assert adding.wait(60) == 0
+
+        def every_cluster_rounded() -> bool:
+            doc = alpha.status()
+            if doc is None:
+                return False
+            done = {c["id"] for c in doc["clusters"] if c["last_attempt_at"] is not None
+                    and _epoch(c["last_attempt_at"]) > killed_at}
+            return done >= set(CLUSTERS)
+
+        bound = LEASE_S + 2 * INTERVAL_S + PLAN_S + ALLOWANCE_S
+        wait_for(every_cluster_rounded, bound + 10, "a finished round on every cluster")
+        took = time.time() - killed_at
+        say(f"every cluster (4 of them new) had a finished round {took:.1f} s after the kill "
+            f"(lease {LEASE_S:g} s + 2 intervals {2 * INTERVAL_S:g} s)")
+        assert took <= bound, f"{took:.1f} s > {bound:.1f} s"
+        holders = _settled(world, shards, {"alpha": 3, "bravo": 3}, LEASE_S + 4 * PLAN_S + 10,
+                           "3/3 shards after the kill")
+        moved_at = time.time() - killed_at
+        say(f"3/3 after {moved_at:.1f} s")
+
+    # Freeze bravo; its shards move to alpha; thawed, it writes nothing until it holds a
+    # shard Lease again.
+    drifted = next(c for c in CLUSTERS if holders[shard_of(c, shards)] == "bravo")
+    with Drift(world, cluster=drifted):
+        os.kill(bravo.proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: _balanced(world, shards, {"alpha": 6}),
+                     LEASE_S + PLAN_S + ALLOWANCE_S + 5, "alpha holding all six shards")
+            seq = world.last_seq()
+            wait_for(lambda: any(w.by("alpha") and w.cluster == drifted
+                                 for w in _policy_writes(world, seq)), 20,
+                     f"alpha writing to {drifted}, a shard bravo held")
+        finally:
+            thawed = world.last_seq()
+            os.kill(bravo.proc.pid, signal.SIGCONT)
+        # It rejoins: fair share gives it three shards back.
+        _settled(world, shards, {"alpha": 3, "bravo": 3}, LEASE_S + 4 * PLAN_S + 10,
+                 "3/3 shards after the thaw")
+    after = world.requests(thawed)
+    reacquired = next((r.seq for r in after if _shard_acquired(r, "bravo")), None)
+    assert reacquired is not None
+    stale = [w for w in _policy_writes(world, thawed) if w.by("bravo") and w.seq < reacquired]
+    say(f"bravo's writes between the thaw and its next shard Lease: {len(stale)}")
+    assert stale == []
+    assert alpha.proc.poll() is None and bravo.proc.poll() is None
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def test_scaling_moves_only_the_shards_that_must_move(world: World) -> None:
+    shards = 12
+    env = {"CONVERGERD_SHARDS": str(shards)}
+    _start(world, "alpha", "bravo", "charlie", **env)
+    before = _settled(world, shards, {"alpha": 4, "bravo": 4, "charlie": 4},
+                      STARTUP_S + 10, "4/4/4 shards")
+    t0 = _transitions(world, shards)
+
+    _start(world, "delta", **env)
+    four = _settled(world, shards, {"alpha": 3, "bravo": 3, "charlie": 3, "delta": 3},
+                    LEASE_S + 6 * PLAN_S + 10, "3/3/3/3 shards")
+    moved = [k for k in range(shards) if before[k] != four[k]]
+    t1 = _transitions(world, shards)
+    say(f"3 -> 4 replicas: shards {moved} moved, {sum(t1) - sum(t0)} Lease transitions")
+    assert len(moved) == 3
+    assert all(four[k] == "delta" for k in moved)
+    assert sum(t1) - sum(t0) == 3  # each moved once, nothing else changed holder
+
+    for daemon in world.daemons:
+        if daemon.identity in ("charlie", "delta"):
+            daemon.proc.send_signal(signal.SIGTERM)
+    two = _settled(world, shards, {"alpha": 6, "bravo": 6}, LEASE_S + 6 * PLAN_S + 10,
+                   "6/6 shards")
+    t2 = _transitions(world, shards)
+    kept = [k for k in range(shards) if four[k] in ("alpha", "bravo")]
+    say(f"4 -> 2 replicas: {shards - len(kept)} shards moved, "
+        f"{sum(t2) - sum(t1)} Lease transitions")
+    assert all(two[k] == four[k] for k in kept)
+    assert sum(t2) - sum(t1) == shards - len(kept)
