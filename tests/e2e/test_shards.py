@@ -8,7 +8,6 @@ allowance for a busy machine; the measured figures are printed.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,8 +23,8 @@ from convergerd.core.shards import shard_of
 from tests.e2e.harness import (
     CONVERGERD,
     INTERVAL_MINUTES,
-    LEASE_NS,
     LEASE_S,
+    MEMBERS,
     RETRY_S,
     STARTUP_S,
     WRITE_VERBS,
@@ -33,7 +32,6 @@ from tests.e2e.harness import (
     Drift,
     Request,
     World,
-    kubernetes,
     say,
     wait_for,
 )
@@ -77,9 +75,7 @@ def fleet_world(tmp_path: Path, database_url: str) -> Iterator[World]:
 
 
 def _leases(world: World) -> dict[str, dict[str, Any]]:
-    api = kubernetes.client.CoordinationV1Api(world._home_api)  # noqa: SLF001 - the harness's
-    doc = json.loads(api.list_namespaced_lease(LEASE_NS, _preload_content=False).data)
-    return {item["metadata"]["name"]: item for item in doc["items"]}
+    return {item["metadata"]["name"]: item for item in world.leases()}
 
 
 def _holders(world: World, shards: int) -> list[str]:
@@ -193,7 +189,8 @@ def test_kill_while_adding_clusters_then_freeze_a_holder(fleet_world: World) -> 
     stale = [w for w in _policy_writes(world, thawed) if w.by("bravo") and w.seq < reacquired]
     say(f"bravo's writes between the thaw and its next shard Lease: {len(stale)}")
     assert stale == []
-    assert alpha.proc.poll() is None and bravo.proc.poll() is None
+    assert alpha.proc.poll() is None
+    assert bravo.proc.poll() is None
 
 
 def _epoch(iso: str) -> float:
@@ -230,3 +227,41 @@ def test_scaling_moves_only_the_shards_that_must_move(world: World) -> None:
         f"{sum(t2) - sum(t1)} Lease transitions")
     assert all(two[k] == four[k] for k in kept)
     assert sum(t2) - sum(t1) == shards - len(kept)
+
+
+def test_status_from_any_replica_shows_each_clusters_shard_and_holder(world: World) -> None:
+    shards = 3
+    env = {"CONVERGERD_SHARDS": str(shards)}
+    daemons = _start(world, "alpha", "bravo", "charlie", **env)
+    holders = _settled(world, shards, {"alpha": 1, "bravo": 1, "charlie": 1}, STARTUP_S + 10,
+                       "1/1/1 shards")
+    for daemon in daemons:
+        def shown_by(d: Daemon = daemon) -> dict[str, Any] | None:
+            doc = d.status()
+            return doc if doc and all(c["last_attempt_at"] for c in doc["clusters"]) \
+                and [s["holder"] for s in doc["shards"]["shards"]] == holders else None
+        doc = wait_for(shown_by, 20, f"{daemon.identity}'s status with every shard")
+        assert {c["id"]: (c["shard"], c["holder"]) for c in doc["clusters"]} == {
+            c: (shard_of(c, shards), holders[shard_of(c, shards)]) for c in MEMBERS}
+        assert doc["shards"]["orphan_clusters"] == 0
+        assert sorted(doc["shards"]["held_here"]) == [holders.index(daemon.identity)]
+    printed = world.cli("status", "--addr", f"127.0.0.1:{daemons[1].port}")
+    assert printed.returncode == 0, printed.stderr
+    for cluster in MEMBERS:
+        line = next(x for x in printed.stdout.splitlines() if x.startswith(cluster))
+        assert line.split()[1:3] == [str(shard_of(cluster, shards)),
+                                     holders[shard_of(cluster, shards)]]
+
+
+def test_once_runs_every_shard_it_can_acquire(world: World) -> None:
+    env = {"CONVERGERD_SHARDS": "3"}
+    alone = world.cli("once", CONVERGERD_IDENTITY="once-1", CONVERGERD_SHARDS="3")
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "a round ran on shards [0, 1, 2]; could not acquire shards none" in alone.stderr
+    # A daemon holds every shard: `once` says which it could not take, and fails.
+    (daemon,) = _start(world, "alpha", **env)
+    wait_for(lambda: _balanced(world, 3, {"alpha": 3}), STARTUP_S, "alpha holding every shard")
+    blocked = world.cli("once", CONVERGERD_IDENTITY="once-2", CONVERGERD_SHARDS="3")
+    assert blocked.returncode == 1
+    assert "could not acquire shards [0, 1, 2]" in blocked.stderr
+    assert daemon.proc.poll() is None
