@@ -252,7 +252,9 @@ class Daemon:
         """The shard set tells; status is written here (the metrics read it)."""
         self.state.set_shards(holders=view.holders, held=view.held, members=view.members,
                               share=view.share)
-        self.state.set_leader(bool(view.held), view.holders[0] or None)
+        # "The leader" stays one replica: the holder of shard 0, which also fans notifications
+        # out; so `convergerd_is_leader` and the alerts built on it keep their meaning.
+        self.state.set_leader(0 in view.held, view.holders[0] or None)
 
     async def _release(self, elector: _Coordinator) -> None:
         """Release the Lease (if held), bounded in time: a wait for a renewal in flight and

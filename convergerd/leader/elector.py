@@ -146,6 +146,7 @@ class Elector:
         self._term: _Term | None = None
         self._leading = asyncio.Event()
         self._stop = asyncio.Event()
+        self._nudge = asyncio.Event()  # ends the pause between attempts: stop, or `poke()`
         self._lock = asyncio.Lock()  # one Lease write sequence at a time (run vs release)
         self._observed: Observed | None = None
         self._holder: str | None = None
@@ -224,6 +225,11 @@ class Elector:
     def stop(self) -> None:
         """Make `run()` return (without releasing the Lease; see `release()`)."""
         self._stop.set()
+        self._nudge.set()
+
+    def poke(self) -> None:
+        """Attempt now rather than after the pause: `may_acquire()` just began to allow it."""
+        self._nudge.set()
 
     def problem(self) -> str | None:
         """Why the elector is stuck, for `/healthz`; None while it works. Stuck: running, and
@@ -273,7 +279,7 @@ class Elector:
         writing under this Lease finish first: the term ends here, before the write that
         frees the Lease, so no fence of it opens again."""
         if stop:
-            self._stop.set()
+            self.stop()
         async with self._lock:  # let an in-flight renewal finish: its RV is the precondition
             term = self._term
             if term is not None:
@@ -315,7 +321,9 @@ class Elector:
     async def _pause(self, delay_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay_s):
-                await self._stop.wait()
+                await self._nudge.wait()
+        if not self._stop.is_set():
+            self._nudge.clear()
 
     def _next_delay(self) -> float:
         now = self._clock()

@@ -229,7 +229,10 @@ class ShardSet:
                      len(found.members), ", ".join(found.members), found.share, len(held),
                      extra={"shard_share": found.share, "shards_held": len(held)})
         self._plan = found
+        added = set(found.take) - self._wanted
         self._wanted = set(found.take)
+        for k in sorted(added):
+            self.electors[k].poke()  # a free shard is taken now, not after the pause
         for k in found.release:
             if k not in self._handing:
                 self._handing[k] = asyncio.create_task(self._hand_back(k),
@@ -283,9 +286,13 @@ class ShardSet:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _elector_changed(self, k: int, is_leader: bool, holder: str | None) -> None:
-        if holder is not None or not is_leader:
-            self._holders[k] = holder or ""
+    def _elector_changed(self, k: int, is_leader: bool, _holder: str | None) -> None:
+        # Other holders come from the list, judged for expiry; the elector tells only about
+        # this replica (its reads name a dead holder until the record is replaced).
+        if is_leader:
+            self._holders[k] = self.identity
+        elif self._holders[k] == self.identity:
+            self._holders[k] = ""
         self._notify()
 
     def _notify(self) -> None:
