@@ -75,14 +75,15 @@ def plan(
     """What `identity` does next, given the live `members` (membership Leases renewed within
     their duration) and each shard's live holder (`holders[k]`, "" when free or expired).
 
-    A live shard holder counts as a member even when its membership Lease is not seen (it
-    renews a Lease, so it is alive), and so does `identity` itself. It takes free shards, the
-    lowest first, up to its share, and hands back its highest-numbered shards above its
-    share. It never takes a shard another live replica holds: the Lease would refuse it
-    anyway, and a handoff is always the holder's own release."""
+    `identity` counts itself. A shard holder without a live membership Lease (a `convergerd
+    once`, which keeps none) gets no share: its shards are not free, so nobody takes them,
+    and nobody hands shards back to make room for it. It takes free shards, the lowest first,
+    up to its share, and hands back its highest-numbered shards above its share. It never
+    takes a shard another live replica holds: the Lease would refuse it anyway, and a
+    handoff is always the holder's own release."""
     if len(holders) != shards:
         raise ValueError(f"{len(holders)} holders for {shards} shards")
-    live = set(members) | {h for h in holders if h} | {identity}
+    live = set(members) | {identity}
     held: dict[str, int] = {}
     for holder in holders:
         if holder:

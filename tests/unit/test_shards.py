@@ -83,8 +83,9 @@ def _holders(spec: str) -> list[str]:
     ("a", "abcd", "aaaabbbbcccc", (3, (), (3,))),
     ("d", "abcd", "aaaabbbbcccc", (3, (), ())),
     ("d", "abcd", "aaa.bbb.ccc.", (3, (3, 7, 11), ())),
-    # A holder whose membership Lease we do not see still counts (its shard Lease is live).
-    ("a", "a", "aaaabbbbcccc", (4, (), ())),
+    # A holder without a membership Lease (`once`) gets no share; its shards are not free.
+    ("a", "ab", "aaaabbbbcccc", (6, (), ())),
+    ("a", "ab", "aaaabbbbccc.", (6, (11,), ())),
     # Alone: everything.
     ("a", "", "....", (4, (0, 1, 2, 3), ())),
     # More replicas than shards: who holds one keeps it, the others hold none.
