@@ -154,16 +154,20 @@ def test_kill_while_adding_clusters_then_freeze_a_holder(fleet_world: World) -> 
                     and _epoch(c["last_attempt_at"]) > killed_at}
             return done >= set(CLUSTERS)
 
+        wait_for(lambda: _balanced(world, shards, {"alpha": 3, "bravo": 3}),
+                 LEASE_S + RETRY_S + ALLOWANCE_S + 10, "3/3 shards after the kill")
+        moved_s = time.time() - killed_at
+        say(f"charlie's shards held by alpha and bravo {moved_s:.1f} s after the kill "
+            f"(lease {LEASE_S:g} s + retry {RETRY_S:g} s)")
+        assert moved_s <= LEASE_S + RETRY_S + ALLOWANCE_S
         bound = LEASE_S + 2 * INTERVAL_S + PLAN_S + ALLOWANCE_S
         wait_for(every_cluster_rounded, bound + 10, "a finished round on every cluster")
         took = time.time() - killed_at
         say(f"every cluster (4 of them new) had a finished round {took:.1f} s after the kill "
             f"(lease {LEASE_S:g} s + 2 intervals {2 * INTERVAL_S:g} s)")
         assert took <= bound, f"{took:.1f} s > {bound:.1f} s"
-        holders = _settled(world, shards, {"alpha": 3, "bravo": 3}, LEASE_S + 4 * PLAN_S + 10,
-                           "3/3 shards after the kill")
-        moved_at = time.time() - killed_at
-        say(f"3/3 after {moved_at:.1f} s")
+        holders = _settled(world, shards, {"alpha": 3, "bravo": 3}, 4 * PLAN_S + 10,
+                           "3/3 shards, steady")
 
     # Freeze bravo; its shards move to alpha; thawed, it writes nothing until it holds a
     # shard Lease again.
