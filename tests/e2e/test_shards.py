@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.e2e.harness import (
     MEMBERS,
     RETRY_S,
     STARTUP_S,
+    TENANTS,
     WRITE_VERBS,
     Daemon,
     Drift,
@@ -269,3 +271,32 @@ def test_once_runs_every_shard_it_can_acquire(world: World) -> None:
     assert blocked.returncode == 1
     assert "could not acquire shards [0, 1, 2]" in blocked.stderr
     assert daemon.proc.poll() is None
+
+
+def _counter(daemon: Daemon, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(daemon.url + "/metrics", timeout=5) as resp:  # noqa: S310
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return float(s.value)
+    return 0.0
+
+
+def test_a_notification_is_fanned_out_once_by_the_holder_of_shard_0(world: World) -> None:
+    shards = 3
+    daemons = _start(world, "alpha", "bravo", "charlie", CONVERGERD_SHARDS=str(shards))
+    holders = _settled(world, shards, {"alpha": 1, "bravo": 1, "charlie": 1}, STARTUP_S + 10,
+                       "1/1/1 shards")
+    first = next(d for d in daemons if d.identity == holders[0])
+    wait_for(lambda: all(_counter(d, "convergerd_notify_listener_connected") == 1
+                         for d in daemons), 20, "every listener connected")
+    changed = world.workdir / "changed.yaml"
+    changed.write_text(TENANTS.replace("labels: [team]", "labels: [team, owner]"))
+    assert world.cli("import", str(changed)).returncode == 0  # one policy changed: NOTIFY
+    name = "convergerd_notifications_total"
+    wait_for(lambda: all(_counter(d, name, handling="queued" if d is first else "standby") == 1
+                         for d in daemons), 20, "the notification handled on every replica")
+    assert [_counter(d, name, handling="queued") for d in daemons].count(1.0) == 1
+    assert _counter(first, "convergerd_saves_total", trigger="notify", result="ok") == 1
