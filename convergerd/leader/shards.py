@@ -43,6 +43,9 @@ from convergerd.leader.lease import LeaseFormatError, LeaseRecord, Observed, obs
 
 log = logging.getLogger(__name__)
 
+# A plan pass timed for a foreign Lease's expiry runs this long after it (clock granularity).
+EXPIRY_MARGIN_S = 0.01
+
 
 def _loop_time() -> float:
     return asyncio.get_running_loop().time()
@@ -189,7 +192,7 @@ class ShardSet:
         await self._pause(self._s.retry_period_s)
         while not self._stop.is_set():
             await self.plan_once()
-            await self._pause(self._s.retry_period_s)
+            await self._pause(self._next_pass_s())
 
     async def plan_once(self) -> Plan | None:
         """One pass: list, judge, plan, start hand-backs. None when the list failed."""
@@ -268,6 +271,19 @@ class ShardSet:
         self._holders = [live_holder(seen.get(shard_lease_name(k)), now, default_s)
                          for k in range(self.shards)]
         return members
+
+    def _next_pass_s(self) -> float:
+        """A retry period, or less when a Lease held by another replica expires sooner: its
+        shards (or its membership) are then free at once, not up to a retry period later."""
+        delay = self._s.retry_period_s
+        now = self._clock()
+        for observed in self._observed.values():
+            record = observed.record
+            if record.held and record.holder != self.identity:
+                expires = observed.expires_mono(self._s.lease_duration_s)
+                if expires > now:
+                    delay = min(delay, expires - now + EXPIRY_MARGIN_S)
+        return delay
 
     async def _hand_back(self, k: int) -> None:
         """Finish the shard's running round, then release its Lease (the elector goes on

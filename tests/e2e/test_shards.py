@@ -130,73 +130,77 @@ def test_kill_while_adding_clusters_then_freeze_a_holder(fleet_world: World) -> 
     world = fleet_world
     shards = 6
     env = {"CONVERGERD_SHARDS": str(shards)}
-    alpha, bravo, charlie = _start(world, "alpha", "bravo", "charlie", **env)
-    _settled(world, shards, {"alpha": 2, "bravo": 2, "charlie": 2}, STARTUP_S,
-             "2/2/2 shards")
+    daemons = {d.identity: d for d in _start(world, "alpha", "bravo", "charlie", **env)}
+    holders = _settled(world, shards, {"alpha": 2, "bravo": 2, "charlie": 2}, STARTUP_S,
+                       "2/2/2 shards")
 
-    # SIGKILL charlie mid-round (right after one of its writes) while clusters are added.
-    drifted = next(c for c in FIRST if _holders(world, shards)[shard_of(c, shards)] == "charlie")
+    # SIGKILL a replica mid-round (right after one of its writes) while clusters are added.
+    # The victim holds the shard of a cluster already in the fleet (some shards have none).
+    drifted = FIRST[0]
+    victim = daemons[holders[shard_of(drifted, shards)]]
+    alive = sorted(n for n in daemons if n != victim.identity)
     with Drift(world, cluster=drifted):
         seq = world.last_seq()
-        wait_for(lambda: any(w.by("charlie") for w in _policy_writes(world, seq)), 20,
-                 "a write by charlie")
+        wait_for(lambda: any(w.by(victim.identity) for w in _policy_writes(world, seq)), 20,
+                 f"a write by {victim.identity}")
         tenants = world.workdir / "more.yaml"
         tenants.write_text(_tenants(CLUSTERS))
         adding = subprocess.Popen([*CONVERGERD, "import", str(tenants)],
                                   env=world.env(None, 0), stdout=subprocess.DEVNULL)
-        charlie.kill()
+        victim.kill()
         killed_at = time.time()
         assert adding.wait(60) == 0
+        wait_for(lambda: _balanced(world, shards, dict.fromkeys(alive, 3)),
+                 LEASE_S + RETRY_S + ALLOWANCE_S + 10, "3/3 shards after the kill")
+        moved_s = time.time() - killed_at
+        say(f"the killed replica's shards held by the others {moved_s:.1f} s after the kill "
+            f"(lease {LEASE_S:g} s + retry {RETRY_S:g} s)")
+        assert moved_s <= LEASE_S + RETRY_S + ALLOWANCE_S
 
         def every_cluster_rounded() -> bool:
-            doc = alpha.status()
+            doc = daemons[alive[0]].status()
             if doc is None:
                 return False
             done = {c["id"] for c in doc["clusters"] if c["last_attempt_at"] is not None
                     and _epoch(c["last_attempt_at"]) > killed_at}
             return done >= set(CLUSTERS)
 
-        wait_for(lambda: _balanced(world, shards, {"alpha": 3, "bravo": 3}),
-                 LEASE_S + RETRY_S + ALLOWANCE_S + 10, "3/3 shards after the kill")
-        moved_s = time.time() - killed_at
-        say(f"charlie's shards held by alpha and bravo {moved_s:.1f} s after the kill "
-            f"(lease {LEASE_S:g} s + retry {RETRY_S:g} s)")
-        assert moved_s <= LEASE_S + RETRY_S + ALLOWANCE_S
         bound = LEASE_S + 2 * INTERVAL_S + PLAN_S + ALLOWANCE_S
         wait_for(every_cluster_rounded, bound + 10, "a finished round on every cluster")
         took = time.time() - killed_at
         say(f"every cluster (4 of them new) had a finished round {took:.1f} s after the kill "
             f"(lease {LEASE_S:g} s + 2 intervals {2 * INTERVAL_S:g} s)")
         assert took <= bound, f"{took:.1f} s > {bound:.1f} s"
-        holders = _settled(world, shards, {"alpha": 3, "bravo": 3}, 4 * PLAN_S + 10,
+        holders = _settled(world, shards, dict.fromkeys(alive, 3), 4 * PLAN_S + 10,
                            "3/3 shards, steady")
 
-    # Freeze bravo; its shards move to alpha; thawed, it writes nothing until it holds a
-    # shard Lease again.
-    drifted = next(c for c in CLUSTERS if holders[shard_of(c, shards)] == "bravo")
+    # Freeze the holder of a cluster's shard; its shards move to the other; thawed, it writes
+    # nothing until it holds a shard Lease again.
+    frozen = daemons[holders[shard_of(drifted, shards)]]
+    other = next(n for n in alive if n != frozen.identity)
     with Drift(world, cluster=drifted):
-        os.kill(bravo.proc.pid, signal.SIGSTOP)
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: _balanced(world, shards, {"alpha": 6}),
-                     LEASE_S + PLAN_S + ALLOWANCE_S + 5, "alpha holding all six shards")
+            wait_for(lambda: _balanced(world, shards, {other: 6}),
+                     LEASE_S + PLAN_S + ALLOWANCE_S + 5, f"{other} holding all six shards")
             seq = world.last_seq()
-            wait_for(lambda: any(w.by("alpha") and w.cluster == drifted
+            wait_for(lambda: any(w.by(other) and w.cluster == drifted
                                  for w in _policy_writes(world, seq)), 20,
-                     f"alpha writing to {drifted}, a shard bravo held")
+                     f"{other} writing to {drifted}, a shard the frozen replica held")
         finally:
             thawed = world.last_seq()
-            os.kill(bravo.proc.pid, signal.SIGCONT)
+            os.kill(frozen.proc.pid, signal.SIGCONT)
         # It rejoins: fair share gives it three shards back.
-        _settled(world, shards, {"alpha": 3, "bravo": 3}, LEASE_S + 4 * PLAN_S + 10,
+        _settled(world, shards, dict.fromkeys(alive, 3), LEASE_S + 4 * PLAN_S + 10,
                  "3/3 shards after the thaw")
     after = world.requests(thawed)
-    reacquired = next((r.seq for r in after if _shard_acquired(r, "bravo")), None)
+    reacquired = next((r.seq for r in after if _shard_acquired(r, frozen.identity)), None)
     assert reacquired is not None
-    stale = [w for w in _policy_writes(world, thawed) if w.by("bravo") and w.seq < reacquired]
-    say(f"bravo's writes between the thaw and its next shard Lease: {len(stale)}")
+    stale = [w for w in _policy_writes(world, thawed)
+             if w.by(frozen.identity) and w.seq < reacquired]
+    say(f"the thawed replica's writes before its next shard Lease: {len(stale)}")
     assert stale == []
-    assert alpha.proc.poll() is None
-    assert bravo.proc.poll() is None
+    assert all(daemons[n].proc.poll() is None for n in alive)
 
 
 def _epoch(iso: str) -> float:
