@@ -44,7 +44,7 @@ def start_daemon(identity: str, *, dsn: str, kubeconfig: Path, args: argparse.Na
         "CONVERGERD_DATABASE_URL": dsn, "CONVERGERD_KUBECONFIG": str(kubeconfig),
         "CONVERGERD_LEADER_ELECTION": "true", "CONVERGERD_HOME_CONTEXT": "home",
         "CONVERGERD_IDENTITY": identity, "CONVERGERD_HTTP_ADDR": f"127.0.0.1:{port}",
-        "CONVERGERD_LOG_LEVEL": "WARNING", "CONVERGERD_SHARDS": str(args.shards),
+        "CONVERGERD_LOG_LEVEL": args.log_level, "CONVERGERD_SHARDS": str(args.shards),
         "Policies__ConvergeIntervalMinutes": repr(args.interval_s / 60),
     }
     out = (workdir / f"{identity}.log").open("wb")
@@ -80,7 +80,7 @@ async def rounds_by_identity(dsn: str, since: float) -> dict[str, dict[str, floa
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="convergerd-shards-") as tmp:
-        workdir = Path(tmp)
+        workdir = Path(args.workdir or tmp)
         log("simulator with %d clusters", args.clusters)
         sim = Sim.start(args.clusters, workdir)
         procs: list[Any] = []
@@ -143,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval-s", type=float, default=60.0)
     parser.add_argument("--steady-s", type=float, default=120.0)
     parser.add_argument("--database-url", default=DEFAULT_SERVER)
+    parser.add_argument("--log-level", default="WARNING", help="the replicas' log level")
+    parser.add_argument("--workdir", help="keep the replicas' logs here (default: a temporary "
+                                          "directory, removed)")
     args = parser.parse_args(argv)
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     result = eventloop.run(main_async(args))
     sys.stdout.write(json.dumps(result) + "\n")
     return 0

@@ -243,7 +243,9 @@ class Daemon:
         if shardset is None:
             return [loop(elector)]
         shards = shardset.shards
-        return [loop(shard_elector, shard=k, lease=shard_lease_name(k),
+        # One cluster concurrency for the process, whatever number of shards it holds.
+        slots = asyncio.Semaphore(s.rounds.cluster_concurrency)
+        return [loop(shard_elector, shard=k, lease=shard_lease_name(k), slots=slots,
                      round_lock=shardset.round_locks[k],
                      select=functools.partial(shard_fleet, shard=k, shards=shards))
                 for k, shard_elector in enumerate(shardset.electors)]

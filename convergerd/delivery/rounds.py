@@ -91,6 +91,7 @@ def round_env(
     deadline_s: float,
     guard: WriteGuard | None = None,
     suspects: Iterable[ClusterId] = (),
+    slots: asyncio.Semaphore | None = None,
 ) -> Round:
     """What a round of this daemon runs with: the settings' limits and `cluster_calls`. Pure
     wiring (tests build rounds with it too)."""
@@ -105,6 +106,7 @@ def round_env(
         ),
         guard=guard,
         suspects=frozenset(suspects),
+        slots=slots,
     )
 
 
@@ -131,6 +133,7 @@ class RoundLoop:
         select: Callable[[Fleet], Fleet] | None = None,
         round_lock: asyncio.Lock | None = None,
         lease: str | None = None,
+        slots: asyncio.Semaphore | None = None,
     ) -> None:
         """`guard`: the database, asked at write time so a round never writes over a newer save
         nor re-creates a policy whose deletion began (see `converge`).
@@ -138,7 +141,8 @@ class RoundLoop:
         With shards (`convergerd.leader.shards`) there is one loop per shard: `select` keeps
         the shard's clusters of the fleet (`follow` still gets the whole fleet), `round_lock`
         is held while a round runs so a hand-back lets it finish first, `lease` names the
-        shard's Lease in messages."""
+        shard's Lease in messages, `slots` (one for the process) makes
+        `CONVERGERD_CLUSTER_CONCURRENCY` bound all the shard rounds together."""
         self.settings = settings
         self.store = store
         self.clusters = clusters
@@ -153,6 +157,7 @@ class RoundLoop:
         self.select = select
         self.round_lock = round_lock or asyncio.Lock()
         self.lease = lease or settings.election.lease_name
+        self.slots = slots
         # `once`: whether the Lease was had (a round ran); False: it was not.
         self.got_lease: bool | None = None
         self.last_report: RoundReport | None = None
@@ -281,6 +286,7 @@ class RoundLoop:
             s, self.clusters, StopFence(self.elector.fence(epoch), self.stopping), self.metrics,
             deadline_s=max(0.0, deadline - loop.time()), guard=self.guard,
             suspects=[c.id for c in self.state.clusters.values() if c.reachable is False],
+            slots=self.slots,
         )
         try:
             report = await run_round(fleet, env, epoch=epoch, report=progress)
