@@ -204,6 +204,9 @@ SETTINGS: tuple[Setting, ...] = (
             "with reason bad_response"),
     Setting("lease_name", "CONVERGERD_LEASE_NAME", "--lease-name", _text, "convergerd",
             "name of the leader-election Lease"),
+    Setting("shards", "CONVERGERD_SHARDS", "--shards", _positive_int, "1",
+            "split the clusters into this many shards, one Lease each (convergerd-shard-<k>), "
+            "held by the replicas in fair shares; 1: one Lease (CONVERGERD_LEASE_NAME) for all"),
     Setting("lease_namespace", "CONVERGERD_LEASE_NAMESPACE", "--lease-namespace", _text,
             "stackship-system", "namespace of the leader-election Lease"),
     Setting("lease_duration_s", "CONVERGERD_LEASE_DURATION_SECONDS", "--lease-duration-seconds",
@@ -310,6 +313,8 @@ class Election:
     renew_deadline_s: float
     retry_period_s: float
     request_timeout_s: float
+    # More than one: shard k is the Lease `convergerd-shard-<k>` (`convergerd.core.shards`).
+    shards: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,6 +468,7 @@ def load_settings(
             renew_deadline_s=v["renew_deadline_s"],
             retry_period_s=v["retry_period_s"],
             request_timeout_s=v["lease_request_timeout_s"],
+            shards=v["shards"],
         ),
         http_host=v["http_addr"][0],
         http_port=v["http_addr"][1],
@@ -495,6 +501,7 @@ def check_settings(s: Settings) -> None:
 # The Lease's leaseDurationSeconds is an int32: a longer duration is refused on every write,
 # and no replica could ever lead.
 MAX_LEASE_DURATION_S = 2**31 - 1
+MAX_SHARDS = 256
 
 
 def _check_election(e: Election) -> None:
@@ -509,6 +516,13 @@ def _check_election(e: Election) -> None:
             f"({e.renew_deadline_s:g} + {e.retry_period_s:g} + {e.request_timeout_s:g}"
             f" = {needed:g} s), or a deposed leader could still be writing when another takes over",
         )
+    if e.shards > MAX_SHARDS:
+        raise ConfigError(SETTINGS_BY_KEY["shards"].env, e.shards,
+                          f"at most {MAX_SHARDS} (every replica reads every shard's Lease "
+                          f"each retry period)")
+    if e.shards > 1 and not e.enabled:
+        raise ConfigError(SETTINGS_BY_KEY["shards"].env, e.shards,
+                          "shards are Leases: more than one needs leader election on")
     if e.enabled and e.retry_period_s >= e.renew_deadline_s:
         raise ConfigError(SETTINGS_BY_KEY["retry_period_s"].env, e.retry_period_s,
                           "must be shorter than the renew deadline")

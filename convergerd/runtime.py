@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 from collections.abc import Callable, Collection
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -36,14 +37,16 @@ from convergerd.core.errors import (
     NoCredentials,
 )
 from convergerd.core.report import RoundReport, RoundResult
+from convergerd.core.shards import shard_lease_name
 from convergerd.core.shown import describe
 from convergerd.delivery.apply import StopFence, Unfenced
 from convergerd.delivery.fanout import FanoutEnv, Saver, fanout_env
 from convergerd.delivery.listener import Listener
-from convergerd.delivery.rounds import RoundLoop, database_retrying
+from convergerd.delivery.rounds import RoundLoop, database_retrying, shard_fleet
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader.elector import Elector, Leadership, NoElection
 from convergerd.leader.lease import Fence
+from convergerd.leader.shards import ShardSet, ShardView
 from convergerd.status.metrics import FanoutMetrics, Metrics
 from convergerd.status.probe import Answers, Prober
 from convergerd.status.state import StatusState
@@ -61,6 +64,14 @@ EXIT_NOT_CONVERGED = 1
 STATUS_SYNC_PERIOD_S = 30.0
 
 
+class _Coordinator(Protocol):
+    """The single Lease's elector or the shard set: what the runtime runs and releases."""
+
+    async def run(self) -> None: ...
+    async def release(self) -> None: ...
+    def problem(self) -> str | None: ...
+
+
 class Daemon:
     """`convergerd run` and `convergerd once`."""
 
@@ -76,7 +87,7 @@ class Daemon:
         # The home cluster is no fleet member, but its Lease requests are counted.
         self.state = StatusState(
             identity=self.identity, interval_s=settings.rounds.interval_s,
-            probe_period_s=settings.operator_probe_period_s,
+            probe_period_s=settings.operator_probe_period_s, shards=e.shards,
             keep=[e.home_context or HOME_IN_CLUSTER] if e.enabled else [],
         )
         # Counters and histograms; every gauge is read from the state when scraped.
@@ -88,7 +99,8 @@ class Daemon:
         self.registry: ClusterRegistry | None = None  # set by main()
         self.prober: Prober | None = None
         self._released = False
-        self.rounds: RoundLoop | None = None  # set by main()
+        self.rounds: RoundLoop | None = None  # set by main(): the loop of shard 0
+        self.loops: list[RoundLoop] = []  # one, or one per shard
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -161,11 +173,15 @@ class Daemon:
             )
             stack.push_async_callback(registry.close)
             self.registry = registry
-            elector = self._elector(registry)
+            shardset = self._shardset(registry)
+            elector: Leadership = shardset.electors[0] if shardset else self._elector(registry)
+            coordinator: _Coordinator = shardset or elector
             # Pushed after `registry.close`, so it runs before: the Lease is written through
             # the registry's home client. Runs on every way out of this block.
-            stack.push_async_callback(self._release, elector)
+            stack.push_async_callback(self._release, coordinator)
 
+            # With shards, the holder of shard 0 is the one replica that fans notifications
+            # out (once per change) and whose Lease fences those saves.
             saver = self._saver(store, registry, elector)
             if not s.rounds.once:
                 runner = await self._start_http(store, saver)
@@ -184,7 +200,7 @@ class Daemon:
             self.prober = prober
             async with asyncio.TaskGroup() as tg:
                 supervised = [
-                    tg.create_task(elector.run(), name="elector"),
+                    tg.create_task(coordinator.run(), name="elector"),
                     tg.create_task(self.health.heartbeat(), name="heartbeat"),
                 ]
                 if not s.rounds.once:
@@ -195,20 +211,54 @@ class Daemon:
                     supervised.append(tg.create_task(
                         self._listener(saver, elector).run(), name="notify listener"))
                 self.health.watch(supervised)
-                self.rounds = RoundLoop(
-                    settings=s, store=store, clusters=registry, elector=elector,
-                    metrics=self.metrics, state=self.state, stopping=self.stopping,
-                    identity=self.identity, follow=self._follow_database, guard=store,
-                )
+                self.loops = self._round_loops(store, registry, elector, shardset)
+                self.rounds = self.loops[0]
                 # Alive is not working: a loop can run and be stuck (see `supervise`).
-                self.health.check(elector.problem, self.rounds.problem)
-                await self.rounds.run()
-                await self._release(elector)  # at once: a standby takes over sooner
+                self.health.check(coordinator.problem, *(loop.problem for loop in self.loops))
+                await asyncio.gather(*(loop.run() for loop in self.loops))
+                await self._release(coordinator)  # at once: a standby takes over sooner
                 for task in supervised:
                     task.cancel()
         return self._exit_code()
 
-    async def _release(self, elector: Leadership) -> None:
+    def _shardset(self, registry: ClusterRegistry) -> ShardSet | None:
+        """With `CONVERGERD_SHARDS` > 1: the shard Leases, the membership and the plan."""
+        e = self.settings.election
+        if e.shards <= 1:
+            return None
+        return ShardSet(registry.home_lease(e.home_context), e, once=self.settings.rounds.once,
+                        on_change=self._shards_changed)
+
+    def _round_loops(self, store: Store, registry: ClusterRegistry, elector: Leadership,
+                     shardset: ShardSet | None) -> list[RoundLoop]:
+        """One round loop, or one per shard: each runs under its own Lease, on its clusters."""
+        s = self.settings
+
+        def loop(elector: Leadership, **shard: Any) -> RoundLoop:
+            return RoundLoop(
+                settings=s, store=store, clusters=registry, elector=elector,
+                metrics=self.metrics, state=self.state, stopping=self.stopping,
+                identity=self.identity, follow=self._follow_database, guard=store, **shard)
+
+        if shardset is None:
+            return [loop(elector)]
+        shards = shardset.shards
+        # One cluster concurrency for the process, whatever number of shards it holds.
+        slots = asyncio.Semaphore(s.rounds.cluster_concurrency)
+        return [loop(shard_elector, shard=k, lease=shard_lease_name(k), slots=slots,
+                     round_lock=shardset.round_locks[k],
+                     select=functools.partial(shard_fleet, shard=k, shards=shards))
+                for k, shard_elector in enumerate(shardset.electors)]
+
+    def _shards_changed(self, view: ShardView) -> None:
+        """The shard set tells; status is written here (the metrics read it)."""
+        self.state.set_shards(holders=view.holders, held=view.held, members=view.members,
+                              share=view.share)
+        # "The leader" stays one replica: the holder of shard 0, which also fans notifications
+        # out; so `convergerd_is_leader` and the alerts built on it keep their meaning.
+        self.state.set_leader(0 in view.held, view.holders[0] or None)
+
+    async def _release(self, elector: _Coordinator) -> None:
         """Release the Lease (if held), bounded in time: a wait for a renewal in flight and
         two requests. Once per process (the exit path calls it again). Never raises: the process
         is on its way out, and an unreleased Lease only costs the standby the lease duration."""
@@ -229,16 +279,26 @@ class Daemon:
     def _exit_code(self) -> int:
         if not self.settings.rounds.once:
             return EXIT_OK
-        report = self.last_report
-        if report is None:
-            return EXIT_NOT_CONVERGED
-        if report.result is not RoundResult.OK:
-            for c in report.clusters:
-                if not c.converged:
-                    reason = c.error or f"{c.failed} of {c.desired} policies failed"
-                    log.error("not converged: cluster %s: %s", c.cluster, reason)
-            return EXIT_NOT_CONVERGED
-        return EXIT_OK
+        converged = True
+        for loop in self.loops:
+            report = loop.last_report
+            if report is None:
+                converged = False
+                continue
+            if report.result is not RoundResult.OK:
+                for c in report.clusters:
+                    if not c.converged:
+                        reason = c.error or f"{c.failed} of {c.desired} policies failed"
+                        log.error("not converged: cluster %s: %s", c.cluster, reason)
+                converged = False
+        if len(self.loops) > 1:
+            ran = [loop.shard for loop in self.loops if loop.got_lease]
+            missed = [loop.shard for loop in self.loops if not loop.got_lease]
+            log.log(logging.ERROR if missed else logging.INFO,
+                    "once: a round ran on shards %s; could not acquire shards %s (their "
+                    "holders converge them)", ran or "none", missed or "none",
+                    extra={"shards_run": ran, "shards_missed": missed})
+        return EXIT_OK if converged else EXIT_NOT_CONVERGED
 
     def _elector(self, registry: ClusterRegistry) -> Leadership:
         e = self.settings.election

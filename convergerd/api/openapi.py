@@ -78,6 +78,12 @@ _SCHEMAS: dict[str, Any] = {
             "last_error": _NULLABLE_STRING, "last_reason": _NULLABLE_STRING,
             "server_version": _NULLABLE_STRING,
             "audit": _ref("ClusterAudit"),
+            "shard": {"type": "integer", "description": "its shard (0 with one shard)"},
+            "holder": {**_NULLABLE_STRING,
+                       "description": "the replica holding its shard's Lease, as this "
+                                      "replica sees it; null when free or expired"},
+            "orphaned": {"type": "boolean",
+                         "description": "no finished round for more than two intervals"},
         },
     },
     "ClusterAudit": {
@@ -165,6 +171,22 @@ _SCHEMAS: dict[str, Any] = {
                             "id": {"type": "string"}, "violations": {"type": "integer"},
                             "clusters": {"type": "integer"}}}}}},
             "database": _ref("Database"),
+            "shards": {
+                "type": "object",
+                "description": "CONVERGERD_SHARDS: who holds which shard (from the Leases) and "
+                               "each shard's last round and orphans (from the database)",
+                "properties": {
+                    "count": {"type": "integer"},
+                    "held_here": {"type": "array", "items": {"type": "integer"}},
+                    "members": {"type": "array", "items": {"type": "string"}},
+                    "share": {"type": "integer", "nullable": True},
+                    "orphan_clusters": {"type": "integer"},
+                    "shards": {"type": "array", "items": {
+                        "type": "object", "properties": {
+                            "shard": {"type": "integer"}, "holder": _NULLABLE_STRING,
+                            "clusters": {"type": "integer"},
+                            "orphan_clusters": {"type": "integer"},
+                            "last_round_at": _NULLABLE_TIME}}}}},
         },
     },
     "PolicyRecord": {

@@ -262,6 +262,7 @@ def _header(doc: Mapping[str, Any], addr: str | None) -> list[str]:
     else:
         lines.append("last round: none recorded yet")
     lines.append(f"next round: {_when(doc.get('next_round_at'))}")
+    lines.extend(_shard_lines(doc.get("shards")))
     database = doc.get("database") or {}
     if database and not database.get("reachable", True):
         error = shown(database.get("error") or "", 120, style="prose")
@@ -277,6 +278,38 @@ def _header(doc: Mapping[str, Any], addr: str | None) -> list[str]:
         lines.append("Unsupported (no ValidatingAdmissionPolicy, nothing enforced):")
         lines.extend(f"  Kubernetes {version}: {', '.join(clusters)}"
                      for version, clusters in sorted(unsupported.items()))
+    return lines
+
+
+def _sharded(doc: Mapping[str, Any]) -> bool:
+    shards = doc.get("shards")
+    return isinstance(shards, Mapping) and isinstance(shards.get("count"), int) \
+        and shards["count"] > 1
+
+
+def _shard_lines(shards: object) -> list[str]:
+    """With more than one shard: who holds which (as this replica sees the Leases), each
+    shard's last round (from the database) and the orphans."""
+    if not isinstance(shards, Mapping) or not isinstance(shards.get("count"), int) \
+            or shards["count"] <= 1:
+        return []
+    listed = [k for k in shards.get("shards") or [] if isinstance(k, Mapping)]
+    unheld = [str(k.get("shard")) for k in listed if not k.get("holder")]
+    members = ", ".join(shown(m, 40, style="text") for m in shards.get("members") or [])
+    held = ", ".join(str(k) for k in shards.get("held_here") or []) or "none"
+    lines = [f"shards: {shards['count']}; this replica holds {held} (share "
+             f"{shards.get('share', '?')}); live replicas: {members or '?'}; "
+             f"UNHELD: {', '.join(unheld)}" if unheld else
+             f"shards: {shards['count']}; this replica holds {held} (share "
+             f"{shards.get('share', '?')}); live replicas: {members or '?'}"]
+    orphans = shards.get("orphan_clusters") or 0
+    if orphans:
+        lines.append(f"ORPHAN CLUSTERS: {orphans} without a finished round for two intervals")
+    rows = [["SHARD", "HOLDER", "CLUSTERS", "ORPHANS", "LAST ROUND"]]
+    rows.extend([str(k.get("shard", "?")), shown(k.get("holder") or "-", 40, style="text"),
+                 str(k.get("clusters", 0)), str(k.get("orphan_clusters", 0)),
+                 _when(k.get("last_round_at"))] for k in listed)
+    lines.extend(f"  {line}" for line in _table(rows))
     return lines
 
 
@@ -303,11 +336,15 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
     if not clusters:
         lines.append("no clusters known")
         return "\n".join(lines) + "\n"
-    rows = [["CLUSTER", "REACHED", "LAG", "DESIRED", "IN-SYNC", "FAILED", "PHASES", "VERIFIED",
-             "VIOLATIONS", "VERSION", "LAST ERROR"]]
+    sharded = _sharded(doc)
+    rows = [["CLUSTER", *(["SHARD", "HOLDER"] if sharded else []), "REACHED", "LAG", "DESIRED",
+             "IN-SYNC", "FAILED", "PHASES", "VERIFIED", "VIOLATIONS", "VERSION", "LAST ERROR"]]
     rows.extend(
         [
             str(c.get("id", "?")),
+            *([str(c.get("shard", "?")),
+               ("ORPHAN " if c.get("orphaned") else "")
+               + shown(c.get("holder") or "-", 40, style="text")] if sharded else []),
             _reachable(c.get("reachable")),
             format_duration(c.get("lag_seconds")),
             str(c.get("desired", 0)),

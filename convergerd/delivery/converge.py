@@ -12,6 +12,7 @@ fleet hung never holds the slots the healthy clusters wait for. Every write goes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Mapping, Sequence
@@ -73,6 +74,9 @@ class Round:
     # Clusters last seen unreachable (by a round or the prober): they run in a lane of their
     # own (`suspect_slots`), so while they hang they hold none of the healthy clusters' slots.
     suspects: frozenset[ClusterId] = frozenset()
+    # Shared by the rounds of every shard this process holds (`delivery.rounds`): the
+    # cluster concurrency bounds the process, not each shard's round. None: this round's own.
+    slots: asyncio.Semaphore | None = None
 
 
 # The share of the cluster slots the suspects' lane gets: a tenth of the fleet hung at 10,000
@@ -109,8 +113,10 @@ async def run_round(
     else:
         healthy = lane = asyncio.Semaphore(env.limits.cluster_concurrency)
 
+    shared = env.slots or contextlib.nullcontext()
+
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:
-        async with lane if cluster in suspects else healthy:
+        async with lane if cluster in suspects else healthy, shared:
             return await converge_cluster(cluster, policies, env, deadline,
                                           outcome=outcomes[cluster])
 

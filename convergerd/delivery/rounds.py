@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
@@ -26,6 +27,7 @@ from convergerd.config import Settings
 from convergerd.core.errors import ConfigError, DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Fleet, InvalidPolicy
 from convergerd.core.report import Epoch, RoundReport, utc_now
+from convergerd.core.shards import shard_of
 from convergerd.delivery.apply import ClusterSource, StopFence, cluster_calls
 from convergerd.delivery.converge import Round, RoundLimits, WriteGuard, run_round
 from convergerd.leader.elector import Leadership
@@ -73,6 +75,13 @@ def invalid_to_log(
     return [bad for key, bad in current.items() if key not in seen], set(current)
 
 
+def shard_fleet(fleet: Fleet, *, shard: int, shards: int) -> Fleet:
+    """The part of `fleet` one shard's round works on: its clusters (`core.shards.shard_of`),
+    with every policy and boundary (a boundary's other clusters are simply not in it)."""
+    return dataclasses.replace(
+        fleet, clusters=[c for c in fleet.clusters if shard_of(c.id, shards) == shard])
+
+
 def round_env(
     settings: Settings,
     clusters: ClusterSource,
@@ -82,6 +91,7 @@ def round_env(
     deadline_s: float,
     guard: WriteGuard | None = None,
     suspects: Iterable[ClusterId] = (),
+    slots: asyncio.Semaphore | None = None,
 ) -> Round:
     """What a round of this daemon runs with: the settings' limits and `cluster_calls`. Pure
     wiring (tests build rounds with it too)."""
@@ -96,6 +106,7 @@ def round_env(
         ),
         guard=guard,
         suspects=frozenset(suspects),
+        slots=slots,
     )
 
 
@@ -118,9 +129,20 @@ class RoundLoop:
         identity: str,
         follow: Callable[..., Awaitable[None]],
         guard: WriteGuard | None = None,
+        shard: int | None = None,
+        select: Callable[[Fleet], Fleet] | None = None,
+        round_lock: asyncio.Lock | None = None,
+        lease: str | None = None,
+        slots: asyncio.Semaphore | None = None,
     ) -> None:
         """`guard`: the database, asked at write time so a round never writes over a newer save
-        nor re-creates a policy whose deletion began (see `converge`)."""
+        nor re-creates a policy whose deletion began (see `converge`).
+
+        With shards (`convergerd.leader.shards`) there is one loop per shard: `select` keeps
+        the shard's clusters of the fleet (`follow` still gets the whole fleet), `round_lock`
+        is held while a round runs so a hand-back lets it finish first, `lease` names the
+        shard's Lease in messages, `slots` (one for the process) makes
+        `CONVERGERD_CLUSTER_CONCURRENCY` bound all the shard rounds together."""
         self.settings = settings
         self.store = store
         self.clusters = clusters
@@ -131,6 +153,13 @@ class RoundLoop:
         self.identity = identity
         self.follow = follow
         self.guard = guard
+        self.shard = shard
+        self.select = select
+        self.round_lock = round_lock or asyncio.Lock()
+        self.lease = lease or settings.election.lease_name
+        self.slots = slots
+        # `once`: whether the Lease was had (a round ran); False: it was not.
+        self.got_lease: bool | None = None
         self.last_report: RoundReport | None = None
         self.seen_invalid: set[tuple[str, int]] = set()
         self.unrecorded: list[RoundReport] = []
@@ -176,23 +205,29 @@ class RoundLoop:
                 break
             if leading.cancelled():
                 log.error(
-                    "not converged: did not get the Lease within %g s: %s leads; "
+                    "not converged: did not get the Lease %s within %g s: %s leads; "
                     "a round runs under one leader at a time",
-                    s.election.lease_duration_s + s.election.renew_deadline_s,
+                    self.lease, s.election.lease_duration_s + s.election.renew_deadline_s,
                     self.elector.leader or "another replica",
                 )
+                self.got_lease = False
                 break
             epoch = leading.result()
-            self._step()
-            started = loop.time()
-            # Known from the start: the next round starts one interval after this one did
-            # (at once if this one overruns), so status never shows none while a round runs.
-            self.state.set_next_round(utc_now() + dt.timedelta(seconds=s.rounds.interval_s))
-            report = await self._guarded(epoch)
-            self.last_report = report
-            self._observe(report)
-            await self._record(report)
-            self._step()
+            async with self.round_lock:
+                if self.elector.epoch != epoch:
+                    continue  # handed back (or lost) while waiting for the lock
+                self.got_lease = True
+                self._step()
+                started = loop.time()
+                # Known from the start: the next round starts one interval after this one
+                # did (at once if it overruns), so status never shows none while one runs.
+                self.state.set_next_round(
+                    utc_now() + dt.timedelta(seconds=s.rounds.interval_s))
+                report = await self._guarded(epoch)
+                self.last_report = report
+                self._observe(report)
+                await self._record(report)
+                self._step()
             if s.rounds.once:
                 return
             next_at = started + s.rounds.interval_s
@@ -245,10 +280,13 @@ class RoundLoop:
             [c.id for c in fleet.clusters],
             policies=[p.id for p in fleet.policies] + [p.id for p in fleet.invalid],
         )
+        if self.select is not None:
+            fleet = self.select(fleet)
         env = round_env(
             s, self.clusters, StopFence(self.elector.fence(epoch), self.stopping), self.metrics,
             deadline_s=max(0.0, deadline - loop.time()), guard=self.guard,
             suspects=[c.id for c in self.state.clusters.values() if c.reachable is False],
+            slots=self.slots,
         )
         try:
             report = await run_round(fleet, env, epoch=epoch, report=progress)
@@ -289,12 +327,14 @@ class RoundLoop:
             (report.finished_at - report.started_at).total_seconds() if report.finished_at else 0
         )
         log.info(
-            "round %s in %.1f s: %d clusters, %d converged, %d unreached; applied %d created, "
+            "round%s %s in %.1f s: %d clusters, %d converged, %d unreached; applied %d created, "
             "%d updated, %d failed; %d invalid policies%s",
+            "" if self.shard is None else f" of shard {self.shard}",
             report.result.value, duration, counts["clusters"], counts["converged"],
             counts["unreached"], counts["created"], counts["updated"], counts["failed"],
             counts["invalid"], f"; {report.error}" if report.error else "",
-            extra={"round_result": report.result.value, "round_counts": counts},
+            extra={"round_result": report.result.value, "round_counts": counts,
+                   "shard": self.shard},
         )
 
     async def _record(self, report: RoundReport) -> None:

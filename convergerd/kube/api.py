@@ -71,6 +71,15 @@ class LeaseApi(Protocol):
         ...
 
 
+class LeaseListApi(LeaseApi, Protocol):
+    """Leases, and listing them: the shard set reads every shard and membership Lease with one
+    request per retry period."""
+
+    async def list_leases(self, namespace: str, *, timeout_s: float) -> list[KubeObject]:
+        """Every Lease in `namespace` (one page: a Lease namespace holds a few hundred)."""
+        ...
+
+
 class RequestObserver(Protocol):
     """Told about every request to a cluster (metrics hook; never sees bodies or credentials)."""
 

@@ -526,6 +526,20 @@ class ClusterClient:
             raise _lease_error(exc) from exc
         return answer.json()
 
+    async def list_leases(self, namespace: str, *, timeout_s: float) -> list[KubeObject]:
+        try:
+            answer = await self._request(
+                "list", self._lease_call("list_namespaced_lease", namespace),
+                deadline=self._clock() + timeout_s,
+            )
+        except ClusterLevelError as exc:
+            raise _lease_error(exc) from exc
+        body = answer.json()
+        items = body.get("items") if isinstance(body, dict) else None
+        if not isinstance(items, list):
+            raise BadResponse("list answer: items is not an array")
+        return [item for item in items if isinstance(item, dict)]
+
     async def create_lease(self, body: KubeObject, *, timeout_s: float) -> KubeObject:
         namespace = body["metadata"]["namespace"]
         try:

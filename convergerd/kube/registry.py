@@ -305,6 +305,10 @@ class ClusterHandle:
         with self._registry.borrow(self._cluster) as client:
             return await client.get_lease(namespace, name, timeout_s=timeout_s)
 
+    async def list_leases(self, namespace: str, *, timeout_s: float) -> list[KubeObject]:
+        with self._registry.borrow(self._cluster) as client:
+            return await client.list_leases(namespace, timeout_s=timeout_s)
+
     async def create_lease(self, body: KubeObject, *, timeout_s: float) -> KubeObject:
         with self._registry.borrow(self._cluster) as client:
             return await client.create_lease(body, timeout_s=timeout_s)

@@ -131,8 +131,13 @@ class Elector:
         wall: Callable[[], dt.datetime] = utc_now,
         on_change: ChangeHook | None = None,
         rng: random.Random | None = None,
+        may_acquire: Callable[[], bool] | None = None,
     ) -> None:
+        """`may_acquire()`: asked before taking the Lease (never before renewing it); a shard's
+        elector takes its Lease only when the fair share says so (`convergerd.leader.shards`).
+        Without it, always."""
         self._api = api
+        self._may_acquire = may_acquire
         self._s = settings
         self._clock = clock
         self._wall = wall
@@ -141,6 +146,7 @@ class Elector:
         self._term: _Term | None = None
         self._leading = asyncio.Event()
         self._stop = asyncio.Event()
+        self._nudge = asyncio.Event()  # ends the pause between attempts: stop, or `poke()`
         self._lock = asyncio.Lock()  # one Lease write sequence at a time (run vs release)
         self._observed: Observed | None = None
         self._holder: str | None = None
@@ -219,6 +225,11 @@ class Elector:
     def stop(self) -> None:
         """Make `run()` return (without releasing the Lease; see `release()`)."""
         self._stop.set()
+        self._nudge.set()
+
+    def poke(self) -> None:
+        """Attempt now rather than after the pause: `may_acquire()` just began to allow it."""
+        self._nudge.set()
 
     def problem(self) -> str | None:
         """Why the elector is stuck, for `/healthz`; None while it works. Stuck: running, and
@@ -259,14 +270,21 @@ class Elector:
             if term is not None:
                 self._end(term, "the elector stopped", logging.WARNING)
 
-    async def release(self) -> None:
+    async def release(self, *, stop: bool = True) -> None:
         """Stop renewing; if the Lease is ours, write an empty holder so a standby takes over at
-        once. One attempt, each request bounded by the request timeout; failures are logged."""
-        self._stop.set()
+        once. One attempt, each request bounded by the request timeout; failures are logged.
+
+        With `stop=False` (a shard handed back) the elector goes on watching the Lease, and
+        takes it again only when `may_acquire()` says so. The caller has let the rounds
+        writing under this Lease finish first: the term ends here, before the write that
+        frees the Lease, so no fence of it opens again."""
+        if stop:
+            self.stop()
         async with self._lock:  # let an in-flight renewal finish: its RV is the precondition
             term = self._term
             if term is not None:
-                self._end(term, "releasing the Lease", logging.INFO)
+                self._end(term, "releasing the Lease" if stop else "handing the Lease back",
+                          logging.INFO)
             if self._holder != self.identity:
                 return
             try:
@@ -303,7 +321,9 @@ class Elector:
     async def _pause(self, delay_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay_s):
-                await self._stop.wait()
+                await self._nudge.wait()
+        if not self._stop.is_set():
+            self._nudge.clear()
 
     def _next_delay(self) -> float:
         now = self._clock()
@@ -351,6 +371,11 @@ class Elector:
         if not can_acquire(self._observed, now, self.identity,
                            default_duration_s=s.lease_duration_s):
             self._progressed()  # another replica holds it, validly: nothing is stuck
+            return
+        if term is None and self._may_acquire is not None and not self._may_acquire():
+            # Not ours to take now (the fair share gives it to another replica): deciding
+            # not to lead is progress too; an unheld shard is the shard set's to report.
+            self._progressed()
             return
         wall = self._wall()
         sent = self._clock()

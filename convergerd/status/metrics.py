@@ -281,6 +281,31 @@ class Metrics:
         now = self.state.clock().timestamp()
         yield from self._cluster_families(now)
         yield from self._fleet_families(now)
+        yield from self._shard_families()
+
+    def _shard_families(self) -> Iterator[Metric]:
+        """Who holds which shard, as this replica sees the Leases, and when each shard's last
+        round ended as the database recorded it: the same answer from every replica, so an
+        orphan shows wherever Prometheus scrapes."""
+        state = self.state
+        now = state.clock()
+        yield GaugeMetricFamily("convergerd_shards_held", "Shards (Leases) this replica holds",
+                                value=float(len(state.shards_held())))
+        holder = GaugeMetricFamily("convergerd_shard_holder",
+                                   "1 per shard for the holder seen in its Lease (holder=\"\" "
+                                   "when free or expired)", labels=["shard", "holder"])
+        for k, who in enumerate(state.shard_holders()):
+            holder.add_metric([str(k), who], 1.0)
+        yield holder
+        last = GaugeMetricFamily("convergerd_shard_last_round_timestamp_seconds",
+                                 "When a round last finished on the shard's clusters (Unix "
+                                 "time, from the database records)", labels=["shard"])
+        for k, at in sorted(state.shard_last_rounds().items()):
+            last.add_metric([str(k)], at.timestamp())
+        yield last
+        yield GaugeMetricFamily("convergerd_orphan_clusters",
+                                "Clusters without a finished round for more than two intervals",
+                                value=float(len(state.orphans(now))))
 
     def _cluster_families(self, now: float) -> Iterator[Metric]:
         state = self.state

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ from convergerd.core.report import (
     utc_now,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
+from convergerd.core.shards import orphaned, shard_of
 from convergerd.status.phases import (
     AUDIT_CURRENT,
     NO_AUDITS,
@@ -393,10 +394,17 @@ class StatusState:
     """
 
     def __init__(self, *, identity: str, interval_s: float, clock: Clock = utc_now,
-                 probe_period_s: float = DEFAULT_PROBE_PERIOD_S, keep: Iterable[str] = ()) -> None:
+                 probe_period_s: float = DEFAULT_PROBE_PERIOD_S, keep: Iterable[str] = (),
+                 shards: int = 1) -> None:
         """`keep`: clusters this replica talks to outside the database's set (the home cluster
-        holding the Lease), whose client facts (`insecure`) and counters stay (`tracks`)."""
+        holding the Lease), whose client facts (`insecure`) and counters stay (`tracks`).
+        `shards`: `CONVERGERD_SHARDS` (with one, the leader holds shard 0)."""
         self.identity = identity
+        self.shards = shards
+        self._shard_holders: tuple[str, ...] = ("",) * shards
+        self._shards_held: frozenset[int] = frozenset()
+        self.shard_members: tuple[str, ...] = (identity,)
+        self.shard_share: int | None = None
         self.interval_s = interval_s
         self.probe_period_s = probe_period_s  # the operators': a Verified probe's age limit
         self.clock = clock
@@ -557,6 +565,70 @@ class StatusState:
     def leader(self) -> LeaderInfo:
         return self._leader
 
+    def set_shards(self, *, holders: Sequence[str], held: Iterable[int],
+                   members: Iterable[str], share: int | None) -> None:
+        """Told by the shard set (`convergerd.leader.shards`) whenever what it sees changes:
+        each shard's live holder ("" when free or expired), the shards held here."""
+        view = (tuple(holders), frozenset(held), tuple(members), share)
+        if view != (self._shard_holders, self._shards_held, self.shard_members,
+                    self.shard_share):
+            self.version += 1
+        self._shard_holders, self._shards_held, self.shard_members, self.shard_share = view
+
+    def shard_holders(self) -> tuple[str, ...]:
+        """Per shard, the holder this replica sees ("" when free or expired)."""
+        if self.shards == 1:
+            return (self._leader.holder or "",)
+        return self._shard_holders
+
+    def shards_held(self) -> frozenset[int]:
+        if self.shards == 1:
+            return frozenset({0}) if self._leader.is_leader else frozenset()
+        return self._shards_held
+
+    def shard_of(self, cluster: str) -> int:
+        return shard_of(cluster, self.shards)
+
+    def since_round_s(self, state: ClusterState, now: dt.datetime) -> float:
+        """Seconds since a round last finished on the cluster (by any replica, as recorded),
+        or since it joined the fleet when none has."""
+        return age_s(state.last_attempt_at or state.known_since, now)
+
+    def orphans(self, now: dt.datetime) -> list[ClusterId]:
+        """The clusters without a finished round for more than two intervals."""
+        return [c.id for c in self.clusters.values()
+                if orphaned(self.since_round_s(c, now), self.interval_s)]
+
+    def shard_last_rounds(self) -> dict[int, dt.datetime]:
+        """Per shard with a recorded round, when its last round finished: the latest round
+        end on any of its clusters (from the database records, so the same on every
+        replica)."""
+        last: dict[int, dt.datetime] = {}
+        for c in self.clusters.values():
+            if c.last_attempt_at is None:
+                continue
+            k = self.shard_of(c.id)
+            if k not in last or c.last_attempt_at > last[k]:
+                last[k] = c.last_attempt_at
+        return last
+
+    def shards_view(self, now: dt.datetime) -> dict[str, Any]:
+        holders = self.shard_holders()
+        last = self.shard_last_rounds()
+        sizes = Counter(self.shard_of(c) for c in self.clusters)
+        orphans = Counter(self.shard_of(c) for c in self.orphans(now))
+        return {
+            "count": self.shards,
+            "held_here": sorted(self.shards_held()),
+            "members": list(self.shard_members),
+            "share": self.shard_share,
+            "orphan_clusters": sum(orphans.values()),
+            "shards": [
+                {"shard": k, "holder": holders[k] or None, "clusters": sizes.get(k, 0),
+                 "orphan_clusters": orphans.get(k, 0), "last_round_at": iso(last.get(k))}
+                for k in range(self.shards)],
+        }
+
     def set_next_round(self, at: dt.datetime | None) -> None:
         self.version += 1  # what status shows may have changed
         self.next_round_at = at
@@ -693,6 +765,9 @@ class StatusState:
             "last_reason": state.last_reason if state.error == state.last_error else "unreachable",
             "server_version": state.server_version,
             "audit": self.cluster_audit_view(state, now),
+            "shard": (k := self.shard_of(state.id)),
+            "holder": self.shard_holders()[k] or None,
+            "orphaned": orphaned(self.since_round_s(state, now), self.interval_s),
         }
 
     def _audit_unsettled(self, tally: AuditTally, now: dt.datetime) -> bool:
@@ -782,6 +857,7 @@ class StatusState:
             "next_round_at": iso(self.next_round_at),
             "invalid_policies": [{"id": k, "reason": v} for k, v in sorted(self.invalid.items())],
             "pending_deletions": self.pending_view(now),
+            "shards": self.shards_view(now),
             "clusters": [self.cluster_summary(c, now) for c in self.sorted_clusters(now)],
             "unsupported_by_version": self.unsupported(now),
             "audit": self.audit_fleet_view(now),

@@ -296,6 +296,13 @@ class World:
         doc: dict[str, Any] = json.loads(obj.data)
         return doc
 
+    def leases(self) -> list[dict[str, Any]]:
+        """Every Lease in the Lease namespace (the shard and membership Leases too)."""
+        api = kubernetes.client.CoordinationV1Api(self._home_api)
+        doc = json.loads(api.list_namespaced_lease(LEASE_NS, _preload_content=False).data)
+        items: list[dict[str, Any]] = doc["items"]
+        return items
+
     def lease_holder(self) -> str | None:
         lease = self.lease()
         return None if lease is None else lease["spec"].get("holderIdentity") or ""

@@ -421,3 +421,19 @@ def test_import_size_limit_defaults_to_4_mib_and_is_checked() -> None:
         with pytest.raises(ConfigError) as caught:
             load_settings({"CONVERGERD_IMPORT_MAX_BYTES": bad})
         assert caught.value.setting == "CONVERGERD_IMPORT_MAX_BYTES"
+
+
+def test_shards_default_to_one_lease() -> None:
+    s = load_settings({})
+    assert (s.election.shards, s.election.lease_name) == (1, "convergerd")
+    assert load_settings({"CONVERGERD_SHARDS": "12"}).election.shards == 12
+
+
+@pytest.mark.parametrize(("env", "match"), [
+    ({"CONVERGERD_SHARDS": "0"}, "CONVERGERD_SHARDS"),
+    ({"CONVERGERD_SHARDS": "257"}, "at most 256"),
+    ({"CONVERGERD_SHARDS": "3", "CONVERGERD_LEADER_ELECTION": "false"}, "leader election on"),
+])
+def test_bad_shards(env: dict[str, str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_settings(env)

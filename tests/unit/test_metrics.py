@@ -468,3 +468,44 @@ def test_the_gauges_agree_with_status(clock: WallClock) -> None:
                 "verified": seen["verified"], "admitted": seen["admitted"],
                 "unverified": seen["not_verified"] + seen["unknown"], "stale": seen["stale"]}
         clock.now += 2 * INTERVAL + 1  # and once everything aged
+
+
+def test_shards_one_shard_is_the_leader(metrics: Replica) -> None:
+    """With one shard (the default) the leader holds shard 0: the shard metrics say so too."""
+    assert value(metrics, "convergerd_shards_held") == 0
+    metrics.state.set_leader(True, "rep-a")
+    assert value(metrics, "convergerd_shards_held") == 1
+    assert value(metrics, "convergerd_shard_holder", shard="0", holder="rep-a") == 1
+    assert value(metrics, "convergerd_shard_last_round_timestamp_seconds",
+                 shard="0") == T0.timestamp()
+    assert value(metrics, "convergerd_orphan_clusters") == 0
+
+
+def test_shards_holders_last_rounds_and_orphans(clock: WallClock) -> None:
+    from convergerd.core.shards import shard_of
+    clusters = [f"c{i}" for i in range(8)]
+    state = StatusState(identity="rep-a", interval_s=INTERVAL, clock=clock, shards=3)
+    state.set_clusters(clusters)
+    m = Metrics(state=state, process_collectors=False)
+    state.set_shards(holders=["rep-a", "", "rep-b"], held=[0], members=["rep-a", "rep-b"],
+                     share=2)
+    assert value(m, "convergerd_shards_held") == 1
+    assert value(m, "convergerd_shard_holder", shard="1", holder="") == 1
+    assert value(m, "convergerd_shard_holder", shard="2", holder="rep-b") == 1
+    # Rounds finished on shard 0's and 2's clusters, as the database recorded them.
+    done = [c for c in clusters if shard_of(c, 3) != 1]
+    state.absorb_cluster_rows([ClusterStateRow(
+        cluster=ClusterId(c), reachable=True, last_attempt_at=T0, last_success_at=T0,
+        last_reached_at=T0, last_error=None, last_reason=None, desired=0, in_sync=0,
+        failed=0, server_version=None, round_id=1) for c in done])
+    assert value(m, "convergerd_shard_last_round_timestamp_seconds", shard="1") is None
+    assert value(m, "convergerd_shard_last_round_timestamp_seconds",
+                 shard="2") == T0.timestamp()
+    assert value(m, "convergerd_orphan_clusters") == 0
+    clock.now += 2 * INTERVAL + 1  # shard 1 never had a round; the others not since T0
+    assert value(m, "convergerd_orphan_clusters") == len(clusters)
+    doc = state.snapshot()
+    assert doc["shards"]["orphan_clusters"] == len(clusters)
+    by_id = {c["id"]: c for c in doc["clusters"]}
+    assert all(by_id[c]["shard"] == shard_of(c, 3) and by_id[c]["orphaned"] for c in clusters)
+    assert {by_id[c]["holder"] for c in clusters if shard_of(c, 3) == 1} <= {None}

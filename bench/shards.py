@@ -1,0 +1,158 @@
+"""Shards benchmark: figures, not a test. N clusters over R `convergerd run` replicas sharing
+S shards, against one simulator and one database.
+
+    .venv/bin/python bench/shards.py --clusters 2000 --policies 10 --replicas 3 --shards 12
+    .venv/bin/python bench/shards.py --clusters 10000 --policies 20 --replicas 3 --shards 12 \\
+        --interval-s 120
+
+Per run: how long until every cluster has a recorded round (the fleet covered, from the
+`cluster_state` table), how the shards ended up spread (from the Leases, as `/status` shows
+them), then over `--steady-s` seconds each replica's CPU seconds and RSS and the rounds it
+recorded (count and mean wall time, from the `rounds` table). Run it beside `--replicas 1
+--shards 1` for the single-leader baseline. Progress on stderr, one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from bench.daemon import DEFAULT_SERVER, clean_env, cpu_s
+from bench.rounds import Sim, _free_port, fresh_database, log, proc_status_mb
+from bench.soak import fleet_doc, import_doc
+from convergerd import eventloop
+from convergerd.sim.fleet import member_ids
+
+READY_S = 120.0
+
+
+def start_daemon(identity: str, *, dsn: str, kubeconfig: Path, args: argparse.Namespace,
+                 workdir: Path) -> tuple[Any, str]:
+    import subprocess
+    port = _free_port()
+    env = {
+        "CONVERGERD_DATABASE_URL": dsn, "CONVERGERD_KUBECONFIG": str(kubeconfig),
+        "CONVERGERD_LEADER_ELECTION": "true", "CONVERGERD_HOME_CONTEXT": "home",
+        "CONVERGERD_IDENTITY": identity, "CONVERGERD_HTTP_ADDR": f"127.0.0.1:{port}",
+        "CONVERGERD_LOG_LEVEL": args.log_level, "CONVERGERD_SHARDS": str(args.shards),
+        "Policies__ConvergeIntervalMinutes": repr(args.interval_s / 60),
+    }
+    out = (workdir / f"{identity}.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "convergerd", "run"], env=clean_env(env),
+                            stdout=out, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def covered(dsn: str) -> tuple[int, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        done = await conn.fetchval(
+            "SELECT count(*) FROM cluster_state WHERE last_attempt_at IS NOT NULL")
+        total = await conn.fetchval("SELECT count(*) FROM clusters")
+    finally:
+        await conn.close()
+    return int(done), int(total)
+
+
+async def rounds_by_identity(dsn: str, since: float) -> dict[str, dict[str, float]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            """SELECT identity, count(*) AS n,
+                      avg(extract(epoch FROM finished_at - started_at)) AS mean_s,
+                      max(extract(epoch FROM finished_at - started_at)) AS max_s
+               FROM rounds WHERE started_at >= to_timestamp($1) GROUP BY identity""", since)
+    finally:
+        await conn.close()
+    return {r["identity"]: {"rounds": int(r["n"]), "mean_s": float(r["mean_s"] or 0),
+                            "max_s": float(r["max_s"] or 0)} for r in rows}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="convergerd-shards-") as tmp:
+        workdir = Path(args.workdir or tmp)
+        log("simulator with %d clusters", args.clusters)
+        sim = Sim.start(args.clusters, workdir)
+        procs: list[Any] = []
+        try:
+            async with fresh_database(args.database_url, "bench_shards",
+                                      migrated=True) as (dsn, _name):
+                await import_doc(dsn, fleet_doc(member_ids(args.clusters), args.policies))
+                started = time.time()
+                names = [f"replica-{i}" for i in range(args.replicas)]
+                daemons = [start_daemon(n, dsn=dsn, kubeconfig=sim.kubeconfig, args=args,
+                                        workdir=workdir) for n in names]
+                procs = [p for p, _ in daemons]
+                deadline = time.monotonic() + READY_S + 4 * args.interval_s
+                while True:
+                    done, total = await covered(dsn)
+                    if done >= total:
+                        break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"only {done} of {total} clusters covered")
+                    if any(p.poll() is not None for p in procs):
+                        raise RuntimeError("a replica exited; see its log")
+                    await asyncio.sleep(0.5)
+                coverage_s = time.time() - started
+                log("every cluster had a round %.1f s after the start", coverage_s)
+                async with aiohttp.ClientSession() as session, \
+                        session.get(daemons[0][1] + "/status") as resp:
+                    doc = await resp.json()
+                holders = Counter(s["holder"] for s in doc["shards"]["shards"])
+                steady_from = time.time()
+                cpu0 = [cpu_s(p.pid) for p in procs]
+                await asyncio.sleep(args.steady_s)
+                cpu1 = [cpu_s(p.pid) for p in procs]
+                recorded = await rounds_by_identity(dsn, steady_from)
+                per_replica = {
+                    n: {"cpu_s": round(c1 - c0, 2),
+                        "rss_mb": round(proc_status_mb(p.pid, "VmRSS"), 1),
+                        **recorded.get(n, {"rounds": 0, "mean_s": 0.0, "max_s": 0.0})}
+                    for n, p, c0, c1 in zip(names, procs, cpu0, cpu1, strict=True)}
+                return {"clusters": args.clusters, "policies": args.policies,
+                        "replicas": args.replicas, "shards": args.shards,
+                        "interval_s": args.interval_s, "coverage_s": round(coverage_s, 1),
+                        "shards_by_holder": dict(holders), "steady_s": args.steady_s,
+                        "per_replica": per_replica}
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            for p in procs:
+                p.wait(30)
+            sim.stop()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clusters", type=int, default=2000)
+    parser.add_argument("--policies", type=int, default=10)
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=12)
+    parser.add_argument("--interval-s", type=float, default=60.0)
+    parser.add_argument("--steady-s", type=float, default=120.0)
+    parser.add_argument("--database-url", default=DEFAULT_SERVER)
+    parser.add_argument("--log-level", default="WARNING", help="the replicas' log level")
+    parser.add_argument("--workdir", help="keep the replicas' logs here (default: a temporary "
+                                          "directory, removed)")
+    args = parser.parse_args(argv)
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    result = eventloop.run(main_async(args))
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

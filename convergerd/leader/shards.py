@@ -1,0 +1,331 @@
+"""The shard set: one fenced `Elector` per shard Lease, a membership Lease, and the fair share.
+
+With `CONVERGERD_SHARDS` = S > 1, shard k is the Lease `convergerd-shard-<k>`, each with exactly
+today's elector and fencing (a replica that lost a shard's Lease writes nothing to that shard's
+clusters after its renew deadline). What is new is *which* shards a replica tries to take:
+
+- every replica renews its own membership Lease `convergerd-member-<identity>` (an elector
+  nobody contends), so a replica that holds no shard yet is still counted;
+- every retry period it lists the Leases of its namespace (one request), judges each the way
+  the elector does (live while its record changed within its duration, on our monotonic
+  clock), and computes `core.shards.plan`: the shards it may take (free or expired ones, up to
+  its fair share) and the ones it holds above its share;
+- a shard's elector acquires only shards in that plan (`may_acquire`), renews what it holds
+  whatever the plan says, and a shard above the share is handed back: its running round
+  finishes first (the shard's round lock), then the term ends and the Lease is written free.
+
+Two replicas never both hold a shard: taking it is the elector's compare-and-swap on the
+Lease's resourceVersion, exactly as with one Lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from convergerd.config import Election
+from convergerd.core.errors import ConvergerdError
+from convergerd.core.shards import (
+    Plan,
+    member_lease_name,
+    plan,
+    shard_lease_name,
+)
+from convergerd.core.shown import describe
+from convergerd.kube.api import KubeObject, LeaseListApi
+from convergerd.leader.elector import STUCK_AFTER_DURATIONS, Elector
+from convergerd.leader.lease import LeaseFormatError, LeaseRecord, Observed, observe
+
+log = logging.getLogger(__name__)
+
+# A plan pass timed for a foreign Lease's expiry runs this long after it (clock granularity).
+EXPIRY_MARGIN_S = 0.01
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardView:
+    """What this replica knows of the shards, for status and metrics."""
+
+    identity: str
+    holders: tuple[str, ...]  # per shard: the live holder seen, "" when free or expired
+    held: frozenset[int]  # the shards this replica leads now
+    members: tuple[str, ...]  # the live replicas counted by the last plan
+    share: int | None  # this replica's fair share (None before the first plan, or `once`)
+
+
+ViewHook = Callable[[ShardView], None]
+
+
+def live_holder(observed: Observed | None, now_mono: float, default_duration_s: float) -> str:
+    """The holder of a Lease as observed, or "" when nobody holds it or its record did not
+    change within its duration (the elector's rule: `lease.can_acquire`)."""
+    if observed is None or not observed.record.held:
+        return ""
+    if now_mono >= observed.expires_mono(default_duration_s):
+        return ""
+    return observed.record.holder
+
+
+class ShardSet:
+    """`run()` keeps the membership Lease, the shard electors and the plan going."""
+
+    def __init__(
+        self,
+        api: LeaseListApi,
+        settings: Election,
+        *,
+        once: bool = False,
+        clock: Callable[[], float] = _loop_time,
+        on_change: ViewHook | None = None,
+    ) -> None:
+        """`once`: a `convergerd once` run takes every shard it can (no share, no
+        membership) and hands back none."""
+        self._api = api
+        self._s = settings
+        self._once = once
+        self._clock = clock
+        self._on_change = on_change
+        self.shards = settings.shards
+        self.identity = settings.identity
+        # Held by a shard's round loop while a round runs; a hand-back waits for it.
+        self.round_locks = [asyncio.Lock() for _ in range(self.shards)]
+        self.electors = [
+            Elector(api, dataclasses.replace(settings, lease_name=shard_lease_name(k)),
+                    clock=clock, may_acquire=functools.partial(self._may_take, k),
+                    on_change=functools.partial(self._elector_changed, k))
+            for k in range(self.shards)
+        ]
+        self.member: Elector | None = None if once else Elector(
+            api, dataclasses.replace(settings, lease_name=member_lease_name(self.identity)),
+            clock=clock)
+        self._wanted: set[int] = set(range(self.shards)) if once else set()
+        self._observed: dict[str, Observed] = {}
+        self._holders: list[str] = [""] * self.shards
+        self._plan: Plan | None = None
+        self._handing: dict[int, asyncio.Task[None]] = {}
+        self._stop = asyncio.Event()
+        self._listed_mono: float | None = None  # last successful list (None: not running)
+        self._list_failures = 0
+        self._last_error: str | None = None
+
+    # -- surface -------------------------------------------------------------------------------
+
+    def held(self) -> frozenset[int]:
+        return frozenset(k for k, e in enumerate(self.electors) if e.is_leader())
+
+    def view(self) -> ShardView:
+        held = self.held()
+        holders = tuple(self.identity if k in held else
+                        ("" if h == self.identity else h) for k, h in enumerate(self._holders))
+        return ShardView(
+            identity=self.identity, holders=holders, held=held,
+            members=self._plan.members if self._plan is not None else (self.identity,),
+            share=self._plan.share if self._plan is not None else None,
+        )
+
+    def problem(self) -> str | None:
+        """For `/healthz`: the Leases could not be listed for two lease durations (the plan
+        stands still: no orphan is taken), or an elector is stuck."""
+        since = self._listed_mono
+        if since is not None and not self._once and not self._stop.is_set():
+            stuck_s = self._clock() - since
+            limit_s = STUCK_AFTER_DURATIONS * self._s.lease_duration_s
+            if stuck_s > limit_s:
+                return (f"shard set stuck: the Leases in {self._s.lease_namespace} could not be "
+                        f"listed for {stuck_s:.0f} s (limit {limit_s:g} s): "
+                        f"{self._last_error or 'no answer'}")
+        for elector in [*self.electors, *([self.member] if self.member else [])]:
+            found = elector.problem()
+            if found is not None:
+                return found
+        return None
+
+    def stop(self) -> None:
+        self._stop.set()
+        for elector in self.electors:
+            elector.stop()
+        if self.member is not None:
+            self.member.stop()
+
+    async def release(self) -> None:
+        """Release every shard held (its round has been stopped by the caller) and the
+        membership, at once: the others take the shards over without waiting for expiry."""
+        self._stop.set()
+        for task in self._handing.values():
+            task.cancel()
+        everyone = [*self.electors, *([self.member] if self.member else [])]
+        await asyncio.gather(*(e.release() for e in everyone), return_exceptions=True)
+
+    async def run(self) -> None:
+        log.info("shards: %d Leases convergerd-shard-0..%d in %s, as %s%s", self.shards,
+                 self.shards - 1, self._s.lease_namespace, self.identity,
+                 " (once: every shard it can take)" if self._once else "")
+        self._listed_mono = self._clock()
+        async with asyncio.TaskGroup() as tg:
+            for k, elector in enumerate(self.electors):
+                tg.create_task(elector.run(), name=f"elector shard {k}")
+            if self.member is not None:
+                tg.create_task(self.member.run(), name="elector membership")
+                tg.create_task(self._planner(), name="shard plan")
+            await self._stop.wait()
+            self.stop()
+
+    # -- the plan ------------------------------------------------------------------------------
+
+    def _may_take(self, k: int) -> bool:
+        return k in self._wanted and not self._stop.is_set()
+
+    async def _planner(self) -> None:
+        assert self.member is not None
+        # Counted by the others before taking anything: otherwise each replica starting at
+        # once would see itself alone and take every free shard, only to hand most back.
+        await self.member.wait_leading()
+        await self._pause(self._s.retry_period_s)
+        while not self._stop.is_set():
+            await self.plan_once()
+            await self._pause(self._next_pass_s())
+
+    async def plan_once(self) -> Plan | None:
+        """One pass: list, judge, plan, start hand-backs. None when the list failed."""
+        s = self._s
+        try:
+            async with asyncio.timeout(s.request_timeout_s):
+                items = await self._api.list_leases(s.lease_namespace,
+                                                    timeout_s=s.request_timeout_s)
+        except (ConvergerdError, TimeoutError, OSError) as exc:
+            self._list_failures += 1
+            self._last_error = "timed out" if isinstance(exc, TimeoutError) else describe(exc)
+            if self._list_failures == 1:
+                log.warning("shards: listing the Leases in %s failed: %s; holding what this "
+                            "replica holds, taking nothing new until it works",
+                            s.lease_namespace, self._last_error)
+            self._wanted = set()
+            self._notify()
+            return None
+        if self._list_failures:
+            log.info("shards: Leases listed again after %d failures", self._list_failures)
+        self._list_failures = 0
+        now = self._clock()
+        self._listed_mono = now
+        members = self._judge(items, now)
+        holders = list(self._holders)
+        held = self.held()
+        for k in range(self.shards):
+            if holders[k] == self.identity and k not in held:
+                holders[k] = ""  # ours on the server but no term here: free to take again
+            if k in held:
+                holders[k] = self.identity
+        found = plan(shards=self.shards, identity=self.identity, members=members,
+                     holders=holders)
+        if self._plan is None or (found.share, found.members) != (self._plan.share,
+                                                                 self._plan.members):
+            log.info("shards: %d live replicas %s: this replica's share is %d (holds %d)",
+                     len(found.members), ", ".join(found.members), found.share, len(held),
+                     extra={"shard_share": found.share, "shards_held": len(held)})
+        self._plan = found
+        added = set(found.take) - self._wanted
+        self._wanted = set(found.take)
+        for k in sorted(added):
+            self.electors[k].poke()  # a free shard is taken now, not after the pause
+        for k in found.release:
+            if k not in self._handing:
+                self._handing[k] = asyncio.create_task(self._hand_back(k),
+                                                       name=f"hand back shard {k}")
+        self._notify()
+        return found
+
+    def _judge(self, items: list[KubeObject], now: float) -> set[str]:
+        """Update the observations from one list; the live members' identities."""
+        shard_names = {shard_lease_name(k): k for k in range(self.shards)}
+        seen: dict[str, Observed] = {}
+        members: set[str] = set()
+        default_s = self._s.lease_duration_s
+        for item in items:
+            meta = item.get("metadata")
+            name = meta.get("name") if isinstance(meta, dict) else None
+            if not isinstance(name, str):
+                continue
+            is_member = name.startswith("convergerd-member-")
+            if name not in shard_names and not is_member:
+                continue
+            try:
+                record = LeaseRecord.from_object(item)
+            except LeaseFormatError:
+                continue  # a Lease nobody can hold as it stands: counts as free
+            observed = observe(self._observed.get(name), record, now)
+            assert observed is not None
+            seen[name] = observed
+            holder = live_holder(observed, now, default_s)
+            if is_member and holder:
+                members.add(holder)
+        self._observed = seen
+        self._holders = [live_holder(seen.get(shard_lease_name(k)), now, default_s)
+                         for k in range(self.shards)]
+        return members
+
+    def _next_pass_s(self) -> float:
+        """A retry period, or less when a Lease held by another replica expires sooner: its
+        shards (or its membership) are then free at once, not up to a retry period later."""
+        delay = self._s.retry_period_s
+        now = self._clock()
+        for observed in self._observed.values():
+            record = observed.record
+            if record.held and record.holder != self.identity:
+                expires = observed.expires_mono(self._s.lease_duration_s)
+                if expires > now:
+                    delay = min(delay, expires - now + EXPIRY_MARGIN_S)
+        return delay
+
+    async def _hand_back(self, k: int) -> None:
+        """Finish the shard's running round, then release its Lease (the elector goes on
+        watching it). Skipped when the plan changed its mind meanwhile."""
+        try:
+            async with self.round_locks[k]:
+                found = self._plan
+                if found is None or k not in found.release or not self.electors[k].is_leader():
+                    return
+                log.info("shards: handing back shard %d (share %d, holding %d)", k,
+                         found.share, len(self.held()))
+                await self.electors[k].release(stop=False)
+        finally:
+            self._handing.pop(k, None)
+            self._notify()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _elector_changed(self, k: int, is_leader: bool, _holder: str | None) -> None:
+        # Other holders come from the list, judged for expiry; the elector tells only about
+        # this replica (its reads name a dead holder until the record is replaced).
+        if is_leader:
+            self._holders[k] = self.identity
+        elif self._holders[k] == self.identity:
+            self._holders[k] = ""
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._on_change is None:
+            return
+        try:
+            self._on_change(self.view())
+        except Exception:
+            log.exception("the shard change hook failed")
+
+    async def _pause(self, delay_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, delay_s)):
+                await self._stop.wait()
+
+
+def unheld(view: ShardView) -> list[int]:
+    """The shards nobody holds, as this replica sees them."""
+    return [k for k, h in enumerate(view.holders) if not h]
+
