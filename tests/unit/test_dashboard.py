@@ -54,6 +54,17 @@ SPEC_SERIES = {
     "convergerd_invalid_policies",
 }
 
+# Queried by the sharding alerts and dashboard panels (issue 20), exported by the sharding code
+# that lands separately. Until then they are accepted here, by name; once the daemon exports
+# them, test_pending_metrics_are_still_pending fails: delete them from here then (and let
+# `exported_series` set up what makes them appear, if a default daemon does not).
+PENDING_METRICS = {
+    "convergerd_shards_held",
+    "convergerd_shard_holder",
+    "convergerd_shard_last_round_timestamp_seconds",
+    "convergerd_orphan_clusters",
+}
+
 Obj = dict[str, Any]
 
 
@@ -174,8 +185,13 @@ def test_every_queried_metric_is_exported(source: str) -> None:
     exprs = dashboard_queries() if source == "dashboard" else rule_queries()
     used = names_in(exprs)
     assert used, f"no convergerd_ metric found in the {source}"
-    unknown = used - exported_series()
+    unknown = used - exported_series() - PENDING_METRICS
     assert not unknown, f"the {source} query metrics the daemon does not export: {sorted(unknown)}"
+
+
+def test_pending_metrics_are_still_pending() -> None:
+    landed = PENDING_METRICS & exported_series()
+    assert not landed, f"{sorted(landed)} are exported now: remove them from PENDING_METRICS"
 
 
 def test_name_extraction_keeps_series_suffixes() -> None:
