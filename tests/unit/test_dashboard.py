@@ -180,6 +180,7 @@ def test_every_queried_metric_is_exported(source: str) -> None:
     assert not unknown, f"the {source} query metrics the daemon does not export: {sorted(unknown)}"
 
 
+
 def test_name_extraction_keeps_series_suffixes() -> None:
     expr = ("histogram_quantile(0.9, sum by (le) (rate(convergerd_round_duration_seconds_bucket"
             '{job="convergerd"}[5m]))) and on () convergerd_rounds_total > 0')
