@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -385,7 +386,7 @@ def _phases(
         readings.append(
             PhaseReading(
                 cluster=cluster,
-                policy=PolicyId(policy_id),
+                policy=PolicyId(sys.intern(policy_id)),  # one object per policy, not per reading
                 phase=obj.phase,
                 ready_reason=obj.ready_reason,
                 ready_message=obj.ready_message,

@@ -131,6 +131,7 @@ class RoundLoop:
         self.identity = identity
         self.follow = follow
         self.guard = guard
+        # The last round observed, without its per-policy details (`RoundReport.summary`).
         self.last_report: RoundReport | None = None
         self.seen_invalid: set[tuple[str, int]] = set()
         self.unrecorded: list[RoundReport] = []
@@ -189,9 +190,12 @@ class RoundLoop:
             # (at once if this one overruns), so status never shows none while a round runs.
             self.state.set_next_round(utc_now() + dt.timedelta(seconds=s.rounds.interval_s))
             report = await self._guarded(epoch)
-            self.last_report = report
             self._observe(report)
+            # A round outlives its record only as its summary: while the next one is built,
+            # its details (the status state keeps them compactly) are not held twice.
+            self.last_report = report.summary()
             await self._record(report)
+            del report
             self._step()
             if s.rounds.once:
                 return

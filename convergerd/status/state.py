@@ -24,8 +24,9 @@ metrics):
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,8 @@ from convergerd.core.report import (
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 from convergerd.status.phases import (
-    TallyEntry,
+    TallyGroup,
+    TallyKey,
     age_s,
     is_stale,
     is_unsupported,
@@ -180,6 +182,13 @@ class PolicyRecord:
         )
 
 
+def _record(records: dict[PolicyId, PolicyRecord], policy: PolicyId) -> PolicyRecord:
+    found = records.get(policy)
+    if found is None:
+        found = records[policy] = PolicyRecord()
+    return found
+
+
 def _verification_of_row(row: DeliveryRow) -> Verification | None:
     if row.verified_status is None:
         return None
@@ -230,6 +239,150 @@ def record_view(
 
 
 # ---------------------------------------------------------------------------------------------
+# Per cluster, compactly: one summary and per policy only what differs from it
+#
+# At 10,000 clusters x 100 policies a `PolicyRecord` with its `PhaseReading` and `Verification`
+# per delivery, each with its own decoded strings and times, cost ~1 KB: ~1 GB of status
+# (`bench/status_memory.py`). Most of a cluster's records say the same (one round's result
+# and time, one listing's phase, Ready and Verified): a record is kept as a tuple of its fields
+# (`_FIELDS`), the cluster keeps the most common value of each field (its summary), and each
+# policy only a bit mask of the fields where it differs and those values.
+
+# The most variable fields first: their mask bits stay low (small ints are shared objects).
+_FIELDS = ("probed_at", "since", "delivered_revision", "phase_revision", "last_attempt_at",
+           "last_success_at", "last_result", "last_error", "last_reason", "phase",
+           "ready_reason", "ready_message", "seen_at", "verified_status", "verified_reason",
+           "verified_message")
+_WIDTH = len(_FIELDS)
+_NONE_ROW: tuple[Any, ...] = (None,) * _WIDTH
+_SAME: tuple[int] = (0,)  # the entry of a record equal to its cluster's summary
+
+
+def _shared(value: Any) -> Any:
+    return sys.intern(value) if type(value) is str else value
+
+
+def record_row(record: PolicyRecord) -> tuple[Any, ...]:
+    """A record's fields as one flat tuple (`_FIELDS`); repeated strings interned."""
+    phase, found = record.phase, None
+    if phase is not None:
+        found = phase.verified
+    probed = since = None
+    if found is not None:
+        probed, since = found.probed_at, found.since
+        if since is not None and since == probed:
+            since = probed  # one object for both: the usual first probe
+    success = record.last_success_at
+    if success is not None and success == record.last_attempt_at:
+        success = record.last_attempt_at
+    return (
+        probed, since, record.delivered_revision,
+        phase.revision if phase is not None else None,
+        record.last_attempt_at, success, _shared(record.last_result),
+        _shared(record.last_error), _shared(record.last_reason),
+        _shared(phase.phase) if phase is not None else None,
+        _shared(phase.ready_reason) if phase is not None else None,
+        _shared(phase.ready_message) if phase is not None else None,
+        phase.seen_at if phase is not None else None,
+        _shared(found.status) if found is not None else None,
+        _shared(found.reason) if found is not None else None,
+        _shared(found.message) if found is not None else None,
+    )
+
+
+def row_record(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PolicyRecord:
+    """The record `record_row` made `row` of (a new object: changing it changes nothing kept)."""
+    (probed, since, delivered, revision, attempt, success, result, error, reason, phase,
+     ready_reason, ready_message, seen_at, v_status, v_reason, v_message) = row
+    reading = None
+    if seen_at is not None:
+        verified = None
+        if v_status is not None:
+            verified = Verification(v_status, v_reason, v_message, probed, since)
+        reading = PhaseReading(cluster, policy, phase, ready_reason, ready_message, revision,
+                               seen_at, verified)
+    return PolicyRecord(delivered, result, attempt, success, error, reason, reading)
+
+
+def summary_row(rows: Iterable[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The most common value of each field (the first seen among equally common ones)."""
+    columns = list(zip(*rows, strict=True))
+    if not columns:
+        return _NONE_ROW
+    return tuple(Counter(column).most_common(1)[0][0] for column in columns)
+
+
+def packed(row: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`row` as its differences from `summary`: `(mask, value, ...)`, bit i for field i."""
+    if row == summary:
+        return _SAME
+    mask = 0
+    values: list[Any] = []
+    for i in range(_WIDTH):
+        value = row[i]
+        if value != summary[i]:
+            mask |= 1 << i
+            values.append(value)
+    return (mask, *values)
+
+
+def unpacked(entry: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...]:
+    mask = entry[0]
+    if not mask:
+        return summary
+    row = list(summary)
+    values = iter(entry[1:])
+    for i in range(_WIDTH):
+        if mask >> i & 1:
+            row[i] = next(values)
+    return tuple(row)
+
+
+class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
+    """A cluster's per-policy records, read as a mapping (each read builds the record anew);
+    written whole (`repack`) or one at a time (`__setitem__`, packed against the summary as
+    it is)."""
+
+    __slots__ = ("_cluster", "_entries", "_summary")
+
+    def __init__(self, cluster: ClusterId) -> None:
+        self._cluster = cluster
+        self._summary: tuple[Any, ...] = _NONE_ROW
+        self._entries: dict[PolicyId, tuple[Any, ...]] = {}
+
+    def __getitem__(self, policy: PolicyId) -> PolicyRecord:
+        return row_record(unpacked(self._entries[policy], self._summary), self._cluster, policy)
+
+    def __contains__(self, policy: object) -> bool:
+        return policy in self._entries
+
+    def __iter__(self) -> Iterator[PolicyId]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __setitem__(self, policy: PolicyId, record: PolicyRecord) -> None:
+        self._entries[PolicyId(sys.intern(policy))] = packed(record_row(record), self._summary)
+
+    def __delitem__(self, policy: PolicyId) -> None:
+        del self._entries[policy]
+
+    def whole(self) -> dict[PolicyId, PolicyRecord]:
+        """Every record, as new objects to change and `repack`."""
+        return {p: self[p] for p in self._entries}
+
+    def repack(self, records: Mapping[PolicyId, PolicyRecord]) -> None:
+        """Keep exactly `records`, against a summary made of them."""
+        rows = {PolicyId(sys.intern(p)): record_row(r) for p, r in records.items()}
+        summary = self._summary = summary_row(rows.values())
+        self._entries = {p: packed(row, summary) for p, row in rows.items()}
+
+    def readings(self) -> list[PhaseReading]:
+        return [r.phase for r in self.values() if r.phase is not None]
+
+
+# ---------------------------------------------------------------------------------------------
 # The live state
 
 
@@ -249,13 +402,17 @@ class ClusterState:
     failed: int = 0
     server_version: str | None = None
     duration_s: float | None = None
-    policies: dict[PolicyId, PolicyRecord] = field(default_factory=dict)
+    # Filled in by `__post_init__` (it needs `id`): the per-policy records, compactly.
+    policies: PolicyRecords = field(init=False)
     own_round_at: dt.datetime | None = None  # when this replica's own round last worked on it
     stored_attempt_at: dt.datetime | None = None  # the database's last attempt, as last read
     rows_read_for: dt.datetime | None = None  # the database attempt whose rows were absorbed
     # The readings as the metrics count them, recounted whenever the readings change
     # (`recount_phases`): a scrape then costs a few additions per cluster, not per policy.
-    phase_tally: Counter[TallyEntry] = field(default_factory=Counter)
+    phase_tally: dict[TallyKey, TallyGroup] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.policies = PolicyRecords(self.id)
 
     def needs_rows(self) -> bool:
         """Whether the database holds per-policy records newer than this replica has: a round
@@ -282,18 +439,11 @@ class ClusterState:
         return age_s(self.last_success_at or self.known_since, now)
 
     def readings(self) -> list[PhaseReading]:
-        return [r.phase for r in self.policies.values() if r.phase is not None]
+        return self.policies.readings()
 
     def recount_phases(self) -> None:
         """Told after the readings changed."""
         self.phase_tally = tally(self.readings())
-
-    def record(self, policy: str) -> PolicyRecord:
-        pid = PolicyId(policy)
-        found = self.policies.get(pid)
-        if found is None:
-            found = self.policies[pid] = PolicyRecord()
-        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,9 +557,9 @@ class StatusState:
         is real and bounded by what the cluster holds)."""
         wanted = {PolicyId(p) for p in policies}
         for state in self.clusters.values():
-            for gone in [p for p, r in state.policies.items()
-                         if p not in wanted and r.phase is None]:
-                del state.policies[gone]
+            records = state.policies
+            for gone in [p for p in records if p not in wanted and records[p].phase is None]:
+                del records[gone]
 
     def observe_round(self, report: RoundReport) -> None:
         self.version += 1  # what status shows may have changed
@@ -438,16 +588,20 @@ class StatusState:
             state.server_version = outcome.server_version
         if outcome.converged:
             state.last_success_at = at  # the round's end, as the database records it
+        if not outcome.deliveries and not phases_refreshed(outcome):
+            return
+        records = state.policies.whole()
         if phases_refreshed(outcome):
             seen = {r.policy for r in outcome.phases}
-            for policy, record in state.policies.items():
+            for policy, record in records.items():
                 if policy not in seen:
                     record.phase = None  # no longer in the cluster
             for reading in outcome.phases:
-                state.record(reading.policy).phase = reading
-            state.recount_phases()
+                _record(records, reading.policy).phase = reading
+            state.phase_tally = tally(r.phase for r in records.values() if r.phase is not None)
         for delivery in outcome.deliveries:
-            state.record(delivery.policy).note_delivery(delivery)
+            _record(records, delivery.policy).note_delivery(delivery)
+        state.policies.repack(records)
 
     def observe_probe(
         self, cluster: str, *, reachable: bool, error: str | None = None,
@@ -552,15 +706,18 @@ class StatusState:
         self.version += 1  # what status shows may have changed
         if cluster is not None and (whole := self._observed(cluster)) is not None:
             whole.rows_read_for = whole.stored_attempt_at
-        changed: dict[ClusterId, ClusterState] = {}
+        changed: dict[ClusterId, tuple[ClusterState, dict[PolicyId, PolicyRecord]]] = {}
         for row in rows:
             state = self._observed(row.cluster)
             if state is None:
                 continue
+            if state.id not in changed:
+                changed[state.id] = (state, state.policies.whole())
+            records = changed[state.id][1]
             pid = PolicyId(row.policy)
-            state.policies[pid] = merge_records(state.policies.get(pid), PolicyRecord.from_row(row))
-            changed[state.id] = state
-        for state in changed.values():
+            records[pid] = merge_records(records.get(pid), PolicyRecord.from_row(row))
+        for state, records in changed.values():
+            state.policies.repack(records)
             state.recount_phases()
 
     # -- views -----------------------------------------------------------------------------
@@ -597,6 +754,7 @@ class StatusState:
         )
 
     def cluster_summary(self, state: ClusterState, now: dt.datetime) -> dict[str, Any]:
+        readings = state.readings()
         return {
             "id": state.id,
             "reachable": state.reachable,
@@ -607,8 +765,8 @@ class StatusState:
             "desired": state.desired,
             "in_sync": state.in_sync,
             "failed": state.failed,
-            "phases": phase_counts(state.readings(), now, self.interval_s),
-            "verification": verification_counts(state.readings(), now, self.interval_s,
+            "phases": phase_counts(readings, now, self.interval_s),
+            "verification": verification_counts(readings, now, self.interval_s,
                                                 probe_period_s=self.probe_period_s),
             "last_error": state.error,
             "last_reason": state.last_reason if state.error == state.last_error else "unreachable",
