@@ -11,7 +11,9 @@ and measures with tracemalloc:
 - the status state after one round is observed, and after a second one (the first report
   gone): what stays between rounds;
 - the peak while the second round is observed with both reports alive (what keeping the
-  previous report would cost).
+  previous report would cost);
+- the rows `store.records.round_record` makes of a report to record it (alive with the
+  report while it is written).
 
     .venv/bin/python bench/status_memory.py --clusters 2000 --policies 50
 """
@@ -36,6 +38,7 @@ from convergerd.core.report import (
     RoundReport,
 )
 from convergerd.status.state import StatusState
+from convergerd.store.records import round_record
 
 MB = 1e6
 
@@ -102,6 +105,9 @@ def main() -> None:
     report_bytes = traced() - base
     state.observe_round(first)
     both = traced()
+    record = round_record(first, "bench")
+    record_bytes = traced() - both
+    del record
     del first
     kept_1 = traced() - base
     tracemalloc.reset_peak()
@@ -117,6 +123,8 @@ def main() -> None:
         "clusters": args.clusters, "policies": args.policies,
         "report_mb": round(report_bytes / MB, 1),
         "report_bytes_per_delivery": round(report_bytes * per),
+        "record_mb": round(record_bytes / MB, 1),
+        "record_bytes_per_delivery": round(record_bytes * per),
         "report_and_state_after_round_1_mb": round((both - base) / MB, 1),
         "state_after_round_1_mb": round(kept_1 / MB, 1),
         "state_after_round_2_mb": round(kept_2 / MB, 1),

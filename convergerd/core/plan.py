@@ -6,6 +6,7 @@ A round only adds and updates; nothing here ever produces a deletion.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -103,6 +104,12 @@ def interned(text: str | None) -> str | None:
     return sys.intern(text) if text is not None else None
 
 
+def _same_time(first: dt.datetime | None, second: dt.datetime | None) -> dt.datetime | None:
+    """`second`, as the object `first` when they are equal (a first probe's two times): one
+    object less per reading kept."""
+    return first if second is not None and second == first else second
+
+
 def verification(condition: Mapping[str, Any]) -> Verification:
     """The `Verified` condition, decoded on its own: a field of the wrong type (or a status
     other than True, False, Unknown) makes it `Unknown` with reason `Malformed` and the field
@@ -116,8 +123,9 @@ def verification(condition: Mapping[str, Any]) -> Verification:
         status=interned(status) or UNKNOWN_PHASE,
         reason=interned(r.text(condition, "reason", f"{where}.reason", MAX_REASON_CHARS)),
         message=interned(r.message(condition, "message", f"{where}.message")),
-        probed_at=r.time(condition, "lastProbeTime", f"{where}.lastProbeTime"),
-        since=r.time(condition, "lastTransitionTime", f"{where}.lastTransitionTime"),
+        probed_at=(probed := r.time(condition, "lastProbeTime", f"{where}.lastProbeTime")),
+        since=_same_time(probed, r.time(condition, "lastTransitionTime",
+                                        f"{where}.lastTransitionTime")),
     )
     problem = r.problem
     if problem is None:
