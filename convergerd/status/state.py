@@ -292,16 +292,10 @@ def record_row(record: PolicyRecord) -> tuple[Any, ...]:
 
 def row_record(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PolicyRecord:
     """The record `record_row` made `row` of (a new object: changing it changes nothing kept)."""
-    (probed, since, delivered, revision, attempt, success, result, error, reason, phase,
-     ready_reason, ready_message, seen_at, v_status, v_reason, v_message) = row
-    reading = None
-    if seen_at is not None:
-        verified = None
-        if v_status is not None:
-            verified = Verification(v_status, v_reason, v_message, probed, since)
-        reading = PhaseReading(cluster, policy, phase, ready_reason, ready_message, revision,
-                               seen_at, verified)
-    return PolicyRecord(delivered, result, attempt, success, error, reason, reading)
+    delivered, attempt, success, result, error, reason = (row[2], row[4], row[5], row[6],
+                                                          row[7], row[8])
+    return PolicyRecord(delivered, result, attempt, success, error, reason,
+                        row_reading(row, cluster, policy))
 
 
 def summary_row(rows: Iterable[tuple[Any, ...]]) -> tuple[Any, ...]:
@@ -331,11 +325,24 @@ def unpacked(entry: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...
     if not mask:
         return summary
     row = list(summary)
-    values = iter(entry[1:])
-    for i in range(_WIDTH):
-        if mask >> i & 1:
-            row[i] = next(values)
+    k = 1
+    while mask:  # only the set bits: a few per entry
+        low = mask & -mask
+        row[low.bit_length() - 1] = entry[k]
+        k += 1
+        mask ^= low
     return tuple(row)
+
+
+def row_reading(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PhaseReading | None:
+    """The phase reading of `row` alone (what `row_record` would hold), None without one."""
+    seen_at = row[12]
+    if seen_at is None:
+        return None
+    verified = None
+    if row[13] is not None:
+        verified = Verification(row[13], row[14], row[15], row[0], row[1])
+    return PhaseReading(cluster, policy, row[9], row[10], row[11], row[3], seen_at, verified)
 
 
 class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
@@ -379,7 +386,10 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
         self._entries = {p: packed(row, summary) for p, row in rows.items()}
 
     def readings(self) -> list[PhaseReading]:
-        return [r.phase for r in self.values() if r.phase is not None]
+        summary, cluster = self._summary, self._cluster
+        found = (row_reading(unpacked(entry, summary), cluster, policy)
+                 for policy, entry in self._entries.items())
+        return [r for r in found if r is not None]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -753,8 +763,12 @@ class StatusState:
             if is_unsupported(c.readings(), now, self.interval_s)
         )
 
-    def cluster_summary(self, state: ClusterState, now: dt.datetime) -> dict[str, Any]:
-        readings = state.readings()
+    def cluster_summary(self, state: ClusterState, now: dt.datetime,
+                        readings: list[PhaseReading] | None = None) -> dict[str, Any]:
+        """`readings`: the cluster's, when the caller has them already (each call of
+        `ClusterState.readings` builds them anew from the packed records)."""
+        if readings is None:
+            readings = state.readings()
         return {
             "id": state.id,
             "reachable": state.reachable,
@@ -795,6 +809,13 @@ class StatusState:
         """The `/status` document."""
         now = now or self.clock()
         leader = self.leader()
+        clusters, unsupported = [], []
+        for state in self.sorted_clusters(now):
+            # Built once per cluster and let go: never the whole fleet's readings at once.
+            readings = state.readings()
+            clusters.append(self.cluster_summary(state, now, readings))
+            if is_unsupported(readings, now, self.interval_s):
+                unsupported.append((state.id, state.server_version))
         return {
             "identity": self.identity,
             "now": iso(now),
@@ -807,6 +828,6 @@ class StatusState:
             "next_round_at": iso(self.next_round_at),
             "invalid_policies": [{"id": k, "reason": v} for k, v in sorted(self.invalid.items())],
             "pending_deletions": self.pending_view(now),
-            "clusters": [self.cluster_summary(c, now) for c in self.sorted_clusters(now)],
-            "unsupported_by_version": self.unsupported(now),
+            "clusters": clusters,
+            "unsupported_by_version": unsupported_rollup(unsupported),
         }
