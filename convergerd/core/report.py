@@ -7,6 +7,7 @@ both: a save's apply result is made from it, and recorded as one."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -159,6 +160,7 @@ class RoundReport:
     # A cancelled round's clusters that had not finished: their completed deliveries and
     # readings are recorded (they happened); their state is not (the round did not finish it).
     cut_short: list[ClusterOutcome] = field(default_factory=list)
+    counted: dict[str, int] | None = None  # a `summary()`'s counts, made before it was bare
 
     @property
     def result(self) -> RoundResult:
@@ -170,7 +172,23 @@ class RoundReport:
             return RoundResult.PARTIAL
         return RoundResult.FAILED
 
+    def summary(self) -> RoundReport:
+        """What outlives the round (`RoundLoop.last_report`): its clusters' outcomes without
+        their per-policy deliveries and readings (the status state keeps those compactly),
+        and its counts. At 10,000 clusters x 100 policies the details are hundreds of MB,
+        which the next round would otherwise hold twice while it is built."""
+        counts = self.counts()
+
+        def bare(c: ClusterOutcome) -> ClusterOutcome:
+            return dataclasses.replace(c, deliveries=[], phases=[])
+
+        return dataclasses.replace(
+            self, clusters=[bare(c) for c in self.clusters],
+            cut_short=[bare(c) for c in self.cut_short], counted=counts)
+
     def counts(self) -> dict[str, int]:
+        if self.counted is not None:
+            return dict(self.counted)
         applies = [d for c in self.clusters for d in c.deliveries]
         return {
             "clusters": len(self.clusters),

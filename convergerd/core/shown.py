@@ -32,6 +32,7 @@ import builtins
 import json
 import re
 import reprlib
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
 from itertools import islice
@@ -119,7 +120,10 @@ class _BoundedRepr(reprlib.Repr):
         return builtins.repr(bytes(x[: self.maxstring + 1]))
 
     def repr_int(self, x: int, level: int) -> str:
-        if x.bit_length() > 4 * self.maxlong:  # past that repr() is long, or refused
+        # Past 4 bits a character repr() is long; past the interpreter's digit limit
+        # (sys.get_int_max_str_digits, 4,300 by default) it raises. 3.32 bits a digit.
+        digits_cap = sys.get_int_max_str_digits() or 1 << 62
+        if x.bit_length() > min(4 * self.maxlong, digits_cap * 3):
             return f"<{x.bit_length()}-bit integer>"
         return builtins.repr(x if type(x) is bool else int(x))
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -401,7 +402,7 @@ def _phases(
         readings.append(
             PhaseReading(
                 cluster=cluster,
-                policy=PolicyId(policy_id),
+                policy=PolicyId(sys.intern(policy_id)),  # one object per policy, not per reading
                 phase=obj.phase,
                 ready_reason=obj.ready_reason,
                 ready_message=obj.ready_message,

@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 import tenacity
@@ -46,6 +46,10 @@ DB_BACKOFF_CAP_S = 30.0
 DATABASE_WAIT = BackoffWait(base=DB_BACKOFF_BASE_S, cap=DB_BACKOFF_CAP_S)
 # Rounds the database missed while it was down, kept to record later: the newest matter most.
 UNRECORDED_BACKLOG = 10
+# ... and at most this many deliveries and phase readings across them (the newest round is
+# always kept): a round at 10,000 clusters x 100 policies holds 2,000,000 (~440 MB), so ten of
+# them would be 4.4 GB; at that size only the newest waits, at 2,000 x 50 all ten do.
+UNRECORDED_DETAILS = 2_000_000
 # The loop is stuck (`/healthz` fails) after this many intervals without a round starting or
 # ending while it leads: a round ends within its deadline (a fraction of the interval) and the
 # next one starts one interval after the last one did.
@@ -80,6 +84,24 @@ def shard_fleet(fleet: Fleet, *, shard: int, shards: int) -> Fleet:
     with every policy and boundary (a boundary's other clusters are simply not in it)."""
     return dataclasses.replace(
         fleet, clusters=[c for c in fleet.clusters if shard_of(c.id, shards) == shard])
+
+
+def details(report: RoundReport) -> int:
+    """How many deliveries and phase readings `report` holds."""
+    return sum(len(c.deliveries) + len(c.phases) for c in (*report.clusters, *report.cut_short))
+
+
+def backlog_kept(sizes: Sequence[int], *, rounds: int = UNRECORDED_BACKLOG,
+                 details_cap: int = UNRECORDED_DETAILS) -> int:
+    """How many of the newest unrecorded rounds to keep, given each one's `details` (oldest
+    first): at most `rounds`, and no more than `details_cap` together, but always the newest."""
+    kept, total = 0, 0
+    for size in reversed(sizes[-rounds:] if rounds > 0 else ()):
+        if kept and total + size > details_cap:
+            break
+        kept += 1
+        total += size
+    return max(kept, 1) if sizes else 0
 
 
 def round_env(
@@ -160,6 +182,7 @@ class RoundLoop:
         self.slots = slots
         # `once`: whether the Lease was had (a round ran); False: it was not.
         self.got_lease: bool | None = None
+        # The last round observed, without its per-policy details (`RoundReport.summary`).
         self.last_report: RoundReport | None = None
         self.seen_invalid: set[tuple[str, int]] = set()
         self.unrecorded: list[RoundReport] = []
@@ -224,9 +247,12 @@ class RoundLoop:
                 self.state.set_next_round(
                     utc_now() + dt.timedelta(seconds=s.rounds.interval_s))
                 report = await self._guarded(epoch)
-                self.last_report = report
                 self._observe(report)
+                # A round outlives its record only as its summary: while the next one is
+                # built, its details (the status state keeps them compactly) are not held twice.
+                self.last_report = report.summary()
                 await self._record(report)
+                del report
                 self._step()
             if s.rounds.once:
                 return
@@ -345,7 +371,8 @@ class RoundLoop:
             try:
                 await self.store.record_round(pending, identity=self.identity)
             except DatabaseUnavailable as exc:
-                del self.unrecorded[:-UNRECORDED_BACKLOG]
+                kept = backlog_kept([details(r) for r in self.unrecorded])
+                del self.unrecorded[:len(self.unrecorded) - kept]
                 log.warning("could not record round (database unavailable: %s); "
                             "%d round(s) kept to record later", exc, len(self.unrecorded))
                 return

@@ -25,8 +25,10 @@ metric `convergerd_policy_verification{cluster,result}` folds `not_verified` and
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import math
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -137,9 +139,34 @@ def verification_counts(
 # One reading as the metrics count it: (phase, seen at, the verification result as if probed
 # when seen, the probe time when that result ages into `stale`), times in seconds since the
 # epoch. Decided once when the reading is taken, so a scrape over a large fleet is float
-# arithmetic; readings that agree on all four are counted together.
+# arithmetic.
 TallyEntry = tuple[str, float, str, float | None]
-PhaseTally = Mapping[TallyEntry, int]
+# Readings that agree on the first three are counted together (`TallyGroup`): an operator
+# probes each policy at its own time, and a group per distinct probe time cost ~170 bytes per
+# policy (~170 MB at 10,000 x 100); a sorted array of the times costs 8.
+TallyKey = tuple[str, float, str]
+
+
+@dataclass(slots=True)
+class TallyGroup:
+    """Readings counted together: how many never age into `stale` (`plain`), and the sorted
+    probe times of the others."""
+
+    plain: int = 0
+    probed: array[float] = field(default_factory=lambda: array("d"))
+
+    def __len__(self) -> int:
+        return self.plain + len(self.probed)
+
+    def aged(self, now: float, verified_stale_s: float) -> int:
+        """How many probe times are older than `verified_stale_s` at `now` (the same test
+        for each as `now - probed > verified_stale_s`; true for a prefix of the sorted
+        times)."""
+        return bisect.bisect_left(self.probed, True,
+                                  key=lambda probed: not now - probed > verified_stale_s)
+
+
+PhaseTally = Mapping[TallyKey, TallyGroup]
 
 
 def tally_entry(reading: PhaseReading) -> TallyEntry:
@@ -155,8 +182,22 @@ def tally_entry(reading: PhaseReading) -> TallyEntry:
     return normalize_phase(reading.phase), at.timestamp(), verification_result(fresh), probed
 
 
-def tally(readings: Iterable[PhaseReading]) -> Counter[TallyEntry]:
-    return Counter(tally_entry(r) for r in readings)
+def tally(readings: Iterable[PhaseReading]) -> dict[TallyKey, TallyGroup]:
+    groups: dict[TallyKey, TallyGroup] = {}
+    times: dict[TallyKey, list[float]] = {}
+    for reading in readings:
+        phase, seen, result, probed = tally_entry(reading)
+        key = (phase, seen, result)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = TallyGroup()
+        if probed is None:
+            group.plain += 1
+        else:
+            times.setdefault(key, []).append(probed)
+    for key, probed_times in times.items():
+        groups[key].probed = array("d", sorted(probed_times))
+    return groups
 
 
 def tally_counts(
@@ -167,16 +208,16 @@ def tally_counts(
     counts as `Stale` and `unverified`, a probe older than `verified_stale_s` as `stale`."""
     counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
     checked = dict.fromkeys(VERIFICATION_RESULTS, 0)
-    for (phase, seen, result, probed), n in readings.items():
+    for (phase, seen, result), group in readings.items():
+        n = len(group)
         if is_stale_age(now - seen, interval_s):  # `counted_phase`, the phase being normalized
             counts[STALE] += n
             checked[UNVERIFIED] += n
             continue
         counts[phase] += n
-        if probed is not None and now - probed > verified_stale_s:
-            checked[STALE_VERIFICATION] += n
-        else:
-            checked[result] += n
+        aged = group.aged(now, verified_stale_s) if group.probed else 0
+        checked[STALE_VERIFICATION] += aged
+        checked[result] += n - aged
     return counts, checked
 
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,8 @@ from convergerd.status.phases import (
     AUDIT_CURRENT,
     NO_AUDITS,
     AuditTally,
-    TallyEntry,
+    TallyGroup,
+    TallyKey,
     age_s,
     audit_stale_after_s,
     audit_state,
@@ -211,6 +213,13 @@ class PolicyRecord:
         )
 
 
+def _record(records: dict[PolicyId, PolicyRecord], policy: PolicyId) -> PolicyRecord:
+    found = records.get(policy)
+    if found is None:
+        found = records[policy] = PolicyRecord()
+    return found
+
+
 def _verification_of_row(row: DeliveryRow) -> Verification | None:
     if row.verified_status is None:
         return None
@@ -285,6 +294,162 @@ def policy_audit_view(audits: Iterable[Mapping[str, Any] | None],
 
 
 # ---------------------------------------------------------------------------------------------
+# Per cluster, compactly: one summary and per policy only what differs from it
+#
+# At 10,000 clusters x 100 policies a `PolicyRecord` with its `PhaseReading` and `Verification`
+# per delivery, each with its own decoded strings and times, cost ~1 KB: ~1 GB of status
+# (`bench/status_memory.py`). Most of a cluster's records say the same (one round's result
+# and time, one listing's phase, Ready and Verified): a record is kept as a tuple of its fields
+# (`_FIELDS`), the cluster keeps the most common value of each field (its summary), and each
+# policy only a bit mask of the fields where it differs and those values.
+
+# The most variable fields first: their mask bits stay low (small ints are shared objects).
+_FIELDS = ("probed_at", "since", "delivered_revision", "phase_revision", "last_attempt_at",
+           "last_success_at", "last_result", "last_error", "last_reason", "phase",
+           "ready_reason", "ready_message", "seen_at", "verified_status", "verified_reason",
+           "verified_message", "audit")
+_WIDTH = len(_FIELDS)
+_NONE_ROW: tuple[Any, ...] = (None,) * _WIDTH
+_SAME: tuple[int] = (0,)  # the entry of a record equal to its cluster's summary
+
+
+def _shared(value: Any) -> Any:
+    return sys.intern(value) if type(value) is str else value
+
+
+def record_row(record: PolicyRecord) -> tuple[Any, ...]:
+    """A record's fields as one flat tuple (`_FIELDS`); repeated strings interned."""
+    phase, found = record.phase, None
+    if phase is not None:
+        found = phase.verified
+    probed = since = None
+    if found is not None:
+        probed, since = found.probed_at, found.since
+        if since is not None and since == probed:
+            since = probed  # one object for both: the usual first probe
+    success = record.last_success_at
+    if success is not None and success == record.last_attempt_at:
+        success = record.last_attempt_at
+    return (
+        probed, since, record.delivered_revision,
+        phase.revision if phase is not None else None,
+        record.last_attempt_at, success, _shared(record.last_result),
+        _shared(record.last_error), _shared(record.last_reason),
+        _shared(phase.phase) if phase is not None else None,
+        _shared(phase.ready_reason) if phase is not None else None,
+        _shared(phase.ready_message) if phase is not None else None,
+        phase.seen_at if phase is not None else None,
+        _shared(found.status) if found is not None else None,
+        _shared(found.reason) if found is not None else None,
+        _shared(found.message) if found is not None else None,
+        phase.audit if phase is not None else None,  # shared by agreeing readings already
+    )
+
+
+def row_record(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PolicyRecord:
+    """The record `record_row` made `row` of (a new object: changing it changes nothing kept)."""
+    delivered, attempt, success, result, error, reason = (row[2], row[4], row[5], row[6],
+                                                          row[7], row[8])
+    return PolicyRecord(delivered, result, attempt, success, error, reason,
+                        row_reading(row, cluster, policy))
+
+
+def summary_row(rows: Iterable[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The most common value of each field (the first seen among equally common ones)."""
+    columns = list(zip(*rows, strict=True))
+    if not columns:
+        return _NONE_ROW
+    return tuple(Counter(column).most_common(1)[0][0] for column in columns)
+
+
+def packed(row: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`row` as its differences from `summary`: `(mask, value, ...)`, bit i for field i."""
+    if row == summary:
+        return _SAME
+    mask = 0
+    values: list[Any] = []
+    for i in range(_WIDTH):
+        value = row[i]
+        if value != summary[i]:
+            mask |= 1 << i
+            values.append(value)
+    return (mask, *values)
+
+
+def unpacked(entry: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...]:
+    mask = entry[0]
+    if not mask:
+        return summary
+    row = list(summary)
+    k = 1
+    while mask:  # only the set bits: a few per entry
+        low = mask & -mask
+        row[low.bit_length() - 1] = entry[k]
+        k += 1
+        mask ^= low
+    return tuple(row)
+
+
+def row_reading(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PhaseReading | None:
+    """The phase reading of `row` alone (what `row_record` would hold), None without one."""
+    seen_at = row[12]
+    if seen_at is None:
+        return None
+    verified = None
+    if row[13] is not None:
+        verified = Verification(row[13], row[14], row[15], row[0], row[1])
+    return PhaseReading(cluster, policy, row[9], row[10], row[11], row[3], seen_at, verified,
+                        row[16])
+
+
+class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
+    """A cluster's per-policy records, read as a mapping (each read builds the record anew);
+    written whole (`repack`) or one at a time (`__setitem__`, packed against the summary as
+    it is)."""
+
+    __slots__ = ("_cluster", "_entries", "_summary")
+
+    def __init__(self, cluster: ClusterId) -> None:
+        self._cluster = cluster
+        self._summary: tuple[Any, ...] = _NONE_ROW
+        self._entries: dict[PolicyId, tuple[Any, ...]] = {}
+
+    def __getitem__(self, policy: PolicyId) -> PolicyRecord:
+        return row_record(unpacked(self._entries[policy], self._summary), self._cluster, policy)
+
+    def __contains__(self, policy: object) -> bool:
+        return policy in self._entries
+
+    def __iter__(self) -> Iterator[PolicyId]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __setitem__(self, policy: PolicyId, record: PolicyRecord) -> None:
+        self._entries[PolicyId(sys.intern(policy))] = packed(record_row(record), self._summary)
+
+    def __delitem__(self, policy: PolicyId) -> None:
+        del self._entries[policy]
+
+    def whole(self) -> dict[PolicyId, PolicyRecord]:
+        """Every record, as new objects to change and `repack`."""
+        return {p: self[p] for p in self._entries}
+
+    def repack(self, records: Mapping[PolicyId, PolicyRecord]) -> None:
+        """Keep exactly `records`, against a summary made of them."""
+        rows = {PolicyId(sys.intern(p)): record_row(r) for p, r in records.items()}
+        summary = self._summary = summary_row(rows.values())
+        self._entries = {p: packed(row, summary) for p, row in rows.items()}
+
+    def readings(self) -> list[PhaseReading]:
+        summary, cluster = self._summary, self._cluster
+        found = (row_reading(unpacked(entry, summary), cluster, policy)
+                 for policy, entry in self._entries.items())
+        return [r for r in found if r is not None]
+
+
+# ---------------------------------------------------------------------------------------------
 # The live state
 
 
@@ -304,14 +469,18 @@ class ClusterState:
     failed: int = 0
     server_version: str | None = None
     duration_s: float | None = None
-    policies: dict[PolicyId, PolicyRecord] = field(default_factory=dict)
+    # Filled in by `__post_init__` (it needs `id`): the per-policy records, compactly.
+    policies: PolicyRecords = field(init=False)
     own_round_at: dt.datetime | None = None  # when this replica's own round last worked on it
     stored_attempt_at: dt.datetime | None = None  # the database's last attempt, as last read
     rows_read_for: dt.datetime | None = None  # the database attempt whose rows were absorbed
     # The readings as the metrics count them, recounted whenever the readings change
     # (`recount_phases`): a scrape then costs a few additions per cluster, not per policy.
-    phase_tally: Counter[TallyEntry] = field(default_factory=Counter)
+    phase_tally: dict[TallyKey, TallyGroup] = field(default_factory=dict)
     audit_tally: AuditTally = NO_AUDITS  # likewise, the audits (`phases.audit_tally`)
+
+    def __post_init__(self) -> None:
+        self.policies = PolicyRecords(self.id)
 
     def needs_rows(self) -> bool:
         """Whether the database holds per-policy records newer than this replica has: a round
@@ -338,20 +507,13 @@ class ClusterState:
         return age_s(self.last_success_at or self.known_since, now)
 
     def readings(self) -> list[PhaseReading]:
-        return [r.phase for r in self.policies.values() if r.phase is not None]
+        return self.policies.readings()
 
     def recount_phases(self) -> None:
         """Told after the readings changed."""
         readings = self.readings()
         self.phase_tally = tally(readings)
         self.audit_tally = audit_tally(readings)
-
-    def record(self, policy: str) -> PolicyRecord:
-        pid = PolicyId(policy)
-        found = self.policies.get(pid)
-        if found is None:
-            found = self.policies[pid] = PolicyRecord()
-        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,9 +640,9 @@ class StatusState:
         for gone_sample in set(self.audit_samples) - wanted:
             del self.audit_samples[gone_sample]
         for state in self.clusters.values():
-            for gone in [p for p, r in state.policies.items()
-                         if p not in wanted and r.phase is None]:
-                del state.policies[gone]
+            records = state.policies
+            for gone in [p for p in records if p not in wanted and records[p].phase is None]:
+                del records[gone]
 
     def observe_round(self, report: RoundReport) -> None:
         self.version += 1  # what status shows may have changed
@@ -509,16 +671,22 @@ class StatusState:
             state.server_version = outcome.server_version
         if outcome.converged:
             state.last_success_at = at  # the round's end, as the database records it
+        if not outcome.deliveries and not phases_refreshed(outcome):
+            return
+        records = state.policies.whole()
         if phases_refreshed(outcome):
             seen = {r.policy for r in outcome.phases}
-            for policy, record in state.policies.items():
+            for policy, record in records.items():
                 if policy not in seen:
                     record.phase = None  # no longer in the cluster
             for reading in outcome.phases:
-                state.record(reading.policy).phase = self._take_sample(reading)
-            state.recount_phases()
+                _record(records, reading.policy).phase = self._take_sample(reading)
+            readings = [r.phase for r in records.values() if r.phase is not None]
+            state.phase_tally = tally(readings)
+            state.audit_tally = audit_tally(readings)
         for delivery in outcome.deliveries:
-            state.record(delivery.policy).note_delivery(delivery)
+            _record(records, delivery.policy).note_delivery(delivery)
+        state.policies.repack(records)
 
     def _take_sample(self, reading: PhaseReading) -> PhaseReading:
         """`reading` without its audit's sample, which is kept per policy."""
@@ -703,15 +871,18 @@ class StatusState:
         self.version += 1  # what status shows may have changed
         if cluster is not None and (whole := self._observed(cluster)) is not None:
             whole.rows_read_for = whole.stored_attempt_at
-        changed: dict[ClusterId, ClusterState] = {}
+        changed: dict[ClusterId, tuple[ClusterState, dict[PolicyId, PolicyRecord]]] = {}
         for row in rows:
             state = self._observed(row.cluster)
             if state is None:
                 continue
+            if state.id not in changed:
+                changed[state.id] = (state, state.policies.whole())
+            records = changed[state.id][1]
             pid = PolicyId(row.policy)
-            state.policies[pid] = merge_records(state.policies.get(pid), PolicyRecord.from_row(row))
-            changed[state.id] = state
-        for state in changed.values():
+            records[pid] = merge_records(records.get(pid), PolicyRecord.from_row(row))
+        for state, records in changed.values():
+            state.policies.repack(records)
             state.recount_phases()
 
     # -- views -----------------------------------------------------------------------------
@@ -747,7 +918,12 @@ class StatusState:
             if is_unsupported(c.readings(), now, self.interval_s)
         )
 
-    def cluster_summary(self, state: ClusterState, now: dt.datetime) -> dict[str, Any]:
+    def cluster_summary(self, state: ClusterState, now: dt.datetime,
+                        readings: list[PhaseReading] | None = None) -> dict[str, Any]:
+        """`readings`: the cluster's, when the caller has them already (each call of
+        `ClusterState.readings` builds them anew from the packed records)."""
+        if readings is None:
+            readings = state.readings()
         return {
             "id": state.id,
             "reachable": state.reachable,
@@ -758,8 +934,8 @@ class StatusState:
             "desired": state.desired,
             "in_sync": state.in_sync,
             "failed": state.failed,
-            "phases": phase_counts(state.readings(), now, self.interval_s),
-            "verification": verification_counts(state.readings(), now, self.interval_s,
+            "phases": phase_counts(readings, now, self.interval_s),
+            "verification": verification_counts(readings, now, self.interval_s,
                                                 probe_period_s=self.probe_period_s),
             "last_error": state.error,
             "last_reason": state.last_reason if state.error == state.last_error else "unreachable",
@@ -845,6 +1021,13 @@ class StatusState:
         """The `/status` document."""
         now = now or self.clock()
         leader = self.leader()
+        clusters, unsupported = [], []
+        for state in self.sorted_clusters(now):
+            # Built once per cluster and let go: never the whole fleet's readings at once.
+            readings = state.readings()
+            clusters.append(self.cluster_summary(state, now, readings))
+            if is_unsupported(readings, now, self.interval_s):
+                unsupported.append((state.id, state.server_version))
         return {
             "identity": self.identity,
             "now": iso(now),
@@ -858,7 +1041,7 @@ class StatusState:
             "invalid_policies": [{"id": k, "reason": v} for k, v in sorted(self.invalid.items())],
             "pending_deletions": self.pending_view(now),
             "shards": self.shards_view(now),
-            "clusters": [self.cluster_summary(c, now) for c in self.sorted_clusters(now)],
-            "unsupported_by_version": self.unsupported(now),
+            "clusters": clusters,
+            "unsupported_by_version": unsupported_rollup(unsupported),
             "audit": self.audit_fleet_view(now),
         }

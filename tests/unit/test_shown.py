@@ -136,3 +136,9 @@ def test_any_exception_is_described_in_one_bounded_line(message: str, limit: int
     text = describe(ValueError(message), limit)
     assert len(text) <= limit
     assert text.isprintable()
+
+
+
+def test_an_integer_past_the_interpreters_digit_limit_is_described_not_raised() -> None:
+    # 14,286 bits is ~4,300 digits: repr() raises past sys.get_int_max_str_digits().
+    assert shown(-(1 << 14285), 5_000) == "<14286-bit integer>"
