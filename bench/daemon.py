@@ -84,6 +84,8 @@ ROUND_POLL_S = 0.1
 METRICS_POLL_S = 0.5  # /metrics at 10,000 clusters is a large page: not too often
 DOWN_DETECT_TIMEOUT_S = 120.0
 SAVE_TIMEOUT_S = 300.0
+# A save point's round interval: no round after the create round while the saves run.
+SAVE_POINT_INTERVAL_S = 900.0
 CHANGED_RULE_PREFIX = "registry-"
 TICK = os.sysconf("SC_CLK_TCK")
 # 10,000 contexts: the C parser and emitter when PyYAML has them.
@@ -473,6 +475,7 @@ class Point:
     clusters: int
     policies: int
     interval_s: float
+    saves_only: bool = False  # a `--save-points` point: one create round, then the saves
 
 
 @dataclass
@@ -669,6 +672,10 @@ async def bench_point(point: Point, args: argparse.Namespace, out: list[Measurem
 
 async def _phases(run: Run) -> None:
     args = run.args
+    if run.point.saves_only:
+        await _create(run)
+        await _saves(run)
+        return
     await _create_and_in_sync(run)
     if args.status_clients > 0:
         await _status_round(run)
@@ -680,16 +687,20 @@ async def _phases(run: Run) -> None:
         await _saves(run)
 
 
-async def _create_and_in_sync(run: Run) -> None:
+async def _create(run: Run) -> None:
+    """Create rounds until one converges everything (a round cut by its deadline leaves the
+    rest to the next)."""
     args, n = run.args, run.point.clusters
-    # Create rounds until one converges everything (a round cut by its deadline leaves the
-    # rest to the next).
     for i in range(args.max_create_rounds):
         m, _row = await run.measure_round("create" if i == 0 else "create (continued)")
         if m.fields["result"] == "ok" and m.fields["converged"] == n:
-            break
-    else:
-        raise RuntimeError(f"not in sync after {args.max_create_rounds} rounds")
+            return
+    raise RuntimeError(f"not in sync after {args.max_create_rounds} rounds")
+
+
+async def _create_and_in_sync(run: Run) -> None:
+    args, n = run.args, run.point.clusters
+    await _create(run)
     for _ in range(args.in_sync_rounds):
         m, _row = await run.measure_round("in-sync")
         if m.fields["created"] or m.fields["updated"] or m.fields["converged"] != n:
@@ -741,17 +752,29 @@ async def _saves(run: Run) -> None:
     args = run.args
     policy = "p000"  # its boundary covers every cluster (fleet_doc)
     took: list[float] = []
+    daemon_cpu: list[float] = []
+    sim_cpu: list[float] = []
     results: Counter[str] = Counter()
     for i in range(args.saves):
         await run.quiet_for(min(run.point.interval_s / 2, max(3.0, 2 * max(took, default=0))))
         await change_rule(run, policy, i, notify=args.save_notify)
+        run.daemon.record_sample(run.sim)
+        started = time.time()
         seconds, doc = await save(run, policy)
+        ended = time.time()
+        run.daemon.record_sample(run.sim)
         took.append(seconds)
+        daemon_cpu.append(run.daemon.cpu_between(started, ended))
+        sim_cpu.append(run.daemon.cpu_between(started, ended, sim=True))
         results.update(c["result"] for c in doc["clusters"])
-        log("save %d: %.2f s, %s", i, seconds, doc["status"])
+        log("save %d: %.2f s, %s (daemon CPU %.2f s, simulator CPU %.2f s)", i, seconds,
+            doc["status"], daemon_cpu[-1], sim_cpu[-1])
         await asyncio.sleep(args.save_pause)
     emit(Measurement("save", run.point.clusters, run.point.policies, {
         "samples": len(took), "notify": args.save_notify, **percentiles_s(took),
+        "daemon_cpu_s": round(statistics.median(daemon_cpu), 2),
+        "sim_cpu_s": round(statistics.median(sim_cpu), 2),
+        "sim_processes": args.sim_processes,
         "results": dict(results)}), run.out)
 
 
@@ -808,7 +831,9 @@ def markdown(results: Sequence[Measurement]) -> str:
         else:
             note = f"{f['samples']} samples"
             if m.bench == "save":
-                note += (f"; results {f['results']}; "
+                note += (f"; median CPU per save: daemon {f['daemon_cpu_s']:.2f} s, "
+                         f"simulator ({f['sim_processes']} process(es)) {f['sim_cpu_s']:.2f} s"
+                         f"; results {f['results']}; "
                          + ("notification on too" if f["notify"] else "API only"))
             other.append(
                 f"| {m.bench} | {fmt(m.clusters)} | {fmt(m.policies)} | "
@@ -842,11 +867,24 @@ def _points(text: str, default_interval: float) -> list[Point]:
     return points
 
 
+def _save_points(text: str) -> list[Point]:
+    points = []
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        if not item.isdigit() or int(item) < 1:
+            raise argparse.ArgumentTypeError(f"--save-points: expected CLUSTERS, got {item!r}")
+        points.append(Point(int(item), 1, SAVE_POINT_INTERVAL_S, saves_only=True))
+    return points
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--points", default=DEFAULT_POINTS,
+    parser.add_argument("--points", default=None,
                         help="CLUSTERSxPOLICIES[@INTERVAL_S], comma-separated "
-                             f"(default {DEFAULT_POINTS})")
+                             f"(default {DEFAULT_POINTS}, none with --save-points)")
+    parser.add_argument("--save-points", default="", metavar="CLUSTERS,...",
+                        help="after the points, save-latency points: per fleet size one "
+                             "policy covering every cluster, one create round, then --saves "
+                             "timed saves (e.g. 5000,10000)")
     parser.add_argument("--interval-s", type=float, default=45.0,
                         help="round interval of points without @INTERVAL_S (default 45); must "
                              "leave --settle seconds after each round")
@@ -884,7 +922,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.status_load is None:
         try:
-            args.point_list = _points(args.points, args.interval_s)
+            points = args.points or ("" if args.save_points else DEFAULT_POINTS)
+            args.point_list = ((_points(points, args.interval_s) if points else [])
+                               + _save_points(args.save_points))
         except argparse.ArgumentTypeError as exc:
             parser.error(str(exc))
         bad = [kv for kv in args.env if "=" not in kv]
