@@ -1,7 +1,8 @@
 """Whole-daemon benchmark: figures, not a test. `convergerd run` as platform teams run it.
 
     .venv/bin/python bench/daemon.py --points 200x20 --in-sync-rounds 3 --interval-s 20
-    .venv/bin/python bench/daemon.py --points 2000x50@45,10000x100@180
+    .venv/bin/python bench/daemon.py --points 2000x50@45,10000x100@180 --save-points 5000,10000
+    .venv/bin/python bench/daemon.py --save-points 5000,10000 --saves 10
 
 `bench/rounds.py` measures the round engine in its own process. This measures the process a
 platform team deploys, which also records every round in PostgreSQL, keeps the status, probes
@@ -27,7 +28,11 @@ interval I), each part a separate process:
 5. detection: one healthy cluster set `down`, the time until `/metrics` shows
    `convergerd_cluster_up{cluster=...} 0` (`--down-probes` clusters, one after another);
 6. saves: `--saves` times, a policy's rule changed in the database and
-   `POST /v1/policies/{id}/apply`, timed to the 200 (the boundary covers every cluster).
+   `POST /v1/policies/{id}/apply`, timed to the 200 (the boundary covers every cluster), with
+   the daemon's and the simulator's CPU seconds meanwhile.
+
+`--save-points N,...` adds, after the points, save-latency points: N clusters, one policy that
+covers them all, one create round, then the saves (no other phase, no round meanwhile).
 
 Rows and WAL of a round are the deltas between two snapshots taken `--settle` seconds after
 consecutive rounds were recorded: PostgreSQL (15+) flushes a backend's table statistics within

@@ -1,11 +1,16 @@
 """Save and delete: one policy to (or from) every cluster concerned, at once.
 
 A save reads the policy from the database and, concurrently on every cluster in its scope,
-reads the live object and applies the policy when it differs (with the live object's
-resourceVersion as precondition, so it never writes over a newer revision another writer put
-there), then removes it from clusters that hold it but left its scope (`convergerd.core.removal`
-decides, with the mass-removal guard). A deletion marks the policy in the database first (rounds
-stop delivering it; a round that read it before checks again at write time), removes
+applies it: at once, one request per cluster, where the records say the cluster holds an older
+revision or none (a new revision, the usual case); after reading the live object where the
+records say it holds this revision or a newer one (`removal.read_first`: `unchanged` is not
+written, a newer revision is left alone, and a write carries the live resourceVersion as
+precondition). Then it checks that the database holds no newer revision: every writer writes a
+revision it read there, so if none is newer, no cluster holds one this save wrote over; if one
+is, the newest is saved instead, every cluster read first. Then it removes the policy from
+clusters that hold it but left its scope (`convergerd.core.removal` decides, with the
+mass-removal guard). A deletion marks the policy in the database first (rounds stop
+delivering it; a round that read it before checks again at write time), removes
 `policy-<id>` everywhere it may be installed (404 counts as removed), and deletes the row only
 when every cluster removed it.
 
