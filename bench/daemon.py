@@ -759,6 +759,7 @@ async def _saves(run: Run) -> None:
     took: list[float] = []
     daemon_cpu: list[float] = []
     sim_cpu: list[float] = []
+    written: list[int] = []  # clusters created or updated, per save
     results: Counter[str] = Counter()
     for i in range(args.saves):
         await run.quiet_for(min(run.point.interval_s / 2, max(3.0, 2 * max(took, default=0))))
@@ -771,16 +772,26 @@ async def _saves(run: Run) -> None:
         took.append(seconds)
         daemon_cpu.append(run.daemon.cpu_between(started, ended))
         sim_cpu.append(run.daemon.cpu_between(started, ended, sim=True))
-        results.update(c["result"] for c in doc["clusters"])
-        log("save %d: %.2f s, %s (daemon CPU %.2f s, simulator CPU %.2f s)", i, seconds,
-            doc["status"], daemon_cpu[-1], sim_cpu[-1])
+        found = Counter(c["result"] for c in doc["clusters"])
+        results.update(found)
+        written.append(found["created"] + found["updated"])
+        log("save %d: %.2f s, %s, %s (daemon CPU %.2f s, simulator CPU %.2f s)", i, seconds,
+            doc["status"], dict(found), daemon_cpu[-1], sim_cpu[-1])
         await asyncio.sleep(args.save_pause)
     emit(Measurement("save", run.point.clusters, run.point.policies, {
         "samples": len(took), "notify": args.save_notify, **percentiles_s(took),
         "daemon_cpu_s": round(statistics.median(daemon_cpu), 2),
         "sim_cpu_s": round(statistics.median(sim_cpu), 2),
+        # CPU per cluster written: comparable when some saves were cut by the deadline.
+        "daemon_cpu_ms_per_write": _per_write_ms(daemon_cpu, written),
+        "sim_cpu_ms_per_write": _per_write_ms(sim_cpu, written),
+        "all_daemon_cpu_s": [round(v, 2) for v in daemon_cpu],
         "sim_processes": args.sim_processes,
         "results": dict(results)}), run.out)
+
+
+def _per_write_ms(cpu_s: Sequence[float], written: Sequence[int]) -> float | None:
+    return round(sum(cpu_s) / sum(written) * 1000, 3) if sum(written) else None
 
 
 def percentiles_s(values: Sequence[float]) -> dict[str, Any]:
@@ -838,6 +849,8 @@ def markdown(results: Sequence[Measurement]) -> str:
             if m.bench == "save":
                 note += (f"; median CPU per save: daemon {f['daemon_cpu_s']:.2f} s, "
                          f"simulator ({f['sim_processes']} process(es)) {f['sim_cpu_s']:.2f} s"
+                         f"; per cluster written: daemon {fmt(f['daemon_cpu_ms_per_write'], 3)}"
+                         f" ms, simulator {fmt(f['sim_cpu_ms_per_write'], 3)} ms"
                          f"; results {f['results']}; "
                          + ("notification on too" if f["notify"] else "API only"))
             other.append(

@@ -72,5 +72,5 @@ def test_daemon_bench_runs_a_save_point(postgres_server_dsn: str) -> None:
     save = records[1]
     assert (save["clusters"], save["policies"], save["samples"]) == (4, 1, 2)
     assert save["results"] == {"updated": 8}  # no round runs beside the saves
-    assert {"p50_s", "p99_s", "daemon_cpu_s", "sim_cpu_s"} <= save.keys()
+    assert {"p50_s", "p99_s", "daemon_cpu_s", "sim_cpu_s", "daemon_cpu_ms_per_write"} <= save.keys()
     assert "| save | 4 | 1 |" in done.stdout
