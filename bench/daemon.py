@@ -737,7 +737,12 @@ async def _hung_round(run: Run) -> None:
     finally:
         await run.sim.set_faults(hung, None)
     m.fields["healthy_max_s"] = await run.monitor.healthy_max_s(row["id"], hung)
-    log("hung round: slowest healthy cluster %s s", m.fields["healthy_max_s"])
+    # The degraded fleet against the healthy one: the last in-sync round's wall time.
+    in_sync = [o.fields["wall_s"] for o in run.out
+               if o.bench.startswith("in-sync") and o.clusters == n and "wall_s" in o.fields]
+    m.fields["in_sync_wall_s"] = in_sync[-1] if in_sync else None
+    log("hung round: slowest healthy cluster %s s (in-sync round %s s)",
+        m.fields["healthy_max_s"], m.fields["in_sync_wall_s"])
 
 
 async def _down_detection(run: Run) -> None:
@@ -826,6 +831,8 @@ def markdown(results: Sequence[Measurement]) -> str:
                              f"{f['checkpoints']} checkpoint(s)")
             if f.get("healthy_max_s") is not None:
                 notes.append(f"slowest healthy cluster {f['healthy_max_s']:.2f} s")
+            if f.get("in_sync_wall_s") is not None:
+                notes.append(f"in-sync round before it {f['in_sync_wall_s']:.2f} s")
             if f.get("overlap"):
                 notes.append(f["overlap"])
             rounds.append(
@@ -885,12 +892,12 @@ def _points(text: str, default_interval: float) -> list[Point]:
     return points
 
 
-def _save_points(text: str) -> list[Point]:
+def _save_points(text: str, interval_s: float) -> list[Point]:
     points = []
     for item in filter(None, (i.strip() for i in text.split(","))):
         if not item.isdigit() or int(item) < 1:
             raise argparse.ArgumentTypeError(f"--save-points: expected CLUSTERS, got {item!r}")
-        points.append(Point(int(item), 1, SAVE_POINT_INTERVAL_S, saves_only=True))
+        points.append(Point(int(item), 1, interval_s, saves_only=True))
     return points
 
 
@@ -903,6 +910,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="after the points, save-latency points: per fleet size one "
                              "policy covering every cluster, one create round, then --saves "
                              "timed saves (e.g. 5000,10000)")
+    parser.add_argument("--save-interval-s", type=float, default=SAVE_POINT_INTERVAL_S,
+                        help="the round interval of save points (default "
+                             f"{SAVE_POINT_INTERVAL_S:g}: no round while the saves run; shorter "
+                             "lets a create round cut short continue sooner)")
     parser.add_argument("--interval-s", type=float, default=45.0,
                         help="round interval of points without @INTERVAL_S (default 45); must "
                              "leave --settle seconds after each round")
@@ -942,7 +953,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         try:
             points = args.points or ("" if args.save_points else DEFAULT_POINTS)
             args.point_list = ((_points(points, args.interval_s) if points else [])
-                               + _save_points(args.save_points))
+                               + _save_points(args.save_points, args.save_interval_s))
         except argparse.ArgumentTypeError as exc:
             parser.error(str(exc))
         bad = [kv for kv in args.env if "=" not in kv]
