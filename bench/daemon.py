@@ -1,7 +1,8 @@
 """Whole-daemon benchmark: figures, not a test. `convergerd run` as platform teams run it.
 
     .venv/bin/python bench/daemon.py --points 200x20 --in-sync-rounds 3 --interval-s 20
-    .venv/bin/python bench/daemon.py --points 2000x50@45,10000x100@180
+    .venv/bin/python bench/daemon.py --points 2000x50@45,10000x100@180 --save-points 5000,10000
+    .venv/bin/python bench/daemon.py --save-points 5000,10000 --saves 10
 
 `bench/rounds.py` measures the round engine in its own process. This measures the process a
 platform team deploys, which also records every round in PostgreSQL, keeps the status, probes
@@ -27,7 +28,11 @@ interval I), each part a separate process:
 5. detection: one healthy cluster set `down`, the time until `/metrics` shows
    `convergerd_cluster_up{cluster=...} 0` (`--down-probes` clusters, one after another);
 6. saves: `--saves` times, a policy's rule changed in the database and
-   `POST /v1/policies/{id}/apply`, timed to the 200 (the boundary covers every cluster).
+   `POST /v1/policies/{id}/apply`, timed to the 200 (the boundary covers every cluster), with
+   the daemon's and the simulator's CPU seconds meanwhile.
+
+`--save-points N,...` adds, after the points, save-latency points: N clusters, one policy that
+covers them all, one create round, then the saves (no other phase, no round meanwhile).
 
 Rows and WAL of a round are the deltas between two snapshots taken `--settle` seconds after
 consecutive rounds were recorded: PostgreSQL (15+) flushes a backend's table statistics within
@@ -84,6 +89,8 @@ ROUND_POLL_S = 0.1
 METRICS_POLL_S = 0.5  # /metrics at 10,000 clusters is a large page: not too often
 DOWN_DETECT_TIMEOUT_S = 120.0
 SAVE_TIMEOUT_S = 300.0
+# A save point's round interval: no round after the create round while the saves run.
+SAVE_POINT_INTERVAL_S = 900.0
 CHANGED_RULE_PREFIX = "registry-"
 TICK = os.sysconf("SC_CLK_TCK")
 # 10,000 contexts: the C parser and emitter when PyYAML has them.
@@ -473,6 +480,7 @@ class Point:
     clusters: int
     policies: int
     interval_s: float
+    saves_only: bool = False  # a `--save-points` point: one create round, then the saves
 
 
 @dataclass
@@ -669,6 +677,10 @@ async def bench_point(point: Point, args: argparse.Namespace, out: list[Measurem
 
 async def _phases(run: Run) -> None:
     args = run.args
+    if run.point.saves_only:
+        await _create(run)
+        await _saves(run)
+        return
     await _create_and_in_sync(run)
     if args.status_clients > 0:
         await _status_round(run)
@@ -680,16 +692,20 @@ async def _phases(run: Run) -> None:
         await _saves(run)
 
 
-async def _create_and_in_sync(run: Run) -> None:
+async def _create(run: Run) -> None:
+    """Create rounds until one converges everything (a round cut by its deadline leaves the
+    rest to the next)."""
     args, n = run.args, run.point.clusters
-    # Create rounds until one converges everything (a round cut by its deadline leaves the
-    # rest to the next).
     for i in range(args.max_create_rounds):
         m, _row = await run.measure_round("create" if i == 0 else "create (continued)")
         if m.fields["result"] == "ok" and m.fields["converged"] == n:
-            break
-    else:
-        raise RuntimeError(f"not in sync after {args.max_create_rounds} rounds")
+            return
+    raise RuntimeError(f"not in sync after {args.max_create_rounds} rounds")
+
+
+async def _create_and_in_sync(run: Run) -> None:
+    args, n = run.args, run.point.clusters
+    await _create(run)
     for _ in range(args.in_sync_rounds):
         m, _row = await run.measure_round("in-sync")
         if m.fields["created"] or m.fields["updated"] or m.fields["converged"] != n:
@@ -721,7 +737,12 @@ async def _hung_round(run: Run) -> None:
     finally:
         await run.sim.set_faults(hung, None)
     m.fields["healthy_max_s"] = await run.monitor.healthy_max_s(row["id"], hung)
-    log("hung round: slowest healthy cluster %s s", m.fields["healthy_max_s"])
+    # The degraded fleet against the healthy one: the last in-sync round's wall time.
+    in_sync = [o.fields["wall_s"] for o in run.out
+               if o.bench.startswith("in-sync") and o.clusters == n and "wall_s" in o.fields]
+    m.fields["in_sync_wall_s"] = in_sync[-1] if in_sync else None
+    log("hung round: slowest healthy cluster %s s (in-sync round %s s)",
+        m.fields["healthy_max_s"], m.fields["in_sync_wall_s"])
 
 
 async def _down_detection(run: Run) -> None:
@@ -741,18 +762,41 @@ async def _saves(run: Run) -> None:
     args = run.args
     policy = "p000"  # its boundary covers every cluster (fleet_doc)
     took: list[float] = []
+    daemon_cpu: list[float] = []
+    sim_cpu: list[float] = []
+    written: list[int] = []  # clusters created or updated, per save
     results: Counter[str] = Counter()
     for i in range(args.saves):
         await run.quiet_for(min(run.point.interval_s / 2, max(3.0, 2 * max(took, default=0))))
         await change_rule(run, policy, i, notify=args.save_notify)
+        run.daemon.record_sample(run.sim)
+        started = time.time()
         seconds, doc = await save(run, policy)
+        ended = time.time()
+        run.daemon.record_sample(run.sim)
         took.append(seconds)
-        results.update(c["result"] for c in doc["clusters"])
-        log("save %d: %.2f s, %s", i, seconds, doc["status"])
+        daemon_cpu.append(run.daemon.cpu_between(started, ended))
+        sim_cpu.append(run.daemon.cpu_between(started, ended, sim=True))
+        found = Counter(c["result"] for c in doc["clusters"])
+        results.update(found)
+        written.append(found["created"] + found["updated"])
+        log("save %d: %.2f s, %s, %s (daemon CPU %.2f s, simulator CPU %.2f s)", i, seconds,
+            doc["status"], dict(found), daemon_cpu[-1], sim_cpu[-1])
         await asyncio.sleep(args.save_pause)
     emit(Measurement("save", run.point.clusters, run.point.policies, {
         "samples": len(took), "notify": args.save_notify, **percentiles_s(took),
+        "daemon_cpu_s": round(statistics.median(daemon_cpu), 2),
+        "sim_cpu_s": round(statistics.median(sim_cpu), 2),
+        # CPU per cluster written: comparable when some saves were cut by the deadline.
+        "daemon_cpu_ms_per_write": _per_write_ms(daemon_cpu, written),
+        "sim_cpu_ms_per_write": _per_write_ms(sim_cpu, written),
+        "all_daemon_cpu_s": [round(v, 2) for v in daemon_cpu],
+        "sim_processes": args.sim_processes,
         "results": dict(results)}), run.out)
+
+
+def _per_write_ms(cpu_s: Sequence[float], written: Sequence[int]) -> float | None:
+    return round(sum(cpu_s) / sum(written) * 1000, 3) if sum(written) else None
 
 
 def percentiles_s(values: Sequence[float]) -> dict[str, Any]:
@@ -787,6 +831,8 @@ def markdown(results: Sequence[Measurement]) -> str:
                              f"{f['checkpoints']} checkpoint(s)")
             if f.get("healthy_max_s") is not None:
                 notes.append(f"slowest healthy cluster {f['healthy_max_s']:.2f} s")
+            if f.get("in_sync_wall_s") is not None:
+                notes.append(f"in-sync round before it {f['in_sync_wall_s']:.2f} s")
             if f.get("overlap"):
                 notes.append(f["overlap"])
             rounds.append(
@@ -808,7 +854,11 @@ def markdown(results: Sequence[Measurement]) -> str:
         else:
             note = f"{f['samples']} samples"
             if m.bench == "save":
-                note += (f"; results {f['results']}; "
+                note += (f"; median CPU per save: daemon {f['daemon_cpu_s']:.2f} s, "
+                         f"simulator ({f['sim_processes']} process(es)) {f['sim_cpu_s']:.2f} s"
+                         f"; per cluster written: daemon {fmt(f['daemon_cpu_ms_per_write'], 3)}"
+                         f" ms, simulator {fmt(f['sim_cpu_ms_per_write'], 3)} ms"
+                         f"; results {f['results']}; "
                          + ("notification on too" if f["notify"] else "API only"))
             other.append(
                 f"| {m.bench} | {fmt(m.clusters)} | {fmt(m.policies)} | "
@@ -842,11 +892,28 @@ def _points(text: str, default_interval: float) -> list[Point]:
     return points
 
 
+def _save_points(text: str, interval_s: float) -> list[Point]:
+    points = []
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        if not item.isdigit() or int(item) < 1:
+            raise argparse.ArgumentTypeError(f"--save-points: expected CLUSTERS, got {item!r}")
+        points.append(Point(int(item), 1, interval_s, saves_only=True))
+    return points
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--points", default=DEFAULT_POINTS,
+    parser.add_argument("--points", default=None,
                         help="CLUSTERSxPOLICIES[@INTERVAL_S], comma-separated "
-                             f"(default {DEFAULT_POINTS})")
+                             f"(default {DEFAULT_POINTS}, none with --save-points)")
+    parser.add_argument("--save-points", default="", metavar="CLUSTERS,...",
+                        help="after the points, save-latency points: per fleet size one "
+                             "policy covering every cluster, one create round, then --saves "
+                             "timed saves (e.g. 5000,10000)")
+    parser.add_argument("--save-interval-s", type=float, default=SAVE_POINT_INTERVAL_S,
+                        help="the round interval of save points (default "
+                             f"{SAVE_POINT_INTERVAL_S:g}: no round while the saves run; shorter "
+                             "lets a create round cut short continue sooner)")
     parser.add_argument("--interval-s", type=float, default=45.0,
                         help="round interval of points without @INTERVAL_S (default 45); must "
                              "leave --settle seconds after each round")
@@ -884,7 +951,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.status_load is None:
         try:
-            args.point_list = _points(args.points, args.interval_s)
+            points = args.points or ("" if args.save_points else DEFAULT_POINTS)
+            args.point_list = ((_points(points, args.interval_s) if points else [])
+                               + _save_points(args.save_points, args.save_interval_s))
         except argparse.ArgumentTypeError as exc:
             parser.error(str(exc))
         bad = [kv for kv in args.env if "=" not in kv]

@@ -9,7 +9,8 @@ removes the policy from more than `guard_share` of the clusters holding it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from convergerd.core.model import ClusterId, Policy, PolicyRow
 
@@ -30,6 +31,7 @@ class Target:
 
     `scope`: the known clusters its boundary covers (None: could not be read).
     `holders`: clusters with a delivery record (it may be installed there).
+    `delivered`: the revision each holder is recorded as having accepted (none: not known).
     """
 
     row: PolicyRow
@@ -37,6 +39,7 @@ class Target:
     boundary_exists: bool
     scope: frozenset[ClusterId] | None
     holders: frozenset[ClusterId]
+    delivered: Mapping[ClusterId, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,8 @@ class SavePlan:
     remove_from: frozenset[ClusterId]
     skipped: frozenset[ClusterId]  # removals the guard refused
     skipped_reason: str | None = None
+    # Of `apply_to`, the clusters read before they are written (`read_first`).
+    read_first: frozenset[ClusterId] = frozenset()
 
 
 def plan_save(
@@ -57,10 +62,22 @@ def plan_save(
         return SavePlan(frozenset(), target.holders, frozenset())
     scope = target.scope if target.scope is not None else frozenset()
     leaving = target.holders - scope
+    first = read_first(scope, target.delivered, target.row.revision)
     reason = _guard(target, leaving, guard_share=guard_share, allowed=allow_mass_removal)
     if reason is not None:
-        return SavePlan(scope, frozenset(), frozenset(leaving), reason)
-    return SavePlan(scope, frozenset(leaving), frozenset())
+        return SavePlan(scope, frozenset(), frozenset(leaving), reason, first)
+    return SavePlan(scope, frozenset(leaving), frozenset(), read_first=first)
+
+
+def read_first(
+    clusters: frozenset[ClusterId], delivered: Mapping[ClusterId, int], revision: int
+) -> frozenset[ClusterId]:
+    """The clusters a save of `revision` reads before writing: those recorded as having
+    accepted this revision or a newer one, where the write may be needless (`unchanged`) or
+    wrong (`superseded`). The others, recorded with an older revision or none (the usual case
+    of a save: a new revision), are written at once, one request each; a newer revision that
+    reaches one of them meanwhile is caught after the fan-out (`fanout.Saver`)."""
+    return frozenset(c for c in clusters if delivered.get(c, 0) >= revision)
 
 
 def _guard(

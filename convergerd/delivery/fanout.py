@@ -1,11 +1,16 @@
 """Save and delete: one policy to (or from) every cluster concerned, at once.
 
 A save reads the policy from the database and, concurrently on every cluster in its scope,
-reads the live object and applies the policy when it differs (with the live object's
-resourceVersion as precondition, so it never writes over a newer revision another writer put
-there), then removes it from clusters that hold it but left its scope (`convergerd.core.removal`
-decides, with the mass-removal guard). A deletion marks the policy in the database first (rounds
-stop delivering it; a round that read it before checks again at write time), removes
+applies it: at once, one request per cluster, where the records say the cluster holds an older
+revision or none (a new revision, the usual case); after reading the live object where the
+records say it holds this revision or a newer one (`removal.read_first`: `unchanged` is not
+written, a newer revision is left alone, and a write carries the live resourceVersion as
+precondition). Then it checks that the database holds no newer revision: every writer writes a
+revision it read there, so if none is newer, no cluster holds one this save wrote over; if one
+is, the newest is saved instead, every cluster read first. Then it removes the policy from
+clusters that hold it but left its scope (`convergerd.core.removal` decides, with the
+mass-removal guard). A deletion marks the policy in the database first (rounds stop
+delivering it; a round that read it before checks again at write time), removes
 `policy-<id>` everywhere it may be installed (404 counts as removed), and deletes the row only
 when every cluster removed it.
 
@@ -24,13 +29,13 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from convergerd.config import Settings
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Policy, PolicyId
 from convergerd.core.plan import Observed, differs, with_precondition
-from convergerd.core.removal import SavePlan, Target, delete_targets, plan_save
+from convergerd.core.removal import Current, SavePlan, Target, delete_targets, plan_save
 from convergerd.core.render import deliverable_policy, object_name, render_policy
 from convergerd.core.report import (
     ApplyResult,
@@ -82,6 +87,7 @@ class SaveStore(Protocol):
         ...
     async def record_deliveries(self, deliveries: Sequence[Delivery], /) -> None: ...
     async def forget_deliveries(self, policy_id: str, clusters: Sequence[str], /) -> None: ...
+    async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]: ...
 
 
 class FanoutObserver(Protocol):
@@ -141,12 +147,19 @@ def _writer(cluster: ClusterId, api: SaveApi, env: FanoutEnv, deadline: float) -
 
 
 async def _apply_to(
-    cluster: ClusterId, policy: Policy, env: FanoutEnv, deadline: float
+    cluster: ClusterId, policy: Policy, body: dict[str, Any], env: FanoutEnv, deadline: float,
+    *, read: bool,
 ) -> ClusterResult:
+    """Write `body` (the rendered `policy`) to one cluster: at once (`read` False: one request,
+    the usual case), or after reading the live object (`read` True: the cluster is recorded
+    with this revision or a newer one, see `removal.read_first`)."""
     api = env.clusters.get(cluster)
     writer = _writer(cluster, api, env, deadline)
+    if not read:
+        written = await writer.apply(policy, body)
+        if written.delivery is not None:  # always, without a precondition
+            return ClusterResult.applied(written.delivery)
     name = object_name(policy.id)
-    body = render_policy(policy)
     timeout = env.calls.request_timeout_s
     for _ in range(_SAVE_ATTEMPTS):
         live = await writer.call(lambda: api.get_policy(name, timeout_s=timeout))
@@ -239,7 +252,9 @@ class Saver:
         self._observe(report, trigger, started)
         return report
 
-    async def _save(self, policy_id: str, allow_mass_removal: bool, trigger: str) -> FanoutReport:
+    async def _save(
+        self, policy_id: str, allow_mass_removal: bool, trigger: str, *, read_all: bool = False
+    ) -> FanoutReport:
         target = await self._store.save_target(policy_id)
         if target is None:
             return FanoutReport("save", policy_id, FanoutStatus.NOT_FOUND, error="no such policy")
@@ -253,8 +268,18 @@ class Saver:
                                 error=policy.reason)
         plan = plan_save(target, delivered=policy.rule.delivered,
                          guard_share=self._guard_share, allow_mass_removal=allow_mass_removal)
+        read = plan.apply_to if read_all else plan.read_first
         env = self._env()
-        results = await _fan_out(self._save_work(policy, plan, env), env)
+        results = await _fan_out(self._save_work(policy, plan, read, env), env)
+        if plan.apply_to - read and await self._overtaken(policy_id, revision):
+            # A newer revision was saved while this one was written without reading first:
+            # this save may have landed over it on some clusters. Save the newest revision,
+            # reading every cluster first (its writes carry preconditions, as a standby's
+            # always did); what it finds and does is the answer, and what is recorded.
+            log.info("policy %s: revision %d was overtaken during its save (%s): saving the "
+                     "newest revision, reading every cluster first", policy_id, revision,
+                     trigger, extra={"policy": policy_id, "trigger": trigger})
+            return await self._save(policy_id, allow_mass_removal, trigger, read_all=True)
         results += [ClusterResult(c, "remove", FanoutResult.SKIPPED, "guard", plan.skipped_reason)
                     for c in sorted(plan.skipped)]
         await self._record(policy_id, revision, results, env)
@@ -267,11 +292,26 @@ class Saver:
                                           "fanout_counts": counts(results)})
         return report
 
+    async def _overtaken(self, policy_id: str, revision: int) -> bool:
+        """Whether the database holds a newer revision than `revision` now. Every writer
+        (a save on any replica, a round) writes a revision it read from the database, so when
+        none is newer, no cluster can hold a newer one this save wrote over."""
+        try:
+            current = (await self._store.current([PolicyId(policy_id)])).get(PolicyId(policy_id))
+        except DatabaseUnavailable as exc:
+            # Written already; a round puts the newest revision back within an interval.
+            log.warning("policy %s: could not check for a newer revision after its save (%s)",
+                        policy_id, exc, extra={"policy": policy_id})
+            return False
+        return current is not None and not current.deleting and current.revision > revision
+
     def _save_work(
-        self, policy: Policy, plan: SavePlan, env: FanoutEnv
+        self, policy: Policy, plan: SavePlan, read: frozenset[ClusterId], env: FanoutEnv
     ) -> list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]]:
+        body = render_policy(policy)  # once: every cluster gets the same object
         applies: list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]] = [
-            (c, "apply", lambda d, c=c: _apply_to(c, policy, env, d))  # type: ignore[misc]
+            (c, "apply",
+             lambda d, c=c: _apply_to(c, policy, body, env, d, read=c in read))  # type: ignore[misc]
             for c in sorted(plan.apply_to)]
         removals: list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]] = [
             (c, "remove", lambda d, c=c: _remove_from(c, policy.id, env, d))  # type: ignore[misc]

@@ -576,18 +576,25 @@ async def _target(conn: asyncpg.Connection, policy_id: str) -> Target | None:
                   ARRAY(SELECT bc.cluster_id FROM boundary_clusters bc
                         JOIN clusters c ON c.id = bc.cluster_id
                         WHERE bc.boundary_id = p.boundary_id) AS scope,
-                  ARRAY(SELECT d.cluster_id FROM deliveries d WHERE d.policy_id = p.id) AS holders
+                  ARRAY(SELECT d.cluster_id FROM deliveries d
+                        WHERE d.policy_id = p.id ORDER BY d.cluster_id) AS holders,
+                  -- Aligned with holders: the same rows in the same order and snapshot.
+                  ARRAY(SELECT d.delivered_revision FROM deliveries d
+                        WHERE d.policy_id = p.id ORDER BY d.cluster_id) AS revisions
            FROM policies p WHERE p.id = $1""",  # noqa: S608 (no value is formatted in)
         policy_id,
     )
     if row is None:
         return None
+    delivered = {ClusterId(c): r for c, r in zip(row["holders"], row["revisions"],
+                                                   strict=True) if r is not None}
     return Target(
         row=_policy_row(row),
         deleting=row["deleting"],
         boundary_exists=row["boundary_exists"],
         scope=frozenset(ClusterId(c) for c in row["scope"]),
         holders=frozenset(ClusterId(c) for c in row["holders"]),
+        delivered=delivered,
     )
 
 

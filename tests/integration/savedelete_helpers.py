@@ -58,6 +58,11 @@ class HookedApi:
             await hook()
         return await self.inner.apply_policy(body, timeout_s=timeout_s)
 
+    async def get_policy(self, name: str, *, timeout_s: float) -> KubeObject | None:
+        get = self.inner.get_policy  # type: ignore[attr-defined]  # a save's client has it
+        found: KubeObject | None = await get(name, timeout_s=timeout_s)
+        return found
+
     async def delete_policy(self, name: str, *, timeout_s: float) -> bool:
         return await self.inner.delete_policy(name, timeout_s=timeout_s)
 

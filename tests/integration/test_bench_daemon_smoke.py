@@ -57,3 +57,20 @@ def test_daemon_bench_runs_every_phase(postgres_server_dsn: str) -> None:
     assert "| round | clusters | policies | wall s |" in done.stdout
     assert "| measurement | clusters | policies | P50 |" in done.stdout
     assert set(run_async(_bench_databases(postgres_server_dsn))) <= before
+
+
+@pytest.mark.timeout(120)
+def test_daemon_bench_runs_a_save_point(postgres_server_dsn: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--save-points", "4", "--saves", "2", "--save-pause", "0.1",
+         "--settle", "1", "--database-url", postgres_server_dsn],
+        capture_output=True, text=True, timeout=100, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["bench"] for r in records] == ["create", "save"]  # no other phase
+    save = records[1]
+    assert (save["clusters"], save["policies"], save["samples"]) == (4, 1, 2)
+    assert save["results"] == {"updated": 8}  # no round runs beside the saves
+    assert {"p50_s", "p99_s", "daemon_cpu_s", "sim_cpu_s", "daemon_cpu_ms_per_write"} <= save.keys()
+    assert "| save | 4 | 1 |" in done.stdout

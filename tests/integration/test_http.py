@@ -24,7 +24,7 @@ from convergerd.cli.status import StatusUnavailable, fetch_status
 from convergerd.config import Settings, load_settings
 from convergerd.core.errors import DatabaseUnavailable
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
-from convergerd.core.removal import Target
+from convergerd.core.removal import Current, Target
 from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
@@ -79,6 +79,9 @@ class NoPolicies:
 
     async def forget_deliveries(self, policy_id: str, clusters: Sequence[str], /) -> None:
         raise AssertionError("nothing is removed here")
+
+    async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]:
+        raise AssertionError("nothing is saved here")
 
 
 def _no_clusters() -> FanoutEnv:

@@ -166,7 +166,8 @@ async def test_a_database_write_fans_out_once_with_two_replicas(
         assert leader.last_report is first_round  # no round delivered it
         assert sample(standby.fanout_metrics, "convergerd_saves_total",
                       trigger="notify", result="ok") == 0
-        reads = [r for r in fleet.accounting.requests(after=since)
-                 if r.method == "GET" and r.path.split("?")[0].endswith("/" + REGS)]
-        assert sorted(r.cluster for r in reads) == ["c0001", "c0002", "c0003"]  # one fan-out
-        assert all(f"({leader.identity})" in r.user_agent for r in reads)
+        # A save of a new revision writes each cluster once, without reading it first.
+        writes = [r for r in fleet.accounting.requests(after=since)
+                  if r.method == "PATCH" and r.path.split("?")[0].endswith("/" + REGS)]
+        assert sorted(r.cluster for r in writes) == ["c0001", "c0002", "c0003"]  # one fan-out
+        assert all(f"({leader.identity})" in r.user_agent for r in writes)

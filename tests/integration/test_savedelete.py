@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from convergerd.core.report import FanoutResult, FanoutStatus, RoundReport
-from convergerd.delivery.apply import ClusterSource
+from convergerd.delivery.apply import ClusterSource, Unfenced
 from convergerd.delivery.converge import run_round
-from convergerd.delivery.fanout import Saver
+from convergerd.delivery.fanout import Saver, fanout_env
 from convergerd.delivery.rounds import round_env
 from convergerd.leader.elector import NoElection
 from convergerd.sim.faults import Faults
@@ -253,3 +253,59 @@ async def test_a_round_concurrent_with_a_delete_does_not_recreate_the_policy(  #
     assert all(REGS not in objects(fleet, c) for c in (C1, C2, C3))
     assert await sql(database_url, "SELECT id FROM policies WHERE id = 'p-regs'") == []
 
+
+
+# --- a save writes a new revision at once; reading first only where it may be needless ------
+
+
+def requests(fleet: Fleet, verb: str) -> dict[str, int]:
+    return {c: fleet.accounting.counts(c)[verb] for c in (C1, C2, C3)}
+
+
+async def test_a_save_of_a_new_revision_writes_each_cluster_with_one_request(
+    fleet: Fleet, rounds: Rounds, saver: Saver, database_url: str
+) -> None:
+    await rounds.run()  # revision 1 everywhere, recorded
+    await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")  # rev 2
+    fleet.accounting.reset()
+    report = await saver.save("p-regs")
+    assert results(report) == {(c, "apply"): FanoutResult.UPDATED for c in (C1, C2, C3)}
+    assert requests(fleet, "get") == dict.fromkeys((C1, C2, C3), 0)  # no read first
+    assert requests(fleet, "patch") == dict.fromkeys((C1, C2, C3), 1)
+    assert all(objects(fleet, c)[REGS]["spec"]["revision"] == 2 for c in (C1, C2, C3))
+    # Saved again unchanged: the records say revision 2 is there, so each cluster is read,
+    # found unchanged, and not written.
+    fleet.accounting.reset()
+    again = await saver.save("p-regs")
+    assert results(again) == {(c, "apply"): FanoutResult.UNCHANGED for c in (C1, C2, C3)}
+    assert requests(fleet, "patch") == dict.fromkeys((C1, C2, C3), 0)
+
+
+async def test_a_save_overtaken_during_its_fan_out_leaves_the_newest_revision(
+    fleet: Fleet, rounds: Rounds, saver: Saver, store: Store, database_url: str
+) -> None:
+    await saver.save("p-regs")  # revision 1 everywhere, recorded
+    await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")  # rev 2
+
+    async def save_revision_3() -> None:
+        await sql(database_url, "UPDATE policies SET rule = $1::jsonb WHERE id = 'p-regs'",
+                  '{"type": "AllowedRegistries", "registries": ["newer.example.com"]}')
+        assert (await saver.save("p-regs")).status is FanoutStatus.OK
+
+    clusters = HookedClusters(rounds.registry)
+    # Revision 3 is saved everywhere between this save's read of revision 2 and its write to
+    # c0001, which lands over it.
+    clusters.hook(C1, before_apply=save_revision_3)
+    hooked = Saver(store=store, guard_share=0.5, env=lambda: fanout_env(
+        rounds.settings, clusters, Unfenced(), rounds.metrics))  # type: ignore[arg-type]
+    report = await hooked.save("p-regs")
+    assert report.status is FanoutStatus.OK
+    assert report.revision == 3  # the newest revision was saved, reading every cluster first
+    assert results(report) == {(C1, "apply"): FanoutResult.UPDATED,
+                               (C2, "apply"): FanoutResult.UNCHANGED,
+                               (C3, "apply"): FanoutResult.UNCHANGED}
+    for c in (C1, C2, C3):
+        assert objects(fleet, c)[REGS]["spec"]["revision"] == 3
+    recorded = await deliveries(database_url, "p-regs")
+    assert {c: revision for c, (revision, _result) in recorded.items()} == dict.fromkeys(
+        (C1, C2, C3), 3)

@@ -14,8 +14,8 @@ from typing import TypeVar
 import pytest
 
 from convergerd.core.errors import ClusterUnreachable
-from convergerd.core.model import ClusterId, PolicyRow
-from convergerd.core.removal import Target
+from convergerd.core.model import ClusterId, PolicyId, PolicyRow
+from convergerd.core.removal import Current, Target
 from convergerd.core.report import Delivery, FanoutStatus
 from convergerd.delivery.apply import ClusterCalls, Unfenced
 from convergerd.delivery.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver
@@ -98,6 +98,9 @@ class FakeStore:
 
     async def forget_deliveries(self, policy_id: str, clusters: Sequence[str], /) -> None:
         pass
+
+    async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]:
+        return {}  # never a newer revision here
 
 
 async def once(fn: Callable[[], Awaitable[T]], *, cluster: str, deadline: float) -> T:
