@@ -27,6 +27,9 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+# Run as a script, bench/ (not the repository) is on sys.path: reuse the benchmarks' pieces.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bench.daemon import DEFAULT_SERVER, clean_env, cpu_s
 from bench.rounds import Sim, _free_port, fresh_database, log, proc_status_mb
 from bench.soak import fleet_doc, import_doc
