@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from convergerd.config import Election
 from convergerd.core.errors import ConvergerdError
 from convergerd.core.shards import (
+    MEMBER_LEASE_PREFIX,
     Plan,
     member_lease_name,
     plan,
@@ -254,7 +255,7 @@ class ShardSet:
             name = meta.get("name") if isinstance(meta, dict) else None
             if not isinstance(name, str):
                 continue
-            is_member = name.startswith("convergerd-member-")
+            is_member = name.startswith(MEMBER_LEASE_PREFIX)
             if name not in shard_names and not is_member:
                 continue
             try:

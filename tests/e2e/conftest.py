@@ -7,24 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import MEMBERS, TENANTS, World
-from tests.fixtures.fleet import start_sim_process, stop_sim_process
+from tests.e2e.harness import MEMBERS, TENANTS, World, open_world
 
 
 @pytest.fixture
 def world(tmp_path: Path, database_url: str) -> Iterator[World]:
-    sim = start_sim_process(tmp_path, clusters=len(MEMBERS))
-    w = World(tmp_path, sim, database_url)
-    try:
-        migrated = w.cli("migrate")
-        assert migrated.returncode == 0, migrated.stderr
-        tenants = tmp_path / "tenants.yaml"
-        tenants.write_text(TENANTS)
-        imported = w.cli("import", str(tenants))
-        assert imported.returncode == 0, imported.stdout + imported.stderr
+    with open_world(tmp_path, database_url, clusters=len(MEMBERS), tenants=TENANTS) as w:
         yield w
-    finally:
-        w.kill_all()
-        w.dump_logs()
-        w.close()
-        stop_sim_process(sim)

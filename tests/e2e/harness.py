@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,7 +28,7 @@ import kubernetes as _kubernetes
 import yaml
 
 import convergerd
-from tests.fixtures.fleet import SimProcess, free_port
+from tests.fixtures.fleet import SimProcess, free_port, start_sim_process, stop_sim_process
 
 T = TypeVar("T")
 # The official sync client; its partial stubs disagree with how it is called.
@@ -477,6 +477,28 @@ class HangingProxy:
         out.write_text(yaml.safe_dump(doc))
         out.chmod(0o600)
         return out
+
+
+@contextlib.contextmanager
+def open_world(tmp_path: Path, database_url: str, *, clusters: int,
+               tenants: str) -> Iterator[World]:
+    """A simulator of `clusters` members and a migrated database with `tenants` imported;
+    every replica killed, its logs dumped and the simulator stopped afterwards."""
+    sim = start_sim_process(tmp_path, clusters=clusters)
+    w = World(tmp_path, sim, database_url)
+    try:
+        migrated = w.cli("migrate")
+        assert migrated.returncode == 0, migrated.stderr
+        path = tmp_path / "tenants.yaml"
+        path.write_text(tenants)
+        imported = w.cli("import", str(path))
+        assert imported.returncode == 0, imported.stdout + imported.stderr
+        yield w
+    finally:
+        w.kill_all()
+        w.dump_logs()
+        w.close()
+        stop_sim_process(sim)
 
 
 def server_address(kubeconfig: Path, context: str) -> tuple[str, int]:

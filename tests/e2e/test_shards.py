@@ -34,10 +34,10 @@ from tests.e2e.harness import (
     Drift,
     Request,
     World,
+    open_world,
     say,
     wait_for,
 )
-from tests.fixtures.fleet import start_sim_process, stop_sim_process
 
 pytestmark = pytest.mark.e2e
 
@@ -60,20 +60,9 @@ def _tenants(clusters: list[str]) -> str:
 @pytest.fixture
 def fleet_world(tmp_path: Path, database_url: str) -> Iterator[World]:
     """Twelve member clusters in the simulator; the first eight in the database."""
-    sim = start_sim_process(tmp_path, clusters=len(CLUSTERS))
-    w = World(tmp_path, sim, database_url)
-    try:
-        assert w.cli("migrate").returncode == 0
-        tenants = tmp_path / "tenants.yaml"
-        tenants.write_text(_tenants(FIRST))
-        imported = w.cli("import", str(tenants))
-        assert imported.returncode == 0, imported.stdout + imported.stderr
+    with open_world(tmp_path, database_url, clusters=len(CLUSTERS),
+                    tenants=_tenants(FIRST)) as w:
         yield w
-    finally:
-        w.kill_all()
-        w.dump_logs()
-        w.close()
-        stop_sim_process(sim)
 
 
 def _leases(world: World) -> dict[str, dict[str, Any]]:
