@@ -188,19 +188,22 @@ def _render(metrics: FanoutMetrics) -> str:
 # --- races: a round and a save or a delete ------------------------------------------------
 
 
+async def save_revision_3(database_url: str, saver: Saver) -> None:
+    """p-regs edited to revision 3 and saved everywhere (the racing save of these tests)."""
+    await sql(database_url, "UPDATE policies SET rule = $1::jsonb WHERE id = 'p-regs'",
+              '{"type": "AllowedRegistries", "registries": ["newer.example.com"]}')
+    assert (await saver.save("p-regs")).status is FanoutStatus.OK
+
+
 async def test_a_save_between_a_rounds_list_and_its_apply_is_not_reverted(
     fleet: Fleet, rounds: Rounds, saver: Saver, store: Store, database_url: str
 ) -> None:
     await rounds.run()  # revision 1 everywhere
     await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")  # rev 2
 
-    async def save_revision_3() -> None:
-        await sql(database_url, "UPDATE policies SET rule = $1::jsonb WHERE id = 'p-regs'",
-                  '{"type": "AllowedRegistries", "registries": ["newer.example.com"]}')
-        assert (await saver.save("p-regs")).status is FanoutStatus.OK
-
     clusters = HookedClusters(rounds.registry)
-    clusters.hook(C1, after_list=save_revision_3)  # the round has read revision 2 and listed
+    # The round has read revision 2 and listed.
+    clusters.hook(C1, after_list=lambda: save_revision_3(database_url, saver))
     metrics = Metrics(state=rounds.state)
     report = await guarded_round(rounds, clusters, store)
     metrics.observe_round(report)  # the counters, as the round loop does
@@ -287,15 +290,10 @@ async def test_a_save_overtaken_during_its_fan_out_leaves_the_newest_revision(
     await saver.save("p-regs")  # revision 1 everywhere, recorded
     await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")  # rev 2
 
-    async def save_revision_3() -> None:
-        await sql(database_url, "UPDATE policies SET rule = $1::jsonb WHERE id = 'p-regs'",
-                  '{"type": "AllowedRegistries", "registries": ["newer.example.com"]}')
-        assert (await saver.save("p-regs")).status is FanoutStatus.OK
-
     clusters = HookedClusters(rounds.registry)
     # Revision 3 is saved everywhere between this save's read of revision 2 and its write to
     # c0001, which lands over it.
-    clusters.hook(C1, before_apply=save_revision_3)
+    clusters.hook(C1, before_apply=lambda: save_revision_3(database_url, saver))
     hooked = Saver(store=store, guard_share=0.5, env=lambda: fanout_env(
         rounds.settings, clusters, Unfenced(), rounds.metrics))  # type: ignore[arg-type]
     report = await hooked.save("p-regs")
