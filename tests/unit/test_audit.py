@@ -106,7 +106,11 @@ def test_audit_strings_are_capped_and_cleaned() -> None:
 
 AUDIT_LIKE = st.fixed_dictionaries({}, optional={
     "violations": JSON_VALUES | st.integers(-5, 2 * MAX_AUDIT_VIOLATIONS),
-    "auditedAt": JSON_VALUES | st.just("2026-12-03T12:00:00Z"),
+    # Times at the ends of what RFC 3339 writes (year 0 and 9999), cut short, and garbage.
+    "auditedAt": JSON_VALUES | st.sampled_from([
+        "2026-12-03T12:00:00Z", "0000-01-01T00:00:00Z", "0001-01-01T00:00:00Z",
+        "9999-12-31T23:59:59.999999Z", "9999-12-31T23:59:60Z", "2026-12-03T12:0",
+        "+275760-09-13T00:00:00Z"]),
     "cacheSynced": JSON_VALUES,
     "sample": st.lists(st.fixed_dictionaries({}, optional={
         k: JSON_VALUES | st.text() for k in ("kind", "namespace", "name", "message")})

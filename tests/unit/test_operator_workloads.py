@@ -9,10 +9,14 @@ import logging
 import tracemalloc
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from convergerd.core.decode import parse_object
 from convergerd.kube.api import KubeObject
 from convergerd.kube.watch import object_key
 from convergerd.operator.workloads import SLIM_BYTES_BUDGET, WORKLOAD_KINDS, images, slim
+from tests.strategies import JSON_VALUES
 
 PODS = 10_000
 
@@ -110,3 +114,35 @@ def test_the_cache_holds_10000_pods_within_its_budget() -> None:
     logging.getLogger(__name__).warning("%s", figure)
     assert len(cache) == PODS
     assert per_object <= SLIM_BYTES_BUDGET, figure
+
+
+# Any shape a cluster may send where the cache looks: metadata, labels, the pod spec and its
+# containers. Admission judges each kind by its own path to the pod spec.
+_CONTAINERS = st.lists(st.fixed_dictionaries({}, optional={"image": JSON_VALUES | st.text()})
+                       | JSON_VALUES, max_size=3) | JSON_VALUES
+_POD_SPEC = st.fixed_dictionaries({}, optional={"containers": _CONTAINERS,
+                                               "initContainers": _CONTAINERS}) | JSON_VALUES
+HOSTILE_OBJECTS = st.fixed_dictionaries({}, optional={
+    "metadata": st.fixed_dictionaries({}, optional={
+        "name": st.text(max_size=8) | JSON_VALUES, "namespace": JSON_VALUES,
+        "labels": st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3) | JSON_VALUES,
+    }) | JSON_VALUES,
+    "spec": st.fixed_dictionaries({}, optional={
+        "containers": _CONTAINERS,
+        "template": st.fixed_dictionaries({}, optional={"spec": _POD_SPEC}) | JSON_VALUES,
+        "jobTemplate": JSON_VALUES,
+    }) | JSON_VALUES,
+})
+
+
+@given(st.sampled_from([kind for _, kind in WORKLOAD_KINDS]), HOSTILE_OBJECTS)
+def test_any_object_slims_to_what_the_rules_read_or_nothing_never_an_exception(
+    kind: str, obj: dict[str, Any]
+) -> None:
+    kept = slim(kind, obj)
+    if kept is None:
+        return  # no name: not cached
+    assert set(kept) <= {"kind", "metadata", "images", "invalid"}
+    assert isinstance(kept["metadata"]["name"], str)
+    assert ("images" in kept) != ("images" in kept.get("invalid", {}))
+    assert all(isinstance(i, str) for i in kept.get("images", ()))
