@@ -162,7 +162,7 @@ def _no_constants(name: str) -> Any:
 # 19 digits or more may not fit in 64 bits (int64 holds 18 digits whatever their values). A
 # run inside a string only costs the slower decoder.
 _LONG_DIGITS = 19
-_LONG_DIGITS_TEXT = re.compile(r"\d{%d}" % _LONG_DIGITS)
+_LONG_DIGITS_TEXT = re.compile(rf"\d{{{_LONG_DIGITS}}}")
 # Bytes: every ASCII digit (what `\d` matches in a bytes pattern) to b"1", the rest to b"0",
 # then a substring search: ~1 us for an apply answer, where the regex took ~16 us (it tries
 # the pattern at every position; a 2 MiB list page took ~40 ms).
