@@ -102,8 +102,9 @@ REASON_CONNECT = "connect_error"
 
 Clock = Callable[[], float]
 POLICIES_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
-# Paths that need no percent-encoding (ours: fixed API paths, DNS-label names).
-_PLAIN_PATH = re.compile(r"[A-Za-z0-9._~/-]*")
+# Paths, query keys and values that need no percent-encoding (ours: fixed API paths,
+# DNS-label names, an apply's fieldManager and force).
+_PLAIN = re.compile(r"[A-Za-z0-9._~/-]+")
 # Sends one request over the session it is given, with that timeout and those auth headers.
 Send = Callable[[aiohttp.ClientSession, aiohttp.ClientTimeout, dict[str, str]],
                 Awaitable[aiohttp.ClientResponse]]
@@ -691,8 +692,7 @@ class ClusterClient:
         body: bytes | None = None, content_type: str = JSON_CONTENT_TYPE,
     ) -> Send:
         """A plain request to `path` below the server URL, `body` already serialised."""
-        url = self._url(path)
-        params = dict(query) if query else None
+        url, params = self._url(path, query)
 
         async def send(session: aiohttp.ClientSession, limits: aiohttp.ClientTimeout,
                        auth: dict[str, str]) -> aiohttp.ClientResponse:
@@ -707,13 +707,20 @@ class ClusterClient:
 
         return send
 
-    def _url(self, path: str) -> URL | str:
-        """`server + path` as aiohttp would read it: a URL built without parsing when the
-        path is plain (see `_encoded_server`), else the text."""
-        if (self._encoded_server is not None and _PLAIN_PATH.fullmatch(path)
-                and "/." not in path):  # yarl resolves dot segments in a text
-            return URL(self._encoded_server + path, encoded=True)
-        return self._server + path
+    def _url(
+        self, path: str, query: Mapping[str, str] | None
+    ) -> tuple[URL | str, dict[str, str] | None]:
+        """`server + path` and `query` as aiohttp reads them: a URL built without parsing when
+        the path and query are plain (see `_encoded_server`; an apply's), else the text and
+        the parameters for aiohttp to encode."""
+        if (self._encoded_server is not None and _PLAIN.fullmatch(path)
+                and "/." not in path  # yarl resolves dot segments in a text
+                and (not query or all(_PLAIN.fullmatch(k) and _PLAIN.fullmatch(v)
+                                      for k, v in query.items()))):
+            qs = "&".join(f"{k}={v}" for k, v in query.items()) if query else ""
+            return URL(f"{self._encoded_server}{path}?{qs}" if qs
+                       else self._encoded_server + path, encoded=True), None
+        return self._server + path, dict(query) if query else None
 
     def _lease_call(self, name: str, *args: Any) -> Send:
         """A call of kubernetes-asyncio's `CoordinationV1Api` over the session given."""
