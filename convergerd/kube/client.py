@@ -696,9 +696,7 @@ class ClusterClient:
 
         async def send(session: aiohttp.ClientSession, limits: aiohttp.ClientTimeout,
                        auth: dict[str, str]) -> aiohttp.ClientResponse:
-            headers = auth  # a fresh dict (`_BearerToken.headers`), the Authorization first
-            headers["User-Agent"] = self._agent
-            headers["Accept"] = JSON_CONTENT_TYPE
+            headers = {**auth, "User-Agent": self._agent, "Accept": JSON_CONTENT_TYPE}
             if body is not None:
                 headers["Content-Type"] = content_type
             return await session.request(method, url, params=params, data=body,
