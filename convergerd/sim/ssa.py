@@ -53,25 +53,27 @@ def flatten(obj: Mapping[str, Any]) -> dict[Path, Any]:
     for key, value in obj.items():
         if key in _IGNORED_TOP:
             continue
-        if key == "metadata" and isinstance(value, Mapping):
+        if key == "metadata" and isinstance(value, dict):
             meta = {k: v for k, v in value.items() if k not in _IGNORED_METADATA}
             if meta:
                 _flatten_into(out, ("f:metadata",), meta)
             continue
-        _flatten_value(out, ("f:" + key,), value)
+        if isinstance(value, dict) and value:
+            _flatten_into(out, ("f:" + key,), value)
+        else:
+            out[("f:" + key,)] = value
     return out
 
 
 def _flatten_into(out: dict[Path, Any], prefix: Path, mapping: Mapping[str, Any]) -> None:
+    # Objects here are decoded JSON: a map is always a dict (an ABC check costs several times
+    # as much, and this runs for every field of every write).
     for key, value in mapping.items():
-        _flatten_value(out, (*prefix, "f:" + key), value)
-
-
-def _flatten_value(out: dict[Path, Any], path: Path, value: Any) -> None:
-    if isinstance(value, Mapping) and value:
-        _flatten_into(out, path, value)
-    else:
-        out[path] = value
+        path = (*prefix, "f:" + key)
+        if isinstance(value, dict) and value:
+            _flatten_into(out, path, value)
+        else:
+            out[path] = value
 
 
 def json_equal(a: Any, b: Any) -> bool:
@@ -132,7 +134,7 @@ def fields_to_set(tree: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
     for key, child in tree.items():
         if key == ".":
             out.add(prefix)
-        elif isinstance(child, Mapping) and child:
+        elif isinstance(child, dict) and child:
             out |= fields_to_set(child, (*prefix, key))
         else:
             out.add((*prefix, key))
@@ -272,7 +274,7 @@ def merge_applied(live: Mapping[str, Any], config: Mapping[str, Any]) -> dict[st
     out = dict(live)
     for key, value in config.items():
         current = out.get(key)
-        if isinstance(value, Mapping) and isinstance(current, Mapping) and value:
+        if isinstance(value, dict) and isinstance(current, dict) and value:
             out[key] = merge_applied(current, value)
         else:
             out[key] = value

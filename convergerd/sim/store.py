@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from convergerd.sim import patches, ssa, status
+from convergerd.sim import patches, ssa, status, wire
 from convergerd.sim.resources import LEASES, NAMESPACES, PODS, ResourceType, served
 from convergerd.sim.selectors import (
     DNS_SUBDOMAIN_RE,
@@ -67,16 +67,13 @@ def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
-
-
 def _freeze(obj: Obj) -> Frozen:
-    return _ENCODER.encode(obj).encode()
+    return wire.dumps(obj)
 
 
 def _thaw(data: Frozen) -> Obj:
     """A fresh dict of a stored object (the C decoder: faster than `clone` of the dicts)."""
-    return json.loads(data)  # type: ignore[no-any-return]
+    return wire.loads(data)  # type: ignore[no-any-return]
 
 
 def clone(value: Any) -> Any:
@@ -1063,7 +1060,7 @@ def _decode_apply(rt: ResourceType, body: bytes) -> Obj:
     """Apply-patch body checks, in the order patch.go and the field manager run them."""
     try:
         config = _load_yaml_or_json(body)
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise status.bad_request(f"error decoding YAML: {exc}") from None
     if not isinstance(config, dict):
         raise status.bad_request(
@@ -1092,10 +1089,10 @@ def _load_yaml_or_json(body: bytes) -> Any:
         return None
     if text.startswith("{"):
         try:
-            return json.loads(text)
+            return wire.loads_request(text)
         except ValueError:
             pass
-    return _jsonify(yaml.load(text, Loader=_YAML_LOADER))  # noqa: S506 - a safe loader
+    return wire.check_finite(_jsonify(yaml.load(text, Loader=_YAML_LOADER)))  # noqa: S506
 
 
 def _jsonify(value: Any) -> Any:
@@ -1118,7 +1115,7 @@ def _json_key(key: Any) -> str:
 
 def _patched(existing: Obj, body: bytes, media: str) -> Any:
     try:
-        patch = json.loads(body) if body.strip() else None
+        patch = wire.loads_request(body) if body.strip() else None
     except (ValueError, UnicodeDecodeError) as exc:
         raise status.bad_request(f"error decoding patch: {exc}") from None
     if media == JSON_PATCH:
