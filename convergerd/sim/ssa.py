@@ -142,24 +142,22 @@ def fields_to_set(tree: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
 
 
 def set_to_fields(paths: Iterable[Path]) -> dict[str, Any]:
-    """Paths -> FieldsV1, keys sorted with "." first like structured-merge-diff writes them."""
+    """Paths -> FieldsV1, keys sorted with "." first like structured-merge-diff writes them.
+
+    Built in one pass over the sorted paths: a node's own path sorts before its children's,
+    and siblings in key order, so every map is filled in the order it is written."""
     root: dict[str, Any] = {}
     leaves: set[Path] = set(paths)
-    for path in leaves:
+    for path in sorted(leaves):
         node = root
-        for element in path:
-            node = node.setdefault(element, {})
-    for path in leaves:
-        node = root
-        for element in path:
-            node = node[element]
-        if node:  # a leaf that also has children: ownership of the node itself
-            node["."] = {}
-    return _sorted_tree(root)
-
-
-def _sorted_tree(node: dict[str, Any]) -> dict[str, Any]:
-    return {k: _sorted_tree(node[k]) for k in sorted(node, key=lambda k: (k != ".", k))}
+        for depth, element in enumerate(path):
+            if not node and path[:depth] in leaves:
+                node["."] = {}  # a leaf that also has children: ownership of the node itself
+            child = node.get(element)
+            if child is None:
+                child = node[element] = {}
+            node = child
+    return root
 
 
 def render_path(path: Path) -> str:

@@ -67,6 +67,13 @@ def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+def _timestamp(now: datetime.datetime) -> str:
+    """metav1.Time as JSON: RFC 3339 in UTC, whole seconds."""
+    utc = now.astimezone(datetime.UTC)
+    return (f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T"
+            f"{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}Z")
+
+
 def _freeze(obj: Obj) -> Frozen:
     return wire.dumps(obj)
 
@@ -179,7 +186,7 @@ class ClusterStore:
         return table
 
     def _ts(self) -> str:
-        return self._now().astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return _timestamp(self._now())
 
     def _check_served(self, rt: ResourceType, subresource: str | None = None) -> None:
         if not served(rt, self._served_minor()):
@@ -408,8 +415,12 @@ class ClusterStore:
         if ("", namespace) not in self._table(NAMESPACES):
             raise status.namespace_not_found(namespace)
 
-    def _decode(self, rt: ResourceType, namespace: str | None, body: Mapping[str, Any]) -> Obj:
-        """A fresh, normalised copy of a request body (typed-decoding checks included)."""
+    def _decode(
+        self, rt: ResourceType, namespace: str | None, body: Mapping[str, Any], *,
+        owned: bool = False,
+    ) -> Obj:
+        """A fresh, normalised copy of a request body (typed-decoding checks included);
+        `owned`: the body was decoded for this request alone, so it needs no deep copy."""
         api_version = body.get("apiVersion")
         if api_version not in (None, "", rt.api_version):
             raise status.bad_request(
@@ -421,7 +432,7 @@ class ClusterStore:
             raise status.bad_request(
                 f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})"
             )
-        obj: Obj = clone(dict(body))
+        obj: Obj = dict(body) if owned else clone(dict(body))
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         meta = obj.get("metadata")
         meta = dict(meta) if isinstance(meta, Mapping) else {}
@@ -606,7 +617,7 @@ class ClusterStore:
                 f"the name of the object ({meta['name']}) does not match the name on the URL "
                 f"({name})"
             )
-        config = self._decode(rt, namespace, config)
+        config = self._decode(rt, namespace, config, owned=True)  # just parsed from `body`
         key = self._key(rt, namespace, name)
         existing = self._stored(rt, key)
         config_rv = config["metadata"].get("resourceVersion")

@@ -52,9 +52,15 @@ def _finite_float(text: str) -> float:
     return value
 
 
+_REQUEST_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
 def loads_request(data: bytes | str) -> Any:
     """A request body's JSON, as the standard library decodes it, without NaN or Infinity."""
-    return json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
+    if not isinstance(data, str):
+        # what json.loads does with bytes (it detects UTF-16 and UTF-32 too)
+        data = data.decode(json.detect_encoding(data), "surrogatepass")
+    return _REQUEST_DECODER.decode(data)
 
 
 def check_finite(value: Any) -> Any:
