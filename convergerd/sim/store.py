@@ -75,7 +75,7 @@ def _timestamp(now: datetime.datetime) -> str:
 
 
 def _freeze(obj: Obj) -> Frozen:
-    return wire.dumps(obj)
+    return wire.dumps_to_keep(obj)
 
 
 def _thaw(data: Frozen) -> Obj:
