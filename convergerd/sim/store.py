@@ -1103,25 +1103,7 @@ def _load_yaml_or_json(body: bytes) -> Any:
             return wire.loads_request(text)
         except ValueError:
             pass
-    return wire.check_finite(_jsonify(yaml.load(text, Loader=_YAML_LOADER)))  # noqa: S506
-
-
-def _jsonify(value: Any) -> Any:
-    """YAML data as JSON data: keys become strings (`on:` is the key "true", as sigs.k8s.io/yaml
-    converts it) and timestamps stay the strings they were written as."""
-    if isinstance(value, dict):
-        return {_json_key(k): _jsonify(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_jsonify(v) for v in value]
-    if isinstance(value, datetime.date):
-        return value.isoformat()
-    return value
-
-
-def _json_key(key: Any) -> str:
-    if isinstance(key, bool):
-        return "true" if key else "false"
-    return key if isinstance(key, str) else json.dumps(_jsonify(key))
+    return wire.from_yaml(yaml.load(text, Loader=_YAML_LOADER))  # noqa: S506 - a safe loader
 
 
 def _patched(existing: Obj, body: bytes, media: str) -> Any:

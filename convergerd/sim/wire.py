@@ -16,6 +16,7 @@ null), so a stored object never holds one.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from typing import Any
@@ -70,15 +71,22 @@ def loads_request(data: bytes | str) -> Any:
     return _REQUEST_DECODER.decode(data)
 
 
-def check_finite(value: Any) -> Any:
-    """`value` (decoded YAML) unchanged, or ValueError when it holds a NaN or an infinity (Go's
-    json.Marshal refuses them when sigs.k8s.io/yaml turns YAML into JSON)."""
+def from_yaml(value: Any) -> Any:
+    """Decoded YAML as JSON data, as sigs.k8s.io/yaml converts it: keys become strings (`on:`
+    is the key "true"), timestamps strings, and a NaN or an infinity is refused (ValueError:
+    Go's json.Marshal has no number for it). orjson would otherwise encode a date its own way."""
+    if isinstance(value, dict):
+        return {_json_key(k): from_yaml(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_yaml(v) for v in value]
+    if isinstance(value, datetime.date):
+        return value.isoformat()
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"json: unsupported value: {value}")
-    if isinstance(value, dict):
-        for v in value.values():
-            check_finite(v)
-    elif isinstance(value, list):
-        for v in value:
-            check_finite(v)
     return value
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return key if isinstance(key, str) else json.dumps(from_yaml(key))
