@@ -8,6 +8,7 @@ setting.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -109,8 +110,9 @@ class Faults:
     admission: bool = True
     hostile: Hostile | None = None  # answers with bytes a client must survive
 
-    @property
+    @functools.cached_property
     def parsed_version(self) -> Version:
+        # Read on every request (what the cluster serves): parsed once per Faults value.
         return Version.parse(self.version)
 
     @property

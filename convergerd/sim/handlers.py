@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import json
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from convergerd.sim import status, tables
+from convergerd.sim import status, tables, wire
 from convergerd.sim.routing import ResourceRoute
 from convergerd.sim.store import ClusterStore, Watcher
 
@@ -52,7 +51,7 @@ def manager_from_user_agent(user_agent: str) -> str:
 
 
 def _encode(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return wire.dumps(obj)
 
 
 def _respond(obj: Any, code: int = 200) -> web.Response:
@@ -76,7 +75,11 @@ def _decode_object(body: bytes, content_type: str) -> dict[str, Any]:
     if content_type not in _BODY_TYPES:
         raise status.ApiError(status.status_object(415, "UnsupportedMediaType", _UNSUPPORTED_BODY))
     try:
-        doc = yaml.safe_load(body) if "yaml" in content_type else json.loads(body or b"null")
+        doc = (
+            wire.from_yaml(yaml.safe_load(body))
+            if "yaml" in content_type
+            else wire.loads_request(body or b"null")
+        )
     except (ValueError, yaml.YAMLError) as e:
         raise status.bad_request(f"error decoding request body: {e}") from e
     if not isinstance(doc, dict):

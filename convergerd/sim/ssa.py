@@ -53,25 +53,27 @@ def flatten(obj: Mapping[str, Any]) -> dict[Path, Any]:
     for key, value in obj.items():
         if key in _IGNORED_TOP:
             continue
-        if key == "metadata" and isinstance(value, Mapping):
+        if key == "metadata" and isinstance(value, dict):
             meta = {k: v for k, v in value.items() if k not in _IGNORED_METADATA}
             if meta:
                 _flatten_into(out, ("f:metadata",), meta)
             continue
-        _flatten_value(out, ("f:" + key,), value)
+        if isinstance(value, dict) and value:
+            _flatten_into(out, ("f:" + key,), value)
+        else:
+            out[("f:" + key,)] = value
     return out
 
 
 def _flatten_into(out: dict[Path, Any], prefix: Path, mapping: Mapping[str, Any]) -> None:
+    # Objects here are decoded JSON: a map is always a dict (an ABC check costs several times
+    # as much, and this runs for every field of every write).
     for key, value in mapping.items():
-        _flatten_value(out, (*prefix, "f:" + key), value)
-
-
-def _flatten_value(out: dict[Path, Any], path: Path, value: Any) -> None:
-    if isinstance(value, Mapping) and value:
-        _flatten_into(out, path, value)
-    else:
-        out[path] = value
+        path = (*prefix, "f:" + key)
+        if isinstance(value, dict) and value:
+            _flatten_into(out, path, value)
+        else:
+            out[path] = value
 
 
 def json_equal(a: Any, b: Any) -> bool:
@@ -132,7 +134,7 @@ def fields_to_set(tree: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
     for key, child in tree.items():
         if key == ".":
             out.add(prefix)
-        elif isinstance(child, Mapping) and child:
+        elif isinstance(child, dict) and child:
             out |= fields_to_set(child, (*prefix, key))
         else:
             out.add((*prefix, key))
@@ -140,24 +142,22 @@ def fields_to_set(tree: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
 
 
 def set_to_fields(paths: Iterable[Path]) -> dict[str, Any]:
-    """Paths -> FieldsV1, keys sorted with "." first like structured-merge-diff writes them."""
+    """Paths -> FieldsV1, keys sorted with "." first like structured-merge-diff writes them.
+
+    Built in one pass over the sorted paths: a node's own path sorts before its children's,
+    and siblings in key order, so every map is filled in the order it is written."""
     root: dict[str, Any] = {}
     leaves: set[Path] = set(paths)
-    for path in leaves:
+    for path in sorted(leaves):
         node = root
-        for element in path:
-            node = node.setdefault(element, {})
-    for path in leaves:
-        node = root
-        for element in path:
-            node = node[element]
-        if node:  # a leaf that also has children: ownership of the node itself
-            node["."] = {}
-    return _sorted_tree(root)
-
-
-def _sorted_tree(node: dict[str, Any]) -> dict[str, Any]:
-    return {k: _sorted_tree(node[k]) for k in sorted(node, key=lambda k: (k != ".", k))}
+        for depth, element in enumerate(path):
+            if not node and path[:depth] in leaves:
+                node["."] = {}  # a leaf that also has children: ownership of the node itself
+            child = node.get(element)
+            if child is None:
+                child = node[element] = {}
+            node = child
+    return root
 
 
 def render_path(path: Path) -> str:
@@ -272,7 +272,7 @@ def merge_applied(live: Mapping[str, Any], config: Mapping[str, Any]) -> dict[st
     out = dict(live)
     for key, value in config.items():
         current = out.get(key)
-        if isinstance(value, Mapping) and isinstance(current, Mapping) and value:
+        if isinstance(value, dict) and isinstance(current, dict) and value:
             out[key] = merge_applied(current, value)
         else:
             out[key] = value

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from convergerd.sim import patches, ssa, status
+from convergerd.sim import patches, ssa, status, wire
 from convergerd.sim.resources import LEASES, NAMESPACES, PODS, ResourceType, served
 from convergerd.sim.selectors import (
     DNS_SUBDOMAIN_RE,
@@ -67,16 +67,20 @@ def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+def _timestamp(now: datetime.datetime) -> str:
+    """metav1.Time as JSON: RFC 3339 in UTC, whole seconds."""
+    utc = now.astimezone(datetime.UTC)
+    return (f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T"
+            f"{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}Z")
 
 
 def _freeze(obj: Obj) -> Frozen:
-    return _ENCODER.encode(obj).encode()
+    return wire.dumps_to_keep(obj)
 
 
 def _thaw(data: Frozen) -> Obj:
     """A fresh dict of a stored object (the C decoder: faster than `clone` of the dicts)."""
-    return json.loads(data)  # type: ignore[no-any-return]
+    return wire.loads(data)  # type: ignore[no-any-return]
 
 
 def clone(value: Any) -> Any:
@@ -182,7 +186,7 @@ class ClusterStore:
         return table
 
     def _ts(self) -> str:
-        return self._now().astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return _timestamp(self._now())
 
     def _check_served(self, rt: ResourceType, subresource: str | None = None) -> None:
         if not served(rt, self._served_minor()):
@@ -411,8 +415,12 @@ class ClusterStore:
         if ("", namespace) not in self._table(NAMESPACES):
             raise status.namespace_not_found(namespace)
 
-    def _decode(self, rt: ResourceType, namespace: str | None, body: Mapping[str, Any]) -> Obj:
-        """A fresh, normalised copy of a request body (typed-decoding checks included)."""
+    def _decode(
+        self, rt: ResourceType, namespace: str | None, body: Mapping[str, Any], *,
+        owned: bool = False,
+    ) -> Obj:
+        """A fresh, normalised copy of a request body (typed-decoding checks included);
+        `owned`: the body was decoded for this request alone, so it needs no deep copy."""
         api_version = body.get("apiVersion")
         if api_version not in (None, "", rt.api_version):
             raise status.bad_request(
@@ -424,7 +432,7 @@ class ClusterStore:
             raise status.bad_request(
                 f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})"
             )
-        obj: Obj = clone(dict(body))
+        obj: Obj = dict(body) if owned else clone(dict(body))
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         meta = obj.get("metadata")
         meta = dict(meta) if isinstance(meta, Mapping) else {}
@@ -609,7 +617,7 @@ class ClusterStore:
                 f"the name of the object ({meta['name']}) does not match the name on the URL "
                 f"({name})"
             )
-        config = self._decode(rt, namespace, config)
+        config = self._decode(rt, namespace, config, owned=True)  # just parsed from `body`
         key = self._key(rt, namespace, name)
         existing = self._stored(rt, key)
         config_rv = config["metadata"].get("resourceVersion")
@@ -1063,7 +1071,7 @@ def _decode_apply(rt: ResourceType, body: bytes) -> Obj:
     """Apply-patch body checks, in the order patch.go and the field manager run them."""
     try:
         config = _load_yaml_or_json(body)
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise status.bad_request(f"error decoding YAML: {exc}") from None
     if not isinstance(config, dict):
         raise status.bad_request(
@@ -1092,33 +1100,15 @@ def _load_yaml_or_json(body: bytes) -> Any:
         return None
     if text.startswith("{"):
         try:
-            return json.loads(text)
+            return wire.loads_request(text)
         except ValueError:
             pass
-    return _jsonify(yaml.load(text, Loader=_YAML_LOADER))  # noqa: S506 - a safe loader
-
-
-def _jsonify(value: Any) -> Any:
-    """YAML data as JSON data: keys become strings (`on:` is the key "true", as sigs.k8s.io/yaml
-    converts it) and timestamps stay the strings they were written as."""
-    if isinstance(value, dict):
-        return {_json_key(k): _jsonify(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_jsonify(v) for v in value]
-    if isinstance(value, datetime.date):
-        return value.isoformat()
-    return value
-
-
-def _json_key(key: Any) -> str:
-    if isinstance(key, bool):
-        return "true" if key else "false"
-    return key if isinstance(key, str) else json.dumps(_jsonify(key))
+    return wire.from_yaml(yaml.load(text, Loader=_YAML_LOADER))  # noqa: S506 - a safe loader
 
 
 def _patched(existing: Obj, body: bytes, media: str) -> Any:
     try:
-        patch = json.loads(body) if body.strip() else None
+        patch = wire.loads_request(body) if body.strip() else None
     except (ValueError, UnicodeDecodeError) as exc:
         raise status.bad_request(f"error decoding patch: {exc}") from None
     if media == JSON_PATCH:

@@ -434,6 +434,43 @@ def test_apply_yaml_body(store: ClusterStore) -> None:
     assert obj["spec"] == {"enabled": True, "true": 1}
 
 
+@pytest.mark.parametrize(
+    ("body", "media"),
+    [
+        (b"apiVersion: platform.stackship.se/v1alpha1\nkind: Policy\n"
+         b"metadata:\n  name: n\nspec:\n  x: .inf\n", APPLY),
+        (b'{"spec":{"x":-Infinity}}', MERGE),
+        (b'{"spec":{"x":NaN}}', MERGE),
+        (b'{"spec":{"x":1e400}}', MERGE),
+    ],
+)
+def test_a_body_with_nan_or_infinity_is_refused(
+    store: ClusterStore, body: bytes, media: str
+) -> None:
+    """Go's JSON has no NaN or infinity: kube-apiserver answers 400 and stores nothing."""
+    apply(store, policy("n", x=1))
+    with pytest.raises(ApiError) as err:
+        store.patch(POLICIES, None, "n", body, content_type=media, manager="k", force=None)
+    assert err.value.code == 400
+    assert store.get(POLICIES, None, "n")["spec"] == {"x": 1}
+
+
+def test_an_apply_body_is_yaml_where_json_has_no_number(store: ClusterStore) -> None:
+    """kube-apiserver reads an apply body as YAML: a bare NaN is the string "NaN" there."""
+    body = b'{"apiVersion":"platform.stackship.se/v1alpha1","kind":"Policy",' \
+        b'"metadata":{"name":"n"},"spec":{"x":NaN}}'
+    obj, _ = store.patch(POLICIES, None, "n", body, content_type=APPLY, manager="k", force=None)
+    assert obj["spec"] == {"x": "NaN"}
+
+
+def test_integers_beyond_64_bits_are_stored_and_answered_exactly(store: ClusterStore) -> None:
+    big = 2**70 + 1
+    obj, _ = apply(store, policy("big", n=big, m=-(2**64)))
+    assert obj["spec"] == {"n": big, "m": -(2**64)}
+    assert store.get(POLICIES, None, "big")["spec"] == {"n": big, "m": -(2**64)}
+    assert store.list(POLICIES, None)["items"][0]["spec"]["n"] == big
+
+
 def test_apply_to_status_is_its_own_manager_entry(store: ClusterStore) -> None:
     apply(store, policy(a=1))
     body = policy()
