@@ -15,14 +15,12 @@ Fault `hostile` (convergerd.sim.hostile) comes last: it rewrites the answer the 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import socket
 import struct
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
@@ -285,10 +283,6 @@ def _reset_connection(request: web.BaseRequest) -> web.Response:
 
 def json_response(body: bytes, code: int = 200) -> web.Response:
     return web.Response(body=body, status=code, headers={"Content-Type": _JSON})
-
-
-def encode(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def error_response(err: status.ApiError) -> web.Response:
