@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -147,6 +148,10 @@ class Deliveries(Sequence[Delivery]):
 
     def __len__(self) -> int:
         return len(self._policies)
+
+    def results(self) -> Iterator[ApplyResult]:
+        """Each delivery's result (no `Delivery` made)."""
+        return (k[1] for k in self._kinds)
 
     @overload
     def __getitem__(self, index: int) -> Delivery: ...
@@ -358,14 +363,14 @@ class RoundReport:
     def counts(self) -> dict[str, int]:
         if self.counted is not None:
             return dict(self.counted)
-        applies = [d for c in self.clusters for d in c.deliveries]
+        results = Counter(r for c in self.clusters for r in c.deliveries.results())
         return {
             "clusters": len(self.clusters),
             "converged": sum(c.converged for c in self.clusters),
             "unreached": sum(not c.reached for c in self.clusters),
-            "created": sum(d.result is ApplyResult.CREATED for d in applies),
-            "updated": sum(d.result is ApplyResult.UPDATED for d in applies),
-            "failed": sum(d.result is ApplyResult.FAILED for d in applies),
+            "created": results[ApplyResult.CREATED],
+            "updated": results[ApplyResult.UPDATED],
+            "failed": results[ApplyResult.FAILED],
             "invalid": len(self.invalid),
         }
 
