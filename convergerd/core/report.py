@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -142,7 +143,7 @@ class Deliveries(Sequence[Delivery]):
 
     def append(self, d: Delivery) -> None:
         kind = (d.cluster, d.result, d.at, d.error, d.reason, d.attempts)
-        self._policies.append(d.policy)
+        self._policies.append(PolicyId(sys.intern(d.policy)))  # one object per policy id
         self._revisions.append(d.revision)
         self._kinds.append(self._shared.setdefault(kind, kind))
 
@@ -209,7 +210,12 @@ class Readings(Sequence[PhaseReading]):
             kind = (p.cluster, p.phase, p.ready_reason, p.ready_message, p.seen_at, p.audit,
                     True, v.status, v.reason, v.message)
             probed, since = v.probed_at, v.since
-        self._policies.append(p.policy)
+            if since is not probed and since == probed and since is not None and (
+                    probed is not None and since.tzinfo is probed.tzinfo):
+                since = probed  # a first probe's two times: one object
+        # One object per policy id, however the reading's was made (`converge._phases`
+        # interns them already: then this finds it).
+        self._policies.append(PolicyId(sys.intern(p.policy)))
         self._revisions.append(p.revision)
         self._probed.append(probed)
         self._since.append(since)
