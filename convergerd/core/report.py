@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import overload
 
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 
@@ -111,7 +115,150 @@ class PhaseReading:
     audit: Audit | None = None  # None: the Policy has no status.audit
 
 
-@dataclass(slots=True)
+# A delivery's values but its policy and revision, which most of a cluster's deliveries share
+# (an in-sync round: one per cluster): (cluster, result, at, error, reason, attempts).
+_DeliveryKind = tuple[ClusterId, ApplyResult, dt.datetime, str | None, str | None, int]
+# A reading's values but its policy, revision and probe times, which most of a cluster's
+# readings share: (cluster, phase, ready_reason, ready_message, seen_at, audit, verified?,
+# verified status, reason, message).
+_ReadingKind = tuple[ClusterId, str | None, str | None, str | None, dt.datetime, Audit | None,
+                     bool, str | None, str | None, str | None]
+
+
+class Deliveries(Sequence[Delivery]):
+    """A cluster's deliveries of one round, packed: per delivery its policy, its revision and
+    one shared tuple of everything else (most often one per cluster), ~24 bytes instead of a
+    `Delivery` (~100). A round at 10,000 clusters x 100 policies holds 1,000,000 of them while
+    it is observed and recorded; each `Delivery` is made again as it is read."""
+
+    __slots__ = ("_kinds", "_policies", "_revisions", "_shared")
+
+    def __init__(self, found: Iterable[Delivery] = ()) -> None:
+        self._policies: list[PolicyId] = []
+        self._revisions: list[int] = []
+        self._kinds: list[_DeliveryKind] = []
+        self._shared: dict[_DeliveryKind, _DeliveryKind] = {}
+        for d in found:
+            self.append(d)
+
+    def append(self, d: Delivery) -> None:
+        kind = (d.cluster, d.result, d.at, d.error, d.reason, d.attempts)
+        self._policies.append(PolicyId(sys.intern(d.policy)))  # one object per policy id
+        self._revisions.append(d.revision)
+        self._kinds.append(self._shared.setdefault(kind, kind))
+
+    def __len__(self) -> int:
+        return len(self._policies)
+
+    def results(self) -> Iterator[ApplyResult]:
+        """Each delivery's result (no `Delivery` made)."""
+        return (k[1] for k in self._kinds)
+
+    @overload
+    def __getitem__(self, index: int) -> Delivery: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Delivery]: ...
+
+    def __getitem__(self, index: int | slice) -> Delivery | list[Delivery]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        k = self._kinds[index]
+        return Delivery(k[0], self._policies[index], self._revisions[index], *k[1:])
+
+    def __iter__(self) -> Iterator[Delivery]:
+        for policy, revision, k in zip(self._policies, self._revisions, self._kinds,
+                                       strict=True):
+            yield Delivery(k[0], policy, revision, *k[1:])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
+
+    def __repr__(self) -> str:
+        return f"Deliveries({list(self)!r})"
+
+
+class Readings(Sequence[PhaseReading]):
+    """A cluster's phase readings of one round, packed: per reading its policy, its revision,
+    its Verified probe times and one shared tuple of everything else (one per distinct phase,
+    Ready and Verified verdict: most often one per cluster), ~40 bytes instead of a
+    `PhaseReading` and its `Verification` (~180). Each reading is made again as it is read."""
+
+    __slots__ = ("_kinds", "_policies", "_probed", "_revisions", "_shared", "_since")
+
+    def __init__(self, found: Iterable[PhaseReading] = ()) -> None:
+        self._policies: list[PolicyId] = []
+        self._revisions: list[int | None] = []
+        self._probed: list[dt.datetime | None] = []
+        self._since: list[dt.datetime | None] = []
+        self._kinds: list[_ReadingKind] = []
+        self._shared: dict[_ReadingKind, _ReadingKind] = {}
+        for p in found:
+            self.append(p)
+
+    def append(self, p: PhaseReading) -> None:
+        v = p.verified
+        kind: _ReadingKind
+        if v is None:
+            kind = (p.cluster, p.phase, p.ready_reason, p.ready_message, p.seen_at, p.audit,
+                    False, None, None, None)
+            probed = since = None
+        else:
+            kind = (p.cluster, p.phase, p.ready_reason, p.ready_message, p.seen_at, p.audit,
+                    True, v.status, v.reason, v.message)
+            probed, since = v.probed_at, v.since
+            if since is not probed and since == probed and since is not None and (
+                    probed is not None and since.tzinfo is probed.tzinfo):
+                since = probed  # a first probe's two times: one object
+        # One object per policy id, however the reading's was made (`converge._phases`
+        # interns them already: then this finds it).
+        self._policies.append(PolicyId(sys.intern(p.policy)))
+        self._revisions.append(p.revision)
+        self._probed.append(probed)
+        self._since.append(since)
+        self._kinds.append(self._shared.setdefault(kind, kind))
+
+    def __len__(self) -> int:
+        return len(self._policies)
+
+    @staticmethod
+    def _reading(policy: PolicyId, revision: int | None, probed: dt.datetime | None,
+                 since: dt.datetime | None, k: _ReadingKind) -> PhaseReading:
+        verified = Verification(k[7] or "", k[8], k[9], probed, since) if k[6] else None
+        return PhaseReading(k[0], policy, k[1], k[2], k[3], revision, k[4], verified, k[5])
+
+    @overload
+    def __getitem__(self, index: int) -> PhaseReading: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[PhaseReading]: ...
+
+    def __getitem__(self, index: int | slice) -> PhaseReading | list[PhaseReading]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        return self._reading(self._policies[index], self._revisions[index],
+                             self._probed[index], self._since[index], self._kinds[index])
+
+    def __iter__(self) -> Iterator[PhaseReading]:
+        reading = self._reading
+        for args in zip(self._policies, self._revisions, self._probed, self._since,
+                        self._kinds, strict=True):
+            yield reading(*args)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
+
+    def __repr__(self) -> str:
+        return f"Readings({list(self)!r})"
+
+
+@dataclass(slots=True, init=False)
 class ClusterOutcome:
     """One cluster in one round.
 
@@ -119,22 +266,55 @@ class ClusterOutcome:
     `error`/`reason` once and stops that cluster's work: `deliveries` then holds only what was
     done before the failure, not one failed entry per policy. Object-level failures (400/409/422)
     are failed `deliveries` with their own error, and `error` stays None.
+
+    `deliveries` and `phases` are held packed (`Deliveries`, `Readings`): a round's report is
+    alive, whole, while it is observed and recorded.
     """
 
     cluster: ClusterId
-    reached: bool = False
-    desired: int = 0
-    in_sync: int = 0
-    failed: int = 0
-    error: str | None = None  # readable cluster-level reason, e.g. "401 Unauthorized"
-    reason: str | None = None  # its metrics slug
-    server_version: str | None = None
-    duration_s: float = 0.0
-    deliveries: list[Delivery] = field(default_factory=list)
-    phases: list[PhaseReading] = field(default_factory=list)
+    reached: bool
+    desired: int
+    in_sync: int
+    failed: int
+    error: str | None  # readable cluster-level reason, e.g. "401 Unauthorized"
+    reason: str | None  # its metrics slug
+    server_version: str | None
+    duration_s: float
+    deliveries: Deliveries
+    phases: Readings
     # Writes skipped or undone because a newer save or a deletion won the race (counted in
     # `in_sync`, never as failed): the newer writer records its own delivery.
-    superseded: int = 0
+    superseded: int
+
+    def __init__(
+        self,
+        cluster: ClusterId,
+        *,
+        reached: bool = False,
+        desired: int = 0,
+        in_sync: int = 0,
+        failed: int = 0,
+        error: str | None = None,
+        reason: str | None = None,
+        server_version: str | None = None,
+        duration_s: float = 0.0,
+        deliveries: Iterable[Delivery] = (),
+        phases: Iterable[PhaseReading] = (),
+        superseded: int = 0,
+    ) -> None:
+        self.cluster = cluster
+        self.reached = reached
+        self.desired = desired
+        self.in_sync = in_sync
+        self.failed = failed
+        self.error = error
+        self.reason = reason
+        self.server_version = server_version
+        self.duration_s = duration_s
+        self.deliveries = deliveries if isinstance(deliveries, Deliveries) else Deliveries(
+            deliveries)
+        self.phases = phases if isinstance(phases, Readings) else Readings(phases)
+        self.superseded = superseded
 
     @property
     def converged(self) -> bool:
@@ -180,7 +360,7 @@ class RoundReport:
         counts = self.counts()
 
         def bare(c: ClusterOutcome) -> ClusterOutcome:
-            return dataclasses.replace(c, deliveries=[], phases=[])
+            return dataclasses.replace(c, deliveries=Deliveries(), phases=Readings())
 
         return dataclasses.replace(
             self, clusters=[bare(c) for c in self.clusters],
@@ -189,14 +369,14 @@ class RoundReport:
     def counts(self) -> dict[str, int]:
         if self.counted is not None:
             return dict(self.counted)
-        applies = [d for c in self.clusters for d in c.deliveries]
+        results = Counter(r for c in self.clusters for r in c.deliveries.results())
         return {
             "clusters": len(self.clusters),
             "converged": sum(c.converged for c in self.clusters),
             "unreached": sum(not c.reached for c in self.clusters),
-            "created": sum(d.result is ApplyResult.CREATED for d in applies),
-            "updated": sum(d.result is ApplyResult.UPDATED for d in applies),
-            "failed": sum(d.result is ApplyResult.FAILED for d in applies),
+            "created": results[ApplyResult.CREATED],
+            "updated": results[ApplyResult.UPDATED],
+            "failed": results[ApplyResult.FAILED],
             "invalid": len(self.invalid),
         }
 

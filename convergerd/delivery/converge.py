@@ -32,6 +32,7 @@ from convergerd.core.report import (
     Delivery,
     Epoch,
     PhaseReading,
+    Readings,
     RoundReport,
 )
 from convergerd.delivery.apply import (
@@ -388,11 +389,12 @@ def _shared(audit: Audit | None, shared: dict[Audit, Audit]) -> Audit | None:
 
 def _phases(
     cluster: ClusterId, observed: Mapping[str, Observed], seen_at: dt.datetime
-) -> list[PhaseReading]:
-    """What the in-cluster operator reports, read from the same list (no extra requests).
-    Audits without a sample that agree (one pass of the operator: the same count, time and
-    flag, most often 0) are held as one object: the status state keeps every reading."""
-    readings = []
+) -> Readings:
+    """What the in-cluster operator reports, read from the same list (no extra requests),
+    packed (`Readings`). Audits without a sample that agree (one pass of the operator: the
+    same count, time and flag, most often 0) are held as one object: the status state keeps
+    every reading."""
+    readings = Readings()
     shared: dict[Audit, Audit] = {}
     for name, obj in observed.items():
         policy_id = policy_id_of(name)

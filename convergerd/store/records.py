@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -265,6 +265,12 @@ class _Cleaner:
         self.examples: list[str] = []
         self._good_ids: set[str] = set()  # ids repeat on every row: checked once
 
+    def copy(self) -> _Cleaner:
+        other = _Cleaner()
+        other.changed, other.examples = self.changed, list(self.examples)
+        other._good_ids = set(self._good_ids)
+        return other
+
     def note(
         self, cluster: str | None, policy: str | None, column: str, value: object, what: str
     ) -> None:
@@ -320,7 +326,7 @@ class _Cleaner:
 
 
 def _delivery_records(
-    deliveries: Sequence[Delivery], phases: Sequence[PhaseReading], clean: _Cleaner
+    deliveries: Iterable[Delivery], phases: Iterable[PhaseReading], clean: _Cleaner
 ) -> list[tuple[Any, ...]]:
     """Merge deliveries and phase readings per (policy, cluster) into `_INCOMING_COLUMNS`
     records (a row is written once; of duplicates the latest wins), every value cleaned for
@@ -400,12 +406,13 @@ def _audit_values(
 
 
 async def _upsert_deliveries(
-    conn: asyncpg.Connection, records: Sequence[tuple[Any, ...]], round_id: int | None,
+    conn: asyncpg.Connection, records: Iterable[tuple[Any, ...]], round_id: int | None,
     listed: Sequence[tuple[str, dt.datetime]] = (),
 ) -> None:
-    """Inside a transaction: COPY the merged records in, clear the phases the `listed`
-    clusters' listings (cluster, when) no longer found, upsert the records into `deliveries`.
-    `records` must then hold all the readings of those listings."""
+    """Inside a transaction: COPY the merged records in (streamed: `records` may be made as
+    they are copied), clear the phases the `listed` clusters' listings (cluster, when) no
+    longer found, upsert the records into `deliveries`. `records` must then hold all the
+    readings of those listings."""
     await conn.execute(_CREATE_INCOMING)
     await conn.copy_records_to_table(
         "incoming_deliveries", records=records, columns=_INCOMING_COLUMNS
@@ -419,21 +426,52 @@ async def _upsert_deliveries(
 @dataclass(frozen=True, slots=True)
 class _ClusterPart:
     """One cluster's share of a round record: its state row (None for a cluster the round
-    was cut short on: its deliveries happened, its state is not known) and its deliveries."""
+    was cut short on: its deliveries happened, its state is not known) and its deliveries:
+    made from `source` as they are written (a round's rows, ~200 bytes each, are never all
+    alive at once: 1,000,000 at 10,000 clusters x 100 policies), or already made (`rows`)."""
 
     cluster: str
     state: tuple[Any, ...] | None
-    deliveries: list[tuple[Any, ...]]
+    source: ClusterOutcome | None = None
+    rows: tuple[tuple[Any, ...], ...] = ()
+
+    def has_rows(self) -> bool:
+        return bool(self.rows) if self.source is None else bool(
+            self.source.deliveries or self.source.phases)
+
+    def delivery_rows(self, clean: _Cleaner) -> Sequence[tuple[Any, ...]]:
+        """The deliveries' rows, cleaned (noted on `clean` each time they are made)."""
+        if self.source is None:
+            return self.rows
+        return _delivery_records(self.source.deliveries, self.source.phases, clean)
+
+    def made(self, clean: _Cleaner) -> _ClusterPart:
+        """This part with its rows made."""
+        return _ClusterPart(self.cluster, self.state, None, tuple(self.delivery_rows(clean)))
 
 
 @dataclass(frozen=True, slots=True)
 class RoundRecord:
-    """A round as the database will hold it: every value cleaned (see `_Cleaner`)."""
+    """A round as the database will hold it: every value cleaned (see `_Cleaner`). The
+    deliveries' rows are made, cluster by cluster, as they are written: the report must
+    not change meanwhile (it does not: a round's report is done when it is recorded)."""
 
     round_row: tuple[Any, ...]
     at: dt.datetime
     parts: list[_ClusterPart]
     invalid: tuple[Any, ...] | None  # the arguments of `_REPLACE_INVALID`, if it applies
+    built: _Cleaner  # what building it cleaned (the round's, the clusters' rows)
+    what: str  # the record in its log line
+
+    def rows(self) -> Iterator[tuple[Any, ...]]:
+        """The deliveries' rows as one writing makes them (what `bench/status_memory.py`
+        measures)."""
+        return _rows(self.parts, self.cleaning())
+
+    def cleaning(self) -> _Cleaner:
+        """A cleaner for one writing of the record, starting from what building it noted:
+        what one writing notes is logged once, when it is written."""
+        return self.built.copy()
 
     @classmethod
     def build(cls, report: RoundReport, identity: str, clean: _Cleaner) -> RoundRecord:
@@ -450,12 +488,11 @@ class RoundRecord:
             clean.text(report.error, None, None, "error"),
         )
         parts = [
-            _ClusterPart(c.cluster, _state_row(c, at, clean),
-                         _delivery_records(c.deliveries, c.phases, clean))
+            _ClusterPart(c.cluster, _state_row(c, at, clean), c)
             for c in report.clusters if not clean.bad_id(c.cluster, None)
         ]
         parts += [
-            _ClusterPart(c.cluster, None, _delivery_records(c.deliveries, c.phases, clean))
+            _ClusterPart(c.cluster, None, c)
             for c in report.cut_short if not clean.bad_id(c.cluster, None)
         ]
         invalid = None
@@ -469,7 +506,8 @@ class RoundRecord:
                 at,
                 [clean.text(p.reason, None, p.id, "reason") for p in kept],
             )
-        return cls(round_row, at, parts, invalid)
+        return cls(round_row, at, parts, invalid, clean,
+                   f"round of {report.started_at.isoformat()}")
 
 
 def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any, ...]:
@@ -478,16 +516,22 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
     unless the round listed it."""
     listed_at = listed_probed_at = listed_audited_at = None
     if c.listed:
-        # The listing's time; of an empty one, no later than the round's first write (what
-        # the round created afterwards is newer than what the listing did not find).
-        listed_at = max((_utc(p.seen_at) for p in c.phases),
-                        default=min((_utc(d.at) for d in c.deliveries), default=at))
-        listed_probed_at = min(
-            (p.verified.probed_at for p in c.phases
-             if p.verified is not None and p.verified.probed_at is not None), default=None)
-        listed_audited_at = min(
-            (p.audit.audited_at for p in c.phases
-             if p.audit is not None and p.audit.audited_at is not None), default=None)
+        # One pass over the readings (each is made again as it is read: `Readings`).
+        for p in c.phases:
+            seen = _utc(p.seen_at)
+            if listed_at is None or seen > listed_at:
+                listed_at = seen
+            v, a = p.verified, p.audit
+            if v is not None and v.probed_at is not None and (
+                    listed_probed_at is None or v.probed_at < listed_probed_at):
+                listed_probed_at = v.probed_at
+            if a is not None and a.audited_at is not None and (
+                    listed_audited_at is None or a.audited_at < listed_audited_at):
+                listed_audited_at = a.audited_at
+        if listed_at is None:
+            # An empty listing: no later than the round's first write (what the round
+            # created afterwards is newer than what the listing did not find).
+            listed_at = min((_utc(d.at) for d in c.deliveries), default=at)
     return (
         c.cluster, c.reached, c.converged,
         clean.text(c.error, c.cluster, None, "last_error"),
@@ -524,17 +568,24 @@ async def _insert_round(conn: asyncpg.Connection, record: RoundRecord, kept: int
 
 
 async def _write_parts(
-    conn: asyncpg.Connection, record: RoundRecord, round_id: int, parts: Sequence[_ClusterPart]
+    conn: asyncpg.Connection, record: RoundRecord, round_id: int,
+    parts: Sequence[_ClusterPart], clean: _Cleaner,
 ) -> None:
-    """Inside a transaction: the clusters' states and deliveries of `parts`."""
+    """Inside a transaction: the clusters' states and deliveries of `parts`, the deliveries'
+    rows made cluster by cluster as they are copied."""
     states = [p.state for p in parts if p.state is not None]
     if states:
         await conn.execute(_UPSERT_CLUSTER_STATE, round_id, record.at,
                            *(list(col) for col in zip(*states, strict=True)))
     listed = [(s[0], s[_LISTED_AT]) for s in states if s[_LISTED_AT] is not None]
-    deliveries = [r for p in parts for r in p.deliveries]
-    if deliveries or listed:
-        await _upsert_deliveries(conn, deliveries, round_id, listed)
+    if listed or any(p.has_rows() for p in parts):
+        await _upsert_deliveries(conn, _rows(parts, clean), round_id, listed)
+
+
+def _rows(parts: Iterable[_ClusterPart], clean: _Cleaner) -> Iterator[tuple[Any, ...]]:
+    """The deliveries' rows of `parts`, made cluster by cluster as they are taken."""
+    for part in parts:
+        yield from part.delivery_rows(clean)
 
 
 async def _replace_invalid(conn: asyncpg.Connection, record: RoundRecord, round_id: int) -> None:
@@ -581,12 +632,15 @@ async def _write_part_alone(
     round_id: int,
     part: _ClusterPart,
     refusals: _Refusals,
+    *,
+    clean: _Cleaner,
 ) -> None:
     """Inside a transaction: one cluster's rows in a savepoint; if refused, its state and each
     of its rows in savepoints of their own, so only what the database refuses is dropped."""
+    part = part.made(clean)  # its rows, made (and cleaned) once
     try:
         async with conn.transaction():
-            await _write_parts(conn, record, round_id, [part])
+            await _write_parts(conn, record, round_id, [part], clean)
     except Exception as exc:
         refusals.refused(exc)  # re-raised unless a refusal
     else:
@@ -594,8 +648,8 @@ async def _write_part_alone(
     cluster = part.cluster
     pieces: list[tuple[str | None, _ClusterPart]] = []
     if part.state is not None:
-        pieces.append((None, _ClusterPart(cluster, _unlisted(part.state), [])))
-    pieces += [(row[0], _ClusterPart(cluster, None, [row])) for row in part.deliveries]
+        pieces.append((None, _ClusterPart(cluster, _unlisted(part.state))))
+    pieces += [(row[0], _ClusterPart(cluster, None, rows=(row,))) for row in part.rows]
     dropped: list[str] = []
     first: tuple[str, str] | None = None  # the first refusal's message and reason
     for policy, piece in pieces:
@@ -604,7 +658,7 @@ async def _write_part_alone(
             continue
         try:
             async with conn.transaction():
-                await _write_parts(conn, record, round_id, [piece])
+                await _write_parts(conn, record, round_id, [piece], clean)
         except Exception as exc:
             reason = refusals.refused(exc)
             first = first or (f"{describe(exc)} ({reason})", reason)
@@ -625,18 +679,18 @@ async def _write_part_alone(
 
 
 def round_record(report: RoundReport, identity: str) -> RoundRecord:
-    """`report` as rows, cleaned; one warning if anything had to be cleaned or dropped."""
-    clean = _Cleaner()
-    record = RoundRecord.build(report, identity, clean)
-    clean.log(f"round of {report.started_at.isoformat()}")
-    return record
+    """`report` as rows, cleaned as they are made; writing it logs one warning if anything
+    had to be cleaned or dropped. `report` must stay as it is until it is written."""
+    return RoundRecord.build(report, identity, _Cleaner())
 
 
 async def write_round(conn: asyncpg.Connection, record: RoundRecord, *, kept: int) -> int:
     """Inside a transaction: the whole record; returns the round id. Keeps `kept` rounds."""
+    clean = record.cleaning()
     round_id = await _insert_round(conn, record, kept)
-    await _write_parts(conn, record, round_id, record.parts)
+    await _write_parts(conn, record, round_id, record.parts, clean)
     await _replace_invalid(conn, record, round_id)
+    clean.log(record.what)
     return round_id
 
 
@@ -647,10 +701,11 @@ async def write_round_by_cluster(
     """Inside a transaction: the record with every cluster (and the invalid list) in a
     savepoint of its own, dropping and logging only what the database refuses. The round's
     own row is not optional: its refusal propagates."""
+    clean = record.cleaning()
     round_id = await _insert_round(conn, record, kept)
     refusals = _Refusals(observer)
     for part in record.parts:
-        await _write_part_alone(conn, record, round_id, part, refusals)
+        await _write_part_alone(conn, record, round_id, part, refusals, clean=clean)
     try:
         async with conn.transaction():
             await _replace_invalid(conn, record, round_id)
@@ -660,6 +715,7 @@ async def write_round_by_cluster(
         log.error(  # noqa: TRY400 - a refusal, not a bug: the reason is the story
             "invalid policies of round %d not recorded: %s (%s)", round_id,
             describe(exc), reason, extra={"reason": reason})
+    clean.log(record.what)
     return round_id
 
 
