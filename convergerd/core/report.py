@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -23,6 +24,19 @@ def utc_now() -> dt.datetime:
     """The wall clock every record is stamped with (UTC); the default wherever a wall clock is
     injected (rounds, status, the elector, the prober)."""
     return dt.datetime.now(dt.UTC)
+
+
+# A log line names at most this many clusters and counts the rest: one line per round or
+# save, whatever the fleet's size (a round cut by its deadline at 10,000 clusters logged 8,900).
+MAX_NAMED_CLUSTERS = 10
+
+
+def named_clusters(labels: Iterable[str], total: int) -> str:
+    """The first `MAX_NAMED_CLUSTERS` of `labels` (one per cluster, `total` in all), the rest
+    counted: `"c0001 (timeout), c0002 (forbidden) and 3 more"`."""
+    named = ", ".join(itertools.islice(labels, MAX_NAMED_CLUSTERS))
+    more = total - MAX_NAMED_CLUSTERS
+    return f"{named} and {more} more" if more > 0 else named
 
 
 class ApplyResult(StrEnum):

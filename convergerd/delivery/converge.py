@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import logging
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,6 +35,7 @@ from convergerd.core.report import (
     PhaseReading,
     Readings,
     RoundReport,
+    named_clusters,
 )
 from convergerd.delivery.apply import (
     ClusterCalls,
@@ -138,6 +140,7 @@ async def run_round(
         report.cut_short = [o for c, o in outcomes.items()
                             if c not in finished and (o.deliveries or o.phases)]
         report.finished_at = env.calls.wall()
+    log_failed_clusters(report)
     return report
 
 
@@ -165,11 +168,26 @@ async def converge_cluster(
     finally:
         outcome.duration_s = env.calls.clock() - started
     if outcome.error:
-        log.warning(
-            "cluster %s: %s", cluster, outcome.error,
-            extra={"cluster": cluster, "reason": outcome.reason},
-        )
+        # Per cluster at debug only: the round logs its failed clusters in one line.
+        log.debug("cluster %s: %s", cluster, outcome.error,
+                  extra={"cluster": cluster, "reason": outcome.reason})
     return outcome
+
+
+def log_failed_clusters(report: RoundReport) -> None:
+    """One warning for the clusters that failed this round, whatever their number: counts by
+    reason and the first few named with their error (each cluster's own is in `/status`, the
+    metrics and the debug log)."""
+    failed = [o for o in report.clusters if o.error]
+    if not failed:
+        return
+    reasons = Counter(o.reason or "unknown" for o in failed)
+    log.warning(
+        "round: %d of %d clusters failed (%s): %s", len(failed), len(report.clusters),
+        ", ".join(f"{reason} {n}" for reason, n in reasons.most_common()),
+        named_clusters((f"{o.cluster} ({o.error})" for o in failed), len(failed)),
+        extra={"failed_clusters": len(failed), "failed_reasons": dict(reasons)},
+    )
 
 
 def _fail_cluster(outcome: ClusterOutcome, failure: ClusterFailure) -> None:

@@ -44,6 +44,7 @@ from convergerd.core.report import (
     FanoutReport,
     FanoutResult,
     FanoutStatus,
+    named_clusters,
 )
 from convergerd.delivery.apply import (
     ClusterCalls,
@@ -58,9 +59,6 @@ from convergerd.retry import RetryObserver
 
 log = logging.getLogger(__name__)
 
-# A save's or deletion's log line names at most this many failed clusters and counts the
-# rest: a line per save, whatever the fleet's size (a save to 10,000 clusters named them all).
-MAX_NAMED_FAILURES = 10
 # A save re-reads and re-applies when the object changed between its read and its write; a
 # cluster where it keeps changing after this many tries is reported as failed (conflict).
 _SAVE_ATTEMPTS = 3
@@ -387,13 +385,11 @@ def counts(results: Iterable[ClusterResult]) -> dict[str, int]:
 
 
 def named_failures(results: Iterable[ClusterResult]) -> str:
-    """The failed clusters with their reasons, at most `MAX_NAMED_FAILURES`, the rest counted:
-    `"c0001 apply (timeout), c0002 remove (forbidden) and 3 more"`."""
+    """The failed clusters with their reasons, at most `MAX_NAMED_CLUSTERS` (core.report), the
+    rest counted: `"c0001 apply (timeout), c0002 remove (forbidden) and 3 more"`."""
     failed = [r for r in results if r.result is FanoutResult.FAILED]
-    named = ", ".join(f"{r.cluster} {r.action} ({r.reason or 'unknown'})"
-                      for r in failed[:MAX_NAMED_FAILURES])
-    more = len(failed) - MAX_NAMED_FAILURES
-    return f"{named} and {more} more" if more > 0 else named
+    return named_clusters((f"{r.cluster} {r.action} ({r.reason or 'unknown'})" for r in failed),
+                          len(failed))
 
 
 def summary(results: Sequence[ClusterResult]) -> str:

@@ -934,3 +934,27 @@ def test_the_suspects_lane_is_an_eighth_of_the_slots() -> None:
     assert suspect_slots(64) == (56, 8)
     assert suspect_slots(8) == (7, 1)
     assert suspect_slots(1) == (1, 1)
+
+
+async def test_a_round_logs_its_failed_clusters_in_one_bounded_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fleet where most clusters fail (a deadline cut, a hung tenth at 10,000 clusters) gives
+    the on-call engineer one warning with counts by reason and a few names, not one per
+    cluster."""
+    ids = [f"c{i:03d}" for i in range(30)]
+    clusters = fleet_of(*ids[:5])  # the other 25 have no kubeconfig context
+
+    with caplog.at_level("DEBUG", logger="convergerd.delivery.converge"):
+        report = await run_round(team_a(*ids), make_round(clusters))
+
+    assert report.counts()["converged"] == 5
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    [line] = warnings
+    assert line.startswith("round: 25 of 30 clusters failed (no_context 25): c005 (")
+    assert line.endswith(" and 15 more")
+    assert "c014" in line and "c015" not in line  # the first ten failed, in fleet order
+    per_cluster = [r for r in caplog.records if r.levelname == "DEBUG"
+                   and r.getMessage().startswith("cluster ")]
+    assert len(per_cluster) == 25  # each still there, at debug

@@ -16,15 +16,15 @@ import pytest
 from convergerd.core.errors import ClusterUnreachable
 from convergerd.core.model import ClusterId, PolicyId, PolicyRow
 from convergerd.core.removal import Current, Target
-from convergerd.core.report import Delivery, FanoutStatus
+from convergerd.core.report import MAX_NAMED_CLUSTERS, Delivery, FanoutStatus
 from convergerd.delivery.apply import ClusterCalls, Unfenced
-from convergerd.delivery.fanout import MAX_NAMED_FAILURES, FanoutEnv, Saver
+from convergerd.delivery.fanout import FanoutEnv, Saver
 from convergerd.kube.api import Applied, KubeObject, ObjectList
 
 T = TypeVar("T")
 CLUSTERS = 10_000
 # Cluster ids are DNS labels of at most 63 characters, reasons our own slugs: the line stays
-# near the counts plus MAX_NAMED_FAILURES names, whatever the number of clusters.
+# near the counts plus MAX_NAMED_CLUSTERS names, whatever the number of clusters.
 MAX_LINE_CHARS = 1_500
 
 
@@ -136,9 +136,9 @@ async def test_a_save_over_many_clusters_logs_counts_and_names_only_the_failures
     assert line.startswith(f"policy p-latest revision 1 saved (api): {CLUSTERS} clusters: "
                            f"apply created {CLUSTERS - failing}, apply failed {failing}; "
                            "failed: c00000 apply (connect_error), c00001 apply (connect_error)")
-    assert line.endswith(f" and {failing - MAX_NAMED_FAILURES} more")
+    assert line.endswith(f" and {failing - MAX_NAMED_CLUSTERS} more")
     named = {cluster_id(i) for i in range(CLUSTERS) if cluster_id(i) in line}
-    assert named == {cluster_id(i) for i in range(MAX_NAMED_FAILURES)}  # failures only
+    assert named == {cluster_id(i) for i in range(MAX_NAMED_CLUSTERS)}  # failures only
 
 
 async def test_a_save_with_no_failure_names_no_cluster(caplog: pytest.LogCaptureFixture) -> None:
@@ -158,4 +158,4 @@ async def test_a_refused_deletion_names_at_most_the_bounded_failures(
     assert len(line) <= MAX_LINE_CHARS, line
     assert line.startswith(f"policy p-latest not deleted: {CLUSTERS // 2} cluster(s) still "
                            "hold it: c00000 remove (connect_error), ")
-    assert line.endswith(f" and {CLUSTERS // 2 - MAX_NAMED_FAILURES} more")
+    assert line.endswith(f" and {CLUSTERS // 2 - MAX_NAMED_CLUSTERS} more")
