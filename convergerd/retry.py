@@ -21,7 +21,7 @@ from typing import Protocol, TypeVar
 
 import tenacity
 
-from convergerd.core.errors import ClusterError, ClusterUnreachable, Throttled
+from convergerd.core.errors import DEADLINE_REASON, ClusterError, ClusterUnreachable, Throttled
 
 T = TypeVar("T")
 
@@ -89,7 +89,7 @@ def next_wait(
     """Seconds to wait before the next attempt, or None: do not retry (raise `exc`)."""
     if not isinstance(exc, ClusterError) or not exc.retryable:
         return None
-    if isinstance(exc, ClusterUnreachable) and exc.reason == TIMEOUT_REASON:
+    if isinstance(exc, ClusterUnreachable) and exc.reason in (TIMEOUT_REASON, DEADLINE_REASON):
         return None
     if attempt >= max_attempts:
         return None
@@ -171,7 +171,8 @@ async def call_with_retries(
 
 async def _attempt(fn: Callable[[], Awaitable[T]], remaining_s: float) -> T:
     if remaining_s <= 0:
-        raise ClusterUnreachable("the round's deadline has passed", reason=TIMEOUT_REASON)
+        raise ClusterUnreachable("the deadline passed before the request was sent",
+                                 reason=DEADLINE_REASON)
     bound = asyncio.timeout(remaining_s)
     try:
         async with bound:
@@ -180,5 +181,5 @@ async def _attempt(fn: Callable[[], Awaitable[T]], remaining_s: float) -> T:
         if not bound.expired():
             raise
         raise ClusterUnreachable(
-            "the round's deadline passed during the request", reason=TIMEOUT_REASON
+            "the deadline passed during the request", reason=DEADLINE_REASON
         ) from exc

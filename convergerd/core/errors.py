@@ -20,6 +20,11 @@ from __future__ import annotations
 
 from convergerd.core.shown import shown
 
+# The reason of a cluster's work cut by its own deadline (a round's, a save's) before the
+# cluster answered: says nothing about the cluster, so it is no evidence that it is down
+# (a round cut at 10,000 clusters must not mark the thousands it never reached unreachable).
+DEADLINE_REASON = "deadline"
+
 
 class ConvergerdError(Exception):
     """Base of every error convergerd raises on purpose."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import overload
 
+from convergerd.core.errors import DEADLINE_REASON
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 
 
@@ -333,6 +334,12 @@ class ClusterOutcome:
     @property
     def converged(self) -> bool:
         return self.reached and self.error is None and self.in_sync == self.desired
+
+    @property
+    def cut_unanswered(self) -> bool:
+        """The round's deadline came before the cluster answered (often before its turn
+        came): nothing is known about whether it is reachable."""
+        return not self.reached and self.reason == DEADLINE_REASON
 
     @property
     def listed(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from convergerd.config import Settings
 from convergerd.core.decode import as_int
-from convergerd.core.errors import ClusterError, Fenced, Superseded
+from convergerd.core.errors import DEADLINE_REASON, ClusterError, Fenced, Superseded
 from convergerd.core.model import ClusterId, Policy
 from convergerd.core.plan import Observed
 from convergerd.core.report import ApplyResult, Delivery, utc_now
@@ -120,7 +120,7 @@ def cluster_failure(
     `ClusterError`, or anything else (not ours: a client or library bug, an odd object in the
     cluster), which fails that cluster only and is logged with its traceback."""
     if isinstance(exc, TimeoutError):
-        return ClusterFailure("deadline", deadline_error, reached=False)
+        return ClusterFailure(DEADLINE_REASON, deadline_error, reached=False)
     if isinstance(exc, ClusterError):
         return ClusterFailure(exc.reason, str(exc), reached=exc.answered)
     log.error("cluster %s: unexpected error during %s", cluster, during,

@@ -78,6 +78,10 @@ class Round:
     # Clusters last seen unreachable (by a round or the prober): they run in a lane of their
     # own (`suspect_slots`), so while they hang they hold none of the healthy clusters' slots.
     suspects: frozenset[ClusterId] = frozenset()
+    # Clusters the last round left in sync: the others (behind, failed, new) take the slots
+    # first, so work that outlasts one round's deadline (a first round at 10,000 x 100) is
+    # finished in as many rounds as it takes, not re-listing the in-sync clusters first.
+    caught_up: frozenset[ClusterId] = frozenset()
     # Shared by the rounds of every shard this process holds (`delivery.rounds`): the
     # cluster concurrency bounds the process, not each shard's round. None: this round's own.
     slots: asyncio.Semaphore | None = None
@@ -128,7 +132,8 @@ async def run_round(
     tasks: dict[ClusterId, asyncio.Task[ClusterOutcome]] = {}
     try:
         async with asyncio.TaskGroup() as tg:
-            for c, p in desired.items():
+            # Tasks take the slots in the order they are made (the semaphores are FIFO).
+            for c, p in sorted(desired.items(), key=lambda cp: cp[0] in env.caught_up):
                 tasks[c] = tg.create_task(one(c, p), name=f"converge {c}")
     except* Fenced as group:
         raise group.exceptions[0] from None

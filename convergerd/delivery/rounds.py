@@ -113,6 +113,7 @@ def round_env(
     deadline_s: float,
     guard: WriteGuard | None = None,
     suspects: Iterable[ClusterId] = (),
+    caught_up: Iterable[ClusterId] = (),
     slots: asyncio.Semaphore | None = None,
 ) -> Round:
     """What a round of this daemon runs with: the settings' limits and `cluster_calls`. Pure
@@ -128,6 +129,7 @@ def round_env(
         ),
         guard=guard,
         suspects=frozenset(suspects),
+        caught_up=frozenset(caught_up),
         slots=slots,
     )
 
@@ -312,6 +314,7 @@ class RoundLoop:
             s, self.clusters, StopFence(self.elector.fence(epoch), self.stopping), self.metrics,
             deadline_s=max(0.0, deadline - loop.time()), guard=self.guard,
             suspects=[c.id for c in self.state.clusters.values() if c.reachable is False],
+            caught_up=[c.id for c in self.state.clusters.values() if c.caught_up],
             slots=self.slots,
         )
         try:

@@ -479,6 +479,12 @@ class ClusterState:
     phase_tally: dict[TallyKey, TallyGroup] = field(default_factory=dict)
     audit_tally: AuditTally = NO_AUDITS  # likewise, the audits (`phases.audit_tally`)
 
+    @property
+    def caught_up(self) -> bool:
+        """The last round that worked on it left it in sync."""
+        return (self.last_attempt_at is not None and self.last_error is None
+                and self.in_sync == self.desired)
+
     def __post_init__(self) -> None:
         self.policies = PolicyRecords(self.id)
 
@@ -657,8 +663,9 @@ class StatusState:
         if state is None:
             return
         at = report.finished_at or self.clock()
-        state.reachable = outcome.reached
-        state.checked_at = at
+        if not outcome.cut_unanswered:  # else what the prober or an earlier round saw stands
+            state.reachable = outcome.reached
+            state.checked_at = at
         if outcome.reached:
             state.probe_error = None
         state.last_attempt_at = state.own_round_at = at

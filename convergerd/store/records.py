@@ -214,7 +214,8 @@ ON CONFLICT (cluster_id) DO UPDATE SET
     (last_attempt_at, reachable, last_error, last_reason, desired, in_sync, failed,
      server_version, duration_s, round_id) =
     (SELECT CASE WHEN fresh THEN EXCLUDED.last_attempt_at ELSE s.last_attempt_at END,
-            CASE WHEN fresh THEN EXCLUDED.reachable ELSE s.reachable END,
+            CASE WHEN fresh THEN COALESCE(EXCLUDED.reachable, s.reachable)
+                 ELSE s.reachable END,
             CASE WHEN fresh THEN EXCLUDED.last_error ELSE s.last_error END,
             CASE WHEN fresh THEN EXCLUDED.last_reason ELSE s.last_reason END,
             CASE WHEN fresh THEN EXCLUDED.desired ELSE s.desired END,
@@ -533,7 +534,8 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
             # created afterwards is newer than what the listing did not find).
             listed_at = min((_utc(d.at) for d in c.deliveries), default=at)
     return (
-        c.cluster, c.reached, c.converged,
+        # NULL: cut by the round's deadline unanswered; the reachability recorded stands.
+        c.cluster, None if c.cut_unanswered else c.reached, c.converged,
         clean.text(c.error, c.cluster, None, "last_error"),
         clean.text(c.reason, c.cluster, None, "last_reason"),
         clean.count(c.desired, c.cluster, None, "desired"),

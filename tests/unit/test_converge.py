@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import datetime as dt
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -958,3 +959,16 @@ async def test_a_round_logs_its_failed_clusters_in_one_bounded_line(
     per_cluster = [r for r in caplog.records if r.levelname == "DEBUG"
                    and r.getMessage().startswith("cluster ")]
     assert len(per_cluster) == 25  # each still there, at debug
+
+
+async def test_clusters_the_last_round_left_in_sync_take_their_slots_last() -> None:
+    """A first round at 10,000 x 100 outlasts its deadline: the next one must carry on with
+    the clusters that still have work, not list the ones already in sync first."""
+    clusters = fleet_of("c1", "c2", "c3", "c4", latency_s=0.001)
+    round_ = dataclasses.replace(make_round(clusters, cluster_concurrency=1),
+                                 caught_up=frozenset({ClusterId("c1"), ClusterId("c3")}))
+
+    await run_round(team_a("c1", "c2", "c3", "c4"), round_)
+
+    started = sorted(clusters.by_id, key=lambda c: clusters.by_id[c].of("list")[0].at)
+    assert started == ["c2", "c4", "c1", "c3"]  # fleet order within each group

@@ -380,3 +380,22 @@ def test_leadership_changes_are_counted_after_the_first_one_told() -> None:
     state.set_leader(True, "rep-a", Epoch("rep-a", 2))  # a new term, same (leading, holder)
     state.set_leader(False, "rep-b")
     assert state.leader().changes == 2
+
+
+def test_a_round_cut_before_a_cluster_answered_leaves_its_reachability_as_it_was() -> None:
+    """At 10,000 clusters a first round is cut by its deadline before most clusters' turn
+    came: they must not show down (`convergerd_cluster_up 0`) nor go to the suspects' lane
+    of the next round; a cluster that did not answer its own request still shows down."""
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=Clock())
+    state.observe_probe("c1", reachable=True, server_version="v1.31.0")
+    state.observe_probe("c2", reachable=True, server_version="v1.31.0")
+    cut = ClusterOutcome(ClusterId("c1"), reached=False, desired=1, reason="deadline",
+                         error="round deadline reached before this cluster finished")
+    hung = ClusterOutcome(ClusterId("c2"), reached=False, desired=1, reason="timeout",
+                          error="list: no answer within 5 s")
+    state.observe_round(report(T0, cut, hung))
+    c1, c2 = state.clusters[ClusterId("c1")], state.clusters[ClusterId("c2")]
+    assert c1.reachable is True
+    assert c1.last_error == "round deadline reached before this cluster finished"
+    assert not c1.caught_up  # its work is left: the next round starts it first
+    assert c2.reachable is False
