@@ -1,7 +1,7 @@
 """A round's report holds each cluster's deliveries and readings packed (`Deliveries`,
 `Readings`) and reads every one back as it was told; the report and its record's rows, made
 cluster by cluster as they are written, stay within a budget of bytes per delivery (measured
-with tracemalloc at 500 clusters x 100 policies, not a timing)."""
+with tracemalloc at 200 clusters x 100 policies, not a timing)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_an_outcome_told_lists_holds_them_packed_and_compares_by_content() -> No
                                      phases=READINGS)
 
 
-# Measured 2026-12-03 at 500 x 100: ~135 bytes per delivery for the report (its readings'
+# Measured 2026-12-03 at 500 x 100 and 200 x 100: ~135 bytes per delivery for the report (its readings'
 # probe times included, which the status state shares) and ~5 more for the record's rows at
 # their peak while written. The report as dataclasses (`Delivery`, `PhaseReading`,
 # `Verification` each) held ~340 and the record's rows, all made before writing, ~230
