@@ -82,9 +82,9 @@ def test_an_outcome_told_lists_holds_them_packed_and_compares_by_content() -> No
                                      phases=READINGS)
 
 
-# Measured 2026-12-03 at 500 x 100 and 200 x 100: ~135 bytes per delivery for the report (its readings'
-# probe times included, which the status state shares) and ~5 more for the record's rows at
-# their peak while written. The report as dataclasses (`Delivery`, `PhaseReading`,
+# Measured 2026-12-03 at 500 x 100 and at 200 x 100: ~135 bytes per delivery for the report
+# (its readings' probe times included, which the status state shares) and ~5 more for the
+# record's rows at their peak while written. The report as dataclasses (`Delivery`, `PhaseReading`,
 # `Verification` each) held ~340 and the record's rows, all made before writing, ~230
 # (`bench/status_memory.py` at 1,000 x 50).
 BUDGET_BYTES_PER_DELIVERY = 200
