@@ -15,10 +15,12 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import overload
+from typing import TypeVar, overload
 
 from convergerd.core.errors import DEADLINE_REASON
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
+
+T = TypeVar("T")
 
 
 def utc_now() -> dt.datetime:
@@ -140,7 +142,24 @@ _ReadingKind = tuple[ClusterId, str | None, str | None, str | None, dt.datetime,
                      bool, str | None, str | None, str | None]
 
 
-class Deliveries(Sequence[Delivery]):
+class _Packed(Sequence[T]):
+    """What `Deliveries` and `Readings` share: they compare, hash and print as the list of
+    what they hold."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class Deliveries(_Packed[Delivery]):
     """A cluster's deliveries of one round, packed: per delivery its policy, its revision and
     one shared tuple of everything else (most often one per cluster), ~24 bytes instead of a
     `Delivery` (~100). A round at 10,000 clusters x 100 policies holds 1,000,000 of them while
@@ -185,18 +204,8 @@ class Deliveries(Sequence[Delivery]):
                                        strict=True):
             yield Delivery(k[0], policy, revision, *k[1:])
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence):
-            return list(self) == list(other)
-        return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
-
-    def __repr__(self) -> str:
-        return f"Deliveries({list(self)!r})"
-
-
-class Readings(Sequence[PhaseReading]):
+class Readings(_Packed[PhaseReading]):
     """A cluster's phase readings of one round, packed: per reading its policy, its revision,
     its Verified probe times and one shared tuple of everything else (one per distinct phase,
     Ready and Verified verdict: most often one per cluster), ~40 bytes instead of a
@@ -261,16 +270,6 @@ class Readings(Sequence[PhaseReading]):
         for args in zip(self._policies, self._revisions, self._probed, self._since,
                         self._kinds, strict=True):
             yield reading(*args)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
-
-    def __repr__(self) -> str:
-        return f"Readings({list(self)!r})"
 
 
 @dataclass(slots=True, init=False)
