@@ -4,13 +4,14 @@ within the bounds or `NotJSON` — never RecursionError, ValueError or anything 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convergerd.core.decode import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, bounded_json
+from convergerd.core.decode import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, _long_digits, bounded_json
 from convergerd.core.errors import NotJSON
 from tests.strategies import JSON_VALUES
 
@@ -100,3 +101,13 @@ def test_unbalanced_brackets_are_refused_before_the_parser_recurses(count: int,
     """The fallback's parser would recurse into every unclosed bracket: refused before it."""
     with pytest.raises(NotJSON):
         bounded_json('["\\ud800", ' + bracket * count)
+
+
+@given(st.lists(st.one_of(st.binary(max_size=30), st.sampled_from([b"1" * 18, b"9" * 19,
+                                                                     b"0" * 25, b"\xd9\xa0" * 20])),
+                max_size=8).map(b"".join))
+def test_the_long_digit_check_on_bytes_finds_what_the_regex_finds(data: bytes) -> None:
+    """The byte mask and substring search that replaced `rb"\\d{19}"` (16 us a search) sends
+    exactly the same answers to the exact decoder: a run of 19 ASCII digits, never fewer,
+    never another script's digits."""
+    assert _long_digits(data) == (re.search(rb"\d{19}", data) is not None)
