@@ -76,7 +76,7 @@ def _decode_object(body: bytes, content_type: str) -> dict[str, Any]:
         raise status.ApiError(status.status_object(415, "UnsupportedMediaType", _UNSUPPORTED_BODY))
     try:
         doc = (
-            wire.from_yaml(yaml.safe_load(body))
+            wire.loads_yaml_request(body, yaml.SafeLoader)
             if "yaml" in content_type
             else wire.loads_request(body or b"null")
         )

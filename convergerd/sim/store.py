@@ -1103,7 +1103,7 @@ def _load_yaml_or_json(body: bytes) -> Any:
             return wire.loads_request(text)
         except ValueError:
             pass
-    return wire.from_yaml(yaml.load(text, Loader=_YAML_LOADER))  # noqa: S506 - a safe loader
+    return wire.loads_yaml_request(text, _YAML_LOADER)
 
 
 def _patched(existing: Obj, body: bytes, media: str) -> Any:

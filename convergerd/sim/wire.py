@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 import orjson
+import yaml
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 _STDLIB_MARK = b" "  # leading whitespace: valid JSON, and the sign to decode with json
@@ -60,15 +61,29 @@ def _finite_float(text: str) -> float:
     return value
 
 
+_TOO_DEEP = "exceeded max depth"
 _REQUEST_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 def loads_request(data: bytes | str) -> Any:
-    """A request body's JSON, as the standard library decodes it, without NaN or Infinity."""
+    """A request body's JSON, as the standard library decodes it, without NaN or Infinity.
+    Nested too deep for the recursive decoder: a ValueError, as Go's decoder refuses it."""
     if not isinstance(data, str):
         # what json.loads does with bytes (it detects UTF-16 and UTF-32 too)
         data = data.decode(json.detect_encoding(data), "surrogatepass")
-    return _REQUEST_DECODER.decode(data)
+    try:
+        return _REQUEST_DECODER.decode(data)
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+
+
+def loads_yaml_request(text: str | bytes, loader: type[Any]) -> Any:
+    """A request body's YAML as JSON data (`from_yaml`), read with `loader` (a safe one).
+    Nested too deep for the recursive loader: a ValueError, as for JSON."""
+    try:
+        return from_yaml(yaml.load(text, Loader=loader))  # noqa: S506 - callers pass safe loaders
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
 
 
 def from_yaml(value: Any) -> Any:

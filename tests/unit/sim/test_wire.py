@@ -46,3 +46,12 @@ def test_request_json_without_a_go_number_is_refused(body: bytes) -> None:
     assert wire.loads_request(b'{"x":1e300,"y":12345678901234567890123}') == {
         "x": 1e300, "y": 12345678901234567890123,
     }
+
+
+@pytest.mark.parametrize("body", [b"[" * 5000 + b"]" * 5000, b'{"a":' * 5000 + b"1" + b"}" * 5000])
+def test_a_request_nested_too_deep_is_refused_as_bad_json(body: bytes) -> None:
+    """Go's decoder refuses it ("exceeded max depth"): the simulator answers 400, not 500."""
+    with pytest.raises(ValueError, match="exceeded max depth"):
+        wire.loads_request(body)
+    with pytest.raises(ValueError, match="exceeded max depth"):
+        wire.loads_yaml_request(body, yaml.SafeLoader)
