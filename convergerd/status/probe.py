@@ -10,9 +10,17 @@ within the last half period (`SKIP_WITHIN_PERIODS`) is not probed: that answer a
 it reached. Half, not a whole period: a cluster that went down just after answering is
 probed by the first pass at least half a period later, so the bound is 1.5 periods; skipping
 within a whole period made it two (a cluster that answered just before a pass waited out that
-pass and the whole next period). At most `concurrency` probes
-are in flight at once; a probe that gets no answer within `timeout_s` counts as unreached, so
-a dead cluster costs one timeout per period, never more.
+pass and the whole next period). Whether an answer spares a probe is judged when that
+cluster's probe is due, not when the pass starts.
+
+A pass starts its probes at an even pace over `SPREAD_PERIODS` of the period, in small
+batches: at 10,000 clusters a burst of all of them at once would queue 10,000 requests' work
+ahead of the rounds' and the HTTP server's. A probe that gets no answer within `timeout_s`
+counts as unreached, so a dead cluster costs one timeout per period, never more. Hung
+clusters do not slow the pass: the pace, not a small bound on probes in flight, sets when each
+probe starts (a tenth of 10,000 clusters hung behind 32 slots made a pass take 156 s, so the
+clusters behind them went unprobed for minutes); `max_in_flight` only caps the connections a
+pass may hold waiting.
 
 "Reached" is `ClusterError.answered`, the rule rounds use too: any answer with an HTTP status
 (401, 403, 429, 503...) or an unusable one means the API server was reached (the rounds report
@@ -24,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -49,6 +58,14 @@ class ProbeSink(Protocol):
 
 # Another request's answer excuses a probe when it came within this share of the period.
 SKIP_WITHIN_PERIODS = 0.5
+# A pass starts its probes over this share of the period, so the last started has its timeout
+# left before the next pass (5 s + 5 s with the defaults).
+SPREAD_PERIODS = 0.5
+# Probes are started in batches this far apart: a timer per batch, not per probe.
+BATCH_S = 0.05
+# Probes waiting for an answer at once, at most (each holds a connection): a pass at 10,000
+# clusters with a tenth hung has ~1,000 waiting out their timeout.
+MAX_IN_FLIGHT = 4096
 
 # The prober's own request: its answers must not excuse the next probe. A watch reports its
 # status when the stream ends, possibly long after the answer (or cut by a reset): not proof.
@@ -97,7 +114,7 @@ class Prober:
         state: ProbeSink,
         period_s: float = 10.0,
         timeout_s: float = 5.0,
-        concurrency: int = 32,
+        max_in_flight: int = MAX_IN_FLIGHT,
         clock: Clock = utc_now,
         answers: Answers | None = None,
     ) -> None:
@@ -108,7 +125,7 @@ class Prober:
         self.state = state
         self.period_s = period_s
         self.timeout_s = min(timeout_s, period_s)
-        self.concurrency = concurrency
+        self.max_in_flight = max_in_flight
         self.clock = clock
         self.answers = answers
         self.skipped = 0  # probes saved by other requests' answers, since start
@@ -119,34 +136,52 @@ class Prober:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
-            await self.probe_once()
+            await self.probe_once(spread_s=self.period_s * SPREAD_PERIODS)
             await asyncio.sleep(max(0.0, started + self.period_s - loop.time()))
 
-    async def probe_once(self) -> dict[str, bool]:
-        """One pass over the current clusters; returns cluster -> reached."""
+    async def probe_once(self, *, spread_s: float = 0.0) -> dict[str, bool]:
+        """One pass over the current clusters, their probes started evenly over `spread_s`;
+        returns cluster -> reached."""
+        loop = asyncio.get_running_loop()
         targets = dict(self.clusters())
         # Remember only the clusters still probed: a removed one is forgotten with this pass.
         self._was_up = {c: up for c, up in self._was_up.items() if c in targets}
         if self.answers is not None:
             self.answers.keep(set(targets))
+        order = sorted(targets)
+        # Cluster k's probe is due at k * step; those due within one BATCH_S start together.
+        step = spread_s / len(order) if order else 0.0
+        per_batch = max(1, math.ceil(BATCH_S / step)) if step > 0 else max(1, len(order))
         reached: dict[str, bool] = {}
-        due: list[str] = []
-        for cluster in sorted(targets):
-            if self.answers is not None and self.answers.answered_within(
-                    cluster, self.period_s * SKIP_WITHIN_PERIODS):
-                self.skipped += 1
-                self._report(cluster, True, None, None)
-                reached[cluster] = True
-            else:
-                due.append(cluster)
-        gate = asyncio.Semaphore(self.concurrency)
+        gate = asyncio.Semaphore(self.max_in_flight)
+        probes: dict[str, asyncio.Task[bool]] = {}
 
         async def one(cluster: str) -> bool:
-            async with gate:
+            try:
                 return await self._probe(cluster, targets[cluster])
+            finally:
+                gate.release()
 
-        results = await asyncio.gather(*(one(c) for c in due))
-        reached.update(zip(due, results, strict=True))
+        started = loop.time()
+        try:
+            for k in range(0, len(order), per_batch):
+                if k:
+                    await asyncio.sleep(max(0.0, started + k * step - loop.time()))
+                for cluster in order[k:k + per_batch]:
+                    if self.answers is not None and self.answers.answered_within(
+                            cluster, self.period_s * SKIP_WITHIN_PERIODS):
+                        self.skipped += 1
+                        self._report(cluster, True, None, None)
+                        reached[cluster] = True
+                        continue
+                    await gate.acquire()
+                    probes[cluster] = asyncio.create_task(one(cluster),
+                                                          name=f"probe {cluster}")
+            for cluster, task in probes.items():
+                reached[cluster] = await task
+        finally:
+            for task in probes.values():
+                task.cancel()
         return dict(sorted(reached.items()))
 
     def __len__(self) -> int:
