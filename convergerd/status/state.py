@@ -39,7 +39,6 @@ from convergerd.core.report import (
     AuditSample,
     ClusterOutcome,
     Deliveries,
-    Delivery,
     Epoch,
     PhaseReading,
     Readings,
@@ -189,17 +188,6 @@ class PolicyRecord:
     last_reason: str | None = None
     phase: PhaseReading | None = None
 
-    def note_delivery(self, delivery: Delivery) -> None:
-        if self.last_attempt_at is not None and self.last_attempt_at > delivery.at:
-            return
-        self.last_result = delivery.result.value
-        self.last_attempt_at = delivery.at
-        self.last_error = delivery.error
-        self.last_reason = delivery.reason
-        if delivery.result is not ApplyResult.FAILED:
-            self.delivered_revision = delivery.revision
-            self.last_success_at = delivery.at
-
     @classmethod
     def from_row(cls, row: DeliveryRow) -> PolicyRecord:
         phase = None
@@ -216,13 +204,6 @@ class PolicyRecord:
             last_attempt_at=row.last_attempt_at, last_success_at=row.last_success_at,
             last_error=row.last_error, last_reason=row.last_reason, phase=phase,
         )
-
-
-def _record(records: dict[PolicyId, PolicyRecord], policy: PolicyId) -> PolicyRecord:
-    found = records.get(policy)
-    if found is None:
-        found = records[policy] = PolicyRecord()
-    return found
 
 
 def _verification_of_row(row: DeliveryRow) -> Verification | None:
@@ -550,10 +531,11 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
         return entry[(mask & (bit - 1)).bit_count() + 1]
 
     def take_round(self, deliveries: Deliveries, read: Mapping[PolicyId, ReadBack] | None) -> None:
-        """A round's deliveries noted (as `PolicyRecord.note_delivery`) and, with `read`, its
-        listing's readings replacing every phase (a policy not read has none): worked out on
-        the packed rows, a group of deliveries or readings that agree at a time (no
-        `PolicyRecord` made, and only the rows the round does not overwrite unpacked)."""
+        """A round's deliveries noted (the newer one wins; a failure keeps the last success's
+        revision and time) and, with `read`, its listing's readings replacing every phase (a
+        policy not read has none): worked out on the packed rows, a group of deliveries or
+        readings that agree at a time (no `PolicyRecord` made, and only the rows the round
+        does not overwrite unpacked)."""
         old, summary = self._entries, self._summary
         shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # equal parts: one object
         noted = self._noted(deliveries, shared)
@@ -593,7 +575,7 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
 
     def _noted(self, deliveries: Deliveries, shared: dict[tuple[Any, ...], tuple[Any, ...]],
                ) -> dict[PolicyId, tuple[int | None, tuple[Any, ...]]]:
-        """Per policy delivered, what `PolicyRecord.note_delivery` leaves of its row: the
+        """Per policy delivered, what its deliveries leave of its row: the
         delivered revision and the `_DELIVERED` fields."""
         noted: dict[PolicyId, tuple[int | None, tuple[Any, ...]]] = {}
         parts: dict[int, tuple[dt.datetime, tuple[Any, ...], bool]] = {}
