@@ -165,17 +165,21 @@ class Deliveries(_Packed[Delivery]):
     `Delivery` (~100). A round at 10,000 clusters x 100 policies holds 1,000,000 of them while
     it is observed and recorded; each `Delivery` is made again as it is read."""
 
-    __slots__ = ("_kinds", "_policies", "_revisions", "_shared")
+    __slots__ = ("_counted", "_kinds", "_policies", "_revisions", "_shared")
 
     def __init__(self, found: Iterable[Delivery] = ()) -> None:
         self._policies: list[PolicyId] = []
         self._revisions: list[int] = []
         self._kinds: list[_DeliveryKind] = []
         self._shared: dict[_DeliveryKind, _DeliveryKind] = {}
+        # `counted()` as last made (None: not since the last append): the metrics, the
+        # status and the record each count a round's results.
+        self._counted: tuple[tuple[Delivery, int], ...] | None = None
         for d in found:
             self.append(d)
 
     def append(self, d: Delivery) -> None:
+        self._counted = None
         kind = (d.cluster, d.result, d.at, d.error, d.reason, d.attempts)
         self._policies.append(PolicyId(sys.intern(d.policy)))  # one object per policy id
         self._revisions.append(d.revision)
@@ -187,6 +191,31 @@ class Deliveries(_Packed[Delivery]):
     def results(self) -> Iterator[ApplyResult]:
         """Each delivery's result (no `Delivery` made)."""
         return (k[1] for k in self._kinds)
+
+    def shared(self) -> Iterator[tuple[PolicyId, int, Delivery]]:
+        """Each delivery as its policy, its revision and a `Delivery` standing for every one
+        that agrees with it on all else (made once per such group, with the group's first
+        policy and revision): a reader works once per group, not once per delivery."""
+        made: dict[int, Delivery] = {}
+        for policy, revision, k in zip(self._policies, self._revisions, self._kinds,
+                                       strict=True):
+            stand_in = made.get(id(k))
+            if stand_in is None:
+                stand_in = made[id(k)] = Delivery(k[0], policy, revision, *k[1:])
+            yield policy, revision, stand_in
+
+    def counted(self) -> tuple[tuple[Delivery, int], ...]:
+        """Per group of deliveries that agree on all but their policy and revision, one of
+        them and how many there are (counted by object, not by value: no Python per
+        delivery)."""
+        if self._counted is not None:
+            return self._counted
+        kinds = self._kinds
+        counts = Counter(map(id, kinds))
+        # Walking backwards, each group's last index written is its first delivery's.
+        first = dict(zip(map(id, reversed(kinds)), range(len(kinds) - 1, -1, -1), strict=True))
+        self._counted = tuple((self[first[k]], n) for k, n in counts.items())
+        return self._counted
 
     @overload
     def __getitem__(self, index: int) -> Delivery: ...
@@ -264,6 +293,21 @@ class Readings(_Packed[PhaseReading]):
             return list(self)[index]
         return self._reading(self._policies[index], self._revisions[index],
                              self._probed[index], self._since[index], self._kinds[index])
+
+    def shared(self) -> Iterator[tuple[PolicyId, int | None, dt.datetime | None,
+                                       dt.datetime | None, PhaseReading]]:
+        """Each reading as its policy, its revision, its Verified probe times (`probed_at`,
+        `since`) and a reading standing for every one that agrees with it on all else (made
+        once per such group, with the group's first reading's own values): a reader works
+        once per group, not once per reading."""
+        made: dict[int, PhaseReading] = {}
+        for policy, revision, probed, since, k in zip(
+                self._policies, self._revisions, self._probed, self._since, self._kinds,
+                strict=True):
+            stand_in = made.get(id(k))
+            if stand_in is None:
+                stand_in = made[id(k)] = self._reading(policy, revision, probed, since, k)
+            yield policy, revision, probed, since, stand_in
 
     def __iter__(self) -> Iterator[PhaseReading]:
         reading = self._reading
@@ -389,7 +433,10 @@ class RoundReport:
     def counts(self) -> dict[str, int]:
         if self.counted is not None:
             return dict(self.counted)
-        results = Counter(r for c in self.clusters for r in c.deliveries.results())
+        results: Counter[ApplyResult] = Counter()
+        for c in self.clusters:
+            for d, n in c.deliveries.counted():
+                results[d.result] += n
         return {
             "clusters": len(self.clusters),
             "converged": sum(c.converged for c in self.clusters),

@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -54,6 +56,10 @@ UNRECORDED_DETAILS = 2_000_000
 # ending while it leads: a round ends within its deadline (a fraction of the interval) and the
 # next one starts one interval after the last one did.
 STUCK_AFTER_INTERVALS = 2.0
+# Observing a round gives the event loop back whenever it ran this long at a stretch: at
+# 10,000 clusters x 100 policies it is seconds of work, and the prober, the status views and
+# the requests in flight share the loop (a request waiting seconds for it times out).
+OBSERVE_SLICE_S = 0.01
 
 
 class RoundStore(Protocol):
@@ -249,7 +255,7 @@ class RoundLoop:
                 self.state.set_next_round(
                     utc_now() + dt.timedelta(seconds=s.rounds.interval_s))
                 report = await self._guarded(epoch)
-                self._observe(report)
+                await self._observe(report)
                 # A round outlives its record only as its summary: while the next one is
                 # built, its details (the status state keeps them compactly) are not held twice.
                 self.last_report = report.summary()
@@ -348,9 +354,8 @@ class RoundLoop:
             log.warning("policy %r (revision %d) is invalid and will not be delivered: %s",
                         bad.id, bad.revision, bad.reason)
 
-    def _observe(self, report: RoundReport) -> None:
-        self.metrics.observe_round(report)
-        self.state.observe_round(report)
+    async def _observe(self, report: RoundReport) -> None:
+        await observe_round(report, metrics=self.metrics, state=self.state)
         counts = report.counts()
         duration = (
             (report.finished_at - report.started_at).total_seconds() if report.finished_at else 0
@@ -391,6 +396,24 @@ class RoundLoop:
                               pending.started_at.isoformat())
                 self.metrics.record_refused("internal")
             self.unrecorded.pop(0)
+
+
+async def observe_round(report: RoundReport, *, metrics: Metrics, state: StatusState,
+                        slice_s: float = OBSERVE_SLICE_S) -> None:
+    """Feed `report` to the metrics and the status a cluster at a time, giving the loop back
+    whenever `slice_s` passed (`Metrics.observing`, `StatusState.observing` say what a reader
+    sees in between)."""
+    await in_slices(itertools.chain(metrics.observing(report), state.observing(report)),
+                    slice_s=slice_s)
+
+
+async def in_slices(steps: Iterable[object], *, slice_s: float) -> None:
+    """Run `steps` (each short), letting the loop run others whenever `slice_s` passed."""
+    until = time.perf_counter() + slice_s
+    for _ in steps:
+        if time.perf_counter() >= until:
+            await asyncio.sleep(0)
+            until = time.perf_counter() + slice_s
 
 
 def database_retrying(

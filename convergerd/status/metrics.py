@@ -204,8 +204,15 @@ class Metrics:
     def observe_round(self, report: RoundReport) -> None:
         """Count a round: its result and duration, and per cluster the applies and failures
         (what the round found goes to `StatusState.observe_round`)."""
+        for _ in self.observing(report):
+            pass
+
+    def observing(self, report: RoundReport) -> Iterator[None]:
+        """`observe_round` a cluster at a time (as `StatusState.observing`); the round itself
+        is counted at the last step."""
         for outcome in report.clusters:
             self._count_outcome(outcome)
+            yield
         self._rounds[report.result.value] += 1
         if report.finished_at is not None:
             self._round_duration.observe(
@@ -216,17 +223,17 @@ class Metrics:
         if not self.state.tracks(cluster):
             return
         self._zero(cluster)
-        for delivery in outcome.deliveries:
-            self._applies[(cluster, delivery.result.value)] += 1
+        for delivery, n in outcome.deliveries.counted():
+            self._applies[(cluster, delivery.result.value)] += n
             if delivery.result is ApplyResult.FAILED:
-                self._count_failure(cluster, delivery.reason)
+                self._count_failure(cluster, delivery.reason, n)
         if outcome.error is not None:
             # A cluster-level failure stops the cluster's work: counted once per round.
             self._count_failure(cluster, outcome.reason)
 
-    def _count_failure(self, cluster: str, reason: str | None) -> None:
+    def _count_failure(self, cluster: str, reason: str | None, n: int = 1) -> None:
         key = (cluster, reason or "error")
-        self._failures[key] = self._failures.get(key, 0.0) + 1
+        self._failures[key] = self._failures.get(key, 0.0) + n
 
     def record_refused(self, reason: str) -> None:
         """A record the database refused for good (`convergerd.store.store.RecordObserver`)."""

@@ -30,8 +30,8 @@ import datetime as dt
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from convergerd.core.decode import in_the_future
 from convergerd.core.model import PolicyId
@@ -200,6 +200,39 @@ def tally(readings: Iterable[PhaseReading]) -> dict[TallyKey, TallyGroup]:
     return groups
 
 
+def tally_grouped(
+    groups: Iterable[tuple[PhaseReading, Iterable[dt.datetime | None]]],
+) -> dict[TallyKey, TallyGroup]:
+    """`tally` of readings given in groups: per group a reading standing for all of them and
+    each one's Verified probe time (they agree on all else). A reading's entry depends on its
+    probe time only through whether it has one and whether it is after the reading
+    (`probe_time_problem`): `tally_entry` runs once per group and such case, not once per
+    reading."""
+    groups_out: dict[TallyKey, TallyGroup] = {}
+    times: dict[TallyKey, list[float]] = {}
+    for stand_in, probes in groups:
+        seen, found = stand_in.seen_at, stand_in.verified
+        entries: dict[bool | None, TallyEntry] = {}
+        for probed in probes:
+            case = None if probed is None else in_the_future(probed, seen)
+            entry = entries.get(case)
+            if entry is None:
+                reading = stand_in if found is None else replace(
+                    stand_in, verified=replace(found, probed_at=probed))
+                entry = entries[case] = tally_entry(reading)
+            key = entry[:3]
+            group = groups_out.get(key)
+            if group is None:
+                group = groups_out[key] = TallyGroup()
+            if entry[3] is None:
+                group.plain += 1
+            else:
+                times.setdefault(key, []).append(probed.timestamp())  # type: ignore[union-attr]
+    for key, probed_times in times.items():
+        groups_out[key].probed = array("d", sorted(probed_times))
+    return groups_out
+
+
 def tally_counts(
     readings: PhaseTally, now: float, interval_s: float, *, verified_stale_s: float
 ) -> tuple[dict[str, int], dict[str, int]]:
@@ -340,6 +373,39 @@ def audit_tally(readings: Iterable[PhaseReading]) -> AuditTally:
         if count:
             by_policy[r.policy] = count
         unsynced += not found.synced
+        if found.audited_at is not None:
+            at = found.audited_at.timestamp()
+            oldest_audit = at if oldest_audit is None else min(oldest_audit, at)
+    if not audited:
+        return NO_AUDITS
+    return AuditTally(audited, unknown, unsynced, violations, oldest_audit, oldest_seen,
+                      by_policy)
+
+
+def audit_tally_grouped(groups: Iterable[tuple[PhaseReading, Sequence[PolicyId]]]) -> AuditTally:
+    """`audit_tally` of readings given in groups: per group a reading standing for all of
+    them and each one's policy (they agree on all else but their revision and Verified probe
+    times, which an audit does not read)."""
+    audited = unknown = unsynced = violations = 0
+    oldest_audit: float | None = None
+    oldest_seen: float | None = None
+    by_policy: dict[PolicyId, int] = {}
+    for r, policies in groups:
+        found = r.audit
+        if found is None or not policies:
+            continue
+        n = len(policies)
+        audited += n
+        seen = r.seen_at.timestamp()
+        oldest_seen = seen if oldest_seen is None else min(oldest_seen, seen)
+        count = known_violations(r)
+        if count is None:
+            unknown += n
+            continue
+        violations += count * n
+        if count:
+            by_policy.update(dict.fromkeys(policies, count))
+        unsynced += 0 if found.synced else n
         if found.audited_at is not None:
             at = found.audited_at.timestamp()
             oldest_audit = at if oldest_audit is None else min(oldest_audit, at)

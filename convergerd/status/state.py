@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -37,9 +38,10 @@ from convergerd.core.report import (
     Audit,
     AuditSample,
     ClusterOutcome,
-    Delivery,
+    Deliveries,
     Epoch,
     PhaseReading,
+    Readings,
     RoundReport,
     Verification,
     utc_now,
@@ -56,6 +58,7 @@ from convergerd.status.phases import (
     audit_stale_after_s,
     audit_state,
     audit_tally,
+    audit_tally_grouped,
     audit_time_problem,
     is_stale,
     is_unsupported,
@@ -66,6 +69,7 @@ from convergerd.status.phases import (
     probe_time_problem,
     stale_after_s,
     tally,
+    tally_grouped,
     verification_counts,
     verification_of,
     verified_stale_after_s,
@@ -184,17 +188,6 @@ class PolicyRecord:
     last_reason: str | None = None
     phase: PhaseReading | None = None
 
-    def note_delivery(self, delivery: Delivery) -> None:
-        if self.last_attempt_at is not None and self.last_attempt_at > delivery.at:
-            return
-        self.last_result = delivery.result.value
-        self.last_attempt_at = delivery.at
-        self.last_error = delivery.error
-        self.last_reason = delivery.reason
-        if delivery.result is not ApplyResult.FAILED:
-            self.delivered_revision = delivery.revision
-            self.last_success_at = delivery.at
-
     @classmethod
     def from_row(cls, row: DeliveryRow) -> PolicyRecord:
         phase = None
@@ -211,13 +204,6 @@ class PolicyRecord:
             last_attempt_at=row.last_attempt_at, last_success_at=row.last_success_at,
             last_error=row.last_error, last_reason=row.last_reason, phase=phase,
         )
-
-
-def _record(records: dict[PolicyId, PolicyRecord], policy: PolicyId) -> PolicyRecord:
-    found = records.get(policy)
-    if found is None:
-        found = records[policy] = PolicyRecord()
-    return found
 
 
 def _verification_of_row(row: DeliveryRow) -> Verification | None:
@@ -304,12 +290,18 @@ def policy_audit_view(audits: Iterable[Mapping[str, Any] | None],
 # policy only a bit mask of the fields where it differs and those values.
 
 # The most variable fields first: their mask bits stay low (small ints are shared objects).
-_FIELDS = ("probed_at", "since", "delivered_revision", "phase_revision", "last_attempt_at",
+# Then what a delivery writes, then what a reading writes: a round's observation puts a row
+# together from those parts (`PolicyRecords.take_round`).
+_FIELDS = ("probed_at", "since", "phase_revision", "delivered_revision", "last_attempt_at",
            "last_success_at", "last_result", "last_error", "last_reason", "phase",
            "ready_reason", "ready_message", "seen_at", "verified_status", "verified_reason",
            "verified_message", "audit")
 _WIDTH = len(_FIELDS)
+_HEAD = 4  # the per-policy fields: both probe times and both revisions
+_DELIVERED = slice(4, 9)  # the fields but the revision a delivery writes
+_READ = slice(9, _WIDTH)  # the fields but the revision and probe times a reading writes
 _NONE_ROW: tuple[Any, ...] = (None,) * _WIDTH
+_NOT_READ: tuple[Any, ...] = _NONE_ROW[_READ]
 _SAME: tuple[int] = (0,)  # the entry of a record equal to its cluster's summary
 
 
@@ -331,9 +323,8 @@ def record_row(record: PolicyRecord) -> tuple[Any, ...]:
     if success is not None and success == record.last_attempt_at:
         success = record.last_attempt_at
     return (
-        probed, since, record.delivered_revision,
-        phase.revision if phase is not None else None,
-        record.last_attempt_at, success, _shared(record.last_result),
+        probed, since, phase.revision if phase is not None else None,
+        record.delivered_revision, record.last_attempt_at, success, _shared(record.last_result),
         _shared(record.last_error), _shared(record.last_reason),
         _shared(phase.phase) if phase is not None else None,
         _shared(phase.ready_reason) if phase is not None else None,
@@ -346,10 +337,24 @@ def record_row(record: PolicyRecord) -> tuple[Any, ...]:
     )
 
 
+def _reading_part(reading: PhaseReading) -> tuple[tuple[Any, ...], tuple[AuditSample, ...]]:
+    """The `_READ` fields of `reading` (its audit without the sample; repeated strings
+    interned), and its audit's sample when the audit counts violations."""
+    found, verified = reading.audit, reading.verified
+    fresh = found.sample if found is not None and known_violations(reading) else ()
+    if found is not None and found.sample:
+        found = dataclasses.replace(found, sample=())
+    part = (_shared(reading.phase), _shared(reading.ready_reason),
+            _shared(reading.ready_message), reading.seen_at,
+            _shared(verified.status) if verified is not None else None,
+            _shared(verified.reason) if verified is not None else None,
+            _shared(verified.message) if verified is not None else None, found)
+    return part, fresh
+
+
 def row_record(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PolicyRecord:
     """The record `record_row` made `row` of (a new object: changing it changes nothing kept)."""
-    delivered, attempt, success, result, error, reason = (row[2], row[4], row[5], row[6],
-                                                          row[7], row[8])
+    delivered, attempt, success, result, error, reason = row[3:9]
     return PolicyRecord(delivered, result, attempt, success, error, reason,
                         row_reading(row, cluster, policy))
 
@@ -398,8 +403,81 @@ def row_reading(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> P
     verified = None
     if row[13] is not None:
         verified = Verification(row[13], row[14], row[15], row[0], row[1])
-    return PhaseReading(cluster, policy, row[9], row[10], row[11], row[3], seen_at, verified,
+    return PhaseReading(cluster, policy, row[9], row[10], row[11], row[2], seen_at, verified,
                         row[16])
+
+
+def _most_common(values: Iterable[Any]) -> Any:
+    """The most common of `values` (the first seen among equally common ones)."""
+    return Counter(values).most_common(1)[0][0]
+
+
+def _summary_part(parts: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """`summary_row` of `parts`, most of which are shared objects: counted once per object."""
+    counts = Counter(map(id, parts))
+    if len(counts) == 1:
+        return parts[0]
+    by_id = dict(zip(map(id, parts), parts, strict=True))
+    width = len(parts[0])
+    columns: list[Counter[Any]] = [Counter() for _ in range(width)]
+    for key, n in counts.items():
+        part = by_id[key]
+        for i in range(width):
+            columns[i][part[i]] += n
+    return tuple(c.most_common(1)[0][0] for c in columns)
+
+
+def _part_diff(part: tuple[Any, ...], summary: tuple[Any, ...],
+               first: int) -> tuple[int, tuple[Any, ...]]:
+    """`packed` of a part of a row (fields from `first` on): its mask bits and values."""
+    if part == summary:
+        return 0, ()
+    mask, values = 0, []
+    for i, value in enumerate(part):
+        if value != summary[i]:
+            mask |= 1 << (first + i)
+            values.append(value)
+    return mask, tuple(values)
+
+
+def _packed_parts(
+    rows: Iterable[tuple[PolicyId, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]], *,
+    head: tuple[Any, ...], part_d: tuple[Any, ...], part_r: tuple[Any, ...],
+) -> dict[PolicyId, tuple[Any, ...]]:
+    """`packed` of each row, given as its policy's head, delivered and read parts, against
+    the summary's parts: a shared part's differences are worked out once."""
+    s0, s1, s2, s3 = head
+    diffs: dict[int, tuple[int, tuple[Any, ...]]] = {}
+    entries: dict[PolicyId, tuple[Any, ...]] = {}
+    for policy, (h0, h1, h2, h3), d, r in rows:
+        dd = diffs.get(id(d))
+        if dd is None:
+            dd = diffs[id(d)] = _part_diff(d, part_d, _DELIVERED.start)
+        rd = diffs.get(id(r))
+        if rd is None:
+            rd = diffs[id(r)] = _part_diff(r, part_r, _READ.start)
+        mask = dd[0] | rd[0]
+        values = []
+        if h0 != s0:
+            mask |= 1
+            values.append(h0)
+        if h1 != s1:
+            mask |= 2
+            values.append(h1)
+        if h2 != s2:
+            mask |= 4
+            values.append(h2)
+        if h3 != s3:
+            mask |= 8
+            values.append(h3)
+        entries[policy] = (mask, *values, *dd[1], *rd[1]) if mask else _SAME
+    return entries
+
+
+# What a round's reading writes of a policy's row, as `StatusState._read_back` makes it:
+# (probed_at, since, phase_revision, the `_READ` fields, the reading standing for its group).
+ReadBack = tuple[dt.datetime | None, dt.datetime | None, int | None, tuple[Any, ...],
+                 PhaseReading]
 
 
 class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
@@ -441,6 +519,90 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
         rows = {PolicyId(sys.intern(p)): record_row(r) for p, r in records.items()}
         summary = self._summary = summary_row(rows.values())
         self._entries = {p: packed(row, summary) for p, row in rows.items()}
+
+    def _field(self, policy: PolicyId, i: int) -> Any:
+        """Field `i` of `policy`'s row (None without a record), unpacking nothing else."""
+        entry = self._entries.get(policy)
+        if entry is None:
+            return None
+        mask, bit = entry[0], 1 << i
+        if not mask & bit:
+            return self._summary[i]
+        return entry[(mask & (bit - 1)).bit_count() + 1]
+
+    def take_round(self, deliveries: Deliveries, read: Mapping[PolicyId, ReadBack] | None) -> None:
+        """A round's deliveries noted (the newer one wins; a failure keeps the last success's
+        revision and time) and, with `read`, its listing's readings replacing every phase (a
+        policy not read has none): worked out on the packed rows, a group of deliveries or
+        readings that agree at a time (no `PolicyRecord` made, and only the rows the round
+        does not overwrite unpacked)."""
+        old, summary = self._entries, self._summary
+        shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # equal parts: one object
+        noted = self._noted(deliveries, shared)
+        keys = list(dict.fromkeys(itertools.chain(old, read or (), noted)))
+        heads: list[tuple[Any, ...]] = []
+        delivered: list[tuple[Any, ...]] = []
+        readback: list[tuple[Any, ...]] = []
+        for policy in keys:
+            r = read.get(policy) if read is not None else None
+            d = noted.get(policy)
+            row = _NONE_ROW
+            if (read is None or d is None) and (entry := old.get(policy)) is not None:
+                row = unpacked(entry, summary)
+            if read is None:
+                probed, since, revision = row[0], row[1], row[2]
+                was_read = row[_READ]
+                readback.append(shared.setdefault(was_read, was_read))
+            elif r is None:  # no longer in the cluster
+                probed = since = revision = None
+                readback.append(_NOT_READ)
+            else:
+                probed, since, revision = r[0], r[1], r[2]
+                readback.append(r[3])
+            if d is None:
+                was_delivered = row[_DELIVERED]
+                d = (row[3], shared.setdefault(was_delivered, was_delivered))
+            heads.append((probed, since, revision, d[0]))
+            delivered.append(d[1])
+        if not keys:
+            self._summary, self._entries = _NONE_ROW, {}
+            return
+        head = tuple(_most_common(column) for column in zip(*heads, strict=True))
+        part_d, part_r = _summary_part(delivered), _summary_part(readback)
+        self._summary = (*head, *part_d, *part_r)
+        self._entries = _packed_parts(zip(keys, heads, delivered, readback, strict=True),
+                                      head=head, part_d=part_d, part_r=part_r)
+
+    def _noted(self, deliveries: Deliveries, shared: dict[tuple[Any, ...], tuple[Any, ...]],
+               ) -> dict[PolicyId, tuple[int | None, tuple[Any, ...]]]:
+        """Per policy delivered, what its deliveries leave of its row: the
+        delivered revision and the `_DELIVERED` fields."""
+        noted: dict[PolicyId, tuple[int | None, tuple[Any, ...]]] = {}
+        parts: dict[int, tuple[dt.datetime, tuple[Any, ...], bool]] = {}
+        for policy, revision, d in deliveries.shared():
+            part = parts.get(id(d))
+            if part is None:
+                written = (d.at, d.at, _shared(d.result.value), _shared(d.error),
+                           _shared(d.reason))
+                part = parts[id(d)] = (d.at, shared.setdefault(written, written),
+                                       d.result is ApplyResult.FAILED)
+            at, written, failed = part
+            current = noted.get(policy)
+            last = current[1][0] if current is not None else self._field(policy, 4)
+            if last is not None and last > at:
+                continue  # a newer one is known
+            if not failed:
+                noted[policy] = (revision, written)
+                continue
+            # A failure keeps the last success's revision and time.
+            if current is None:
+                current = (self._field(policy, 3), (None, self._field(policy, 5)))
+            success = current[1][1]
+            if success is not None and success == at:
+                success = at
+            failure = (at, success, *written[2:])
+            noted[policy] = (current[0], shared.setdefault(failure, failure))
+        return noted
 
     def readings(self) -> list[PhaseReading]:
         summary, cluster = self._summary, self._cluster
@@ -651,18 +813,28 @@ class StatusState:
                 del records[gone]
 
     def observe_round(self, report: RoundReport) -> None:
-        self.version += 1  # what status shows may have changed
+        for _ in self.observing(report):
+            pass
+
+    def observing(self, report: RoundReport) -> Iterator[None]:
+        """`observe_round` a cluster at a time, so its caller can let others run between
+        clusters (`RoundLoop._observe`): a reader then sees each cluster as before the round
+        or as after it, never half of it, and the fleet's round (`last_round`, `invalid`) as
+        before until the last step. Each step changes `version`."""
+        at = report.finished_at or self.clock()
         for outcome in report.clusters:
-            self._observe_outcome(report, outcome)
+            self.version += 1  # what status shows may have changed
+            self._observe_outcome(outcome, at)
+            yield
+        self.version += 1
         if report.error is None:  # a round that ran saw every policy
             self.invalid = {p.id: p.reason for p in report.invalid}
         self.last_round = RoundSummary.from_report(report)
 
-    def _observe_outcome(self, report: RoundReport, outcome: ClusterOutcome) -> None:
+    def _observe_outcome(self, outcome: ClusterOutcome, at: dt.datetime) -> None:
         state = self._observed(outcome.cluster)
         if state is None:
             return
-        at = report.finished_at or self.clock()
         if not outcome.cut_unanswered:  # else what the prober or an earlier round saw stands
             state.reachable = outcome.reached
             state.checked_at = at
@@ -678,38 +850,54 @@ class StatusState:
             state.server_version = outcome.server_version
         if outcome.converged:
             state.last_success_at = at  # the round's end, as the database records it
-        if not outcome.deliveries and not phases_refreshed(outcome):
+        refreshed = phases_refreshed(outcome)
+        if not outcome.deliveries and not refreshed:
             return
-        records = state.policies.whole()
-        if phases_refreshed(outcome):
-            seen = {r.policy for r in outcome.phases}
-            for policy, record in records.items():
-                if policy not in seen:
-                    record.phase = None  # no longer in the cluster
-            for reading in outcome.phases:
-                _record(records, reading.policy).phase = self._take_sample(reading)
-            readings = [r.phase for r in records.values() if r.phase is not None]
-            state.phase_tally = tally(readings)
-            state.audit_tally = audit_tally(readings)
-        for delivery in outcome.deliveries:
-            _record(records, delivery.policy).note_delivery(delivery)
-        state.policies.repack(records)
+        read = self._read_back(state.id, outcome.phases) if refreshed else None
+        state.policies.take_round(outcome.deliveries, read)
+        if read is not None:
+            # Counted per group of readings that agree but for their policy, revision and
+            # probe times (most often one per cluster).
+            groups: dict[int, tuple[PhaseReading, list[dt.datetime | None], list[PolicyId]]] = {}
+            for policy, (probed, _, _, _, stand_in) in read.items():
+                group = groups.get(id(stand_in))
+                if group is None:
+                    group = groups[id(stand_in)] = (stand_in, [], [])
+                group[1].append(probed)
+                group[2].append(policy)
+            state.phase_tally = tally_grouped((r, probes) for r, probes, _ in groups.values())
+            state.audit_tally = audit_tally_grouped(
+                (r, policies) for r, _, policies in groups.values())
 
-    def _take_sample(self, reading: PhaseReading) -> PhaseReading:
-        """`reading` without its audit's sample, which is kept per policy."""
-        found = reading.audit
-        pid, cluster = reading.policy, reading.cluster
-        fresh = found.sample if found is not None and known_violations(reading) else ()
-        kept = self.audit_samples.get(pid, ())
+    def _read_back(self, cluster: ClusterId, readings: Readings) -> dict[PolicyId, ReadBack]:
+        """What each reading writes of its policy's row, per policy (the last reading of a
+        policy read twice), its audit without the sample, which is kept per policy
+        (`audit_samples`)."""
+        read: dict[PolicyId, ReadBack] = {}
+        parts: dict[int, tuple[tuple[Any, ...], tuple[AuditSample, ...]]] = {}
+        samples = self.audit_samples
+        for policy, revision, probed, since, r in readings.shared():
+            part = parts.get(id(r))
+            if part is None:
+                part = parts[id(r)] = _reading_part(r)
+            fresh = part[1]
+            if fresh or policy in samples:
+                self._keep_samples(policy, cluster, fresh)
+            # One object for both times when they are equal, as `record_row` keeps them.
+            kept_since = probed if since is not None and since == probed else since
+            read[policy] = (probed, kept_since, revision, part[0], r)
+        return read
+
+    def _keep_samples(self, policy: PolicyId, cluster: ClusterId,
+                      fresh: tuple[AuditSample, ...]) -> None:
+        """The cluster's `fresh` samples of `policy` first, then the other clusters' kept."""
+        kept = self.audit_samples.get(policy, ())
         if kept or fresh:
             merged = (*((cluster, s) for s in fresh), *(e for e in kept if e[0] != cluster))
             if merged:
-                self.audit_samples[pid] = merged[:AUDIT_SAMPLES_KEPT]
+                self.audit_samples[policy] = merged[:AUDIT_SAMPLES_KEPT]
             else:
-                del self.audit_samples[pid]
-        if found is not None and found.sample:
-            return dataclasses.replace(reading, audit=dataclasses.replace(found, sample=()))
-        return reading
+                del self.audit_samples[policy]
 
     def observe_probe(
         self, cluster: str, *, reachable: bool, error: str | None = None,

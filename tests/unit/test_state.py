@@ -319,9 +319,8 @@ def test_older_database_rows_do_not_overwrite_fresher_observations() -> None:
 
 
 def test_merge_records_takes_the_newer_delivery_and_the_newer_phase() -> None:
-    mine = PolicyRecord()
-    mine.note_delivery(Delivery(ClusterId("c1"), PolicyId("p"), 5, ApplyResult.FAILED,
-                                T0 + dt.timedelta(seconds=9), error="422 Invalid"))
+    mine = PolicyRecord(last_result="failed", last_attempt_at=T0 + dt.timedelta(seconds=9),
+                        last_error="422 Invalid")
     stored = PolicyRecord(delivered_revision=4, last_result="updated", last_attempt_at=T0,
                           last_success_at=T0,
                           phase=reading("c1", "p", "Enforcing", T0 + dt.timedelta(seconds=1)))
