@@ -5,7 +5,8 @@ label-selected list, plus one server-side apply per missing or drifted object; a
 sync costs exactly the list. Clusters run concurrently under a global bound; each runs under
 the round's deadline, so one down or hung cluster costs at most its own timeout. Clusters last
 seen unreachable run in a small lane of their own (`Round.suspects`), so even a tenth of the
-fleet hung never holds the slots the healthy clusters wait for. Every write goes through
+fleet hung never holds the slots the healthy clusters wait for; one seen unreachable after the
+round began goes behind the others when its turn comes (`Round.suspected`). Every write goes through
 `apply.Writer`, as a save's: it first asks the fence how long this replica may still write.
 """
 
@@ -17,7 +18,7 @@ import datetime as dt
 import logging
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -82,6 +83,11 @@ class Round:
     # first, so work that outlasts one round's deadline (a first round at 10,000 x 100) is
     # finished in as many rounds as it takes, not re-listing the in-sync clusters first.
     caught_up: frozenset[ClusterId] = frozenset()
+    # Whether a cluster is seen unreachable now (the prober's latest verdict), asked when its
+    # turn for a slot comes: one that went unreachable since the round began gives its slot
+    # back and waits behind the others, so a tenth of the fleet hanging just before a round
+    # holds the healthy clusters' slots for one probe, not for their timeouts.
+    suspected: Callable[[ClusterId], bool] | None = None
     # Shared by the rounds of every shard this process holds (`delivery.rounds`): the
     # cluster concurrency bounds the process, not each shard's round. None: this round's own.
     slots: asyncio.Semaphore | None = None
@@ -124,7 +130,17 @@ async def run_round(
     shared = env.slots or contextlib.nullcontext()
 
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:
-        async with lane if cluster in suspects else healthy, shared:
+        if cluster in suspects:
+            async with lane, shared:
+                return await converge_cluster(cluster, policies, env, deadline,
+                                              outcome=outcomes[cluster])
+        async with healthy:
+            if env.suspected is None or not env.suspected(cluster):
+                async with shared:
+                    return await converge_cluster(cluster, policies, env, deadline,
+                                                  outcome=outcomes[cluster])
+        # Seen unreachable since the round began: behind every cluster waiting now.
+        async with healthy, shared:
             return await converge_cluster(cluster, policies, env, deadline,
                                           outcome=outcomes[cluster])
 

@@ -120,6 +120,7 @@ def round_env(
     guard: WriteGuard | None = None,
     suspects: Iterable[ClusterId] = (),
     caught_up: Iterable[ClusterId] = (),
+    suspected: Callable[[ClusterId], bool] | None = None,
     slots: asyncio.Semaphore | None = None,
 ) -> Round:
     """What a round of this daemon runs with: the settings' limits and `cluster_calls`. Pure
@@ -136,6 +137,7 @@ def round_env(
         guard=guard,
         suspects=frozenset(suspects),
         caught_up=frozenset(caught_up),
+        suspected=suspected,
         slots=slots,
     )
 
@@ -321,6 +323,7 @@ class RoundLoop:
             deadline_s=max(0.0, deadline - loop.time()), guard=self.guard,
             suspects=[c.id for c in self.state.clusters.values() if c.reachable is False],
             caught_up=[c.id for c in self.state.clusters.values() if c.caught_up],
+            suspected=self._unreachable_now,
             slots=self.slots,
         )
         try:
@@ -330,6 +333,10 @@ class RoundLoop:
             return _cut(progress, f"fenced: {exc}")
         report.started_at = started
         return report
+
+    def _unreachable_now(self, cluster: ClusterId) -> bool:
+        state = self.state.clusters.get(cluster)
+        return state is not None and state.reachable is False
 
     async def _reload_kubeconfig(self) -> None:
         """Rotated credentials (the kubeconfig Secret updated in place) count from the next

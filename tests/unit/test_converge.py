@@ -226,6 +226,7 @@ def make_round(
     apply_concurrency: int = 4,
     cluster_concurrency: int = 64,
     suspects: frozenset[ClusterId] = frozenset(),
+    suspected: Callable[[ClusterId], bool] | None = None,
 ) -> Round:
     return Round(
         clusters=clusters,
@@ -238,6 +239,7 @@ def make_round(
             apply_concurrency=apply_concurrency,
         ),
         suspects=suspects,
+        suspected=suspected,
     )
 
 
@@ -929,6 +931,59 @@ async def test_a_hung_tenth_of_the_fleet_does_not_hold_the_healthy_clusters() ->
     # The hung ones ran one at a time in their lane, each for its timeout.
     assert loop.time() - start == pytest.approx(8 * REQUEST_TIMEOUT_S)
     assert all(outcome(report, c).reason == "unreachable" for c in hung)
+
+
+async def test_clusters_seen_unreachable_after_the_round_began_wait_behind_the_others() -> None:
+    """A tenth of the fleet hangs just before a round: the round began without knowing, and the
+    prober finds them out while the round runs. When a hung cluster's turn comes it is seen
+    unreachable now, so it gives its slot back and waits behind the healthy ones: the healthy
+    part of the round takes what it takes alone, not the hung clusters' timeouts."""
+    first = [f"c{i:02d}" for i in range(20)]
+    hung = [f"h{i}" for i in range(8)]
+    rest = [f"d{i:02d}" for i in range(20)]
+    healthy = first + rest
+    clusters = fleet_of(*first, *hung, *rest, latency_s=0.1)
+    for cid in hung:
+        clusters[cid].hang = True
+    seen_down: set[ClusterId] = set()
+
+    async def prober() -> None:
+        await asyncio.sleep(0.05)  # before their turn (the third wave, at 0.4 s)
+        seen_down.update(ClusterId(c) for c in hung)
+
+    env = make_round(clusters, retrier=Retrier(attempts=1), cluster_concurrency=8,
+                     suspected=seen_down.__contains__)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    probing = asyncio.create_task(prober())
+
+    report = await run_round(team_a(*first, *hung, *rest), env)
+
+    await probing
+    healthy_done = max(c.at for cid in healthy for c in clusters[cid].calls) - start
+    assert healthy_done < 1.5  # 40 clusters in 8 slots, 0.2 s a wave
+    assert all(outcome(report, c).converged for c in healthy)
+    # Then the hung ones, 8 at once in all the slots: one timeout.
+    assert loop.time() - start == pytest.approx(healthy_done + REQUEST_TIMEOUT_S, abs=0.3)
+    assert all(outcome(report, c).reason == "unreachable" for c in hung)
+
+
+async def test_without_a_live_verdict_fresh_hangs_hold_the_slots() -> None:
+    """The same fleet without `suspected`: the hung clusters take every slot for a request
+    timeout when their turn comes, and the healthy clusters after them wait it out."""
+    first = [f"c{i:02d}" for i in range(20)]
+    hung = [f"h{i}" for i in range(8)]
+    rest = [f"d{i:02d}" for i in range(20)]
+    clusters = fleet_of(*first, *hung, *rest, latency_s=0.1)
+    for cid in hung:
+        clusters[cid].hang = True
+    env = make_round(clusters, retrier=Retrier(attempts=1), cluster_concurrency=8)
+    start = asyncio.get_running_loop().time()
+
+    await run_round(team_a(*first, *hung, *rest), env)
+
+    rest_done = max(c.at for cid in rest for c in clusters[cid].calls) - start
+    assert rest_done >= REQUEST_TIMEOUT_S
 
 
 def test_the_suspects_lane_is_an_eighth_of_the_slots() -> None:
