@@ -328,7 +328,7 @@ class Saver:
         by_peers = spread.by_peers if spread is not None else 0
         log.info("policy %s revision %d saved (%s): %s%s", policy_id, revision, trigger,
                  summary(results),
-                 f" ({by_peers} written by the other shard holders)" if spread else "",
+                 f" ({by_peers} done by the other shard holders)" if spread else "",
                  extra={"policy": policy_id, "trigger": trigger,
                         "fanout_counts": counts(results), "fanout_by_peers": by_peers})
         return report

@@ -180,9 +180,9 @@ class Peers:
             with contextlib.suppress(DatabaseUnavailable, DatabaseRejected):
                 await self._store.end_save_parts(request_id)
         late = sorted({p.holder for p in found.parts if p.shard not in done})
-        log.info("policy %s revision %d: %d of %d clusters written by the other shard holders "
-                 "(%d parts), %d left over by them%s", policy.id, policy.revision, len(used),
-                 len(results), len(found.parts), len(left),
+        log.info("policy %s revision %d: %d of %d clusters done by the other shard holders "
+                 "(%d parts), %d left over to this replica%s", policy.id, policy.revision,
+                 len(used), len(results), len(found.parts), len(left),
                  f" (not done in time: {', '.join(late)})" if late else "",
                  extra={"policy": policy.id, "fanout_by_peers": len(used),
                         "fanout_left_over": len(left)})
@@ -225,9 +225,15 @@ class Peers:
     async def run(self) -> None:
         """Forever: listen on `CHANNEL`, claim the parts asked of this replica and write them."""
         channel = Channel(self._source, CHANNEL, self.on_payload)
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(channel.run(), name="save parts listener")
-            tg.create_task(self._serve(), name="save parts")
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(channel.run(), name="save parts listener")
+                tg.create_task(self._serve(), name="save parts")
+        finally:
+            # Parts being written end with the daemon (their requesters write them).
+            for task in self._parts:
+                task.cancel()
+            await asyncio.gather(*self._parts, return_exceptions=True)
 
     async def _serve(self) -> None:
         while not self._stopping.is_set():

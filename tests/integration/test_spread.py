@@ -137,7 +137,7 @@ async def test_each_cluster_is_written_by_its_shards_holder(  # noqa: PLR0917
                      "FROM deliveries WHERE policy_id = 'p-regs' ORDER BY cluster_id")
     assert [tuple(r) for r in rows] == [(c, 1, "created") for c in (C1, C2, C3)]
     assert await sql(database_url, "SELECT id FROM save_requests") == []  # cleaned up
-    assert any("1 written by the other shard holders" in m for m in caplog.messages)
+    assert any("1 done by the other shard holders" in m for m in caplog.messages)
 
 
 async def test_a_peer_that_never_answers_leaves_its_part_to_the_requester(
