@@ -43,6 +43,7 @@ from convergerd.delivery.apply import StopFence, Unfenced
 from convergerd.delivery.fanout import FanoutEnv, Saver, fanout_env
 from convergerd.delivery.listener import Listener
 from convergerd.delivery.rounds import RoundLoop, database_retrying, shard_fleet
+from convergerd.delivery.spread import Peers
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader.elector import Elector, Leadership, NoElection
 from convergerd.leader.lease import Fence
@@ -182,7 +183,8 @@ class Daemon:
 
             # With shards, the holder of shard 0 is the one replica that fans notifications
             # out (once per change) and whose Lease fences those saves.
-            saver = self._saver(store, registry, elector)
+            peers = self._peers(store, registry, elector, shardset)
+            saver = self._saver(store, registry, elector, peers)
             if not s.rounds.once:
                 runner = await self._start_http(store, saver)
                 stack.push_async_callback(runner.cleanup)
@@ -210,6 +212,8 @@ class Daemon:
                         name="status sync"))
                     supervised.append(tg.create_task(
                         self._listener(saver, elector).run(), name="notify listener"))
+                    if peers is not None:
+                        supervised.append(tg.create_task(peers.run(), name="save parts"))
                 self.health.watch(supervised)
                 self.loops = self._round_loops(store, registry, elector, shardset)
                 self.rounds = self.loops[0]
@@ -326,17 +330,33 @@ class Daemon:
 
         return targets
 
-    def _saver(self, store: Store, registry: ClusterRegistry, elector: Leadership) -> Saver:
-        """Saves run on any replica. On the leader they are fenced like rounds (its Lease
-        bounds every write); a standby's are kept safe by the resourceVersion preconditions
-        (never over a newer revision). Neither writes once the daemon is stopping."""
+    def _save_env(self, registry: ClusterRegistry, elector: Leadership) -> Callable[[], FanoutEnv]:
+        """On the leader saves are fenced like rounds (its Lease bounds every write); a
+        standby's are kept safe by the resourceVersion preconditions (never over a newer
+        revision). Neither writes once the daemon is stopping."""
 
         def env() -> FanoutEnv:
             fence: Fence = elector.fence() if elector.is_leader() else Unfenced()
             return fanout_env(self.settings, registry, StopFence(fence, self.stopping),
                               self.metrics)
 
-        return Saver(store=store, env=env, observer=self.fanout_metrics,
+        return env
+
+    def _peers(self, store: Store, registry: ClusterRegistry, elector: Leadership,
+               shardset: ShardSet | None) -> Peers | None:
+        """With shards (not in `once`): a save's clusters are written by their shards' holders,
+        each under its shard's Lease (`delivery.spread`)."""
+        if shardset is None or self.settings.rounds.once:
+            return None
+        assert self.settings.database_url is not None
+        return Peers(store=store, holding=shardset, env=self._save_env(registry, elector),
+                     source=PgNotifications(self.settings.database_url), stopping=self.stopping)
+
+    def _saver(self, store: Store, registry: ClusterRegistry, elector: Leadership,
+               peers: Peers | None) -> Saver:
+        """Saves run on any replica (see `_save_env`); with shards, spread over the holders."""
+        return Saver(store=store, env=self._save_env(registry, elector),
+                     observer=self.fanout_metrics, peers=peers,
                      guard_share=self.settings.saves.removal_guard_share)
 
     def _listener(self, saver: Saver, elector: Leadership) -> Listener:

@@ -23,6 +23,7 @@ others.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -35,7 +36,7 @@ from convergerd.config import Settings
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Policy, PolicyId
 from convergerd.core.plan import Observed, differs, with_precondition
-from convergerd.core.removal import Current, SavePlan, Target, delete_targets, plan_save
+from convergerd.core.removal import Current, Target, delete_targets, plan_save
 from convergerd.core.render import deliverable_policy, object_name, render_policy
 from convergerd.core.report import (
     ApplyResult,
@@ -46,6 +47,7 @@ from convergerd.core.report import (
     FanoutStatus,
     named_clusters,
 )
+from convergerd.core.spread import APPLY, REMOVE, Spread, Work
 from convergerd.delivery.apply import (
     ClusterCalls,
     Writer,
@@ -86,6 +88,15 @@ class SaveStore(Protocol):
     async def record_deliveries(self, deliveries: Sequence[Delivery], /) -> None: ...
     async def forget_deliveries(self, policy_id: str, clusters: Sequence[str], /) -> None: ...
     async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]: ...
+
+
+class SavePeers(Protocol):
+    """The other shard holders (`convergerd.delivery.spread.Peers`)."""
+
+    async def fan_out(self, policy: Policy, work: Sequence[Work], env: FanoutEnv) -> Spread | None:
+        """Every cluster's result, part of them written by the holders of their shards; None
+        when no other replica is asked (the save is written here, as without shards)."""
+        ...
 
 
 class FanoutObserver(Protocol):
@@ -189,9 +200,10 @@ async def _remove_from(
 
 async def _fan_out(
     work: Iterable[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]],
-    env: FanoutEnv,
+    env: FanoutEnv, deadline: float | None = None,
 ) -> list[ClusterResult]:
-    deadline = env.calls.clock() + env.deadline_s
+    if deadline is None:
+        deadline = env.calls.clock() + env.deadline_s
     gate = asyncio.Semaphore(env.concurrency)
 
     async def one(
@@ -202,6 +214,28 @@ async def _fan_out(
 
     results = await asyncio.gather(*(one(c, a, fn) for c, a, fn in work))
     return sorted(results, key=lambda r: (r.cluster, r.action))
+
+
+async def save_work(
+    policy: Policy, work: Sequence[Work], env: FanoutEnv, *,
+    fence_of: Callable[[ClusterId], Fence | None] | None = None, deadline: float | None = None,
+) -> list[ClusterResult]:
+    """Apply `policy` to (or remove it from) each cluster of `work`, at once, under `env`'s
+    fence, or the one `fence_of` gives a cluster (a shard's Lease), until `deadline` (loop
+    time; default: the save deadline from now). Every result, sorted."""
+    body = render_policy(policy)  # once: every cluster gets the same object
+
+    def env_for(cluster: ClusterId) -> FanoutEnv:
+        fence = fence_of(cluster) if fence_of is not None else None
+        return env if fence is None else dataclasses.replace(env, fence=fence)
+
+    def one(w: Work) -> Callable[[float], Awaitable[ClusterResult]]:
+        cluster_env = env_for(w.cluster)
+        if w.action == REMOVE:
+            return lambda d: _remove_from(w.cluster, policy.id, cluster_env, d)
+        return lambda d: _apply_to(w.cluster, policy, body, cluster_env, d, read=w.read)
+
+    return await _fan_out([(w.cluster, w.action, one(w)) for w in work], env, deadline)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,11 +269,14 @@ class Saver:
         env: Callable[[], FanoutEnv],
         guard_share: float,
         observer: FanoutObserver | None = None,
+        peers: SavePeers | None = None,
     ) -> None:
+        """`peers`: with shards, the other holders write their shards' part of each save."""
         self._store = store
         self._env = env
         self._guard_share = guard_share
         self._observer = observer
+        self._peers = peers
 
     async def save(
         self, policy_id: str, *, allow_mass_removal: bool = False, trigger: str = "api"
@@ -268,7 +305,10 @@ class Saver:
                          guard_share=self._guard_share, allow_mass_removal=allow_mass_removal)
         read = plan.apply_to if read_all else plan.read_first
         env = self._env()
-        results = await _fan_out(self._save_work(policy, plan, read, env), env)
+        work = [Work(c, APPLY, c in read) for c in sorted(plan.apply_to)] + [
+            Work(c, REMOVE) for c in sorted(plan.remove_from)]
+        spread = await self._peers.fan_out(policy, work, env) if self._peers else None
+        results = spread.results if spread is not None else await save_work(policy, work, env)
         if plan.apply_to - read and await self._overtaken(policy_id, revision):
             # A newer revision was saved while this one was written without reading first:
             # this save may have landed over it on some clusters. Save the newest revision,
@@ -285,9 +325,12 @@ class Saver:
                         skipped_reason=plan.skipped_reason)
         if report.failed:
             report.status = FanoutStatus.PARTIAL
-        log.info("policy %s revision %d saved (%s): %s", policy_id, revision, trigger,
-                 summary(results), extra={"policy": policy_id, "trigger": trigger,
-                                          "fanout_counts": counts(results)})
+        by_peers = spread.by_peers if spread is not None else 0
+        log.info("policy %s revision %d saved (%s): %s%s", policy_id, revision, trigger,
+                 summary(results),
+                 f" ({by_peers} done by the other shard holders)" if spread else "",
+                 extra={"policy": policy_id, "trigger": trigger,
+                        "fanout_counts": counts(results), "fanout_by_peers": by_peers})
         return report
 
     async def _overtaken(self, policy_id: str, revision: int) -> bool:
@@ -302,19 +345,6 @@ class Saver:
                         policy_id, exc, extra={"policy": policy_id})
             return False
         return current is not None and not current.deleting and current.revision > revision
-
-    def _save_work(
-        self, policy: Policy, plan: SavePlan, read: frozenset[ClusterId], env: FanoutEnv
-    ) -> list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]]:
-        body = render_policy(policy)  # once: every cluster gets the same object
-        applies: list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]] = [
-            (c, "apply",
-             lambda d, c=c: _apply_to(c, policy, body, env, d, read=c in read))  # type: ignore[misc]
-            for c in sorted(plan.apply_to)]
-        removals: list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]] = [
-            (c, "remove", lambda d, c=c: _remove_from(c, policy.id, env, d))  # type: ignore[misc]
-            for c in sorted(plan.remove_from)]
-        return applies + removals
 
     async def delete(self, policy_id: str) -> FanoutReport:
         """Raises `DatabaseUnavailable` when the deletion cannot be marked or finished."""

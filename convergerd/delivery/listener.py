@@ -145,40 +145,76 @@ class Listener:
     async def run(self) -> None:
         """Forever: listen, hand notifications to the workers, reconnect when the connection
         is lost."""
+        channel = Channel(self._source, CHANNEL, self.on_payload, observer=self._observer,
+                          ping_period_s=self._ping_period_s, rng=self._rng)
         async with asyncio.TaskGroup() as tg:
             for n in range(self._workers):
                 tg.create_task(self._work(), name=f"notify worker {n}")
-            tg.create_task(self._listen(), name="notify listener")
+            tg.create_task(channel.run(), name="notify listener")
 
-    async def _listen(self) -> None:
+
+class ConnectionObserver(Protocol):
+    def listener_connected(self, connected: bool) -> None: ...
+    def listener_reconnect(self) -> None: ...
+
+
+class Channel:
+    """LISTEN on one channel for as long as it runs: each payload to `on_payload` (which must
+    not block), the connection kept (reconnected with backoff, pinged every `ping_period_s`).
+    Notifications sent while it reconnects are lost: its users catch up by other means."""
+
+    def __init__(
+        self,
+        source: NotifySource,
+        channel: str,
+        on_payload: Callable[[str], None],
+        *,
+        observer: ConnectionObserver | None = None,
+        ping_period_s: float = PING_PERIOD_S,
+        rng: Random | None = None,
+    ) -> None:
+        self._source = source
+        self._channel = channel
+        self._on_payload = on_payload
+        self._observer = observer
+        self._ping_period_s = ping_period_s
+        self._rng: Random = rng or random.Random()
+
+    def _connected(self, connected: bool) -> None:
+        if self._observer is not None:
+            self._observer.listener_connected(connected)
+
+    async def run(self) -> None:
+        channel = self._channel
         failures = 0
         connected_before = False
         while True:
             lost = asyncio.Event()
             try:
-                subscription = await self._source.subscribe(CHANNEL, self.on_payload, lost.set)
+                subscription = await self._source.subscribe(channel, self._on_payload, lost.set)
             except DatabaseUnavailable as exc:
                 failures += 1
                 wait = backoff_s(failures, base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S, rng=self._rng)
-                log.warning("notification listener cannot connect (%s); retrying in %.1f s",
-                            exc, wait, extra={"channel": CHANNEL})
+                log.warning("notification listener on %s cannot connect (%s); retrying in "
+                            "%.1f s", channel, exc, wait, extra={"channel": channel})
                 await asyncio.sleep(wait)
                 continue
             if connected_before:
-                self._observer.listener_reconnect()
-                log.info("notification listener reconnected; changes made meanwhile are "
-                         "delivered by the next round", extra={"channel": CHANNEL})
+                if self._observer is not None:
+                    self._observer.listener_reconnect()
+                log.info("notification listener on %s reconnected; what was notified meanwhile"
+                         " is caught up otherwise", channel, extra={"channel": channel})
             connected_before = True
             failures = 0
-            self._observer.listener_connected(True)
+            self._connected(True)
             try:
                 why = await self._until_lost(subscription, lost)
             finally:
-                self._observer.listener_connected(False)
+                self._connected(False)
                 with contextlib.suppress(Exception):
                     await subscription.close()
-            log.warning("notification listener lost its connection (%s); reconnecting", why,
-                        extra={"channel": CHANNEL})
+            log.warning("notification listener on %s lost its connection (%s); reconnecting",
+                        channel, why, extra={"channel": channel})
             failures = 1
             await asyncio.sleep(
                 backoff_s(failures, base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S, rng=self._rng))

@@ -40,7 +40,7 @@ from convergerd.core.shards import (
 from convergerd.core.shown import describe
 from convergerd.kube.api import KubeObject, LeaseListApi
 from convergerd.leader.elector import STUCK_AFTER_DURATIONS, Elector
-from convergerd.leader.lease import LeaseFormatError, LeaseRecord, Observed, observe
+from convergerd.leader.lease import Fence, LeaseFormatError, LeaseRecord, Observed, observe
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,10 @@ class ShardSet:
 
     def held(self) -> frozenset[int]:
         return frozenset(k for k, e in enumerate(self.electors) if e.is_leader())
+
+    def fence(self, k: int) -> Fence:
+        """The fence of this replica's current term on shard k (closed when it holds none)."""
+        return self.electors[k].fence()
 
     def view(self) -> ShardView:
         held = self.held()

@@ -34,6 +34,7 @@ from convergerd.core.removal import Current, Target
 from convergerd.core.render import deliverable_policy, validate_policy
 from convergerd.core.report import (
     ApplyResult,
+    ClusterResult,
     Delivery,
     Epoch,
     RoundReport,
@@ -48,6 +49,8 @@ from convergerd.core.rows import (
     PolicyStatusRows,
     RoundRow,
 )
+from convergerd.core.spread import Claimed, Part
+from convergerd.store import parts
 from convergerd.store.errors import (
     database_errors,
     is_transient,
@@ -566,6 +569,48 @@ class Store:
                 policy=valid if isinstance(valid, Policy) else None,
             )
         return found
+
+    # ---- a save spread over the shard holders (`convergerd.store.parts`) ---------------------
+
+    async def post_save_parts(
+        self, policy_id: str, revision: int, requested_by: str, asked: Sequence[Part],
+        wait_s: float,
+    ) -> int:
+        """Ask the holders for their parts (notified on commit); the request's id. The parts
+        expire `wait_s` from now on the database's clock."""
+        async with self._acquire() as conn, conn.transaction():
+            return await parts.post(conn, policy_id=policy_id, revision=revision,
+                                    requested_by=requested_by, parts=asked, wait_s=wait_s)
+
+    async def save_parts_done(self, request_id: int, asked: int) -> frozenset[int]:
+        async with self._acquire() as conn:
+            return await parts.done_parts(conn, request_id, asked)
+
+    async def save_part_results(self, request_id: int, limit: int) -> list[ClusterResult]:
+        async with self._acquire() as conn:
+            return await parts.results(conn, request_id, limit)
+
+    async def end_save_parts(self, request_id: int) -> None:
+        async with self._acquire() as conn:
+            await parts.end(conn, request_id)
+
+    async def claim_save_parts(
+        self, identity: str, held: Sequence[int], limit: int
+    ) -> list[Claimed]:
+        async with self._acquire() as conn, conn.transaction():
+            return await parts.claim(conn, identity, held, limit)
+
+    async def save_part_items(
+        self, request_id: int, shard: int, limit: int
+    ) -> list[tuple[object, object, object]]:
+        async with self._acquire() as conn:
+            return await parts.items(conn, request_id, shard, limit)
+
+    async def finish_save_part(
+        self, identity: str, request_id: int, shard: int, done: Sequence[ClusterResult]
+    ) -> None:
+        async with self._acquire() as conn, conn.transaction():
+            await parts.finish(conn, identity, request_id, shard, done)
 
 
 async def _target(conn: asyncpg.Connection, policy_id: str) -> Target | None:

@@ -8,6 +8,7 @@ allowance for a busy machine; the measured figures are printed.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from tests.e2e.harness import (
     INTERVAL_MINUTES,
     LEASE_S,
     MEMBERS,
+    POLICIES,
     RETRY_S,
     STARTUP_S,
     TENANTS,
@@ -293,3 +295,47 @@ def test_a_notification_is_fanned_out_once_by_the_holder_of_shard_0(world: World
                          for d in daemons), 20, "the notification handled on every replica")
     assert [_counter(d, name, handling="queued") for d in daemons].count(1.0) == 1
     assert _counter(first, "convergerd_saves_total", trigger="notify", result="ok") == 1
+
+
+def test_a_save_is_spread_over_the_shard_holders(world: World) -> None:
+    shards = 5  # c0001, c0002 and c0003 fall in shards 2, 1 and 4
+    token = "e2e-token"
+    daemons = _start(world, "alpha", "bravo", "charlie", CONVERGERD_SHARDS=str(shards),
+                     CONVERGERD_API_TOKEN=token)
+
+    def spread_and_delivered() -> list[str] | None:
+        holders = _holders(world, shards)
+        if sorted(Counter(holders).values()) != [1, 2, 2] or "" in holders:
+            return None
+        doc = daemons[0].status()
+        delivered = doc is not None and all(
+            c["last_attempt_at"] and c["failed"] == 0 for c in doc["clusters"])
+        time.sleep(2 * PLAN_S)
+        return holders if delivered and _holders(world, shards) == holders else None
+
+    holders = wait_for(spread_and_delivered, STARTUP_S + 20, "2/2/1 shards, policies delivered")
+    owner = {c: holders[shard_of(c, shards)] for c in MEMBERS}
+    # Through the replica that holds the fewest of the clusters' shards: the others are asked.
+    requester = min(daemons, key=lambda d: list(owner.values()).count(d.identity))
+    seq = world.last_seq()
+    request = urllib.request.Request(  # noqa: S310 - a local URL
+        f"{requester.url}/v1/policies/{POLICIES[1]}/apply", data=b"{}", method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310
+        answer = json.loads(resp.read())
+    assert answer["status"] == "ok"
+    assert {c["cluster"]: c["result"] for c in answer["clusters"]} == dict.fromkeys(
+        MEMBERS, "unchanged")
+    # Recorded as delivered: each cluster is read (not written) by its shard's holder.
+    name = f"/policy-{POLICIES[1]}"
+    reads = [r for r in world.requests(seq) if r.verb == "get" and r.path.endswith(name)]
+    readers = {c: {agent_identity(r.user_agent) for r in reads if r.cluster == c}
+               for c in MEMBERS}
+    say(f"shard holders {holders}; save through {requester.identity}; readers {readers}")
+    assert readers == {c: {owner[c]} for c in MEMBERS}
+    asked = sum(1 for c in MEMBERS if owner[c] != requester.identity)
+    assert f"({asked} done by the other shard holders)" in requester.log()
+
+
+def agent_identity(user_agent: str) -> str:
+    return user_agent.rsplit("(", 1)[-1].rstrip(")")
