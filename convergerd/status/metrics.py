@@ -77,7 +77,7 @@ from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, Rou
 from convergerd.status.phases import (
     UNSUPPORTED,
     audit_stale_after_s,
-    tally_counts,
+    verification_results,
     verified_stale_after_s,
 )
 from convergerd.status.state import ClusterState, StatusState
@@ -353,13 +353,12 @@ class Metrics:
                 info.add_metric([name, c.server_version], 1.0)
             if c.duration_s is not None:
                 cdur.add_metric(labels, c.duration_s)
-            counts, checked = tally_counts(c.phase_tally, now, interval_s,
-                                           verified_stale_s=verified_stale_s)
-            for ph, count in counts.items():
+            counted = c.counts(now, interval_s, verified_stale_s)
+            for ph, count in counted.phases.items():
                 phase.add_metric([name, ph], float(count))
-            for result, count in checked.items():
+            for result, count in verification_results(counted.verification).items():
                 verification.add_metric([name, result], float(count))
-            if counts[UNSUPPORTED]:
+            if counted.phases[UNSUPPORTED]:
                 version = c.server_version or "unknown"
                 unsupported[version] = unsupported.get(version, 0) + 1
         yield from (lag, last, up, oos, phase, verification, info, cdur)
