@@ -203,6 +203,7 @@ class TallyCounts:
 
     phases: dict[str, int]  # every one of `ALL_PHASES` and `Stale`
     verification: dict[str, int]  # every one of `VERIFICATIONS`
+    shown: dict[str, int]  # the phases counted, by name (as `/status` shows them)
     since: float
     rules: tuple[float, float]  # (interval_s, verified_stale_s)
     fresh_seen: float
@@ -238,13 +239,9 @@ def tally_counts(
             unaged_probe = min(unaged_probe, group.probed[aged])
         checked[STALE_VERIFICATION] += aged
         checked[result] += n - aged
-    return TallyCounts(counts, checked, now, (interval_s, verified_stale_s), fresh_seen,
+    shown = {phase: n for phase, n in sorted(counts.items()) if n}
+    return TallyCounts(counts, checked, shown, now, (interval_s, verified_stale_s), fresh_seen,
                        unaged_probe)
-
-
-def shown_phases(counts: Mapping[str, int]) -> dict[str, int]:
-    """The phases `/status` shows of `tally_counts`' counts: those counted, by name."""
-    return {phase: n for phase, n in sorted(counts.items()) if n}
 
 
 def phases_refreshed(outcome: ClusterOutcome) -> bool:

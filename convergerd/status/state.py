@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -65,7 +66,6 @@ from convergerd.status.phases import (
     normalize_phase,
     phases_refreshed,
     probe_time_problem,
-    shown_phases,
     stale_after_s,
     tally,
     tally_counts,
@@ -105,6 +105,7 @@ def worst_first_key(
     return rank, -(lag_s or 0.0), cluster
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a view shows the same times often (a round's end)
 def iso(moment: dt.datetime | None) -> str | None:
     return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if moment else None
 
@@ -953,8 +954,9 @@ class StatusState:
             "desired": state.desired,
             "in_sync": state.in_sync,
             "failed": state.failed,
-            "phases": shown_phases(counted.phases),
-            "verification": dict(counted.verification),
+            # Shared with the next summaries while the counts hold: never changed.
+            "phases": counted.shown,
+            "verification": counted.verification,
             "last_error": state.error,
             "last_reason": state.last_reason if state.error == state.last_error else "unreachable",
             "server_version": state.server_version,

@@ -23,7 +23,6 @@ from convergerd.status.phases import (
     STALE,
     is_stale,
     normalize_phase,
-    shown_phases,
     tally,
     tally_counts,
 )
@@ -97,7 +96,7 @@ def test_phase_counts_put_stale_readings_under_stale() -> None:
         reading("c1", "p4", "Error", now),
     ]
     counted = tally_counts(tally(readings), now.timestamp(), INTERVAL, verified_stale_s=1200)
-    assert shown_phases(counted.phases) == {"Enforcing": 1, "Error": 1, STALE: 1, "Unknown": 1}
+    assert counted.shown == {"Enforcing": 1, "Error": 1, STALE: 1, "Unknown": 1}
 
 
 READINGS = st.lists(st.tuples(
