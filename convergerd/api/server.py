@@ -490,11 +490,13 @@ class Built:
     cost_s: float
     body: bytes
 
+    def young(self, now: float) -> bool:
+        """Younger at `now` than `STATUS_REUSE_BUILDS` times what its build cost."""
+        return now - self.at < STATUS_REUSE_BUILDS * self.cost_s
+
     def fresh(self, now: float, version: int) -> bool:
         """Whether to serve it at `now` to a state at `version` (see `STATUS_REUSE_S`)."""
-        age = now - self.at
-        return (age < STATUS_REUSE_BUILDS * self.cost_s
-                or (version == self.version and age <= STATUS_REUSE_S))
+        return self.young(now) or (version == self.version and now - self.at <= STATUS_REUSE_S)
 
 
 class Views:
@@ -521,6 +523,7 @@ class Views:
         self.clock = clock
         self._status_built: Built | None = None
         self._status_building: asyncio.Task[Built] | None = None
+        self._metrics_built: Built | None = None
         self.status_slice = STATUS_SLICE_CLUSTERS
         self.db_timeout_s = STATUS_DB_TIMEOUT_S
         self.openapi_doc = document()
@@ -575,7 +578,15 @@ class Views:
         return web.json_response(self.openapi_doc)
 
     async def metrics_text(self, _: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        """The exposition, reused while younger than `STATUS_REUSE_BUILDS` times what it cost
+        to write (a scrape of 10,000 clusters is ~0.2 s of the loop; a Prometheus that
+        scrapes every 15 s always gets a new one)."""
+        built = self._metrics_built
+        began = self.clock()
+        if built is None or not built.young(began):
+            body = self.metrics.render()
+            built = self._metrics_built = Built(0, began, self.clock() - began, body)
+        return web.Response(body=built.body, headers={"Content-Type": CONTENT_TYPE})
 
     # -- status ----------------------------------------------------------------------------
     # /status only reads the live state (kept by rounds and the periodic database sync). The

@@ -172,3 +172,28 @@ async def test_a_string_orjson_refuses_is_still_served() -> None:
     state.set_invalid([("p-odd", "bad \ud800 value")])
     body = await get_status(views_of(state, clocks))
     assert body["invalid_policies"] == [{"id": "p-odd", "reason": "bad \ud800 value"}]
+
+
+async def test_a_scrape_is_reused_only_while_younger_than_ten_of_its_builds() -> None:
+    clocks = Clocks()
+    state = fleet(clocks, 3)
+    views = views_of(state, clocks)
+
+    async def scrape() -> bytes:
+        response = await views.metrics_text(make_mocked_request("GET", "/metrics"))
+        assert isinstance(response.body, bytes)
+        return response.body
+
+    first = await scrape()
+    views.metrics.request_done("c01", "get", 200, 0.01)
+    counted = b'convergerd_cluster_requests_total{cluster="c01",code="200",verb="get"} 1.0'
+    assert counted in await scrape()  # a build that cost nothing is never reused
+    clocks.build_s = 0.05  # a build reads the wall clock: now it costs time
+    costly = await scrape()
+    spent = clocks.now
+    views.metrics.request_done("c01", "get", 200, 0.01)
+    clocks.now = spent + STATUS_REUSE_BUILDS * 0.05  # younger than 10 of its builds
+    assert await scrape() == costly
+    clocks.now += 1.0
+    assert b"verb=\"get\"} 2.0" in await scrape()
+    assert first != costly
