@@ -331,9 +331,10 @@ class Metrics:
         kept = self._counted_kept.get(name) if keep else None
         if kept is not None and kept[0] is counted:
             return kept[1], kept[2]
-        phases = _Lines([((name, ph), float(n)) for ph, n in counted.phases.items()])
+        phases = _Lines([((name, ph), float(n)) for ph, n in counted.phases.items()],
+                        kept=keep)
         checked = _Lines([((name, result), float(n)) for result, n
-                          in verification_results(counted.verification).items()])
+                          in verification_results(counted.verification).items()], kept=keep)
         if keep:
             self._counted_kept[name] = (counted, phases, checked)
         return phases, checked
@@ -449,7 +450,8 @@ class Metrics:
         mark = (self._generation, len(values), sum(values.values()))
         kept = self._counters_kept.get(name)
         if kept is None or kept[0] != mark:
-            kept = self._counters_kept[name] = (mark, _Lines(sorted(values.items())))
+            kept = self._counters_kept[name] = (mark, _Lines(sorted(values.items()),
+                                                             kept=True))
         family.add(kept[1])
         return family
 
@@ -553,18 +555,22 @@ def _lines(sample: str, names: Labels, rows: Iterable[Row]) -> str:
 
 
 class _Lines:
-    """Rows of one family, written once (a part that did not change is written again only
-    when its family's name or labels would differ: never)."""
+    """Rows of one family, written once. A part kept between scrapes (`kept`) lets its rows
+    go once written (memory: only `render` uses kept parts, `collect` makes its own)."""
 
-    __slots__ = ("_text", "rows")
+    __slots__ = ("_text", "kept", "rows")
 
-    def __init__(self, rows: list[Row]) -> None:
-        self.rows = rows
+    def __init__(self, rows: list[Row], *, kept: bool = False) -> None:
+        self.rows: list[Row] | None = rows
+        self.kept = kept
         self._text: str | None = None
 
     def text(self, sample: str, names: Labels) -> str:
         if self._text is None:
+            assert self.rows is not None
             self._text = _lines(sample, names, self.rows)
+            if self.kept:
+                self.rows = None
         return self._text
 
 
@@ -597,6 +603,7 @@ class _Family:
             if self.kind == "counter" else GaugeMetricFamily(self.name, self.doc,
                                                              labels=self.labels))
         for part in self.parts:
+            assert part.rows is not None, "a family with kept parts is written, not collected"
             for values, value in part.rows:
                 family.add_metric(values, value)
         return family
