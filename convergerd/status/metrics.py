@@ -326,10 +326,13 @@ class Metrics:
 
     def _counted_lines(self, name: str, counted: TallyCounts,
                        keep: bool) -> tuple[_Lines, _Lines]:
-        """A cluster's phase and verification series, made again only when its counts are
-        (`ClusterState.counts` keeps them while they hold)."""
+        """A cluster's phase and verification series, made again only when its counts
+        change (`ClusterState.counts` keeps them while they hold; a round that read the same
+        phases makes equal ones)."""
         kept = self._counted_kept.get(name) if keep else None
-        if kept is not None and kept[0] is counted:
+        if kept is not None and (kept[0] is counted or (
+                (kept[0].phases, kept[0].verification) == (counted.phases, counted.verification))):
+            self._counted_kept[name] = (counted, kept[1], kept[2])
             return kept[1], kept[2]
         phases = _Lines([((name, ph), float(n)) for ph, n in counted.phases.items()],
                         kept=keep)
