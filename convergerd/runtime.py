@@ -95,7 +95,7 @@ class Daemon:
         self.metrics = Metrics(state=self.state)
         self.health = HealthCheck(on_lag=self.metrics.set_loop_lag)
         self.fanout_metrics = FanoutMetrics()
-        self.metrics.registry.register(self.fanout_metrics)
+        self.metrics.register(self.fanout_metrics)
         self._signals = 0
         self.registry: ClusterRegistry | None = None  # set by main()
         self.prober: Prober | None = None

@@ -128,7 +128,10 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["identity", "leader", "clusters", "version", "database"],
         "properties": {
             "identity": {"type": "string"}, "version": {"type": "string"},
-            "now": {"type": "string", "format": "date-time"},
+            "now": {"type": "string", "format": "date-time",
+                    "description": "when this body's build began: a body is served to many "
+                                   "requests, at most max(1 s, 10 times its build's time) "
+                                   "old (see docs/design.md, Endpoints)"},
             "leader": {"type": "object", "properties": {
                 "is_leader": {"type": "boolean"}, "holder": _NULLABLE_STRING,
                 "since": _NULLABLE_TIME}},
@@ -342,7 +345,8 @@ _PATHS: dict[str, Any] = {
             "description": "the process's own registry",
             "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
     "/status": {"get": {
-        "summary": "the replica's view of the fleet: leader, rounds, clusters worst first",
+        "summary": "the replica's view of the fleet: leader, rounds, clusters worst first "
+                   "(built once for many requests: see `now`)",
         "responses": {"200": _answer("status", "Status"), "429": _SHED}}},
     "/openapi.json": {"get": {
         "summary": "this document", "responses": {"200": {

@@ -61,7 +61,8 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import cast
 
 from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -71,13 +72,16 @@ from prometheus_client.metrics_core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from convergerd import __version__
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.status.phases import (
     UNSUPPORTED,
+    TallyCounts,
     audit_stale_after_s,
-    tally_counts,
+    verification_results,
     verified_stale_after_s,
 )
 from convergerd.status.state import ClusterState, StatusState
@@ -159,10 +163,21 @@ class Metrics:
         self._record_failures: dict[Labels, float] = {
             (r,): 0.0 for r in RECORD_FAILURE_REASONS}
         self._status_shed: dict[Labels, float] = {}
-        self.registry.register(_Collector(self))
+        # What the exposition keeps between scrapes: counter families' lines by what they
+        # were written for, a cluster's phase and verification lines by its counts; and how
+        # often series were dropped (`_forget`), which counters' lines are kept by too.
+        self._counters_kept: dict[str, tuple[tuple[int, int, float], _Lines]] = {}
+        self._counted_kept: dict[str, tuple[TallyCounts, _Lines, _Lines]] = {}
+        self._generation = 0
+        # Everything served: these families (`render` writes them), then the others'
+        # (`register`; prometheus_client writes them).
+        self._others = CollectorRegistry(auto_describe=False)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self.collect))
+        self.registry.register(self._others)
         if process_collectors:
-            ProcessCollector(registry=self.registry)
-            GCCollector(registry=self.registry)
+            ProcessCollector(registry=self._others)
+            GCCollector(registry=self._others)
         self.follow_clusters()
 
     # -- cluster set -----------------------------------------------------------------------
@@ -187,6 +202,7 @@ class Metrics:
             self._zero(cluster)
 
     def _forget(self, cluster: str) -> None:
+        self._generation += 1
         self._apply_latency.pop(cluster, None)
         for series in (self._applies, self._failures, self._retries, self._requests):
             for key in [k for k in series if k[0] == cluster]:
@@ -270,193 +286,235 @@ class Metrics:
 
     # -- exposition ------------------------------------------------------------------------
 
-    def _pending_families(self, now: float) -> Iterator[Metric]:
-        count, age = pending_deletion_values(self.state.pending_deletions(), now)
-        yield GaugeMetricFamily("convergerd_pending_deletions",
-                                "Policy deletions begun and not finished: some cluster did not "
-                                "confirm the removal (a retry of the DELETE finishes them)",
-                                value=count)
-        yield GaugeMetricFamily("convergerd_pending_deletion_oldest_seconds",
-                                "How long the oldest pending deletion has been pending (0: none)",
-                                value=age)
+    def register(self, collector: Collector) -> None:
+        """Serve `collector`'s families too, after these (and the process collectors)."""
+        self._others.register(collector)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition; serve it with `CONTENT_TYPE`."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition; serve it with `CONTENT_TYPE`. The same text as
+        prometheus_client's `generate_latest(self.registry)`, written without a `Sample`
+        object per series (~40 series per cluster)."""
+        text = "".join(family.text() for family in self._families(keep=True))
+        return text.encode() + generate_latest(self._others)
 
     def collect(self) -> Iterator[Metric]:
+        """The same families, made anew (nothing kept from an earlier scrape)."""
+        return (family.metric() for family in self._families(keep=False))
+
+    def _families(self, *, keep: bool) -> Iterator[_Family]:
+        """`keep`: reuse and keep the parts that did not change since the last scrape."""
         now = self.state.clock().timestamp()
-        yield from self._cluster_families(now)
-        yield from self._fleet_families(now)
+        yield from self._cluster_families(now, keep=keep)
+        yield from self._fleet_families(now, keep=keep)
         yield from self._shard_families()
 
-    def _shard_families(self) -> Iterator[Metric]:
+    def _shard_families(self) -> Iterator[_Family]:
         """Who holds which shard, as this replica sees the Leases, and when each shard's last
         round ended as the database recorded it: the same answer from every replica, so an
         orphan shows wherever Prometheus scrapes."""
         state = self.state
         now = state.clock()
-        yield GaugeMetricFamily("convergerd_shards_held", "Shards (Leases) this replica holds",
-                                value=float(len(state.shards_held())))
-        holder = GaugeMetricFamily("convergerd_shard_holder",
-                                   "1 per shard for the holder seen in its Lease (holder=\"\" "
-                                   "when free or expired)", labels=["shard", "holder"])
-        for k, who in enumerate(state.shard_holders()):
-            holder.add_metric([str(k), who], 1.0)
+        yield _gauge("convergerd_shards_held", "Shards (Leases) this replica holds",
+                     float(len(state.shards_held())))
+        holder = _Family("convergerd_shard_holder",
+                         "1 per shard for the holder seen in its Lease (holder=\"\" "
+                         "when free or expired)", labels=("shard", "holder"))
+        holder.add_rows([((str(k), who), 1.0) for k, who in enumerate(state.shard_holders())])
         yield holder
-        last = GaugeMetricFamily("convergerd_shard_last_round_timestamp_seconds",
-                                 "When a round last finished on the shard's clusters (Unix "
-                                 "time, from the database records)", labels=["shard"])
-        for k, at in sorted(state.shard_last_rounds().items()):
-            last.add_metric([str(k)], at.timestamp())
+        last = _Family("convergerd_shard_last_round_timestamp_seconds",
+                       "When a round last finished on the shard's clusters (Unix "
+                       "time, from the database records)", labels=("shard",))
+        last.add_rows([((str(k),), at.timestamp())
+                       for k, at in sorted(state.shard_last_rounds().items())])
         yield last
-        yield GaugeMetricFamily("convergerd_orphan_clusters",
-                                "Clusters without a finished round for more than two intervals",
-                                value=float(len(state.orphans(now))))
+        yield _gauge("convergerd_orphan_clusters",
+                     "Clusters without a finished round for more than two intervals",
+                     float(len(state.orphans(now))))
 
-    def _cluster_families(self, now: float) -> Iterator[Metric]:
+    def _counted_lines(self, name: str, counted: TallyCounts,
+                       keep: bool) -> tuple[_Lines, _Lines]:
+        """A cluster's phase and verification series, made again only when its counts
+        change (`ClusterState.counts` keeps them while they hold; a round that read the same
+        phases makes equal ones)."""
+        kept = self._counted_kept.get(name) if keep else None
+        if kept is not None and (kept[0] is counted or (
+                (kept[0].phases, kept[0].verification) == (counted.phases, counted.verification))):
+            self._counted_kept[name] = (counted, kept[1], kept[2])
+            return kept[1], kept[2]
+        phases = _Lines([((name, ph), float(n)) for ph, n in counted.phases.items()],
+                        kept=keep)
+        checked = _Lines([((name, result), float(n)) for result, n
+                          in verification_results(counted.verification).items()], kept=keep)
+        if keep:
+            self._counted_kept[name] = (counted, phases, checked)
+        return phases, checked
+
+    def _cluster_families(self, now: float, *, keep: bool) -> Iterator[_Family]:
         state = self.state
         interval_s = state.interval_s
         verified_stale_s = verified_stale_after_s(state.probe_period_s)
         clusters = sorted(state.clusters.items())
+        if len(self._counted_kept) > 2 * len(clusters):  # removed clusters' series go
+            self._counted_kept = {k: v for k, v in self._counted_kept.items()
+                                  if k in state.clusters}
 
-        lag = GaugeMetricFamily("convergerd_cluster_lag_seconds",
-                                "Seconds since the cluster last fully converged (at scrape time)",
-                                labels=["cluster"])
-        last = GaugeMetricFamily("convergerd_cluster_last_success_timestamp_seconds",
-                                 "When the cluster last fully converged (Unix time)",
-                                 labels=["cluster"])
-        up = GaugeMetricFamily("convergerd_cluster_up",
-                               "1 if the last attempt (round or reachability check) reached it",
-                               labels=["cluster"])
-        oos = GaugeMetricFamily("convergerd_cluster_out_of_sync_policies",
-                                "Policies not in sync on the cluster after the last round",
-                                labels=["cluster"])
-        phase = GaugeMetricFamily("convergerd_policy_phase",
-                                  "Policies in each phase on the cluster (Stale: not read back for "
-                                  "more than two intervals)", labels=["cluster", "phase"])
-        verification = GaugeMetricFamily(
+        lag = _Family("convergerd_cluster_lag_seconds",
+                      "Seconds since the cluster last fully converged (at scrape time)",
+                      labels=("cluster",))
+        last = _Family("convergerd_cluster_last_success_timestamp_seconds",
+                       "When the cluster last fully converged (Unix time)", labels=("cluster",))
+        up = _Family("convergerd_cluster_up",
+                     "1 if the last attempt (round or reachability check) reached it",
+                     labels=("cluster",))
+        oos = _Family("convergerd_cluster_out_of_sync_policies",
+                      "Policies not in sync on the cluster after the last round",
+                      labels=("cluster",))
+        phase = _Family("convergerd_policy_phase",
+                        "Policies in each phase on the cluster (Stale: not read back for "
+                        "more than two intervals)", labels=("cluster", "phase"))
+        verification = _Family(
             "convergerd_policy_verification", "Policies by what the operator's enforcement "
             "probe last found on the cluster (admitted: a violating pod was admitted, the "
-            "policy is not enforced)", labels=["cluster", "result"])
-        info = GaugeMetricFamily("convergerd_cluster_server_info",
-                                 "Kubernetes version of the cluster", labels=["cluster", "version"])
-        cdur = GaugeMetricFamily("convergerd_cluster_round_duration_seconds",
-                                 "How long the last round worked on the cluster",
-                                 labels=["cluster"])
+            "policy is not enforced)", labels=("cluster", "result"))
+        info = _Family("convergerd_cluster_server_info",
+                       "Kubernetes version of the cluster", labels=("cluster", "version"))
+        cdur = _Family("convergerd_cluster_round_duration_seconds",
+                       "How long the last round worked on the cluster", labels=("cluster",))
+        rows: dict[str, list[Row]] = {"lag": [], "last": [], "up": [], "oos": [], "info": [],
+                                      "cdur": []}
         unsupported: dict[str, int] = {}
         for name, c in clusters:
-            labels = [name]
+            labels = (name,)
             success = c.last_success_at.timestamp() if c.last_success_at is not None else None
             since = success if success is not None else c.known_since.timestamp()
-            lag.add_metric(labels, max(0.0, now - since))
+            rows["lag"].append((labels, max(0.0, now - since)))
             if success is not None:
-                last.add_metric(labels, success)
+                rows["last"].append((labels, success))
             if c.reachable is not None:
-                up.add_metric(labels, 1.0 if c.reachable else 0.0)
+                rows["up"].append((labels, 1.0 if c.reachable else 0.0))
             if c.last_attempt_at is not None:  # counts known: from a round, or its record
-                oos.add_metric(labels, float(max(0, c.desired - c.in_sync)))
+                rows["oos"].append((labels, float(max(0, c.desired - c.in_sync))))
             if c.server_version:
-                info.add_metric([name, c.server_version], 1.0)
+                rows["info"].append(((name, c.server_version), 1.0))
             if c.duration_s is not None:
-                cdur.add_metric(labels, c.duration_s)
-            counts, checked = tally_counts(c.phase_tally, now, interval_s,
-                                           verified_stale_s=verified_stale_s)
-            for ph, count in counts.items():
-                phase.add_metric([name, ph], float(count))
-            for result, count in checked.items():
-                verification.add_metric([name, result], float(count))
-            if counts[UNSUPPORTED]:
+                rows["cdur"].append((labels, c.duration_s))
+            counted = c.counts(now, interval_s, verified_stale_s)
+            phases, checked = self._counted_lines(name, counted, keep)
+            phase.add(phases)
+            verification.add(checked)
+            if counted.phases[UNSUPPORTED]:
                 version = c.server_version or "unknown"
                 unsupported[version] = unsupported.get(version, 0) + 1
+        for family, key in ((lag, "lag"), (last, "last"), (up, "up"), (oos, "oos"),
+                            (info, "info"), (cdur, "cdur")):
+            family.add_rows(rows[key])
         yield from (lag, last, up, oos, phase, verification, info, cdur)
         yield from self._audit_families(now, clusters)
 
-        insecure = GaugeMetricFamily("convergerd_cluster_insecure",
-                                     "1 if the cluster is reached without TLS verification or "
-                                     "over http:// (allowed by a setting)", labels=["cluster"])
-        for flagged in sorted(state.insecure):
-            insecure.add_metric([flagged], 1.0)
+        insecure = _Family("convergerd_cluster_insecure",
+                           "1 if the cluster is reached without TLS verification or "
+                           "over http:// (allowed by a setting)", labels=("cluster",))
+        insecure.add_rows([((flagged,), 1.0) for flagged in sorted(state.insecure)])
         yield insecure
 
-        unsup = GaugeMetricFamily("convergerd_unsupported_clusters",
-                                  "Clusters whose policies are Unsupported (no "
-                                  "ValidatingAdmissionPolicy), by Kubernetes version",
-                                  labels=["version"])
-        for version, count in sorted(unsupported.items()):
-            unsup.add_metric([version], float(count))
+        unsup = _Family("convergerd_unsupported_clusters",
+                        "Clusters whose policies are Unsupported (no "
+                        "ValidatingAdmissionPolicy), by Kubernetes version", labels=("version",))
+        unsup.add_rows([((version,), float(count))
+                        for version, count in sorted(unsupported.items())])
         yield unsup
 
     def _audit_families(self, now: float,
-                        clusters: Sequence[tuple[str, ClusterState]]) -> Iterator[Metric]:
-        audit = GaugeMetricFamily(
+                        clusters: Sequence[tuple[str, ClusterState]]) -> Iterator[_Family]:
+        audit = _Family(
             "convergerd_audit_violations", "Existing objects on the cluster that its policies "
             "would deny, summed over the policies (the operator's audit, as last read)",
-            labels=["cluster"])
+            labels=("cluster",))
         audit_stale_s = audit_stale_after_s(self.state.probe_period_s)
         with_violations = unsynced = 0
+        rows: list[Row] = []
         for name, c in clusters:
             audited = c.audit_tally
             if audited.audited:
-                audit.add_metric([name], float(audited.violations))
+                rows.append(((name,), float(audited.violations)))
                 with_violations += audited.violations > 0
                 unsynced += audited.unsettled(now, self.state.interval_s, audit_stale_s)
+        audit.add_rows(rows)
         yield audit
-        yield GaugeMetricFamily("convergerd_audit_clusters_with_violations",
-                                "Clusters where the operator's audit counts existing objects "
-                                "that a policy would deny", value=float(with_violations))
-        yield GaugeMetricFamily("convergerd_audit_unsynced_clusters",
-                                "Clusters with an audit that is not current: the operator's "
-                                "cache not synced, unreadable, or older than two probe periods",
-                                value=float(unsynced))
+        yield _gauge("convergerd_audit_clusters_with_violations",
+                     "Clusters where the operator's audit counts existing objects "
+                     "that a policy would deny", float(with_violations))
+        yield _gauge("convergerd_audit_unsynced_clusters",
+                     "Clusters with an audit that is not current: the operator's "
+                     "cache not synced, unreadable, or older than two probe periods",
+                     float(unsynced))
 
-    def _fleet_families(self, now: float) -> Iterator[Metric]:
+    def _counter(self, name: str, doc: str, labels: Labels,
+                 values: dict[Labels, float], keep: bool) -> _Family:
+        """A counter family, its series written again only when a value changed: counters
+        only grow and series are only dropped by `follow_clusters` (`_generation`), so the
+        number of series and their sum change with any of them."""
+        if not keep:
+            return _counter(name, doc, labels, values)
+        family = _Family(name, doc, labels=labels, kind="counter")
+        mark = (self._generation, len(values), sum(values.values()))
+        kept = self._counters_kept.get(name)
+        if kept is None or kept[0] != mark:
+            kept = self._counters_kept[name] = (mark, _Lines(sorted(values.items()),
+                                                             kept=True))
+        family.add(kept[1])
+        return family
+
+    def _fleet_families(self, now: float, *, keep: bool) -> Iterator[_Family]:
         state = self.state
         leader = state.leader()
-        yield _counter("convergerd_applies", "Policy applies by result",
-                       ["cluster", "result"], self._applies)
-        yield _counter("convergerd_apply_failures", "Failed applies and cluster-level failures "
-                       "by reason", ["cluster", "reason"], self._failures)
-        yield _counter("convergerd_retries", "Retried requests to clusters by reason",
-                       ["cluster", "reason"], self._retries)
-        yield _counter("convergerd_cluster_requests", "Requests to clusters by verb and status "
-                       "code (none: no HTTP answer)", ["cluster", "verb", "code"], self._requests)
-        yield _counter("convergerd_rounds", "Converge rounds by result", ["result"],
+        yield self._counter("convergerd_applies", "Policy applies by result",
+                            ("cluster", "result"), self._applies, keep)
+        yield self._counter("convergerd_apply_failures", "Failed applies and cluster-level "
+                            "failures by reason", ("cluster", "reason"), self._failures, keep)
+        yield self._counter("convergerd_retries", "Retried requests to clusters by reason",
+                            ("cluster", "reason"), self._retries, keep)
+        yield self._counter("convergerd_cluster_requests", "Requests to clusters by verb and "
+                            "status code (none: no HTTP answer)", ("cluster", "verb", "code"),
+                            self._requests, keep)
+        yield _counter("convergerd_rounds", "Converge rounds by result", ("result",),
                        {(k,): v for k, v in self._rounds.items()})
-        yield _counter("convergerd_leader_transitions", "Leadership changes seen by this replica",
-                       [], {(): float(leader.changes)})
+        yield _counter("convergerd_leader_transitions", "Leadership changes seen by this "
+                       "replica", (), {(): float(leader.changes)})
         yield _counter("convergerd_record_failures", "Records the database refused for good "
-                       "(dropped), by reason", ["reason"], self._record_failures)
+                       "(dropped), by reason", ("reason",), self._record_failures)
         yield _counter("convergerd_status_reads_shed", "Status view requests answered 429 "
-                       "(over CONVERGERD_STATUS_READS_PER_SECOND), by path", ["path"],
+                       "(over CONVERGERD_STATUS_READS_PER_SECOND), by path", ("path",),
                        self._status_shed)
 
         yield _histograms("convergerd_apply_duration_seconds",
-                          "Latency of apply requests per cluster", "cluster", self._apply_latency)
-        rounds = HistogramMetricFamily("convergerd_round_duration_seconds",
-                                       "Duration of converge rounds")
-        rounds.add_metric([], self._round_duration.buckets(), self._round_duration.sum)
-        yield rounds
+                          "Latency of apply requests per cluster", ("cluster",),
+                          {(k,): v for k, v in self._apply_latency.items()})
+        yield _histograms("convergerd_round_duration_seconds", "Duration of converge rounds",
+                          (), {(): self._round_duration})
 
-        yield GaugeMetricFamily("convergerd_is_leader", "1 if this replica holds the Lease",
-                                value=1.0 if leader.is_leader else 0.0)
-        yield GaugeMetricFamily("convergerd_invalid_policies",
-                                "Policies that cannot be delivered (bad id, type or params)",
-                                value=float(len(state.invalid)))
-        yield from self._pending_families(now)
-        yield GaugeMetricFamily("convergerd_event_loop_lag_seconds",
-                                "How late the event loop ran the last heartbeat",
-                                value=self._loop_lag_s)
-        yield GaugeMetricFamily("convergerd_round_interval_seconds",
-                                "Configured time between converge rounds", value=state.interval_s)
+        yield _gauge("convergerd_is_leader", "1 if this replica holds the Lease",
+                     1.0 if leader.is_leader else 0.0)
+        yield _gauge("convergerd_invalid_policies",
+                     "Policies that cannot be delivered (bad id, type or params)",
+                     float(len(state.invalid)))
+        count, age = pending_deletion_values(self.state.pending_deletions(), now)
+        yield _gauge("convergerd_pending_deletions",
+                     "Policy deletions begun and not finished: some cluster did not "
+                     "confirm the removal (a retry of the DELETE finishes them)", count)
+        yield _gauge("convergerd_pending_deletion_oldest_seconds",
+                     "How long the oldest pending deletion has been pending (0: none)", age)
+        yield _gauge("convergerd_event_loop_lag_seconds",
+                     "How late the event loop ran the last heartbeat", self._loop_lag_s)
+        yield _gauge("convergerd_round_interval_seconds",
+                     "Configured time between converge rounds", state.interval_s)
         last_round = state.last_round
         if last_round is not None and last_round.finished_at is not None:
-            yield GaugeMetricFamily("convergerd_last_round_timestamp_seconds",
-                                    "When the last converge round ended (Unix time)",
-                                    value=last_round.finished_at.timestamp())
-        build = GaugeMetricFamily("convergerd_build_info", "convergerd version",
-                                  labels=["version"])
-        build.add_metric([self.version], 1.0)
+            yield _gauge("convergerd_last_round_timestamp_seconds",
+                         "When the last converge round ended (Unix time)",
+                         last_round.finished_at.timestamp())
+        build = _Family("convergerd_build_info", "convergerd version", labels=("version",))
+        build.add_rows([((self.version,), 1.0)])
         yield build
 
 
@@ -469,30 +527,147 @@ def pending_deletion_values(
     return float(count), age
 
 
-def _counter(
-    name: str, doc: str, labels: list[str], values: dict[Labels, float]
-) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, doc, labels=labels)
-    for key, value in sorted(values.items()):
-        family.add_metric(list(key), value)
+# ---------------------------------------------------------------------------------------------
+# The exposition: families as rows of label values and values, written as prometheus_client's
+# `generate_latest` writes them (tests/unit/test_metrics.py compares the two), or handed to a
+# registry as its metric families.
+
+Row = tuple[Labels, float]
+# How the exposition writes a value (prometheus_client's, not annotated).
+_go = cast("Callable[[float], str]", floatToGoString)
+# Values of series that are counts, written without a call.
+_COUNTS = {float(n): _go(n) for n in range(1, 1024)}
+
+
+def _value(value: float) -> str:
+    return _COUNTS.get(value) or _go(value)
+
+
+def _escaped(value: str) -> str:
+    """A label value as the exposition escapes it."""
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return value
+
+
+def _lines(sample: str, names: Labels, rows: Iterable[Row]) -> str:
+    """The exposition's lines of `rows`, samples named `sample`, labels sorted by name."""
+    if not names:
+        return "".join(f"{sample} {_value(value)}\n" for _, value in rows)
+    if len(names) == 1:
+        start = f'{sample}{{{names[0]}="'
+        return "".join(f'{start}{_escaped(v)}"}} {_value(value)}\n' for (v,), value in rows)
+    order = sorted(range(len(names)), key=names.__getitem__)
+    keys = [(f'{names[i]}="', i) for i in order]
+    return "".join(
+        f'{sample}{{{",".join(f"{key}{_escaped(values[i])}" + chr(34) for key, i in keys)}}} '
+        f"{_value(value)}\n" for values, value in rows)
+
+
+class _Lines:
+    """Rows of one family, written once. A part kept between scrapes (`kept`) lets its rows
+    go once written (memory: only `render` uses kept parts, `collect` makes its own)."""
+
+    __slots__ = ("_text", "kept", "rows")
+
+    def __init__(self, rows: list[Row], *, kept: bool = False) -> None:
+        self.rows: list[Row] | None = rows
+        self.kept = kept
+        self._text: str | None = None
+
+    def text(self, sample: str, names: Labels) -> str:
+        if self._text is None:
+            assert self.rows is not None
+            self._text = _lines(sample, names, self.rows)
+            if self.kept:
+                self.rows = None
+        return self._text
+
+
+class _Family:
+    """One gauge or counter family, its rows in parts (`_Lines`, some kept between scrapes)."""
+
+    def __init__(self, name: str, doc: str, *, labels: Labels = (),
+                 kind: str = "gauge") -> None:
+        self.name, self.doc, self.labels, self.kind = name, doc, labels, kind
+        self.parts: list[_Lines] = []
+
+    def add(self, lines: _Lines) -> None:
+        self.parts.append(lines)
+
+    def add_rows(self, rows: list[Row]) -> None:
+        self.parts.append(_Lines(rows))
+
+    def _head(self, name: str, kind: str) -> str:
+        doc = self.doc.replace("\\", r"\\").replace("\n", r"\n")
+        return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
+
+    def text(self) -> str:
+        sample = f"{self.name}_total" if self.kind == "counter" else self.name
+        return self._head(sample, self.kind) + "".join(
+            part.text(sample, self.labels) for part in self.parts)
+
+    def metric(self) -> Metric:
+        family: GaugeMetricFamily | CounterMetricFamily = (
+            CounterMetricFamily(self.name, self.doc, labels=self.labels)
+            if self.kind == "counter" else GaugeMetricFamily(self.name, self.doc,
+                                                             labels=self.labels))
+        for part in self.parts:
+            assert part.rows is not None, "a family with kept parts is written, not collected"
+            for values, value in part.rows:
+                family.add_metric(values, value)
+        return family
+
+
+class _HistogramFamily(_Family):
+    """Histograms, one per row of label values."""
+
+    def __init__(self, name: str, doc: str, labels: Labels,
+                 histograms: Mapping[Labels, _Histogram]) -> None:
+        super().__init__(name, doc, labels=labels, kind="histogram")
+        self.histograms = sorted(histograms.items())
+
+    def text(self) -> str:
+        out = [self._head(self.name, self.kind)]
+        names = (*self.labels, "le")
+        for values, hist in self.histograms:
+            buckets = hist.buckets()
+            out.append(_lines(f"{self.name}_bucket", names,
+                              (((*values, le), count) for le, count in buckets)))
+            out.append(_lines(f"{self.name}_count", self.labels, [(values, buckets[-1][1])]))
+            out.append(_lines(f"{self.name}_sum", self.labels, [(values, hist.sum)]))
+        return "".join(out)
+
+    def metric(self) -> Metric:
+        family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for values, hist in self.histograms:
+            family.add_metric(values, hist.buckets(), hist.sum)
+        return family
+
+
+def _gauge(name: str, doc: str, value: float) -> _Family:
+    family = _Family(name, doc)
+    family.add_rows([((), value)])
     return family
 
 
-def _histograms(name: str, doc: str, label: str,
-                histograms: Mapping[str, _Histogram]) -> HistogramMetricFamily:
-    """One histogram series per value of `label`."""
-    family = HistogramMetricFamily(name, doc, labels=[label])
-    for value, hist in sorted(histograms.items()):
-        family.add_metric([value], hist.buckets(), hist.sum)
+def _counter(name: str, doc: str, labels: Labels, values: Mapping[Labels, float]) -> _Family:
+    family = _Family(name, doc, labels=labels, kind="counter")
+    family.add_rows(sorted(values.items()))
     return family
+
+
+def _histograms(name: str, doc: str, labels: Labels,
+                histograms: Mapping[Labels, _Histogram]) -> _HistogramFamily:
+    return _HistogramFamily(name, doc, labels, histograms)
 
 
 class _Collector:
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
+    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
+        self._families = families
 
     def collect(self) -> Iterator[Metric]:
-        return self._metrics.collect()
+        return self._families()
 
 
 FANOUT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
@@ -542,20 +717,21 @@ class FanoutMetrics:
 
     def collect(self) -> Iterator[Metric]:
         yield _counter("convergerd_saves", "Policy saves by trigger and result",
-                       ["trigger", "result"], self._saves)
-        yield _counter("convergerd_deletes", "Policy deletions by result", ["result"],
-                       self._deletes)
+                       ("trigger", "result"), self._saves).metric()
+        yield _counter("convergerd_deletes", "Policy deletions by result", ("result",),
+                       self._deletes).metric()
         yield _histograms("convergerd_fanout_duration_seconds",
-                          "Duration of save and delete fan-outs", "operation", self._duration)
+                          "Duration of save and delete fan-outs", ("operation",),
+                          {(k,): v for k, v in self._duration.items()}).metric()
         yield GaugeMetricFamily("convergerd_notify_listener_connected",
                                 "1 while the database notification listener is connected",
                                 value=self._connected)
         yield _counter("convergerd_notify_listener_reconnects",
                        "Times the notification listener lost its connection and reconnected",
-                       [], {(): self._reconnects})
+                       (), {(): self._reconnects}).metric()
         yield _counter("convergerd_notifications",
                        "Database notifications received, by what this replica did with them",
-                       ["handling"], self._notifications)
+                       ("handling",), self._notifications).metric()
 
 
 __all__ = ["CONTENT_TYPE", "FanoutMetrics", "Metrics"]

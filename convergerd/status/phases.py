@@ -29,7 +29,6 @@ import bisect
 import datetime as dt
 import math
 from array import array
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -124,22 +123,19 @@ def verification_result(verification: str) -> str:
     return verification if verification in VERIFICATION_RESULTS else UNVERIFIED
 
 
-def verification_counts(
-    readings: Iterable[PhaseReading], now: dt.datetime, interval_s: float, *,
-    probe_period_s: float,
-) -> dict[str, int]:
-    """How many policies are in each of `VERIFICATIONS` (every key present)."""
-    counts = dict.fromkeys(VERIFICATIONS, 0)
-    for r in readings:
-        counts[verification_of(r, age_s(r.seen_at, now), interval_s, now=now,
-                               probe_period_s=probe_period_s)] += 1
-    return counts
+def verification_results(counts: Mapping[str, int]) -> dict[str, int]:
+    """Counts per one of `VERIFICATIONS` as the metric counts them (every one of
+    `VERIFICATION_RESULTS`)."""
+    results = dict.fromkeys(VERIFICATION_RESULTS, 0)
+    for verification, count in counts.items():
+        results[verification_result(verification)] += count
+    return results
 
 
-# One reading as the metrics count it: (phase, seen at, the verification result as if probed
-# when seen, the probe time when that result ages into `stale`), times in seconds since the
-# epoch. Decided once when the reading is taken, so a scrape over a large fleet is float
-# arithmetic.
+# One reading as status and the metrics count it: (phase, seen at, its verification (one of
+# `VERIFICATIONS`) as if probed when seen, the probe time when that result ages into `stale`),
+# times in seconds since the epoch. Decided once when the reading is taken, so a scrape or a
+# `/status` over a large fleet is float arithmetic.
 TallyEntry = tuple[str, float, str, float | None]
 # Readings that agree on the first three are counted together (`TallyGroup`): an operator
 # probes each policy at its own time, and a group per distinct probe time cost ~170 bytes per
@@ -179,7 +175,7 @@ def tally_entry(reading: PhaseReading) -> TallyEntry:
     ages = (found is not None and found.probed_at is not None and fresh != ADMITTED
             and probe_time_problem(found, at) is None)
     probed = found.probed_at.timestamp() if ages and found and found.probed_at else None
-    return normalize_phase(reading.phase), at.timestamp(), verification_result(fresh), probed
+    return normalize_phase(reading.phase), at.timestamp(), fresh, probed
 
 
 def tally(readings: Iterable[PhaseReading]) -> dict[TallyKey, TallyGroup]:
@@ -231,27 +227,52 @@ def tally_grouped(
     for key, probed_times in times.items():
         groups_out[key].probed = array("d", sorted(probed_times))
     return groups_out
+@dataclass(frozen=True, slots=True)
+class TallyCounts:
+    """`tally_counts` at `since` under the given rules, and what they hold until: the oldest
+    reading not stale yet and the oldest probe not aged yet (inf: none)."""
+
+    phases: dict[str, int]  # every one of `ALL_PHASES` and `Stale`
+    verification: dict[str, int]  # every one of `VERIFICATIONS`
+    shown: dict[str, int]  # the phases counted, by name (as `/status` shows them)
+    since: float
+    rules: tuple[float, float]  # (interval_s, verified_stale_s)
+    fresh_seen: float
+    unaged_probe: float
+
+    def hold_at(self, now: float, interval_s: float, verified_stale_s: float) -> bool:
+        """Whether these are the counts at `now` too: no reading turned stale and no probe
+        aged since (the tests `tally_counts` makes, on the oldest of each)."""
+        return (self.since <= now and self.rules == (interval_s, verified_stale_s)
+                and not is_stale_age(now - self.fresh_seen, interval_s)
+                and not now - self.unaged_probe > verified_stale_s)
 
 
 def tally_counts(
     readings: PhaseTally, now: float, interval_s: float, *, verified_stale_s: float
-) -> tuple[dict[str, int], dict[str, int]]:
-    """Policies per phase (every one of `ALL_PHASES` and `Stale`) and per verification result
-    (every one of `VERIFICATION_RESULTS`) at `now` (seconds since the epoch): a stale reading
-    counts as `Stale` and `unverified`, a probe older than `verified_stale_s` as `stale`."""
+) -> TallyCounts:
+    """Policies per phase and per verification at `now` (seconds since the epoch): a stale
+    reading counts as `Stale` and `unknown`, a probe older than `verified_stale_s` as
+    `stale`."""
     counts = dict.fromkeys((*ALL_PHASES, STALE), 0)
-    checked = dict.fromkeys(VERIFICATION_RESULTS, 0)
+    checked = dict.fromkeys(VERIFICATIONS, 0)
+    fresh_seen = unaged_probe = math.inf
     for (phase, seen, result), group in readings.items():
         n = len(group)
         if is_stale_age(now - seen, interval_s):  # `counted_phase`, the phase being normalized
             counts[STALE] += n
-            checked[UNVERIFIED] += n
+            checked[UNKNOWN_VERIFICATION] += n
             continue
+        fresh_seen = min(fresh_seen, seen)
         counts[phase] += n
         aged = group.aged(now, verified_stale_s) if group.probed else 0
+        if aged < len(group.probed):
+            unaged_probe = min(unaged_probe, group.probed[aged])
         checked[STALE_VERIFICATION] += aged
         checked[result] += n - aged
-    return counts, checked
+    shown = {phase: n for phase, n in sorted(counts.items()) if n}
+    return TallyCounts(counts, checked, shown, now, (interval_s, verified_stale_s), fresh_seen,
+                       unaged_probe)
 
 
 def phases_refreshed(outcome: ClusterOutcome) -> bool:
@@ -260,20 +281,6 @@ def phases_refreshed(outcome: ClusterOutcome) -> bool:
     the old readings stay, and age into staleness.
     """
     return outcome.listed
-
-
-def phase_counts(
-    readings: Iterable[PhaseReading], now: dt.datetime, interval_s: float
-) -> dict[str, int]:
-    """How many policies are in each phase; stale readings count under `Stale`."""
-    counts = Counter(counted_phase(r.phase, age_s(r.seen_at, now), interval_s) for r in readings)
-    return dict(sorted(counts.items()))
-
-
-def is_unsupported(readings: Iterable[PhaseReading], now: dt.datetime, interval_s: float) -> bool:
-    """A cluster is rolled up as Unsupported when a fresh reading there says so."""
-    return any(counted_phase(r.phase, age_s(r.seen_at, now), interval_s) == UNSUPPORTED
-               for r in readings)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import itertools
 import sys
 from collections import Counter
@@ -51,7 +52,10 @@ from convergerd.core.shards import orphaned, shard_of
 from convergerd.status.phases import (
     AUDIT_CURRENT,
     NO_AUDITS,
+    UNSUPPORTED,
     AuditTally,
+    PhaseTally,
+    TallyCounts,
     TallyGroup,
     TallyKey,
     age_s,
@@ -61,16 +65,14 @@ from convergerd.status.phases import (
     audit_tally_grouped,
     audit_time_problem,
     is_stale,
-    is_unsupported,
     known_violations,
     normalize_phase,
-    phase_counts,
     phases_refreshed,
     probe_time_problem,
     stale_after_s,
     tally,
+    tally_counts,
     tally_grouped,
-    verification_counts,
     verification_of,
     verified_stale_after_s,
 )
@@ -107,6 +109,7 @@ def worst_first_key(
     return rank, -(lag_s or 0.0), cluster
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a view shows the same times often (a round's end)
 def iso(moment: dt.datetime | None) -> str | None:
     return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if moment else None
 
@@ -636,10 +639,13 @@ class ClusterState:
     own_round_at: dt.datetime | None = None  # when this replica's own round last worked on it
     stored_attempt_at: dt.datetime | None = None  # the database's last attempt, as last read
     rows_read_for: dt.datetime | None = None  # the database attempt whose rows were absorbed
-    # The readings as the metrics count them, recounted whenever the readings change
+    # The readings as status and the metrics count them, recounted whenever they change
     # (`recount_phases`): a scrape then costs a few additions per cluster, not per policy.
+    # Replaced whole, never changed in place (`counts` keeps its answer for the same tally).
     phase_tally: dict[TallyKey, TallyGroup] = field(default_factory=dict)
     audit_tally: AuditTally = NO_AUDITS  # likewise, the audits (`phases.audit_tally`)
+    # `counts`' last answer, kept while it holds: (the tally counted, the counts).
+    _counted: tuple[PhaseTally, TallyCounts] | None = None
 
     @property
     def caught_up(self) -> bool:
@@ -676,6 +682,19 @@ class ClusterState:
 
     def readings(self) -> list[PhaseReading]:
         return self.policies.readings()
+
+    def counts(self, now: float, interval_s: float, verified_stale_s: float) -> TallyCounts:
+        """The readings' counts at `now` (`phases.tally_counts`), counted again only when the
+        tally changed or a count did (a reading turned stale, a probe aged): status and every
+        scrape ask for each cluster's."""
+        kept = self._counted
+        if (kept is not None and kept[0] is self.phase_tally
+                and kept[1].hold_at(now, interval_s, verified_stale_s)):
+            return kept[1]
+        counted = tally_counts(self.phase_tally, now, interval_s,
+                               verified_stale_s=verified_stale_s)
+        self._counted = (self.phase_tally, counted)  # the tally held: `is` stays true to it
+        return counted
 
     def recount_phases(self) -> None:
         """Told after the readings changed."""
@@ -950,7 +969,7 @@ class StatusState:
         return self._shards_held
 
     def shard_of(self, cluster: str) -> int:
-        return shard_of(cluster, self.shards)
+        return 0 if self.shards == 1 else shard_of(cluster, self.shards)
 
     def since_round_s(self, state: ClusterState, now: dt.datetime) -> float:
         """Seconds since a round last finished on the cluster (by any replica, as recorded),
@@ -1107,18 +1126,12 @@ class StatusState:
                                           failing=c.failing, lag_s=c.lag_s(now)),
         )
 
-    def unsupported(self, now: dt.datetime) -> dict[str, list[str]]:
-        return unsupported_rollup(
-            (c.id, c.server_version) for c in self.clusters.values()
-            if is_unsupported(c.readings(), now, self.interval_s)
-        )
-
-    def cluster_summary(self, state: ClusterState, now: dt.datetime,
-                        readings: list[PhaseReading] | None = None) -> dict[str, Any]:
-        """`readings`: the cluster's, when the caller has them already (each call of
-        `ClusterState.readings` builds them anew from the packed records)."""
-        if readings is None:
-            readings = state.readings()
+    def cluster_summary(self, state: ClusterState, now: dt.datetime) -> dict[str, Any]:
+        """The cluster as `/status` lists it. Its phase and verification counts are its
+        readings' tally (`ClusterState.phase_tally`, what the metrics count too), so a summary
+        costs a few numbers, not one per policy."""
+        counted = state.counts(now.timestamp(), self.interval_s,
+                               verified_stale_after_s(self.probe_period_s))
         return {
             "id": state.id,
             "reachable": state.reachable,
@@ -1129,9 +1142,9 @@ class StatusState:
             "desired": state.desired,
             "in_sync": state.in_sync,
             "failed": state.failed,
-            "phases": phase_counts(readings, now, self.interval_s),
-            "verification": verification_counts(readings, now, self.interval_s,
-                                                probe_period_s=self.probe_period_s),
+            # Shared with the next summaries while the counts hold: never changed.
+            "phases": counted.shown,
+            "verification": counted.verification,
             "last_error": state.error,
             "last_reason": state.last_reason if state.error == state.last_error else "unreachable",
             "server_version": state.server_version,
@@ -1213,16 +1226,17 @@ class StatusState:
                 "error": r.error}
 
     def snapshot(self, now: dt.datetime | None = None) -> dict[str, Any]:
-        """The `/status` document."""
+        """The `/status` document: `snapshot_head` and the clusters' summaries, worst first
+        (`convergerd.api.server` builds the same document in slices)."""
         now = now or self.clock()
+        clusters = [self.cluster_summary(state, now) for state in self.sorted_clusters(now)]
+        return {**self.snapshot_head(now, unsupported_of(clusters)), "clusters": clusters}
+
+    def snapshot_head(self, now: dt.datetime,
+                      unsupported: Iterable[tuple[str, str | None]]) -> dict[str, Any]:
+        """The `/status` document but its clusters; `unsupported`: the Unsupported clusters
+        and their versions (`unsupported_of` the summaries)."""
         leader = self.leader()
-        clusters, unsupported = [], []
-        for state in self.sorted_clusters(now):
-            # Built once per cluster and let go: never the whole fleet's readings at once.
-            readings = state.readings()
-            clusters.append(self.cluster_summary(state, now, readings))
-            if is_unsupported(readings, now, self.interval_s):
-                unsupported.append((state.id, state.server_version))
         return {
             "identity": self.identity,
             "now": iso(now),
@@ -1236,7 +1250,12 @@ class StatusState:
             "invalid_policies": [{"id": k, "reason": v} for k, v in sorted(self.invalid.items())],
             "pending_deletions": self.pending_view(now),
             "shards": self.shards_view(now),
-            "clusters": clusters,
             "unsupported_by_version": unsupported_rollup(unsupported),
             "audit": self.audit_fleet_view(now),
         }
+
+
+def unsupported_of(summaries: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, str | None]]:
+    """The clusters of `/status` summaries with fresh `Unsupported` readings, and their
+    Kubernetes versions (for `unsupported_rollup`)."""
+    return ((s["id"], s["server_version"]) for s in summaries if s["phases"].get(UNSUPPORTED))

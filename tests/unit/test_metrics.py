@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -21,7 +22,7 @@ from convergerd.core.report import (
     Verification,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
-from convergerd.status.metrics import Metrics
+from convergerd.status.metrics import FanoutMetrics, Metrics
 from convergerd.status.state import StatusState
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
@@ -509,3 +510,52 @@ def test_shards_holders_last_rounds_and_orphans(clock: WallClock) -> None:
     by_id = {c["id"]: c for c in doc["clusters"]}
     assert all(by_id[c]["shard"] == shard_of(c, 3) and by_id[c]["orphaned"] for c in clusters)
     assert {by_id[c]["holder"] for c in clusters if shard_of(c, 3) == 1} <= {None}
+
+
+def test_the_exposition_is_prometheus_clients_as_the_state_and_counters_change(
+    clock: WallClock
+) -> None:
+    """`render` writes its own families itself (and keeps unchanged parts between scrapes):
+    byte for byte what prometheus_client's `generate_latest` writes of the same registry, with
+    label values to escape, every kind of family, and after every kind of change."""
+    odd = 'v1.30.0-"rc"\\x\nnext'
+    m = Replica(clock, ["c1", "c2", "c3"], probe_period_s=600.0)
+    fanout = FanoutMetrics()
+    m.metrics.register(fanout)
+    fanout.fanout_done("save", "api", "ok", 0.3)
+
+    def same() -> None:
+        assert m.render() == generate_latest(m.metrics.registry)
+
+    same()
+    m.state.observe_probe("c2", reachable=False)
+    m.state.observe_probe("c3", reachable=True, server_version=odd)
+    m.state.set_insecure("c1", True)
+    m.state.set_invalid([("X", "bad id")])
+    m.state.set_shards(holders=["rep-a"], held=[0], members=["rep-a"], share=1)
+    m.observe_round(round_at(T0, outcome(
+        "c1", reached=True, desired=3, in_sync=2, server_version="v1.29.0", phases=[
+            PhaseReading(ClusterId("c1"), PolicyId("p1"), "Unsupported", None, None, 1, T0),
+            PhaseReading(ClusterId("c1"), PolicyId("p2"), "Enforcing", None, None, 1, T0,
+                         Verification("True", "Denied", "m", T0, T0)),
+            PhaseReading(ClusterId("c1"), PolicyId("p3"), "Enforcing", None, None, 1, T0,
+                         Verification("False", "Admitted", "m", T0, T0))],
+        deliveries=[delivery("c1", "p1", ApplyResult.CREATED),
+                    delivery("c1", "p3", ApplyResult.FAILED, "odd reason")])))
+    m.metrics.request_done("c1", "apply", 200, 0.3)
+    m.metrics.request_done("c3", "list", None, 5.0)
+    m.metrics.retry("c1", "throttled")
+    m.metrics.record_refused("data")
+    m.metrics.status_read_shed("/status")
+    m.metrics.set_loop_lag(0.125)
+    same()
+    same()  # kept parts
+    clock.now += 700  # readings and probes age: phases turn Stale
+    same()
+    m.metrics.request_done("c2", "get", 500, 0.1)  # one counter moves
+    same()
+    m.set_clusters(["c1", "c2"])  # c3's series go
+    m.set_clusters(["c1", "c2", "c4"])  # and a new cluster's come, at zero
+    same()
+    m.set_clusters(["c1", "c2", "c5"])  # as many series, as many counted, other names
+    same()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.report import (
@@ -17,7 +19,13 @@ from convergerd.core.report import (
     Verification,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
-from convergerd.status.phases import STALE, is_stale, normalize_phase, phase_counts
+from convergerd.status.phases import (
+    STALE,
+    is_stale,
+    normalize_phase,
+    tally,
+    tally_counts,
+)
 from convergerd.status.state import (
     PolicyRecord,
     StatusState,
@@ -87,8 +95,40 @@ def test_phase_counts_put_stale_readings_under_stale() -> None:
         reading("c1", "p3", None, now),
         reading("c1", "p4", "Error", now),
     ]
-    assert phase_counts(readings, now, INTERVAL) == {
-        "Enforcing": 1, "Error": 1, STALE: 1, "Unknown": 1}
+    counted = tally_counts(tally(readings), now.timestamp(), INTERVAL, verified_stale_s=1200)
+    assert counted.shown == {"Enforcing": 1, "Error": 1, STALE: 1, "Unknown": 1}
+
+
+READINGS = st.lists(st.tuples(
+    st.sampled_from(["Enforcing", "Inert", "Unsupported", None]),
+    st.integers(0, 2000),  # seen, seconds after T0
+    st.sampled_from(["True", "False", None]),
+    st.one_of(st.none(), st.integers(-1500, 2100)),  # probed, seconds after T0
+), max_size=12)
+
+
+@given(READINGS, st.lists(st.integers(0, 5000), min_size=1, max_size=12))
+def test_cluster_counts_kept_between_asks_are_the_counts_made_anew(
+    found: list[tuple[str | None, int, str | None, int | None]], asks: list[int]
+) -> None:
+    """`ClusterState.counts` keeps its counts while they hold: asked at any times, in any
+    order, the same as counting the readings anew."""
+    readings = []
+    for i, (phase, seen, status, probed) in enumerate(found):
+        at = T0 + dt.timedelta(seconds=seen)
+        probe = None if probed is None else T0 + dt.timedelta(seconds=probed)
+        verified = None if status is None else Verification(
+            status, "Admitted" if i % 3 == 0 else "Denied", "m", probe, probe)
+        readings.append(PhaseReading(ClusterId("c1"), PolicyId(f"p{i}"), phase, None, None, 1,
+                                     at, verified))
+    state = StatusState(identity="r", interval_s=INTERVAL)
+    cluster = state.cluster("c1")
+    cluster.phase_tally = tally(readings)
+    for ask in asks:
+        now = (T0 + dt.timedelta(seconds=ask)).timestamp()
+        kept = cluster.counts(now, INTERVAL, 600.0)
+        anew = tally_counts(cluster.phase_tally, now, INTERVAL, verified_stale_s=600.0)
+        assert (kept.phases, kept.verification) == (anew.phases, anew.verification)
 
 
 def test_worst_first_order() -> None:
