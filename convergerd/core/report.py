@@ -12,7 +12,7 @@ import datetime as dt
 import itertools
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar, overload
@@ -204,6 +204,16 @@ class Deliveries(_Packed[Delivery]):
                                        strict=True):
             yield Delivery(k[0], policy, revision, *k[1:])
 
+    def columns(self) -> tuple[Sequence[PolicyId], Sequence[int], Sequence[_DeliveryKind]]:
+        """What is held, read without making a `Delivery` (for the store's rows; not to be
+        changed): per delivery its policy, its revision and its kind, (cluster, result, at,
+        error, reason, attempts), one object per distinct kind."""
+        return self._policies, self._revisions, self._kinds
+
+    def kinds(self) -> Collection[_DeliveryKind]:
+        """The distinct kinds of `columns`, in the order they first occur."""
+        return self._shared.values()
+
 
 class Readings(_Packed[PhaseReading]):
     """A cluster's phase readings of one round, packed: per reading its policy, its revision,
@@ -270,6 +280,19 @@ class Readings(_Packed[PhaseReading]):
         for args in zip(self._policies, self._revisions, self._probed, self._since,
                         self._kinds, strict=True):
             yield reading(*args)
+
+    def columns(self) -> tuple[Sequence[PolicyId], Sequence[int | None],
+                               Sequence[dt.datetime | None], Sequence[dt.datetime | None],
+                               Sequence[_ReadingKind]]:
+        """What is held, read without making a `PhaseReading` (for the store's rows; not to
+        be changed): per reading its policy, its revision, its Verified probe times (None
+        without Verified) and its kind, (cluster, phase, ready_reason, ready_message, seen_at,
+        audit, verified?, verified status, reason, message), one object per distinct kind."""
+        return self._policies, self._revisions, self._probed, self._since, self._kinds
+
+    def kinds(self) -> Collection[_ReadingKind]:
+        """The distinct kinds of `columns`, in the order they first occur."""
+        return self._shared.values()
 
 
 @dataclass(slots=True, init=False)
