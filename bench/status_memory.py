@@ -22,6 +22,7 @@ and measures with tracemalloc:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import gc
 import json
@@ -108,7 +109,7 @@ def main() -> None:
     state.observe_round(first)
     both = traced()
     tracemalloc.reset_peak()
-    record = round_record(first, "bench")
+    record = asyncio.run(round_record(first, "bench"))
     for _row in record.rows():
         pass
     record_bytes = tracemalloc.get_traced_memory()[1] - both

@@ -12,7 +12,7 @@ import datetime as dt
 import itertools
 import sys
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar, overload
@@ -165,13 +165,14 @@ class Deliveries(_Packed[Delivery]):
     `Delivery` (~100). A round at 10,000 clusters x 100 policies holds 1,000,000 of them while
     it is observed and recorded; each `Delivery` is made again as it is read."""
 
-    __slots__ = ("_kinds", "_policies", "_revisions", "_shared")
+    __slots__ = ("_kinds", "_policies", "_revisions", "_shared", "_tally")
 
     def __init__(self, found: Iterable[Delivery] = ()) -> None:
         self._policies: list[PolicyId] = []
         self._revisions: list[int] = []
         self._kinds: list[_DeliveryKind] = []
         self._shared: dict[_DeliveryKind, _DeliveryKind] = {}
+        self._tally: dict[ApplyResult, int] = {}
         for d in found:
             self.append(d)
 
@@ -180,6 +181,7 @@ class Deliveries(_Packed[Delivery]):
         self._policies.append(PolicyId(sys.intern(d.policy)))  # one object per policy id
         self._revisions.append(d.revision)
         self._kinds.append(self._shared.setdefault(kind, kind))
+        self._tally[d.result] = self._tally.get(d.result, 0) + 1
 
     def __len__(self) -> int:
         return len(self._policies)
@@ -187,6 +189,12 @@ class Deliveries(_Packed[Delivery]):
     def results(self) -> Iterator[ApplyResult]:
         """Each delivery's result (no `Delivery` made)."""
         return (k[1] for k in self._kinds)
+
+    def tally(self) -> Mapping[ApplyResult, int]:
+        """How many deliveries had each result, counted as they were appended: a round's
+        counts (`RoundReport.counts`, several times per round) were 1,000,000 steps at
+        10,000 clusters x 100 policies, each holding the event loop ~0.1 s."""
+        return self._tally
 
     @overload
     def __getitem__(self, index: int) -> Delivery: ...
@@ -412,7 +420,10 @@ class RoundReport:
     def counts(self) -> dict[str, int]:
         if self.counted is not None:
             return dict(self.counted)
-        results = Counter(r for c in self.clusters for r in c.deliveries.results())
+        results: Counter[ApplyResult] = Counter()
+        for c in self.clusters:
+            for result, n in c.deliveries.tally().items():
+                results[result] += n
         return {
             "clusters": len(self.clusters),
             "converged": sum(c.converged for c in self.clusters),

@@ -349,12 +349,48 @@ def _bigints(values: Sequence[int | None]) -> bool:
     """Whether `pg_revision` keeps every one of `values` as it is."""
     ints = [v for v in values if v is not None]
     return not ints or (set(map(type, ints)) == {int}
-                        and INT64_MIN <= min(ints) and max(ints) <= INT64_MAX)
+                        and min(ints) >= INT64_MIN and max(ints) <= INT64_MAX)
 
 
 def _kept(*texts: str | None) -> bool:
     """Whether `pg_text` keeps every one of `texts` as it is."""
     return all(pg_text(t) is t for t in texts)
+
+
+def _delivery_kinds(c: ClusterOutcome) -> dict[int, tuple[Any, ...]] | None:
+    """Per delivery kind of `c` (by id): its result, at, error, reason, attempts, and
+    whether it created; None if any of them would be cleaned or checked (`_packed_rows`)."""
+    parts: dict[int, tuple[Any, ...]] = {}
+    for k in c.deliveries.kinds():
+        cluster, result, at, error, reason, attempts = k
+        if (cluster != c.cluster or at.tzinfo is None or not _kept(error, reason)
+                or type(attempts) is not int or pg_count(attempts) != attempts):
+            return None
+        parts[id(k)] = (result.value, at, error, reason, attempts,
+                        result is ApplyResult.CREATED)
+    return parts
+
+
+def _reading_kinds(c: ClusterOutcome) -> dict[int, tuple[Any, ...]] | None:
+    """Per reading kind of `c` (by id): its phase, reason, message, seen at, Verified status,
+    reason, message, and its audit's four columns; None if any of them would be cleaned or
+    checked (`_packed_rows`)."""
+    parts: dict[int, tuple[Any, ...]] = {}
+    for k in c.phases.kinds():
+        (cluster, phase, ready_reason, ready_message, seen, audit,
+         verified, v_status, v_reason, v_message) = k
+        if verified:
+            v_status = v_status or ""  # as `Readings` makes its `Verification`
+        if (cluster != c.cluster or seen.tzinfo is None
+                or not _kept(phase, ready_reason, ready_message, v_status, v_reason, v_message)
+                or (audit is not None and (pg_revision(audit.violations) is not audit.violations
+                                           or not _kept(audit.problem)))):
+            return None
+        audited = (None, None, None, None) if audit is None else (
+            audit.violations, audit.audited_at, audit.synced, audit.problem)
+        parts[id(k)] = (phase, ready_reason, ready_message, seen, v_status, v_reason,
+                        v_message, *audited)
+    return parts
 
 
 def _packed_rows(c: ClusterOutcome, clean: _Cleaner) -> list[tuple[Any, ...]] | None:
@@ -371,32 +407,9 @@ def _packed_rows(c: ClusterOutcome, clean: _Cleaner) -> list[tuple[Any, ...]] | 
             or not clean.all_good({cluster} | delivered | read)
             or not _bigints(d_revisions) or not _bigints(r_revisions)):
         return None
-    # Per delivery kind: result, at, error, reason, attempts, created?
-    d_parts: dict[int, tuple[Any, ...]] = {}
-    for k in c.deliveries.kinds():
-        k_cluster, result, k_at, error, reason, attempts = k
-        if (k_cluster != cluster or k_at.tzinfo is None or not _kept(error, reason)
-                or type(attempts) is not int or pg_count(attempts) != attempts):
-            return None
-        d_parts[id(k)] = (result.value, k_at, error, reason, attempts,
-                          result is ApplyResult.CREATED)
-    # Per reading kind: phase, reason, message, seen at, Verified status, reason, message,
-    # and the audit's four columns.
-    r_parts: dict[int, tuple[Any, ...]] = {}
-    for k in c.phases.kinds():
-        (k_cluster, phase, ready_reason, ready_message, seen, audit,
-         verified, v_status, v_reason, v_message) = k
-        if verified:
-            v_status = v_status or ""  # as `Readings` makes its `Verification`
-        if (k_cluster != cluster or seen.tzinfo is None
-                or not _kept(phase, ready_reason, ready_message, v_status, v_reason, v_message)
-                or (audit is not None and (pg_revision(audit.violations) is not audit.violations
-                                           or not _kept(audit.problem)))):
-            return None
-        a_parts = (None, None, None, None) if audit is None else (
-            audit.violations, audit.audited_at, audit.synced, audit.problem)
-        r_parts[id(k)] = (phase, ready_reason, ready_message, seen, v_status, v_reason,
-                          v_message, *a_parts)
+    d_parts, r_parts = _delivery_kinds(c), _reading_kinds(c)
+    if d_parts is None or r_parts is None:
+        return None
     reading_of = dict(zip(r_policies, range(len(r_policies)), strict=True))
     rows: list[tuple[Any, ...]] = []
     append = rows.append
@@ -520,9 +533,9 @@ async def _upsert_deliveries(
     listed: Sequence[tuple[str, dt.datetime]] = (),
 ) -> None:
     """Inside a transaction: COPY the merged records in (streamed: `records` may be made as
-    they are copied, `_paced` to let the loop run meanwhile), clear the phases the `listed` clusters' listings (cluster, when) no
-    longer found, upsert the records into `deliveries`. `records` must then hold all the
-    readings of those listings."""
+    they are copied, `_paced` to let the loop run meanwhile), clear the phases the `listed`
+    clusters' listings (cluster, when) no longer found, upsert the records into `deliveries`.
+    `records` must then hold all the readings of those listings."""
     await conn.execute(_CREATE_INCOMING)
     await conn.copy_records_to_table(
         "incoming_deliveries", records=records, columns=_INCOMING_COLUMNS
@@ -584,7 +597,9 @@ class RoundRecord:
         return self.built.copy()
 
     @classmethod
-    def build(cls, report: RoundReport, identity: str, clean: _Cleaner) -> RoundRecord:
+    async def build(cls, report: RoundReport, identity: str, clean: _Cleaner) -> RoundRecord:
+        """The record of `report`, the loop given a turn every `eventloop.SLICE_S` (a state
+        row reads its cluster's readings: 10,000 clusters take a few hundred ms)."""
         at = _utc(report.finished_at or report.started_at)
         epoch = report.epoch
         round_row = (
@@ -597,10 +612,12 @@ class RoundRecord:
             {k: pg_count(v, bits=64) for k, v in report.counts().items()},
             clean.text(report.error, None, None, "error"),
         )
-        parts = [
-            _ClusterPart(c.cluster, _state_row(c, at, clean), c)
-            for c in report.clusters if not clean.bad_id(c.cluster, None)
-        ]
+        pacer = Pacer()
+        parts: list[_ClusterPart] = []
+        for c in report.clusters:
+            await pacer.pause()
+            if not clean.bad_id(c.cluster, None):
+                parts.append(_ClusterPart(c.cluster, _state_row(c, at, clean), c))
         parts += [
             _ClusterPart(c.cluster, None, c)
             for c in report.cut_short if not clean.bad_id(c.cluster, None)
@@ -803,10 +820,10 @@ async def _write_part_alone(
 # ---- writing ------------------------------------------------------------------------------
 
 
-def round_record(report: RoundReport, identity: str) -> RoundRecord:
+async def round_record(report: RoundReport, identity: str) -> RoundRecord:
     """`report` as rows, cleaned as they are made; writing it logs one warning if anything
     had to be cleaned or dropped. `report` must stay as it is until it is written."""
-    return RoundRecord.build(report, identity, _Cleaner())
+    return await RoundRecord.build(report, identity, _Cleaner())
 
 
 async def write_round(conn: asyncpg.Connection, record: RoundRecord, *, kept: int) -> int:

@@ -91,14 +91,14 @@ BUDGET_BYTES_PER_DELIVERY = 200
 
 
 @pytest.mark.timeout(600)
-def test_a_round_report_and_its_record_per_delivery_are_within_budget() -> None:
+async def test_a_round_report_and_its_record_per_delivery_are_within_budget() -> None:
     tracemalloc.start()
     try:
         base = traced()
         report = in_sync_round(T0)
         held = traced() - base
         tracemalloc.reset_peak()
-        record = round_record(report, "test")
+        record = await round_record(report, "test")
         rows = sum(1 for _ in record.rows())
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
