@@ -64,7 +64,7 @@ class LoopWatch:
             run(handle)
             watch.step_cpu_s = max(watch.step_cpu_s, time.thread_time() - cpu)
 
-        asyncio.Handle._run = timed  # type: ignore[method-assign]
+        asyncio.Handle._run = timed  # type: ignore[method-assign,assignment]
         self._task = asyncio.get_running_loop().create_task(self._tick())
         return self
 
