@@ -100,7 +100,7 @@ def made(make: Callable[[_Cleaner], Any]) -> tuple[Any, int, list[str]]:
     clean = _Cleaner()
     try:
         made: Any = make(clean)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # a naive time: refused, or not comparable
         made = repr(exc)
     return made, clean.changed, clean.examples
 
