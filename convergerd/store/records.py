@@ -8,6 +8,11 @@ cluster, policy and column). If the database still refuses the record for good
 (`DatabaseRejected`), `write_round_by_cluster` writes it again with each cluster in a savepoint,
 and a refused cluster row by row: only the refused rows are dropped, logged with their cluster
 and policies, and counted on a `RecordObserver`.
+
+A record at 10,000 clusters x 100 policies is 1,000,000 rows, made and written on the event
+loop the rounds, the prober and HTTP share: rows are made from the report's packed columns
+(`_packed_rows`), and building the record and feeding its rows to COPY give the loop a turn
+every 10 ms of work (`eventloop.Pacer`).
 """
 
 from __future__ import annotations
