@@ -164,13 +164,14 @@ class Copying(asyncpg.Connection):
 
 
 async def test_other_tasks_run_while_a_big_record_is_copied(database_url: str) -> None:
-    """300 clusters x 100 policies: while the record's rows are made and copied (asyncpg's
+    """1,200 clusters x 25 policies: while the record's rows are made and copied (asyncpg's
     COPY lets the loop run only when the socket is full), a task that only waits for a turn
-    of the loop gets one with the COPY part done."""
-    policies = [f"p{j:03d}" for j in range(100)]
+    of the loop gets one with the COPY part done. Every row lands, every cluster's state (in
+    more than one statement)."""
+    policies = [f"p{j:03d}" for j in range(25)]
     big = report(0, *(cluster(f"c{i:04d}", policies, 0, result=ApplyResult.UNCHANGED)
-                      for i in range(300)))
-    rows = 300 * 100
+                      for i in range(1200)))
+    rows = 1200 * 25
     conn = await asyncpg.connect(database_url, connection_class=Copying)
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads,
                               schema="pg_catalog")  # as the store's connections
@@ -187,6 +188,7 @@ async def test_other_tasks_run_while_a_big_record_is_copied(database_url: str) -
             await write_round(conn, await round_record(big, "test"), kept=10)
         task.cancel()
         assert await conn.fetchval("SELECT count(*) FROM deliveries") == rows
+        assert await conn.fetchval("SELECT count(*) FROM cluster_state") == 1200
     finally:
         await conn.close()
     assert conn.copied == rows
