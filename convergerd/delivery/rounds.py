@@ -19,7 +19,6 @@ import dataclasses
 import datetime as dt
 import itertools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -32,6 +31,7 @@ from convergerd.core.report import Epoch, RoundReport, utc_now
 from convergerd.core.shards import shard_of
 from convergerd.delivery.apply import ClusterSource, StopFence, cluster_calls
 from convergerd.delivery.converge import Round, RoundLimits, WriteGuard, run_round
+from convergerd.eventloop import SLICE_S, Pacer
 from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
 from convergerd.retry import BackoffWait, RetryObserver, StopBefore
@@ -56,10 +56,6 @@ UNRECORDED_DETAILS = 2_000_000
 # ending while it leads: a round ends within its deadline (a fraction of the interval) and the
 # next one starts one interval after the last one did.
 STUCK_AFTER_INTERVALS = 2.0
-# Observing a round gives the event loop back whenever it ran this long at a stretch: at
-# 10,000 clusters x 100 policies it is seconds of work, and the prober, the status views and
-# the requests in flight share the loop (a request waiting seconds for it times out).
-OBSERVE_SLICE_S = 0.01
 
 
 class RoundStore(Protocol):
@@ -406,21 +402,13 @@ class RoundLoop:
 
 
 async def observe_round(report: RoundReport, *, metrics: Metrics, state: StatusState,
-                        slice_s: float = OBSERVE_SLICE_S) -> None:
+                        slice_s: float = SLICE_S) -> None:
     """Feed `report` to the metrics and the status a cluster at a time, giving the loop back
     whenever `slice_s` passed (`Metrics.observing`, `StatusState.observing` say what a reader
     sees in between)."""
-    await in_slices(itertools.chain(metrics.observing(report), state.observing(report)),
-                    slice_s=slice_s)
-
-
-async def in_slices(steps: Iterable[object], *, slice_s: float) -> None:
-    """Run `steps` (each short), letting the loop run others whenever `slice_s` passed."""
-    until = time.perf_counter() + slice_s
-    for _ in steps:
-        if time.perf_counter() >= until:
-            await asyncio.sleep(0)
-            until = time.perf_counter() + slice_s
+    pacer = Pacer(slice_s)
+    for _ in itertools.chain(metrics.observing(report), state.observing(report)):
+        await pacer.pause()
 
 
 def database_retrying(

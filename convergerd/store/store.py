@@ -406,7 +406,7 @@ class Store:
         and counted on the observer; see `convergerd.store.records`). Raises
         `DatabaseUnavailable` (record it later), or `DatabaseRejected` when even the round's
         own row is refused."""
-        record = round_record(report, identity)
+        record = await round_record(report, identity)
         try:
             async with self._acquire() as conn, conn.transaction():
                 round_id = await write_round(conn, record, kept=self.rounds_kept)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -33,6 +35,7 @@ from convergerd.core.report import (
 from convergerd.runtime import Daemon
 from convergerd.sim.fleet import HOME, Fleet
 from convergerd.sim.resources import LEASES, POLICIES
+from convergerd.store.records import round_record, write_round
 from convergerd.store.store import Store
 from convergerd.store.values import INT32_MAX, TEXT_MAX_CHARS
 from tests.fixtures.fleet import free_port
@@ -134,6 +137,62 @@ async def deliveries(dsn: str) -> dict[tuple[str, str], asyncpg.Record]:
 
 async def states(dsn: str) -> dict[str, asyncpg.Record]:
     return {r["cluster_id"]: r for r in await sql(dsn, "SELECT * FROM cluster_state")}
+
+
+class Copying(asyncpg.Connection):
+    """asyncpg's connection, counting the rows a COPY takes as it takes them."""
+
+    copied = 0
+
+    async def copy_records_to_table(  # type: ignore[override]
+        self, table_name: str, *,
+        records: Iterable[tuple[Any, ...]] | AsyncIterable[tuple[Any, ...]], **kwargs: Any,
+    ) -> str:
+        async def counted() -> AsyncIterator[tuple[Any, ...]]:
+            if isinstance(records, AsyncIterable):
+                async for row in records:
+                    self.copied += 1
+                    yield row
+            else:
+                for row in records:
+                    self.copied += 1
+                    yield row
+
+        result: str = await super().copy_records_to_table(
+            table_name, records=counted(), **kwargs)
+        return result
+
+
+async def test_other_tasks_run_while_a_big_record_is_copied(database_url: str) -> None:
+    """1,200 clusters x 25 policies: while the record's rows are made and copied (asyncpg's
+    COPY lets the loop run only when the socket is full), a task that only waits for a turn
+    of the loop gets one with the COPY part done. Every row lands, every cluster's state (in
+    more than one statement)."""
+    policies = [f"p{j:03d}" for j in range(25)]
+    big = report(0, *(cluster(f"c{i:04d}", policies, 0, result=ApplyResult.UNCHANGED)
+                      for i in range(1200)))
+    rows = 1200 * 25
+    conn = await asyncpg.connect(database_url, connection_class=Copying)
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads,
+                              schema="pg_catalog")  # as the store's connections
+    seen: list[int] = []  # rows copied at each turn the other task had
+
+    async def other() -> None:
+        while True:
+            seen.append(conn.copied)
+            await asyncio.sleep(0)
+
+    try:
+        task = asyncio.create_task(other())
+        async with conn.transaction():
+            await write_round(conn, await round_record(big, "test"), kept=10)
+        task.cancel()
+        assert await conn.fetchval("SELECT count(*) FROM deliveries") == rows
+        assert await conn.fetchval("SELECT count(*) FROM cluster_state") == 1200
+    finally:
+        await conn.close()
+    assert conn.copied == rows
+    assert any(0 < n < rows for n in seen)
 
 
 async def test_values_postgres_cannot_hold_are_cleaned_and_named(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import tracemalloc
+from collections import Counter
 
 import pytest
 
@@ -59,8 +60,10 @@ def test_deliveries_read_back_as_told_in_order() -> None:
     assert [packed[i] for i in range(len(packed))] == DELIVERIES
     assert packed[1:3] == DELIVERIES[1:3]
     assert list(packed.results()) == [d.result for d in DELIVERIES]
+    assert packed.tally() == Counter(d.result for d in DELIVERIES)
     packed.append(DELIVERIES[3])
     assert packed[-1] == DELIVERIES[3]
+    assert packed.tally()[DELIVERIES[3].result] == 2
     assert len(packed) == len(DELIVERIES) + 1
 
 
@@ -91,14 +94,14 @@ BUDGET_BYTES_PER_DELIVERY = 200
 
 
 @pytest.mark.timeout(600)
-def test_a_round_report_and_its_record_per_delivery_are_within_budget() -> None:
+async def test_a_round_report_and_its_record_per_delivery_are_within_budget() -> None:
     tracemalloc.start()
     try:
         base = traced()
         report = in_sync_round(T0)
         held = traced() - base
         tracemalloc.reset_peak()
-        record = round_record(report, "test")
+        record = await round_record(report, "test")
         rows = sum(1 for _ in record.rows())
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
