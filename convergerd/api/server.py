@@ -97,6 +97,11 @@ STATUS_DB_TIMEOUT_S = 2.0
 # and an answer is at most max(STATUS_REUSE_S, STATUS_REUSE_BUILDS x build) old.
 STATUS_REUSE_S = 1.0
 STATUS_REUSE_BUILDS = 10.0
+# The exposition is reused by the same rule, but never once older than this: a cluster seen
+# down must read `convergerd_cluster_up 0` within seconds of the status showing it, even when a
+# busy loop made the last render slow (at 10,000 x 100, a render that took 2.3 s of wall time
+# kept a down cluster at 1 for 23 s after the status showed it).
+METRICS_REUSE_MAX_S = 5.0
 # A build yields to the loop after every this many clusters (a few milliseconds of work).
 STATUS_SLICE_CLUSTERS = 500
 # The status views share one token bucket (`Settings.status_reads_per_s`, bursts of this many
@@ -579,11 +584,11 @@ class Views:
 
     async def metrics_text(self, _: web.Request) -> web.Response:
         """The exposition, reused while younger than `STATUS_REUSE_BUILDS` times what it cost
-        to write (a scrape of 10,000 clusters is ~0.2 s of the loop; a Prometheus that
-        scrapes every 15 s always gets a new one)."""
+        to write and at most `METRICS_REUSE_MAX_S` old (a scrape of 10,000 clusters is
+        ~0.2 s of the loop; a Prometheus that scrapes every 15 s always gets a new one)."""
         built = self._metrics_built
         began = self.clock()
-        if built is None or not built.young(began):
+        if built is None or not built.young(began) or began - built.at > METRICS_REUSE_MAX_S:
             body = self.metrics.render()
             built = self._metrics_built = Built(0, began, self.clock() - began, body)
         return web.Response(body=built.body, headers={"Content-Type": CONTENT_TYPE})

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp.test_utils import make_mocked_request
 
 from convergerd import __version__
-from convergerd.api.server import STATUS_REUSE_BUILDS, STATUS_REUSE_S, Views
+from convergerd.api.server import METRICS_REUSE_MAX_S, STATUS_REUSE_BUILDS, STATUS_REUSE_S, Views
 from convergerd.config import load_settings
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import ClusterOutcome, Epoch, PhaseReading, RoundReport
@@ -197,3 +197,30 @@ async def test_a_scrape_is_reused_only_while_younger_than_ten_of_its_builds() ->
     clocks.now += 1.0
     assert b"verb=\"get\"} 2.0" in await scrape()
     assert first != costly
+
+
+async def test_a_slow_scrape_is_reused_for_at_most_five_seconds() -> None:
+    """A render slowed by a busy loop would be reused for ten times its cost; a cluster seen
+    down meanwhile must read 0 within METRICS_REUSE_MAX_S all the same."""
+    clocks = Clocks()
+    state = fleet(clocks, 3)
+    views = views_of(state, clocks)
+
+    async def cluster_up() -> bytes:
+        response = await views.metrics_text(make_mocked_request("GET", "/metrics"))
+        assert isinstance(response.body, bytes)
+        [line] = [line for line in response.body.splitlines()
+                  if line.startswith(b'convergerd_cluster_up{cluster="c01"}')]
+        return line.rsplit(b" ", 1)[1]
+
+    clocks.build_s = 0.75  # per read of the wall clock: the render costs a few of them
+    began = clocks.now
+    assert await cluster_up() == b"1.0"
+    cost = clocks.now - began
+    assert STATUS_REUSE_BUILDS * cost > 2 * METRICS_REUSE_MAX_S  # the cost rule alone: 10 s+
+    clocks.build_s = 0.0
+    probe(state, "c01", reachable=False)
+    clocks.now = began + METRICS_REUSE_MAX_S - 0.1
+    assert await cluster_up() == b"1.0"  # reused: younger than 5 s
+    clocks.now = began + METRICS_REUSE_MAX_S + 0.1
+    assert await cluster_up() == b"0.0"
