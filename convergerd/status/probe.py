@@ -16,11 +16,12 @@ cluster's probe is due, not when the pass starts.
 A pass starts its probes at an even pace over `SPREAD_PERIODS` of the period, in small
 batches: at 10,000 clusters a burst of all of them at once would queue 10,000 requests' work
 ahead of the rounds' and the HTTP server's. A probe that gets no answer within `timeout_s`
-counts as unreached, so a dead cluster costs one timeout per period, never more. Hung
-clusters do not slow the pass: the pace, not a small bound on probes in flight, sets when each
-probe starts (a tenth of 10,000 clusters hung behind 32 slots made a pass take 156 s, so the
-clusters behind them went unprobed for minutes); `max_in_flight` only caps the connections a
-pass may hold waiting.
+counts as unreached, so a dead cluster costs one timeout per period, never more. Clusters the
+last pass found unreachable are probed beside the others, not among them (`concurrency` for
+the answering ones, `max_silent_in_flight` for those): a tenth of 10,000 clusters hung, all in
+32 shared slots, made a pass take 156 s, and the clusters behind them went unprobed that
+long. A cluster that hung since the last pass still holds an answering slot for its timeout,
+once.
 
 "Reached" is `ClusterError.answered`, the rule rounds use too: any answer with an HTTP status
 (401, 403, 429, 503...) or an unusable one means the API server was reached (the rounds report
@@ -63,9 +64,16 @@ SKIP_WITHIN_PERIODS = 0.5
 SPREAD_PERIODS = 0.5
 # Probes are started in batches this far apart: a timer per batch, not per probe.
 BATCH_S = 0.05
-# Probes waiting for an answer at once, at most (each holds a connection): a pass at 10,000
-# clusters with a tenth hung has ~1,000 waiting out their timeout.
-MAX_IN_FLIGHT = 4096
+# Probes in flight at once to clusters that answered the last pass (or are new): answers
+# come in milliseconds, so this bounds the pace only when the clusters or this process are
+# slow to answer, and then it slows the pass down rather than piling up requests (three
+# replicas probing 10,000 clusters of one simulator each at 1,000 a second, unbounded,
+# drowned it: no Lease could be taken).
+CONCURRENCY = 64
+# Probes in flight at once to clusters the last pass found unreachable: they mostly wait out
+# their timeout, costing a connection and no CPU, so a tenth of 10,000 clusters hung (~1,000
+# waiting at once) does not hold the answering ones back.
+MAX_SILENT_IN_FLIGHT = 4096
 
 # The prober's own request: its answers must not excuse the next probe. A watch reports its
 # status when the stream ends, possibly long after the answer (or cut by a reset): not proof.
@@ -114,7 +122,8 @@ class Prober:
         state: ProbeSink,
         period_s: float = 10.0,
         timeout_s: float = 5.0,
-        max_in_flight: int = MAX_IN_FLIGHT,
+        concurrency: int = CONCURRENCY,
+        max_silent_in_flight: int = MAX_SILENT_IN_FLIGHT,
         clock: Clock = utc_now,
         answers: Answers | None = None,
     ) -> None:
@@ -125,7 +134,8 @@ class Prober:
         self.state = state
         self.period_s = period_s
         self.timeout_s = min(timeout_s, period_s)
-        self.max_in_flight = max_in_flight
+        self.concurrency = concurrency
+        self.max_silent_in_flight = max_silent_in_flight
         self.clock = clock
         self.answers = answers
         self.skipped = 0  # probes saved by other requests' answers, since start
@@ -153,10 +163,11 @@ class Prober:
         step = spread_s / len(order) if order else 0.0
         per_batch = max(1, math.ceil(BATCH_S / step)) if step > 0 else max(1, len(order))
         reached: dict[str, bool] = {}
-        gate = asyncio.Semaphore(self.max_in_flight)
+        answering = asyncio.Semaphore(self.concurrency)
+        silent = asyncio.Semaphore(self.max_silent_in_flight)
         probes: dict[str, asyncio.Task[bool]] = {}
 
-        async def one(cluster: str) -> bool:
+        async def one(cluster: str, gate: asyncio.Semaphore) -> bool:
             try:
                 return await self._probe(cluster, targets[cluster])
             finally:
@@ -174,8 +185,9 @@ class Prober:
                         self._report(cluster, True, None, None)
                         reached[cluster] = True
                         continue
+                    gate = silent if self._was_up.get(cluster) is False else answering
                     await gate.acquire()
-                    probes[cluster] = asyncio.create_task(one(cluster),
+                    probes[cluster] = asyncio.create_task(one(cluster, gate),
                                                           name=f"probe {cluster}")
             for cluster, task in probes.items():
                 reached[cluster] = await task
