@@ -361,32 +361,8 @@ class AuditTally:
 
 
 def audit_tally(readings: Iterable[PhaseReading]) -> AuditTally:
-    audited = unknown = unsynced = violations = 0
-    oldest_audit: float | None = None
-    oldest_seen: float | None = None
-    by_policy: dict[PolicyId, int] = {}
-    for r in readings:
-        found = r.audit
-        if found is None:
-            continue
-        audited += 1
-        seen = r.seen_at.timestamp()
-        oldest_seen = seen if oldest_seen is None else min(oldest_seen, seen)
-        count = known_violations(r)
-        if count is None:
-            unknown += 1
-            continue
-        violations += count
-        if count:
-            by_policy[r.policy] = count
-        unsynced += not found.synced
-        if found.audited_at is not None:
-            at = found.audited_at.timestamp()
-            oldest_audit = at if oldest_audit is None else min(oldest_audit, at)
-    if not audited:
-        return NO_AUDITS
-    return AuditTally(audited, unknown, unsynced, violations, oldest_audit, oldest_seen,
-                      by_policy)
+    """The audits of `readings`, each its own group (`audit_tally_grouped`)."""
+    return audit_tally_grouped((r, (r.policy,)) for r in readings)
 
 
 def audit_tally_grouped(groups: Iterable[tuple[PhaseReading, Sequence[PolicyId]]]) -> AuditTally:
