@@ -23,10 +23,14 @@ import asyncio
 import datetime as dt
 import gc
 import json
+import sys
 import time
+from pathlib import Path
 
-from status_memory import round_of
+# Run as a script, bench/ (not the repository) is on sys.path: reuse bench/status_memory.py's.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.status_memory import round_of
 from convergerd.core.report import RoundReport
 from convergerd.delivery.rounds import observe_round
 from convergerd.eventloop import tune_gc
