@@ -130,19 +130,20 @@ async def run_round(
     shared = env.slots or contextlib.nullcontext()
 
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:
-        if cluster in suspects:
-            async with lane, shared:
+        async def work() -> ClusterOutcome:
+            async with shared:
                 return await converge_cluster(cluster, policies, env, deadline,
                                               outcome=outcomes[cluster])
+
+        if cluster in suspects:
+            async with lane:
+                return await work()
         async with healthy:
             if env.suspected is None or not env.suspected(cluster):
-                async with shared:
-                    return await converge_cluster(cluster, policies, env, deadline,
-                                                  outcome=outcomes[cluster])
+                return await work()
         # Seen unreachable since the round began: behind every cluster waiting now.
-        async with healthy, shared:
-            return await converge_cluster(cluster, policies, env, deadline,
-                                          outcome=outcomes[cluster])
+        async with healthy:
+            return await work()
 
     # TaskGroup: a Fenced from any cluster cancels all the others at once.
     tasks: dict[ClusterId, asyncio.Task[ClusterOutcome]] = {}
