@@ -4,7 +4,10 @@ left over for the requester, and how what a peer wrote into the database is read
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from convergerd.core.decode import MAX_MESSAGE_CHARS, MAX_REASON_CHARS
 from convergerd.core.model import ClusterId
 from convergerd.core.report import ClusterResult, FanoutResult
 from convergerd.core.shards import shard_of
@@ -149,3 +152,35 @@ def test_work_items_are_read_only_for_the_holders_shard() -> None:
 ])
 def test_payloads(text: str, parsed: tuple[str, int] | None) -> None:
     assert parse_payload(text) == parsed
+
+
+# What a peer or the channel may hand over: any text (or not text at all), long ones included.
+_ANY = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=300),
+                 st.text(alphabet="0123456789", min_size=1, max_size=5000))
+
+
+@given(st.text(max_size=300) | st.text(alphabet="part done0123456789", max_size=60)
+       | st.just("part " + "9" * 5000))
+def test_any_payload_decodes_to_a_known_kind_and_id_or_to_none(text: str) -> None:
+    found = parse_payload(text)
+    assert found is None or (found[0] in ("part", "done") and payload(*found) == text)
+
+
+@given(_ANY, _ANY, _ANY, _ANY, _ANY)
+def test_any_result_row_decodes_to_a_bounded_result_or_to_none(
+    cluster: object, action: object, result: object, reason: object, error: object
+) -> None:
+    found = result_of(cluster, action, result, reason, error)
+    if found is not None:
+        assert found.action in (APPLY, REMOVE)
+        assert len(found.reason or "") <= MAX_REASON_CHARS
+        assert len(found.error or "") <= MAX_MESSAGE_CHARS
+
+
+@given(_ANY, _ANY, _ANY)
+def test_any_item_row_decodes_to_work_of_its_shard_or_to_none(
+    cluster: object, action: object, read: object
+) -> None:
+    found = work_item(cluster, action, read, shard=1, shards=SHARDS)
+    assert found is None or shard_of(found.cluster, SHARDS) == 1
+
