@@ -99,6 +99,7 @@ class Daemon:
         self._signals = 0
         self.registry: ClusterRegistry | None = None  # set by main()
         self.prober: Prober | None = None
+        self.answers: Answers | None = None  # set by main(): requests answered, saves expected
         self._released = False
         self.rounds: RoundLoop | None = None  # set by main(): the loop of shard 0
         self.loops: list[RoundLoop] = []  # one, or one per shard
@@ -166,7 +167,7 @@ class Daemon:
             stack.push_async_callback(store.close)
 
             # Every request's answer also tells the prober the cluster was reached.
-            answers = Answers(self.metrics)
+            answers = self.answers = Answers(self.metrics)
             registry = ClusterRegistry(
                 kubeconfig=s.clusters.kubeconfig, access=s.clusters,
                 identity=self.identity, observer=answers,
@@ -338,7 +339,7 @@ class Daemon:
         def env() -> FanoutEnv:
             fence: Fence = elector.fence() if elector.is_leader() else Unfenced()
             return fanout_env(self.settings, registry, StopFence(fence, self.stopping),
-                              self.metrics)
+                              self.metrics, expected=self.answers)
 
         return env
 

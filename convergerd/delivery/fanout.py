@@ -23,12 +23,13 @@ others.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -99,6 +100,14 @@ class SavePeers(Protocol):
         ...
 
 
+class Expectations(Protocol):
+    """Told which clusters a fan-out is about to reach (`status.probe.Answers`: the prober
+    leaves them to it)."""
+
+    def expecting(self, clusters: Collection[str]) -> contextlib.AbstractContextManager[None]:
+        ...
+
+
 class FanoutObserver(Protocol):
     def fanout_done(self, operation: str, trigger: str, result: str, duration_s: float) -> None:
         ...
@@ -113,10 +122,12 @@ class FanoutEnv:
     fence: Fence
     deadline_s: float
     concurrency: int
+    expected: Expectations | None = None
 
 
 def fanout_env(
-    settings: Settings, clusters: SaveClusters, fence: Fence, observer: RetryObserver
+    settings: Settings, clusters: SaveClusters, fence: Fence, observer: RetryObserver,
+    expected: Expectations | None = None,
 ) -> FanoutEnv:
     """What a save or delete runs with: the rounds' clients and `apply.cluster_calls`, under
     the save deadline. Pure wiring (tests build saves with it too)."""
@@ -126,6 +137,7 @@ def fanout_env(
         fence=fence,
         deadline_s=settings.saves.deadline_s,
         concurrency=settings.rounds.cluster_concurrency,
+        expected=expected,
     )
 
 
@@ -212,7 +224,11 @@ async def _fan_out(
         async with gate:
             return await _guarded(cluster, action, lambda: fn(deadline), env, deadline)
 
-    results = await asyncio.gather(*(one(c, a, fn) for c, a, fn in work))
+    work = list(work)
+    expecting = (env.expected.expecting([c for c, _, _ in work]) if env.expected is not None
+                 else contextlib.nullcontext())
+    with expecting:
+        results = await asyncio.gather(*(one(c, a, fn) for c, a, fn in work))
     return sorted(results, key=lambda r: (r.cluster, r.action))
 
 

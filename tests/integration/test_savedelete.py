@@ -16,6 +16,7 @@ from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.status.metrics import FanoutMetrics, Metrics
+from convergerd.status.probe import Answers
 from convergerd.store.store import Store
 from tests.integration.rounds_helpers import IDENTITY, Rounds, objects, sql
 from tests.integration.savedelete_helpers import HookedClusters, make_saver
@@ -307,3 +308,24 @@ async def test_a_save_overtaken_during_its_fan_out_leaves_the_newest_revision(
     recorded = await deliveries(database_url, "p-regs")
     assert {c: revision for c, (revision, _result) in recorded.items()} == dict.fromkeys(
         (C1, C2, C3), 3)
+
+
+async def test_the_prober_is_told_which_clusters_a_save_is_about_to_reach(
+    rounds: Rounds, store: Store
+) -> None:
+    """While a save fans out, the prober leaves its clusters to it (their answers tell what a
+    probe would); the others, and every cluster once the save answered, are probed as ever."""
+    answers = Answers(rounds.metrics)
+    clusters = HookedClusters(rounds.registry)
+    saver = Saver(store=store, env=lambda: fanout_env(
+        rounds.settings, clusters,  # type: ignore[arg-type]  # HookedApi has a save's calls
+        Unfenced(), rounds.metrics, expected=answers), guard_share=0.5)
+    seen: dict[str, bool] = {}
+
+    async def look() -> None:
+        seen.update({c: answers.expected_within(c, 60.0) for c in (C1, C2, C3, "c0004")})
+
+    clusters.hook(C1, before_apply=look)
+    await saver.save("p-regs")
+    assert seen == {C1: True, C2: True, C3: True, "c0004": False}
+    assert not any(answers.expected_within(c, 60.0) for c in (C1, C2, C3))
