@@ -6,8 +6,10 @@ sync costs exactly the list. Clusters run concurrently under a global bound; eac
 the round's deadline, so one down or hung cluster costs at most its own timeout. Clusters last
 seen unreachable run in a small lane of their own (`Round.suspects`), so even a tenth of the
 fleet hung never holds the slots the healthy clusters wait for; one seen unreachable after the
-round began goes behind the others when its turn comes (`Round.suspected`). Every write goes through
-`apply.Writer`, as a save's: it first asks the fence how long this replica may still write.
+round began goes behind the others when its turn comes (`Round.suspected`), and one that hung
+unseen gives its slot back after a few typical answers' time (`convergerd.slots`). Every
+write goes through `apply.Writer`, as a save's: it first asks the fence how long this replica
+may still write.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from convergerd.delivery.apply import (
 )
 from convergerd.kube.api import Applied
 from convergerd.leader.lease import Fence
+from convergerd.slots import Aside, Patience, patient_slots
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,14 @@ class Round:
 SUSPECT_SLOT_SHARE = 8  # one slot in eight
 
 
+# A healthy-lane cluster waits for its first answer at least this long (and at least four
+# typical answers, `convergerd.slots.Patience`) before it gives its slots back.
+PATIENCE_FLOOR_S = 1.0
+# Clusters that may wait aside at once, per cluster slot: beyond them, clusters that hear
+# nothing keep their slots (so hung clusters never multiply the work in flight without bound).
+ASIDE_PER_SLOT = 4
+
+
 def suspect_slots(concurrency: int) -> tuple[int, int]:
     """(healthy slots, suspect slots) out of `concurrency`, each at least one."""
     suspect = max(1, concurrency // SUSPECT_SLOT_SHARE)
@@ -127,23 +138,30 @@ async def run_round(
     else:
         healthy = lane = asyncio.Semaphore(env.limits.cluster_concurrency)
 
-    shared = env.slots or contextlib.nullcontext()
+    shared = [env.slots] if env.slots is not None else []
+    # A healthy-lane cluster that has not answered within the patience gives its slots back
+    # (`convergerd.slots`): one that hung since it was last seen costs the healthy clusters
+    # a few typical answers' time, not its whole timeout.
+    patience = Patience(floor_s=PATIENCE_FLOOR_S, ceiling_s=env.calls.request_timeout_s)
+    aside = Aside(env.limits.cluster_concurrency * ASIDE_PER_SLOT)
 
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:
-        async def work() -> ClusterOutcome:
-            async with shared:
-                return await converge_cluster(cluster, policies, env, deadline,
-                                              outcome=outcomes[cluster])
-
+        outcome = outcomes[cluster]
         if cluster in suspects:
-            async with lane:
-                return await work()
-        async with healthy:
+            # Expected silent: their own small lane, held for their timeouts.
+            async with lane, contextlib.AsyncExitStack() as stack:
+                for slot in shared:
+                    await stack.enter_async_context(slot)
+                return await converge_cluster(cluster, policies, env, deadline,
+                                              outcome=outcome)
+        async with patient_slots([healthy, *shared], patience=patience, aside=aside) as held:
             if env.suspected is None or not env.suspected(cluster):
-                return await work()
+                return await converge_cluster(cluster, policies, env, deadline,
+                                              outcome=outcome, heard=held.heard)
         # Seen unreachable since the round began: behind every cluster waiting now.
-        async with healthy:
-            return await work()
+        async with patient_slots([healthy, *shared], patience=patience, aside=aside) as held:
+            return await converge_cluster(cluster, policies, env, deadline, outcome=outcome,
+                                          heard=held.heard)
 
     # TaskGroup: a Fenced from any cluster cancels all the others at once.
     tasks: dict[ClusterId, asyncio.Task[ClusterOutcome]] = {}
@@ -173,14 +191,16 @@ async def converge_cluster(
     deadline: float,
     *,
     outcome: ClusterOutcome | None = None,
+    heard: Callable[[], None] | None = None,
 ) -> ClusterOutcome:
-    """`outcome`, if given, is filled in as the work goes (each delivery as it completes)."""
+    """`outcome`, if given, is filled in as the work goes (each delivery as it completes);
+    `heard`, if given, is called on the cluster's first answer."""
     if outcome is None:
         outcome = ClusterOutcome(cluster=cluster, desired=len(desired))
     started = env.calls.clock()
     try:
         async with asyncio.timeout_at(deadline):
-            await _converge(outcome, desired, env, deadline)
+            await _converge(outcome, desired, env, deadline, heard)
     except Fenced:
         raise
     except Exception as exc:
@@ -219,7 +239,8 @@ def _fail_cluster(outcome: ClusterOutcome, failure: ClusterFailure) -> None:
 
 
 async def _converge(
-    outcome: ClusterOutcome, desired: Sequence[Policy], env: Round, deadline: float
+    outcome: ClusterOutcome, desired: Sequence[Policy], env: Round, deadline: float,
+    heard: Callable[[], None] | None,
 ) -> None:
     writer = Writer(outcome.cluster, env.clusters.get(outcome.cluster), env.calls, env.fence,
                     deadline)
@@ -232,6 +253,8 @@ async def _converge(
 
     observed = await writer.call(list_once)
     outcome.reached = True
+    if heard is not None:
+        heard()
     by_name = {o.name: o for o in observed}
     outcome.phases = _phases(outcome.cluster, by_name, env.calls.wall())
 

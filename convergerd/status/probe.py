@@ -24,8 +24,10 @@ counts as unreached, so a dead cluster costs one timeout per period, never more.
 last pass found unreachable are probed beside the others, not among them (`concurrency` for
 the answering ones, `max_silent_in_flight` for those): a tenth of 10,000 clusters hung, all in
 32 shared slots, made a pass take 156 s, and the clusters behind them went unprobed that
-long. A cluster that hung since the last pass still holds an answering slot for its timeout,
-once.
+long. A cluster that hung since the last pass holds an answering slot only for the patience
+(`convergerd.slots`), then waits aside; one silent pass after pass is probed less and less
+often (`SILENT_MAX_PASSES`), so a long-dead cluster's recovery is seen by the prober within
+six periods, or at the next pass after any round's request to it answered.
 
 "Reached" is `ClusterError.answered`, the rule rounds use too: any answer with an HTTP status
 (401, 403, 429, 503...) or an unusable one means the API server was reached (the rounds report
@@ -48,6 +50,7 @@ from convergerd.core.errors import (
 )
 from convergerd.core.report import utc_now
 from convergerd.kube.api import PolicyApi, RequestObserver
+from convergerd.slots import Aside, Held, Patience
 from convergerd.status.state import Clock
 
 log = logging.getLogger(__name__)
@@ -84,6 +87,17 @@ CONCURRENCY = 64
 # their timeout, costing a connection and no CPU, so a tenth of 10,000 clusters hung (~1,000
 # waiting at once) does not hold the answering ones back.
 MAX_SILENT_IN_FLIGHT = 4096
+# A probe to a cluster that answered the last pass that has no answer within this long (or
+# four typical answers, `convergerd.slots.Patience`) gives its answering slot back and waits
+# aside: a tenth of 10,000 clusters hanging at once held the 64 slots for a timeout each, so
+# the pass that should have found them took ~80 s, and rounds ran into them meanwhile.
+PATIENCE_FLOOR_S = 1.0
+# A cluster silent on this many probes in a row is probed every other pass, then every
+# fourth... (doubling), at most every `SILENT_MAX_PASSES`: a dead or hung cluster costs a
+# connection and a TLS handshake per probe on both sides (a hung one is never kept warm), 100
+# a second for 1,000 of them at the default period, while each round tries it anyway and any
+# answer it gets there marks it reached at the next pass.
+SILENT_MAX_PASSES = 6
 
 # The prober's own request: its answers must not excuse the next probe. A watch reports its
 # status when the stream ends, possibly long after the answer (or cut by a reset): not proof.
@@ -171,8 +185,12 @@ class Prober:
         self.max_silent_in_flight = max_silent_in_flight
         self.clock = clock
         self.answers = answers
+        self._patience = Patience(floor_s=PATIENCE_FLOOR_S, ceiling_s=self.timeout_s)
         self.skipped = 0  # probes saved by other requests' answers, since start
         self._was_up: dict[str, bool] = {}
+        self._passes = 0
+        # cluster -> (probes in a row it was silent on, the pass it is probed again)
+        self._silent: dict[str, tuple[int, int]] = {}
 
     async def run(self) -> None:
         """Forever: probe every cluster, then wait out the rest of the period."""
@@ -189,6 +207,8 @@ class Prober:
         targets = dict(self.clusters())
         # Remember only the clusters still probed: a removed one is forgotten with this pass.
         self._was_up = {c: up for c, up in self._was_up.items() if c in targets}
+        self._silent = {c: s for c, s in self._silent.items() if c in targets}
+        self._passes += 1
         if self.answers is not None:
             self.answers.keep(set(targets))
         order = sorted(targets)
@@ -198,35 +218,27 @@ class Prober:
         reached: dict[str, bool] = {}
         answering = asyncio.Semaphore(self.concurrency)
         silent = asyncio.Semaphore(self.max_silent_in_flight)
+        aside = Aside(self.max_silent_in_flight)
         probes: dict[str, asyncio.Task[bool]] = {}
-
-        async def one(cluster: str, gate: asyncio.Semaphore) -> bool:
-            try:
-                return await self._probe(cluster, targets[cluster])
-            finally:
-                gate.release()
-
         started = loop.time()
         try:
             for k in range(0, len(order), per_batch):
                 if k:
                     await asyncio.sleep(max(0.0, started + k * step - loop.time()))
                 for cluster in order[k:k + per_batch]:
-                    if self.answers is not None and self.answers.answered_within(
-                            cluster, self.period_s * SKIP_WITHIN_PERIODS):
-                        self.skipped += 1
-                        self._report(cluster, True, None, None)
-                        reached[cluster] = True
+                    excused = self._excused(cluster)
+                    if excused is not None:
+                        reached[cluster] = excused
                         continue
-                    if self._left_to_fan_out(cluster):
-                        # Unchanged until the fan-out's answer (or the next pass) tells.
-                        self.skipped += 1
-                        reached[cluster] = True
-                        continue
-                    gate = silent if self._was_up.get(cluster) is False else answering
-                    await gate.acquire()
-                    probes[cluster] = asyncio.create_task(one(cluster, gate),
-                                                          name=f"probe {cluster}")
+                    slot: Held | asyncio.Semaphore
+                    if self._was_up.get(cluster) is False:
+                        await silent.acquire()
+                        slot = silent  # expected silent: held for its timeout
+                    else:
+                        await answering.acquire()
+                        slot = Held([answering], patience=self._patience, aside=aside)
+                    probes[cluster] = asyncio.create_task(
+                        self._probe_in(slot, cluster, targets[cluster]), name=f"probe {cluster}")
             for cluster, task in probes.items():
                 reached[cluster] = await task
         finally:
@@ -234,9 +246,43 @@ class Prober:
                 task.cancel()
         return dict(sorted(reached.items()))
 
+    def _excused(self, cluster: str) -> bool | None:
+        """Whether `cluster` counts as reached without a probe this pass; None: probe it."""
+        if self.answers is not None and self.answers.answered_within(
+                cluster, self.period_s * SKIP_WITHIN_PERIODS):
+            self.skipped += 1
+            self._report(cluster, True, None, None)
+            return True
+        if self._left_to_fan_out(cluster):
+            # Unchanged until the fan-out's answer (or the next pass) tells.
+            self.skipped += 1
+            return True
+        if self._resting(cluster):
+            return False  # as last probed
+        return None
+
+    async def _probe_in(self, slot: Held | asyncio.Semaphore, cluster: str,
+                        api: PolicyApi) -> bool:
+        up = False
+        try:
+            up = await self._probe(cluster, api)
+            return up
+        finally:
+            if isinstance(slot, Held):
+                if up:
+                    slot.heard()  # the answer's time is what the patience learns from
+                slot.release()
+            else:
+                slot.release()
+
     def __len__(self) -> int:
         """How many clusters' last state is remembered (the clusters of the last pass)."""
         return len(self._was_up)
+
+    def _resting(self, cluster: str) -> bool:
+        """Silent on its last probes, and not yet due again (`SILENT_MAX_PASSES`)."""
+        silent = self._silent.get(cluster)
+        return silent is not None and self._passes < silent[1]
 
     def _left_to_fan_out(self, cluster: str) -> bool:
         """A save is about to reach `cluster`, which answered when last probed: its answer
@@ -273,3 +319,9 @@ class Prober:
                 log.warning("cluster %s stopped answering: %s", cluster, error,
                             extra={"cluster": cluster})
         self._was_up[cluster] = up
+        if up:
+            self._silent.pop(cluster, None)
+        else:
+            times = self._silent.get(cluster, (0, 0))[0] + 1
+            self._silent[cluster] = (times, self._passes + min(2 ** (times - 1),
+                                                               SILENT_MAX_PASSES))

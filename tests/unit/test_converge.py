@@ -13,6 +13,7 @@ import asyncio
 import copy
 import dataclasses
 import datetime as dt
+import itertools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -43,7 +44,14 @@ from convergerd.core.model import (
 from convergerd.core.render import render_policy, validate_policy
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.delivery.apply import ClusterCalls
-from convergerd.delivery.converge import Round, RoundLimits, run_round, suspect_slots
+from convergerd.delivery.converge import (
+    ASIDE_PER_SLOT,
+    PATIENCE_FLOOR_S,
+    Round,
+    RoundLimits,
+    run_round,
+    suspect_slots,
+)
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
 
 pytestmark = pytest.mark.looptime
@@ -968,9 +976,11 @@ async def test_clusters_seen_unreachable_after_the_round_began_wait_behind_the_o
     assert all(outcome(report, c).reason == "unreachable" for c in hung)
 
 
-async def test_without_a_live_verdict_fresh_hangs_hold_the_slots() -> None:
-    """The same fleet without `suspected`: the hung clusters take every slot for a request
-    timeout when their turn comes, and the healthy clusters after them wait it out."""
+async def test_fresh_hangs_give_their_slots_back_after_the_patience() -> None:
+    """The same fleet without `suspected` (nobody has seen the hung clusters yet): each holds
+    its slot until the patience runs out (`PATIENCE_FLOOR_S`, against answers of 0.1 s), not
+    for its whole request timeout, then waits its timeout out aside while the healthy clusters
+    after it take the slots; each hung one still fails as unreachable."""
     first = [f"c{i:02d}" for i in range(20)]
     hung = [f"h{i}" for i in range(8)]
     rest = [f"d{i:02d}" for i in range(20)]
@@ -980,10 +990,35 @@ async def test_without_a_live_verdict_fresh_hangs_hold_the_slots() -> None:
     env = make_round(clusters, retrier=Retrier(attempts=1), cluster_concurrency=8)
     start = asyncio.get_running_loop().time()
 
-    await run_round(team_a(*first, *hung, *rest), env)
+    report = await run_round(team_a(*first, *hung, *rest), env)
 
     rest_done = max(c.at for cid in rest for c in clusters[cid].calls) - start
-    assert rest_done >= REQUEST_TIMEOUT_S
+    # 40 healthy clusters at 0.2 s a wave in 8 slots, and the hung ones' patience once.
+    assert rest_done < 1.5 + PATIENCE_FLOOR_S + 0.1
+    assert rest_done < REQUEST_TIMEOUT_S
+    assert all(outcome(report, c).converged for c in first + rest)
+    assert all(outcome(report, c).reason == "unreachable" for c in hung)
+
+
+async def test_clusters_that_hear_nothing_keep_their_slots_once_the_aside_is_full() -> None:
+    """At most `ASIDE_PER_SLOT` clusters per slot wait aside: with more hung than that, the
+    others keep their slots for their timeout (hung clusters never multiply the requests in
+    flight without bound)."""
+    hung = [f"h{i:02d}" for i in range(2 * ASIDE_PER_SLOT)]
+    clusters = fleet_of(*hung, "ok", latency_s=0.1)
+    for cid in hung:
+        clusters[cid].hang = True
+    env = make_round(clusters, retrier=Retrier(attempts=1), cluster_concurrency=1)
+
+    report = await run_round(team_a(*hung, "ok"), env)
+
+    # Each hung list is in flight from its start for its timeout.
+    edges = sorted(e for cid in hung for c in clusters[cid].of("list")
+                   for e in ((c.at, 1), (c.at + c.timeout_s, -1)))
+    in_flight = list(itertools.accumulate(step for _, step in edges))
+    assert max(in_flight) == 1 + ASIDE_PER_SLOT  # the one slot, and the aside full
+    assert outcome(report, "ok").converged
+    assert all(outcome(report, c).reason == "unreachable" for c in hung)
 
 
 def test_the_suspects_lane_is_an_eighth_of_the_slots() -> None:
