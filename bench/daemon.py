@@ -34,6 +34,10 @@ interval I), each part a separate process:
    `POST /v1/policies/{id}/apply`, timed to the 200 (the boundary covers every cluster), with
    the daemon's and the simulator's CPU seconds meanwhile.
 
+`--pin` gives the daemon a core of its own (CPU 0) and the simulator(s) the other (CPU 1;
+PostgreSQL and this bench stay unpinned): with the clusters on the same cores, every figure
+includes their CPU competing with the daemon's, which a deployment's clusters do not.
+
 `--save-points N,...` adds, after the points, save-latency points: N clusters, one policy that
 covers them all, one create round, then the saves (no other phase, no round meanwhile).
 
@@ -672,6 +676,18 @@ async def save(run: Run, policy: str) -> tuple[float, dict[str, Any]]:
 # --- one point ---------------------------------------------------------------------------------
 
 
+def pin(daemon_pid: int, sim: Sims) -> None:
+    """The daemon on CPU 0, the simulators on the others (`--pin`)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs")
+    os.sched_setaffinity(daemon_pid, {cpus[0]})
+    for one in sim.sims:
+        os.sched_setaffinity(one.proc.pid, set(cpus[1:]))
+    log("pinned: the daemon on CPU %d, the simulator(s) on %s", cpus[0], cpus[1:])
+
+
+
 async def bench_point(point: Point, args: argparse.Namespace, out: list[Measurement],
                       workdir: Path) -> None:
     n, p = point.clusters, point.policies
@@ -702,6 +718,8 @@ async def bench_point(point: Point, args: argparse.Namespace, out: list[Measurem
         stack.callback(daemon.stop)
         if args.keep_workdir:
             log("daemon log: %s", daemon.log_path)
+        if args.pin:
+            pin(daemon.proc.pid, sim)
         sampler = asyncio.create_task(daemon.sample(sim), name="sampler")
         stack.callback(sampler.cancel)
         await daemon.wait_ready(session)
@@ -962,6 +980,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sim-processes", type=int, default=1, metavar="K",
                         help="split the fleet over K simulator processes (when one simulator "
                              "is the bottleneck and there are cores for more)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the daemon on a core of its own, the simulator(s) on the others "
+                             "(the clusters' CPU no longer competes with the daemon's)")
     parser.add_argument("--max-create-rounds", type=int, default=10,
                         help="rounds cut by their deadline before giving up on being in sync")
     parser.add_argument("--status-clients", type=int, default=20,
