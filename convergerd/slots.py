@@ -65,12 +65,12 @@ class Aside:
 class Held:
     """Slots already acquired, lent to one holder: given back by `release` (at the end), or
     earlier, when the holder has not called `heard` within `patience.seconds` and `aside` has
-    room (if full, it asks again after another `patience.seconds`). The time to the first
-    answer of a holder that kept its slots is what `patience` observes."""
+    room (if full, it asks again after another `patience.seconds`)."""
 
     __slots__ = (
         "_aside",
         "_aside_now",
+        "_done",
         "_gates",
         "_loop",
         "_patience",
@@ -88,28 +88,35 @@ class Held:
         self._loop = asyncio.get_running_loop()
         self._started = self._loop.time()
         self._aside_now = False
+        self._done = False
         self.heard_at: float | None = None
         self._timer = self._loop.call_later(patience.seconds, self._give_back)
 
     def heard(self) -> None:
-        """The holder's first answer came."""
+        """The holder's first answer came: the patience learns how long it took, aside or
+        not (on a fleet where every answer is slow, holders that learned nothing from those
+        aside would step aside until the aside is full)."""
         if self.heard_at is None:
             self.heard_at = self._loop.time()
+            self._patience.observe(self.heard_at - self._started)
 
     def release(self) -> None:
         """The holder is done: its slots back, if it still has them. Idempotent."""
+        if self._done:
+            return
+        self._done = True
         self._timer.cancel()
         if self._aside_now:
             self._aside_now = False
             self._aside.count -= 1
-        if self._gates is None:
-            return
-        if self.heard_at is not None:
-            self._patience.observe(self.heard_at - self._started)
         self._give_slots_back()
 
     def _give_back(self) -> None:
         if self.heard_at is not None or self._gates is None:
+            return
+        due = self._started + self._patience.seconds  # it may have grown since the start
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._give_back)
             return
         if self._aside.count >= self._aside.limit:
             self._timer = self._loop.call_later(self._patience.seconds, self._give_back)

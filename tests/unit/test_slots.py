@@ -63,6 +63,31 @@ async def test_a_holder_that_heard_back_keeps_its_slots_and_teaches_the_patience
     assert patience.seconds == pytest.approx(PATIENCE_FACTOR * 0.05)
 
 
+async def test_a_slow_fleet_teaches_the_patience_from_those_that_stepped_aside() -> None:
+    """Every answer takes 1.5 s, over the 1 s floor: the first holder steps aside, but its
+    answer, when it comes, raises the patience to 4 x 1.5 s, so the holders after it keep their
+    slots: the work in flight stays at the slot and that one, not the slot plus a full aside."""
+    gate = asyncio.Semaphore(1)
+    aside = Aside(4)
+    patience = Patience(floor_s=1.0, ceiling_s=10.0)
+    inside = 0
+    most = 0
+
+    async def slow() -> None:
+        nonlocal inside, most
+        async with patient_slots([gate], patience=patience, aside=aside) as held:
+            inside += 1
+            most = max(most, inside)
+            await asyncio.sleep(1.5)
+            held.heard()
+            inside -= 1
+
+    await asyncio.gather(*(slow() for _ in range(10)))
+    assert aside.total == 1
+    assert most == 2
+    assert patience.seconds > 1.5
+
+
 async def test_with_the_aside_full_a_silent_holder_keeps_its_slots_until_there_is_room() -> None:
     gate = asyncio.Semaphore(2)
     aside = Aside(1)
