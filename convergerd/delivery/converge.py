@@ -147,15 +147,19 @@ async def run_round(
 
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:
         outcome = outcomes[cluster]
-        if cluster in suspects:
+        if cluster in suspects and not lane.locked():
             # Expected silent: their own small lane, held for their timeouts.
             async with lane, contextlib.AsyncExitStack() as stack:
                 for slot in shared:
                     await stack.enter_async_context(slot)
                 return await converge_cluster(cluster, policies, env, deadline,
                                               outcome=outcome)
+        # A suspect whose lane is full waits here too, behind every healthy cluster (made
+        # last), so once the healthy part is done the suspects left take all the slots
+        # instead of waiting out their timeouts eight at a time until the round's deadline.
         async with patient_slots([healthy, *shared], patience=patience, aside=aside) as held:
-            if env.suspected is None or not env.suspected(cluster):
+            if (cluster in suspects or env.suspected is None
+                    or not env.suspected(cluster)):
                 return await converge_cluster(cluster, policies, env, deadline,
                                               outcome=outcome, heard=held.heard)
         # Seen unreachable since the round began: behind every cluster waiting now.
@@ -167,8 +171,10 @@ async def run_round(
     tasks: dict[ClusterId, asyncio.Task[ClusterOutcome]] = {}
     try:
         async with asyncio.TaskGroup() as tg:
-            # Tasks take the slots in the order they are made (the semaphores are FIFO).
-            for c, p in sorted(desired.items(), key=lambda cp: cp[0] in env.caught_up):
+            # Tasks take the slots in the order they are made (the semaphores are FIFO): the
+            # suspects last, and the clusters the last round left in sync before them.
+            for c, p in sorted(desired.items(),
+                               key=lambda cp: (cp[0] in suspects, cp[0] in env.caught_up)):
                 tasks[c] = tg.create_task(one(c, p), name=f"converge {c}")
     except* Fenced as group:
         raise group.exceptions[0] from None
