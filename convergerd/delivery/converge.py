@@ -80,7 +80,8 @@ class Round:
     # Checks creates against the database at write time (see `_guard_creates`); None: no check.
     guard: WriteGuard | None = None
     # Clusters last seen unreachable (by a round or the prober): they run in a lane of their
-    # own (`suspect_slots`), so while they hang they hold none of the healthy clusters' slots.
+    # own (`suspect_slots`), the rest of them behind every healthy cluster, so while they hang
+    # they hold none of the slots the healthy clusters wait for.
     suspects: frozenset[ClusterId] = frozenset()
     # Clusters the last round left in sync: the others (behind, failed, new) take the slots
     # first, so work that outlasts one round's deadline (a first round at 10,000 x 100) is
