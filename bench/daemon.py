@@ -687,7 +687,6 @@ def pin(daemon_pid: int, sim: Sims) -> None:
     log("pinned: the daemon on CPU %d, the simulator(s) on %s", cpus[0], cpus[1:])
 
 
-
 async def bench_point(point: Point, args: argparse.Namespace, out: list[Measurement],
                       workdir: Path) -> None:
     n, p = point.clusters, point.policies

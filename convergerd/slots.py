@@ -70,7 +70,6 @@ class Held:
     __slots__ = (
         "_aside",
         "_aside_now",
-        "_done",
         "_gates",
         "_loop",
         "_patience",
@@ -88,7 +87,6 @@ class Held:
         self._loop = asyncio.get_running_loop()
         self._started = self._loop.time()
         self._aside_now = False
-        self._done = False
         self.heard_at: float | None = None
         self._timer = self._loop.call_later(patience.seconds, self._give_back)
 
@@ -102,9 +100,6 @@ class Held:
 
     def release(self) -> None:
         """The holder is done: its slots back, if it still has them. Idempotent."""
-        if self._done:
-            return
-        self._done = True
         self._timer.cancel()
         if self._aside_now:
             self._aside_now = False

@@ -150,9 +150,7 @@ async def run_round(
         outcome = outcomes[cluster]
         if cluster in suspects and not lane.locked():
             # Expected silent: their own small lane, held for their timeouts.
-            async with lane, contextlib.AsyncExitStack() as stack:
-                for slot in shared:
-                    await stack.enter_async_context(slot)
+            async with lane, env.slots or contextlib.nullcontext():
                 return await converge_cluster(cluster, policies, env, deadline,
                                               outcome=outcome)
         # A suspect whose lane is full waits here too, behind every healthy cluster (made

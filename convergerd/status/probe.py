@@ -268,12 +268,9 @@ class Prober:
             up = await self._probe(cluster, api)
             return up
         finally:
-            if isinstance(slot, Held):
-                if up:
-                    slot.heard()  # the answer's time is what the patience learns from
-                slot.release()
-            else:
-                slot.release()
+            if up and isinstance(slot, Held):
+                slot.heard()  # the answer's time is what the patience learns from
+            slot.release()
 
     def __len__(self) -> int:
         """How many clusters' last state is remembered (the clusters of the last pass)."""
