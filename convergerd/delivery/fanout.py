@@ -26,10 +26,11 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,6 +66,10 @@ log = logging.getLogger(__name__)
 # A save re-reads and re-applies when the object changed between its read and its write; a
 # cluster where it keeps changing after this many tries is reported as failed (conflict).
 _SAVE_ATTEMPTS = 3
+
+# One cluster's part of a fan-out, given the deadline (loop time); a job names its cluster.
+Step = Callable[[float], Awaitable[ClusterResult]]
+Job = tuple[ClusterId, str, Step]
 
 
 class SaveApi(PolicyApi, Protocol):
@@ -145,14 +150,12 @@ def fanout_env(
 # Per cluster
 
 
-async def _guarded(
-    cluster: ClusterId, action: str, work: Callable[[], Awaitable[ClusterResult]],
-    env: FanoutEnv, deadline: float,
-) -> ClusterResult:
+async def _guarded(cluster: ClusterId, action: str, work: Step, env: FanoutEnv,
+                   deadline: float) -> ClusterResult:
     """One cluster's work under the overall deadline; every failure becomes its result."""
     try:
         async with asyncio.timeout_at(deadline):
-            return await work()
+            return await work(deadline)
     except Fenced as exc:
         return ClusterResult(cluster, action, FanoutResult.FAILED, "fenced", str(exc))
     except Exception as exc:
@@ -211,24 +214,27 @@ async def _remove_from(
 
 
 async def _fan_out(
-    work: Iterable[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]],
-    env: FanoutEnv, deadline: float | None = None,
+    clusters: Collection[ClusterId], jobs: Iterable[Job], env: FanoutEnv,
+    deadline: float | None = None,
 ) -> list[ClusterResult]:
+    """Every job (one per cluster of `clusters`), `env.concurrency` at once in their order, until
+    `deadline` (loop time; default: the save deadline from now). Every result, sorted."""
     if deadline is None:
         deadline = env.calls.clock() + env.deadline_s
-    gate = asyncio.Semaphore(env.concurrency)
+    results: list[ClusterResult] = []
+    todo = iter(jobs)
 
-    async def one(
-        cluster: ClusterId, action: str, fn: Callable[[float], Awaitable[ClusterResult]]
-    ) -> ClusterResult:
-        async with gate:
-            return await _guarded(cluster, action, lambda: fn(deadline), env, deadline)
+    # One task per slot taking the next job, not a task per cluster queued on a semaphore:
+    # at 10,000 clusters that was 10,000 tasks (each with its coroutine, closure and waiter)
+    # alive for the whole save, for 64 doing anything.
+    async def worker() -> None:
+        for cluster, action, work in todo:
+            results.append(await _guarded(cluster, action, work, env, deadline))
 
-    work = list(work)
-    expecting = (env.expected.expecting([c for c, _, _ in work]) if env.expected is not None
+    expecting = (env.expected.expecting(clusters) if env.expected is not None
                  else contextlib.nullcontext())
     with expecting:
-        results = await asyncio.gather(*(one(c, a, fn) for c, a, fn in work))
+        await asyncio.gather(*(worker() for _ in range(min(env.concurrency, len(clusters)))))
     return sorted(results, key=lambda r: (r.cluster, r.action))
 
 
@@ -245,13 +251,17 @@ async def save_work(
         fence = fence_of(cluster) if fence_of is not None else None
         return env if fence is None else dataclasses.replace(env, fence=fence)
 
-    def one(w: Work) -> Callable[[float], Awaitable[ClusterResult]]:
-        cluster_env = env_for(w.cluster)
-        if w.action == REMOVE:
-            return lambda d: _remove_from(w.cluster, policy.id, cluster_env, d)
-        return lambda d: _apply_to(w.cluster, policy, body, cluster_env, d, read=w.read)
+    def jobs() -> Iterator[Job]:  # each made when a worker takes it
+        for w in work:
+            cluster_env = env_for(w.cluster)
+            if w.action == REMOVE:
+                yield w.cluster, w.action, functools.partial(
+                    _remove_from, w.cluster, policy.id, cluster_env)
+            else:
+                yield w.cluster, w.action, functools.partial(
+                    _apply_to, w.cluster, policy, body, cluster_env, read=w.read)
 
-    return await _fan_out([(w.cluster, w.action, one(w)) for w in work], env, deadline)
+    return await _fan_out([w.cluster for w in work], jobs(), env, deadline)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,11 +384,11 @@ class Saver:
         if target is None:
             return FanoutReport("delete", policy_id, FanoutStatus.NOT_FOUND, error="no such policy")
         env = self._env()
-        work: list[tuple[ClusterId, str, Callable[[float], Awaitable[ClusterResult]]]] = [
-            (c, "remove", lambda d, c=c: _remove_from(c, policy_id, env, d))  # type: ignore[misc]
-            for c in sorted(delete_targets(target))
-        ]
-        results = await _fan_out(work, env)
+        clusters = sorted(delete_targets(target))
+        results = await _fan_out(
+            clusters,
+            ((c, "remove", functools.partial(_remove_from, c, policy_id, env)) for c in clusters),
+            env)
         report = FanoutReport("delete", policy_id, FanoutStatus.OK, target.row.revision, results)
         if report.failed:
             report.status = FanoutStatus.REFUSED
