@@ -23,7 +23,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
-# Patience is this many times the moving average of the answers seen...
+# A holder waits for its first answer at least this long (a cluster's TLS handshake and first
+# answer under load), whatever the answers seen so far...
+PATIENCE_FLOOR_S = 1.0
+# ...and at least this many times the moving average of the answers seen...
 PATIENCE_FACTOR = 4.0
 # ...each new answer weighing this much in it.
 PATIENCE_WEIGHT = 0.05
@@ -34,7 +37,7 @@ class Patience:
     `PATIENCE_FACTOR` times the moving average of the answers observed, within
     [`floor_s`, `ceiling_s`] (the floor until anything was observed)."""
 
-    def __init__(self, *, floor_s: float, ceiling_s: float) -> None:
+    def __init__(self, *, ceiling_s: float, floor_s: float = PATIENCE_FLOOR_S) -> None:
         self.floor_s = floor_s
         self.ceiling_s = max(floor_s, ceiling_s)
         self._average_s: float | None = None

@@ -102,9 +102,6 @@ class Round:
 SUSPECT_SLOT_SHARE = 8  # one slot in eight
 
 
-# A healthy-lane cluster waits for its first answer at least this long (and at least four
-# typical answers, `convergerd.slots.Patience`) before it gives its slots back.
-PATIENCE_FLOOR_S = 1.0
 # Clusters that may wait aside at once, per cluster slot: beyond them, clusters that hear
 # nothing keep their slots (so hung clusters never multiply the work in flight without bound).
 ASIDE_PER_SLOT = 4
@@ -143,7 +140,7 @@ async def run_round(
     # A healthy-lane cluster that has not answered within the patience gives its slots back
     # (`convergerd.slots`): one that hung since it was last seen costs the healthy clusters
     # a few typical answers' time, not its whole timeout.
-    patience = Patience(floor_s=PATIENCE_FLOOR_S, ceiling_s=env.calls.request_timeout_s)
+    patience = Patience(ceiling_s=env.calls.request_timeout_s)
     aside = Aside(env.limits.cluster_concurrency * ASIDE_PER_SLOT)
 
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:

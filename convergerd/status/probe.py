@@ -87,11 +87,6 @@ CONCURRENCY = 64
 # their timeout, costing a connection and no CPU, so a tenth of 10,000 clusters hung (~1,000
 # waiting at once) does not hold the answering ones back.
 MAX_SILENT_IN_FLIGHT = 4096
-# A probe to a cluster that answered the last pass that has no answer within this long (or
-# four typical answers, `convergerd.slots.Patience`) gives its answering slot back and waits
-# aside: a tenth of 10,000 clusters hanging at once held the 64 slots for a timeout each, so
-# the pass that should have found them took ~80 s, and rounds ran into them meanwhile.
-PATIENCE_FLOOR_S = 1.0
 # A cluster silent on this many probes in a row is probed every other pass, then every
 # fourth... (doubling), at most every `SILENT_MAX_PASSES`: a dead or hung cluster costs a
 # connection and a TLS handshake per probe on both sides (a hung one is never kept warm), 100
@@ -185,7 +180,11 @@ class Prober:
         self.max_silent_in_flight = max_silent_in_flight
         self.clock = clock
         self.answers = answers
-        self._patience = Patience(floor_s=PATIENCE_FLOOR_S, ceiling_s=self.timeout_s)
+        # A probe to a cluster that answered the last pass gives its answering slot back and
+        # waits aside when it has no answer within its patience: a tenth of 10,000 clusters
+        # hanging at once held the 64 slots for a timeout each, so the pass that should have
+        # found them took ~80 s, and rounds ran into them meanwhile.
+        self._patience = Patience(ceiling_s=self.timeout_s)
         self.skipped = 0  # probes saved by other requests' answers, since start
         self._was_up: dict[str, bool] = {}
         self._passes = 0

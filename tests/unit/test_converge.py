@@ -46,13 +46,13 @@ from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, Rou
 from convergerd.delivery.apply import ClusterCalls
 from convergerd.delivery.converge import (
     ASIDE_PER_SLOT,
-    PATIENCE_FLOOR_S,
     Round,
     RoundLimits,
     run_round,
     suspect_slots,
 )
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
+from convergerd.slots import PATIENCE_FLOOR_S
 
 pytestmark = pytest.mark.looptime
 
