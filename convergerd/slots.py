@@ -23,8 +23,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
-# A holder waits for its first answer at least this long (a cluster's TLS handshake and first
-# answer under load), whatever the answers seen so far...
+# A holder waits for its first answer at least this long, however fast the answers seen so
+# far...
 PATIENCE_FLOOR_S = 1.0
 # ...and at least this many times the moving average of the answers seen...
 PATIENCE_FACTOR = 4.0
