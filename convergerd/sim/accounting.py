@@ -32,6 +32,8 @@ class RequestRecord:
     status: int  # 0 when no answer was given (fault: down or hang)
     user_agent: str
     duration_ms: float
+    # The cluster whose bearer token the request carried ("" a token of none, None no token).
+    token_of: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -44,6 +46,7 @@ class RequestRecord:
             "status": self.status,
             "userAgent": self.user_agent,
             "durationMs": round(self.duration_ms, 3),
+            "tokenOf": self.token_of,
         }
 
 
@@ -66,6 +69,7 @@ class Accounting:
         status: int,
         user_agent: str,
         duration_ms: float,
+        token_of: str | None = None,
     ) -> None:
         counts = self._counts.get(cluster)
         if counts is None:
@@ -82,6 +86,7 @@ class Accounting:
                 status=status,
                 user_agent=user_agent,
                 duration_ms=duration_ms,
+                token_of=token_of,
             )
         )
 

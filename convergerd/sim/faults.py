@@ -36,12 +36,35 @@ _JSON_FIELDS = {
     "hostile": "hostile",
 }
 # Fault `hostile` (convergerd.sim.hostile): its modes and, per mode, its parameters.
-HOSTILE_MODES = ("controlChars", "wrongTypes", "invalidJson", "oversized", "trickle")
+HOSTILE_MODES = ("controlChars", "wrongTypes", "invalidJson", "oversized", "trickle",
+                 "amplification", "deepNesting", "endlessContinue", "overLimit", "redirect",
+                 "wrongObject", "wrongList", "hugeVersion", "hugeHeaders", "hugeValues")
 WRONG_TYPE_FIELDS = ("status.phase", "status.conditions", "metadata.labels",
                      "metadata.generation", "spec", "items", "message", "gitVersion")
-DEFAULT_OVERSIZED_BYTES = 32 * 2**20  # above the daemon's default 16 MiB cap
+HUGE_VALUE_FIELDS = ("metadata.labels", "metadata.annotations", "spec.holderIdentity",
+                     "status.conditions")
+WRONG_OBJECT_CHANGES = ("kind", "name", "revision")
+WRONG_LIST_SHAPES = ("noItems", "otherKind")
+HUGE_VERSION_FIELDS = ("gitVersion", "extra")
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+MiB = 2**20
+DEFAULT_OVERSIZED_BYTES = 32 * MiB  # above the daemon's default 16 MiB cap
 MAX_OVERSIZED_BYTES = 2**33
 DEFAULT_TRICKLE_BYTES_PER_S = 10
+# `bytes` of the modes that fill an answer up to a size: just under the daemon's default
+# 16 MiB cap (amplification, hugeVersion), or what one header block or value costs.
+DEFAULT_BYTES = {
+    "oversized": DEFAULT_OVERSIZED_BYTES,
+    "amplification": 15 * MiB,
+    "hugeVersion": 15 * MiB,
+    "hugeHeaders": 1 * MiB,
+    "hugeValues": 1 * MiB,
+}
+DEFAULT_DEPTH = 100_000  # deepNesting: 200 KB of brackets, far past any parser's limit
+MAX_DEPTH = 8 * MiB
+DEFAULT_HEADER_BYTES = 4096  # hugeHeaders: each header's value (aiohttp reads up to 8190)
+DEFAULT_OVER_LIMIT_FACTOR = 10
+MAX_OVER_LIMIT_FACTOR = 10_000
 
 
 class FaultsError(ValueError):
@@ -76,19 +99,60 @@ class Hostile:
     """Fault `hostile`: answers no well-behaved apiserver sends (see convergerd.sim.hostile)."""
 
     mode: str
-    bytes: int = DEFAULT_OVERSIZED_BYTES  # oversized: the answer's size
+    # oversized, amplification, hugeVersion: the answer's size; hugeHeaders: the headers';
+    # hugeValues: each value's. None: the mode's default (`DEFAULT_BYTES`).
+    bytes: int | None = None
     bytes_per_second: int = DEFAULT_TRICKLE_BYTES_PER_S  # trickle
-    # wrongTypes: which fields get the wrong type (default: all but items).
-    fields: frozenset[str] = frozenset(WRONG_TYPE_FIELDS) - {"items"}
+    # wrongTypes: which fields get the wrong type (default: all but items); hugeValues: which
+    # get the huge value (default: all of HUGE_VALUE_FIELDS).
+    fields: frozenset[str] | None = None
+    depth: int = DEFAULT_DEPTH  # deepNesting
+    header_bytes: int = DEFAULT_HEADER_BYTES  # hugeHeaders
+    factor: int = DEFAULT_OVER_LIMIT_FACTOR  # overLimit: items = factor x the request's limit
+    status: int = 307  # redirect
+    cluster: str | None = None  # redirect: same origin, this cluster's path (default: home)
+    location: str | None = None  # redirect: this URL (http or https) + the request's path
+    change: str = "revision"  # wrongObject
+    shape: str = "noItems"  # wrongList
+    field: str = "gitVersion"  # hugeVersion: where the padding goes
+
+    @property
+    def size(self) -> int:
+        return self.bytes if self.bytes is not None else DEFAULT_BYTES.get(self.mode, MiB)
+
+    @property
+    def chosen_fields(self) -> frozenset[str]:
+        if self.fields is not None:
+            return self.fields
+        if self.mode == "hugeValues":
+            return frozenset(HUGE_VALUE_FIELDS)
+        return frozenset(WRONG_TYPE_FIELDS) - {"items"}
+
+    @property
+    def redirect_cluster(self) -> str:
+        return self.cluster or "home"
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"mode": self.mode}
-        if self.mode == "oversized":
-            doc["bytes"] = self.bytes
-        elif self.mode == "trickle":
-            doc["bytesPerSecond"] = self.bytes_per_second
-        elif self.mode == "wrongTypes":
-            doc["fields"] = [f for f in WRONG_TYPE_FIELDS if f in self.fields]
+        if self.mode in DEFAULT_BYTES:
+            doc["bytes"] = self.size
+        known = _HOSTILE_PARAMS.get(self.mode, ())
+        order = WRONG_TYPE_FIELDS if self.mode == "wrongTypes" else HUGE_VALUE_FIELDS
+        values: dict[str, Any] = {
+            "bytesPerSecond": self.bytes_per_second,
+            "fields": [f for f in order if f in self.chosen_fields],
+            "depth": self.depth, "headerBytes": self.header_bytes, "factor": self.factor,
+            "status": self.status, "change": self.change, "shape": self.shape,
+            "field": self.field,
+        }
+        for key in known:
+            if key in values:
+                doc[key] = values[key]
+        if self.mode == "redirect":
+            if self.location is not None:
+                doc["location"] = self.location
+            else:
+                doc["cluster"] = self.redirect_cluster
         return doc
 
 
@@ -212,12 +276,22 @@ def _version(key: str, value: object) -> str:
     return value
 
 
-_HOSTILE_PARAMS = {
+_HOSTILE_PARAMS: dict[str, tuple[str, ...]] = {
     "controlChars": (),
     "wrongTypes": ("fields",),
     "invalidJson": (),
     "oversized": ("bytes",),
     "trickle": ("bytesPerSecond",),
+    "amplification": ("bytes",),
+    "deepNesting": ("depth",),
+    "endlessContinue": (),
+    "overLimit": ("factor",),
+    "redirect": ("status", "cluster", "location"),
+    "wrongObject": ("change",),
+    "wrongList": ("shape",),
+    "hugeVersion": ("bytes", "field"),
+    "hugeHeaders": ("bytes", "headerBytes"),
+    "hugeValues": ("bytes", "fields"),
 }
 
 
@@ -236,24 +310,69 @@ def _hostile(key: str, value: object) -> Hostile | None:
     if unknown:
         raise FaultsError(f"{key}: unknown field(s) for mode {mode}: {', '.join(unknown)} "
                           f"(known: {', '.join(('mode', *known))})")
-    out = Hostile(mode=mode)
-    if "bytes" in value:
-        out = dataclasses.replace(out, bytes=_int(f"{key}.bytes", value["bytes"], 1,
-                                                  MAX_OVERSIZED_BYTES))
-    if "bytesPerSecond" in value:
-        out = dataclasses.replace(out, bytes_per_second=_int(
-            f"{key}.bytesPerSecond", value["bytesPerSecond"], 1, 1_000_000_000))
+    return Hostile(mode=mode, **_hostile_params(key, mode, value))
+
+
+# Integer parameters: JSON name -> (dataclass field, lowest, highest).
+_HOSTILE_INTS = {
+    "bytes": ("bytes", 1, MAX_OVERSIZED_BYTES),
+    "bytesPerSecond": ("bytes_per_second", 1, 1_000_000_000),
+    "depth": ("depth", 1, MAX_DEPTH),
+    "headerBytes": ("header_bytes", 1, MAX_OVERSIZED_BYTES),
+    "factor": ("factor", 2, MAX_OVER_LIMIT_FACTOR),
+}
+_HOSTILE_CHOICES = {"status": REDIRECT_STATUSES, "change": WRONG_OBJECT_CHANGES,
+                    "shape": WRONG_LIST_SHAPES, "field": HUGE_VERSION_FIELDS}
+
+
+def _hostile_params(key: str, mode: str, value: Mapping[str, Any]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for name, (attr, lo, hi) in _HOSTILE_INTS.items():
+        if name in value:
+            params[attr] = _int(f"{key}.{name}", value[name], lo, hi)
+    for name, choices in _HOSTILE_CHOICES.items():
+        if name in value:
+            params[name] = _choice(f"{key}.{name}", value[name], choices)
     if "fields" in value:
-        out = dataclasses.replace(out, fields=_wrong_fields(f"{key}.fields", value["fields"]))
-    return out
+        allowed = WRONG_TYPE_FIELDS if mode == "wrongTypes" else HUGE_VALUE_FIELDS
+        params["fields"] = _fields(f"{key}.fields", value["fields"], allowed)
+    if "cluster" in value and "location" in value:
+        raise FaultsError(f"{key}: cluster and location: give one (a path of another cluster "
+                          "behind the same front, or a URL)")
+    if "cluster" in value:
+        params["cluster"] = _cluster_id(f"{key}.cluster", value["cluster"])
+    if "location" in value:
+        params["location"] = _location(f"{key}.location", value["location"])
+    return params
 
 
-def _wrong_fields(key: str, value: object) -> frozenset[str]:
+def _fields(key: str, value: object, allowed: tuple[str, ...]) -> frozenset[str]:
     if (not isinstance(value, list) or not value
-            or not all(isinstance(v, str) and v in WRONG_TYPE_FIELDS for v in value)):
+            or not all(isinstance(v, str) and v in allowed for v in value)):
         raise FaultsError(f"{key}: invalid value {json.dumps(value)}: must be a non-empty "
-                          f"list of {', '.join(WRONG_TYPE_FIELDS)}")
+                          f"list of {', '.join(allowed)}")
     return frozenset(value)
+
+
+def _choice(key: str, value: object, choices: tuple[Any, ...]) -> Any:
+    if isinstance(value, bool) or value not in choices:
+        raise FaultsError(f"{key}: invalid value {json.dumps(value)}: must be one of "
+                          f"{', '.join(json.dumps(c) for c in choices)}")
+    return value
+
+
+def _cluster_id(key: str, value: object) -> str:
+    if not isinstance(value, str) or not value or "/" in value or len(value) > 63:
+        raise FaultsError(f"{key}: invalid value {json.dumps(value)}: must be a cluster id")
+    return value
+
+
+def _location(key: str, value: object) -> str:
+    if (not isinstance(value, str) or not value.startswith(("http://", "https://"))
+            or len(value) > 2048 or any(c in value for c in "\r\n ")):
+        raise FaultsError(f"{key}: invalid value {json.dumps(value)}: must be an http:// or "
+                          "https:// URL")
+    return value.rstrip("/")
 
 
 _PARSERS: dict[str, Any] = {

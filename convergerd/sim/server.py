@@ -117,10 +117,8 @@ class ApiServer:
         arrived, started = self._clock(), time.monotonic()
         code = 0  # stays 0 when the request gets no answer (down, hang, client gone)
         try:
-            response = await self._serve(request, cluster, route, rel)
-            hostile_fault = cluster.faults.hostile
-            if hostile_fault is not None and response.status != _NO_ANSWER:
-                response = await hostile.answer(hostile_fault, request, response)
+            response = await self._hostile_serve(request, cluster, route, rel,
+                                                 request.path_qs[prefix_len:])
             code = response.status
             return response
         finally:
@@ -133,7 +131,36 @@ class ApiServer:
                 status=code,
                 user_agent=request.headers.get("User-Agent", ""),
                 duration_ms=(time.monotonic() - started) * 1000,
+                token_of=self._token_owner(request),
             )
+
+    async def _hostile_serve(
+        self, request: web.BaseRequest, cluster: Cluster, route: Route | None, rel: str,
+        rel_qs: str,
+    ) -> web.StreamResponse:
+        """`_serve`, with fault `hostile` (if set) answering instead or rewriting the answer."""
+        fault = cluster.faults.hostile
+        if fault is None:
+            return await self._serve(request, cluster, route, rel)
+        named = isinstance(route, ResourceRoute) and route.name is not None
+        instead = await hostile.intercept(fault, request, rel_qs, named)
+        if instead is not None:
+            return instead
+        response = await self._serve(hostile.served_request(fault, request), cluster, route,
+                                     rel)
+        if response.status == _NO_ANSWER:
+            return response
+        return await hostile.answer(fault, request, response)
+
+    def _token_owner(self, request: web.BaseRequest) -> str | None:
+        """Whose token the request carried: a cluster id, "" for a token of no cluster, None
+        when it had no Authorization header (the request log shows where tokens went)."""
+        header = request.headers.get("Authorization")
+        if header is None:
+            return None
+        _, _, token = header.partition(" ")
+        owner = self._by_token.get(token.strip())
+        return owner.id if owner is not None else ""
 
     async def _serve(
         self, request: web.BaseRequest, cluster: Cluster, route: Route | None, rel: str
