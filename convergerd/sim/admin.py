@@ -5,10 +5,13 @@
     POST   /_sim/clusters/{id}/faults      JSON fields replace those fields of the faults
     DELETE /_sim/clusters/{id}/faults      back to a healthy, current cluster
         e.g. {"latencyMs": 50}, {"readOnly": true}, {"hostile": {"mode": "controlChars"}},
-        {"hostile": {"mode": "trickle", "bytesPerSecond": 10}}, {"hostile": null}
+        {"hostile": {"mode": "trickle", "bytesPerSecond": 10}},
+        {"hostile": {"mode": "redirect", "status": 302, "location": "http://127.0.0.1:8080"}},
+        {"hostile": null}
     GET    /_sim/stats[?cluster=ID]        requests per cluster and verb
     DELETE /_sim/stats                     zero the counters and the request log
     GET    /_sim/requests[?cluster=&verb=&since=UNIX&after=SEQ&limit=N]   recent requests
+        (each with `tokenOf`: the cluster whose token it carried, "" none's, null no token)
 
 Errors are `{"error": "<message naming the field>"}` with 400 (bad input) or 404 (no such
 cluster). Tokens are never part of any answer: the kubeconfig file is where they live.

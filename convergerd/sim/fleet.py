@@ -20,7 +20,10 @@ A `FleetConfig` can also come from YAML (`--config FILE`):
 Fault fields (admin API and config file alike): down, hang, latencyMs, errorRate, errorStatus,
 retryAfterSeconds, version, readOnly, crd (convergerd.sim.faults), and hostile: answers no
 well-behaved apiserver sends, `{"mode": M, ...}` with M one of controlChars, wrongTypes
-(`fields`), invalidJson, oversized (`bytes`), trickle (`bytesPerSecond`); null clears it
+(`fields`), invalidJson, oversized (`bytes`), trickle (`bytesPerSecond`), amplification
+(`bytes`), deepNesting (`depth`), endlessContinue, overLimit (`factor`), redirect (`status`,
+`cluster` or `location`), wrongObject (`change`), wrongList (`shape`), hugeVersion (`bytes`,
+`field`), hugeHeaders (`bytes`, `headerBytes`), hugeValues (`bytes`, `fields`); null clears it
 (convergerd.sim.hostile).
 """
 

@@ -105,13 +105,16 @@ GRAMMAR: dict[str, dict[str, tuple[Any, ...]]] = {
 # Not in the grammar: no fault at all, the control a harness change is checked with.
 HEALTHY_CASE = "healthy"
 MAX_INT32 = 2**31 - 1
-# Leases nobody renews, as another writer of the namespace could leave them: a membership
-# Lease of a replica that does not exist with the longest duration the API accepts, one whose
-# holder is 1 MiB long, and an unrelated Lease held for 68 years.
+# Leases nobody renews, as another writer of the namespace could leave them: the membership
+# Lease of a replica that does not exist, with the longest duration the API accepts (counted
+# live forever, it would take a fair share of the shards for good), a shard Lease beyond the
+# configured shards whose holder is 1 MiB long, and an unrelated Lease held for 68 years.
+# (A member Lease with an ordinary duration that is never renewed is a replica that died: it
+# is counted for one duration, by design, and is not garbage.)
 GARBAGE_LEASES: dict[str, dict[str, Any]] = {
     "ghost": {"name": "convergerd-member-ghost",
               "spec": {"holderIdentity": "ghost", "leaseDurationSeconds": MAX_INT32}},
-    "big": {"name": "convergerd-member-big",
+    "big": {"name": "convergerd-shard-9",
             "spec": {"holderIdentity": "h" * MiB, "leaseDurationSeconds": 15}},
     "forever": {"name": "something-else",
                 "spec": {"holderIdentity": "nobody", "leaseDurationSeconds": MAX_INT32}},
@@ -445,13 +448,13 @@ class World:
         try:
             await self._watch(out, since, started)
             await self._check_deliveries(out)
+            out.hostile_reason = (await self.clusters()).get(HOSTILE, {}).get("last_reason")
         finally:
             self.fleet.set_faults(HOSTILE, Faults())
             self.delete_garbage()
         out.peak_mb = proc_mb(self.pid, "VmHWM")
         out.rss_mb = proc_mb(self.pid, "VmRSS")
         out.loop_lag_s = await self.metric("convergerd_event_loop_lag_seconds") or 0.0
-        out.hostile_reason = (await self.clusters()).get(HOSTILE, {}).get("last_reason")
         self._check_after(out, seq, leases_before)
         out.seconds = loop.time() - started
         await self._recover(out)
