@@ -55,6 +55,7 @@ SHARDS = 2
 IDENTITY = "hostile-test"
 LEASE_NS = "stackship-system"
 INTERVAL_S = 1.2  # harness.INTERVAL_MINUTES
+PROBE_S = 1.0
 # RSS budget of the daemon process (VmHWM, the peak, reset before every case): at rest with
 # four clusters it measures ~95 MB (2026-12-06); the response cap is 16 MiB, and the daemon
 # reads one answer per cluster at once (4 x 16 MiB) plus what decoding one builds. What is
@@ -301,6 +302,8 @@ class World:
             "CONVERGERD_HTTP_ADDR": f"127.0.0.1:{self.port}",
             "CONVERGERD_IDENTITY": IDENTITY,
             "CONVERGERD_SHARDS": str(SHARDS),
+            # A probe (`GET /version`) of every cluster in every case, not every 10 s.
+            "CONVERGERD_PROBE_PERIOD_SECONDS": str(PROBE_S),
             "PYTHONUNBUFFERED": "1",
             **env,
         })
