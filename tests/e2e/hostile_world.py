@@ -8,9 +8,10 @@ own, so its RSS and its event loop are its own. Four members, `c0004` the hostil
 shards (so the daemon lists the Leases of its namespace and garbage ones there count), three
 policies. A case:
 
-1. raise the revision of one policy (an UPDATE, as module-policies writes: every cluster has an
-   apply to do), then make `c0004` hostile (one `hostile` mode with its parameters) or write
-   garbage Leases next to the daemon's in `home`;
+1. make `c0004` hostile (one `hostile` mode with its parameters) or write garbage Leases next
+   to the daemon's in `home`, then raise the revision of one policy (an UPDATE, as
+   module-policies writes: every cluster has an apply to do, in the save it starts and in the
+   rounds);
 2. wait until every healthy member converged at the new revision after the case began, and
    at least `MIN_CASE_S` (two rounds of the hostile cluster's answers);
 3. check the invariants (`Invariants`), clear the fault, delete the garbage, and wait for
@@ -460,12 +461,13 @@ class World:
         seq = self.fleet.accounting.requests()[-1].seq if self.fleet.accounting.requests() else 0
         reset_peak(self.pid)
         since = now_iso()
-        await self.bump_revision()
         if case.mode == "garbageLeases":
             self.write_garbage(case.param("leases"))
         elif case.mode != HEALTHY_CASE:
             self.fleet.set_faults(HOSTILE, Faults.from_mapping({"hostile": self.fault(case)}))
         try:
+            # After the fault: the save this starts (the daemon is notified) meets it too.
+            await self.bump_revision()
             await self._watch(out, since, started)
             await self._check_deliveries(out)
         finally:
