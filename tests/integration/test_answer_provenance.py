@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -27,87 +27,62 @@ from convergerd.kube.client import ClusterClient
 from convergerd.kube.kubeconfig import Credentials
 from convergerd.kube.objects import ObjectClient
 from convergerd.kube.tlsctx import TlsContexts
-from convergerd.sim.tls import CertAuthority, server_ssl_context
+from convergerd.sim.scripted import Handler, ScriptedCluster, Seen
 
 CLUSTER = ClusterId("c0001")
 TOKEN = "s3cret-token-of-c0001"
-LEASES = "/apis/coordination.k8s.io/v1/namespaces/stackship-system/leases"
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass
-class Seen:
-    """Every request a server got: path and Authorization header."""
-
-    requests: list[tuple[str, str | None]] = field(default_factory=list)
-
-    def paths(self) -> list[str]:
-        return [path for path, _ in self.requests]
-
-
-async def _serve(app: web.Application, ssl: Any = None) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, port
 
 
 @dataclass
 class Scripted:
-    """The scripted cluster: `answer` decides every response; `seen` records requests."""
+    """The scripted cluster and the real client pointed at it."""
 
-    url: str
-    elsewhere: str
-    seen: Seen
-    seen_elsewhere: Seen
+    cluster: ScriptedCluster
     client: ClusterClient
-    answer: Handler | None = None
+
+    @property
+    def answer(self) -> Handler | None:
+        return self.cluster.answer
+
+    @answer.setter
+    def answer(self, handler: Handler | None) -> None:
+        self.cluster.answer = handler
+
+    @property
+    def elsewhere(self) -> str:
+        return self.cluster.elsewhere
+
+    @property
+    def seen(self) -> Seen:
+        return self.cluster.seen
+
+    @property
+    def seen_elsewhere(self) -> Seen:
+        return self.cluster.seen_elsewhere
+
+
+async def _a_delivery_from_elsewhere(_: web.Request) -> web.StreamResponse:
+    """What a redirect's target would hand back to be shown in /status: a 200 "delivery"."""
+    return web.json_response({"apiVersion": API_VERSION, "kind": "Policy",
+                              "metadata": {"name": "policy-p1"}, "items": [],
+                              "gitVersion": "v1.99.0-from-elsewhere"})
 
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[Scripted]:
-    seen, seen_elsewhere = Seen(), Seen()
-    state: dict[str, Scripted] = {}
-
-    async def record_elsewhere(request: web.Request) -> web.StreamResponse:
-        seen_elsewhere.requests.append((request.path, request.headers.get("Authorization")))
-        # What a redirect target would hand back to be shown in /status: a 200 "delivery".
-        return web.json_response({"apiVersion": API_VERSION, "kind": "Policy",
-                                  "metadata": {"name": "policy-p1"}, "items": [],
-                                  "gitVersion": "v1.99.0-from-elsewhere"})
-
-    async def scripted(request: web.Request) -> web.StreamResponse:
-        seen.requests.append((request.path, request.headers.get("Authorization")))
-        await request.read()
-        handler = state["it"].answer
-        assert handler is not None, f"no answer scripted for {request.path}"
-        return await handler(request)
-
-    other = web.Application()
-    other.router.add_route("*", "/{tail:.*}", record_elsewhere)
-    other_runner, other_port = await _serve(other)
-    ca = CertAuthority.create("scripted")
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", scripted)
-    runner, port = await _serve(app, server_ssl_context(ca.issue_serving_cert()))
-    creds = Credentials(name=CLUSTER, server=f"https://127.0.0.1:{port}", ca_pem=ca.cert_pem,
-                        token=TOKEN)
-    access = ClusterAccess(kubeconfig=None, request_timeout_s=5.0, connect_timeout_s=2.0,
-                           qps=10_000.0, burst=10_000, apply_concurrency=2,
-                           max_response_bytes=8 * 2**20)
-    client = ClusterClient(CLUSTER, creds, ssl_context=TlsContexts().context_for(creds),
-                           access=access, agent=f"convergerd/{convergerd.__version__} (t)",
-                           page_size=50)
-    state["it"] = Scripted(creds.server, f"http://127.0.0.1:{other_port}", seen,
-                           seen_elsewhere, client)
-    try:
-        yield state["it"]
-    finally:
-        await client.close()
-        await runner.cleanup()
-        await other_runner.cleanup()
+    async with ScriptedCluster(_a_delivery_from_elsewhere) as scripted:
+        creds = Credentials(name=CLUSTER, server=scripted.server, ca_pem=scripted.ca_pem,
+                            token=TOKEN)
+        access = ClusterAccess(kubeconfig=None, request_timeout_s=5.0, connect_timeout_s=2.0,
+                               qps=10_000.0, burst=10_000, apply_concurrency=2,
+                               max_response_bytes=8 * 2**20)
+        client = ClusterClient(CLUSTER, creds, ssl_context=TlsContexts().context_for(creds),
+                               access=access, agent=f"convergerd/{convergerd.__version__} (t)",
+                               page_size=50)
+        try:
+            yield Scripted(scripted, client)
+        finally:
+            await client.close()
 
 
 def policy(name: str = "p1", revision: int = 3) -> dict[str, Any]:
