@@ -338,7 +338,12 @@ _PATHS: dict[str, Any] = {
             "500": _answer("the heartbeat is stale, a supervised task ended, or a loop is "
                            "stuck (what a restart fixes)", "Unhealthy")}}},
     "/readyz": {"get": {
-        "summary": "readiness (standbys behind a live leader are ready too)", "responses": {
+        "summary": "readiness (standbys behind a live leader are ready too)",
+        "parameters": [{"name": "exclude", "in": "query", "required": False,
+                        "description": "a check to leave out (repeatable), as kube-apiserver's "
+                                       "/readyz: lease_unreachable, lease_stalled, database",
+                        "schema": {"type": "string"}}],
+        "responses": {
             "200": _answer("settings valid, the election works and the database answers",
                            "Ready"),
             "503": _answer("settings invalid, the home cluster's Lease unreachable, a Lease "

@@ -567,15 +567,21 @@ class Views:
             return error_response(500, "; ".join(problems), problems=problems)
         return web.json_response({"ok": True, "loop_lag_seconds": round(self.health.lag_s, 4)})
 
-    async def readyz(self, _: web.Request) -> web.Response:
+    async def readyz(self, request: web.Request) -> web.Response:
+        """As kube-apiserver's: `?exclude=<reason>` (repeatable) leaves that check out, so a
+        sidecar's pod need not leave its Service over the election (the metric still shows
+        it); the settings are always checked."""
+        excluded = set(request.query.getall("exclude", ()))
         try:
             check_settings(self.settings)
         except ConfigError as exc:
             return error_response(503, f"settings invalid: {exc}", reason="settings")
-        failing = self.health.not_ready()
+        failing = [(r, p) for r, p in self.health.not_ready() if r not in excluded]
         if failing:
             return error_response(503, "; ".join(problem for _, problem in failing),
                                   reason=failing[0][0], problems=[p for _, p in failing])
+        if "database" in excluded:
+            return web.json_response({"ready": True})
         try:
             async with asyncio.timeout(DB_TIMEOUT_S), self.db_gate:
                 await self.store.ping()
