@@ -14,8 +14,11 @@ Liveness: a heartbeat task notes the loop time every second and how late it woke
 event-loop lag, also a metric). A fully blocked loop cannot answer `/healthz` at all, which fails
 the probe by timeout; a loop that was blocked for longer than `stale_after_s` answers 500 on the
 first request after it recovers; a supervised task that ended (crashed or stopped) answers 500
-naming it, and so does one that runs but is stuck (`HealthCheck.check`: the elector, the round
-loop).
+naming it, and so does one that runs but is stuck (`HealthCheck.check`: the elector's loop,
+the round loop). Readiness (`/readyz`) fails for what a restart would not fix: invalid
+settings, a database that does not answer, a home cluster this replica cannot elect through, a
+Lease held by someone who does not renew it (`HealthCheck.ready_check`); standbys behind a live
+leader are ready.
 
 Secrets (the API token, the DSN password, the DSN itself) never appear in a response: handlers
 only show redacted values, and a last middleware replaces any that slipped into a body.
@@ -137,11 +140,12 @@ class StatusSource(Protocol):
 
 
 class Health(Protocol):
-    """What `/healthz` reports (`convergerd.supervise.HealthCheck`)."""
+    """What `/healthz` and `/readyz` report (`convergerd.supervise.HealthCheck`)."""
 
     lag_s: float
 
     def problems(self) -> list[str]: ...
+    def not_ready(self) -> list[tuple[str, str]]: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,11 +567,21 @@ class Views:
             return error_response(500, "; ".join(problems), problems=problems)
         return web.json_response({"ok": True, "loop_lag_seconds": round(self.health.lag_s, 4)})
 
-    async def readyz(self, _: web.Request) -> web.Response:
+    async def readyz(self, request: web.Request) -> web.Response:
+        """As kube-apiserver's: `?exclude=<reason>` (repeatable) leaves that check out, so a
+        sidecar's pod need not leave its Service over the election (the metric still shows
+        it); the settings are always checked."""
+        excluded = set(request.query.getall("exclude", ()))
         try:
             check_settings(self.settings)
         except ConfigError as exc:
             return error_response(503, f"settings invalid: {exc}", reason="settings")
+        failing = [(r, p) for r, p in self.health.not_ready() if r not in excluded]
+        if failing:
+            return error_response(503, "; ".join(problem for _, problem in failing),
+                                  reason=failing[0][0], problems=[p for _, p in failing])
+        if "database" in excluded:
+            return web.json_response({"ready": True})
         try:
             async with asyncio.timeout(DB_TIMEOUT_S), self.db_gate:
                 await self.store.ping()
