@@ -51,10 +51,15 @@ def _section(text: str, start: str, end: str) -> str:
 
 
 def _table_rows(text: str) -> list[list[str]]:
-    """The cells of a Markdown table's body rows (an escaped `\\|` stays in its cell)."""
+    """The cells of the body rows of the first Markdown table in `text` (an escaped `\\|`
+    stays in its cell)."""
     rows = []
-    for line in text.splitlines():
-        if not line.startswith("|") or set(line) <= set("|-: "):
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        if set(line) <= set("|-: "):
             continue
         cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
         rows.append(cells)
@@ -94,7 +99,7 @@ def test_the_design_draws_the_package_layers_in_order() -> None:
 def test_the_design_table_holds_every_subpackage_contract() -> None:
     """Each subpackage's layers contract is one row of the design's table, the same layers in
     the same order; a row without a contract, or a contract without a row, fails."""
-    table = _section(ARCHITECTURE, "Inside each subpackage, a contract of its own:", "\n\n")
+    table = _section(ARCHITECTURE, "Inside each subpackage, a contract of its own:", "\n### ")
     drawn = {}
     for cell_package, cell_layers in (row[:2] for row in _table_rows(table)):
         without_notes = re.sub(r"\([^`]*\)", "", cell_layers)
@@ -154,7 +159,7 @@ def test_the_design_module_table_has_a_row_per_module() -> None:
     """"Modules": a row per root module (`runtime`), per module of a subpackage
     (`delivery/apply.py`), and per subpackage whose `__init__` holds code (`demo/`); the
     simulator's modules are in its own section's table."""
-    rows = {name for row in _table_rows(_section(ARCHITECTURE, "### Modules\n", "\n\n"))
+    rows = {name for row in _table_rows(_section(ARCHITECTURE, "### Modules\n", "\n### "))
             for name in _ticked(row[0])}
     required = set(_root_modules())
     for package in _subpackages():
@@ -172,7 +177,7 @@ def test_the_design_module_table_has_a_row_per_module() -> None:
 
 def test_the_simulator_module_table_has_a_row_per_module() -> None:
     section = _section(DESIGN, "\n## The fleet simulator\n", "\n## ")
-    rows = {name for row in _table_rows(_section(section, "Its modules:\n", "\n\n"))
+    rows = {name for row in _table_rows(_section(section, "Its modules:\n", "\n### "))
             for name in _ticked(row[0])}
     modules = set(_modules_of("sim"))
     assert rows == modules, (
@@ -183,8 +188,8 @@ def test_the_simulator_module_table_has_a_row_per_module() -> None:
 def test_the_readme_module_table_names_every_module() -> None:
     """A row per subpackage (`core/`) and per root module (`runtime`, several to a row); a
     subpackage's row names each of its modules in backticks (the simulator's: docs/design.md)."""
-    table = _section(README, "| package or module | job |", "\n\n")
-    rows = {name: row[1] for row in _table_rows("| h |\n" + table)
+    table = _section(README, "the package is laid out as:", "\n## ")
+    rows = {name: row[1] for row in _table_rows(table)
             for name in _ticked(row[0])}
     expected = {*(m for m in _root_modules() if m not in ("__init__", "__main__")),
                 *(f"{p}/" for p in _subpackages())}
