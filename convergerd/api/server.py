@@ -102,8 +102,9 @@ STATUS_REUSE_S = 1.0
 STATUS_REUSE_BUILDS = 10.0
 # The exposition is reused by the same rule, but never once older than this: a cluster seen
 # down must read `convergerd_cluster_up 0` within seconds of the status showing it, even when a
-# busy loop made the last render slow (at 10,000 x 100, a render that took 2.3 s of wall time
-# kept a down cluster at 1 for 23 s after the status showed it).
+# busy loop made the last render slow (at 10,000 x 100 a slow render once kept a down cluster
+# at 1 for tens of seconds after the status showed it: bench/RESULTS.md, "Figures once quoted in
+# the code").
 METRICS_REUSE_MAX_S = 5.0
 # A build yields to the loop after every this many clusters (a few milliseconds of work).
 STATUS_SLICE_CLUSTERS = 500
@@ -112,8 +113,9 @@ STATUS_SLICE_CLUSTERS = 500
 # serving it. The paths, as the shed counter labels them:
 STATUS_VIEWS = ("/status", "/v1/clusters/{id}", "/v1/policies/{id}/status")
 STATUS_BURST_FACTOR = 2.0
-# A view costs one token, plus one per this many rows it built (a policy over 1,000 clusters
-# costs ~50 ms, a cluster view of 10 policies ~3 ms): the budget bounds work, not requests.
+# A view costs one token, plus one per this many rows it built (a policy's view over many
+# clusters costs far more than a cluster's of a few policies: bench/RESULTS.md, "Figures once
+# quoted in the code"): the budget bounds work, not requests.
 ROWS_PER_TOKEN = 100
 
 # The server's parser limits: a longer request line (the URL) or header line is refused (400).
@@ -153,8 +155,8 @@ class Health(Protocol):
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact JSON (orjson: ~10x the standard library's speed, which matters for a
-    `/status` of a large fleet); the standard library's, which escapes them, for a value
+    """Compact JSON (orjson: several times the standard library's speed, which matters
+    for a `/status` of a large fleet); the standard library's, which escapes them, for a value
     orjson refuses (a string with a lone surrogate)."""
     try:
         return orjson.dumps(value)
@@ -598,8 +600,9 @@ class Views:
 
     async def metrics_text(self, _: web.Request) -> web.Response:
         """The exposition, reused while younger than `STATUS_REUSE_BUILDS` times what it cost
-        to write and at most `METRICS_REUSE_MAX_S` old (a scrape of 10,000 clusters is
-        ~0.2 s of the loop; a Prometheus that scrapes every 15 s always gets a new one)."""
+        to write and at most `METRICS_REUSE_MAX_S` old (a scrape of a large fleet holds the
+        loop a noticeable time: bench/RESULTS.md, "Figures once quoted in the code"; a
+        Prometheus that scrapes every 15 s always gets a new one)."""
         built = self._metrics_built
         began = self.clock()
         if built is None or not built.young(began) or began - built.at > METRICS_REUSE_MAX_S:

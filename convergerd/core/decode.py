@@ -134,8 +134,8 @@ def _depth_within(value: Any, limit: int) -> bool:
 
 def _brackets(data: bytes | str) -> int:
     """Opening brackets in the text, strings included: a bound on its nesting (each level
-    opens one), counted in C, so that the walk of `_depth_within` (~9 us for an apply answer)
-    is only made for a text that could nest too deep."""
+    opens one), counted in C, so that the walk of `_depth_within` (slower, in Python) is only
+    made for a text that could nest too deep."""
     if isinstance(data, str):
         return data.count("[") + data.count("{")
     return data.count(b"[") + data.count(b"{")
@@ -164,8 +164,8 @@ def _no_constants(name: str) -> Any:
 _LONG_DIGITS = 19
 _LONG_DIGITS_TEXT = re.compile(rf"\d{{{_LONG_DIGITS}}}")
 # Bytes: every ASCII digit (what `\d` matches in a bytes pattern) to b"1", the rest to b"0",
-# then a substring search: ~1 us for an apply answer, where the regex took ~16 us (it tries
-# the pattern at every position; a 2 MiB list page took ~40 ms).
+# then a substring search, many times faster than the regex, which tries the pattern at every
+# position (bench/RESULTS.md, "Figures once quoted in the code").
 _DIGIT_MASK = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
 _DIGIT_RUN = b"1" * _LONG_DIGITS
 
@@ -184,7 +184,7 @@ def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     is the one JSON decoder of every edge (cluster answers, database rows, HTTP bodies, files).
 
     orjson reads what real servers send (valid UTF-8, nesting up to 1,024, no recursion in
-    Python) about three times faster than `json`; what it refuses (a lone surrogate escape,
+    Python) several times faster than `json`; what it refuses (a lone surrogate escape,
     text that is not UTF-8) is read again by `json`, after a recursion-free depth check, so
     such an answer reads as it always did and is cleaned later by the field decoders. Sizes
     are bounded where the bytes are read (`read_capped`, the HTTP server, file readers)."""
@@ -218,15 +218,17 @@ def _fallback(data: bytes | str, max_depth: int) -> Any:
 
 # --- what an answer may cost: bytes are not enough --------------------------------------------
 
-# 16 MB of `{},{},...` is 5.3 million dicts (1.8 GB, 25 s of a blocked loop): an answer is
+# 16 MB of `{},{},...` is 5.3 million dicts (gigabytes and seconds of a blocked loop:
+# bench/RESULTS.md, "Figures once quoted in the code"): an answer is
 # bounded by what it decodes into, its JSON containers (objects and arrays), not only by its
 # bytes. The default of every cluster answer: several times a legitimate 500-item page of any
 # kind this product reads (a Policy is about 30 containers, a Pod with managedFields about 150),
-# and about 25 MB of Python objects at worst. Each edge's own `Cost` is smaller where it can be.
+# and tens of MB of Python objects at worst. Each edge's own `Cost` is smaller where it can be.
 ANSWER_MAX_CONTAINERS = 250_000
 
 # Strings (their escapes included) as one token each, the loop unrolled so `re` runs the
-# common characters in its C loop: 16 MB of strings in ~60 ms.
+# common characters in its C loop (how fast: bench/RESULTS.md, "Figures once quoted in the
+# code").
 _JSON_STRING_BYTES = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 
@@ -244,7 +246,7 @@ class Cost:
 def containers(body: bytes, limit: int) -> int:
     """The JSON objects and arrays in `body`, exactly when that is over `limit` (brackets in
     strings are not counted), else an upper bound (brackets counted wherever they are: two
-    passes in C, ~10 ms for 16 MB). The strings are stripped only on that slow path."""
+    passes in C). The strings are stripped only on that slow path."""
     rough = body.count(b"{") + body.count(b"[")
     if rough <= limit:
         return rough

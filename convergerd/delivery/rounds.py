@@ -52,8 +52,9 @@ DATABASE_WAIT = BackoffWait(base=DB_BACKOFF_BASE_S, cap=DB_BACKOFF_CAP_S)
 # Rounds the database missed while it was down, kept to record later: the newest matter most.
 UNRECORDED_BACKLOG = 10
 # ... and at most this many deliveries and phase readings across them (the newest round is
-# always kept): a round at 10,000 clusters x 100 policies holds 2,000,000 (~440 MB), so ten of
-# them would be 4.4 GB; at that size only the newest waits, at 2,000 x 50 all ten do.
+# always kept): a round at 10,000 clusters x 100 policies holds 2,000,000, hundreds of MB (bench/
+# RESULTS.md, "Figures once quoted in the code"), so ten of them would be gigabytes; at that
+# size only the newest waits, at 2,000 x 50 all ten do.
 UNRECORDED_DETAILS = 2_000_000
 # The loop is stuck (`/healthz` fails) after this many intervals without a round starting or
 # ending while it leads: a round ends within its deadline (a fraction of the interval) and the

@@ -3,10 +3,11 @@ kubernetes-asyncio, with one bounded connection pool (see "Connections" below).
 
 What the library does by default, and what is done here instead:
 
-- `RESTClientObject` builds an SSL context per client from the system CA store (~34 ms and
-  ~0.8 MB each): here one shared context per CA (`convergerd.kube.tlsctx`).
-- its aiohttp session has `trust_env=True` (~3x CPU per request: proxy and netrc lookups):
-  here our own session with `trust_env=False` and a bounded pool.
+- `RESTClientObject` builds an SSL context per client from the system CA store (time and
+  memory per client: bench/RESULTS.md, "Figures once quoted in the code"): here one shared
+  context per CA (`convergerd.kube.tlsctx`).
+- its aiohttp session has `trust_env=True` (several times the CPU per request: proxy and netrc
+  lookups): here our own session with `trust_env=False` and a bounded pool.
 - no timeout on a request: here `sock_connect` + `total` on every request, and `timeout_s`
   bounds the whole call, the rate limiter's wait included.
 - its generated request layer (`sanitize_for_serialization` of every body, parameter
@@ -19,9 +20,9 @@ What the library does by default, and what is done here instead:
 - `ApiException` with the raw body: here our error classes, chained, with messages built from
   the Status body.
 
-Connections: an idle TLS connection costs ~0.1 MB on `convergerd.eventloop` (its 32 KiB TLS
-read buffer plus OpenSSL state; ~0.3 MB on asyncio's own loop), so only one per cluster
-outlives a burst of work. The pool (`pool_size`
+Connections: an idle TLS connection costs its 32 KiB TLS read buffer on `convergerd.eventloop`
+plus OpenSSL state (bench/RESULTS.md, "Figures once quoted in the code"), so only one per
+cluster outlives a burst of work. The pool (`pool_size`
 connections) is two aiohttp connectors: the *warm* one holds a single connection kept alive
 for `WARM_KEEPALIVE_S`, which the prober (one `/version` every 10 s) keeps open between rounds,
 so neither it nor the round's list handshakes again; a request takes it whenever no other
@@ -430,9 +431,10 @@ class ClusterClient:
         self._agent = agent
         self._server_hostname = creds.tls_server_name
         self._bucket = TokenBucket(rate=access.qps, burst=access.burst, clock=self._clock)
-        # Per request, yarl would parse and encode `server + path` again (~12 us: every
-        # cluster's URL differs, so its cache misses); the server is encoded once here, and a
-        # plain path appended to it is a URL already encoded. Kept only where it gives the URL
+        # Per request, yarl would parse and encode `server + path` again (every cluster's URL
+        # differs, so its cache misses: bench/RESULTS.md, "Figures once quoted in the code");
+        # the server is encoded once here, and a plain path appended to it is a URL already
+        # encoded. Kept only where it gives the URL
         # yarl would build from the text (`_url`).
         encoded = str(URL(self._server))
         probe = "/apis/x"
