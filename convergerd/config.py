@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from convergerd.core.decode import clean_text
 from convergerd.core.errors import BadFile, ConfigError
 from convergerd.files import read_bounded
 
@@ -502,9 +503,17 @@ def check_settings(s: Settings) -> None:
 # and no replica could ever lead.
 MAX_LEASE_DURATION_S = 2**31 - 1
 MAX_SHARDS = 256
+# A holder identity read from a Lease is cleaned and cut to this many characters (every
+# replica's status, logs and metric labels name holders): ours must read back unchanged.
+MAX_IDENTITY_CHARS = 128
 
 
 def _check_election(e: Election) -> None:
+    if clean_text(e.identity, MAX_IDENTITY_CHARS) != e.identity:
+        raise ConfigError(SETTINGS_BY_KEY["identity"].env, e.identity,
+                          f"at most {MAX_IDENTITY_CHARS} characters, none of them a control "
+                          f"character (a holder identity read from a Lease is cut and cleaned "
+                          f"so; this one would not read back as itself)")
     if e.enabled and e.lease_duration_s > MAX_LEASE_DURATION_S:
         raise ConfigError(SETTINGS_BY_KEY["lease_duration_s"].env, e.lease_duration_s,
                           f"at most {MAX_LEASE_DURATION_S} (the Lease holds it as an int32)")

@@ -10,9 +10,9 @@ whole record per `recv` and a big list answer costs a few more `recv` calls, not
 `run` also raises the garbage collector's young-generation threshold (`tune_gc`): a round
 keeps each request's objects alive for milliseconds, long enough to outlive CPython's default
 threshold (700 allocations) twice, so they were promoted to the oldest generation and set off
-full collections of the whole heap: 43 of them, 29 s of a 100 s create round's CPU at
-2,000 clusters x 100 policies. At `GC_GEN0_THRESHOLD` they die young: one full collection,
-2.4 s (bench/RESULTS.md, "Scale: 10,000 clusters"). The price: garbage in a reference cycle
+full collections of the whole heap, a large share of a create round's CPU. At
+`GC_GEN0_THRESHOLD` they die young (bench/RESULTS.md, "Scale: 10,000 clusters", "Garbage
+collection"). The price: garbage in a reference cycle
 can wait long for a full collection, so nothing big may sit in one (a refused answer's body,
 `kube.client.ClusterClient._read`); no collection is forced (docs/design.md, "Bounded over
 time").

@@ -33,7 +33,8 @@ TIMEOUT_REASON = "timeout"
 # An attempt needs some time to be worth starting: never wait to end up with less than this.
 MIN_ATTEMPT_S = 0.05
 # One jitter source for the process: seeding a fresh `random.Random()` per call reads
-# os.urandom and cost ~10 us of the ~35 us a first-try success spends here (every request).
+# os.urandom, a large share of what a first-try success spends here, on every request
+# (bench/RESULTS.md, "Figures once quoted in the code").
 _JITTER = random.Random()
 
 

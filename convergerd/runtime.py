@@ -48,7 +48,7 @@ from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
 from convergerd.leader.elector import Elector, Leadership, NoElection
 from convergerd.leader.lease import Fence
 from convergerd.leader.shards import ShardSet, ShardView
-from convergerd.status.metrics import FanoutMetrics, Metrics
+from convergerd.status.metrics import FanoutMetrics, Metrics, ReadinessMetrics
 from convergerd.status.probe import Answers, Prober
 from convergerd.status.state import StatusState
 from convergerd.status.sync import StatusSync
@@ -71,6 +71,8 @@ class _Coordinator(Protocol):
     async def run(self) -> None: ...
     async def release(self) -> None: ...
     def problem(self) -> str | None: ...
+    def unreachable(self) -> str | None: ...
+    def stalled(self) -> str | None: ...
 
 
 class Daemon:
@@ -96,6 +98,7 @@ class Daemon:
         self.health = HealthCheck(on_lag=self.metrics.set_loop_lag)
         self.fanout_metrics = FanoutMetrics()
         self.metrics.register(self.fanout_metrics)
+        self.metrics.register(ReadinessMetrics(self.health.not_ready, self.state))
         self._signals = 0
         self.registry: ClusterRegistry | None = None  # set by main()
         self.prober: Prober | None = None
@@ -218,8 +221,11 @@ class Daemon:
                 self.health.watch(supervised)
                 self.loops = self._round_loops(store, registry, elector, shardset)
                 self.rounds = self.loops[0]
-                # Alive is not working: a loop can run and be stuck (see `supervise`).
+                # Alive is not working: a loop can run and be stuck (see `supervise`). What a
+                # restart cannot fix takes the replica out of service instead (readiness).
                 self.health.check(coordinator.problem, *(loop.problem for loop in self.loops))
+                self.health.ready_check("lease_unreachable", coordinator.unreachable)
+                self.health.ready_check("lease_stalled", coordinator.stalled)
                 await asyncio.gather(*(loop.run() for loop in self.loops))
                 await self._release(coordinator)  # at once: a standby takes over sooner
                 for task in supervised:

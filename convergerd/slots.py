@@ -5,7 +5,8 @@ A semaphore bounds the work in flight on the assumption that its holders keep it
 holder waiting on a peer that does not answer (a hung cluster: the connection accepted, the
 request held until the timeout) keeps its slot for its whole timeout while work that would
 finish in milliseconds waits behind it: with a tenth of 10,000 clusters hung, the healthy
-clusters' part of a round took 20 s longer than an in-sync round. So a holder that has not
+clusters' part of a round took far longer than an in-sync round (bench/RESULTS.md, "Figures
+once quoted in the code"). So a holder that has not
 heard back within `Patience.seconds` gives its slots back and waits *aside* (its own timeout
 still ends it), and the next in line takes them. `Aside` bounds how many wait so at once;
 beyond it, holders keep their slots as before. Giving back is one-way: a holder aside stays

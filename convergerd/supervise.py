@@ -2,6 +2,11 @@
 supervised tasks behind `/healthz` (a heartbeat that shows a blocked event loop, the long
 tasks, any of which ending is a problem, and the checks of loops that can be alive but stuck:
 the elector, the round loop). Used by the daemon (`runtime`) and the operator.
+
+Kubernetes' conventions decide which probe a check feeds: liveness (`check`, `/healthz`) only
+what a restart fixes (a blocked loop, a task dead, a loop stuck); readiness (`ready_check`,
+`/readyz`) what the process cannot fix by restarting (the home cluster unreachable, a Lease
+nobody renews): a liveness probe restarting every replica for those would only add restarts.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class HealthCheck:
         self.lag_s = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
         self._checks: list[Check] = []
+        self._ready_checks: list[tuple[str, Check]] = []
 
     async def heartbeat(self) -> None:
         """Forever: sleep one period and note how late the loop woke us."""
@@ -70,6 +76,16 @@ class HealthCheck:
         """Also ask these at every `/healthz`: a task can be running and still be stuck."""
         self._checks.extend(checks)
 
+    def ready_check(self, reason: str, check: Check) -> None:
+        """Ask `check` at every `/readyz` (and scrape): a replica it fails is not ready, for
+        `reason` (a metric label), and a restart would not help."""
+        self._ready_checks.append((reason, check))
+
+    def not_ready(self) -> list[tuple[str, str]]:
+        """(reason, problem) for every readiness check that fails now."""
+        return [(reason, problem) for reason, check in self._ready_checks
+                if (problem := _ask(check)) is not None]
+
     def problems(self) -> list[str]:
         found = []
         silent_s = self.clock() - self.last_beat
@@ -85,12 +101,13 @@ class HealthCheck:
                 found.append(f"task {task.get_name()!r} crashed: {type(exc).__name__}")
             else:
                 found.append(f"task {task.get_name()!r} ended")
-        for check in self._checks:
-            try:
-                problem = check()
-            except Exception as exc:  # a broken check is a problem too, not a 500 without a body
-                name = getattr(check, "__qualname__", type(check).__name__)
-                problem = f"health check {name} failed: {type(exc).__name__}"
-            if problem is not None:
-                found.append(problem)
+        found.extend(problem for check in self._checks if (problem := _ask(check)) is not None)
         return found
+
+
+def _ask(check: Check) -> str | None:
+    try:
+        return check()
+    except Exception as exc:  # a broken check is a problem too, not a 500 without a body
+        name = getattr(check, "__qualname__", type(check).__name__)
+        return f"health check {name} failed: {type(exc).__name__}"

@@ -5,7 +5,7 @@ read.
 | path | answers |
 |---|---|
 | `GET /healthz` | liveness: the loop turns, no supervised task ended, none is stuck |
-| `GET /readyz` | readiness: settings valid and the database answers (standbys are ready too) |
+| `GET /readyz` | readiness: settings valid, election not blocked nor stalled, database answers |
 | `GET /metrics` | Prometheus text exposition of the process's own registry |
 | `GET /status` | JSON: identity, leader, rounds, clusters worst first, Unsupported roll-up |
 | `GET /v1/clusters/{id}` | that cluster's policies: delivered vs current revision, error, phase |

@@ -335,11 +335,20 @@ _PATHS: dict[str, Any] = {
     "/healthz": {"get": {
         "summary": "liveness", "responses": {
             "200": _answer("the loop turns and every supervised task runs", "Health"),
-            "500": _answer("the heartbeat is stale or a supervised task ended", "Unhealthy")}}},
+            "500": _answer("the heartbeat is stale, a supervised task ended, or a loop is "
+                           "stuck (what a restart fixes)", "Unhealthy")}}},
     "/readyz": {"get": {
-        "summary": "readiness (standbys are ready too)", "responses": {
-            "200": _answer("settings valid and the database answers", "Ready"),
-            "503": _answer("settings invalid, or the database does not answer in 5 s")}}},
+        "summary": "readiness (standbys behind a live leader are ready too)",
+        "parameters": [{"name": "exclude", "in": "query", "required": False,
+                        "description": "a check to leave out (repeatable), as kube-apiserver's "
+                                       "/readyz: lease_unreachable, lease_stalled, database",
+                        "schema": {"type": "string"}}],
+        "responses": {
+            "200": _answer("settings valid, the election works and the database answers",
+                           "Ready"),
+            "503": _answer("settings invalid, the home cluster's Lease unreachable, a Lease "
+                           "held by someone who does not renew it, or the database does not "
+                           "answer in 5 s (what a restart does not fix)")}}},
     "/metrics": {"get": {
         "summary": "Prometheus text exposition", "responses": {"200": {
             "description": "the process's own registry",

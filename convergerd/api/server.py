@@ -14,8 +14,11 @@ Liveness: a heartbeat task notes the loop time every second and how late it woke
 event-loop lag, also a metric). A fully blocked loop cannot answer `/healthz` at all, which fails
 the probe by timeout; a loop that was blocked for longer than `stale_after_s` answers 500 on the
 first request after it recovers; a supervised task that ended (crashed or stopped) answers 500
-naming it, and so does one that runs but is stuck (`HealthCheck.check`: the elector, the round
-loop).
+naming it, and so does one that runs but is stuck (`HealthCheck.check`: the elector's loop,
+the round loop). Readiness (`/readyz`) fails for what a restart would not fix: invalid
+settings, a database that does not answer, a home cluster this replica cannot elect through, a
+Lease held by someone who does not renew it (`HealthCheck.ready_check`); standbys behind a live
+leader are ready.
 
 Secrets (the API token, the DSN password, the DSN itself) never appear in a response: handlers
 only show redacted values, and a last middleware replaces any that slipped into a body.
@@ -99,8 +102,9 @@ STATUS_REUSE_S = 1.0
 STATUS_REUSE_BUILDS = 10.0
 # The exposition is reused by the same rule, but never once older than this: a cluster seen
 # down must read `convergerd_cluster_up 0` within seconds of the status showing it, even when a
-# busy loop made the last render slow (at 10,000 x 100, a render that took 2.3 s of wall time
-# kept a down cluster at 1 for 23 s after the status showed it).
+# busy loop made the last render slow (at 10,000 x 100 a slow render once kept a down cluster
+# at 1 for tens of seconds after the status showed it: bench/RESULTS.md, "Figures once quoted in
+# the code").
 METRICS_REUSE_MAX_S = 5.0
 # A build yields to the loop after every this many clusters (a few milliseconds of work).
 STATUS_SLICE_CLUSTERS = 500
@@ -109,8 +113,9 @@ STATUS_SLICE_CLUSTERS = 500
 # serving it. The paths, as the shed counter labels them:
 STATUS_VIEWS = ("/status", "/v1/clusters/{id}", "/v1/policies/{id}/status")
 STATUS_BURST_FACTOR = 2.0
-# A view costs one token, plus one per this many rows it built (a policy over 1,000 clusters
-# costs ~50 ms, a cluster view of 10 policies ~3 ms): the budget bounds work, not requests.
+# A view costs one token, plus one per this many rows it built (a policy's view over many
+# clusters costs far more than a cluster's of a few policies: bench/RESULTS.md, "Figures once
+# quoted in the code"): the budget bounds work, not requests.
 ROWS_PER_TOKEN = 100
 
 # The server's parser limits: a longer request line (the URL) or header line is refused (400).
@@ -137,11 +142,12 @@ class StatusSource(Protocol):
 
 
 class Health(Protocol):
-    """What `/healthz` reports (`convergerd.supervise.HealthCheck`)."""
+    """What `/healthz` and `/readyz` report (`convergerd.supervise.HealthCheck`)."""
 
     lag_s: float
 
     def problems(self) -> list[str]: ...
+    def not_ready(self) -> list[tuple[str, str]]: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,8 +155,8 @@ class Health(Protocol):
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact JSON (orjson: ~10x the standard library's speed, which matters for a
-    `/status` of a large fleet); the standard library's, which escapes them, for a value
+    """Compact JSON (orjson: several times the standard library's speed, which matters
+    for a `/status` of a large fleet); the standard library's, which escapes them, for a value
     orjson refuses (a string with a lone surrogate)."""
     try:
         return orjson.dumps(value)
@@ -563,11 +569,21 @@ class Views:
             return error_response(500, "; ".join(problems), problems=problems)
         return web.json_response({"ok": True, "loop_lag_seconds": round(self.health.lag_s, 4)})
 
-    async def readyz(self, _: web.Request) -> web.Response:
+    async def readyz(self, request: web.Request) -> web.Response:
+        """As kube-apiserver's: `?exclude=<reason>` (repeatable) leaves that check out, so a
+        sidecar's pod need not leave its Service over the election (the metric still shows
+        it); the settings are always checked."""
+        excluded = set(request.query.getall("exclude", ()))
         try:
             check_settings(self.settings)
         except ConfigError as exc:
             return error_response(503, f"settings invalid: {exc}", reason="settings")
+        failing = [(r, p) for r, p in self.health.not_ready() if r not in excluded]
+        if failing:
+            return error_response(503, "; ".join(problem for _, problem in failing),
+                                  reason=failing[0][0], problems=[p for _, p in failing])
+        if "database" in excluded:
+            return web.json_response({"ready": True})
         try:
             async with asyncio.timeout(DB_TIMEOUT_S), self.db_gate:
                 await self.store.ping()
@@ -584,8 +600,9 @@ class Views:
 
     async def metrics_text(self, _: web.Request) -> web.Response:
         """The exposition, reused while younger than `STATUS_REUSE_BUILDS` times what it cost
-        to write and at most `METRICS_REUSE_MAX_S` old (a scrape of 10,000 clusters is
-        ~0.2 s of the loop; a Prometheus that scrapes every 15 s always gets a new one)."""
+        to write and at most `METRICS_REUSE_MAX_S` old (a scrape of a large fleet holds the
+        loop a noticeable time: bench/RESULTS.md, "Figures once quoted in the code"; a
+        Prometheus that scrapes every 15 s always gets a new one)."""
         built = self._metrics_built
         began = self.clock()
         if built is None or not built.young(began) or began - built.at > METRICS_REUSE_MAX_S:

@@ -230,7 +230,7 @@ class Replayer:
 class _JsonText(str):
     """A body's JSON, written as a YAML literal block: readable and diffable line by line,
     and read back by the JSON decoder rather than node by node by the (pure-Python, bounded)
-    YAML loader, about four times faster for a list of thousands of pods."""
+    YAML loader, several times faster for a list of thousands of pods."""
 
     __slots__ = ()
 

@@ -134,8 +134,8 @@ def _depth_within(value: Any, limit: int) -> bool:
 
 def _brackets(data: bytes | str) -> int:
     """Opening brackets in the text, strings included: a bound on its nesting (each level
-    opens one), counted in C, so that the walk of `_depth_within` (~9 us for an apply answer)
-    is only made for a text that could nest too deep."""
+    opens one), counted in C, so that the walk of `_depth_within` (slower, in Python) is only
+    made for a text that could nest too deep."""
     if isinstance(data, str):
         return data.count("[") + data.count("{")
     return data.count(b"[") + data.count(b"{")
@@ -164,8 +164,8 @@ def _no_constants(name: str) -> Any:
 _LONG_DIGITS = 19
 _LONG_DIGITS_TEXT = re.compile(rf"\d{{{_LONG_DIGITS}}}")
 # Bytes: every ASCII digit (what `\d` matches in a bytes pattern) to b"1", the rest to b"0",
-# then a substring search: ~1 us for an apply answer, where the regex took ~16 us (it tries
-# the pattern at every position; a 2 MiB list page took ~40 ms).
+# then a substring search, many times faster than the regex, which tries the pattern at every
+# position (bench/RESULTS.md, "Figures once quoted in the code").
 _DIGIT_MASK = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
 _DIGIT_RUN = b"1" * _LONG_DIGITS
 
@@ -184,7 +184,7 @@ def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     is the one JSON decoder of every edge (cluster answers, database rows, HTTP bodies, files).
 
     orjson reads what real servers send (valid UTF-8, nesting up to 1,024, no recursion in
-    Python) about three times faster than `json`; what it refuses (a lone surrogate escape,
+    Python) several times faster than `json`; what it refuses (a lone surrogate escape,
     text that is not UTF-8) is read again by `json`, after a recursion-free depth check, so
     such an answer reads as it always did and is cleaned later by the field decoders. Sizes
     are bounded where the bytes are read (`read_capped`, the HTTP server, file readers)."""
@@ -216,17 +216,61 @@ def _fallback(data: bytes | str, max_depth: int) -> Any:
         raise NotJSON(f"not JSON ({type(exc).__name__})") from None
 
 
-def parse_json(body: bytes, what: str) -> Any:
-    """The JSON document in a cluster's `body`; `BadResponse` naming `what` when
-    `bounded_json` will not read it."""
+# --- what an answer may cost: bytes are not enough --------------------------------------------
+
+# 16 MB of `{},{},...` is 5.3 million dicts (gigabytes and seconds of a blocked loop:
+# bench/RESULTS.md, "Figures once quoted in the code"): an answer is
+# bounded by what it decodes into, its JSON containers (objects and arrays), not only by its
+# bytes. The default of every cluster answer: several times a legitimate 500-item page of any
+# kind this product reads (a Policy is about 30 containers, a Pod with managedFields about 150),
+# and tens of MB of Python objects at worst. Each edge's own `Cost` is smaller where it can be.
+ANSWER_MAX_CONTAINERS = 250_000
+
+# Strings (their escapes included) as one token each, the loop unrolled so `re` runs the
+# common characters in its C loop (how fast: bench/RESULTS.md, "Figures once quoted in the
+# code").
+_JSON_STRING_BYTES = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What one answer from a cluster may cost: its body's bytes (None: the response cap,
+    `CONVERGERD_MAX_RESPONSE_BYTES`, the only one a setting sets) and the JSON objects and
+    arrays it decodes into. A list page is also bounded by the `limit` sent
+    (`list_page`), a list by its pages and items (`ListBudget`)."""
+
+    max_bytes: int | None = None
+    max_containers: int = ANSWER_MAX_CONTAINERS
+
+
+def containers(body: bytes, limit: int) -> int:
+    """The JSON objects and arrays in `body`, exactly when that is over `limit` (brackets in
+    strings are not counted), else an upper bound (brackets counted wherever they are: two
+    passes in C). The strings are stripped only on that slow path."""
+    rough = body.count(b"{") + body.count(b"[")
+    if rough <= limit:
+        return rough
+    bare = _JSON_STRING_BYTES.sub(b"", body)
+    return bare.count(b"{") + bare.count(b"[")
+
+
+def parse_json(body: bytes, what: str, *, max_containers: int = ANSWER_MAX_CONTAINERS) -> Any:
+    """The JSON document in a cluster's `body`; `BadResponse` naming `what` when it holds
+    more than `max_containers` objects and arrays (counted before anything is decoded) or
+    when `bounded_json` will not read it."""
+    count = containers(body, max_containers)
+    if count > max_containers:
+        raise BadResponse(f"{what} holds {count:,} JSON objects and arrays, more than the "
+                          f"{max_containers:,} it may cost")
     try:
         return bounded_json(body)
     except NotJSON as exc:
         raise BadResponse(f"{what} is not JSON: {exc}") from None
 
 
-def parse_object(body: bytes, what: str) -> dict[str, Any]:
-    doc = parse_json(body, what)
+def parse_object(body: bytes, what: str, *,
+                 max_containers: int = ANSWER_MAX_CONTAINERS) -> dict[str, Any]:
+    doc = parse_json(body, what, max_containers=max_containers)
     if not isinstance(doc, dict):
         raise BadResponse(
             f"{what} is not a JSON object: got {_type_name(doc)} {shown(doc, style='json')}")
@@ -243,13 +287,31 @@ class ListPage:
     resource_version: str
 
 
-def list_page(doc: Mapping[str, Any]) -> ListPage:
-    """A list answer's shape, checked: `BadResponse` when it cannot be used."""
-    items = doc.get("items")
+def list_page(doc: Mapping[str, Any], *, api_version: str | None = None,
+              kind: str | None = None, limit: int | None = None) -> ListPage:
+    """A list answer's shape, checked: `BadResponse` when it cannot be used — when it is not
+    a list of what was asked (`api_version`, and `kind`, e.g. `"PolicyList"`, or any
+    `...List` when None; neither is checked without `api_version`), has no `items` (an
+    apiserver always sends them: `[]`, or `null` for none), or holds more items than the
+    `limit` sent (the server's protocol error; a page may hold fewer)."""
+    if api_version is not None:
+        if doc.get("apiVersion") != api_version:
+            raise BadResponse(expected("list answer: apiVersion", repr(api_version),
+                                       doc.get("apiVersion")))
+        got = doc.get("kind")
+        if not (got == kind if kind is not None
+                else isinstance(got, str) and got.endswith("List")):
+            raise BadResponse(expected("list answer: kind", repr(kind or "...List"), got))
+    if "items" not in doc:
+        raise BadResponse("list answer: no items (not a list answer)")
+    items = doc["items"]
     if items is None:
         items = []
     if not isinstance(items, list):
         raise BadResponse(expected("list answer: items", "a list", items))
+    if limit is not None and len(items) > limit:
+        raise BadResponse(f"list answer: {len(items):,} items, more than the limit of {limit} "
+                          "asked")
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise BadResponse(expected(f"list answer: items[{index}]", "an object", item))
@@ -261,6 +323,43 @@ def list_page(doc: Mapping[str, Any]) -> ListPage:
     token = _token(meta, "continue")
     version = clean_text(_token(meta, "resourceVersion") or "", MAX_TOKEN_CHARS)
     return ListPage(items=items, continue_token=token or None, resource_version=version)
+
+
+@dataclass(frozen=True, slots=True)
+class ListBudget:
+    """What one whole list may cost beyond each page's `Cost`: its pages and items. A server
+    that hands out a fresh `continue` forever, or one item a page, is cut here, not only by
+    the deadline."""
+
+    max_items: int
+    max_pages: int
+
+    def check(self, *, pages: int, items: int) -> None:
+        if items > self.max_items:
+            raise BadResponse(f"list answer: more than {self.max_items:,} items in all")
+        if pages >= self.max_pages:
+            raise BadResponse(f"list answer: still not at its end after {pages:,} pages")
+
+
+def same_object(doc: Mapping[str, Any], sent: Mapping[str, Any], what: str) -> None:
+    """`BadResponse` unless the answer `doc` is the object `sent` (applied, or asked for by
+    name): the same apiVersion, kind, name and namespace, and the same `spec.revision` when
+    one was sent. A 200 from elsewhere, or of something else, is never a delivery."""
+    meta = doc.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    want = sent.get("metadata", {})
+    pairs = [("apiVersion", doc.get("apiVersion"), sent.get("apiVersion")),
+             ("kind", doc.get("kind"), sent.get("kind")),
+             ("metadata.name", meta.get("name"), want.get("name")),
+             ("metadata.namespace", meta.get("namespace"), want.get("namespace"))]
+    spec, sent_spec = doc.get("spec"), sent.get("spec")
+    if isinstance(sent_spec, dict) and "revision" in sent_spec:
+        pairs.append(("spec.revision", spec.get("revision") if isinstance(spec, dict) else None,
+                      sent_spec["revision"]))
+    for field, got, wanted in pairs:
+        if wanted is not None and got != wanted:
+            raise BadResponse(f"{what} is not the object asked for: {field}: expected "
+                              f"{shown(wanted, style='json')}, got {shown(got, style='json')}")
 
 
 def _token(meta: Mapping[str, Any], key: str) -> str | None:

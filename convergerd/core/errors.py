@@ -8,7 +8,7 @@ from a cluster"):
 | `ClusterUnreachable` | connect error, timeout | retry with backoff within the deadline |
 | `TransientApiError` | 500, 502, 503, 504 | retry with backoff within the deadline |
 | `Throttled` | 429 | retry after `Retry-After` |
-| `ClusterLevelError` | 401, 403, 404 on the Policy API | stop that cluster for this round |
+| `ClusterLevelError` | 401, 403, 404 on the Policy API, a 3xx | stop that cluster for this round |
 | `ObjectRejected` | 400, 409, 422 | that policy fails there; the rest go on |
 | `Superseded` | 409 or 404 to a write carrying `metadata.resourceVersion` | a newer write won |
 | `BadResponse` | not JSON, over the size cap, wrong shape | stop that cluster (it answered) |
@@ -192,10 +192,13 @@ def classify_status(status: int) -> tuple[type[ClusterApiError], str]:
 
     A 404 is classified as the Policy API missing: convergerd only ever addresses the
     collection or applies (which creates), so a 404 means the type is not served. Unknown
-    4xx are object-level, unknown 5xx transient.
+    4xx are object-level, unknown 5xx transient. A redirect is never followed (it could point
+    anywhere, in clear text, and would carry the token): the whole cluster's error.
     """
     if status in _STATUS_CLASSES:
         return _STATUS_CLASSES[status]
+    if 300 <= status < 400:
+        return ClusterLevelError, "redirect"
     if status >= 500:
         return TransientApiError, "server_error"
     return ObjectRejected, f"http_{status}"

@@ -30,7 +30,8 @@ def utc_now() -> dt.datetime:
 
 
 # A log line names at most this many clusters and counts the rest: one line per round or
-# save, whatever the fleet's size (a round cut by its deadline at 10,000 clusters logged 8,900).
+# save, whatever the fleet's size (a round cut by its deadline at 10,000 clusters once named
+# thousands).
 MAX_NAMED_CLUSTERS = 10
 
 
@@ -161,9 +162,10 @@ class _Packed(Sequence[T]):
 
 class Deliveries(_Packed[Delivery]):
     """A cluster's deliveries of one round, packed: per delivery its policy, its revision and
-    one shared tuple of everything else (most often one per cluster), ~24 bytes instead of a
-    `Delivery` (~100). A round at 10,000 clusters x 100 policies holds 1,000,000 of them while
-    it is observed and recorded; each `Delivery` is made again as it is read."""
+    one shared tuple of everything else (most often one per cluster), a fraction of a
+    `Delivery`'s size (bench/RESULTS.md, "Figures once quoted in the code"). A round at
+    10,000 clusters x 100 policies holds 1,000,000 of them while it is observed and recorded;
+    each `Delivery` is made again as it is read."""
 
     __slots__ = ("_counted", "_kinds", "_policies", "_revisions", "_shared", "_tally")
 
@@ -221,7 +223,8 @@ class Deliveries(_Packed[Delivery]):
     def tally(self) -> Mapping[ApplyResult, int]:
         """How many deliveries had each result, counted as they were appended: a round's
         counts (`RoundReport.counts`, several times per round) were 1,000,000 steps at
-        10,000 clusters x 100 policies, each holding the event loop ~0.1 s."""
+        10,000 clusters x 100 policies, each holding the event loop (bench/RESULTS.md,
+        "Figures once quoted in the code")."""
         return self._tally
 
     @overload
@@ -254,8 +257,9 @@ class Deliveries(_Packed[Delivery]):
 class Readings(_Packed[PhaseReading]):
     """A cluster's phase readings of one round, packed: per reading its policy, its revision,
     its Verified probe times and one shared tuple of everything else (one per distinct phase,
-    Ready and Verified verdict: most often one per cluster), ~40 bytes instead of a
-    `PhaseReading` and its `Verification` (~180). Each reading is made again as it is read."""
+    Ready and Verified verdict: most often one per cluster), a fraction of a `PhaseReading`
+    and its `Verification` (bench/RESULTS.md, "Figures once quoted in the code"). Each
+    reading is made again as it is read."""
 
     __slots__ = ("_kinds", "_policies", "_probed", "_revisions", "_shared", "_since")
 

@@ -17,10 +17,11 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import tenacity
 
@@ -41,6 +42,8 @@ from convergerd.supervise import first
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # Waiting for the database: from one second up to half a minute between attempts (full
 # jitter, `retry.backoff_s`), at startup and within a round alike.
 DB_BACKOFF_BASE_S = 1.0
@@ -49,12 +52,15 @@ DATABASE_WAIT = BackoffWait(base=DB_BACKOFF_BASE_S, cap=DB_BACKOFF_CAP_S)
 # Rounds the database missed while it was down, kept to record later: the newest matter most.
 UNRECORDED_BACKLOG = 10
 # ... and at most this many deliveries and phase readings across them (the newest round is
-# always kept): a round at 10,000 clusters x 100 policies holds 2,000,000 (~440 MB), so ten of
-# them would be 4.4 GB; at that size only the newest waits, at 2,000 x 50 all ten do.
+# always kept): a round at 10,000 clusters x 100 policies holds 2,000,000, hundreds of MB (bench/
+# RESULTS.md, "Figures once quoted in the code"), so ten of them would be gigabytes; at that
+# size only the newest waits, at 2,000 x 50 all ten do.
 UNRECORDED_DETAILS = 2_000_000
 # The loop is stuck (`/healthz` fails) after this many intervals without a round starting or
 # ending while it leads: a round ends within its deadline (a fraction of the interval) and the
-# next one starts one interval after the last one did.
+# next one starts one interval after the last one did. Time spent waiting on the database does
+# not count: each call is bounded by the store's own timeouts, and a database that is down or
+# locked is not fixed by a restart (`/readyz` reports it).
 STUCK_AFTER_INTERVALS = 2.0
 
 
@@ -193,13 +199,15 @@ class RoundLoop:
         self.seen_invalid: set[tuple[str, int]] = set()
         self.unrecorded: list[RoundReport] = []
         # Health: loop time of the last step (None: not running, or waiting for the Lease,
-        # which is the elector's health, not this loop's).
+        # which is the elector's health, not this loop's), and the database calls in flight.
         self._busy_since: float | None = None
+        self._in_database = 0
 
     def problem(self) -> str | None:
-        """Why the round loop is stuck, for `/healthz`; None while it works or waits to lead."""
+        """Why the round loop is stuck, for `/healthz`; None while it works, waits to lead or
+        waits on the database."""
         since = self._busy_since
-        if since is None:
+        if since is None or self._in_database:
             return None
         stuck_s = asyncio.get_running_loop().time() - since
         limit_s = STUCK_AFTER_INTERVALS * self.settings.rounds.interval_s
@@ -210,6 +218,17 @@ class RoundLoop:
 
     def _step(self, *, waiting: bool = False) -> None:
         self._busy_since = None if waiting else asyncio.get_running_loop().time()
+
+    async def _database(self, call: Callable[[], Awaitable[T]]) -> T:
+        """A call to the database: waiting on it is not the loop being stuck, and its end is
+        a step."""
+        self._in_database += 1
+        try:
+            return await call()
+        finally:
+            self._in_database -= 1
+            if self._busy_since is not None:
+                self._step()
 
     async def run(self) -> None:
         try:
@@ -347,7 +366,7 @@ class RoundLoop:
         async for attempt in database_retrying(
                 DatabaseUnavailable, stop=StopBefore(deadline, asyncio.get_running_loop().time)):
             with attempt:
-                return await self.store.load_fleet()
+                return await self._database(self.store.load_fleet)
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
     def _note_invalid(self, fleet: Fleet) -> None:
@@ -380,7 +399,8 @@ class RoundLoop:
         while self.unrecorded:
             pending = self.unrecorded[0]
             try:
-                await self.store.record_round(pending, identity=self.identity)
+                await self._database(
+                    functools.partial(self.store.record_round, pending, identity=self.identity))
             except DatabaseUnavailable as exc:
                 kept = backlog_kept([details(r) for r in self.unrecorded])
                 del self.unrecorded[:len(self.unrecorded) - kept]

@@ -1,7 +1,8 @@
 """A save spread over the shard holders, coordinated through PostgreSQL only.
 
-Why: a save costs the process that writes it about 0.75 ms of CPU per cluster, nearly all of
-it in the HTTP client and TLS; at 10,000 clusters that is 7-8 s, whatever we arrange. With
+Why: a save costs the process that writes it CPU per cluster, nearly all of it in the HTTP
+client and TLS, whatever we arrange; at 10,000 clusters one core's share of that is seconds
+(the figures and how they moved: bench/RESULTS.md, "Figures once quoted in the code"). With
 `CONVERGERD_SHARDS` > 1 several replicas hold the fleet's shards, so each can write its own.
 
 The replica that took a save (the *requester*, `Peers.fan_out`) splits its clusters by shard

@@ -36,6 +36,10 @@ from convergerd.config import (
 )
 from convergerd.sim.faults import Faults
 
+# The public face (docs/design.md, "Modules"): `convergerd demo` is this package's own functions;
+# no other part of convergerd imports its modules.
+__all__ = ["add_arguments", "default_flags", "run"]
+
 log = logging.getLogger(__name__)
 
 # Which simulated clusters misbehave, so the demo shows what an admin would see.

@@ -3,10 +3,11 @@ kubernetes-asyncio, with one bounded connection pool (see "Connections" below).
 
 What the library does by default, and what is done here instead:
 
-- `RESTClientObject` builds an SSL context per client from the system CA store (~34 ms and
-  ~0.8 MB each): here one shared context per CA (`convergerd.kube.tlsctx`).
-- its aiohttp session has `trust_env=True` (~3x CPU per request: proxy and netrc lookups):
-  here our own session with `trust_env=False` and a bounded pool.
+- `RESTClientObject` builds an SSL context per client from the system CA store (time and
+  memory per client: bench/RESULTS.md, "Figures once quoted in the code"): here one shared
+  context per CA (`convergerd.kube.tlsctx`).
+- its aiohttp session has `trust_env=True` (several times the CPU per request: proxy and netrc
+  lookups): here our own session with `trust_env=False` and a bounded pool.
 - no timeout on a request: here `sock_connect` + `total` on every request, and `timeout_s`
   bounds the whole call, the rate limiter's wait included.
 - its generated request layer (`sanitize_for_serialization` of every body, parameter
@@ -19,9 +20,9 @@ What the library does by default, and what is done here instead:
 - `ApiException` with the raw body: here our error classes, chained, with messages built from
   the Status body.
 
-Connections: an idle TLS connection costs ~0.1 MB on `convergerd.eventloop` (its 32 KiB TLS
-read buffer plus OpenSSL state; ~0.3 MB on asyncio's own loop), so only one per cluster
-outlives a burst of work. The pool (`pool_size`
+Connections: an idle TLS connection costs its 32 KiB TLS read buffer on `convergerd.eventloop`
+plus OpenSSL state (bench/RESULTS.md, "Figures once quoted in the code"), so only one per
+cluster outlives a burst of work. The pool (`pool_size`
 connections) is two aiohttp connectors: the *warm* one holds a single connection kept alive
 for `WARM_KEEPALIVE_S`, which the prober (one `/version` every 10 s) keeps open between rounds,
 so neither it nor the round's list handshakes again; a request takes it whenever no other
@@ -53,11 +54,15 @@ from yarl import URL
 
 from convergerd.config import ClusterAccess
 from convergerd.core.decode import (
+    ANSWER_MAX_CONTAINERS,
     MAX_REASON_PHRASE_CHARS,
+    Cost,
+    ListBudget,
     StatusBody,
     git_version,
     list_page,
     parse_object,
+    same_object,
     seconds,
     short_text,
     status_body,
@@ -74,7 +79,16 @@ from convergerd.core.errors import (
     classify_status,
 )
 from convergerd.core.model import ClusterId
-from convergerd.core.render import CRD_NAME, FIELD_MANAGER, GROUP, PLURAL, VERSION
+from convergerd.core.render import (
+    API_VERSION,
+    CRD_NAME,
+    FIELD_MANAGER,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+)
+from convergerd.core.shown import shown
 from convergerd.kube.api import Applied, KubeObject, ObjectList, RequestObserver
 from convergerd.kube.kubeconfig import Credentials, read_token_file
 from convergerd.ratelimit import TokenBucket
@@ -96,6 +110,20 @@ BURST_KEEPALIVE_S = 2.0
 # closed): its Status message is capped at MAX_MESSAGE_CHARS anyway.
 ERROR_BODY_MAX_BYTES = 64 * 1024
 READ_CHUNK_BYTES = 2**20
+# What each kind of answer may cost (`decode.Cost`; the table in docs/design.md, "Cluster
+# answers"). `/version` is probed on every cluster by every replica: a few hundred bytes from
+# an apiserver. A Lease is one small object (etcd keeps at most 1.5 MiB of any object).
+ANSWER_COST = Cost()  # any other answer: the response cap, `decode.ANSWER_MAX_CONTAINERS`
+VERSION_COST = Cost(max_bytes=64 * 1024, max_containers=64)
+LEASE_COST = Cost(max_bytes=2 * 2**20, max_containers=1_024)
+# A Policy as we write it and the operator reports it is about 30 objects and arrays (its
+# managedFields included): 256 per item is room for any legitimate one.
+POLICY_CONTAINERS = 256
+POLICY_COST = Cost(max_containers=8 * POLICY_CONTAINERS)
+# Every managed Policy a cluster holds, over all pages: far above the policies one database
+# can have for a cluster (the scale the product is built for is 100 a cluster).
+POLICY_LIST = ListBudget(max_items=10_000, max_pages=200)
+LEASE_API_VERSION = "coordination.k8s.io/v1"
 # Reason slugs of `ClusterUnreachable` (metrics labels; `retry` keys decisions on them).
 REASON_TIMEOUT = "timeout"
 REASON_CONNECT = "connect_error"
@@ -152,6 +180,12 @@ def http_error(
     doc = status_body(body)
     message, k8s_reason = _status_message(
         status, short_text(reason_phrase, MAX_REASON_PHRASE_CHARS), doc)
+    if 300 <= status < 400:
+        # Never followed (it could lead anywhere, in clear text, with the token): the
+        # cluster's error, saying where it pointed.
+        location = headers.get("Location")
+        message = (f"{message}: redirect to {shown(location, 100, style='text')} not followed"
+                   if location else f"{message}: redirect not followed")
     header = headers.get("Retry-After")
     wait = seconds(header) if header is not None else None
     return cls(
@@ -224,11 +258,22 @@ class _RestClient(RESTClientObject):
     its own SSL context from the system store and a `trust_env=True` session."""
 
     def __init__(self, session: aiohttp.ClientSession, server_hostname: str | None) -> None:
-        self.pool_manager = session
+        self.pool_manager = _NoRedirects(session)  # type: ignore[assignment]
         # The upstream attributes are inferred as non-optional; None is what it checks for.
         self.server_hostname = server_hostname  # type: ignore[assignment]
         self.proxy = None  # type: ignore[assignment]
         self.proxy_headers = None  # type: ignore[assignment]
+
+
+class _NoRedirects:
+    """The session as kubernetes-asyncio's REST client uses it (`request` only), never
+    following a redirect: aiohttp's default would, with the Authorization header."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        return self._session.request(*args, **kwargs, allow_redirects=False)
 
 
 class _ApiClient(ApiClient):
@@ -290,10 +335,13 @@ class _Answer:
     body: bytes
 
     verb: str = ""
+    max_containers: int = ANSWER_MAX_CONTAINERS
 
     def json(self) -> KubeObject:
-        """The body as a JSON object; `BadResponse` when it is not one."""
-        return parse_object(self.body, f"{self.verb or 'the'} answer ({self.status})")
+        """The body as a JSON object; `BadResponse` when it is not one, or costs more than
+        its request's `Cost`."""
+        return parse_object(self.body, f"{self.verb or 'the'} answer ({self.status})",
+                            max_containers=self.max_containers)
 
 
 async def read_capped(
@@ -383,9 +431,10 @@ class ClusterClient:
         self._agent = agent
         self._server_hostname = creds.tls_server_name
         self._bucket = TokenBucket(rate=access.qps, burst=access.burst, clock=self._clock)
-        # Per request, yarl would parse and encode `server + path` again (~12 us: every
-        # cluster's URL differs, so its cache misses); the server is encoded once here, and a
-        # plain path appended to it is a URL already encoded. Kept only where it gives the URL
+        # Per request, yarl would parse and encode `server + path` again (every cluster's URL
+        # differs, so its cache misses: bench/RESULTS.md, "Figures once quoted in the code");
+        # the server is encoded once here, and a plain path appended to it is a URL already
+        # encoded. Kept only where it gives the URL
         # yarl would build from the text (`_url`).
         encoded = str(URL(self._server))
         probe = "/apis/x"
@@ -458,7 +507,9 @@ class ClusterClient:
                 if token is not None:
                     query["continue"] = token
                 answer = await self._request(
-                    "list", self._http("GET", POLICIES_PATH, query=query), deadline=deadline)
+                    "list", self._http("GET", POLICIES_PATH, query=query), deadline=deadline,
+                    cost=Cost(max_containers=min(ANSWER_MAX_CONTAINERS,
+                                                 self._page_size * POLICY_CONTAINERS + 16)))
             except ObjectRejected as exc:
                 if exc.status != 410 or token is None or restarted:
                     raise
@@ -469,12 +520,15 @@ class ClusterClient:
             except ClusterLevelError as exc:
                 raise self._policy_api_error(exc) from exc
             requests += 1
-            page = list_page(answer.json())
+            page = list_page(answer.json(), api_version=API_VERSION, kind=f"{KIND}List",
+                             limit=self._page_size)
             items.extend(page.items)
             if page.continue_token is not None and page.continue_token == token:
                 raise BadResponse("list answer: metadata.continue: the same token again "
                                   "(the list would never end)")
             token = page.continue_token
+            if token is not None:
+                POLICY_LIST.check(pages=requests, items=len(items))
             if token is None:
                 return ObjectList(items=items, resource_version=page.resource_version,
                                   requests=requests)
@@ -492,6 +546,7 @@ class ClusterClient:
                     content_type=APPLY_CONTENT_TYPE),
                 deadline=self._clock() + timeout_s,
                 not_found=name if precondition else None,
+                cost=POLICY_COST,
             )
         except _Gone:
             raise Superseded(f"{name} was deleted since it was read", status=404) from None
@@ -502,12 +557,19 @@ class ClusterClient:
             raise
         except ClusterLevelError as exc:
             raise self._policy_api_error(exc) from exc
-        return Applied(object=answer.json(), created=answer.status == 201)
+        applied = answer.json()
+        same_object(applied, body, "apply answer")
+        return Applied(object=applied, created=answer.status == 201)
 
     async def get_policy(self, name: str, *, timeout_s: float) -> KubeObject | None:
         """The Policy object, or None when there is none."""
         answer = await self._one_policy("get", name, timeout_s)
-        return None if answer is None else answer.json()
+        if answer is None:
+            return None
+        found = answer.json()
+        same_object(found, {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}},
+                    "get answer")
+        return found
 
     async def delete_policy(self, name: str, *, timeout_s: float) -> bool:
         return await self._one_policy("delete", name, timeout_s) is not None
@@ -517,7 +579,7 @@ class ClusterClient:
         try:
             return await self._request(
                 verb, self._http(verb.upper(), f"{POLICIES_PATH}/{name}"),
-                deadline=self._clock() + timeout_s, not_found=name,
+                deadline=self._clock() + timeout_s, not_found=name, cost=POLICY_COST,
             )
         except _Gone:
             return None
@@ -526,7 +588,8 @@ class ClusterClient:
 
     async def server_version(self, *, timeout_s: float) -> str:
         answer = await self._request(
-            "version", self._http("GET", "/version"), deadline=self._clock() + timeout_s)
+            "version", self._http("GET", "/version"), deadline=self._clock() + timeout_s,
+            cost=VERSION_COST)
         return git_version(answer.json())
 
     # --- LeaseApi ---------------------------------------------------------------------------
@@ -535,13 +598,13 @@ class ClusterClient:
         try:
             answer = await self._request(
                 "get", self._lease_call("read_namespaced_lease", name, namespace),
-                deadline=self._clock() + timeout_s, not_found=name,
+                deadline=self._clock() + timeout_s, not_found=name, cost=LEASE_COST,
             )
         except _Gone:
             return None
         except ClusterLevelError as exc:
             raise _lease_error(exc) from exc
-        return answer.json()
+        return _the_lease(answer, namespace, name)
 
     async def list_leases(self, namespace: str, *, timeout_s: float) -> list[KubeObject]:
         try:
@@ -551,22 +614,18 @@ class ClusterClient:
             )
         except ClusterLevelError as exc:
             raise _lease_error(exc) from exc
-        body = answer.json()
-        items = body.get("items") if isinstance(body, dict) else None
-        if not isinstance(items, list):
-            raise BadResponse("list answer: items is not an array")
-        return [item for item in items if isinstance(item, dict)]
+        return list_page(answer.json(), api_version=LEASE_API_VERSION, kind="LeaseList").items
 
     async def create_lease(self, body: KubeObject, *, timeout_s: float) -> KubeObject:
         namespace = body["metadata"]["namespace"]
         try:
             answer = await self._request(
                 "create", self._lease_call("create_namespaced_lease", namespace, body),
-                deadline=self._clock() + timeout_s,
+                deadline=self._clock() + timeout_s, cost=LEASE_COST,
             )
         except ClusterLevelError as exc:
             raise _lease_error(exc) from exc
-        return answer.json()
+        return _the_lease(answer, namespace, body["metadata"]["name"])
 
     async def replace_lease(self, body: KubeObject, *, timeout_s: float) -> KubeObject:
         meta = body["metadata"]
@@ -574,11 +633,11 @@ class ClusterClient:
             answer = await self._request(
                 "update", self._lease_call("replace_namespaced_lease", meta["name"],
                                            meta["namespace"], body),
-                deadline=self._clock() + timeout_s,
+                deadline=self._clock() + timeout_s, cost=LEASE_COST,
             )
         except ClusterLevelError as exc:
             raise _lease_error(exc) from exc
-        return answer.json()
+        return _the_lease(answer, meta["namespace"], meta["name"])
 
     # --- any resource: JSON in, JSON out ------------------------------------------------------
 
@@ -593,6 +652,7 @@ class ClusterClient:
         body: KubeObject | None = None,
         content_type: str = JSON_CONTENT_TYPE,
         not_found: str | None = None,
+        cost: Cost = ANSWER_COST,
     ) -> Reply | None:
         """One request to `path` (below the server URL) with a JSON body, its JSON answer;
         the same pool, bounds, rate limit and error classes as every other call. None when
@@ -601,7 +661,7 @@ class ClusterClient:
                           body=orjson.dumps(body) if body is not None else None)
         try:
             answer = await self._request(verb, send, deadline=self._clock() + timeout_s,
-                                         not_found=not_found)
+                                         not_found=not_found, cost=cost)
         except _Gone:
             return None
         return Reply(answer.status, answer.json())
@@ -631,10 +691,10 @@ class ClusterClient:
                        "Accept": JSON_CONTENT_TYPE}
             async with self._streams.get(
                 self._server + path, params=dict(query), headers=headers, timeout=timeout,
-                server_hostname=self._server_hostname,
+                server_hostname=self._server_hostname, allow_redirects=False,
             ) as response:
                 status = response.status
-                if status >= 400:
+                if status >= 300:
                     answer = await self._read("watch", response)
                     raise http_error(answer.status, answer.reason, answer.headers, answer.body)
                 async for line in read_lines_capped(response.content, limit):
@@ -657,27 +717,33 @@ class ClusterClient:
 
     # --- one request ------------------------------------------------------------------------
 
-    async def _read(self, verb: str, response: aiohttp.ClientResponse) -> _Answer:
-        """The answer, its body read up to the cap: `max_response_bytes` for a success (over it:
-        `BadResponse`), `ERROR_BODY_MAX_BYTES` for an error (over it: cut). What is left
-        unread stays unread: the connection is closed, never reused."""
+    async def _read(self, verb: str, response: aiohttp.ClientResponse,
+                    cost: Cost = ANSWER_COST) -> _Answer:
+        """The answer, its body read up to the cap: the request's `cost.max_bytes` within
+        `max_response_bytes` for a success (over it: `BadResponse`), `ERROR_BODY_MAX_BYTES`
+        for an error or a redirect (over it: cut). What is left unread stays unread: the
+        connection is closed, never reused."""
         status = response.status
-        limit = ERROR_BODY_MAX_BYTES if status >= 400 else self._max_response_bytes
+        error = status >= 300
+        cap = self._max_response_bytes
+        limit = (ERROR_BODY_MAX_BYTES if error
+                 else cap if cost.max_bytes is None else min(cost.max_bytes, cap))
         declared = response.content_length
-        if status < 400 and declared is not None and declared > limit:
+        if not error and declared is not None and declared > limit:
             response.close()
-            raise _too_big(verb, status, limit)
+            raise _too_big(verb, status, limit, setting=limit == cap)
         # An error answer's start is kept (its Status message); a success over the cap is
         # refused, so nothing of it is kept.
-        body, cut = await read_capped(response.content, limit, keep_cut=status >= 400)
+        body, cut = await read_capped(response.content, limit, keep_cut=error)
         if cut:
             response.close()
-            if status < 400:
+            if not error:
                 # No local here may hold the exception: its traceback holds this frame, and
                 # that cycle (with whatever else the frame holds) would wait for a full
                 # collection, rare under `eventloop.tune_gc`.
-                raise _too_big(verb, status, limit)
-        return _Answer(status, response.reason, response.headers, body, verb)
+                raise _too_big(verb, status, limit, setting=limit == cap)
+        return _Answer(status, response.reason, response.headers, body, verb,
+                       cost.max_containers)
 
     def _policy_api_error(self, exc: ClusterLevelError) -> ClusterLevelError:
         if exc.status != 404:
@@ -701,7 +767,8 @@ class ClusterClient:
                 headers["Content-Type"] = content_type
             return await session.request(method, url, params=params, data=body,
                                          headers=headers, timeout=limits,
-                                         server_hostname=self._server_hostname)
+                                         server_hostname=self._server_hostname,
+                                         allow_redirects=False)
 
         return send
 
@@ -743,6 +810,7 @@ class ClusterClient:
         *,
         deadline: float,
         not_found: str | None = None,
+        cost: Cost = ANSWER_COST,
     ) -> _Answer:
         """One HTTP request, bounded by `deadline` (clock time) including the rate limiter's
         wait, over the warm session when no other request holds it, else the burst one.
@@ -774,9 +842,18 @@ class ClusterClient:
                                   await self._auth.headers())
             async with response:
                 status = response.status
-                answer = await self._read(verb, response)
+                answer = await self._read(verb, response, cost)
         except ClusterError:
             raise
+        except aiohttp.ClientResponseError as exc:
+            if isinstance(exc, aiohttp.ClientHttpProxyError):
+                raise transport_error(exc, elapsed_s=self._clock() - start,
+                                      timeout_s=min(self._request_timeout_s, budget)) from exc
+            # The status line or headers could not be read (over aiohttp's 8,190-byte line
+            # and field limits, or malformed): it answered, with nothing usable. The
+            # library's message quotes the bytes: not reused.
+            raise BadResponse(f"{verb} answer: its status line or headers are malformed or "
+                              "longer than 8,190 bytes") from None
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             elapsed = self._clock() - start
             limit = min(self._request_timeout_s, budget)
@@ -787,7 +864,7 @@ class ClusterClient:
             if self._observer is not None:
                 self._observer.request_done(self._cluster, verb, status,
                                             self._clock() - start)
-        if answer.status < 400:
+        if answer.status < 300:
             return answer
         if answer.status == 404 and not_found is not None and _not_found_object(answer.body,
                                                                                not_found):
@@ -795,9 +872,17 @@ class ClusterClient:
         raise http_error(answer.status, answer.reason, answer.headers, answer.body)
 
 
-def _too_big(verb: str, status: int, limit: int) -> BadResponse:
-    return BadResponse(f"{verb} answer ({status}) larger than {limit} bytes "
-                       "(CONVERGERD_MAX_RESPONSE_BYTES)")
+def _too_big(verb: str, status: int, limit: int, *, setting: bool = True) -> BadResponse:
+    source = "CONVERGERD_MAX_RESPONSE_BYTES" if setting else f"the budget of a {verb} answer"
+    return BadResponse(f"{verb} answer ({status}) larger than {limit} bytes ({source})")
+
+
+def _the_lease(answer: _Answer, namespace: str, name: str) -> KubeObject:
+    """The Lease an answer holds, checked to be the one asked for."""
+    lease = answer.json()
+    same_object(lease, {"apiVersion": LEASE_API_VERSION, "kind": "Lease",
+                        "metadata": {"name": name, "namespace": namespace}}, "Lease answer")
+    return lease
 
 
 class _Gone(Exception):

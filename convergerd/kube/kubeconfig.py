@@ -49,8 +49,9 @@ MAX_CREDENTIAL_FILE_BYTES = 1 << 20
 # A bearer token: a service-account JWT is 1-2 KiB. Far above that, and far below what an API
 # server takes as one header (kube-apiserver: 1 MiB for all of them).
 MAX_TOKEN_BYTES = 64 * 1024
-# A kubeconfig of 10,000 clusters with inline CAs, client certificates and RSA keys is about
-# 60 MiB; a few times that is still a kubeconfig, more is the wrong file.
+# A kubeconfig of 10,000 clusters with inline CAs, client certificates and RSA keys is tens
+# of MiB (bench/RESULTS.md, "Figures once quoted in the code"); a few times that is still a
+# kubeconfig, more is the wrong file.
 MAX_KUBECONFIG_BYTES = 256 << 20
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from convergerd.core.decode import list_page, watch_line
+from convergerd.core.decode import ListBudget, list_page, same_object, watch_line
 from convergerd.core.errors import BadResponse, ClusterLevelError
 from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchEvent
 from convergerd.kube.client import (
@@ -23,6 +23,9 @@ from convergerd.kube.client import (
 
 # How much longer than the watch's own timeoutSeconds the client waits for the stream to end.
 WATCH_SLACK_S = 30.0
+# One whole list of any kind, over all its pages (each page is bounded by the `limit` sent and
+# the client's `Cost`): a big cluster's Pods, not a server that never stops paging.
+OBJECT_LIST = ListBudget(max_items=500_000, max_pages=5_000)
 
 
 def _not_served(exc: ClusterLevelError, resource: Resource) -> ClusterLevelError:
@@ -52,7 +55,12 @@ class ObjectClient:
                                             verb="get", timeout_s=timeout_s, not_found=name)
         except ClusterLevelError as exc:
             raise _not_served(exc, resource) from exc
-        return reply.object if reply is not None else None
+        if reply is None:
+            return None
+        same_object(reply.object, {"apiVersion": resource.api_version,
+                                   "metadata": {"name": name, "namespace": namespace}},
+                    "get answer")
+        return reply.object
 
     async def list_objects(self, resource: Resource, *, label_selector: str | None,
                            timeout_s: float, namespace: str | None = None,
@@ -66,7 +74,8 @@ class ObjectClient:
         token: str | None = None
         requests = 0
         while True:
-            query = {"limit": str(limit or self._page_size)}
+            asked = limit or self._page_size
+            query = {"limit": str(asked)}
             if label_selector:
                 query["labelSelector"] = label_selector
             if token:
@@ -78,7 +87,7 @@ class ObjectClient:
                 raise _not_served(exc, resource) from exc
             assert reply is not None
             requests += 1
-            page = list_page(reply.object)
+            page = list_page(reply.object, api_version=resource.api_version, limit=asked)
             if transform is None:
                 items.extend(page.items)
             else:
@@ -86,6 +95,8 @@ class ObjectClient:
             if page.continue_token is not None and page.continue_token == token:
                 raise BadResponse("list answer: metadata.continue: the same token again")
             token = page.continue_token
+            if token is not None:
+                OBJECT_LIST.check(pages=requests, items=len(items))
             if token is None or (limit is not None and len(items) >= limit):
                 return ObjectList(items=items, resource_version=page.resource_version,
                                   requests=requests)
@@ -119,6 +130,7 @@ class ObjectClient:
         except ClusterLevelError as exc:
             raise _not_served(exc, resource) from exc
         assert reply is not None
+        same_object(reply.object, body, "apply answer")
         return reply.object
 
     async def delete(self, resource: Resource, name: str, *, timeout_s: float) -> bool:

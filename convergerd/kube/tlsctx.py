@@ -2,7 +2,8 @@
 it.
 
 kubernetes-asyncio builds a fresh context per ApiClient with `ssl.create_default_context()`,
-which loads the whole system CA store each time (measured ~34 ms and ~0.8 MB per client). A
+which loads the whole system CA store each time (what that cost per client: bench/RESULTS.md,
+"Figures once quoted in the code"). A
 fleet's clusters share a handful of CAs, so contexts are keyed by a hash of the CA bytes (plus
 the client certificate and key, when a cluster authenticates with one) and built once. The
 system store is loaded only for a cluster whose kubeconfig names no CA, and then once.

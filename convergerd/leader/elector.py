@@ -16,9 +16,18 @@ passes leadership is lost.
 
 The loop never stops on an error, and never fails quietly: the first failure in a row is a
 warning (an unexpected exception an error with its traceback), repeated every
-`STUCK_AFTER_DURATIONS` lease durations while it lasts, with what to check. `problem()` tells
-`/healthz` when the elector is stuck: for that long it has neither led nor seen the Lease
-validly held by another replica.
+`STUCK_AFTER_DURATIONS` lease durations while it lasts, with what to check.
+
+Health follows Kubernetes' conventions: liveness fails only when a restart would help,
+readiness when the process cannot do its part and a restart would not change it.
+
+- `problem()` (`/healthz`): the loop itself is stuck: no attempt has finished for that long
+  (each one is bounded, so only a bug gets there);
+- `unreachable()` (`/readyz`): for that long it has neither led nor seen the Lease validly held
+  by another replica (the home cluster does not answer, the Lease cannot be written);
+- `stalled()` (`/readyz`): another holder's record has not changed for
+  `lease.STALLED_AFTER_DURATIONS` of our lease durations and its claim still runs (a holder
+  that never renews, a hand-written duration): no round runs until it is taken over.
 """
 
 from __future__ import annotations
@@ -45,9 +54,11 @@ from convergerd.leader.lease import (
     acquire_body,
     acquire_delay,
     can_acquire,
+    honoured_duration_s,
     new_lease_body,
     observe,
     release_body,
+    stalled_s,
     write_budget,
 )
 
@@ -56,9 +67,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ChangeHook = Callable[[bool, str | None], None]
 
-# The elector is stuck (`/healthz` fails, the warning is repeated) after this many lease
+# The elector is unready (`/readyz` fails, the warning is repeated) after this many lease
 # durations without leading or seeing another valid holder: a healthy standby sees the holder
-# at least every retry period, and a dead holder is replaced within one duration.
+# at least every retry period, and a dead holder is replaced within one duration. Its loop is
+# stuck (`/healthz` fails) after as long without an attempt finishing: an attempt takes at
+# most two request timeouts, the pause after it at most 1.2 retry periods.
 STUCK_AFTER_DURATIONS = 2.0
 
 
@@ -80,6 +93,8 @@ class Leadership(Protocol):
     def fence(self, epoch: Epoch | None = None) -> Fence: ...
     async def release(self) -> None: ...
     def problem(self) -> str | None: ...
+    def unreachable(self) -> str | None: ...
+    def stalled(self) -> str | None: ...
 
 
 def _loop_time() -> float:
@@ -155,10 +170,14 @@ class Elector:
         self._attempt_started = -math.inf
         self._watchdog: asyncio.TimerHandle | None = None
         # Health: when the elector last led or saw another valid holder (None: not running),
-        # when it last warned about failing, and the last failure (for `problem()`).
+        # when an attempt last finished, when the Lease was last read, when it last warned
+        # about failing, and the last failure (for `unreachable()`).
         self._progress_mono: float | None = None
+        self._turned_mono = -math.inf
+        self._read_mono = -math.inf
         self._warned_mono = -math.inf
         self._last_error: str | None = None
+        self._stall_warned: Observed | None = None
 
     @property
     def _where(self) -> str:
@@ -232,9 +251,24 @@ class Elector:
         self._nudge.set()
 
     def problem(self) -> str | None:
-        """Why the elector is stuck, for `/healthz`; None while it works. Stuck: running, and
-        for `STUCK_AFTER_DURATIONS` lease durations it has neither led (renewed) nor seen the
-        Lease validly held by another replica, so no replica may be leading at all."""
+        """Why the elector's loop is stuck, for `/healthz` (a restart would help); None while
+        it turns: running, and no attempt has finished for `STUCK_AFTER_DURATIONS` lease
+        durations. A failed attempt has finished: failures are `unreachable()`."""
+        if self._progress_mono is None or self._stop.is_set():
+            return None
+        silent_s = self._clock() - self._turned_mono
+        limit_s = self._stuck_after_s
+        if silent_s <= limit_s:
+            return None
+        return (f"leader election loop stuck: no attempt on Lease {self._where} finished for "
+                f"{silent_s:.0f} s (limit {limit_s:g} s)")
+
+    def unreachable(self) -> str | None:
+        """Why this replica cannot take part in the election, for `/readyz`; None while it
+        can. Running, and for `STUCK_AFTER_DURATIONS` lease durations it has neither led
+        (renewed) nor seen the Lease validly held by another replica: the home cluster does not
+        answer, or the Lease cannot be read or written. Nobody is known to lead; a restart
+        would not change that."""
         since = self._progress_mono
         if since is None or self._stop.is_set():
             return None
@@ -242,9 +276,36 @@ class Elector:
         limit_s = self._stuck_after_s
         if stuck_s <= limit_s:
             return None
-        return (f"leader election stuck: for {stuck_s:.0f} s (limit {limit_s:g} s) this replica "
-                f"has neither led nor seen Lease {self._where} held by another live replica; "
-                f"last error: {self._last_error or 'none'}")
+        return (f"leader election blocked: for {stuck_s:.0f} s (limit {limit_s:g} s) this "
+                f"replica has neither led nor seen Lease {self._where} held by another live "
+                f"replica (is the home cluster reachable?); last error: "
+                f"{self._last_error or 'none'}")
+
+    def stalled(self) -> str | None:
+        """Why no round can run under the Lease's holder, for `/readyz`; None otherwise.
+        Another holder's record, read within the last lease duration, has not changed for
+        `lease.STALLED_AFTER_DURATIONS` lease durations while its claim (capped at
+        `lease.MAX_PEER_DURATION_FACTOR` durations) still runs: it does not renew, and nobody
+        may take the Lease before the claim runs out."""
+        observed = self._observed
+        now = self._clock()
+        if observed is None or self._stop.is_set() or now - self._read_mono > self._duration_s:
+            return None
+        unchanged_s = stalled_s(observed, now, self.identity, own_duration_s=self._duration_s)
+        if unchanged_s is None:
+            return None
+        record = observed.record
+        honoured = honoured_duration_s(record.duration_s, self._duration_s)
+        return (f"leadership stalled: Lease {self._where} is held by {shown(record.holder)}, "
+                f"whose record has not changed for {unchanged_s:.0f} s (a live holder renews "
+                f"every retry period), so no round runs; its claim of "
+                f"{record.duration_s or self._duration_s:g} s (honoured up to {honoured:g} s) "
+                f"lets this replica take the Lease in "
+                f"{observed.expires_mono(self._duration_s) - now:.0f} s")
+
+    @property
+    def _duration_s(self) -> float:
+        return self._s.lease_duration_s
 
     @property
     def _stuck_after_s(self) -> float:
@@ -258,6 +319,7 @@ class Elector:
         """Acquire, then renew, until `stop()`, `release()` or cancellation."""
         log.info("leader election on Lease %s as %s", self._where, self.identity)
         self._progressed()  # startup counts as progress: a grace period
+        self._turned_mono = self._clock()
         try:
             while not self._stop.is_set():
                 async with self._lock:
@@ -332,7 +394,7 @@ class Elector:
             # Renew every retry period, counted from the start of the last attempt.
             return max(0.0, self._attempt_started + self._s.retry_period_s - now)
         return acquire_delay(self._observed, now, self.identity, self._s.retry_period_s,
-                             self._rng, default_duration_s=self._s.lease_duration_s)
+                             self._rng, own_duration_s=self._duration_s)
 
     async def _attempt(self) -> None:
         self._attempt_started = self._clock()
@@ -355,13 +417,15 @@ class Elector:
                 log.info("Lease %s reachable again after %d failed attempts",
                          self._where, self._failures)
             self._failures = 0
+        finally:
+            self._turned_mono = self._clock()
 
     async def _try_acquire_or_renew(self, term: _Term | None) -> None:
         s = self._s
         current = await self._call(
             self._api.get_lease(s.lease_namespace, s.lease_name, timeout_s=s.request_timeout_s))
         record = LeaseRecord.from_object(current) if current is not None else None
-        now = self._clock()
+        now = self._read_mono = self._clock()
         self._observed = observe(self._observed, record, now)
         holder = record.holder if record is not None and record.held else None
         self._set_holder(holder)
@@ -369,8 +433,9 @@ class Elector:
             self._end(term, f"the Lease is now held by {holder or 'nobody'}", logging.WARNING)
             term = None
         if not can_acquire(self._observed, now, self.identity,
-                           default_duration_s=s.lease_duration_s):
+                           own_duration_s=s.lease_duration_s):
             self._progressed()  # another replica holds it, validly: nothing is stuck
+            self._warn_stalled()
             return
         if term is None and self._may_acquire is not None and not self._may_acquire():
             # Not ours to take now (the fair share gives it to another replica): deciding
@@ -393,6 +458,15 @@ class Elector:
             raise LeaseFormatError(f"the Lease written back names {shown(mine.holder)} as holder")
         self._observed = Observed(mine, sent)
         self._renewed(sent, mine)
+
+    def _warn_stalled(self) -> None:
+        """Once per record: a holder that stopped renewing but whose claim still runs."""
+        why = self.stalled()
+        if why is not None and self._stall_warned is not self._observed:
+            self._stall_warned = self._observed
+            log.warning("%s; check the Lease (kubectl -n %s get lease %s -o yaml): deleting it "
+                        "lets the replicas elect anew", why, self._s.lease_namespace,
+                        self._s.lease_name)
 
     async def _call(self, request: Awaitable[T]) -> T:
         """Every Lease request is bounded by the request timeout, whatever the client does."""
@@ -553,4 +627,10 @@ class NoElection:
         self._stop.set()
 
     def problem(self) -> str | None:
+        return None
+
+    def unreachable(self) -> str | None:
+        return None
+
+    def stalled(self) -> str | None:
         return None

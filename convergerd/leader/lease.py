@@ -9,12 +9,16 @@ Two kinds of time appear here and never mix:
   clock may be off, and ours may jump.
 
 A foreign lease is judged the way client-go judges it: from the monotonic time at which *we
-observed* its record change, plus the record's own `leaseDurationSeconds`.
+observed* its record change, plus the record's own `leaseDurationSeconds` — at most
+`MAX_PEER_DURATION_FACTOR` times our own (`honoured_duration_s`): a holder that wrote a 68-year
+duration and never renews is taken over after ten of our durations, not 68 years.
 
 What a Lease holds was written by anyone with access to it, so it is decoded with bounds: a
 MicroTime parses to a datetime or raises `LeaseFormatError` (never `OverflowError`), the
 int32 fields out of the API's range read as absent, and no arithmetic here can overflow on a
-value the API server accepted.
+value the API server accepted. The holder's identity is cleaned and cut to
+`MAX_HOLDER_CHARS` where it is read (`LeaseRecord.from_object`): status, logs and metric labels
+that name a holder never carry more.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from convergerd.config import MAX_IDENTITY_CHARS
+from convergerd.core.decode import clean_text
 from convergerd.core.shown import shown
 
 
@@ -49,6 +55,19 @@ INT32_MAX = 2**31 - 1  # leaseDurationSeconds and leaseTransitions are int32 in 
 # with a sane clock (or was written by hand): it is not kept moving forward (see
 # `next_renew_time`); our own time is written, which is a change all the same.
 MAX_RENEW_TIME_AHEAD = dt.timedelta(hours=1)
+# A holder's identity as read: cleaned (no control characters) and at most this long. Our own
+# identity is held to the same bound by the settings check, so it reads back unchanged.
+MAX_HOLDER_CHARS = MAX_IDENTITY_CHARS
+# The longest a foreign holder's claim is honoured without a change of its record, as a multiple
+# of our own lease duration: replicas are meant to share their election settings, and ten
+# times ours covers any sane difference; a longer claim (2^31-1 s written by hand, a holder
+# that never renews) is capped, so no Lease value stops the rounds for longer.
+MAX_PEER_DURATION_FACTOR = 10.0
+# Leadership is stalled (readiness fails) when another holder's record has not changed for this
+# many of our lease durations while its (capped) claim still runs: a live holder changes it
+# every retry period, a convergerd holder that did not renew within its renew deadline (less
+# than one duration) is fenced, so no round has run under it for at least that long.
+STALLED_AFTER_DURATIONS = 2.0
 
 _MICROTIME = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{6})(Z|[+-]\d{2}:\d{2})",
@@ -113,7 +132,8 @@ class LeaseRecord:
         """From a Lease as the API returns it. Missing fields take their zero values; a wrong
         shape (not an object, wrong types) raises `LeaseFormatError`. An int32 field out of
         the range the API server accepts (a duration not in 1..2^31-1, transitions not in
-        0..2^31-1) reads as absent: the default duration, zero transitions."""
+        0..2^31-1) reads as absent: the default duration, zero transitions. The holder is
+        cleaned and cut to `MAX_HOLDER_CHARS` (`core.decode.clean_text`)."""
         if not isinstance(obj, dict):
             raise LeaseFormatError(f"a Lease must be a JSON object, got {type(obj).__name__}")
         metadata = obj.get("metadata")
@@ -122,7 +142,7 @@ class LeaseRecord:
         spec = {} if spec is None else spec
         if not isinstance(metadata, dict) or not isinstance(spec, dict):
             raise LeaseFormatError("a Lease's metadata and spec must be JSON objects")
-        holder = _typed(spec, "holderIdentity", str) or ""
+        holder = clean_text(_typed(spec, "holderIdentity", str) or "", MAX_HOLDER_CHARS)
         duration = _in_range(_typed(spec, "leaseDurationSeconds", int), 1)
         transitions = _in_range(_typed(spec, "leaseTransitions", int), 0) or 0
         return cls(
@@ -148,6 +168,14 @@ def _in_range(value: int | None, low: int) -> int | None:
     return value if value is not None and low <= value <= INT32_MAX else None
 
 
+def honoured_duration_s(duration_s: int | None, own_duration_s: float) -> float:
+    """How long a record's holder keeps its claim without a change, for our decisions: its
+    `leaseDurationSeconds`, ours when it has none, at most `MAX_PEER_DURATION_FACTOR` times
+    ours."""
+    claimed = float(duration_s) if duration_s is not None and duration_s > 0 else own_duration_s
+    return min(claimed, MAX_PEER_DURATION_FACTOR * own_duration_s)
+
+
 @dataclass(frozen=True, slots=True)
 class Observed:
     """A record and the monotonic time at which we first saw it with this content."""
@@ -155,11 +183,14 @@ class Observed:
     record: LeaseRecord
     since_mono: float
 
-    def expires_mono(self, default_duration_s: float = DEFAULT_LEASE_DURATION_S) -> float:
-        """When this record's holder loses its claim unless the record changes before."""
-        duration = self.record.duration_s
-        effective = float(duration) if duration is not None and duration > 0 else default_duration_s
-        return self.since_mono + effective
+    def expires_mono(self, own_duration_s: float = DEFAULT_LEASE_DURATION_S) -> float:
+        """When this record's holder loses its claim unless the record changes before
+        (`honoured_duration_s`: the record's duration, capped)."""
+        return self.since_mono + honoured_duration_s(self.record.duration_s, own_duration_s)
+
+    def foreign(self, identity: str) -> bool:
+        """Held by someone other than `identity`."""
+        return self.record.held and self.record.holder != identity
 
 
 def observe(
@@ -181,18 +212,36 @@ def can_acquire(
     now_mono: float,
     identity: str,
     *,
-    default_duration_s: float = DEFAULT_LEASE_DURATION_S,
+    own_duration_s: float = DEFAULT_LEASE_DURATION_S,
 ) -> bool:
     """May `identity` write itself into the Lease now?
 
     Yes when there is no Lease, nobody holds it, we hold it, or its record has not changed for
-    the record's own duration (measured on our monotonic clock from our observation)."""
-    if observed is None:
+    the record's own duration, capped (measured on our monotonic clock from our observation)."""
+    if observed is None or not observed.foreign(identity):
         return True
-    record = observed.record
-    if not record.held or record.holder == identity:
-        return True
-    return now_mono >= observed.expires_mono(default_duration_s)
+    return now_mono >= observed.expires_mono(own_duration_s)
+
+
+def stalled_s(
+    observed: Observed | None,
+    now_mono: float,
+    identity: str,
+    *,
+    own_duration_s: float = DEFAULT_LEASE_DURATION_S,
+) -> float | None:
+    """How long another holder has left its record unchanged, when that is longer than
+    `STALLED_AFTER_DURATIONS` of our durations while its claim still runs (nobody may take the
+    Lease yet, and nobody renews it); None otherwise. Ends when the record changes, or when
+    the capped claim runs out and the Lease may be taken."""
+    if observed is None or not observed.foreign(identity):
+        return None
+    unchanged_s = now_mono - observed.since_mono
+    if unchanged_s <= STALLED_AFTER_DURATIONS * own_duration_s:
+        return None
+    if now_mono >= observed.expires_mono(own_duration_s):
+        return None
+    return unchanged_s
 
 
 # --- bodies ----------------------------------------------------------------------------------
@@ -362,14 +411,14 @@ def acquire_delay(
     retry_period_s: float,
     rng: random.Random,
     *,
-    default_duration_s: float = DEFAULT_LEASE_DURATION_S,
+    own_duration_s: float = DEFAULT_LEASE_DURATION_S,
 ) -> float:
     """How long a standby waits before its next attempt: a jittered retry period, but no longer
     than until the observed foreign lease expires (plus a little jitter), so a dead leader is
     replaced as soon as its lease runs out."""
     delay = jittered(retry_period_s, rng)
-    if observed is not None and observed.record.held and observed.record.holder != identity:
-        until_expiry = observed.expires_mono(default_duration_s) - now_mono
+    if observed is not None and observed.foreign(identity):
+        until_expiry = observed.expires_mono(own_duration_s) - now_mono
         if until_expiry >= 0:
             delay = min(delay, until_expiry + retry_period_s * RETRY_JITTER * rng.random())
     return max(0.0, delay)

@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from convergerd.config import Election
@@ -66,12 +66,14 @@ class ShardView:
 ViewHook = Callable[[ShardView], None]
 
 
-def live_holder(observed: Observed | None, now_mono: float, default_duration_s: float) -> str:
+def live_holder(observed: Observed | None, now_mono: float, own_duration_s: float) -> str:
     """The holder of a Lease as observed, or "" when nobody holds it or its record did not
-    change within its duration (the elector's rule: `lease.can_acquire`)."""
+    change within its duration, capped (the elector's rule: `lease.can_acquire`). The same for
+    shard and membership Leases: a dead member that wrote a huge duration stops counting
+    after `lease.MAX_PEER_DURATION_FACTOR` of our durations."""
     if observed is None or not observed.record.held:
         return ""
-    if now_mono >= observed.expires_mono(default_duration_s):
+    if now_mono >= observed.expires_mono(own_duration_s):
         return ""
     return observed.record.holder
 
@@ -138,21 +140,29 @@ class ShardSet:
         )
 
     def problem(self) -> str | None:
-        """For `/healthz`: the Leases could not be listed for two lease durations (the plan
-        stands still: no orphan is taken), or an elector is stuck."""
+        """For `/healthz`: an elector's loop is stuck (a restart would help)."""
+        return _first(e.problem for e in self._everyone())
+
+    def unreachable(self) -> str | None:
+        """For `/readyz`: the Leases could not be listed for two lease durations (the plan
+        stands still: no orphan is taken), or an elector cannot take part in its election."""
         since = self._listed_mono
         if since is not None and not self._once and not self._stop.is_set():
             stuck_s = self._clock() - since
             limit_s = STUCK_AFTER_DURATIONS * self._s.lease_duration_s
             if stuck_s > limit_s:
-                return (f"shard set stuck: the Leases in {self._s.lease_namespace} could not be "
-                        f"listed for {stuck_s:.0f} s (limit {limit_s:g} s): "
+                return (f"shard set blocked: the Leases in {self._s.lease_namespace} could not "
+                        f"be listed for {stuck_s:.0f} s (limit {limit_s:g} s): "
                         f"{self._last_error or 'no answer'}")
-        for elector in [*self.electors, *([self.member] if self.member else [])]:
-            found = elector.problem()
-            if found is not None:
-                return found
-        return None
+        return _first(e.unreachable for e in self._everyone())
+
+    def stalled(self) -> str | None:
+        """For `/readyz`: a shard's Lease is held by someone who does not renew it
+        (`Elector.stalled`); its clusters get no round until the claim runs out."""
+        return _first(e.stalled for e in self._everyone())
+
+    def _everyone(self) -> list[Elector]:
+        return [*self.electors, *([self.member] if self.member else [])]
 
     def stop(self) -> None:
         self._stop.set()
@@ -167,8 +177,7 @@ class ShardSet:
         self._stop.set()
         for task in self._handing.values():
             task.cancel()
-        everyone = [*self.electors, *([self.member] if self.member else [])]
-        await asyncio.gather(*(e.release() for e in everyone), return_exceptions=True)
+        await asyncio.gather(*(e.release() for e in self._everyone()), return_exceptions=True)
 
     async def run(self) -> None:
         log.info("shards: %d Leases convergerd-shard-0..%d in %s, as %s%s", self.shards,
@@ -253,7 +262,7 @@ class ShardSet:
         shard_names = {shard_lease_name(k): k for k in range(self.shards)}
         seen: dict[str, Observed] = {}
         members: set[str] = set()
-        default_s = self._s.lease_duration_s
+        own_s = self._s.lease_duration_s
         for item in items:
             meta = item.get("metadata")
             name = meta.get("name") if isinstance(meta, dict) else None
@@ -269,11 +278,11 @@ class ShardSet:
             observed = observe(self._observed.get(name), record, now)
             assert observed is not None
             seen[name] = observed
-            holder = live_holder(observed, now, default_s)
+            holder = live_holder(observed, now, own_s)
             if is_member and holder:
                 members.add(holder)
         self._observed = seen
-        self._holders = [live_holder(seen.get(shard_lease_name(k)), now, default_s)
+        self._holders = [live_holder(seen.get(shard_lease_name(k)), now, own_s)
                          for k in range(self.shards)]
         return members
 
@@ -328,6 +337,15 @@ class ShardSet:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(0.0, delay_s)):
                 await self._stop.wait()
+
+
+def _first(checks: Iterable[Callable[[], str | None]]) -> str | None:
+    """The first problem the checks find (one line in a probe's answer), None if none."""
+    for check in checks:
+        found = check()
+        if found is not None:
+            return found
+    return None
 
 
 def unheld(view: ShardView) -> list[int]:

@@ -3,8 +3,9 @@
 The cluster is reached through the same registry, client and error classes as the daemon's
 (in-cluster config, or `--context` in CONVERGERD_KUBECONFIG); the Lease elector is the daemon's
 `Elector` on the operator's own Lease; health and metrics are served on their own port
-(`/healthz`: the loop turns, no task ended, the elector is not stuck; `/readyz`: Policies
-listed and discovery answered, on standbys too; `/metrics`). SIGTERM/SIGINT: stop reconciling,
+(`/healthz`: the loop turns, no task ended, the elector's loop is not stuck; `/readyz`:
+Policies listed and discovery answered, on standbys too, and the election not blocked nor
+stalled (`supervise`: what a restart would not fix); `/metrics`). SIGTERM/SIGINT: stop reconciling,
 release the Lease so a standby takes over at once, exit 0. A crashed task ends the process
 (Kubernetes restarts it).
 """
@@ -44,6 +45,9 @@ def make_app(operator: Operator, metrics: OperatorMetrics, health: HealthCheck) 
         return web.json_response({"ok": True})
 
     async def readyz(_: web.Request) -> web.Response:
+        failing = health.not_ready()
+        if failing:
+            return error_response(503, "; ".join(problem for _, problem in failing))
         if not operator.ready:
             return error_response(503, "Policies not listed yet, or discovery not answered")
         return web.json_response({"ready": True, "leader": metrics.is_leader})
@@ -119,6 +123,8 @@ class OperatorProcess:
                          tg.create_task(self.health.heartbeat(), name="heartbeat")]
                 self.health.watch(tasks)
                 self.health.check(elector.problem)  # running is not leading: see `supervise`
+                self.health.ready_check("lease_unreachable", elector.unreachable)
+                self.health.ready_check("lease_stalled", elector.stalled)
                 stop = tg.create_task(self.stopping.wait())
                 await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
                 for task in tasks[1:]:

@@ -30,8 +30,9 @@ from convergerd.kube.api import KubeObject, Resource
 from convergerd.operator.admission import RESOURCE_RULES
 
 # Bytes per cached object (the slim dict, its key and its share of the cache's table), for a
-# pod with up to 4 labels and 2 containers (about 820 measured on Python 3.11):
-# tests/unit/test_operator_workloads.py holds it for 10,000 pods.
+# pod with up to 4 labels and 2 containers, with room over what it measured (bench/RESULTS.md,
+# "Figures once quoted in the code"): tests/unit/test_operator_workloads.py holds it for 10,000
+# pods.
 SLIM_BYTES_BUDGET = 1024
 
 _KINDS = {

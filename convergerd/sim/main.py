@@ -117,8 +117,9 @@ async def serve(args: argparse.Namespace) -> None:
     async with Fleet(config, kubeconfig_path=args.kubeconfig_out, rng=rng) as fleet:
         # The fleet built at start (every cluster's stores, discovery, certificates: most of
         # the heap before any client comes) lives as long as the process: frozen out of the
-        # collector, a full collection no longer walks it (at 10,000 clusters it took ~0.8 s
-        # of the simulator's core in the middle of a save the bench was timing).
+        # collector, a full collection no longer walks it (at 10,000 clusters one took most of
+        # a second of the simulator's core in the middle of a save the bench was timing:
+        # bench/RESULTS.md, "Figures once quoted in the code").
         gc.collect()
         gc.freeze()
         log.info(

@@ -2,7 +2,8 @@
 
 Every write encodes its object twice (the stored copy and the answer) and decodes the stored
 one at least once: orjson does each several times faster than the standard library, which is
-a tenth of the simulator's CPU per request at fleet scale. Where the two libraries disagree
+a share of the simulator's CPU per request at fleet scale (bench/RESULTS.md, "Figures once
+quoted in the code"). Where the two libraries disagree
 the standard library's values are kept: orjson cannot encode an integer beyond 64 bits (then
 the standard library encodes it) and decodes one as a float (so such bytes are marked, with a
 leading space, to be decoded by the standard library again). orjson writes non-ASCII

@@ -734,4 +734,37 @@ class FanoutMetrics:
                        ("handling",), self._notifications).metric()
 
 
-__all__ = ["CONTENT_TYPE", "FanoutMetrics", "Metrics"]
+# ---------------------------------------------------------------------------------------------
+# Readiness
+
+
+# Why a replica is not ready, as `convergerd_unready{reason}` labels it: every one is exported
+# (0 while it holds) so an alert tells "ready" from "not scraped".
+UNREADY_REASONS = ("lease_unreachable", "lease_stalled", "database")
+
+
+class ReadinessMetrics:
+    """`convergerd_unready{reason}`: 1 while this replica is not ready for that reason, read at
+    scrape time from the same checks as `/readyz` (`not_ready`: the supervisor's readiness
+    checks, `supervise.HealthCheck.not_ready`), and `database` from the status state's last
+    database sync (`StatusState.sync_error`, every min(interval, 30 s)): a scrape does not ask
+    the database."""
+
+    def __init__(self, not_ready: Callable[[], Iterable[tuple[str, str]]],
+                 state: StatusState) -> None:
+        self._not_ready = not_ready
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        failing = {reason for reason, _ in self._not_ready()}
+        if self._state.sync_error is not None:
+            failing.add("database")
+        family = GaugeMetricFamily(
+            "convergerd_unready", "1 while this replica is not ready (GET /readyz answers 503) "
+            "for this reason: lease_unreachable, lease_stalled, database", labels=("reason",))
+        for reason in UNREADY_REASONS:
+            family.add_metric((reason,), 1.0 if reason in failing else 0.0)
+        yield family
+
+
+__all__ = ["CONTENT_TYPE", "FanoutMetrics", "Metrics", "ReadinessMetrics"]

@@ -138,8 +138,9 @@ def verification_results(counts: Mapping[str, int]) -> dict[str, int]:
 # `/status` over a large fleet is float arithmetic.
 TallyEntry = tuple[str, float, str, float | None]
 # Readings that agree on the first three are counted together (`TallyGroup`): an operator
-# probes each policy at its own time, and a group per distinct probe time cost ~170 bytes per
-# policy (~170 MB at 10,000 x 100); a sorted array of the times costs 8.
+# probes each policy at its own time, and a group per distinct probe time cost a whole object
+# per policy (bench/RESULTS.md, "Figures once quoted in the code"); a sorted array of the times
+# costs 8 bytes.
 TallyKey = tuple[str, float, str]
 
 

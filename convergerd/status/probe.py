@@ -14,8 +14,8 @@ pass and the whole next period). Whether an answer spares a probe is judged when
 cluster's probe is due, not when the pass starts. A cluster a save's fan-out is about to reach
 (`Answers.expecting`, for at most a period from the fan-out's start) is left to that save: its
 answer tells what the probe would, and at 10,000 clusters a pass overlapping a save's fan-out
-made that save take twice its CPU (4.5 s became 7-10 s). A cluster last seen unreachable is
-probed still: no answer is no proof.
+made that save take up to twice its CPU (bench/RESULTS.md, "Figures once quoted in the
+code"). A cluster last seen unreachable is probed still: no answer is no proof.
 
 A pass starts its probes at an even pace over `SPREAD_PERIODS` of the period, in small
 batches: at 10,000 clusters a burst of all of them at once would queue 10,000 requests' work
@@ -23,11 +23,12 @@ ahead of the rounds' and the HTTP server's. A probe that gets no answer within `
 counts as unreached, so a dead cluster costs one timeout per period, never more. Clusters the
 last pass found unreachable are probed beside the others, not among them (`concurrency` for
 the answering ones, `max_silent_in_flight` for those): a tenth of 10,000 clusters hung, all in
-32 shared slots, made a pass take 156 s, and the clusters behind them went unprobed that
-long. A cluster that hung since the last pass holds an answering slot only for the patience
-(`convergerd.slots`), then waits aside; one silent pass after pass is probed less and less
-often (`SILENT_MAX_PASSES`), so a long-dead cluster's recovery is seen by the prober within
-six periods, or at the next pass after any round's request to it answered.
+32 shared slots, made a pass take minutes, and the clusters behind them went unprobed that
+long (bench/RESULTS.md, "Figures once quoted in the code"). A cluster that hung since the last
+pass holds an answering slot only for the patience (`convergerd.slots`), then waits aside; one
+silent pass after pass is probed less and less often (`SILENT_MAX_PASSES`), so a long-dead
+cluster's recovery is seen by the prober within six periods, or at the next pass after any
+round's request to it answered.
 
 "Reached" is `ClusterError.answered`, the rule rounds use too: any answer with an HTTP status
 (401, 403, 429, 503...) or an unusable one means the API server was reached (the rounds report
@@ -69,8 +70,8 @@ class ProbeSink(Protocol):
 SKIP_WITHIN_PERIODS = 0.5
 # A save's fan-out about to reach a cluster excuses its probe for at most this share of the
 # period from the fan-out's start (its own answer then excuses the next): a save over 10,000
-# clusters and a pass of 10,000 probes at once cost the daemon and the clusters half again as
-# much CPU as the save alone, and the save's answer says what the probe would have.
+# clusters and a pass of 10,000 probes at once cost the daemon and the clusters much more CPU
+# than the save alone, and the save's answer says what the probe would have.
 EXPECTED_WITHIN_PERIODS = 1.0
 # A pass starts its probes over this share of the period, so the last started has its timeout
 # left before the next pass (5 s + 5 s with the defaults).
@@ -183,7 +184,8 @@ class Prober:
         # A probe to a cluster that answered the last pass gives its answering slot back and
         # waits aside when it has no answer within its patience: a tenth of 10,000 clusters
         # hanging at once held the 64 slots for a timeout each, so the pass that should have
-        # found them took ~80 s, and rounds ran into them meanwhile.
+        # found them took over a minute, and rounds ran into them meanwhile (bench/RESULTS.md,
+        # "Figures once quoted in the code").
         self._patience = Patience(ceiling_s=self.timeout_s)
         self.skipped = 0  # probes saved by other requests' answers, since start
         self._was_up: dict[str, bool] = {}

@@ -286,11 +286,12 @@ def policy_audit_view(audits: Iterable[Mapping[str, Any] | None],
 # Per cluster, compactly: one summary and per policy only what differs from it
 #
 # At 10,000 clusters x 100 policies a `PolicyRecord` with its `PhaseReading` and `Verification`
-# per delivery, each with its own decoded strings and times, cost ~1 KB: ~1 GB of status
-# (`bench/status_memory.py`). Most of a cluster's records say the same (one round's result
-# and time, one listing's phase, Ready and Verified): a record is kept as a tuple of its fields
-# (`_FIELDS`), the cluster keeps the most common value of each field (its summary), and each
-# policy only a bit mask of the fields where it differs and those values.
+# per delivery, each with its own decoded strings and times, ran to a gigabyte of status
+# (`bench/status_memory.py`; bench/RESULTS.md, "Figures once quoted in the code"). Most of a
+# cluster's records say the same (one round's result and time, one listing's phase, Ready and
+# Verified): a record is kept as a tuple of its fields (`_FIELDS`), the cluster keeps the most
+# common value of each field (its summary), and each policy only a bit mask of the fields where it
+# differs and those values.
 
 # The most variable fields first: their mask bits stay low (small ints are shared objects).
 # Then what a delivery writes, then what a reading writes: a round's observation puts a row

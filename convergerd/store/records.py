@@ -555,8 +555,9 @@ async def _upsert_deliveries(
 class _ClusterPart:
     """One cluster's share of a round record: its state row (None for a cluster the round
     was cut short on: its deliveries happened, its state is not known) and its deliveries:
-    made from `source` as they are written (a round's rows, ~200 bytes each, are never all
-    alive at once: 1,000,000 at 10,000 clusters x 100 policies), or already made (`rows`)."""
+    made from `source` as they are written (a round's rows, hundreds of bytes each, are never
+    all alive at once: 1,000,000 at 10,000 clusters x 100 policies), or already made
+    (`rows`)."""
 
     cluster: str
     state: tuple[Any, ...] | None
@@ -604,7 +605,8 @@ class RoundRecord:
     @classmethod
     async def build(cls, report: RoundReport, identity: str, clean: _Cleaner) -> RoundRecord:
         """The record of `report`, the loop given a turn every `eventloop.SLICE_S` (a state
-        row reads its cluster's readings: ~0.1 s of work at 10,000 clusters)."""
+        row reads its cluster's readings: at 10,000 clusters far more than a slice of work;
+        bench/RESULTS.md, "Figures once quoted in the code")."""
         pacer = Pacer()  # its first slice: the round's counts, then state rows
         at = _utc(report.finished_at or report.started_at)
         epoch = report.epoch
@@ -698,7 +700,8 @@ async def _insert_round(conn: asyncpg.Connection, record: RoundRecord, kept: int
 
 
 # Cluster states per statement: asyncpg encodes a statement's arguments in one go, and 10,000
-# states held the loop ~40 ms.
+# states held the loop for tens of milliseconds (bench/RESULTS.md, "Figures once quoted in the
+# code").
 _STATES_PER_STATEMENT = 1000
 
 

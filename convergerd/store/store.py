@@ -16,7 +16,8 @@ from typing import Any, Self
 
 import asyncpg
 
-from convergerd.config import redact_dsn
+from convergerd.config import MAX_IDENTITY_CHARS, redact_dsn
+from convergerd.core.decode import clean_text
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable
 from convergerd.core.model import (
     Boundary,
@@ -435,14 +436,16 @@ class Store:
                 "SELECT * FROM rounds ORDER BY started_at DESC, id DESC LIMIT 1")
         if r is None:
             return None
-        holder = r["epoch_holder"]
+        # Replica identities, bounded as a Lease holder is (`leader.lease.MAX_HOLDER_CHARS`):
+        # /status shows who ran the last round.
+        holder = _identity(r["epoch_holder"])
         return RoundRow(
             id=r["id"],
             started_at=r["started_at"],
             finished_at=r["finished_at"],
             result=RoundResult(r["result"]),
             epoch=Epoch(holder, r["epoch_transitions"] or 0) if holder is not None else None,
-            identity=r["identity"],
+            identity=_identity(r["identity"]) or "",
             # Written by rounds as a flat object; anything else (unreadable included) is none.
             counts=r["counts"] if isinstance(r["counts"], dict) else {},
             error=r["error"],
@@ -700,3 +703,7 @@ class _Acquire:
         reason = rejection_reason(exc) if isinstance(exc, Exception) else None
         if exc is not None and reason is not None:
             raise rejected(exc, reason) from exc
+
+
+def _identity(value: str | None) -> str | None:
+    return clean_text(value, MAX_IDENTITY_CHARS) if value is not None else None

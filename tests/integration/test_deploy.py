@@ -319,7 +319,8 @@ def _check_convergerd_container(pod: Obj, c: Obj, port_name: str) -> None:
     http_port = ports[port_name]["containerPort"]
     assert env["CONVERGERD_HTTP_ADDR"]["value"].endswith(f":{http_port}")
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port_name}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port_name}
+    ready = c["readinessProbe"]["httpGet"]
+    assert (ready["path"].partition("?")[0], ready["port"]) == ("/readyz", port_name)
     assert {"cpu", "memory"} <= set(c["resources"]["requests"])
     assert "memory" in c["resources"]["limits"]
     _check_restricted(pod, c)
@@ -348,6 +349,8 @@ def test_base_deployment() -> None:
     c = container(deployment, "convergerd")
     _check_convergerd_container(pod, c, "http")
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8080}
+    # Every readiness check counts: what a restart does not fix takes a replica out.
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert env_of(c)["CONVERGERD_GRACE_PERIOD_SECONDS"]["value"] == "20"
     # Replicas on different nodes.
     spread = {t["topologyKey"]: t for t in pod["topologySpreadConstraints"]}
@@ -487,6 +490,9 @@ def test_sidecar_runs_convergerd_in_every_module_policies_pod() -> None:
     assert "module-policies" in names
     c = container(deployment, "convergerd")
     _check_convergerd_container(pod, c, "convergerd-http")
+    # The sidecar's election trouble must not take module-policies out of its Service.
+    assert c["readinessProbe"]["httpGet"]["path"] == (
+        "/readyz?exclude=lease_unreachable&exclude=lease_stalled")
     # No clash with the main container's ports.
     main_ports = {p["containerPort"] for p in container(deployment, "module-policies")["ports"]}
     assert not main_ports & {p["containerPort"] for p in c["ports"]}

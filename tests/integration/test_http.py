@@ -289,6 +289,35 @@ async def test_readyz(client: Client, store: FakeStore) -> None:
     assert "database unreachable" in body["error"]
 
 
+async def test_readyz_names_every_failing_check_and_leaves_out_the_excluded_ones(
+    client: Client, store: FakeStore, health: HealthCheck
+) -> None:
+    """What a restart would not fix fails readiness (the elector's checks, wired as the daemon
+    wires them); `?exclude=` leaves a check out, as kube-apiserver's /readyz does."""
+    failing: dict[str, str | None] = {"lease_unreachable": None, "lease_stalled": None}
+    health.ready_check("lease_unreachable", lambda: failing["lease_unreachable"])
+    health.ready_check("lease_stalled", lambda: failing["lease_stalled"])
+    assert (await client.get("/readyz")).status == 200
+    failing["lease_stalled"] = "leadership stalled: held by 'mallory'"
+    failing["lease_unreachable"] = "leader election blocked: timed out"
+    store.down = True
+    response = await client.get("/readyz")
+    assert response.status == 503
+    body = await response.json()
+    assert body["reason"] == "lease_unreachable"
+    assert body["problems"] == ["leader election blocked: timed out",
+                                "leadership stalled: held by 'mallory'"]
+    assert (await client.get("/healthz")).status == 200  # alive: a restart would not help
+    lease_left_out = await client.get("/readyz?exclude=lease_unreachable&exclude=lease_stalled")
+    assert lease_left_out.status == 503
+    assert (await lease_left_out.json())["reason"] == "database"
+    everything = "/readyz?exclude=lease_unreachable&exclude=lease_stalled&exclude=database"
+    assert (await client.get(everything)).status == 200
+    store.down = False
+    failing["lease_unreachable"] = None
+    assert (await client.get("/readyz?exclude=lease_stalled")).status == 200
+
+
 async def test_metrics_endpoint(client: Client, state: StatusState) -> None:
     state.set_clusters(["c1", "c2"])  # as the status sync does: the database's clusters
     response = await client.get("/metrics")

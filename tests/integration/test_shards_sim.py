@@ -10,9 +10,16 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+from convergerd.core.shards import member_lease_name, shard_lease_name
+from convergerd.leader.lease import (
+    MAX_HOLDER_CHARS,
+    MAX_PEER_DURATION_FACTOR,
+    STALLED_AFTER_DURATIONS,
+)
 from convergerd.leader.shards import ShardSet
-from convergerd.sim.fleet import Fleet
-from tests.integration.test_leader_sim import DURATION, RETRY, election, home_client, until
+from convergerd.sim.fleet import HOME, Fleet
+from convergerd.sim.resources import LEASES
+from tests.integration.test_leader_sim import DURATION, NS, RETRY, election, home_client, until
 
 SHARDS = 6
 
@@ -80,3 +87,42 @@ async def test_a_crashed_replicas_shards_are_taken_within_the_lease_duration(
         took = loop.time() - gone
         assert took >= DURATION - 4 * RETRY  # not before its Leases could expire
         assert lost <= a.held() | b.held()
+
+
+async def test_garbage_shard_and_member_leases_are_bounded_and_stop_counting_at_the_cap(
+        fleet: Fleet) -> None:
+    """A shard Lease and a membership Lease written with a 68-year duration and a 1 MB
+    identity, never renewed: the shard's round stalls (readiness, never liveness) until the
+    claim, capped at ten lease durations, runs out; the ghost member stops taking a share then;
+    no view carries more than 128 characters of either identity."""
+    store = fleet.store(HOME)
+    cap = MAX_PEER_DURATION_FACTOR * DURATION
+    async with AsyncExitStack() as stack:
+        a, b = [await stack.enter_async_context(replica(fleet, x)) for x in "ab"]
+        await until(lambda: never_two(a, b) and held(a, b) == {"a": 3, "b": 3},
+                    within_s=6 * DURATION)
+        k = min(a.held())
+        lease = store.get(LEASES, NS, shard_lease_name(k))
+        lease["spec"].update(holderIdentity="mallory\x1b[2J" + "m" * 2**20,
+                             leaseDurationSeconds=2**31 - 1)
+        store.update(LEASES, NS, shard_lease_name(k), lease, manager="kubectl-edit")
+        store.create(LEASES, NS, {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": member_lease_name("ghost"), "namespace": NS},
+            "spec": {"holderIdentity": "ghost" + "g" * 2**20, "leaseDurationSeconds": 2**31 - 1,
+                     "renewTime": "2026-01-01T00:00:00.000000Z"}}, manager="kubectl-create")
+        loop = asyncio.get_running_loop()
+        edited = loop.time()
+        await until(lambda: a.stalled() is not None and b.stalled() is not None,
+                    within_s=STALLED_AFTER_DURATIONS * DURATION + 2)
+        assert loop.time() - edited >= STALLED_AFTER_DURATIONS * DURATION - RETRY
+        assert "leadership stalled" in (a.stalled() or "")
+        assert (a.problem(), b.problem()) == (None, None)
+        for view in (a.view(), b.view()):
+            assert all(len(who) <= MAX_HOLDER_CHARS for who in (*view.holders, *view.members))
+            assert view.holders[k].startswith("mallory")
+        await until(lambda: never_two(a, b) and held(a, b) == {"a": 3, "b": 3}
+                    and a.view().members == ("a", "b") and k in a.held() | b.held(),
+                    within_s=cap + 4 * RETRY + 2)
+        assert loop.time() - edited >= cap - 2 * RETRY  # the capped claim was honoured
+        assert (a.stalled(), b.stalled()) == (None, None)

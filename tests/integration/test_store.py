@@ -371,6 +371,22 @@ async def test_round_history_is_bounded(database_url: str, store: Store) -> None
         await conn.close()
 
 
+async def test_the_last_rounds_replica_identities_are_bounded_as_lease_holders(
+    database_url: str, store: Store
+) -> None:
+    """/status shows who ran the last round: a row written by hand with a 1 MB identity
+    reads as at most 128 printable characters, like a Lease holder."""
+    await execute(database_url, "INSERT INTO rounds (started_at, result, epoch_holder, "
+                  "epoch_transitions, identity) VALUES ($1, 'ok', $2, 3, $3)",
+                  at(0), "\x1b[2J" + "h" * 2**20, "i" * 2**20)
+    last = await store.last_round()
+    assert last is not None
+    assert last.epoch is not None
+    assert len(last.epoch.holder) == 128
+    assert last.epoch.holder.isprintable()
+    assert last.identity == "i" * 127 + "…"
+
+
 async def test_ping(store: Store) -> None:
     await store.ping()
 

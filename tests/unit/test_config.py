@@ -47,6 +47,17 @@ def test_identity_can_be_set() -> None:
     assert load_settings({"CONVERGERD_IDENTITY": "replica-1"}).election.identity == "replica-1"
 
 
+@pytest.mark.parametrize("identity", ["r" * 129, "replica\x1b[31m", "a\u202eb"])
+def test_an_identity_that_would_not_read_back_from_a_lease_is_refused(identity: str) -> None:
+    """A holder identity read from a Lease is cleaned and cut to 128 characters: ours must
+    read back as itself, or this replica would never recognise its own Lease."""
+    with pytest.raises(ConfigError, match="CONVERGERD_IDENTITY") as refused:
+        load_settings({"CONVERGERD_IDENTITY": identity})
+    assert "128" in str(refused.value)
+    assert len(str(refused.value)) < 400
+    assert load_settings({"CONVERGERD_IDENTITY": "r" * 128}).election.identity == "r" * 128
+
+
 @pytest.mark.parametrize(
     ("minutes", "seconds"), [("0.1", 6.0), ("1", 60.0), ("5", 300.0), ("2.5", 150.0)]
 )

@@ -24,7 +24,7 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
 )
-from convergerd.status.metrics import Metrics
+from convergerd.status.metrics import Metrics, ReadinessMetrics
 from convergerd.status.state import StatusState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +97,7 @@ def exported_series() -> set[str]:
                         clock=lambda: t0 + dt.timedelta(seconds=60))
     state.set_clusters(["c0001", "c0002"])
     metrics = Metrics(state=state, process_collectors=False)
+    metrics.register(ReadinessMetrics(lambda: [], state))  # as the daemon registers it
     state.set_leader(True, "convergerd-a")
     state.set_leader(False, "convergerd-b")
     state.observe_probe("c0002", reachable=False)

@@ -36,6 +36,7 @@ def _modules() -> dict[str, ModuleType]:
 
 
 MODULES = _modules()
+PACKAGES = {name for name, module in MODULES.items() if hasattr(module, "__path__")}
 CLASSES: dict[str, list[type]] = {}
 for _module in MODULES.values():
     for _name, _value in vars(_module).items():
@@ -55,6 +56,8 @@ def _resolves(parts: list[str]) -> bool:
         head, rest = parts[:cut], parts[cut:]
         suffix = "." + ".".join(head)
         starts: list[object] = [m for name, m in MODULES.items() if ("." + name).endswith(suffix)]
+        if "convergerd" + suffix in PACKAGES:  # `store.X` is the package's, not `store.store.X`
+            starts = [MODULES["convergerd" + suffix]]
         if cut == 1:
             starts += CLASSES.get(head[0], [])
         if any(_attributes_exist(start, rest) for start in starts):

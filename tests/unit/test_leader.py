@@ -21,7 +21,14 @@ from convergerd.core.errors import ClusterUnreachable, Fenced, ObjectRejected
 from convergerd.core.report import Epoch
 from convergerd.kube.api import KubeObject, LeaseApi
 from convergerd.leader.elector import STUCK_AFTER_DURATIONS, Elector, Leadership, NoElection
-from convergerd.leader.lease import INT32_MAX, format_microtime, parse_microtime
+from convergerd.leader.lease import (
+    INT32_MAX,
+    MAX_HOLDER_CHARS,
+    MAX_PEER_DURATION_FACTOR,
+    STALLED_AFTER_DURATIONS,
+    format_microtime,
+    parse_microtime,
+)
 from convergerd.supervise import HealthCheck
 
 pytestmark = pytest.mark.looptime
@@ -552,28 +559,78 @@ async def test_a_dead_holders_lease_with_values_at_their_limits_is_taken_over() 
     assert took_at <= DURATION + 2 * RETRY
 
 
-# --- health: a stuck elector is reported, and never quiet ----------------------------------------
-
-
-async def test_a_stuck_elector_fails_health_and_keeps_warning_until_it_recovers(
+async def test_a_holder_that_never_renews_a_68_year_claim_stalls_readiness_then_is_taken_over(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Before: leaseDurationSeconds 2^31-1 from a holder that never renews stopped every round
+    for 68 years with /healthz and /readyz 200, and its 1 MB identity went everywhere."""
+    caplog.set_level(logging.WARNING, logger="convergerd.leader.elector")
+    server = LeaseServer()
+    server.create({"metadata": {"name": NAME, "namespace": NS},
+                   "spec": {"holderIdentity": "\x1b[2J" + "g" * 2**20,
+                            "leaseDurationSeconds": INT32_MAX, "leaseTransitions": 3,
+                            "renewTime": format_microtime(T0)}})
+    b = Replica(server, "b")
+    health = elector_health(b.elector)
+    stalled_after = STALLED_AFTER_DURATIONS * DURATION
+    cap = MAX_PEER_DURATION_FACTOR * DURATION
+    async with running(b.elector):
+        beat = asyncio.create_task(health.heartbeat())
+        await asyncio.sleep(stalled_after - 1)
+        assert health.not_ready() == []
+        holder = b.elector.leader
+        assert holder is not None
+        assert len(holder) == MAX_HOLDER_CHARS
+        assert holder.isprintable()
+        await asyncio.sleep(2)
+        [(reason, problem)] = health.not_ready()
+        assert reason == "lease_stalled"
+        assert "leadership stalled" in problem
+        assert len(problem) < 600  # the identity quoted, bounded
+        assert health.problems() == []  # a restart would not help
+        [warning] = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+        assert len(warning) < 800
+        took_at = await until(b.elector.is_leader, within_s=cap)
+        assert cap - RETRY <= took_at <= cap + 2 * RETRY
+        assert health.not_ready() == []
+        assert b.elector.epoch == Epoch("b", 4)
+        beat.cancel()
+
+
+# --- health: a blocked elector is reported, and never quiet ------------------------------------
+
+
+def elector_health(elector: Elector) -> HealthCheck:
+    """Wired as the daemon wires it (`runtime`): liveness, then readiness."""
+    health = HealthCheck(clock=now)
+    health.check(elector.problem)
+    health.ready_check("lease_unreachable", elector.unreachable)
+    health.ready_check("lease_stalled", elector.stalled)
+    return health
+
+
+async def test_a_blocked_elector_fails_readiness_not_liveness_and_keeps_warning_until_it_recovers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Failing attempts are no reason to restart (before: /healthz 500, so a liveness probe
+    restarted every replica when the home cluster was away)."""
     caplog.set_level(logging.DEBUG, logger="convergerd.leader.elector")
     server = LeaseServer()
     a = Replica(server, "a")
     a.api.fault = "error"  # an exception that is not ours, on every attempt
-    health = HealthCheck(clock=now)
-    health.check(a.elector.problem)
+    health = elector_health(a.elector)
     stuck_after = STUCK_AFTER_DURATIONS * DURATION
     async with running(a.elector):
         beat = asyncio.create_task(health.heartbeat())
         started = now()
         await asyncio.sleep(stuck_after - 1)
-        assert health.problems() == []
+        assert health.not_ready() == []
         await asyncio.sleep(2)
-        [problem] = health.problems()
-        assert "leader election stuck" in problem
+        [(reason, problem)] = health.not_ready()
+        assert reason == "lease_unreachable"
+        assert "leader election blocked" in problem
         assert "RuntimeError: something unexpected" in problem
+        assert health.problems() == []  # alive: a restart would not help
         await asyncio.sleep(3 * stuck_after)
         # Loud (ERROR, with the traceback) on the first failure, then once per stuck period.
         loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -581,9 +638,10 @@ async def test_a_stuck_elector_fails_health_and_keeps_warning_until_it_recovers(
         assert all(r.levelno == logging.ERROR and r.exc_info for r in loud)
         assert "kubectl -n stackship-system get lease convergerd" in loud[0].getMessage()
         assert a.led_at() == []
+        assert health.problems() == []
         a.api.fault = None
         await until(a.elector.is_leader, within_s=2 * RETRY)
-        assert health.problems() == []
+        assert health.not_ready() == []
         beat.cancel()
     assert now() - started > 4 * stuck_after
 
@@ -600,12 +658,13 @@ async def test_conflicts_that_never_end_are_stuck_too_and_warned_about(
     async with running(a.elector):
         await asyncio.sleep(stuck_after - 1)
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-        assert a.elector.problem() is None
+        assert a.elector.unreachable() is None
         await asyncio.sleep(2 + RETRY * 1.2)
         [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
         assert warning.levelno == logging.WARNING
         assert "the object has been modified" in warning.getMessage()
-        assert "the object has been modified" in (a.elector.problem() or "")
+        assert "the object has been modified" in (a.elector.unreachable() or "")
+        assert a.elector.problem() is None
 
 
 async def test_a_standby_behind_a_live_leader_is_not_stuck() -> None:
@@ -616,20 +675,27 @@ async def test_a_standby_behind_a_live_leader_is_not_stuck() -> None:
         async with running(b.elector):
             await asyncio.sleep(5 * STUCK_AFTER_DURATIONS * DURATION)
             assert b.led_at() == []
-            assert a.elector.problem() is None
-            assert b.elector.problem() is None
+            for replica in (a, b):
+                health = elector_health(replica.elector)
+                assert (health.problems(), health.not_ready()) == ([], [])
 
 
-async def test_a_standby_that_cannot_reach_home_is_stuck() -> None:
-    """Not knowing whether anyone leads is stuck too: nothing says a round runs anywhere."""
+@pytest.mark.parametrize("fault", ["timeout", "hang"])
+async def test_a_standby_that_cannot_reach_home_is_not_ready_but_alive(fault: str) -> None:
+    """Not knowing whether anyone leads: nothing says a round runs anywhere, and a restart
+    would not bring the home cluster back."""
     server = LeaseServer()
     a = Replica(server, "a")
-    a.api.fault = "timeout"
+    a.api.fault = fault
+    health = elector_health(a.elector)
     async with running(a.elector):
+        beat = asyncio.create_task(health.heartbeat())
         await asyncio.sleep(STUCK_AFTER_DURATIONS * DURATION + RETRY * 1.2 + 2 * TIMEOUT)
-        problem = a.elector.problem()
-        assert problem is not None
+        [(reason, problem)] = health.not_ready()
+        assert reason == "lease_unreachable"
         assert "timed out" in problem
+        assert health.problems() == []
+        beat.cancel()
 
 
 # --- the no-election stand-in ---------------------------------------------------------------------

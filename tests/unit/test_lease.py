@@ -8,8 +8,12 @@ from typing import Any
 
 import pytest
 
+from convergerd.config import MAX_IDENTITY_CHARS
 from convergerd.leader.lease import (
     INT32_MAX,
+    MAX_HOLDER_CHARS,
+    MAX_PEER_DURATION_FACTOR,
+    STALLED_AFTER_DURATIONS,
     LeaseFormatError,
     LeaseRecord,
     Observed,
@@ -17,6 +21,7 @@ from convergerd.leader.lease import (
     acquire_delay,
     can_acquire,
     format_microtime,
+    honoured_duration_s,
     jittered,
     lease_duration_field,
     new_lease_body,
@@ -26,8 +31,10 @@ from convergerd.leader.lease import (
     parse_microtime,
     release_body,
     renew_body,
+    stalled_s,
     write_budget,
 )
+from convergerd.leader.shards import live_holder
 
 UTC = dt.UTC
 T0 = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -204,7 +211,7 @@ ME = "me"
     ],
 )
 def test_can_acquire(observed: Observed | None, now: float, expected: bool, why: str) -> None:
-    assert can_acquire(observed, now, ME, default_duration_s=15.0) is expected, why
+    assert can_acquire(observed, now, ME, own_duration_s=15.0) is expected, why
 
 
 def test_wall_clock_jump_does_not_cause_takeover() -> None:
@@ -357,7 +364,8 @@ def test_record_reads_int32_fields_out_of_range_as_absent(
 ) -> None:
     record = LeaseRecord.from_object({"spec": {"holderIdentity": "x", **spec}})
     assert (record.duration_s, record.transitions) == (duration, transitions)
-    assert Observed(record, 100.0).expires_mono(15.0) == 100.0 + (duration or 15.0)
+    # Honoured up to ten of our durations (the int32 maximum is 68 years).
+    assert Observed(record, 100.0).expires_mono(15.0) == 100.0 + min(duration or 15.0, 150.0)
 
 
 def test_transitions_wrap_to_zero_after_the_int32_maximum() -> None:
@@ -431,5 +439,92 @@ def test_jitter_stays_within_its_spread() -> None:
 def test_acquire_delay(observed: Observed | None, now: float, low: float, high: float) -> None:
     rng = random.Random(1)
     for _ in range(200):
-        delay = acquire_delay(observed, now, ME, 2.0, rng, default_duration_s=15.0)
+        delay = acquire_delay(observed, now, ME, 2.0, rng, own_duration_s=15.0)
         assert low <= delay <= high
+
+
+# --- what a peer may claim: bounded ---------------------------------------------------------------
+
+
+def test_a_holder_identity_is_cleaned_and_cut_where_it_is_read() -> None:
+    """Before: a 1 MB holderIdentity went into every cluster's entry of /status and into a
+    metric label."""
+    huge = LeaseRecord.from_object(lease("x" * 2**20))
+    assert len(huge.holder) == MAX_HOLDER_CHARS
+    assert huge.holder == "x" * (MAX_HOLDER_CHARS - 1) + "…"
+    assert huge.held
+    forged = LeaseRecord.from_object(lease("evil\nlevel=ERROR msg=\x1b[31m\u202e"))
+    assert forged.holder.isprintable()
+    assert forged.holder.startswith("evil level=ERROR")
+    assert LeaseRecord.from_object(lease("convergerd-7d9f-abc123")).holder == (
+        "convergerd-7d9f-abc123")  # a sane identity reads back as itself
+    assert MAX_HOLDER_CHARS == MAX_IDENTITY_CHARS  # ours is held to the same bound
+
+
+@pytest.mark.parametrize(
+    ("claimed", "honoured", "why"),
+    [
+        (15, 15.0, "ours"),
+        (60, 60.0, "a longer one, within ten of ours"),
+        (150, 150.0, "exactly ten of ours"),
+        (151, 150.0, "past ten of ours: capped"),
+        (INT32_MAX, 150.0, "68 years: capped"),
+        (None, 15.0, "absent: ours"),
+        (0, 15.0, "not a duration: ours"),
+        (1, 1.0, "shorter than ours counts as it is"),
+    ],
+)
+def test_a_claimed_duration_is_honoured_up_to_ten_of_ours(
+    claimed: int | None, honoured: float, why: str
+) -> None:
+    assert MAX_PEER_DURATION_FACTOR == 10.0
+    assert honoured_duration_s(claimed, 15.0) == honoured, why
+    seen = Observed(rec("other", duration=claimed), 100.0)
+    assert seen.expires_mono(15.0) == 100.0 + honoured, why
+    assert not can_acquire(seen, 100.0 + honoured - 0.001, ME, own_duration_s=15.0), why
+    assert can_acquire(seen, 100.0 + honoured, ME, own_duration_s=15.0), why
+
+
+def test_a_shard_or_member_lease_with_a_huge_duration_stops_counting_at_the_cap() -> None:
+    seen = Observed(rec("ghost", duration=INT32_MAX), 100.0)
+    assert live_holder(seen, 249.9, 15.0) == "ghost"
+    assert live_holder(seen, 250.0, 15.0) == ""
+
+
+def test_stalled_from_two_of_our_durations_unchanged_until_the_claim_runs_out() -> None:
+    """A holder that wrote 68 years and never renews: stalled from 2 x 15 s after we saw the
+    record change until the capped claim (150 s) runs out and the Lease may be taken."""
+    assert STALLED_AFTER_DURATIONS == 2.0
+    seen = Observed(rec("ghost", duration=INT32_MAX), 100.0)
+    assert stalled_s(seen, 130.0, ME, own_duration_s=15.0) is None
+    assert stalled_s(seen, 130.5, ME, own_duration_s=15.0) == 30.5
+    assert stalled_s(seen, 249.9, ME, own_duration_s=15.0) == pytest.approx(149.9)
+    assert stalled_s(seen, 250.0, ME, own_duration_s=15.0) is None  # ours to take now
+    # A renewal is a change: the observation starts again, and so does the count.
+    renewed = observe(seen, rec("ghost", duration=INT32_MAX, renew="r2"), 200.0)
+    assert stalled_s(renewed, 229.0, ME, own_duration_s=15.0) is None
+
+
+@pytest.mark.parametrize(
+    ("observed", "why"),
+    [
+        (None, "no Lease"),
+        (Observed(rec(""), 0.0), "released"),
+        (Observed(rec(ME, duration=INT32_MAX), 0.0), "ours"),
+        (Observed(rec("other"), 0.0), "our duration: taken over at 15 s, before 30 s"),
+        (Observed(rec("other", duration=30), 0.0), "expires at exactly two of ours"),
+    ],
+)
+def test_never_stalled(observed: Observed | None, why: str) -> None:
+    for now in (0.0, 14.0, 29.0, 31.0, 1e6):
+        assert stalled_s(observed, now, ME, own_duration_s=15.0) is None, why
+
+
+def test_a_live_holder_with_a_long_duration_is_never_stalled() -> None:
+    """Standbys stay ready behind a live leader, whatever duration it writes: it renews (a
+    change) every retry period."""
+    observed: Observed | None = None
+    for step in range(500):
+        now = 2.0 * step
+        observed = observe(observed, rec("other", duration=INT32_MAX, renew=f"r{step}"), now)
+        assert stalled_s(observed, now + 1.9, ME, own_duration_s=15.0) is None

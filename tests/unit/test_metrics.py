@@ -22,8 +22,9 @@ from convergerd.core.report import (
     Verification,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
-from convergerd.status.metrics import FanoutMetrics, Metrics
+from convergerd.status.metrics import FanoutMetrics, Metrics, ReadinessMetrics
 from convergerd.status.state import StatusState
+from convergerd.supervise import HealthCheck
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 INTERVAL = 300.0
@@ -559,3 +560,27 @@ def test_the_exposition_is_prometheus_clients_as_the_state_and_counters_change(
     same()
     m.set_clusters(["c1", "c2", "c5"])  # as many series, as many counted, other names
     same()
+
+
+def test_unready_gauge_follows_the_readiness_checks_and_the_database_sync(clock: WallClock) -> None:
+    """Every reason exists at 0 while ready (an alert tells ready from not scraped); the
+    elector's checks are asked at scrape time, the database's state comes from the sync."""
+    replica = Replica(clock)
+    health = HealthCheck()
+    problem: dict[str, str | None] = {"lease_unreachable": None, "lease_stalled": None}
+    health.ready_check("lease_unreachable", lambda: problem["lease_unreachable"])
+    health.ready_check("lease_stalled", lambda: problem["lease_stalled"])
+    replica.metrics.register(ReadinessMetrics(health.not_ready, replica.state))
+
+    def unready() -> dict[str, float | None]:
+        return {r: value(replica, "convergerd_unready", reason=r)
+                for r in ("lease_unreachable", "lease_stalled", "database")}
+
+    assert unready() == {"lease_unreachable": 0, "lease_stalled": 0, "database": 0}
+    problem["lease_stalled"] = "leadership stalled: ..."
+    replica.state.note_sync("the database did not answer")
+    assert unready() == {"lease_unreachable": 0, "lease_stalled": 1, "database": 1}
+    problem["lease_stalled"] = None
+    problem["lease_unreachable"] = "leader election blocked: ..."
+    replica.state.note_sync(None)
+    assert unready() == {"lease_unreachable": 1, "lease_stalled": 0, "database": 0}

@@ -1,7 +1,9 @@
 """`/healthz` tells the truth about the round loop: a loop that leads and has started or ended
-no round for two intervals is stuck, whatever kept it (here a fleet read that never returns);
-one waiting for the Lease is not (that is the elector's health). Fake loop time (looptime), the
-real `RoundLoop` with small in-memory fakes at its Protocols."""
+no round for two intervals is stuck, whatever kept it (here a kubeconfig reload that never
+returns); one waiting for the Lease is not (that is the elector's health), nor one waiting on a
+database that is locked (a restart would not unlock it; each call is bounded by the store's
+timeouts). Fake loop time (looptime), the real `RoundLoop` with small in-memory fakes at its
+Protocols."""
 
 from __future__ import annotations
 
@@ -27,24 +29,31 @@ STUCK_S = STUCK_AFTER_INTERVALS * INTERVAL_S
 
 
 class FleetStore:
-    """The database: an empty fleet, or (`hang`) a read that never returns."""
+    """The database: an empty fleet; `locked_s`: each call waits that long first (a lock)."""
 
     def __init__(self) -> None:
-        self.hang = False
+        self.locked_s = 0.0
         self.recorded: list[RoundReport] = []
 
     async def load_fleet(self) -> Fleet:
-        if self.hang:
-            await asyncio.Event().wait()
+        await asyncio.sleep(self.locked_s)
         return Fleet(clusters=[], boundaries={}, policies=[], invalid=[])
 
     async def record_round(self, report: RoundReport, *, identity: str) -> int:
+        await asyncio.sleep(self.locked_s)
         self.recorded.append(report)
         return len(self.recorded)
 
 
 class NoClusters:
+    """No cluster; `hang`: the kubeconfig reload never returns (a bug)."""
+
+    def __init__(self) -> None:
+        self.hang = False
+
     async def refresh(self) -> bool:
+        if self.hang:
+            await asyncio.Event().wait()
         return False
 
     def get(self, cluster: ClusterId) -> PolicyApi:
@@ -63,10 +72,11 @@ async def follow(*_: Any, **__: Any) -> None:
     return None
 
 
-def round_loop(store: FleetStore, elector: NoElection) -> RoundLoop:
+def round_loop(store: FleetStore, elector: NoElection,
+               clusters: NoClusters | None = None) -> RoundLoop:
     settings = load_settings({"Policies__ConvergeIntervalMinutes": str(INTERVAL_S / 60)})
     return RoundLoop(
-        settings=settings, store=store, clusters=NoClusters(), elector=elector,
+        settings=settings, store=store, clusters=clusters or NoClusters(), elector=elector,
         metrics=Metrics(state=(state := StatusState(identity="me", interval_s=INTERVAL_S))),
         state=state,
         stopping=asyncio.Event(), identity="me", follow=follow,
@@ -79,7 +89,8 @@ def now() -> float:
 
 async def test_a_round_loop_stuck_in_a_round_fails_health_after_two_intervals() -> None:
     store = FleetStore()
-    loop = round_loop(store, NoElection(identity="me"))
+    clusters = NoClusters()
+    loop = round_loop(store, NoElection(identity="me"), clusters)
     health = HealthCheck(clock=now)
     health.check(loop.problem)
     beat = asyncio.create_task(health.heartbeat())
@@ -87,7 +98,7 @@ async def test_a_round_loop_stuck_in_a_round_fails_health_after_two_intervals() 
     await asyncio.sleep(5.5 * INTERVAL_S)
     assert len(store.recorded) == 6  # one round per interval, at 0, 60, ... 300 s ...
     assert health.problems() == []  # ... and healthy all along
-    store.hang = True  # the next round (at 360 s) never gets its fleet
+    clusters.hang = True  # the next round (at 360 s) never gets past the kubeconfig
     await asyncio.sleep(0.5 * INTERVAL_S + STUCK_S - 1)
     rounds = len(store.recorded)
     assert health.problems() == []
@@ -95,7 +106,7 @@ async def test_a_round_loop_stuck_in_a_round_fails_health_after_two_intervals() 
     [problem] = health.problems()
     assert "round loop stuck" in problem
     assert len(store.recorded) == rounds
-    store.hang = False
+    clusters.hang = False
     loop.stopping.set()
     task.cancel()
     beat.cancel()
@@ -110,3 +121,27 @@ async def test_a_standby_round_loop_waiting_for_the_lease_is_not_stuck() -> None
     assert loop.problem() is None
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_round_loop_waiting_on_a_locked_database_is_alive() -> None:
+    """Every call waits three intervals (a lock the store's timeouts would end): rounds are
+    slow, and /healthz stays 200; a restart would not unlock the database."""
+    store = FleetStore()
+    loop = round_loop(store, NoElection(identity="me"))
+    health = HealthCheck(clock=now)
+    health.check(loop.problem)
+    beat = asyncio.create_task(health.heartbeat())
+    task = asyncio.create_task(loop.run())
+    await asyncio.sleep(1.5 * INTERVAL_S)
+    store.locked_s = 3 * INTERVAL_S
+    for _ in range(40):
+        await asyncio.sleep(0.25 * INTERVAL_S)
+        assert health.problems() == []
+    store.locked_s = 0.0
+    recorded = len(store.recorded)
+    await asyncio.sleep(8 * INTERVAL_S)
+    assert len(store.recorded) > recorded + 1  # rounds again
+    loop.stopping.set()
+    task.cancel()
+    beat.cancel()
+    await asyncio.gather(task, beat, return_exceptions=True)
