@@ -67,6 +67,7 @@ _TRICKLE_STEPS_PER_S = 10
 # endlessContinue's tokens start so; one of them in a request is served as the first page.
 CONTINUE_PREFIX = "hostile-"
 NESTED_KEY = "sim.stackship.se/nested"
+_NAME_MARK = "sim.stackship.se/hostile-name"  # where overLimit puts each copy's name
 _ITEMS = b'"items":[]'
 _LEASE_API = "coordination.k8s.io/v1"
 _CLUSTER_PREFIX = "/clusters/"
@@ -263,9 +264,8 @@ async def answer(
         "amplification": lambda d: amplified(d, hostile.size) if _list_kind(d) else None,
         "deepNesting": lambda d: nested(d, hostile.depth),
         "endlessContinue": lambda d: _encode(endless(d)) if _list_kind(d) else None,
-        "overLimit": lambda d: (_encode(over_limit(d, int(limit) if limit.isdigit() else 0,
-                                                   hostile.factor))
-                                if _list_kind(d) else None),
+        "overLimit": lambda d: (over_limit(d, int(limit) if limit.isdigit() else 0,
+                                           hostile.factor) if _list_kind(d) else None),
         "wrongList": lambda d: _encode(wrong_list(d, hostile.shape)) if _list_kind(d) else None,
         "hugeVersion": lambda d: (huge_version(d, hostile.size, hostile.field)
                                   if isinstance(d.get("gitVersion"), str) else None),
@@ -301,19 +301,24 @@ def endless(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def over_limit(doc: dict[str, Any], limit: int, factor: int) -> dict[str, Any]:
-    """A copy of the list `doc` with `factor` x `limit` items (x 1 without a limit)."""
-    doc = copy.deepcopy(doc)
+def over_limit(doc: dict[str, Any], limit: int, factor: int) -> bytes:
+    """The list `doc` with `factor` x `limit` items (x 1 without a limit), encoded. Built as
+    bytes: tens of thousands of copies must not hold the simulator's loop (every cluster of
+    the fleet answers on it)."""
     items: list[Any] = doc["items"]
-    template = next((i for i in items if isinstance(i, dict)), None) or _bare_item(doc)
-    want = max(limit, 1) * factor
-    for n in range(len(items), want):
-        item = copy.deepcopy(template)
-        meta = item.setdefault("metadata", {})
-        meta["name"] = f"{meta.get('name') or 'object'}-hostile-{n}"
-        meta.pop("uid", None)
-        items.append(item)
-    return doc
+    template = copy.deepcopy(next((i for i in items if isinstance(i, dict)), None)
+                             or _bare_item(doc))
+    meta = template.setdefault("metadata", {})
+    base = str(meta.get("name") or "object")
+    meta["name"] = _NAME_MARK
+    meta.pop("uid", None)
+    before, _, after = _encode(template).partition(json.dumps(_NAME_MARK).encode())
+    extra = [before + json.dumps(f"{base}-hostile-{n}").encode() + after
+             for n in range(len(items), max(limit, 1) * factor)]
+    head, _, tail = _encode({**doc, "items": []}).partition(_ITEMS)
+    real = _encode(items)[1:-1]
+    return b"".join((head, b'"items":[', b",".join([real, *extra] if real else extra), b"]",
+                     tail))
 
 
 def _bare_item(doc: dict[str, Any]) -> dict[str, Any]:
@@ -378,7 +383,7 @@ def huge_values(doc: dict[str, Any], size: int, fields: frozenset[str]) -> dict[
     return doc
 
 
-def _encode(doc: dict[str, Any]) -> bytes:
+def _encode(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
