@@ -71,12 +71,14 @@ from convergerd.core.errors import (
     NoCredentials,
     ObjectRejected,
     Superseded,
+    TooLarge,
     classify_status,
 )
 from convergerd.core.model import ClusterId
 from convergerd.core.render import CRD_NAME, FIELD_MANAGER, GROUP, PLURAL, VERSION
 from convergerd.kube.api import Applied, KubeObject, ObjectList, RequestObserver
 from convergerd.kube.kubeconfig import Credentials, read_token_file
+from convergerd.kube.listhead import HEAD_BYTES
 from convergerd.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,8 @@ BURST_KEEPALIVE_S = 2.0
 # An error answer is read up to this much (the rest is left unread and the connection
 # closed): its Status message is capped at MAX_MESSAGE_CHARS anyway.
 ERROR_BODY_MAX_BYTES = 64 * 1024
+# Of a success over the cap, this much is kept on the error (`TooLarge.head`).
+TOO_LARGE_HEAD_BYTES = HEAD_BYTES
 READ_CHUNK_BYTES = 2**20
 # Reason slugs of `ClusterUnreachable` (metrics labels; `retry` keys decisions on them).
 REASON_TIMEOUT = "timeout"
@@ -297,12 +301,13 @@ class _Answer:
 
 
 async def read_capped(
-    content: aiohttp.StreamReader, limit: int, *, keep_cut: bool = True
+    content: aiohttp.StreamReader, limit: int, *, keep_cut: bool = True, keep_head: int = 0
 ) -> tuple[bytes, bool]:
     """At most `limit` bytes of a body, read in chunks until the end of the body (its declared
     length, or the end of a chunked one) or the cap; True when there was more (left unread:
     the caller closes the connection). Over the cap, the first `limit` bytes are returned only
-    with `keep_cut` (else `b""`: nothing is joined for a body about to be refused). Memory
+    with `keep_cut` (else its first `keep_head` bytes: nothing more is joined for a body about
+    to be refused). Memory
     stays within twice `limit` (the chunks and the joined body) whatever the peer sends, and a
     body trickled slowly is bounded by the request's timeout, not here. Every body read from
     a cluster goes through this (a watch reader would read each event line with the same
@@ -316,7 +321,12 @@ async def read_capped(
         chunks.append(chunk)
         size += len(chunk)
     if not keep_cut:
-        return b"", True
+        head = bytearray()
+        for chunk in chunks:
+            if len(head) >= keep_head:
+                break
+            head += chunk[: keep_head - len(head)]
+        return bytes(head), True
     chunks[-1] = chunks[-1][: len(chunks[-1]) - (size - limit)]  # one copy, not join + slice
     return b"".join(chunks), True
 
@@ -665,18 +675,20 @@ class ClusterClient:
         limit = ERROR_BODY_MAX_BYTES if status >= 400 else self._max_response_bytes
         declared = response.content_length
         if status < 400 and declared is not None and declared > limit:
+            head, _ = await read_capped(response.content, min(limit, TOO_LARGE_HEAD_BYTES))
             response.close()
-            raise _too_big(verb, status, limit)
-        # An error answer's start is kept (its Status message); a success over the cap is
-        # refused, so nothing of it is kept.
-        body, cut = await read_capped(response.content, limit, keep_cut=status >= 400)
+            raise _too_big(verb, status, limit, head)
+        # An error answer's start is kept (its Status message); of a success over the cap,
+        # only its head (a list's continue token and first item: `kube.listhead`).
+        body, cut = await read_capped(response.content, limit, keep_cut=status >= 400,
+                                      keep_head=TOO_LARGE_HEAD_BYTES)
         if cut:
             response.close()
             if status < 400:
                 # No local here may hold the exception: its traceback holds this frame, and
                 # that cycle (with whatever else the frame holds) would wait for a full
                 # collection, rare under `eventloop.tune_gc`.
-                raise _too_big(verb, status, limit)
+                raise _too_big(verb, status, limit, body)
         return _Answer(status, response.reason, response.headers, body, verb)
 
     def _policy_api_error(self, exc: ClusterLevelError) -> ClusterLevelError:
@@ -795,9 +807,9 @@ class ClusterClient:
         raise http_error(answer.status, answer.reason, answer.headers, answer.body)
 
 
-def _too_big(verb: str, status: int, limit: int) -> BadResponse:
-    return BadResponse(f"{verb} answer ({status}) larger than {limit} bytes "
-                       "(CONVERGERD_MAX_RESPONSE_BYTES)")
+def _too_big(verb: str, status: int, limit: int, head: bytes = b"") -> TooLarge:
+    return TooLarge(f"{verb} answer ({status}) larger than {limit} bytes "
+                    "(CONVERGERD_MAX_RESPONSE_BYTES)", head=head)
 
 
 class _Gone(Exception):

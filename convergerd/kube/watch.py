@@ -19,12 +19,16 @@
   workload cache keeps only what the rules read); None leaves the object out (a stored one is
   then reported deleted). List pages are transformed one page at a time, so a full list is
   never held at once.
+- **Objects too large to list** (alone over the response cap: `ObjectList.skipped`) are kept
+  apart as stubs in `skipped` until the next list, or an event about them.
 - `healthy` is False until the first list, and from a watch failure or a 410 until the
   re-list or the first event of the resumed watch: a cache that may be behind says so.
 
 `on_change(name, object or None)` is called for every change (None: deleted), in order, from
 the informer's task; `on_restart(reason)` for every watch restart (`closed`: the server ended
-it, `expired`: 410, else the error's reason slug); `on_health(healthy)` when `healthy` flips.
+it, `expired`: 410, else the error's reason slug); `on_health(healthy)` when `healthy` flips;
+`on_remove(name, object)` for every stored object that leaves the cache (replaced, deleted,
+forgotten), after it left: what a consumer that accounts for what the cache holds needs.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from convergerd.core.decode import clean_text
@@ -102,6 +106,7 @@ class Informer:
         on_restart: RestartHook | None = None,
         transform: Transform | None = None,
         on_health: Callable[[bool], None] | None = None,
+        on_remove: ChangeHook | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
@@ -114,9 +119,11 @@ class Informer:
         self._on_restart = on_restart
         self._transform = transform
         self._on_health = on_health
+        self._on_remove = on_remove
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._objects: dict[str, KubeObject] = {}
+        self._skipped: dict[str, KubeObject] = {}
         self.resource_version: str | None = None
         self.synced = asyncio.Event()  # set once the first list is in
         self.lists = 0  # how many times the cache was (re-)listed
@@ -137,6 +144,11 @@ class Informer:
     def objects(self) -> Mapping[str, KubeObject]:
         """The cache, by name (read only)."""
         return self._objects
+
+    @property
+    def skipped(self) -> Mapping[str, KubeObject]:
+        """Objects the last list stepped past, too large to read (stubs), by name."""
+        return self._skipped
 
     async def run(self) -> None:
         """Forever: list, then watch and resume; re-list only on 410."""
@@ -177,7 +189,13 @@ class Informer:
                 log.warning("a listed %s has no name; left out", self.resource)
                 continue
             fresh[key] = item
-        old, self._objects = self._objects, fresh
+        skipped: dict[str, KubeObject] = {}
+        for stub in listed.skipped:
+            key = object_key(stub, self.resource.namespaced)
+            if key is not None:
+                skipped[key] = stub
+        old, self._objects, self._skipped = self._objects, fresh, skipped
+        self._removed(old.items())
         self.resource_version = listed.resource_version or None
         self.lists += 1
         self.healthy = True
@@ -193,7 +211,10 @@ class Informer:
     def forget(self, keep: Callable[[str], bool]) -> None:
         """Drop the cached objects whose key `keep` rejects, without reporting them (they left
         the consumer's interest, not the cluster)."""
+        dropped = [(k, v) for k, v in self._objects.items() if not keep(k)]
         self._objects = {k: v for k, v in self._objects.items() if keep(k)}
+        self._skipped = {k: v for k, v in self._skipped.items() if keep(k)}
+        self._removed(dropped)
 
     async def _watch(self) -> None:
         assert self.resource_version is not None
@@ -222,16 +243,25 @@ class Informer:
             obj: KubeObject | None = event.object
             if obj is not None and event.type != "DELETED" and self._transform is not None:
                 obj = self._transform(obj)
+            self._skipped.pop(key, None)
+            old = self._objects.get(key)
             if event.type == "DELETED" or obj is None:
                 if self._objects.pop(key, None) is not None:
                     self._changed(key, None)
             else:
                 self._objects[key] = obj
                 self._changed(key, obj)
+            if old is not None:
+                self._removed(((key, old),))
 
     def _changed(self, name: str, obj: KubeObject | None) -> None:
         if self._on_change is not None:
             self._on_change(name, obj)
+
+    def _removed(self, gone: Iterable[tuple[str, KubeObject]]) -> None:
+        if self._on_remove is not None:
+            for key, obj in gone:
+                self._on_remove(key, obj)
 
     def _restarted(self, reason: str) -> None:
         if self._on_restart is not None:

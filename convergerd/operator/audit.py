@@ -85,6 +85,7 @@ class Violation:
 class AuditResult:
     violations: int
     sample: tuple[Violation, ...]
+    refused: int = 0  # objects the cache had no room for: not judged
 
 
 def _quoted(values: Iterable[str]) -> str:
@@ -105,6 +106,11 @@ def _unreadable(obj: Mapping[str, Any], part: str) -> str | None:
     return invalid.get(part) if isinstance(invalid, Mapping) else None
 
 
+def _cut(obj: Mapping[str, Any], part: str) -> str | None:
+    cut = obj.get("cut")
+    return cut.get(part) if isinstance(cut, Mapping) else None
+
+
 def _required_labels(judge: Judge, obj: Mapping[str, Any]) -> str | None:
     problem = _unreadable(obj, "labels")
     if problem is not None:
@@ -113,6 +119,9 @@ def _required_labels(judge: Judge, obj: Mapping[str, Any]) -> str | None:
     missing = [k for k in judge.rule.params["labels"] if k not in labels]
     if not missing:
         return None
+    cut = _cut(obj, "labels")
+    if cut is not None:  # a missing label may be among those not kept
+        return f"cannot be judged: {cut}; not among those kept: {_quoted(missing)}"
     return _chosen(f"missing required label(s) {_quoted(missing)}: add them to "
                    f"metadata.labels of this {obj.get('kind', '')} (on a workload: the object "
                    "itself, not only its pod template)", judge.messages[0])
@@ -159,8 +168,14 @@ def denied(judge: Judge, obj: Mapping[str, Any]) -> bool:
         return any(k not in labels for k in judge.labels)
     if invalid and "images" in invalid:
         return True
+    if _images_denied(judge, obj.get("images") or ()):
+        return True
+    return _cut(obj, "images") is not None  # what was not kept may break the rule
+
+
+def _images_denied(judge: Judge, images: Iterable[str]) -> bool:
     verdicts = judge.verdicts
-    for image in obj.get("images") or ():
+    for image in images:
         verdict = verdicts.get(image)
         if verdict is None:
             if len(verdicts) >= _VERDICTS_MAX:
@@ -182,8 +197,13 @@ def denial(judge: Judge, obj: Mapping[str, Any]) -> str | None:
         return f"cannot be judged: {problem}"
     images: Sequence[str] = obj.get("images") or ()
     if judge.rule.type == "AllowedRegistries":
-        return _allowed_registries(judge, images)
-    return _forbid_latest(judge, images)  # Judge.of refuses control-plane-only rules
+        message = _allowed_registries(judge, images)
+    else:
+        message = _forbid_latest(judge, images)  # Judge.of refuses control-plane-only rules
+    cut = _cut(obj, "images")
+    if message is None and cut is not None:
+        return f"cannot be judged: {cut}"
+    return message
 
 
 def _order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -194,13 +214,19 @@ def _order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
 def audit(judge: Judge, objects: Iterable[Mapping[str, Any]]) -> AuditResult:
     """The objects `judge` denies: how many, and the first `SAMPLE_SIZE` (by namespace, kind,
     name) with admission's message."""
-    found = [obj for obj in objects if denied(judge, obj)]
+    found = []
+    refused = 0
+    for obj in objects:
+        if obj.get("refused"):
+            refused += 1
+        elif denied(judge, obj):
+            found.append(obj)
     sample = []
     for obj in heapq.nsmallest(SAMPLE_SIZE, found, key=_order):
         message = denial(judge, obj)
         assert message is not None  # `denied` and `denial` agree (tested)
         sample.append(Violation(*_order(obj), message))
-    return AuditResult(len(found), tuple(sample))
+    return AuditResult(len(found), tuple(sample), refused)
 
 
 def audit_status(result: AuditResult, *, synced: bool, now: dt.datetime) -> dict[str, Any]:
