@@ -16,11 +16,11 @@ skip (it would end the list early, silently).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from convergerd.core.decode import MAX_NAME_CHARS, MAX_TOKEN_CHARS, clean_text
+from convergerd.core.decode import MAX_NAME_CHARS, MAX_TOKEN_CHARS, bounded_json, clean_text
+from convergerd.core.errors import NotJSON
 
 # Read this much of an answer over the cap: the list's metadata (a continue token is at most
 # MAX_TOKEN_CHARS) and the first item's name and namespace, in kube-apiserver's order.
@@ -85,8 +85,8 @@ class _Reader:
         if len(raw) > 6 * limit:
             raise _End  # longer than any value of this field can be
         try:
-            value = json.loads(b'"' + raw + b'"')
-        except ValueError:
+            value = bounded_json(b'"' + raw + b'"')
+        except NotJSON:
             raise _End from None
         if not isinstance(value, str) or len(value) > limit:
             raise _End

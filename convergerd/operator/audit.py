@@ -229,10 +229,50 @@ def audit(judge: Judge, objects: Iterable[Mapping[str, Any]]) -> AuditResult:
     return AuditResult(len(found), tuple(sample), refused)
 
 
-def audit_status(result: AuditResult, *, synced: bool, now: dt.datetime) -> dict[str, Any]:
-    """`status.audit` for `result`."""
-    return {"violations": result.violations, "auditedAt": timestamp(now),
-            "cacheSynced": synced, "sample": [v.as_status() for v in result.sample]}
+@dataclass(frozen=True, slots=True)
+class Incomplete:
+    """What one boundary's audit could not judge, and why (`WorkloadCache.incomplete`)."""
+
+    refused: int  # objects of the boundary kept as stubs: no room in the cache's budget
+    lost: int  # objects anywhere not even kept as a stub (past the budget's margin)
+    too_large: tuple[tuple[str, str, str], ...]  # (kind, namespace, name), the first few
+    too_large_count: int  # objects of the boundary too large to list
+    biggest: tuple[tuple[str, int], ...]  # (namespace, bytes) holding the most of the cache
+    max_bytes: int
+
+    def as_status(self) -> dict[str, Any]:
+        """`status.audit.incomplete`, within the CRD schema's limits."""
+        why = []
+        if self.refused or self.lost:
+            held = ", ".join(f"{n} ({size / 2**20:.1f} MiB)" for n, size in self.biggest)
+            why.append(f"the operator's workload cache is at its budget of "
+                       f"{self.max_bytes / 2**20:.1f} MiB (CONVERGERD_OPERATOR_CACHE_MAX_BYTES):"
+                       f" {self.refused} object(s) of this boundary not cached"
+                       + (f", {self.lost} in the cluster not even counted" if self.lost else "")
+                       + (f"; the namespaces holding the most of it: {held}" if held else ""))
+        if self.too_large_count:
+            why.append(f"{self.too_large_count} object(s) of this boundary larger than the "
+                       "operator's response cap (CONVERGERD_MAX_RESPONSE_BYTES) not read")
+        return {
+            "skipped": self.refused + self.too_large_count,
+            "reason": clean_text("; ".join(why) + ": violations counts only the objects "
+                                 "judged", MESSAGE_MAX_CHARS),
+            "objects": [{"kind": clean_text(kind, 63), "namespace": clean_text(ns, 63),
+                         "name": clean_text(name, 253), "reason": "TooLarge"}
+                        for kind, ns, name in self.too_large[:SAMPLE_SIZE]],
+            "biggestNamespaces": [clean_text(n, 63) for n, _ in self.biggest[:3]],
+        }
+
+
+def audit_status(result: AuditResult, *, synced: bool, now: dt.datetime,
+                 incomplete: Incomplete | None = None) -> dict[str, Any]:
+    """`status.audit` for `result`; `incomplete` only when the audit could not judge every
+    object of the boundary."""
+    status = {"violations": result.violations, "auditedAt": timestamp(now),
+              "cacheSynced": synced, "sample": [v.as_status() for v in result.sample]}
+    if incomplete is not None:
+        status["incomplete"] = incomplete.as_status()
+    return status
 
 
 def audit_differs(current: Any, new: Mapping[str, Any], *, now: dt.datetime,
@@ -241,7 +281,8 @@ def audit_differs(current: Any, new: Mapping[str, Any], *, now: dt.datetime,
     (`auditedAt` then says the audit still runs)."""
     if not isinstance(current, Mapping):
         return True
-    if any(current.get(k) != new.get(k) for k in ("violations", "cacheSynced", "sample")):
+    if any(current.get(k) != new.get(k)
+           for k in ("violations", "cacheSynced", "sample", "incomplete")):
         return True
     at = current.get("auditedAt")
     try:

@@ -14,8 +14,9 @@ dropped before the object is stored. Repeated strings (namespaces, label keys an
 images) are interned: ten thousand pods of one Deployment share them.
 
 **Bounded per object.** An image longer than `IMAGE_MAX_CHARS` (longer than any valid image
-reference) is not kept, nor are the labels and images past `OBJECT_MAX_CHARS` characters per
-object (1,400 containers of 600-character images are 840,000): what was left out is said in
+reference) is not kept, nor are the labels and images past `OBJECT_MAX_BYTES` per object
+(each charged `ENTRY_BYTES` plus its characters; 1,400 containers of 600-character images
+are 840,000 characters): what was left out is said in
 `cut` (`labels` or `images`), and the audit never lets a cut part pass unseen: an object whose
 kept parts already break the rule is a violation with admission's message, any other object
 with a cut part is a violation `cannot be judged: ...` (the part left out may break it). A
@@ -52,8 +53,9 @@ SLIM_BYTES_BUDGET = 1024
 # No valid image reference is longer (a repository name of at most 255, a tag of at most 128
 # and a digest); a longer one is not kept (see the module doc).
 IMAGE_MAX_CHARS = 512
-# Label and image characters kept per object: hundreds of ordinary labels and images.
-OBJECT_MAX_CHARS = 16 * 1024
+# Labels and images kept per object, each charged ENTRY_BYTES plus its characters (as `cost`
+# charges it): hundreds of ordinary labels and images.
+OBJECT_MAX_BYTES = 16 * 1024
 # The accounting's estimate (`cost`): an upper bound, tested against tracemalloc.
 OBJECT_BYTES = 1024
 ENTRY_BYTES = 64
@@ -153,7 +155,7 @@ def _kept_labels(labels: Mapping[Any, Any], room: int) -> tuple[dict[str, Any], 
     kept: dict[str, Any] = {}
     for key, value in labels.items():
         name = str(key)
-        size = len(name) + (len(value) if isinstance(value, str) else 0)
+        size = ENTRY_BYTES + len(name) + (len(value) if isinstance(value, str) else 0)
         if size > room:
             break
         room -= size
@@ -170,10 +172,10 @@ def _kept_images(found: tuple[str, ...], room: int) -> tuple[tuple[str, ...], st
     for image in found:
         if len(image) > IMAGE_MAX_CHARS:
             too_long += 1
-        elif len(image) > room:
+        elif ENTRY_BYTES + len(image) > room:
             beyond += 1
         else:
-            room -= len(image)
+            room -= ENTRY_BYTES + len(image)
             kept.append(image)
             continue
         first = first or image
@@ -184,8 +186,8 @@ def _kept_images(found: tuple[str, ...], room: int) -> tuple[tuple[str, ...], st
         parts.append(f"{too_long} image(s) longer than {IMAGE_MAX_CHARS} characters (no valid "
                      "image reference is)")
     if beyond:
-        parts.append(f"{beyond} image(s) past the {OBJECT_MAX_CHARS} characters of labels and "
-                     "images kept per object")
+        parts.append(f"{beyond} image(s) past the {OBJECT_MAX_BYTES} bytes of labels and images "
+                     "kept per object")
     return tuple(kept), (f"{' and '.join(parts)} not kept, the first {shown(first, 80)}; "
                          f"{len(kept)} of {len(found)} kept")
 
@@ -203,14 +205,14 @@ def slim(kind: str, obj: KubeObject) -> KubeObject | None:
     out: KubeObject = {"kind": sys.intern(kind), "metadata": kept_meta}
     invalid: dict[str, str] = {}
     cut: dict[str, str] = {}
-    room = OBJECT_MAX_CHARS
+    room = OBJECT_MAX_BYTES
     labels = meta.get("labels")
     if isinstance(labels, Mapping):
         kept_meta["labels"], room = _kept_labels(labels, room)
         if len(kept_meta["labels"]) < len(labels):
             cut["labels"] = (f"{len(kept_meta['labels'])} of {len(labels)} labels kept (the "
-                             f"cache keeps {OBJECT_MAX_CHARS} characters of labels and images "
-                             "per object)")
+                             f"cache keeps {OBJECT_MAX_BYTES} bytes of labels and images per "
+                             "object)")
     elif "labels" in meta:
         invalid["labels"] = "metadata.labels is not a map"
     try:
