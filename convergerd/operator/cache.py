@@ -166,7 +166,8 @@ class WorkloadCache:
         else:
             self._charge(kind, obj, -1)
         self._fullness()
-        if self.refused_objects and self.used_bytes < self.max_bytes * RELIST_BELOW:
+        if (self.refused_objects and self.used_bytes < self.max_bytes * RELIST_BELOW
+                and self.synced):  # not while a list runs: it would be cut short
             self._relist_refused = True  # room again: the stubs' objects are listed anew
             self._changed.set()
 
@@ -183,6 +184,11 @@ class WorkloadCache:
     def used_bytes(self) -> int:
         """Bytes charged for the objects held (`workloads.cost`)."""
         return sum(self._used.values())
+
+    def held_bytes(self) -> int:
+        """`used_bytes` counted afresh from the objects held (O(objects): for checks)."""
+        return sum(cost(obj) for informer in self.kinds.values()
+                   for obj in informer.objects.values())
 
     @property
     def refused_objects(self) -> int:

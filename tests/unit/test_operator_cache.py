@@ -56,7 +56,7 @@ async def test_synced_only_when_listed_and_every_watch_is_current() -> None:
     cluster = FakeCluster()
     states: list[bool] = []
     cache: WorkloadCache
-    cache = WorkloadCache(cluster, request_timeout_s=1, cluster="c1",
+    cache = WorkloadCache(cluster, request_timeout_s=1, cluster="c1", max_bytes=2**20,
                           on_state=lambda: states.append(cache.synced))
     task = asyncio.create_task(cache.run())
     try:
