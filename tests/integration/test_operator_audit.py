@@ -238,8 +238,8 @@ def metric(proc: OperatorProcess, line: str) -> bool:
 async def test_objects_too_large_to_list_stop_no_audit_and_are_named(
         fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
     """Deployments of `replicas: 0` and a large annotation each, in a namespace of no
-    boundary, make every cluster-wide list page larger than the response cap; two more are
-    larger than the cap alone (one of them in boundary b2's namespace)."""
+    boundary, make every cluster-wide list page larger than the response cap; three more are
+    larger than the cap alone (one of them in boundary b2's namespace, one the last listed)."""
     caplog.set_level(logging.INFO, logger="convergerd.operator")
     namespace(fleet, WEB, "b1")
     namespace(fleet, OTHER, "b2")
@@ -253,6 +253,9 @@ async def test_objects_too_large_to_list_stop_no_audit_and_are_named(
     put_deployment(fleet, "intruder", deployment("huge", ["a:1"], 200_000))
     put_deployment(fleet, OTHER, deployment("huge", ["nginx"], 200_000))
     put_deployment(fleet, OTHER, deployment("small", ["nginx"]))
+    fleet.store(CLUSTER).create(NAMESPACES, None, {"metadata": {"name": "zz-last"}},
+                                manager="test")
+    put_deployment(fleet, "zz-last", deployment("huge", ["a:1"], 200_000))  # listed last
 
     async with running(operator_settings(
             fleet, CONVERGERD_MAX_RESPONSE_BYTES=str(SMALL_CAP))) as proc:
@@ -274,10 +277,10 @@ async def test_objects_too_large_to_list_stop_no_audit_and_are_named(
                  if r.path.startswith("/apis/apps/v1/deployments?")]
         assert any("limit=1&" in p or p.endswith("limit=1") for p in lists), lists
         assert len(lists) < 60, len(lists)  # the limit grows back after a page that fits
-        assert metric(proc, 'convergerd_operator_workload_cache_skipped{reason="too_large"} 2.0')
+        assert metric(proc, 'convergerd_operator_workload_cache_skipped{reason="too_large"} 3.0')
         assert proc.operator is not None
         assert sorted(proc.operator.workloads.kinds["Deployment"].skipped) == [
-            "intruder/huge", f"{OTHER}/huge"]
+            "intruder/huge", f"{OTHER}/huge", "zz-last/huge"]
         assert len(proc.operator.workloads) == 5  # 3 pods, web, small and nothing else
     named = [r.getMessage() for r in caplog.records if "stepped past" in r.getMessage()]
     assert len(named) == 1, named  # once per change, not per list or audit

@@ -15,7 +15,19 @@ from hypothesis import strategies as st
 from convergerd.core.decode import parse_object
 from convergerd.kube.api import KubeObject
 from convergerd.kube.watch import object_key
-from convergerd.operator.workloads import SLIM_BYTES_BUDGET, WORKLOAD_KINDS, images, slim
+from convergerd.operator.workloads import (
+    ENTRY_BYTES,
+    IMAGE_MAX_CHARS,
+    OBJECT_BYTES,
+    OBJECT_MAX_BYTES,
+    REFUSED_BYTES,
+    SLIM_BYTES_BUDGET,
+    WORKLOAD_KINDS,
+    cost,
+    images,
+    refused,
+    slim,
+)
 from tests.strategies import JSON_VALUES
 
 PODS = 10_000
@@ -109,11 +121,14 @@ def test_the_cache_holds_10000_pods_within_its_budget() -> None:
     finally:
         tracemalloc.stop()
     per_object = used / PODS
+    charged = sum(map(cost, cache.values()))
     figure = (f"workload cache: {PODS} pods, {used / 2**20:.1f} MiB, {per_object:.0f} bytes "
-              f"per pod (budget {SLIM_BYTES_BUDGET})")
+              f"per pod (budget {SLIM_BYTES_BUDGET}; charged {charged / PODS:.0f})")
     logging.getLogger(__name__).warning("%s", figure)
     assert len(cache) == PODS
     assert per_object <= SLIM_BYTES_BUDGET, figure
+    # The cache's accounting is an upper bound of what it holds: its budget bounds memory.
+    assert used <= charged, figure
 
 
 # Any shape a cluster may send where the cache looks: metadata, labels, the pod spec and its
@@ -142,7 +157,57 @@ def test_any_object_slims_to_what_the_rules_read_or_nothing_never_an_exception(
     kept = slim(kind, obj)
     if kept is None:
         return  # no name: not cached
-    assert set(kept) <= {"kind", "metadata", "images", "invalid"}
+    assert set(kept) <= {"kind", "metadata", "images", "invalid", "cut"}
+    # Bounded whatever was sent (the name and namespace are bounded by the response cap).
+    meta = kept["metadata"]
+    names = sum(len(v) for v in (meta["name"], meta.get("namespace"),
+                                 meta.get("resourceVersion")) if isinstance(v, str))
+    assert cost(kept) <= OBJECT_BYTES + OBJECT_MAX_BYTES + names + 4 * (ENTRY_BYTES + 1024)
     assert isinstance(kept["metadata"]["name"], str)
     assert ("images" in kept) != ("images" in kept.get("invalid", {}))
     assert all(isinstance(i, str) for i in kept.get("images", ()))
+
+
+def wide(containers: int, image_chars: int, labels: int = 0) -> dict[str, Any]:
+    return {"metadata": {"name": "wide", "namespace": "team-b",
+                         "labels": {f"l{i:05d}": "v" * 60 for i in range(labels)}},
+            "spec": {"template": {"spec": {"containers": [
+                {"image": f"r.example.com/{i:04d}/" + "x" * (image_chars - 20)}
+                for i in range(containers)]}}}}
+
+
+def test_an_image_longer_than_any_valid_reference_is_not_kept_and_said() -> None:
+    kept = slim("Deployment", wide(1400, 600))  # 840,000 characters of images
+    assert kept is not None
+    assert kept["images"] == ()
+    assert kept["cut"]["images"].startswith(
+        "1400 image(s) longer than 512 characters (no valid image reference is) not kept, the "
+        "first 'r.example.com/0000/xxx")
+    assert kept["cut"]["images"].endswith("; 0 of 1400 kept")
+    assert cost(kept) < OBJECT_BYTES + 1024
+
+
+def test_labels_and_images_past_the_object_budget_are_not_kept_and_said() -> None:
+    kept = slim("Deployment", wide(200, IMAGE_MAX_CHARS, labels=100))
+    assert kept is not None
+    labels, found = kept["metadata"]["labels"], kept["images"]
+    assert len(labels) == 100  # 100 x 130 bytes fit
+    assert 0 < len(found) < 200
+    assert found == images("Deployment", wide(200, IMAGE_MAX_CHARS))[:len(found)]  # in order
+    assert kept["cut"]["images"].startswith(f"{200 - len(found)} image(s) past the 16384 bytes")
+    assert "labels" not in kept["cut"]
+    many = slim("Pod", {"metadata": {"name": "p", "labels": {
+        f"k{i:05d}": "v" for i in range(1000)}}})
+    assert many is not None
+    assert many["cut"]["labels"].startswith(f"{len(many['metadata']['labels'])} of 1000 labels")
+    assert cost(many) <= OBJECT_BYTES + OBJECT_MAX_BYTES + 1024
+
+
+def test_a_refused_object_is_a_stub_that_costs_little() -> None:
+    kept = slim("Deployment", wide(20, 400))
+    assert kept is not None
+    stub = refused("Deployment", kept)
+    assert stub == {"kind": "Deployment", "refused": True,
+                    "metadata": {"name": "wide", "namespace": "team-b", "resourceVersion": None}}
+    assert cost(stub) == REFUSED_BYTES + len("wide") + len("team-b")
+    assert cost(stub) < cost(kept)
