@@ -27,6 +27,10 @@ a Policy, kept current by list + watch (one `kube.watch.Informer` per kind).
   watches restart). `incomplete(namespaces, refused)` says what a boundary's audit misses;
   a log line is written when the cache fills and when it holds everything again, and when
   the objects too large to list change.
+- **One list page at a time**: the kinds' lists take turns (`_OneListAtATime`), so what a
+  list costs on its way in (the answer, up to the response cap, and its decoding, several
+  times that for small objects) is paid once, not once per kind: the operator's memory limit
+  follows from it (docs/operations.md).
 - **Exact accounting**: charged when `_keep` builds an object (a list page, a watch event),
   given back when it leaves the informer (`on_remove`). An object being replaced is given
   back at once (`_credited`: a re-list holds both copies for a moment, the budget counts one).
@@ -42,11 +46,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from convergerd.core.shown import shown
-from convergerd.kube.api import KubeObject, Resource, WatchApi
+from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi, WatchEvent
 from convergerd.kube.watch import Informer, object_key
 from convergerd.operator.admission import BOUNDARY_LABEL
 from convergerd.operator.audit import Incomplete
@@ -107,8 +111,9 @@ class WorkloadCache:
                                                                label=BOUNDARY_LABEL),
                                    on_change=self._namespace_changed, on_restart=on_restart,
                                    on_health=self._namespaces_health)
+        lists = _OneListAtATime(api)
         self.kinds: dict[str, Informer] = {
-            kind: Informer(api, resource, request_timeout_s=request_timeout_s,
+            kind: Informer(lists, resource, request_timeout_s=request_timeout_s,
                            transform=functools.partial(self._keep, kind),
                            on_change=self._object_changed,
                            on_restart=functools.partial(self._restarted, kind),
@@ -380,6 +385,27 @@ class WorkloadCache:
         for result in results:
             if isinstance(result, Exception):
                 raise result
+
+
+class _OneListAtATime:
+    """`api` with one list at a time through it (watches pass as they are)."""
+
+    def __init__(self, api: WatchApi) -> None:
+        self._api = api
+        self._lock = asyncio.Lock()
+
+    async def list_objects(self, resource: Resource, *, label_selector: str | None,
+                           timeout_s: float,
+                           transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           ) -> ObjectList:
+        async with self._lock:
+            return await self._api.list_objects(resource, label_selector=label_selector,
+                                                timeout_s=timeout_s, transform=transform)
+
+    def watch(self, resource: Resource, *, resource_version: str, label_selector: str | None,
+              timeout_s: float) -> AsyncIterator[WatchEvent]:
+        return self._api.watch(resource, resource_version=resource_version,
+                               label_selector=label_selector, timeout_s=timeout_s)
 
 
 def _in(namespaces: frozenset[str], key: str) -> bool:
