@@ -71,6 +71,13 @@ REFUSED_SHARE = 1 / 8
 # Below this share of the budget, objects kept as stubs are listed again (one re-list: the
 # list then fills the cache to its budget, so this cannot repeat while it stays full).
 RELIST_BELOW = 1 / 2
+# The operator's memory limit (`memory_limit_bytes`, deploy/operator, docs/operations.md):
+# the process at rest (about 85 MB measured, issue 33), the cache's budget twice (a re-list
+# holds the old and the new copy of a kind for a moment), and one list page in flight: the
+# answer up to the response cap, and orjson's objects for it (7 times the bytes for a page of
+# small objects: bench figure in docs/operations.md).
+BASE_BYTES = 96 * 2**20
+PAGE_FACTOR = 8
 NAMED_MAX = 5  # objects named per audit and per log line
 BIGGEST_MAX = 3  # namespaces named as holding the most of the cache
 
@@ -385,6 +392,11 @@ class WorkloadCache:
         for result in results:
             if isinstance(result, Exception):
                 raise result
+
+
+def memory_limit_bytes(cache_max_bytes: int, max_response_bytes: int) -> int:
+    """The operator's memory limit for these settings (see `BASE_BYTES`)."""
+    return BASE_BYTES + 2 * cache_max_bytes + PAGE_FACTOR * max_response_bytes
 
 
 class _OneListAtATime:
