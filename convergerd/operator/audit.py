@@ -19,6 +19,15 @@ does not carry a CEL runtime. tests/unit/test_operator_audit.py proves them equa
 as the simulator's admission evaluates it, on the simulator's admission corpus and on
 generated objects (property test). A part of an object the CEL could not read (the cache marks
 it `invalid`) is a violation: admission fails closed on it (`failurePolicy: Fail`).
+
+What the cache did not keep is never passed unseen (the safe answer, issue 33): an object
+whose images or labels were cut (`cut`, see `convergerd.operator.workloads`) is judged on what
+was kept when that already breaks the rule (admission's message), else it is a violation
+`cannot be judged: ...` (RequiredLabels passes only when every required key was kept). A
+stub the cache kept for want of room (`refused`) is not judged but counted, and the status
+then says `incomplete` (`Incomplete`): how many objects of the boundary were not judged, why,
+the objects too large to read, and the namespaces holding the most of the cache. Without
+`incomplete`, every object of the boundary was judged.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ a Policy, kept current by list + watch (one `kube.watch.Informer` per kind).
   not: `set_boundaries`). An object is kept when its namespace's boundary has a Policy.
 - **Which objects**: every kind of `workloads.WORKLOAD_KINDS` (the kinds admission judges),
   watched cluster-wide (one watch per kind, not per namespace), listed in pages of
-  `kube.client.LIST_PAGE_SIZE` (limit/continue), each object slimmed (`workloads.slim`)
-  as its page arrives: managedFields and all else no rule reads never reach the cache.
+  `kube.client.LIST_PAGE_SIZE` (limit/continue; smaller where an answer is over the cap),
+  each object slimmed (`workloads.slim`) as its page arrives: managedFields and all else no
+  rule reads never reach the cache; objects outside the boundaries are dropped there.
 - **Kept current**: each watch resumes from its last resourceVersion (bookmarks on), re-lists
   on 410, backs off on errors (bounded), exactly as the Policy watch does. When the set of
   namespaces grows (a namespace labelled, a first Policy for a boundary), every kind is
@@ -246,6 +247,7 @@ class WorkloadCache:
         else:
             log.info("cluster %s: workload cache: every object fits its budget again",
                      self.cluster, extra={"cluster": self.cluster})
+        self._on_state()  # every audit may gain or lose `incomplete`
 
     def boundary_of(self, namespace: str) -> str | None:
         ns = self.namespaces.objects.get(namespace)
