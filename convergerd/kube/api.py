@@ -145,11 +145,12 @@ class WatchApi(Protocol):
     async def list_objects(self, resource: Resource, *, label_selector: str | None,
                            timeout_s: float,
                            transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           step_past: bool = False,
                            ) -> ObjectList:
         """Every object, following `continue` until the end; with `transform`, each item as
         it returns (None: left out), one page at a time. A page over the response cap is
-        asked again smaller; an object too large alone is stepped past and named in
-        `skipped`."""
+        asked again smaller; with `step_past`, an object too large alone is stepped past and
+        named in `skipped`."""
         ...
 
     def watch(self, resource: Resource, *, resource_version: str, label_selector: str | None,

@@ -333,7 +333,8 @@ async def read_capped(
 
 async def read_lines_capped(content: aiohttp.StreamReader, limit: int) -> AsyncIterator[bytes]:
     """The newline-terminated lines of a streamed body (a watch: one JSON event per line), each
-    at most `limit` bytes: a longer one raises `BadResponse` without buffering more than
+    at most `limit` bytes: a longer one raises `TooLarge` (its first bytes kept: an event's
+    type, name and resourceVersion, `kube.listhead.event_head`) without buffering more than
     `limit` plus one chunk. Blank lines are skipped; an unterminated tail (the stream was cut
     mid-event) is dropped, as it cannot be a whole event."""
     buffer = bytearray()
@@ -347,8 +348,9 @@ async def read_lines_capped(content: aiohttp.StreamReader, limit: int) -> AsyncI
             if line.strip():
                 yield line
         if len(buffer) > limit:
-            raise BadResponse(f"watch event longer than {limit} bytes "
-                              "(CONVERGERD_MAX_RESPONSE_BYTES)")
+            raise TooLarge(f"watch event longer than {limit} bytes "
+                           "(CONVERGERD_MAX_RESPONSE_BYTES)",
+                           head=bytes(buffer[:TOO_LARGE_HEAD_BYTES]))
 
 
 @dataclass(frozen=True, slots=True)

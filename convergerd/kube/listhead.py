@@ -9,6 +9,11 @@ name and namespace first in its metadata), so the first few KiB of the answer ho
 `list_head` reads them from those bytes with a small scanner that stops where the bytes end,
 never decoding more than those few fields (every other value is skipped, not built).
 
+A watch event too large to read is the same problem on a watch: without its
+resourceVersion the watch cannot resume past it. `event_head` reads `{"type", "object":
+{"kind", "apiVersion", "metadata": {"name", "namespace", "uid", "resourceVersion", ...}}}`
+the same way.
+
 `ListHead.listed` is False when the list's `metadata` was not read before the first item (or
 the bytes ended before it): then whether more follows is unknown, and the caller must not
 skip (it would end the list early, silently).
@@ -166,8 +171,44 @@ def list_head(data: bytes) -> ListHead:
                     clean_text(name, MAX_NAME_CHARS) if name else None)
 
 
-def _first_item(reader: _Reader, found: dict[bytes, str]) -> None:
-    reader.take(_OPEN_ARRAY)
+@dataclass(frozen=True, slots=True)
+class EventHead:
+    type: str | None  # ADDED, MODIFIED, DELETED (anything else: not read)
+    namespace: str | None
+    name: str | None
+    resource_version: str | None  # None: where the watch goes on is unknown
+
+
+_OBJECT_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+def event_head(data: bytes) -> EventHead:
+    """The type and the object's namespace, name and resourceVersion, from the first bytes of
+    a watch event line (see the module doc)."""
+    reader = _Reader(data)
+    kind: str | None = None
+    found: dict[bytes, str] = {}
+    try:
+        for key in reader.members():
+            if key == b"type" and reader.peek() == _QUOTE:
+                kind = reader.string(16)
+            elif key == b"object":
+                _metadata(reader, found)
+                break
+            else:
+                reader.skip()
+    except _End:
+        pass
+    namespace, name = found.get(b"namespace"), found.get(b"name")
+    version = found.get(b"resourceVersion")
+    return EventHead(kind if kind in _OBJECT_EVENTS else None,
+                     clean_text(namespace, MAX_NAME_CHARS) if namespace else None,
+                     clean_text(name, MAX_NAME_CHARS) if name else None,
+                     version or None)
+
+
+def _metadata(reader: _Reader, found: dict[bytes, str]) -> None:
+    """The name, namespace and resourceVersion of the object here, into `found`."""
     for key in reader.members():
         if key != b"metadata":
             reader.skip()
@@ -175,6 +216,14 @@ def _first_item(reader: _Reader, found: dict[bytes, str]) -> None:
         for field in reader.members():
             if field in (b"name", b"namespace") and reader.peek() == _QUOTE:
                 found[field] = reader.string(MAX_NAME_CHARS)
+            elif field == b"resourceVersion" and reader.peek() == _QUOTE:
+                found[field] = reader.string(MAX_TOKEN_CHARS)
             else:
                 reader.skip()
         return
+
+
+def _first_item(reader: _Reader, found: dict[bytes, str]) -> None:
+    reader.take(_OPEN_ARRAY)
+    _metadata(reader, found)
+    found.pop(b"resourceVersion", None)  # the item's, not the list's

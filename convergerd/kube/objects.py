@@ -59,16 +59,18 @@ class ObjectClient:
                            timeout_s: float, namespace: str | None = None,
                            limit: int | None = None,
                            transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           step_past: bool = False,
                            ) -> ObjectList:
         """Every object (or the first `limit`), following `continue` until the end. With
         `transform`, each item is replaced as its page arrives (None: left out), so only one
         page of full objects is held at a time.
 
         A page over the response cap (`TooLarge`) is asked again with half the limit, down to
-        one object; the limit doubles back after each page that fits. One object too large
-        alone is stepped past with the `continue` token read from its answer's first bytes
-        (`kube.listhead`) and named in `skipped`; when those bytes cannot say where the list
-        goes on, the `TooLarge` is raised."""
+        one object; the limit doubles back after each page that fits. With `step_past`, one
+        object too large alone is stepped past with the `continue` token read from its
+        answer's first bytes (`kube.listhead`) and named in `skipped` (for a cache that says
+        what it misses; without it, or when those bytes cannot say where the list goes on,
+        the `TooLarge` is raised: a list that leaves an object out must not pass for whole)."""
         items: list[KubeObject] = []
         skipped: list[KubeObject] = []
         token: str | None = None
@@ -92,8 +94,9 @@ class ObjectClient:
                 if size > 1:
                     size //= 2
                     continue
-                head = list_head(exc.head)
-                if not head.listed or head.name is None or head.continue_token == token:
+                head = list_head(exc.head) if step_past else None
+                if (head is None or not head.listed or head.name is None
+                        or head.continue_token == token):
                     raise
                 skipped.append({"metadata": {"namespace": head.namespace, "name": head.name}})
                 version = version or clean_text(head.resource_version or "", MAX_TOKEN_CHARS)

@@ -126,7 +126,8 @@ class WorkloadCache:
                            on_change=self._object_changed,
                            on_restart=functools.partial(self._restarted, kind),
                            on_health=functools.partial(self._health_changed, kind),
-                           on_remove=functools.partial(self._removed, kind))
+                           on_remove=functools.partial(self._removed, kind),
+                           step_past=True)
             for resource, kind in WORKLOAD_KINDS}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -411,10 +412,12 @@ class _OneListAtATime:
     async def list_objects(self, resource: Resource, *, label_selector: str | None,
                            timeout_s: float,
                            transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           step_past: bool = False,
                            ) -> ObjectList:
         async with self._lock:
             return await self._api.list_objects(resource, label_selector=label_selector,
-                                                timeout_s=timeout_s, transform=transform)
+                                                timeout_s=timeout_s, transform=transform,
+                                                step_past=step_past)
 
     def watch(self, resource: Resource, *, resource_version: str, label_selector: str | None,
               timeout_s: float) -> AsyncIterator[WatchEvent]:

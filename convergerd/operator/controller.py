@@ -140,6 +140,7 @@ class OperatorApi(WatchApi, Protocol):
                            timeout_s: float, namespace: str | None = None,
                            limit: int | None = None,
                            transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           step_past: bool = False,
                            ) -> ObjectList: ...
     async def apply(self, resource: Resource, body: KubeObject, *, field_manager: str,
                     timeout_s: float, subresource: str | None = None) -> KubeObject: ...

@@ -282,10 +282,25 @@ async def test_objects_too_large_to_list_stop_no_audit_and_are_named(
         assert sorted(proc.operator.workloads.kinds["Deployment"].skipped) == [
             "intruder/huge", f"{OTHER}/huge", "zz-last/huge"]
         assert len(proc.operator.workloads) == 5  # 3 pods, web, small and nothing else
+
+        # The watch too: an event too large to read is stepped past and named, the watch
+        # resumes after it; the object's deletion is seen although its event is as large.
+        store = fleet.store(CLUSTER)
+        small = store.get(DEPLOYMENTS, OTHER, "small")
+        small["metadata"]["annotations"] = {"example.com/blob": "z" * 200_000}
+        store.update(DEPLOYMENTS, OTHER, "small", small, manager="test")
+        b2 = await wait_for(lambda: audit_of(fleet, "b2", violations=0, cacheSynced=True))
+        assert [o["name"] for o in b2["incomplete"]["objects"]] == ["huge", "small"]
+        store.delete(DEPLOYMENTS, OTHER, "huge")
+        b2 = await wait_for(lambda: _skipped(fleet, "b2", 1))
+        assert [o["name"] for o in b2["incomplete"]["objects"]] == ["small"]
+        await wait_for(lambda: audit_of(fleet, "b1", violations=4, cacheSynced=True))
+        assert proc.metrics.workload_watch_restarts.get("too_large") == 2
     named = [r.getMessage() for r in caplog.records if "stepped past" in r.getMessage()]
-    assert len(named) == 1, named  # once per change, not per list or audit
+    assert len(named) == 2, named  # once per change, not per list or audit
     assert f"{OTHER}/huge" in named[0]
     assert "intruder/huge" in named[0]
+    assert f"an event about {OTHER}/small" in named[1]
 
 
 async def test_a_boundary_of_huge_pod_specs_keeps_bounded_bytes(fleet: Fleet) -> None:
@@ -370,3 +385,8 @@ async def _incomplete(fleet: Fleet, pid: str) -> dict[str, Any] | None:
 async def _whole(fleet: Fleet, pid: str) -> bool:
     found = await audit_of(fleet, pid)
     return found is not None and "incomplete" not in found
+
+
+async def _skipped(fleet: Fleet, pid: str, count: int) -> dict[str, Any] | None:
+    found = await _incomplete(fleet, pid)
+    return found if found is not None and found["incomplete"]["skipped"] == count else None

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convergerd.kube.listhead import HEAD_BYTES, ListHead, list_head
+from convergerd.kube.listhead import HEAD_BYTES, EventHead, ListHead, event_head, list_head
 from tests.strategies import JSON_VALUES
 
 
@@ -67,3 +67,24 @@ def test_any_cut_of_any_list_reads_what_is_there_or_nothing(
     whole = list_head(data)
     assert whole.listed
     assert whole.name == ("o0" if items else None)
+
+
+def event(kind: str, obj: dict[str, Any]) -> bytes:
+    return orjson.dumps({"type": kind, "object": obj})
+
+
+@pytest.mark.parametrize(("data", "want"), [
+    (event("MODIFIED", {"kind": "Deployment", "apiVersion": "apps/v1", "metadata": {
+        "name": "big", "namespace": "team-b", "uid": "u", "resourceVersion": "77",
+        "annotations": {"blob": "x" * 300_000}}})[:HEAD_BYTES],
+     EventHead("MODIFIED", "team-b", "big", "77")),
+    (event("DELETED", {"metadata": {"name": "n", "resourceVersion": "78"}}),
+     EventHead("DELETED", None, "n", "78")),
+    # Cut before the resourceVersion: where the watch goes on is unknown.
+    (event("ADDED", {"metadata": {"name": "n", "namespace": "x", "resourceVersion": "79"}})[:66],
+     EventHead("ADDED", "x", "n", None)),
+    (event("BOOKMARK", {"metadata": {"resourceVersion": "80"}}), EventHead(None, None, None, "80")),
+    (b"\x00not json", EventHead(None, None, None, None)),
+])
+def test_the_head_of_a_watch_event(data: bytes, want: EventHead) -> None:
+    assert event_head(data) == want

@@ -29,6 +29,7 @@ class FakeCluster:
     async def list_objects(self, resource: Resource, *, label_selector: str | None,
                            timeout_s: float,
                            transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           step_past: bool = False,
                            ) -> ObjectList:
         items = self.items.get(resource.plural, [])
         if transform is not None:
