@@ -96,8 +96,9 @@ class ObjectClient:
                     continue
                 head = list_head(exc.head) if step_past else None
                 if (head is None or not head.listed or head.name is None
+                        or (resource.namespaced and head.namespace is None)
                         or head.continue_token == token):
-                    raise
+                    raise  # what it skipped could not be named, or it would not move on
                 skipped.append({"metadata": {"namespace": head.namespace, "name": head.name}})
                 version = version or clean_text(head.resource_version or "", MAX_TOKEN_CHARS)
                 if head.continue_token is None:

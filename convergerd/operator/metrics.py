@@ -25,7 +25,8 @@ No per-policy label: policies are counted per phase, and the policies a probe fo
   `budget` (no room: kept as a stub, or past the margin not even that), `too_large` (larger
   than the response cap: stepped past by the lists, anywhere in the cluster);
 - `convergerd_operator_workload_watch_restarts_total{reason}`: as the Policy watch's, for the
-  workload cache's watches (namespaces and every workload kind);
+  workload cache's watches (namespaces and every workload kind), and `too_large` (an event
+  larger than the response cap, stepped past);
 - `convergerd_operator_audit_violations`: objects the Policies' rules would deny, summed over
   the Policies as last audited (enabled or not; absent until an audit ran).
 """
