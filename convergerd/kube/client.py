@@ -307,9 +307,9 @@ async def read_capped(
     length, or the end of a chunked one) or the cap; True when there was more (left unread:
     the caller closes the connection). Over the cap, the first `limit` bytes are returned only
     with `keep_cut` (else its first `keep_head` bytes: nothing more is joined for a body about
-    to be refused). Memory
-    stays within twice `limit` (the chunks and the joined body) whatever the peer sends, and a
-    body trickled slowly is bounded by the request's timeout, not here. Every body read from
+    to be refused). Memory stays within twice `limit` (the chunks and the joined body)
+    whatever the peer sends, and a body trickled slowly is bounded by the request's timeout,
+    not here. Every body read from
     a cluster goes through this (a watch reader would read each event line with the same
     cap)."""
     chunks: list[bytes] = []
