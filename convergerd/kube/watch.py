@@ -185,17 +185,13 @@ class Informer:
 
     async def relist(self) -> None:
         """Replace the cache with a fresh list; report only the differences."""
-        if self._transform is None:
-            listed = await self._api.list_objects(self.resource, label_selector=self._selector,
-                                                  timeout_s=self._request_timeout_s)
-        elif not self._step_past:
-            listed = await self._api.list_objects(self.resource, label_selector=self._selector,
-                                                  timeout_s=self._request_timeout_s,
-                                                  transform=self._transform)
-        else:
-            listed = await self._api.list_objects(self.resource, label_selector=self._selector,
-                                                  timeout_s=self._request_timeout_s,
-                                                  transform=self._transform, step_past=True)
+        options: dict[str, Any] = {}  # only what is asked for: fakes need not take the rest
+        if self._transform is not None:
+            options["transform"] = self._transform
+        if self._step_past:
+            options["step_past"] = True
+        listed = await self._api.list_objects(self.resource, label_selector=self._selector,
+                                              timeout_s=self._request_timeout_s, **options)
         fresh: dict[str, KubeObject] = {}
         for item in listed.items:
             key = object_key(item, self.resource.namespaced)
