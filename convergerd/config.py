@@ -25,7 +25,7 @@ INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
 # A list page of 500 Policies is ~1 MiB; 16 MiB leaves room for large rules.
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 2**20
 ONCE_ENV = "Policies__ConvergeOnce"
-# The operator's workload cache: ~55,000 ordinary pods; its memory limit in deploy/operator
+# The operator's workload cache: ~25,000 ordinary pods; its memory limit in deploy/operator
 # follows from it (docs/operations.md).
 DEFAULT_OPERATOR_CACHE_MAX_BYTES = 64 * 2**20
 OPERATOR_CACHE_MIN_BYTES = 256 * 1024

@@ -117,10 +117,10 @@ class Scripted:
 
 
 def wide_pod(name: str, namespace: str) -> KubeObject:
-    """A pod of as many 500-character images as an object may keep (~16 KiB charged)."""
+    """A pod of as many 500-character images as an object may keep whole (~15 KiB charged)."""
     return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": "5"},
             "spec": {"containers": [{"image": f"r.example.com/{i:03d}/" + "y" * 480 + ":1"}
-                                    for i in range(28)]}}
+                                    for i in range(22)]}}
 
 
 def deleted(obj: KubeObject, version: str) -> WatchEvent:
@@ -149,12 +149,12 @@ async def test_the_budget_is_accounted_exactly_through_relists_and_deletions() -
         assert incomplete.biggest[0][0] == "big"
         assert cache.incomplete({"web"}, 0) is None  # b1's audit misses nothing
 
-        # A 410: every pod listed again; the old copies given back, not counted twice.
-        held = cache.used_bytes
+        # A 410: every pod listed again; each old copy given back as its new one comes, none
+        # counted twice (the stubs not yet replaced still count: one more may be refused).
         cluster.push("pods", WatchEvent("ERROR", {"code": 410}, None, None, 410))
         await until(lambda: cluster.lists["pods"] == 2 and cache.synced)
-        assert cache.used_bytes == held == cache.held_bytes()
-        assert cache.refused_objects == refused
+        assert cache.used_bytes == cache.held_bytes() <= budget * 1.125
+        assert refused <= cache.refused_objects <= refused + 1
 
         # The tenant deletes most of its pods: below half the budget with stubs held, the
         # cache lists again once, and holds everything.

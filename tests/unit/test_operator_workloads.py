@@ -9,6 +9,7 @@ import logging
 import tracemalloc
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,10 +17,11 @@ from convergerd.core.decode import parse_object
 from convergerd.kube.api import KubeObject
 from convergerd.kube.watch import object_key
 from convergerd.operator.workloads import (
-    ENTRY_BYTES,
+    IMAGE_BYTES,
     IMAGE_MAX_CHARS,
     OBJECT_BYTES,
     OBJECT_MAX_BYTES,
+    PART_BYTES,
     REFUSED_BYTES,
     SLIM_BYTES_BUDGET,
     WORKLOAD_KINDS,
@@ -162,7 +164,8 @@ def test_any_object_slims_to_what_the_rules_read_or_nothing_never_an_exception(
     meta = kept["metadata"]
     names = sum(len(v) for v in (meta["name"], meta.get("namespace"),
                                  meta.get("resourceVersion")) if isinstance(v, str))
-    assert cost(kept) <= OBJECT_BYTES + OBJECT_MAX_BYTES + names + 4 * (ENTRY_BYTES + 1024)
+    assert cost(kept) <= OBJECT_BYTES + OBJECT_MAX_BYTES + names + 2 * PART_BYTES + 4 * (
+        IMAGE_BYTES + 1024)
     assert isinstance(kept["metadata"]["name"], str)
     assert ("images" in kept) != ("images" in kept.get("invalid", {}))
     assert all(isinstance(i, str) for i in kept.get("images", ()))
@@ -188,10 +191,10 @@ def test_an_image_longer_than_any_valid_reference_is_not_kept_and_said() -> None
 
 
 def test_labels_and_images_past_the_object_budget_are_not_kept_and_said() -> None:
-    kept = slim("Deployment", wide(200, IMAGE_MAX_CHARS, labels=100))
+    kept = slim("Deployment", wide(200, IMAGE_MAX_CHARS, labels=20))
     assert kept is not None
     labels, found = kept["metadata"]["labels"], kept["images"]
-    assert len(labels) == 100  # 100 x 130 bytes fit
+    assert len(labels) == 20  # 20 x (320 + 66) bytes fit
     assert 0 < len(found) < 200
     assert found == images("Deployment", wide(200, IMAGE_MAX_CHARS))[:len(found)]  # in order
     assert kept["cut"]["images"].startswith(f"{200 - len(found)} image(s) past the 16384 bytes")
@@ -211,3 +214,35 @@ def test_a_refused_object_is_a_stub_that_costs_little() -> None:
                     "metadata": {"name": "wide", "namespace": "team-b", "resourceVersion": None}}
     assert cost(stub) == REFUSED_BYTES + len("wide") + len("team-b")
     assert cost(stub) < cost(kept)
+
+
+def _shaped(i: int, labels: int, images: int, image_chars: int = 20) -> bytes:
+    """A pod whose every label and image is its own string (nothing for interning to share)."""
+    return json.dumps({"metadata": {
+        "name": f"p-{i:06d}", "namespace": "team-a", "resourceVersion": str(i),
+        "labels": {f"example.com/k{j}-{i}": f"v{j}-{i}" for j in range(labels)}},
+        "spec": {"containers": [{"image": f"r.example.com/{j}-{i}:" + "1" * image_chars}
+                                for j in range(images)]}}).encode()
+
+
+@pytest.mark.parametrize(("labels", "images", "image_chars", "count"), [
+    (4, 2, 20, 3000), (8, 0, 20, 3000), (150, 0, 20, 200), (0, 8, 20, 3000),
+    (0, 200, 1, 200), (0, 25, 480, 200), (0, 100, 600, 200)])
+def test_no_shape_of_object_holds_more_than_it_is_charged(
+        labels: int, images: int, image_chars: int, count: int) -> None:
+    raw = [_shaped(i, labels, images, image_chars) for i in range(count)]
+    slim("Pod", parse_object(_shaped(-1, labels, images, image_chars), "pod"))  # warm caches
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        cache: dict[str, KubeObject] = {}
+        for body in raw:
+            kept: Any = slim("Pod", parse_object(body, "pod"))
+            cache[str(object_key(kept, namespaced=True))] = kept
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    charged = sum(map(cost, cache.values()))
+    assert used <= charged, f"{used / count:.0f} bytes held, {charged / count:.0f} charged"
