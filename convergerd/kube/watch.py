@@ -157,7 +157,8 @@ class Informer:
 
     @property
     def skipped(self) -> Mapping[str, KubeObject]:
-        """Objects the last list stepped past, too large to read (stubs), by name."""
+        """Objects stepped past, too large to read (stubs), by name: by the last list, or by
+        the watch since (`step_past`)."""
         return self._skipped
 
     async def run(self) -> None:

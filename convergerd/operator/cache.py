@@ -18,10 +18,11 @@ a Policy, kept current by list + watch (one `kube.watch.Informer` per kind).
 - **Staleness is said**: `synced` is False until every kind is listed, and while any watch is
   failing or re-listing (`Informer.healthy`); the audit writes it as `cacheSynced`.
 - **Bounded, and what it left out is said**: one page over the response cap is asked again
-  smaller, and an object too large to read alone is stepped past and named
-  (`ObjectClient.list_objects`, `Informer.skipped`), so no object anywhere in the cluster can
-  keep a kind from being listed. Each object is bounded (`workloads.slim`), and the cache
-  charges each one's `workloads.cost` against `max_bytes`, by kind and namespace: an object
+  smaller, and an object too large to read alone (in a list or a watch event) is stepped
+  past and named (`ObjectClient.list_objects`, `Informer.skipped`, `step_past`), so no object
+  anywhere in the cluster can keep a kind from being listed or watched. Each object is
+  bounded (`workloads.slim`), and the cache charges each one's `workloads.cost` against
+  `max_bytes`, by kind and namespace: an object
   that would pass the budget is kept as a `workloads.refused` stub instead (the audit counts
   it as not judged, and a deletion or a smaller version of it is still seen), and past the
   budget plus `REFUSED_SHARE` of it not even the stub is kept (`lost`, counted until the
@@ -211,7 +212,8 @@ class WorkloadCache:
 
     @property
     def too_large_objects(self) -> int:
-        """Objects the last lists stepped past, too large to read (anywhere in the cluster)."""
+        """Objects stepped past, too large to read, by the lists and watches (anywhere in the
+        cluster)."""
         return sum(len(i.skipped) for i in self.kinds.values())
 
     def biggest(self, count: int = BIGGEST_MAX) -> tuple[tuple[str, int], ...]:
