@@ -22,13 +22,13 @@ a Policy, kept current by list + watch (one `kube.watch.Informer` per kind).
   past and named (`ObjectClient.list_objects`, `Informer.skipped`, `step_past`), so no object
   anywhere in the cluster can keep a kind from being listed or watched. Each object is
   bounded (`workloads.slim`), and the cache charges each one's `workloads.cost` against
-  `max_bytes`, by kind and namespace: an object
-  that would pass the budget is kept as a `workloads.refused` stub instead (the audit counts
-  it as not judged, and a deletion or a smaller version of it is still seen), and past the
-  budget plus `REFUSED_SHARE` of it not even the stub is kept (`lost`, counted until the
-  watches restart). `incomplete(namespaces, refused)` says what a boundary's audit misses;
-  a log line is written when the cache fills and when it holds everything again, and when
-  the objects too large to list change.
+  `max_bytes`, by kind and namespace: an object that would pass the budget is kept as a
+  `workloads.refused` stub instead (the audit counts it as not judged, and a deletion or a
+  smaller version of it is still seen), and past the budget plus `REFUSED_SHARE` of it not
+  even the stub is kept (`lost`, counted until the watches restart). Below `RELIST_BELOW`
+  of the budget with stubs held, every kind is listed again once. `incomplete(namespaces,
+  refused)` says what a boundary's audit misses; a log line is written when the cache fills
+  and when it holds everything again, and when the objects too large to list change.
 - **One list page at a time**: the kinds' lists take turns (`_OneListAtATime`), so what a
   list costs on its way in (the answer, up to the response cap, and its decoding, several
   times that for small objects) is paid once, not once per kind: the operator's memory limit
