@@ -6,7 +6,11 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
+import subprocess
+import sys
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +37,7 @@ from convergerd.operator.workloads import (
 from tests.strategies import JSON_VALUES
 
 PODS = 10_000
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_kinds_are_those_admission_judges() -> None:
@@ -216,13 +221,33 @@ def test_a_refused_object_is_a_stub_that_costs_little() -> None:
     assert cost(stub) < cost(kept)
 
 
-def _shaped(i: int, labels: int, images: int, image_chars: int = 20) -> bytes:
-    """A pod whose every label and image is its own string (nothing for interning to share)."""
+# Run in a fresh interpreter: the intern table is the process's, and a doubling of it (its
+# cost grown by whatever earlier tests interned) would be charged to the few objects measured.
+_MEASURE = """
+import gc, json, sys, tracemalloc
+from convergerd.core.decode import parse_object
+from convergerd.kube.watch import object_key
+from convergerd.operator.workloads import cost, slim
+labels, images, chars, count = map(int, sys.argv[1:])
+def shaped(i):  # every label and image its own string: nothing for interning to share
     return json.dumps({"metadata": {
         "name": f"p-{i:06d}", "namespace": "team-a", "resourceVersion": str(i),
         "labels": {f"example.com/k{j}-{i}": f"v{j}-{i}" for j in range(labels)}},
-        "spec": {"containers": [{"image": f"r.example.com/{j}-{i}:" + "1" * image_chars}
+        "spec": {"containers": [{"image": f"r.example.com/{j}-{i}:" + "1" * chars}
                                 for j in range(images)]}}).encode()
+raw = [shaped(i) for i in range(count)]
+slim("Pod", parse_object(shaped(-1), "pod"))  # warm caches
+gc.collect()
+tracemalloc.start()
+before = tracemalloc.get_traced_memory()[0]
+cache = {}
+for body in raw:
+    kept = slim("Pod", parse_object(body, "pod"))
+    cache[object_key(kept, namespaced=True)] = kept
+gc.collect()
+used = tracemalloc.get_traced_memory()[0] - before
+print(json.dumps([used, sum(map(cost, cache.values()))]))
+"""
 
 
 @pytest.mark.parametrize(("labels", "images", "image_chars", "count"), [
@@ -230,19 +255,8 @@ def _shaped(i: int, labels: int, images: int, image_chars: int = 20) -> bytes:
     (0, 200, 1, 200), (0, 25, 480, 200), (0, 100, 600, 200)])
 def test_no_shape_of_object_holds_more_than_it_is_charged(
         labels: int, images: int, image_chars: int, count: int) -> None:
-    raw = [_shaped(i, labels, images, image_chars) for i in range(count)]
-    slim("Pod", parse_object(_shaped(-1, labels, images, image_chars), "pod"))  # warm caches
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        cache: dict[str, KubeObject] = {}
-        for body in raw:
-            kept: Any = slim("Pod", parse_object(body, "pod"))
-            cache[str(object_key(kept, namespaced=True))] = kept
-        gc.collect()
-        used = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    charged = sum(map(cost, cache.values()))
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(labels), str(images),
+                          str(image_chars), str(count)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    used, charged = json.loads(out.stdout)
     assert used <= charged, f"{used / count:.0f} bytes held, {charged / count:.0f} charged"
