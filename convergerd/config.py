@@ -26,6 +26,10 @@ INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
 # A list page of 500 Policies is ~1 MiB; 16 MiB leaves room for large rules.
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 2**20
 ONCE_ENV = "Policies__ConvergeOnce"
+# The operator's workload cache: ~25,000 ordinary pods; its memory limit in deploy/operator
+# follows from it (docs/operations.md).
+DEFAULT_OPERATOR_CACHE_MAX_BYTES = 64 * 2**20
+OPERATOR_CACHE_MIN_BYTES = 256 * 1024
 IMPORT_MAX_BYTES_DEFAULT = 4 * 1024 * 1024
 # Who connects: Prometheus, kubelet probes, module-policies saving, a few admins. 256 is far
 # more than they need and a small share of a 1,024-descriptor limit.
@@ -52,6 +56,13 @@ def _positive_int(value: str) -> int:
     number = int(value)
     if number <= 0:
         raise ValueError("expected a whole number greater than 0")
+    return number
+
+
+def _cache_bytes(value: str) -> int:
+    number = int(value)
+    if number < OPERATOR_CACHE_MIN_BYTES:
+        raise ValueError(f"expected a whole number of at least {OPERATOR_CACHE_MIN_BYTES}")
     return number
 
 
@@ -266,6 +277,12 @@ OPERATOR_SETTINGS: tuple[Setting, ...] = (
     Setting("operator_probe_delay_s", "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS",
             "--operator-probe-delay-seconds", _positive_float, "10",
             "seconds from a policy becoming Enforcing to its first probe (under a minute)"),
+    Setting("operator_cache_max_bytes", "CONVERGERD_OPERATOR_CACHE_MAX_BYTES",
+            "--operator-cache-max-bytes", _cache_bytes, str(DEFAULT_OPERATOR_CACHE_MAX_BYTES),
+            "bytes the audit's workload cache may hold (at least 262144); past it objects are "
+            "not cached and the audits of their boundaries say incomplete, naming the "
+            "namespaces holding the most. The operator's memory limit follows from it "
+            "(docs/operations.md)"),
 )
 OPERATOR_SHARED_KEYS = (
     "kubeconfig", "allow_insecure_clusters", "leader_election", "identity",
@@ -561,6 +578,7 @@ class OperatorSettings:
     log_level: str
     log_format: str
     http: HttpLimits = field(default_factory=HttpLimits)
+    cache_max_bytes: int = DEFAULT_OPERATOR_CACHE_MAX_BYTES
 
 
 def load_operator_settings(
@@ -603,6 +621,7 @@ def load_operator_settings(
         log_level=v["log_level"],
         log_format=v["log_format"],
         http=_http_limits(v),
+        cache_max_bytes=v["operator_cache_max_bytes"],
     )
     _check_election(settings.election)
     _check_logging(settings.log_level, settings.log_format)

@@ -23,7 +23,8 @@ import yaml
 from convergerd.config import OPERATOR_SETTINGS, SETTINGS
 from convergerd.core.model import Policy, PolicyRow
 from convergerd.core.render import render_policy, validate_policy
-from convergerd.operator.audit import Judge, audit, audit_status
+from convergerd.operator.audit import Incomplete, Judge, audit, audit_status
+from convergerd.operator.cache import memory_limit_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -671,6 +672,32 @@ def test_operator_rbac_and_deployment() -> None:
     assert c["resources"]["requests"]
     assert c["resources"]["limits"]
     _check_restricted(pod, c)
+
+
+def test_the_operators_memory_limit_follows_from_its_cache_budget() -> None:
+    """deploy/operator's limit is what `memory_limit_bytes` derives from the settings it
+    sets (docs/operations.md): raising the budget without the limit fails here."""
+    c = container(one(render("operator"), "Deployment", "convergerd-operator"), "operator")
+    env = env_of(c)
+    budget = int(env["CONVERGERD_OPERATOR_CACHE_MAX_BYTES"]["value"])
+    cap = int(env["CONVERGERD_MAX_RESPONSE_BYTES"]["value"])
+    limit = c["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    assert int(limit[:-2]) * 2**20 == memory_limit_bytes(budget, cap)
+    assert cap >= 2 * 2**20  # above the largest object kube-apiserver stores (1.5 MiB)
+
+
+def test_an_incomplete_audit_conforms_to_the_crd() -> None:
+    judge = Judge.of({"policyId": "p", "boundary": "b", "enabled": False, "revision": 1,
+                      "rule": {"type": "ForbidLatestTag"}})
+    incomplete = Incomplete(refused=3, lost=1, too_large=tuple(
+        ("Deployment", "n" * 63, f"huge-{i}" + "x" * 240) for i in range(5)),
+        too_large_count=9, biggest=tuple((f"ns-{i}" + "y" * 58, 2**30) for i in range(3)),
+        max_bytes=2**26)
+    status = {"audit": audit_status(audit(judge, []), synced=False, incomplete=incomplete,
+                                    now=dt.datetime(2026, 12, 3, tzinfo=dt.UTC))}
+    _conforms(status, _schema()["properties"]["status"], "status")
+    assert status["audit"]["incomplete"]["skipped"] == 12
 
 
 def test_member_cluster_includes_the_operator() -> None:
