@@ -690,7 +690,8 @@ class Views:
         database), built in slices of `status_slice` clusters with the loop free between them,
         each slice encoded as it is made. A body thus shows the state as it was during its
         build, from when it began (its `now`). Past `status_max_clusters` clusters, a summary:
-        every cluster counted, the worst `WORST_LISTED` listed, `UNSUPPORTED_LISTED` named."""
+        every cluster counted, the worst `WORST_LISTED` listed, `UNSUPPORTED_LISTED` named
+        (fewer under a lower threshold)."""
         state, clock = self.state, self.clock
         began = clock()
         version, now = state.version, state.clock()
@@ -719,7 +720,7 @@ class Views:
                 "database": self._database(state.sync_error), "fleet": counted.counts}
         if not complete:
             head["unsupported_by_version"] = bounded_unsupported(
-                head["unsupported_by_version"], UNSUPPORTED_LISTED)
+                head["unsupported_by_version"], min(UNSUPPORTED_LISTED, most))
         head_bytes = json_bytes(head)[:-1]
         shown_listing = listing(order="worst_first", listed=listed, complete=complete,
                                 following=None if complete else page_url(most))

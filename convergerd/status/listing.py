@@ -23,8 +23,8 @@ from convergerd.status.phases import UNSUPPORTED
 
 # A summary lists this many of the worst clusters (fewer when the threshold is lower).
 WORST_LISTED = 100
-# A summary names at most this many Unsupported clusters (`unsupported_by_version`); the count
-# of them all is `fleet.unsupported`.
+# A summary names at most this many Unsupported clusters (`unsupported_by_version`; fewer when
+# the threshold is lower); the count of them all is `fleet.unsupported`.
 UNSUPPORTED_LISTED = 100
 # What `fleet` counts, in the order it shows them.
 FLEET_COUNTS = ("clusters", "unreached", "unchecked", "failing", "lagging", "in_sync",
