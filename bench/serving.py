@@ -37,6 +37,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse bench/scrape.py's round.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -103,9 +104,13 @@ async def build_ms(views: Views, builds: int) -> dict[str, Any]:
         started = time.perf_counter()
         text = views.metrics.render()
         scrape.append((time.perf_counter() - started) * 1000)
+    most = views.settings.status_max_clusters
+    page = await views.status(make_mocked_request("GET", f"/status?limit={most}"))
+    assert isinstance(page.body, bytes)
     return {"status_build_ms": {"median": round(statistics.median(status)),
                                 "min": round(min(status))},
             "status_mb": round(len(body) / 1e6, 3),
+            "status_page_mb": round(len(page.body) / 1e6, 3),
             "metrics_render_ms": {"median": round(statistics.median(scrape)),
                                   "min": round(min(scrape))},
             "metrics_mb": round(len(text) / 1e6, 1)}
