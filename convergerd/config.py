@@ -34,6 +34,9 @@ IMPORT_MAX_BYTES_DEFAULT = 4 * 1024 * 1024
 # Who connects: Prometheus, kubelet probes, module-policies saving, a few admins. 256 is far
 # more than they need and a small share of a 1,024-descriptor limit.
 HTTP_MAX_CONNECTIONS_DEFAULT = 256
+# A /status listing every cluster costs ~0.5 KB per cluster (bench/RESULTS.md): up to this many
+# it stays a body a terminal, jq or a dashboard reads whole; past it, a summary and pages.
+STATUS_MAX_CLUSTERS_DEFAULT = 1000
 
 
 def _bool(value: str) -> bool:
@@ -167,6 +170,11 @@ SETTINGS: tuple[Setting, ...] = (
             "second by this replica, in bursts of twice that; more are answered 429 with "
             "Retry-After at once, so readers cannot slow the round (health and metrics are "
             "never limited)"),
+    Setting("status_max_clusters", "CONVERGERD_STATUS_MAX_CLUSTERS",
+            "--status-max-clusters", _positive_int, str(STATUS_MAX_CLUSTERS_DEFAULT),
+            "GET /status lists every cluster of a fleet up to this many; past it, counts and "
+            "the worst 100 clusters (a body that does not grow with the fleet), and every "
+            "cluster in pages of at most this many (?limit=&after=)"),
     Setting("http_max_connections", "CONVERGERD_HTTP_MAX_CONNECTIONS",
             "--http-max-connections", _positive_int, str(HTTP_MAX_CONNECTIONS_DEFAULT),
             "HTTP connections open at once; at the cap a new connection closes the one idle "
@@ -376,6 +384,7 @@ class Settings:
     import_max_bytes: int
     saves: Saves = field(default_factory=Saves)
     status_reads_per_s: float = 20.0
+    status_max_clusters: int = STATUS_MAX_CLUSTERS_DEFAULT
     probe_period_s: float = 10.0
     operator_probe_period_s: float = 600.0  # the operators' enforcement probe period
     http: HttpLimits = field(default_factory=HttpLimits)
@@ -498,6 +507,7 @@ def load_settings(
                     removal_guard_share=v["removal_guard_share"]),
         import_max_bytes=v["import_max_bytes"],
         status_reads_per_s=v["status_reads_per_s"],
+        status_max_clusters=v["status_max_clusters"],
         probe_period_s=v["probe_period_s"],
         operator_probe_period_s=v["operator_probe_minutes"] * 60.0,
         http=_http_limits(v),

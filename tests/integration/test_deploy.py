@@ -56,7 +56,8 @@ API_VERSIONS = {
     "PodMonitor": "monitoring.coreos.com/v1",
     "PrometheusRule": "monitoring.coreos.com/v1",
 }
-RENDERED_DIRS = ("base", "sharded", "sidecar", "member-cluster", "operator", "prometheus")
+RENDERED_DIRS = ("base", "sharded", "large-fleet", "sidecar", "member-cluster", "operator",
+                 "prometheus")
 Obj = dict[str, Any]
 
 
@@ -172,7 +173,7 @@ def test_prometheusrule_holds_the_same_groups_as_the_rules_file() -> None:
     )
 
 
-@pytest.mark.parametrize("directory", ["base", "sharded", "sidecar"])
+@pytest.mark.parametrize("directory", ["base", "sharded", "large-fleet", "sidecar"])
 def test_rendered_prometheusrule_is_the_rules_file(directory: str) -> None:
     plain = yaml.safe_load(RULES_FILE.read_text())
     rule = one(render(directory), "PrometheusRule", "convergerd")
@@ -397,6 +398,54 @@ def test_base_role_allows_only_the_lease() -> None:
     assert binding["roleRef"]["name"] == "convergerd-lease"
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "convergerd", "namespace": NAMESPACE}]
+
+
+# -- sizing: deploy/base and deploy/large-fleet ---------------------------------------------
+#
+# The peak RSS of `convergerd run` at the largest fleet each is sized for, and the operator's
+# before its cache (bench/RESULTS.md, "Sizing"; MiB), and the headroom docs/operations.md
+# ("Sizing") gives it: directory -> (Deployment, container, MiB).
+PEAK_RSS_MIB = {"base": ("convergerd", "convergerd", 319.5),
+                "sharded": ("convergerd", "convergerd", 319.5),
+                "sidecar": ("module-policies", "convergerd", 319.5),
+                "large-fleet": ("convergerd", "convergerd", 1853.7),
+                "operator": ("convergerd-operator", "operator", 84.2)}
+HEADROOM = 1.3
+
+
+def mebibytes(quantity: str) -> float:
+    found = re.fullmatch(r"([0-9.]+)(Mi|Gi)", quantity)
+    assert found is not None, f"a memory quantity in Mi or Gi: {quantity}"
+    return float(found[1]) * (1024 if found[2] == "Gi" else 1)
+
+
+@pytest.mark.parametrize("directory", sorted(PEAK_RSS_MIB))
+def test_memory_is_the_measured_peak_with_headroom_requested_in_full(directory: str) -> None:
+    """A replica over its limit is OOM-killed: the limit covers the peak measured at the fleet
+    size the directory is for, and is requested whole (never evicted for using it)."""
+    deployment, name, peak = PEAK_RSS_MIB[directory]
+    resources = container(one(render(directory), "Deployment", deployment), name)["resources"]
+    limit = mebibytes(resources["limits"]["memory"])
+    assert limit >= HEADROOM * peak, (directory, limit)
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+
+
+def test_large_fleet_is_the_base_with_more_resources() -> None:
+    def without_resources(directory: str) -> Obj:
+        deployment = one(render(directory), "Deployment", "convergerd")
+        pod = deployment["spec"]["template"]["spec"]
+        containers = [{k: v for k, v in c.items() if k != "resources"}
+                      for c in pod["containers"]]
+        return {**deployment, "spec": {**deployment["spec"], "template": {
+            **deployment["spec"]["template"], "spec": {**pod, "containers": containers}}}}
+
+    assert without_resources("large-fleet") == without_resources("base")
+    others = {(o["kind"], o["metadata"]["name"]) for o in render("large-fleet")}
+    assert others == {(o["kind"], o["metadata"]["name"]) for o in render("base")}
+    large, base = (container(one(render(d), "Deployment", "convergerd"), "convergerd")
+                   for d in ("large-fleet", "base"))
+    assert mebibytes(large["resources"]["limits"]["memory"]) > mebibytes(
+        base["resources"]["limits"]["memory"])
 
 
 # -- deploy/sharded ------------------------------------------------------------------------
