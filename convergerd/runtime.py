@@ -1,8 +1,8 @@
 """The one place that wires the components and supervises their tasks.
 
-Tasks: the shard set (the Leases: one with `CONVERGERD_SHARDS=1`), a round loop per shard,
-the reachability prober, the health heartbeat,
-the HTTP server and the database notification listener. A crash in any supervised task stops
+Tasks: the shard set (the Leases; one, the configured Lease, by default), a round loop per
+shard, the reachability prober, the health heartbeat, the HTTP server and the database
+notification listener. A crash in any supervised task stops
 the process (Kubernetes restarts it); SIGTERM/SIGINT only set a flag: no new round starts, the
 running one gets the grace period, the Lease is released so a standby takes over at once, pools
 close, exit 0. A second signal exits at once. The Lease is released on every way out (a crashed
