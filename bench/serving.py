@@ -37,12 +37,13 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse bench/scrape.py's round.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.scrape import round_of
 from convergerd.api.server import STATUS_VIEWS, Views, server_options
-from convergerd.config import load_settings
+from convergerd.config import STATUS_MAX_CLUSTERS_DEFAULT, load_settings
 from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
@@ -81,11 +82,13 @@ def fed(clusters: int, policies: int) -> tuple[StatusState, Metrics]:
     return state, metrics
 
 
-def views_of(state: StatusState, metrics: Metrics, reads_per_s: float) -> Views:
+def views_of(state: StatusState, metrics: Metrics, reads_per_s: float,
+             max_clusters: int = STATUS_MAX_CLUSTERS_DEFAULT) -> Views:
     settings = load_settings({
         "CONVERGERD_DATABASE_URL": "postgresql://bench@127.0.0.1:1/none",
         "CONVERGERD_LEADER_ELECTION": "false", "CONVERGERD_IDENTITY": "bench",
         "CONVERGERD_STATUS_READS_PER_SECOND": str(reads_per_s),
+        "CONVERGERD_STATUS_MAX_CLUSTERS": str(max_clusters),
     })
     return Views(metrics=metrics, state=state, store=NoDatabase(), settings=settings,
                  health=HealthCheck())
@@ -101,9 +104,13 @@ async def build_ms(views: Views, builds: int) -> dict[str, Any]:
         started = time.perf_counter()
         text = views.metrics.render()
         scrape.append((time.perf_counter() - started) * 1000)
+    most = views.settings.status_max_clusters
+    page = await views.status(make_mocked_request("GET", f"/status?limit={most}"))
+    assert isinstance(page.body, bytes)
     return {"status_build_ms": {"median": round(statistics.median(status)),
                                 "min": round(min(status))},
-            "status_mb": round(len(body) / 1e6, 1),
+            "status_mb": round(len(body) / 1e6, 3),
+            "status_page_mb": round(len(page.body) / 1e6, 3),
             "metrics_render_ms": {"median": round(statistics.median(scrape)),
                                   "min": round(min(scrape))},
             "metrics_mb": round(len(text) / 1e6, 1)}
@@ -194,7 +201,7 @@ async def main_async(args: argparse.Namespace) -> None:
                                           args.metrics_every)))
         return
     state, metrics = fed(args.clusters, args.policies)
-    views = views_of(state, metrics, args.status_reads_per_second)
+    views = views_of(state, metrics, args.status_reads_per_second, args.status_max_clusters)
     print(json.dumps({"clusters": args.clusters, "policies": args.policies,
                       **await build_ms(views, args.builds)}), flush=True)
     if args.seconds > 0:
@@ -211,6 +218,10 @@ def main() -> None:
     parser.add_argument("--metrics-every", type=float, default=0.0,
                         help="one client polls /metrics this often (0: none)")
     parser.add_argument("--status-reads-per-second", type=float, default=1e6)
+    parser.add_argument("--status-max-clusters", type=int, default=STATUS_MAX_CLUSTERS_DEFAULT,
+                        help="CONVERGERD_STATUS_MAX_CLUSTERS: past it /status is a summary "
+                             "(default the setting's); a larger value builds the whole document "
+                             "(as before the summary existed)")
     parser.add_argument("--client-of", help=argparse.SUPPRESS)
     asyncio.run(main_async(parser.parse_args()))
 

@@ -26,10 +26,17 @@ INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
 # A list page of 500 Policies is ~1 MiB; 16 MiB leaves room for large rules.
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 2**20
 ONCE_ENV = "Policies__ConvergeOnce"
+# The operator's workload cache: ~25,000 ordinary pods; its memory limit in deploy/operator
+# follows from it (docs/operations.md).
+DEFAULT_OPERATOR_CACHE_MAX_BYTES = 64 * 2**20
+OPERATOR_CACHE_MIN_BYTES = 256 * 1024
 IMPORT_MAX_BYTES_DEFAULT = 4 * 1024 * 1024
 # Who connects: Prometheus, kubelet probes, module-policies saving, a few admins. 256 is far
 # more than they need and a small share of a 1,024-descriptor limit.
 HTTP_MAX_CONNECTIONS_DEFAULT = 256
+# A /status listing every cluster costs ~0.5 KB per cluster (bench/RESULTS.md): up to this many
+# it stays a body a terminal, jq or a dashboard reads whole; past it, a summary and pages.
+STATUS_MAX_CLUSTERS_DEFAULT = 1000
 
 
 def _bool(value: str) -> bool:
@@ -52,6 +59,13 @@ def _positive_int(value: str) -> int:
     number = int(value)
     if number <= 0:
         raise ValueError("expected a whole number greater than 0")
+    return number
+
+
+def _cache_bytes(value: str) -> int:
+    number = int(value)
+    if number < OPERATOR_CACHE_MIN_BYTES:
+        raise ValueError(f"expected a whole number of at least {OPERATOR_CACHE_MIN_BYTES}")
     return number
 
 
@@ -156,6 +170,11 @@ SETTINGS: tuple[Setting, ...] = (
             "second by this replica, in bursts of twice that; more are answered 429 with "
             "Retry-After at once, so readers cannot slow the round (health and metrics are "
             "never limited)"),
+    Setting("status_max_clusters", "CONVERGERD_STATUS_MAX_CLUSTERS",
+            "--status-max-clusters", _positive_int, str(STATUS_MAX_CLUSTERS_DEFAULT),
+            "GET /status lists every cluster of a fleet up to this many; past it, counts and "
+            "the worst 100 clusters (a body that does not grow with the fleet), and every "
+            "cluster in pages of at most this many (?limit=&after=)"),
     Setting("http_max_connections", "CONVERGERD_HTTP_MAX_CONNECTIONS",
             "--http-max-connections", _positive_int, str(HTTP_MAX_CONNECTIONS_DEFAULT),
             "HTTP connections open at once; at the cap a new connection closes the one idle "
@@ -266,6 +285,12 @@ OPERATOR_SETTINGS: tuple[Setting, ...] = (
     Setting("operator_probe_delay_s", "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS",
             "--operator-probe-delay-seconds", _positive_float, "10",
             "seconds from a policy becoming Enforcing to its first probe (under a minute)"),
+    Setting("operator_cache_max_bytes", "CONVERGERD_OPERATOR_CACHE_MAX_BYTES",
+            "--operator-cache-max-bytes", _cache_bytes, str(DEFAULT_OPERATOR_CACHE_MAX_BYTES),
+            "bytes the audit's workload cache may hold (at least 262144); past it objects are "
+            "not cached and the audits of their boundaries say incomplete, naming the "
+            "namespaces holding the most. The operator's memory limit follows from it "
+            "(docs/operations.md)"),
 )
 OPERATOR_SHARED_KEYS = (
     "kubeconfig", "allow_insecure_clusters", "leader_election", "identity",
@@ -359,6 +384,7 @@ class Settings:
     import_max_bytes: int
     saves: Saves = field(default_factory=Saves)
     status_reads_per_s: float = 20.0
+    status_max_clusters: int = STATUS_MAX_CLUSTERS_DEFAULT
     probe_period_s: float = 10.0
     operator_probe_period_s: float = 600.0  # the operators' enforcement probe period
     http: HttpLimits = field(default_factory=HttpLimits)
@@ -481,6 +507,7 @@ def load_settings(
                     removal_guard_share=v["removal_guard_share"]),
         import_max_bytes=v["import_max_bytes"],
         status_reads_per_s=v["status_reads_per_s"],
+        status_max_clusters=v["status_max_clusters"],
         probe_period_s=v["probe_period_s"],
         operator_probe_period_s=v["operator_probe_minutes"] * 60.0,
         http=_http_limits(v),
@@ -561,6 +588,7 @@ class OperatorSettings:
     log_level: str
     log_format: str
     http: HttpLimits = field(default_factory=HttpLimits)
+    cache_max_bytes: int = DEFAULT_OPERATOR_CACHE_MAX_BYTES
 
 
 def load_operator_settings(
@@ -603,6 +631,7 @@ def load_operator_settings(
         log_level=v["log_level"],
         log_format=v["log_format"],
         http=_http_limits(v),
+        cache_max_bytes=v["operator_cache_max_bytes"],
     )
     _check_election(settings.election)
     _check_logging(settings.log_level, settings.log_format)

@@ -1,7 +1,8 @@
 """The one place that wires the components and supervises their tasks.
 
-Tasks: the elector (Lease), the round loop, the reachability prober, the health heartbeat,
-the HTTP server and the database notification listener. A crash in any supervised task stops
+Tasks: the shard set (the Leases; one, the configured Lease, by default), a round loop per
+shard, the reachability prober, the health heartbeat, the HTTP server and the database
+notification listener. A crash in any supervised task stops
 the process (Kubernetes restarts it); SIGTERM/SIGINT only set a flag: no new round starts, the
 running one gets the grace period, the Lease is released so a standby takes over at once, pools
 close, exit 0. A second signal exits at once. The Lease is released on every way out (a crashed
@@ -16,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import signal
 from collections.abc import Callable, Collection
 from contextlib import AsyncExitStack
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 
@@ -37,17 +37,15 @@ from convergerd.core.errors import (
     NoCredentials,
 )
 from convergerd.core.report import RoundReport, RoundResult
-from convergerd.core.shards import shard_lease_name
 from convergerd.core.shown import describe
 from convergerd.delivery.apply import StopFence, Unfenced
 from convergerd.delivery.fanout import FanoutEnv, Saver, fanout_env
 from convergerd.delivery.listener import Listener
-from convergerd.delivery.rounds import RoundLoop, database_retrying, shard_fleet
+from convergerd.delivery.rounds import RoundLoop, database_retrying
 from convergerd.delivery.spread import Peers
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
-from convergerd.leader.elector import Elector, Leadership, NoElection
 from convergerd.leader.lease import Fence
-from convergerd.leader.shards import ShardSet, ShardView
+from convergerd.leader.shards import Shard, ShardSet, ShardView
 from convergerd.status.metrics import FanoutMetrics, Metrics, ReadinessMetrics
 from convergerd.status.probe import Answers, Prober
 from convergerd.status.state import StatusState
@@ -63,16 +61,6 @@ EXIT_NOT_CONVERGED = 1
 
 # The database sync of the live status (every replica): at most this long between passes.
 STATUS_SYNC_PERIOD_S = 30.0
-
-
-class _Coordinator(Protocol):
-    """The single Lease's elector or the shard set: what the runtime runs and releases."""
-
-    async def run(self) -> None: ...
-    async def release(self) -> None: ...
-    def problem(self) -> str | None: ...
-    def unreachable(self) -> str | None: ...
-    def stalled(self) -> str | None: ...
 
 
 class Daemon:
@@ -104,8 +92,8 @@ class Daemon:
         self.prober: Prober | None = None
         self.answers: Answers | None = None  # set by main(): requests answered, saves expected
         self._released = False
-        self.rounds: RoundLoop | None = None  # set by main(): the loop of shard 0
-        self.loops: list[RoundLoop] = []  # one, or one per shard
+        self.rounds: RoundLoop | None = None  # set by main(): the loop of the leader's shard
+        self.loops: list[RoundLoop] = []  # one per shard
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -179,16 +167,12 @@ class Daemon:
             stack.push_async_callback(registry.close)
             self.registry = registry
             shardset = self._shardset(registry)
-            elector: Leadership = shardset.electors[0] if shardset else self._elector(registry)
-            coordinator: _Coordinator = shardset or elector
-            # Pushed after `registry.close`, so it runs before: the Lease is written through
+            # Pushed after `registry.close`, so it runs before: the Leases are written through
             # the registry's home client. Runs on every way out of this block.
-            stack.push_async_callback(self._release, coordinator)
+            stack.push_async_callback(self._release, shardset)
 
-            # With shards, the holder of shard 0 is the one replica that fans notifications
-            # out (once per change) and whose Lease fences those saves.
-            peers = self._peers(store, registry, elector, shardset)
-            saver = self._saver(store, registry, elector, peers)
+            peers = self._peers(store, registry, shardset)
+            saver = self._saver(store, registry, shardset, peers)
             if not s.rounds.once:
                 runner = await self._start_http(store, saver)
                 stack.push_async_callback(runner.cleanup)
@@ -206,7 +190,7 @@ class Daemon:
             self.prober = prober
             async with asyncio.TaskGroup() as tg:
                 supervised = [
-                    tg.create_task(coordinator.run(), name="elector"),
+                    tg.create_task(shardset.run(), name="elector"),
                     tg.create_task(self.health.heartbeat(), name="heartbeat"),
                 ]
                 if not s.rounds.once:
@@ -215,61 +199,53 @@ class Daemon:
                         sync.run(self._status_sync_period_s(), wait_first=True),
                         name="status sync"))
                     supervised.append(tg.create_task(
-                        self._listener(saver, elector).run(), name="notify listener"))
+                        self._listener(saver, shardset).run(), name="notify listener"))
                     if peers is not None:
                         supervised.append(tg.create_task(peers.run(), name="save parts"))
                 self.health.watch(supervised)
-                self.loops = self._round_loops(store, registry, elector, shardset)
-                self.rounds = self.loops[0]
+                self.loops = [self._round_loop(store, registry, shard) for shard in shardset.each]
+                self.rounds = self.loops[shardset.leader.index]
                 # Alive is not working: a loop can run and be stuck (see `supervise`). What a
                 # restart cannot fix takes the replica out of service instead (readiness).
-                self.health.check(coordinator.problem, *(loop.problem for loop in self.loops))
-                self.health.ready_check("lease_unreachable", coordinator.unreachable)
-                self.health.ready_check("lease_stalled", coordinator.stalled)
+                self.health.check(shardset.problem, *(loop.problem for loop in self.loops))
+                self.health.ready_check("lease_unreachable", shardset.unreachable)
+                self.health.ready_check("lease_stalled", shardset.stalled)
                 await asyncio.gather(*(loop.run() for loop in self.loops))
-                await self._release(coordinator)  # at once: a standby takes over sooner
+                await self._release(shardset)  # at once: a standby takes over sooner
                 for task in supervised:
                     task.cancel()
         return self._exit_code()
 
-    def _shardset(self, registry: ClusterRegistry) -> ShardSet | None:
-        """With `CONVERGERD_SHARDS` > 1: the shard Leases, the membership and the plan."""
-        e = self.settings.election
-        if e.shards <= 1:
-            return None
-        return ShardSet(registry.home_lease(e.home_context), e, once=self.settings.rounds.once,
-                        on_change=self._shards_changed)
-
-    def _round_loops(self, store: Store, registry: ClusterRegistry, elector: Leadership,
-                     shardset: ShardSet | None) -> list[RoundLoop]:
-        """One round loop, or one per shard: each runs under its own Lease, on its clusters."""
+    def _shardset(self, registry: ClusterRegistry) -> ShardSet:
+        """The shards' Leases (`CONVERGERD_SHARDS`; one, the configured Lease, by default)."""
         s = self.settings
+        e = s.election
+        if not e.enabled:
+            log.warning(
+                "LEADER ELECTION IS OFF (CONVERGERD_LEADER_ELECTION=false): run exactly one "
+                "replica, or two replicas will write at once"
+            )
+        # One cluster concurrency for the process, whatever number of shards it holds (one
+        # shard runs one round at a time: the round's own slots are the process's).
+        slots = asyncio.Semaphore(s.rounds.cluster_concurrency) if e.shards > 1 else None
+        return ShardSet(registry.home_lease(e.home_context) if e.enabled else None, e,
+                        once=s.rounds.once, on_change=self._shards_changed, slots=slots)
 
-        def loop(elector: Leadership, **shard: Any) -> RoundLoop:
-            return RoundLoop(
-                settings=s, store=store, clusters=registry, elector=elector,
-                metrics=self.metrics, state=self.state, stopping=self.stopping,
-                identity=self.identity, follow=self._follow_database, guard=store, **shard)
-
-        if shardset is None:
-            return [loop(elector)]
-        shards = shardset.shards
-        # One cluster concurrency for the process, whatever number of shards it holds.
-        slots = asyncio.Semaphore(s.rounds.cluster_concurrency)
-        return [loop(shard_elector, shard=k, lease=shard_lease_name(k), slots=slots,
-                     round_lock=shardset.round_locks[k],
-                     select=functools.partial(shard_fleet, shard=k, shards=shards))
-                for k, shard_elector in enumerate(shardset.electors)]
+    def _round_loop(self, store: Store, registry: ClusterRegistry, shard: Shard) -> RoundLoop:
+        """A shard's round loop: under its Lease, on its clusters."""
+        return RoundLoop(
+            settings=self.settings, store=store, clusters=registry, shard=shard,
+            metrics=self.metrics, state=self.state, stopping=self.stopping,
+            identity=self.identity, follow=self._follow_database, guard=store)
 
     def _shards_changed(self, view: ShardView) -> None:
-        """The shard set tells; status is written here (the metrics read it)."""
+        """The shard set tells; status is written here (the metrics read it), never on a
+        read."""
         self.state.set_shards(holders=view.holders, held=view.held, members=view.members,
                               share=view.share)
-        # "The leader" stays one replica: the holder of shard 0, which also fans notifications
-        # out; so `convergerd_is_leader` and the alerts built on it keep their meaning.
-        self.state.set_leader(0 in view.held, view.holders[0] or None)
+        self.state.set_leader(view.leading, view.leader)
 
-    async def _release(self, elector: _Coordinator) -> None:
+    async def _release(self, shardset: ShardSet) -> None:
         """Release the Lease (if held), bounded in time: a wait for a renewal in flight and
         two requests. Once per process (the exit path calls it again). Never raises: the process
         is on its way out, and an unreleased Lease only costs the standby the lease duration."""
@@ -279,7 +255,7 @@ class Daemon:
         bound = 3 * self.settings.election.request_timeout_s + 1.0
         try:
             async with asyncio.timeout(bound):
-                await elector.release()
+                await shardset.release()
         except Exception as exc:
             log.warning("could not release the Lease within %.1f s: %s", bound, describe(exc))
 
@@ -303,29 +279,13 @@ class Daemon:
                         log.error("not converged: cluster %s: %s", c.cluster, reason)
                 converged = False
         if len(self.loops) > 1:
-            ran = [loop.shard for loop in self.loops if loop.got_lease]
-            missed = [loop.shard for loop in self.loops if not loop.got_lease]
+            ran = [loop.shard.index for loop in self.loops if loop.got_lease]
+            missed = [loop.shard.index for loop in self.loops if not loop.got_lease]
             log.log(logging.ERROR if missed else logging.INFO,
                     "once: a round ran on shards %s; could not acquire shards %s (their "
                     "holders converge them)", ran or "none", missed or "none",
                     extra={"shards_run": ran, "shards_missed": missed})
         return EXIT_OK if converged else EXIT_NOT_CONVERGED
-
-    def _elector(self, registry: ClusterRegistry) -> Leadership:
-        e = self.settings.election
-        if not e.enabled:
-            log.warning(
-                "LEADER ELECTION IS OFF (CONVERGERD_LEADER_ELECTION=false): run exactly one "
-                "replica, or two replicas will write at once"
-            )
-            return NoElection(identity=self.identity, on_change=self._leadership_changed)
-        return Elector(
-            registry.home_lease(e.home_context), e, on_change=self._leadership_changed,
-        )
-
-    def _leadership_changed(self, is_leader: bool, holder: str | None) -> None:
-        """The elector tells; status is written here (the metrics read it), never on a read."""
-        self.state.set_leader(is_leader, holder)
 
     def _probe_targets(self, registry: ClusterRegistry) -> Callable[[], Any]:
         def targets() -> dict[str, Any]:
@@ -337,40 +297,41 @@ class Daemon:
 
         return targets
 
-    def _save_env(self, registry: ClusterRegistry, elector: Leadership) -> Callable[[], FanoutEnv]:
+    def _save_env(self, registry: ClusterRegistry, shardset: ShardSet) -> Callable[[], FanoutEnv]:
         """On the leader saves are fenced like rounds (its Lease bounds every write); a
         standby's are kept safe by the resourceVersion preconditions (never over a newer
         revision). Neither writes once the daemon is stopping."""
+        leader = shardset.leader.elector
 
         def env() -> FanoutEnv:
-            fence: Fence = elector.fence() if elector.is_leader() else Unfenced()
+            fence: Fence = leader.fence() if leader.is_leader() else Unfenced()
             return fanout_env(self.settings, registry, StopFence(fence, self.stopping),
                               self.metrics, expected=self.answers)
 
         return env
 
-    def _peers(self, store: Store, registry: ClusterRegistry, elector: Leadership,
-               shardset: ShardSet | None) -> Peers | None:
-        """With shards (not in `once`): a save's clusters are written by their shards' holders,
-        each under its shard's Lease (`delivery.spread`)."""
-        if shardset is None or self.settings.rounds.once:
+    def _peers(self, store: Store, registry: ClusterRegistry,
+               shardset: ShardSet) -> Peers | None:
+        """With more than one shard (not in `once`): a save's clusters are written by their
+        shards' holders, each under its shard's Lease (`delivery.spread`)."""
+        if shardset.shards == 1 or self.settings.rounds.once:
             return None
         assert self.settings.database_url is not None
-        return Peers(store=store, holding=shardset, env=self._save_env(registry, elector),
+        return Peers(store=store, holding=shardset, env=self._save_env(registry, shardset),
                      source=PgNotifications(self.settings.database_url), stopping=self.stopping)
 
-    def _saver(self, store: Store, registry: ClusterRegistry, elector: Leadership,
+    def _saver(self, store: Store, registry: ClusterRegistry, shardset: ShardSet,
                peers: Peers | None) -> Saver:
         """Saves run on any replica (see `_save_env`); with shards, spread over the holders."""
-        return Saver(store=store, env=self._save_env(registry, elector),
+        return Saver(store=store, env=self._save_env(registry, shardset),
                      observer=self.fanout_metrics, peers=peers,
                      guard_share=self.settings.saves.removal_guard_share)
 
-    def _listener(self, saver: Saver, elector: Leadership) -> Listener:
+    def _listener(self, saver: Saver, shardset: ShardSet) -> Listener:
         """Every replica listens; only the leader fans a notification out (once per change)."""
         assert self.settings.database_url is not None
         return Listener(source=PgNotifications(self.settings.database_url), saver=saver,
-                        leading=elector.is_leader, observer=self.fanout_metrics)
+                        leading=shardset.leader.elector.is_leader, observer=self.fanout_metrics)
 
     async def _start_http(self, store: Store, saver: Saver) -> web.AppRunner:
         s = self.settings

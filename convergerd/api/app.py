@@ -7,7 +7,7 @@ read.
 | `GET /healthz` | liveness: the loop turns, no supervised task ended, none is stuck |
 | `GET /readyz` | readiness: settings valid, election not blocked nor stalled, database answers |
 | `GET /metrics` | Prometheus text exposition of the process's own registry |
-| `GET /status` | JSON: identity, leader, rounds, clusters worst first, Unsupported roll-up |
+| `GET /status` | JSON: identity, leader, rounds, clusters worst first (paged), Unsupported |
 | `GET /v1/clusters/{id}` | that cluster's policies: delivered vs current revision, error, phase |
 | `GET /v1/policies/{id}/status` | that policy per cluster: revisions, error, phase; its deletion |
 | `POST /v1/policies/{id}/apply` | save: bearer token required |

@@ -11,6 +11,7 @@ from typing import Any
 from convergerd import __version__
 from convergerd.core.model import POLICY_ID_MAX_LEN
 from convergerd.core.report import FanoutResult, FanoutStatus
+from convergerd.status.listing import FLEET_COUNTS, UNSUPPORTED_LISTED, WORST_LISTED
 
 JSON = "application/json"
 # The id patterns the handlers check (`model.check_policy_id`, `model.check_cluster_id`).
@@ -157,9 +158,39 @@ _SCHEMAS: dict[str, Any] = {
                             "held_by": {"type": "array", "items": {"type": "string"},
                                         "description": "the first five, by id"}}}}}},
             "clusters": {"type": "array", "items": _ref("ClusterSummary"),
-                         "description": "worst first"},
-            "unsupported_by_version": {"type": "object", "additionalProperties": {
-                "type": "array", "items": {"type": "string"}}},
+                         "description": "worst first: every cluster, or past "
+                                        "CONVERGERD_STATUS_MAX_CLUSTERS (default 1000) the "
+                                        f"worst {WORST_LISTED}; on a page, the page's clusters "
+                                        "by id (see `listing`)"},
+            "fleet": {
+                "type": "object",
+                "description": "counts over every cluster, listed or not: unreached "
+                               "(reachable false), unchecked (never probed), failing (reached, "
+                               "with an error or a failed policy), lagging (lag over "
+                               "stale_after_seconds), in_sync (reached, nothing failing, every "
+                               "desired policy in sync), unsupported, orphaned",
+                "properties": {k: {"type": "integer"} for k in FLEET_COUNTS}},
+            "listing": {
+                "type": "object",
+                "description": "which clusters `clusters` lists and where the rest are",
+                "properties": {
+                    "complete": {"type": "boolean",
+                                 "description": "every cluster is in `clusters`"},
+                    "order": {"type": "string", "enum": ["worst_first", "id"]},
+                    "listed": {"type": "integer"},
+                    "after": {**_NULLABLE_STRING,
+                              "description": "the page's `after` (null: not a page, or "
+                                             "the first)"},
+                    "next": {**_NULLABLE_STRING,
+                             "description": "the relative URL of the next page (a summary: "
+                                            "the first page); null: nothing follows"}}},
+            "unsupported_by_version": {
+                "type": "object",
+                "description": "Unsupported clusters by Kubernetes version; past "
+                               "CONVERGERD_STATUS_MAX_CLUSTERS at most "
+                               f"{UNSUPPORTED_LISTED} named in all (`fleet.unsupported` "
+                               "counts them)",
+                "additionalProperties": {"type": "array", "items": {"type": "string"}}},
             "audit": {
                 "type": "object",
                 "description": "the operators' audits over the fleet, and the policies whose "
@@ -356,7 +387,24 @@ _PATHS: dict[str, Any] = {
     "/status": {"get": {
         "summary": "the replica's view of the fleet: leader, rounds, clusters worst first "
                    "(built once for many requests: see `now`)",
-        "responses": {"200": _answer("status", "Status"), "429": _SHED}}},
+        "description": "Lists every cluster up to CONVERGERD_STATUS_MAX_CLUSTERS (default "
+                       f"1000); past it, the fleet's counts and the worst {WORST_LISTED}, "
+                       "a body that does not grow with the fleet. With `limit` or `after`, "
+                       "a page of the clusters in id order under the same head: follow "
+                       "`listing.next` from the document to walk every cluster once.",
+        "parameters": [
+            {"name": "limit", "in": "query", "required": False,
+             "description": "a page of at most this many clusters (default and most: "
+                            "CONVERGERD_STATUS_MAX_CLUSTERS)",
+             "schema": {"type": "integer", "minimum": 1}},
+            {"name": "after", "in": "query", "required": False,
+             "description": "the page's clusters have ids after this one (the last id of "
+                            "the page before)",
+             "schema": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63}}],
+        "responses": {"200": _answer("status", "Status"),
+                      "400": _answer("`limit` or `after` is not a valid value (the message "
+                                     "names it)"),
+                      "429": _SHED}}},
     "/openapi.json": {"get": {
         "summary": "this document", "responses": {"200": {
             "description": "OpenAPI 3",

@@ -71,8 +71,19 @@ from convergerd.core.model import (
 from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
 from convergerd.core.shown import SHOWN_MAX_CHARS, describe, shown
 from convergerd.ratelimit import TokenBucket
+from convergerd.status.listing import (
+    UNSUPPORTED_LISTED,
+    WORST_LISTED,
+    FleetTally,
+    Page,
+    bounded_unsupported,
+    listing,
+    page_ids,
+    page_request,
+    page_url,
+)
 from convergerd.status.metrics import CONTENT_TYPE, Metrics
-from convergerd.status.phases import age_s
+from convergerd.status.phases import age_s, stale_after_s
 from convergerd.status.state import (
     PolicyRecord,
     StatusState,
@@ -510,6 +521,21 @@ class Built:
         return self.young(now) or (version == self.version and now - self.at <= STATUS_REUSE_S)
 
 
+@dataclass(frozen=True, slots=True)
+class StatusBuilt(Built):
+    """A `/status` body, and what its pages reuse: the document but its listing and clusters
+    (`head`, an unclosed JSON object), the state's time it was built at, every id in order."""
+
+    head: bytes
+    now: dt.datetime
+    ids: Sequence[ClusterId]
+
+
+def _status_body(head: bytes, shown_listing: Mapping[str, Any], pieces: list[bytes]) -> bytes:
+    return b"".join((head, b',"listing":', json_bytes(shown_listing), b',"clusters":[',
+                     b",".join(pieces), b"]}"))
+
+
 class Views:
     """The handlers that only read: health, readiness, metrics, status, the OpenAPI document."""
 
@@ -532,8 +558,8 @@ class Views:
         self.health = health
         self.db_gate = asyncio.Semaphore(STATUS_DB_CONCURRENCY)
         self.clock = clock
-        self._status_built: Built | None = None
-        self._status_building: asyncio.Task[Built] | None = None
+        self._status_built: StatusBuilt | None = None
+        self._status_building: asyncio.Task[StatusBuilt] | None = None
         self._metrics_built: Built | None = None
         self.status_slice = STATUS_SLICE_CLUSTERS
         self.db_timeout_s = STATUS_DB_TIMEOUT_S
@@ -629,7 +655,13 @@ class Views:
             return f"the database did not answer within {self.db_timeout_s:g} s"
         return describe(exc)
 
-    async def status(self, _: web.Request) -> web.Response:
+    async def status(self, request: web.Request) -> web.Response:
+        """The document (every cluster, or past `status_max_clusters` a summary), or with
+        `?limit=&after=` a page of it (`convergerd.status.listing`)."""
+        try:
+            page = page_request(request.query, self.settings.status_max_clusters)
+        except RuleError as exc:
+            return error_response(400, str(exc), reason="query")
         built = self._status_built
         if built is None or not built.fresh(self.clock(), self.state.version):
             if self._status_building is None:
@@ -639,25 +671,54 @@ class Views:
             # Requests arriving during a build wait for that one; a request that goes away
             # does not stop it.
             built = await asyncio.shield(self._status_building)
-        return web.Response(body=built.body, content_type="application/json")
+        body = built.body if page is None else await self._status_page(built, page)
+        return web.Response(body=body, content_type="application/json")
 
-    async def _build_status(self) -> Built:
+    async def _status_page(self, built: StatusBuilt, page: Page) -> bytes:
+        """`page` of the clusters in id order, under the head of `built` (its `now`, counts,
+        roll-ups): built per request, at most `status_max_clusters` summaries, in slices."""
+        ids, more = page_ids(built.ids, page)
+        self._charge(len(ids))
+        state = self.state
+        pieces: list[bytes] = []
+        listed = 0
+        for start in range(0, len(ids), self.status_slice):
+            await asyncio.sleep(0)
+            summaries = [state.cluster_summary(c, built.now)
+                         for cid in ids[start:start + self.status_slice]
+                         if (c := state.clusters.get(cid)) is not None]  # not removed since
+            listed += len(summaries)
+            if summaries:
+                pieces.append(json_bytes(summaries)[1:-1])
+        following = page_url(page.limit, ids[-1]) if more else None
+        shown_listing = listing(order="id", listed=listed, after=page.after,
+                                complete=page.after is None and not more, following=following)
+        return _status_body(built.head, shown_listing, pieces)
+
+    async def _build_status(self) -> StatusBuilt:
         try:
             built = self._status_built = await self.build_status()
             return built
         finally:
             self._status_building = None
 
-    async def build_status(self) -> Built:
+    async def build_status(self) -> StatusBuilt:
         """The `/status` document (`StatusState.snapshot`, and this server's version and
         database), built in slices of `status_slice` clusters with the loop free between them,
         each slice encoded as it is made. A body thus shows the state as it was during its
-        build, from when it began (its `now`)."""
+        build, from when it began (its `now`). Past `status_max_clusters` clusters, a summary:
+        every cluster counted, the worst `WORST_LISTED` listed, `UNSUPPORTED_LISTED` named
+        (fewer under a lower threshold)."""
         state, clock = self.state, self.clock
         began = clock()
         version, now = state.version, state.clock()
         order = state.sorted_clusters(now)
+        ids = state.cluster_ids()  # the pages' order
         cost = clock() - began
+        most = self.settings.status_max_clusters
+        complete = len(order) <= most
+        listed = len(order) if complete else min(WORST_LISTED, most)
+        counted = FleetTally(stale_after_s(state.interval_s))
         pieces: list[bytes] = []
         unsupported: list[tuple[str, str | None]] = []
         for start in range(0, len(order), self.status_slice):
@@ -665,15 +726,24 @@ class Views:
             sliced = clock()
             summaries = [state.cluster_summary(c, now)
                          for c in order[start:start + self.status_slice]]
+            counted.add(summaries)
             unsupported.extend(unsupported_of(summaries))
-            pieces.append(json_bytes(summaries)[1:-1])
+            if start < listed:
+                pieces.append(json_bytes(summaries[:listed - start])[1:-1])
             cost += clock() - sliced
         await asyncio.sleep(0)
         sliced = clock()
         head = {**state.snapshot_head(now, unsupported), "version": __version__,
-                "database": self._database(state.sync_error)}
-        body = b"".join((json_bytes(head)[:-1], b',"clusters":[', b",".join(pieces), b"]}"))
-        return Built(version, began, clock() - sliced + cost, body)
+                "database": self._database(state.sync_error), "fleet": counted.counts}
+        if not complete:
+            head["unsupported_by_version"] = bounded_unsupported(
+                head["unsupported_by_version"], min(UNSUPPORTED_LISTED, most))
+        head_bytes = json_bytes(head)[:-1]
+        shown_listing = listing(order="worst_first", listed=listed, complete=complete,
+                                following=None if complete else page_url(most))
+        body = _status_body(head_bytes, shown_listing, pieces)
+        return StatusBuilt(version, began, clock() - sliced + cost, body,
+                           head=head_bytes, now=now, ids=ids)
 
     async def cluster(self, request: web.Request) -> web.Response:
         cluster = cluster_id_of(request)

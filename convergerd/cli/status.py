@@ -2,7 +2,10 @@
 
 Clusters are listed worst first (unreached, never checked, failing, then by lag), under a header
 saying which replica answered, who leads, and the last and next round. Any replica can answer:
-standbys read the leader's records from the database.
+standbys read the leader's records from the database. Past the daemon's
+CONVERGERD_STATUS_MAX_CLUSTERS the answer lists only the worst clusters, with the fleet's counts
+(said under the table); `--all` walks the pages of every cluster (`?limit=&after=`) and lists
+them all.
 
 Exit codes: 0 status shown; 2 the daemon could not be reached or did not answer with status.
 """
@@ -38,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=10.0,
                         help="seconds to wait for the answer (default 10)")
     parser.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    parser.add_argument("--all", action="store_true",
+                        help="list every cluster of a fleet the daemon summarises (past its "
+                             "CONVERGERD_STATUS_MAX_CLUSTERS), reading it page by page")
 
 
 def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -48,6 +54,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         addr = f"http://{addr}"
     try:
         doc = fetch_status(addr, timeout_s=float(args.timeout))
+        if args.all:
+            doc = with_every_cluster(doc, addr, timeout_s=float(args.timeout))
     except StatusUnavailable as exc:
         err.write(f"convergerd status: {exc}\n")
         return EXIT_UNREACHABLE
@@ -75,11 +83,12 @@ def _retry_after(exc: urllib.error.HTTPError) -> int | None:
 
 
 def fetch_status(
-    addr: str, *, timeout_s: float, max_bytes: int = MAX_STATUS_BYTES
+    addr: str, *, timeout_s: float, max_bytes: int = MAX_STATUS_BYTES, path: str = "/status"
 ) -> dict[str, Any]:
-    """`/status` of the daemon at `addr`, read up to `max_bytes`. A daemon shedding status
-    reads (429) is asked again after its Retry-After, while that fits in `timeout_s`."""
-    url = f"{addr}/status"
+    """`path` (`/status`, or one of its pages) of the daemon at `addr`, read up to
+    `max_bytes`. A daemon shedding status reads (429) is asked again after its Retry-After,
+    while that fits in `timeout_s`."""
+    url = f"{addr}{path}"
     if not url.startswith(("http://", "https://")):
         raise StatusUnavailable(f"{addr} is not an http(s) address")
     deadline = time.monotonic() + timeout_s
@@ -102,6 +111,34 @@ def fetch_status(
     if not isinstance(doc, dict):
         raise StatusUnavailable(f"{url} did not answer with a status document")
     return doc
+
+
+def with_every_cluster(doc: dict[str, Any], addr: str, *, timeout_s: float) -> dict[str, Any]:
+    """`doc` with every cluster, when it lists only some: its `listing.next` page, and each
+    page's next, until the last (each page read within `timeout_s`). A walk is bounded: at most
+    twice the clusters the fleet counted (clusters may join during the walk), never a loop."""
+    listing = doc.get("listing")
+    if not isinstance(listing, Mapping) or listing.get("complete") is not False:
+        return doc  # every cluster already, or a daemon that does not page
+    counted = (doc.get("fleet") or {}).get("clusters")
+    most = 2 * counted + 1 if isinstance(counted, int) else 0
+    clusters: list[Any] = []
+    path = listing.get("next")
+    while path is not None:
+        if not isinstance(path, str) or not path.startswith("/status?"):
+            raise StatusUnavailable(f"{addr}/status gave no page to read next: "
+                                    f"{shown(path, style='text')}")
+        page = fetch_status(addr, timeout_s=timeout_s, path=path)
+        listed = page.get("clusters")
+        if not isinstance(listed, list) or not isinstance(page.get("listing"), Mapping):
+            raise StatusUnavailable(f"{addr}{path} did not answer with a page of clusters")
+        clusters.extend(listed)
+        if len(clusters) > most:
+            raise StatusUnavailable(f"{addr}/status pages list more than {most} clusters, "
+                                    f"twice the {counted} it counted")
+        path = page["listing"].get("next")
+    return {**doc, "clusters": clusters,
+            "listing": {**listing, "complete": True, "listed": len(clusters), "next": None}}
 
 
 def _get(addr: str, url: str, *, timeout_s: float, max_bytes: int) -> bytes:
@@ -359,11 +396,27 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
         for c in clusters
     )
     lines.extend(_table(rows))
+    lines.append("")
+    lines.extend(_fleet_lines(doc, clusters))
+    lines.extend(_audit_lines(doc.get("audit")))
+    return "\n".join(lines) + "\n"
+
+
+def _fleet_lines(doc: Mapping[str, Any], clusters: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The counts under the table: the fleet's (the daemon's `fleet`) when the answer lists
+    only the worst clusters, else counted from the list."""
+    fleet = doc.get("fleet")
+    listing = doc.get("listing")
+    if isinstance(fleet, Mapping) and isinstance(listing, Mapping) \
+            and listing.get("complete") is False:
+        def n(key: str) -> object:
+            return fleet.get(key, "?")
+        return [f"{n('clusters')} clusters: {n('unreached')} unreached, {n('failing')} "
+                f"reached but failing, {n('lagging')} lagging, {n('in_sync')} in sync",
+                f"the {len(clusters)} worst listed (past the daemon's "
+                "CONVERGERD_STATUS_MAX_CLUSTERS); `convergerd status --all` lists every one"]
     down = sum(c.get("reachable") is False for c in clusters)
     failing = sum(c.get("reachable") is not False and (bool(c.get("last_error"))
                                                        or bool(c.get("failed")))
                   for c in clusters)
-    lines.append("")
-    lines.append(f"{len(clusters)} clusters: {down} unreached, {failing} reached but failing")
-    lines.extend(_audit_lines(doc.get("audit")))
-    return "\n".join(lines) + "\n"
+    return [f"{len(clusters)} clusters: {down} unreached, {failing} reached but failing"]

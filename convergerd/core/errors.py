@@ -136,6 +136,16 @@ class BadResponse(ClusterError):
     reason = "bad_response"
 
 
+class TooLarge(BadResponse):
+    """A successful answer larger than the response cap: `head` holds its first bytes (at most
+    the few KiB the caller asked for), so a list can still name and step past the one object
+    too large to read (`kube.listhead`)."""
+
+    def __init__(self, message: str, *, head: bytes = b"") -> None:
+        super().__init__(message)
+        self.head = head
+
+
 class NotJSON(ConvergerdError, ValueError):
     """Bytes or text that `decode.bounded_json` will not read: not JSON, or JSON past the
     decoder's bounds (nesting depth, integer digits, a non-finite number). The message says

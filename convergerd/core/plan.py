@@ -146,7 +146,9 @@ def audit(value: object) -> Audit:
     `MAX_AUDIT_VIOLATIONS`, `auditedAt` an RFC 3339 time and `cacheSynced` a boolean (all three
     required), `sample` at most `MAX_AUDIT_SAMPLE` objects of strings (`kind` and `name`
     required). Anything else is an unknown audit (violations None) with the field and value
-    as `problem`; strings are cleaned and capped."""
+    as `problem`; strings are cleaned and capped. An audit the operator says is `incomplete`
+    (some objects of the boundary not judged: its cache at its budget, or objects too large
+    to read) is read as not synced: its count may be partial, as an unsynced one's."""
     where = "status.audit"
     r = FieldReader()
     if not isinstance(value, Mapping):
@@ -173,7 +175,8 @@ def audit(value: object) -> Audit:
     problem = r.problem
     if problem is not None:
         return Audit(None, problem=problem)
-    return Audit(violations, audited_at, synced is True, None, sample)
+    whole = value.get("incomplete") is None
+    return Audit(violations, audited_at, synced is True and whole, None, sample)
 
 
 def _audit_sample(r: FieldReader, entry: object, where: str) -> AuditSample | None:

@@ -1,11 +1,13 @@
 """Shards: which clusters a Lease covers, and how many Leases each replica should hold. Pure.
 
-With `CONVERGERD_SHARDS` = S > 1 the fleet is split into S shards, shard k being the Lease
-`convergerd-shard-<k>`; a cluster belongs to one shard by a stable hash of its id, so adding or
-removing a cluster never moves another. Each replica renews a membership Lease
+The fleet is split into `CONVERGERD_SHARDS` = S shards, one Lease each (`shard_lease`): with
+S = 1 (the default) the Lease users configure, with S > 1 shard k is `convergerd-shard-<k>`.
+A cluster belongs to one shard by a stable hash of its id, so adding or removing a cluster
+never moves another. With S > 1 each replica renews a membership Lease
 `convergerd-member-<identity>`, so a replica that holds no shard yet (one that just joined) is
 counted too; every replica then computes the same fair share from the same Leases
 (`fair_shares`) and takes free shards up to its share or hands back the ones above it (`plan`).
+One shard needs none of that: whoever can take its Lease holds it.
 """
 
 from __future__ import annotations
@@ -30,10 +32,17 @@ def shard_of(cluster_id: str, shards: int) -> int:
 
 
 def shard_lease_name(k: int) -> str:
-    """The Lease of shard `k` (with more than one shard; one shard is the plain Lease)."""
+    """The Lease of shard `k` with more than one shard (`shard_lease` says which name)."""
     if k < 0:
         raise ValueError(f"a shard number is not negative, got {k}")
     return f"{SHARD_LEASE_PREFIX}{k}"
+
+
+def shard_lease(k: int, *, shards: int, single: str) -> str:
+    """The Lease of shard `k` among `shards`: the one Lease users configure (`single`,
+    `CONVERGERD_LEASE_NAME`) when there is one shard, so `CONVERGERD_SHARDS=1` is the single
+    Lease it always was; `convergerd-shard-<k>` with more."""
+    return single if shards == 1 else shard_lease_name(k)
 
 
 def member_lease_name(identity: str) -> str:

@@ -33,8 +33,8 @@ from convergerd.core.shards import shard_of
 from convergerd.delivery.apply import ClusterSource, StopFence, cluster_calls
 from convergerd.delivery.converge import Round, RoundLimits, WriteGuard, run_round
 from convergerd.eventloop import SLICE_S, Pacer
-from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
+from convergerd.leader.shards import Shard
 from convergerd.retry import BackoffWait, RetryObserver, StopBefore
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
@@ -89,7 +89,10 @@ def invalid_to_log(
 
 def shard_fleet(fleet: Fleet, *, shard: int, shards: int) -> Fleet:
     """The part of `fleet` one shard's round works on: its clusters (`core.shards.shard_of`),
-    with every policy and boundary (a boundary's other clusters are simply not in it)."""
+    with every policy and boundary (a boundary's other clusters are simply not in it). The
+    one shard of one is the whole fleet, as it is."""
+    if shards == 1:
+        return fleet
     return dataclasses.replace(
         fleet, clusters=[c for c in fleet.clusters if shard_of(c.id, shards) == shard])
 
@@ -145,7 +148,8 @@ def round_env(
 
 
 class RoundLoop:
-    """`run()` until `stopping` is set (or, with `settings.rounds.once`, after one round).
+    """`run()` until `stopping` is set (or, with `settings.rounds.once`, after one round), on
+    one shard (`convergerd.leader.shards.Shard`): rounds under its Lease, on its clusters.
 
     `follow(clusters, policies=...)` is told each round's fleet before it runs, so everything
     the replica keeps per cluster and per policy follows the database."""
@@ -156,42 +160,30 @@ class RoundLoop:
         settings: Settings,
         store: RoundStore,
         clusters: Clients,
-        elector: Leadership,
+        shard: Shard,
         metrics: Metrics,
         state: StatusState,
         stopping: asyncio.Event,
         identity: str,
         follow: Callable[..., Awaitable[None]],
         guard: WriteGuard | None = None,
-        shard: int | None = None,
-        select: Callable[[Fleet], Fleet] | None = None,
-        round_lock: asyncio.Lock | None = None,
-        lease: str | None = None,
-        slots: asyncio.Semaphore | None = None,
     ) -> None:
         """`guard`: the database, asked at write time so a round never writes over a newer save
         nor re-creates a policy whose deletion began (see `converge`).
 
-        With shards (`convergerd.leader.shards`) there is one loop per shard: `select` keeps
-        the shard's clusters of the fleet (`follow` still gets the whole fleet), `round_lock`
-        is held while a round runs so a hand-back lets it finish first, `lease` names the
-        shard's Lease in messages, `slots` (one for the process) makes
-        `CONVERGERD_CLUSTER_CONCURRENCY` bound all the shard rounds together."""
+        `shard`: a round waits for its elector's term and writes under its fence, works on
+        its clusters of the fleet (`follow` still gets the whole fleet), holds its round lock
+        while it runs (a hand-back lets it finish first) and takes its `slots`."""
         self.settings = settings
         self.store = store
         self.clusters = clusters
-        self.elector = elector
+        self.shard = shard
         self.metrics = metrics
         self.state = state
         self.stopping = stopping
         self.identity = identity
         self.follow = follow
         self.guard = guard
-        self.shard = shard
-        self.select = select
-        self.round_lock = round_lock or asyncio.Lock()
-        self.lease = lease or settings.election.lease_name
-        self.slots = slots
         # `once`: whether the Lease was had (a round ran); False: it was not.
         self.got_lease: bool | None = None
         # The last round observed, without its per-policy details (`RoundReport.summary`).
@@ -241,7 +233,7 @@ class RoundLoop:
         loop = asyncio.get_running_loop()
         while not self.stopping.is_set():
             self._step(waiting=True)
-            leading = asyncio.ensure_future(self.elector.wait_leading())
+            leading = asyncio.ensure_future(self.shard.elector.wait_leading())
             waits: list[Awaitable[Any]] = [leading, self.stopping.wait()]
             if s.rounds.once:
                 # A `once` Job must not wait forever behind a running daemon: a dead holder's
@@ -255,14 +247,14 @@ class RoundLoop:
                 log.error(
                     "not converged: did not get the Lease %s within %g s: %s leads; "
                     "a round runs under one leader at a time",
-                    self.lease, s.election.lease_duration_s + s.election.renew_deadline_s,
-                    self.elector.leader or "another replica",
+                    self.shard.lease, s.election.lease_duration_s + s.election.renew_deadline_s,
+                    self.shard.elector.leader or "another replica",
                 )
                 self.got_lease = False
                 break
             epoch = leading.result()
-            async with self.round_lock:
-                if self.elector.epoch != epoch:
+            async with self.shard.round_lock:
+                if self.shard.elector.epoch != epoch:
                     continue  # handed back (or lost) while waiting for the lock
                 self.got_lease = True
                 self._step()
@@ -291,7 +283,7 @@ class RoundLoop:
         # Filled in as the round goes: a cancelled round still records what it did.
         progress = RoundReport(started_at=utc_now(), epoch=epoch)
         round_task = asyncio.create_task(self._one(epoch, progress))
-        lost = asyncio.ensure_future(self.elector.wait_lost(epoch))
+        lost = asyncio.ensure_future(self.shard.elector.wait_lost(epoch))
         stopping = asyncio.ensure_future(self.stopping.wait())
         try:
             await asyncio.wait({round_task, lost, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -331,15 +323,15 @@ class RoundLoop:
             [c.id for c in fleet.clusters],
             policies=[p.id for p in fleet.policies] + [p.id for p in fleet.invalid],
         )
-        if self.select is not None:
-            fleet = self.select(fleet)
+        fleet = shard_fleet(fleet, shard=self.shard.index, shards=self.shard.count)
         env = round_env(
-            s, self.clusters, StopFence(self.elector.fence(epoch), self.stopping), self.metrics,
+            s, self.clusters, StopFence(self.shard.elector.fence(epoch), self.stopping),
+            self.metrics,
             deadline_s=max(0.0, deadline - loop.time()), guard=self.guard,
             suspects=[c.id for c in self.state.clusters.values() if c.reachable is False],
             caught_up=[c.id for c in self.state.clusters.values() if c.caught_up],
             suspected=self._unreachable_now,
-            slots=self.slots,
+            slots=self.shard.slots,
         )
         try:
             report = await run_round(fleet, env, epoch=epoch, report=progress)
@@ -385,12 +377,12 @@ class RoundLoop:
         log.info(
             "round%s %s in %.1f s: %d clusters, %d converged, %d unreached; applied %d created, "
             "%d updated, %d failed; %d invalid policies%s",
-            "" if self.shard is None else f" of shard {self.shard}",
+            "" if self.shard.number is None else f" of shard {self.shard.number}",
             report.result.value, duration, counts["clusters"], counts["converged"],
             counts["unreached"], counts["created"], counts["updated"], counts["failed"],
             counts["invalid"], f"; {report.error}" if report.error else "",
             extra={"round_result": report.result.value, "round_counts": counts,
-                   "shard": self.shard},
+                   "shard": self.shard.number},
         )
 
     async def _record(self, report: RoundReport) -> None:

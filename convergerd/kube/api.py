@@ -22,6 +22,9 @@ class ObjectList:
     items: Sequence[KubeObject]
     resource_version: str
     requests: int  # how many pages it took
+    # Objects too large to read even alone (over the response cap), stepped past: stubs of
+    # `{"metadata": {"namespace", "name"}}`, so the caller can name them.
+    skipped: Sequence[KubeObject] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +145,12 @@ class WatchApi(Protocol):
     async def list_objects(self, resource: Resource, *, label_selector: str | None,
                            timeout_s: float,
                            transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           step_past: bool = False,
                            ) -> ObjectList:
         """Every object, following `continue` until the end; with `transform`, each item as
-        it returns (None: left out), one page at a time."""
+        it returns (None: left out), one page at a time. A page over the response cap is
+        asked again smaller; with `step_past`, an object too large alone is stepped past and
+        named in `skipped`."""
         ...
 
     def watch(self, resource: Resource, *, resource_version: str, label_selector: str | None,

@@ -76,6 +76,7 @@ from convergerd.core.errors import (
     NoCredentials,
     ObjectRejected,
     Superseded,
+    TooLarge,
     classify_status,
 )
 from convergerd.core.model import ClusterId
@@ -91,6 +92,7 @@ from convergerd.core.render import (
 from convergerd.core.shown import shown
 from convergerd.kube.api import Applied, KubeObject, ObjectList, RequestObserver
 from convergerd.kube.kubeconfig import Credentials, read_token_file
+from convergerd.kube.listhead import HEAD_BYTES
 from convergerd.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,8 @@ BURST_KEEPALIVE_S = 2.0
 # An error answer is read up to this much (the rest is left unread and the connection
 # closed): its Status message is capped at MAX_MESSAGE_CHARS anyway.
 ERROR_BODY_MAX_BYTES = 64 * 1024
+# Of a success over the cap, this much is kept on the error (`TooLarge.head`).
+TOO_LARGE_HEAD_BYTES = HEAD_BYTES
 READ_CHUNK_BYTES = 2**20
 # What each kind of answer may cost (`decode.Cost`; the table in docs/design.md, "Cluster
 # answers"). `/version` is probed on every cluster by every replica: a few hundred bytes from
@@ -345,14 +349,15 @@ class _Answer:
 
 
 async def read_capped(
-    content: aiohttp.StreamReader, limit: int, *, keep_cut: bool = True
+    content: aiohttp.StreamReader, limit: int, *, keep_cut: bool = True, keep_head: int = 0
 ) -> tuple[bytes, bool]:
     """At most `limit` bytes of a body, read in chunks until the end of the body (its declared
     length, or the end of a chunked one) or the cap; True when there was more (left unread:
     the caller closes the connection). Over the cap, the first `limit` bytes are returned only
-    with `keep_cut` (else `b""`: nothing is joined for a body about to be refused). Memory
-    stays within twice `limit` (the chunks and the joined body) whatever the peer sends, and a
-    body trickled slowly is bounded by the request's timeout, not here. Every body read from
+    with `keep_cut` (else its first `keep_head` bytes: nothing more is joined for a body about
+    to be refused). Memory stays within twice `limit` (the chunks and the joined body)
+    whatever the peer sends, and a body trickled slowly is bounded by the request's timeout,
+    not here. Every body read from
     a cluster goes through this (a watch reader would read each event line with the same
     cap)."""
     chunks: list[bytes] = []
@@ -364,14 +369,20 @@ async def read_capped(
         chunks.append(chunk)
         size += len(chunk)
     if not keep_cut:
-        return b"", True
+        head = bytearray()
+        for chunk in chunks:
+            if len(head) >= keep_head:
+                break
+            head += chunk[: keep_head - len(head)]
+        return bytes(head), True
     chunks[-1] = chunks[-1][: len(chunks[-1]) - (size - limit)]  # one copy, not join + slice
     return b"".join(chunks), True
 
 
 async def read_lines_capped(content: aiohttp.StreamReader, limit: int) -> AsyncIterator[bytes]:
     """The newline-terminated lines of a streamed body (a watch: one JSON event per line), each
-    at most `limit` bytes: a longer one raises `BadResponse` without buffering more than
+    at most `limit` bytes: a longer one raises `TooLarge` (its first bytes kept: an event's
+    type, name and resourceVersion, `kube.listhead.event_head`) without buffering more than
     `limit` plus one chunk. Blank lines are skipped; an unterminated tail (the stream was cut
     mid-event) is dropped, as it cannot be a whole event."""
     buffer = bytearray()
@@ -385,8 +396,9 @@ async def read_lines_capped(content: aiohttp.StreamReader, limit: int) -> AsyncI
             if line.strip():
                 yield line
         if len(buffer) > limit:
-            raise BadResponse(f"watch event longer than {limit} bytes "
-                              "(CONVERGERD_MAX_RESPONSE_BYTES)")
+            raise TooLarge(f"watch event longer than {limit} bytes "
+                           "(CONVERGERD_MAX_RESPONSE_BYTES)",
+                           head=bytes(buffer[:TOO_LARGE_HEAD_BYTES]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -527,11 +539,10 @@ class ClusterClient:
                 raise BadResponse("list answer: metadata.continue: the same token again "
                                   "(the list would never end)")
             token = page.continue_token
-            if token is not None:
-                POLICY_LIST.check(pages=requests, items=len(items))
             if token is None:
                 return ObjectList(items=items, resource_version=page.resource_version,
                                   requests=requests)
+            POLICY_LIST.check(pages=requests, items=len(items))
 
     async def apply_policy(self, body: KubeObject, *, timeout_s: float) -> Applied:
         """A `metadata.resourceVersion` in `body` is a precondition: the object changed since
@@ -730,18 +741,20 @@ class ClusterClient:
                  else cap if cost.max_bytes is None else min(cost.max_bytes, cap))
         declared = response.content_length
         if not error and declared is not None and declared > limit:
+            head, _ = await read_capped(response.content, min(limit, TOO_LARGE_HEAD_BYTES))
             response.close()
-            raise _too_big(verb, status, limit, setting=limit == cap)
-        # An error answer's start is kept (its Status message); a success over the cap is
-        # refused, so nothing of it is kept.
-        body, cut = await read_capped(response.content, limit, keep_cut=error)
+            raise _too_big(verb, status, limit, head, setting=limit == cap)
+        # An error answer's start is kept (its Status message); of a success over the cap,
+        # only its head (a list's continue token and first item: `kube.listhead`).
+        body, cut = await read_capped(response.content, limit, keep_cut=error,
+                                      keep_head=TOO_LARGE_HEAD_BYTES)
         if cut:
             response.close()
             if not error:
                 # No local here may hold the exception: its traceback holds this frame, and
                 # that cycle (with whatever else the frame holds) would wait for a full
                 # collection, rare under `eventloop.tune_gc`.
-                raise _too_big(verb, status, limit, setting=limit == cap)
+                raise _too_big(verb, status, limit, body, setting=limit == cap)
         return _Answer(status, response.reason, response.headers, body, verb,
                        cost.max_containers)
 
@@ -872,9 +885,10 @@ class ClusterClient:
         raise http_error(answer.status, answer.reason, answer.headers, answer.body)
 
 
-def _too_big(verb: str, status: int, limit: int, *, setting: bool = True) -> BadResponse:
+def _too_big(verb: str, status: int, limit: int, head: bytes = b"", *,
+             setting: bool = True) -> TooLarge:
     source = "CONVERGERD_MAX_RESPONSE_BYTES" if setting else f"the budget of a {verb} answer"
-    return BadResponse(f"{verb} answer ({status}) larger than {limit} bytes ({source})")
+    return TooLarge(f"{verb} answer ({status}) larger than {limit} bytes ({source})", head=head)
 
 
 def _the_lease(answer: _Answer, namespace: str, name: str) -> KubeObject:

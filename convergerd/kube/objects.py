@@ -12,14 +12,22 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from convergerd.core.decode import ListBudget, list_page, same_object, watch_line
-from convergerd.core.errors import BadResponse, ClusterLevelError
+from convergerd.core.decode import (
+    MAX_TOKEN_CHARS,
+    ListBudget,
+    clean_text,
+    list_page,
+    same_object,
+    watch_line,
+)
+from convergerd.core.errors import BadResponse, ClusterLevelError, TooLarge
 from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchEvent
 from convergerd.kube.client import (
     APPLY_CONTENT_TYPE,
     LIST_PAGE_SIZE,
     ClusterClient,
 )
+from convergerd.kube.listhead import list_head
 
 # How much longer than the watch's own timeoutSeconds the client waits for the stream to end.
 WATCH_SLACK_S = 30.0
@@ -66,28 +74,57 @@ class ObjectClient:
                            timeout_s: float, namespace: str | None = None,
                            limit: int | None = None,
                            transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           step_past: bool = False,
                            ) -> ObjectList:
         """Every object (or the first `limit`), following `continue` until the end. With
         `transform`, each item is replaced as its page arrives (None: left out), so only one
-        page of full objects is held at a time."""
+        page of full objects is held at a time.
+
+        A page over the response cap (`TooLarge`) is asked again with half the limit, down to
+        one object; the limit doubles back after each page that fits. With `step_past`, one
+        object too large alone is stepped past with the `continue` token read from its
+        answer's first bytes (`kube.listhead`) and named in `skipped` (for a cache that says
+        what it misses; without it, or when those bytes cannot say where the list goes on,
+        the `TooLarge` is raised: a list that leaves an object out must not pass for whole)."""
         items: list[KubeObject] = []
+        skipped: list[KubeObject] = []
         token: str | None = None
         requests = 0
+        full = limit or self._page_size
+        size = full
+        version = ""  # every page of one list is at the first page's resourceVersion
         while True:
-            asked = limit or self._page_size
-            query = {"limit": str(asked)}
+            query = {"limit": str(size)}
             if label_selector:
                 query["labelSelector"] = label_selector
             if token:
                 query["continue"] = token
+            requests += 1
             try:
                 reply = await self._client.call("GET", resource.path(namespace=namespace),
                                                 verb="list", timeout_s=timeout_s, query=query)
             except ClusterLevelError as exc:
                 raise _not_served(exc, resource) from exc
+            except TooLarge as exc:
+                if size > 1:
+                    size //= 2
+                    continue
+                head = list_head(exc.head) if step_past else None
+                if (head is None or not head.listed or head.name is None
+                        or (resource.namespaced and head.namespace is None)
+                        or head.continue_token == token):
+                    raise  # what it skipped could not be named, or it would not move on
+                skipped.append({"metadata": {"namespace": head.namespace, "name": head.name}})
+                version = version or clean_text(head.resource_version or "", MAX_TOKEN_CHARS)
+                if head.continue_token is None:
+                    return ObjectList(items=items, resource_version=version,
+                                      requests=requests, skipped=skipped)
+                token = head.continue_token
+                OBJECT_LIST.check(pages=requests, items=len(items) + len(skipped))
+                continue
             assert reply is not None
-            requests += 1
-            page = list_page(reply.object, api_version=resource.api_version, limit=asked)
+            page = list_page(reply.object, api_version=resource.api_version, limit=size)
+            version = version or page.resource_version
             if transform is None:
                 items.extend(page.items)
             else:
@@ -95,11 +132,11 @@ class ObjectClient:
             if page.continue_token is not None and page.continue_token == token:
                 raise BadResponse("list answer: metadata.continue: the same token again")
             token = page.continue_token
-            if token is not None:
-                OBJECT_LIST.check(pages=requests, items=len(items))
             if token is None or (limit is not None and len(items) >= limit):
-                return ObjectList(items=items, resource_version=page.resource_version,
-                                  requests=requests)
+                return ObjectList(items=items, resource_version=page.resource_version or version,
+                                  requests=requests, skipped=skipped)
+            OBJECT_LIST.check(pages=requests, items=len(items))
+            size = min(full, size * 2)
 
     async def watch(self, resource: Resource, *, resource_version: str,
                     label_selector: str | None, timeout_s: float) -> AsyncIterator[WatchEvent]:

@@ -1,8 +1,19 @@
-"""The shard set: one fenced `Elector` per shard Lease, a membership Lease, and the fair share.
+"""The shard set: the one leadership model. One fenced `Elector` per shard Lease and, with more
+than one shard, a membership Lease and the fair share.
 
-With `CONVERGERD_SHARDS` = S > 1, shard k is the Lease `convergerd-shard-<k>`, each with exactly
-today's elector and fencing (a replica that lost a shard's Lease writes nothing to that shard's
-clusters after its renew deadline). What is new is *which* shards a replica tries to take:
+`CONVERGERD_SHARDS` = S shards, each a `Shard`: its Lease, its elector and fence, its round lock
+and the process's cluster slots; a round loop runs on one shard. "The leader" is the holder of
+shard 0 (`ShardSet.leader`): it fans notifications out, fences saves, and is what `/status`
+and `convergerd_is_leader` call the leader.
+
+With S = 1 (the default) the one shard is the Lease users configure (`CONVERGERD_LEASE_NAME`),
+and there is nothing to share: its elector takes the Lease whenever it is free (`NoElection`
+with `CONVERGERD_LEADER_ELECTION=false`), no Lease is listed, no membership Lease is written,
+and what status shows of the holder is the elector's own reading, as a single Lease always was.
+
+With S > 1, shard k is the Lease `convergerd-shard-<k>`, each with exactly the single Lease's
+elector and fencing (a replica that lost a shard's Lease writes nothing to that shard's
+clusters after its renew deadline). What is added is *which* shards a replica tries to take:
 
 - every replica renews its own membership Lease `convergerd-member-<identity>` (an elector
   nobody contends), so a replica that holds no shard yet is still counted;
@@ -26,7 +37,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from convergerd.config import Election
 from convergerd.core.errors import ConvergerdError
@@ -35,21 +46,46 @@ from convergerd.core.shards import (
     Plan,
     member_lease_name,
     plan,
+    shard_lease,
     shard_lease_name,
 )
 from convergerd.core.shown import describe
 from convergerd.kube.api import KubeObject, LeaseListApi
-from convergerd.leader.elector import STUCK_AFTER_DURATIONS, Elector
+from convergerd.leader.elector import STUCK_AFTER_DURATIONS, Elector, Leadership, NoElection
 from convergerd.leader.lease import Fence, LeaseFormatError, LeaseRecord, Observed, observe
 
 log = logging.getLogger(__name__)
 
+# "The leader" is the holder of this shard, whatever the number of shards, so exactly one
+# replica is the leader: it fans notifications out and fences saves under this shard's Lease,
+# and status and `convergerd_is_leader` name it (`ShardSet.leader`, `ShardView.leading`).
+LEADER_SHARD = 0
 # A plan pass timed for a foreign Lease's expiry runs this long after it (clock granularity).
 EXPIRY_MARGIN_S = 0.01
 
 
 def _loop_time() -> float:
     return asyncio.get_running_loop().time()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Shard:
+    """One shard, as its round loop works on it."""
+
+    index: int
+    count: int  # the shards of the fleet (`CONVERGERD_SHARDS`)
+    lease: str  # its Lease's name (for messages)
+    elector: Leadership  # its term, fence and health
+    # Held while a round runs on the shard; a hand-back waits for it.
+    round_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Shared by the rounds of every shard of the process, so `CONVERGERD_CLUSTER_CONCURRENCY`
+    # bounds them together; None with one shard (its round's own are the process's).
+    slots: asyncio.Semaphore | None = None
+
+    @property
+    def number(self) -> int | None:
+        """The shard's number in messages; None with one shard (there is nothing to tell)."""
+        return self.index if self.count > 1 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +96,17 @@ class ShardView:
     holders: tuple[str, ...]  # per shard: the live holder seen, "" when free or expired
     held: frozenset[int]  # the shards this replica leads now
     members: tuple[str, ...]  # the live replicas counted by the last plan
-    share: int | None  # this replica's fair share (None before the first plan, or `once`)
+    share: int | None  # this replica's fair share (None before the first plan, one shard, `once`)
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica is the leader (the holder of `LEADER_SHARD`)."""
+        return LEADER_SHARD in self.held
+
+    @property
+    def leader(self) -> str | None:
+        """The leader this replica sees; None when nobody holds `LEADER_SHARD`."""
+        return self.holders[LEADER_SHARD] or None
 
 
 ViewHook = Callable[[ShardView], None]
@@ -79,19 +125,23 @@ def live_holder(observed: Observed | None, now_mono: float, own_duration_s: floa
 
 
 class ShardSet:
-    """`run()` keeps the membership Lease, the shard electors and the plan going."""
+    """`run()` keeps the shard electors going and, with more than one shard, the membership
+    Lease and the plan."""
 
     def __init__(
         self,
-        api: LeaseListApi,
+        api: LeaseListApi | None,
         settings: Election,
         *,
         once: bool = False,
         clock: Callable[[], float] = _loop_time,
         on_change: ViewHook | None = None,
+        slots: asyncio.Semaphore | None = None,
     ) -> None:
-        """`once`: a `convergerd once` run takes every shard it can (no share, no
-        membership) and hands back none."""
+        """`api`: the home cluster's Leases; None only with leader election off (one shard,
+        always held). `once`: a `convergerd once` run takes every shard it can (no share, no
+        membership) and hands back none. `slots`: the process's cluster slots, shared by the
+        shards' rounds (with more than one shard)."""
         self._api = api
         self._s = settings
         self._once = once
@@ -99,18 +149,19 @@ class ShardSet:
         self._on_change = on_change
         self.shards = settings.shards
         self.identity = settings.identity
-        # Held by a shard's round loop while a round runs; a hand-back waits for it.
-        self.round_locks = [asyncio.Lock() for _ in range(self.shards)]
-        self.electors = [
-            Elector(api, dataclasses.replace(settings, lease_name=shard_lease_name(k)),
-                    clock=clock, may_acquire=functools.partial(self._may_take, k),
-                    on_change=functools.partial(self._elector_changed, k))
-            for k in range(self.shards)
-        ]
-        self.member: Elector | None = None if once else Elector(
-            api, dataclasses.replace(settings, lease_name=member_lease_name(self.identity)),
-            clock=clock)
-        self._wanted: set[int] = set(range(self.shards)) if once else set()
+        # Only with more than one shard is there a share to plan, so a list and a membership.
+        self._planning = self.shards > 1 and not once
+        self.each = tuple(
+            Shard(index=k, count=self.shards, elector=self._elector(k), slots=slots,
+                  lease=shard_lease(k, shards=self.shards, single=settings.lease_name))
+            for k in range(self.shards))
+        self.member: Elector | None = None
+        if self._planning:
+            assert api is not None
+            self.member = Elector(
+                api, dataclasses.replace(settings, lease_name=member_lease_name(self.identity)),
+                clock=clock)
+        self._wanted: set[int] = set() if self._planning else set(range(self.shards))
         self._observed: dict[str, Observed] = {}
         self._holders: list[str] = [""] * self.shards
         self._plan: Plan | None = None
@@ -120,7 +171,32 @@ class ShardSet:
         self._list_failures = 0
         self._last_error: str | None = None
 
+    def _elector(self, k: int) -> Leadership:
+        changed = functools.partial(self._elector_changed, k)
+        if not self._s.enabled:  # the config allows it with one shard only
+            assert self.shards == 1
+            return NoElection(identity=self.identity, on_change=changed)
+        assert self._api is not None
+        lease = shard_lease(k, shards=self.shards, single=self._s.lease_name)
+        # One shard is taken whenever its Lease is free: there is no share to wait for.
+        may_acquire = functools.partial(self._may_take, k) if self.shards > 1 else None
+        return Elector(self._api, dataclasses.replace(self._s, lease_name=lease),
+                       clock=self._clock, may_acquire=may_acquire, on_change=changed)
+
     # -- surface -------------------------------------------------------------------------------
+
+    @property
+    def leader(self) -> Shard:
+        """The shard whose holder is "the leader" (`LEADER_SHARD`)."""
+        return self.each[LEADER_SHARD]
+
+    @property
+    def electors(self) -> list[Leadership]:
+        return [shard.elector for shard in self.each]
+
+    @property
+    def round_locks(self) -> list[asyncio.Lock]:
+        return [shard.round_lock for shard in self.each]
 
     def held(self) -> frozenset[int]:
         return frozenset(k for k, e in enumerate(self.electors) if e.is_leader())
@@ -131,8 +207,11 @@ class ShardSet:
 
     def view(self) -> ShardView:
         held = self.held()
+        # A listed Lease still naming us without a term here is free to take again; without a
+        # list the elector's reading is all there is, shown as it reads.
         holders = tuple(self.identity if k in held else
-                        ("" if h == self.identity else h) for k, h in enumerate(self._holders))
+                        ("" if h == self.identity and self.shards > 1 else h)
+                        for k, h in enumerate(self._holders))
         return ShardView(
             identity=self.identity, holders=holders, held=held,
             members=self._plan.members if self._plan is not None else (self.identity,),
@@ -147,7 +226,7 @@ class ShardSet:
         """For `/readyz`: the Leases could not be listed for two lease durations (the plan
         stands still: no orphan is taken), or an elector cannot take part in its election."""
         since = self._listed_mono
-        if since is not None and not self._once and not self._stop.is_set():
+        if since is not None and not self._stop.is_set():
             stuck_s = self._clock() - since
             limit_s = STUCK_AFTER_DURATIONS * self._s.lease_duration_s
             if stuck_s > limit_s:
@@ -161,7 +240,7 @@ class ShardSet:
         (`Elector.stalled`); its clusters get no round until the claim runs out."""
         return _first(e.stalled for e in self._everyone())
 
-    def _everyone(self) -> list[Elector]:
+    def _everyone(self) -> list[Leadership]:
         return [*self.electors, *([self.member] if self.member else [])]
 
     def stop(self) -> None:
@@ -180,10 +259,12 @@ class ShardSet:
         await asyncio.gather(*(e.release() for e in self._everyone()), return_exceptions=True)
 
     async def run(self) -> None:
-        log.info("shards: %d Leases convergerd-shard-0..%d in %s, as %s%s", self.shards,
-                 self.shards - 1, self._s.lease_namespace, self.identity,
-                 " (once: every shard it can take)" if self._once else "")
-        self._listed_mono = self._clock()
+        if self.shards > 1:
+            log.info("shards: %d Leases convergerd-shard-0..%d in %s, as %s%s", self.shards,
+                     self.shards - 1, self._s.lease_namespace, self.identity,
+                     " (once: every shard it can take)" if self._once else "")
+        if self._planning:
+            self._listed_mono = self._clock()
         async with asyncio.TaskGroup() as tg:
             for k, elector in enumerate(self.electors):
                 tg.create_task(elector.run(), name=f"elector shard {k}")
@@ -211,6 +292,7 @@ class ShardSet:
     async def plan_once(self) -> Plan | None:
         """One pass: list, judge, plan, start hand-backs. None when the list failed."""
         s = self._s
+        assert self._api is not None  # a plan is made with more than one shard only
         try:
             async with asyncio.timeout(s.request_timeout_s):
                 items = await self._api.list_leases(s.lease_namespace,
@@ -316,10 +398,13 @@ class ShardSet:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _elector_changed(self, k: int, is_leader: bool, _holder: str | None) -> None:
-        # Other holders come from the list, judged for expiry; the elector tells only about
-        # this replica (its reads name a dead holder until the record is replaced).
-        if is_leader:
+    def _elector_changed(self, k: int, is_leader: bool, holder: str | None) -> None:
+        # With a list, other holders come from it, judged for expiry; the elector tells only
+        # about this replica (its reads name a dead holder until the record is replaced).
+        # With one shard (no list), the elector's reading is what this replica knows.
+        if self.shards == 1:
+            self._holders[k] = holder or ""
+        elif is_leader:
             self._holders[k] = self.identity
         elif self._holders[k] == self.identity:
             self._holders[k] = ""

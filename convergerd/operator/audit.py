@@ -19,6 +19,15 @@ does not carry a CEL runtime. tests/unit/test_operator_audit.py proves them equa
 as the simulator's admission evaluates it, on the simulator's admission corpus and on
 generated objects (property test). A part of an object the CEL could not read (the cache marks
 it `invalid`) is a violation: admission fails closed on it (`failurePolicy: Fail`).
+
+What the cache did not keep is never passed unseen (the safe answer, issue 33): an object
+whose images or labels were cut (`cut`, see `convergerd.operator.workloads`) is judged on what
+was kept when that already breaks the rule (admission's message), else it is a violation
+`cannot be judged: ...` (RequiredLabels passes only when every required key was kept). A
+stub the cache kept for want of room (`refused`) is not judged but counted, and the status
+then says `incomplete` (`Incomplete`): how many objects of the boundary were not judged, why,
+the objects too large to read, and the namespaces holding the most of the cache. Without
+`incomplete`, every object of the boundary was judged.
 """
 
 from __future__ import annotations
@@ -85,6 +94,7 @@ class Violation:
 class AuditResult:
     violations: int
     sample: tuple[Violation, ...]
+    refused: int = 0  # objects the cache had no room for: not judged
 
 
 def _quoted(values: Iterable[str]) -> str:
@@ -105,6 +115,11 @@ def _unreadable(obj: Mapping[str, Any], part: str) -> str | None:
     return invalid.get(part) if isinstance(invalid, Mapping) else None
 
 
+def _cut(obj: Mapping[str, Any], part: str) -> str | None:
+    cut = obj.get("cut")
+    return cut.get(part) if isinstance(cut, Mapping) else None
+
+
 def _required_labels(judge: Judge, obj: Mapping[str, Any]) -> str | None:
     problem = _unreadable(obj, "labels")
     if problem is not None:
@@ -113,6 +128,9 @@ def _required_labels(judge: Judge, obj: Mapping[str, Any]) -> str | None:
     missing = [k for k in judge.rule.params["labels"] if k not in labels]
     if not missing:
         return None
+    cut = _cut(obj, "labels")
+    if cut is not None:  # a missing label may be among those not kept
+        return f"cannot be judged: {cut}; not among those kept: {_quoted(missing)}"
     return _chosen(f"missing required label(s) {_quoted(missing)}: add them to "
                    f"metadata.labels of this {obj.get('kind', '')} (on a workload: the object "
                    "itself, not only its pod template)", judge.messages[0])
@@ -159,8 +177,14 @@ def denied(judge: Judge, obj: Mapping[str, Any]) -> bool:
         return any(k not in labels for k in judge.labels)
     if invalid and "images" in invalid:
         return True
+    if _images_denied(judge, obj.get("images") or ()):
+        return True
+    return _cut(obj, "images") is not None  # what was not kept may break the rule
+
+
+def _images_denied(judge: Judge, images: Iterable[str]) -> bool:
     verdicts = judge.verdicts
-    for image in obj.get("images") or ():
+    for image in images:
         verdict = verdicts.get(image)
         if verdict is None:
             if len(verdicts) >= _VERDICTS_MAX:
@@ -182,8 +206,13 @@ def denial(judge: Judge, obj: Mapping[str, Any]) -> str | None:
         return f"cannot be judged: {problem}"
     images: Sequence[str] = obj.get("images") or ()
     if judge.rule.type == "AllowedRegistries":
-        return _allowed_registries(judge, images)
-    return _forbid_latest(judge, images)  # Judge.of refuses control-plane-only rules
+        message = _allowed_registries(judge, images)
+    else:
+        message = _forbid_latest(judge, images)  # Judge.of refuses control-plane-only rules
+    cut = _cut(obj, "images")
+    if message is None and cut is not None:
+        return f"cannot be judged: {cut}"
+    return message
 
 
 def _order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -194,19 +223,65 @@ def _order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
 def audit(judge: Judge, objects: Iterable[Mapping[str, Any]]) -> AuditResult:
     """The objects `judge` denies: how many, and the first `SAMPLE_SIZE` (by namespace, kind,
     name) with admission's message."""
-    found = [obj for obj in objects if denied(judge, obj)]
+    found = []
+    refused = 0
+    for obj in objects:
+        if obj.get("refused"):
+            refused += 1
+        elif denied(judge, obj):
+            found.append(obj)
     sample = []
     for obj in heapq.nsmallest(SAMPLE_SIZE, found, key=_order):
         message = denial(judge, obj)
         assert message is not None  # `denied` and `denial` agree (tested)
         sample.append(Violation(*_order(obj), message))
-    return AuditResult(len(found), tuple(sample))
+    return AuditResult(len(found), tuple(sample), refused)
 
 
-def audit_status(result: AuditResult, *, synced: bool, now: dt.datetime) -> dict[str, Any]:
-    """`status.audit` for `result`."""
-    return {"violations": result.violations, "auditedAt": timestamp(now),
-            "cacheSynced": synced, "sample": [v.as_status() for v in result.sample]}
+@dataclass(frozen=True, slots=True)
+class Incomplete:
+    """What one boundary's audit could not judge, and why (`WorkloadCache.incomplete`)."""
+
+    refused: int  # objects of the boundary kept as stubs: no room in the cache's budget
+    lost: int  # objects anywhere not even kept as a stub (past the budget's margin)
+    too_large: tuple[tuple[str, str, str], ...]  # (kind, namespace, name), the first few
+    too_large_count: int  # objects of the boundary too large to list
+    biggest: tuple[tuple[str, int], ...]  # (namespace, bytes) holding the most of the cache
+    max_bytes: int
+
+    def as_status(self) -> dict[str, Any]:
+        """`status.audit.incomplete`, within the CRD schema's limits."""
+        why = []
+        if self.refused or self.lost:
+            held = ", ".join(f"{n} ({size / 2**20:.1f} MiB)" for n, size in self.biggest)
+            why.append(f"the operator's workload cache is at its budget of "
+                       f"{self.max_bytes / 2**20:.1f} MiB (CONVERGERD_OPERATOR_CACHE_MAX_BYTES):"
+                       f" {self.refused} object(s) of this boundary not cached"
+                       + (f", {self.lost} in the cluster not even counted" if self.lost else "")
+                       + (f"; the namespaces holding the most of it: {held}" if held else ""))
+        if self.too_large_count:
+            why.append(f"{self.too_large_count} object(s) of this boundary larger than the "
+                       "operator's response cap (CONVERGERD_MAX_RESPONSE_BYTES) not read")
+        return {
+            "skipped": self.refused + self.too_large_count,
+            "reason": clean_text("; ".join(why) + ": violations counts only the objects "
+                                 "judged", MESSAGE_MAX_CHARS),
+            "objects": [{"kind": clean_text(kind, 63), "namespace": clean_text(ns, 63),
+                         "name": clean_text(name, 253), "reason": "TooLarge"}
+                        for kind, ns, name in self.too_large[:SAMPLE_SIZE]],
+            "biggestNamespaces": [clean_text(n, 63) for n, _ in self.biggest[:3]],
+        }
+
+
+def audit_status(result: AuditResult, *, synced: bool, now: dt.datetime,
+                 incomplete: Incomplete | None = None) -> dict[str, Any]:
+    """`status.audit` for `result`; `incomplete` only when the audit could not judge every
+    object of the boundary."""
+    status = {"violations": result.violations, "auditedAt": timestamp(now),
+              "cacheSynced": synced, "sample": [v.as_status() for v in result.sample]}
+    if incomplete is not None:
+        status["incomplete"] = incomplete.as_status()
+    return status
 
 
 def audit_differs(current: Any, new: Mapping[str, Any], *, now: dt.datetime,
@@ -215,7 +290,8 @@ def audit_differs(current: Any, new: Mapping[str, Any], *, now: dt.datetime,
     (`auditedAt` then says the audit still runs)."""
     if not isinstance(current, Mapping):
         return True
-    if any(current.get(k) != new.get(k) for k in ("violations", "cacheSynced", "sample")):
+    if any(current.get(k) != new.get(k)
+           for k in ("violations", "cacheSynced", "sample", "incomplete")):
         return True
     at = current.get("auditedAt")
     try:

@@ -64,6 +64,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from convergerd.config import DEFAULT_OPERATOR_CACHE_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
 from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
 from convergerd.core.model import is_namespace_name, is_object_name
 from convergerd.core.shown import shown
@@ -139,6 +140,7 @@ class OperatorApi(WatchApi, Protocol):
                            timeout_s: float, namespace: str | None = None,
                            limit: int | None = None,
                            transform: Callable[[KubeObject], KubeObject | None] | None = None,
+                           step_past: bool = False,
                            ) -> ObjectList: ...
     async def apply(self, resource: Resource, body: KubeObject, *, field_manager: str,
                     timeout_s: float, subresource: str | None = None) -> KubeObject: ...
@@ -213,6 +215,7 @@ class Operator:
         clock: Callable[[], float] | None = None,
         wall: Callable[[], dt.datetime] = _utcnow,
         rng: random.Random | None = None,
+        cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES,
     ) -> None:
         self._api = api
         self._leadership = leadership
@@ -251,7 +254,8 @@ class Operator:
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
         self.workloads = WorkloadCache(api, request_timeout_s=timing.request_timeout_s,
-                                       cluster=cluster, on_objects=self._objects_changed,
+                                       cluster=cluster, max_bytes=cache_max_bytes,
+                                       on_objects=self._objects_changed,
                                        on_state=self._cache_state,
                                        on_restart=metrics.workload_watch_restarted)
         metrics.workload_cache = self.workloads
@@ -409,8 +413,9 @@ class Operator:
                 return
         namespaces = self.workloads.namespaces_of(policy.boundary)
         result = audit(judge, self.workloads.objects_in(namespaces))
+        incomplete = self.workloads.incomplete(namespaces, result.refused)
         now = self._wall()
-        new = audit_status(result, synced=synced, now=now)
+        new = audit_status(result, synced=synced, now=now, incomplete=incomplete)
         self._metrics.audited(name, result.violations)
         if not audit_differs(policy.status.get("audit"), new, now=now,
                              refresh_s=self._t.probe_interval_s):
@@ -432,8 +437,10 @@ class Operator:
             return
         self._audit_failures.pop(name, None)
         self._metrics.wrote("audit")
-        log.info("cluster %s: Policy %s: audit: %d violation(s)%s", self.cluster, name,
+        log.info("cluster %s: Policy %s: audit: %d violation(s)%s%s", self.cluster, name,
                  result.violations, "" if synced else " (cache not synced: may be behind)",
+                 "" if incomplete is None else
+                 f" (incomplete: {new['incomplete']['skipped']} object(s) not judged)",
                  extra=self._extra(policy=name))
 
     # -- discovery -------------------------------------------------------------------------

@@ -19,8 +19,14 @@ No per-policy label: policies are counted per phase, and the policies a probe fo
 - `convergerd_operator_workload_cache_objects`: objects in the workload cache;
 - `convergerd_operator_workload_cache_synced`: 1 when every kind is listed and every watch
   current (the audit's `cacheSynced`);
+- `convergerd_operator_workload_cache_bytes` and `..._budget_bytes`: what the cache holds as
+  it accounts it (`workloads.cost`), and its budget (CONVERGERD_OPERATOR_CACHE_MAX_BYTES);
+- `convergerd_operator_workload_cache_skipped{reason}`: objects the cache does not hold:
+  `budget` (no room: kept as a stub, or past the margin not even that), `too_large` (larger
+  than the response cap: stepped past by the lists, anywhere in the cluster);
 - `convergerd_operator_workload_watch_restarts_total{reason}`: as the Policy watch's, for the
-  workload cache's watches (namespaces and every workload kind);
+  workload cache's watches (namespaces and every workload kind), and `too_large` (an event
+  larger than the response cap, stepped past);
 - `convergerd_operator_audit_violations`: objects the Policies' rules would deny, summed over
   the Policies as last audited (enabled or not; absent until an audit ran).
 """
@@ -59,6 +65,16 @@ class CacheFacts(Protocol):
     @property
     def synced(self) -> bool: ...
     def __len__(self) -> int: ...
+    @property
+    def used_bytes(self) -> int: ...
+    @property
+    def max_bytes(self) -> int: ...
+    @property
+    def refused_objects(self) -> int: ...
+    @property
+    def lost(self) -> int: ...
+    @property
+    def too_large_objects(self) -> int: ...
 
 
 class OperatorMetrics:
@@ -148,6 +164,17 @@ class OperatorMetrics:
                                     value=float(len(cache)))
             yield GaugeMetricFamily(p + "workload_cache_synced", "1 if every workload kind is "
                                     "listed and every watch is current", value=float(cache.synced))
+            yield GaugeMetricFamily(p + "workload_cache_bytes", "Bytes the workload cache "
+                                    "holds, as it accounts them", value=float(cache.used_bytes))
+            yield GaugeMetricFamily(p + "workload_cache_budget_bytes", "The workload cache's "
+                                    "budget (CONVERGERD_OPERATOR_CACHE_MAX_BYTES)",
+                                    value=float(cache.max_bytes))
+            skipped = GaugeMetricFamily(p + "workload_cache_skipped", "Objects the workload "
+                                        "cache does not hold, by reason (budget, too_large)",
+                                        labels=["reason"])
+            skipped.add_metric(["budget"], float(cache.refused_objects + cache.lost))
+            skipped.add_metric(["too_large"], float(cache.too_large_objects))
+            yield skipped
         yield _counter(p + "workload_watch_restarts", "Workload cache watch restarts by reason",
                        "reason", self.workload_watch_restarts)
         if self.violations:

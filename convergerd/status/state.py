@@ -49,6 +49,7 @@ from convergerd.core.report import (
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 from convergerd.core.shards import orphaned, shard_of
+from convergerd.status.listing import FleetTally, listing
 from convergerd.status.phases import (
     AUDIT_CURRENT,
     NO_AUDITS,
@@ -1227,11 +1228,17 @@ class StatusState:
                 "error": r.error}
 
     def snapshot(self, now: dt.datetime | None = None) -> dict[str, Any]:
-        """The `/status` document: `snapshot_head` and the clusters' summaries, worst first
-        (`convergerd.api.server` builds the same document in slices)."""
+        """The `/status` document listing every cluster: `snapshot_head`, the fleet's counts
+        and the clusters' summaries, worst first (`convergerd.api.server` builds the same
+        document in slices, and past `Settings.status_max_clusters` a summary of it)."""
         now = now or self.clock()
         clusters = [self.cluster_summary(state, now) for state in self.sorted_clusters(now)]
-        return {**self.snapshot_head(now, unsupported_of(clusters)), "clusters": clusters}
+        tally = FleetTally(stale_after_s(self.interval_s))
+        tally.add(clusters)
+        return {**self.snapshot_head(now, unsupported_of(clusters)), "fleet": tally.counts,
+                "listing": listing(order="worst_first", listed=len(clusters), complete=True,
+                                   following=None),
+                "clusters": clusters}
 
     def snapshot_head(self, now: dt.datetime,
                       unsupported: Iterable[tuple[str, str | None]]) -> dict[str, Any]:

@@ -23,7 +23,8 @@ import yaml
 from convergerd.config import OPERATOR_SETTINGS, SETTINGS
 from convergerd.core.model import Policy, PolicyRow
 from convergerd.core.render import render_policy, validate_policy
-from convergerd.operator.audit import Judge, audit, audit_status
+from convergerd.operator.audit import Incomplete, Judge, audit, audit_status
+from convergerd.operator.cache import memory_limit_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -55,7 +56,8 @@ API_VERSIONS = {
     "PodMonitor": "monitoring.coreos.com/v1",
     "PrometheusRule": "monitoring.coreos.com/v1",
 }
-RENDERED_DIRS = ("base", "sharded", "sidecar", "member-cluster", "operator", "prometheus")
+RENDERED_DIRS = ("base", "sharded", "large-fleet", "sidecar", "member-cluster", "operator",
+                 "prometheus")
 Obj = dict[str, Any]
 
 
@@ -171,7 +173,7 @@ def test_prometheusrule_holds_the_same_groups_as_the_rules_file() -> None:
     )
 
 
-@pytest.mark.parametrize("directory", ["base", "sharded", "sidecar"])
+@pytest.mark.parametrize("directory", ["base", "sharded", "large-fleet", "sidecar"])
 def test_rendered_prometheusrule_is_the_rules_file(directory: str) -> None:
     plain = yaml.safe_load(RULES_FILE.read_text())
     rule = one(render(directory), "PrometheusRule", "convergerd")
@@ -396,6 +398,54 @@ def test_base_role_allows_only_the_lease() -> None:
     assert binding["roleRef"]["name"] == "convergerd-lease"
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "convergerd", "namespace": NAMESPACE}]
+
+
+# -- sizing: deploy/base and deploy/large-fleet ---------------------------------------------
+#
+# The peak RSS of `convergerd run` at the largest fleet each is sized for, and the operator's
+# before its cache (bench/RESULTS.md, "Sizing"; MiB), and the headroom docs/operations.md
+# ("Sizing") gives it: directory -> (Deployment, container, MiB).
+PEAK_RSS_MIB = {"base": ("convergerd", "convergerd", 319.5),
+                "sharded": ("convergerd", "convergerd", 319.5),
+                "sidecar": ("module-policies", "convergerd", 319.5),
+                "large-fleet": ("convergerd", "convergerd", 1853.7),
+                "operator": ("convergerd-operator", "operator", 84.2)}
+HEADROOM = 1.3
+
+
+def mebibytes(quantity: str) -> float:
+    found = re.fullmatch(r"([0-9.]+)(Mi|Gi)", quantity)
+    assert found is not None, f"a memory quantity in Mi or Gi: {quantity}"
+    return float(found[1]) * (1024 if found[2] == "Gi" else 1)
+
+
+@pytest.mark.parametrize("directory", sorted(PEAK_RSS_MIB))
+def test_memory_is_the_measured_peak_with_headroom_requested_in_full(directory: str) -> None:
+    """A replica over its limit is OOM-killed: the limit covers the peak measured at the fleet
+    size the directory is for, and is requested whole (never evicted for using it)."""
+    deployment, name, peak = PEAK_RSS_MIB[directory]
+    resources = container(one(render(directory), "Deployment", deployment), name)["resources"]
+    limit = mebibytes(resources["limits"]["memory"])
+    assert limit >= HEADROOM * peak, (directory, limit)
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+
+
+def test_large_fleet_is_the_base_with_more_resources() -> None:
+    def without_resources(directory: str) -> Obj:
+        deployment = one(render(directory), "Deployment", "convergerd")
+        pod = deployment["spec"]["template"]["spec"]
+        containers = [{k: v for k, v in c.items() if k != "resources"}
+                      for c in pod["containers"]]
+        return {**deployment, "spec": {**deployment["spec"], "template": {
+            **deployment["spec"]["template"], "spec": {**pod, "containers": containers}}}}
+
+    assert without_resources("large-fleet") == without_resources("base")
+    others = {(o["kind"], o["metadata"]["name"]) for o in render("large-fleet")}
+    assert others == {(o["kind"], o["metadata"]["name"]) for o in render("base")}
+    large, base = (container(one(render(d), "Deployment", "convergerd"), "convergerd")
+                   for d in ("large-fleet", "base"))
+    assert mebibytes(large["resources"]["limits"]["memory"]) > mebibytes(
+        base["resources"]["limits"]["memory"])
 
 
 # -- deploy/sharded ------------------------------------------------------------------------
@@ -671,6 +721,32 @@ def test_operator_rbac_and_deployment() -> None:
     assert c["resources"]["requests"]
     assert c["resources"]["limits"]
     _check_restricted(pod, c)
+
+
+def test_the_operators_memory_limit_follows_from_its_cache_budget() -> None:
+    """deploy/operator's limit is what `memory_limit_bytes` derives from the settings it
+    sets (docs/operations.md): raising the budget without the limit fails here."""
+    c = container(one(render("operator"), "Deployment", "convergerd-operator"), "operator")
+    env = env_of(c)
+    budget = int(env["CONVERGERD_OPERATOR_CACHE_MAX_BYTES"]["value"])
+    cap = int(env["CONVERGERD_MAX_RESPONSE_BYTES"]["value"])
+    limit = c["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    assert int(limit[:-2]) * 2**20 == memory_limit_bytes(budget, cap)
+    assert cap >= 2 * 2**20  # above the largest object kube-apiserver stores (1.5 MiB)
+
+
+def test_an_incomplete_audit_conforms_to_the_crd() -> None:
+    judge = Judge.of({"policyId": "p", "boundary": "b", "enabled": False, "revision": 1,
+                      "rule": {"type": "ForbidLatestTag"}})
+    incomplete = Incomplete(refused=3, lost=1, too_large=tuple(
+        ("Deployment", "n" * 63, f"huge-{i}" + "x" * 240) for i in range(5)),
+        too_large_count=9, biggest=tuple((f"ns-{i}" + "y" * 58, 2**30) for i in range(3)),
+        max_bytes=2**26)
+    status = {"audit": audit_status(audit(judge, []), synced=False, incomplete=incomplete,
+                                    now=dt.datetime(2026, 12, 3, tzinfo=dt.UTC))}
+    _conforms(status, _schema()["properties"]["status"], "status")
+    assert status["audit"]["incomplete"]["skipped"] == 12
 
 
 def test_member_cluster_includes_the_operator() -> None:

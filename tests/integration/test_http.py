@@ -8,8 +8,11 @@ through a GET."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime as dt
+import io
+import re
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -20,7 +23,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from convergerd.api.app import make_app
 from convergerd.api.server import STATUS_DB_CONCURRENCY
-from convergerd.cli.status import StatusUnavailable, fetch_status
+from convergerd.cli.status import StatusUnavailable, add_arguments, fetch_status
+from convergerd.cli.status import run as run_status
 from convergerd.config import Settings, load_settings
 from convergerd.core.errors import DatabaseUnavailable
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
@@ -573,6 +577,36 @@ async def test_convergerd_status_waits_out_a_429(
             pass
         with pytest.raises(StatusUnavailable, match="answered 429"):
             await asyncio.to_thread(fetch_status, addr, timeout_s=0.5)
+
+
+async def test_convergerd_status_of_a_summarised_fleet_shows_the_worst_or_with_all_every_one(
+    store: FakeStore, state: StatusState, health: HealthCheck, seen: list[str]
+) -> None:
+    """Past CONVERGERD_STATUS_MAX_CLUSTERS the daemon lists the worst clusters with the
+    fleet's counts; `convergerd status` says so, and `--all` walks the pages to list all."""
+    ids = [f"c{i:02d}" for i in range(12)]
+    state.set_clusters(ids)
+    for i, cluster in enumerate(ids):
+        state.observe_probe(cluster, reachable=i not in (4, 9), at=T0)
+    app = make_app(metrics=Metrics(state=state), state=state, store=store, health=health,
+                   settings=settings(CONVERGERD_STATUS_MAX_CLUSTERS="5"), saver=saver())
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    async for client in _serve(app, seen):
+        addr = str(client.make_url("")).rstrip("/")
+        outputs = []
+        for extra in ([], ["--all"]):
+            out, err = io.StringIO(), io.StringIO()
+            args = parser.parse_args(["--addr", addr, *extra])
+            assert await asyncio.to_thread(run_status, args, out=out, err=err) == 0, err
+            outputs.append(out.getvalue())
+    worst, every = ({line.split()[0] for line in text.splitlines()
+                     if re.match(r"c\d\d ", line)} for text in outputs)
+    assert worst == {"c04", "c09", "c00", "c01", "c02"}  # the unreached first, then by id
+    assert "12 clusters: 2 unreached" in outputs[0]
+    assert "convergerd status --all" in outputs[0]
+    assert every == set(ids)
+    assert "12 clusters: 2 unreached, 0 reached but failing" in outputs[1]
 
 
 # -- mutations -------------------------------------------------------------------------------------

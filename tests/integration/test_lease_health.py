@@ -4,7 +4,8 @@ down fails readiness, never liveness, and recovers with it; a Lease someone wrot
 duration and a 1 MB identity into fails readiness until its capped claim runs out, then is taken
 over, and nothing shows more than 128 characters of that identity. Real time, short settings
 (lease 2 s, rounds every 1.2 s). And what a client of the simulator sees for Lease values
-kube-apiserver refuses."""
+kube-apiserver refuses. And the default one shard is the configured Lease alone: no list, no
+membership Lease."""
 
 from __future__ import annotations
 
@@ -189,6 +190,42 @@ async def test_a_garbage_lease_stalls_readiness_then_is_taken_over_with_its_iden
             return await rounds_run(run) > before
 
         await wait_for(rounds_again, timeout_s=5 * DURATION_S, what="a round after takeover")
+
+
+async def test_one_shard_is_the_configured_lease_alone(fleet: Fleet, database_url: str) -> None:
+    """`CONVERGERD_SHARDS=1` (the default) runs the shard set with one shard: it must be the
+    single Lease users configure, as before shards existed. Read from the simulator's request
+    log: the home cluster sees reads and writes of that one Lease only (no list of the
+    namespace, no membership Lease, no `convergerd-shard-0`), and SIGTERM frees it."""
+    await import_tenants(database_url)
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+    async with electing(fleet, database_url) as run:
+        await first_round(run)
+
+        def renewals() -> int:
+            return len(fleet.accounting.requests(cluster=HOME, verb="update"))
+
+        renewed = renewals()
+
+        async def renewed_thrice() -> bool:
+            return renewals() >= renewed + 3
+
+        await wait_for(renewed_thrice, timeout_s=10 * DURATION_S, what="three renewals")
+        doc = await run.status()
+        assert doc["leader"]["is_leader"] is True
+        assert doc["leader"]["holder"] == IDENTITY
+        shards = doc["shards"]
+        assert (shards["count"], shards["held_here"], shards["members"], shards["share"]) == (
+            1, [0], [IDENTITY], None)
+        assert [k["holder"] for k in shards["shards"]] == [IDENTITY]
+        assert (await run.scrape()).value("convergerd_is_leader") == 1
+    asked = {(r.verb, r.path.split("?")[0]) for r in fleet.accounting.requests(cluster=HOME)
+             if "coordination.k8s.io" in r.path}
+    assert asked == {("get", f"{leases}/{NAME}"), ("create", leases),
+                     ("update", f"{leases}/{NAME}")}, asked
+    assert [lease["metadata"]["name"] for lease in fleet.store(HOME).list(LEASES, NS)["items"]] == [
+        NAME]
+    assert fleet.store(HOME).get(LEASES, NS, NAME)["spec"].get("holderIdentity") in (None, "")
 
 
 async def test_the_simulator_refuses_lease_values_kube_apiserver_refuses(fleet: Fleet) -> None:

@@ -135,7 +135,8 @@ async def test_every_documented_answer_is_produced(
     world: World, fleet: Fleet, database_url: str
 ) -> None:
     w = world
-    for path in ("/healthz", "/readyz", "/metrics", "/status", "/openapi.json",
+    for path in ("/healthz", "/readyz", "/metrics", "/status", "/status?limit=0",
+                 "/openapi.json",
                  "/v1/clusters/c0001", "/v1/clusters/Bad_Id", "/v1/clusters/c0404",
                  "/v1/policies/p-regs/status", "/v1/policies/Bad_Id/status",
                  "/v1/policies/p-none/status"):

@@ -53,6 +53,15 @@ def test_a_well_formed_audit_is_read_with_its_sample() -> None:
                                              "image uses tag latest"),))
 
 
+def test_an_incomplete_audit_is_read_as_not_synced() -> None:
+    """The operator judged only part of the boundary (issue 33): the count may be partial."""
+    found = Observed.from_object(policy_object(GOOD | {"incomplete": {
+        "skipped": 2, "reason": "at its budget", "objects": [], "biggestNamespaces": ["b"]}}))
+    assert found.audit is not None
+    assert found.audit.violations == 3
+    assert not found.audit.synced
+
+
 def test_no_audit_is_none_not_unknown() -> None:
     obj = policy_object(None)
     del obj["status"]["audit"]

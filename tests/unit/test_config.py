@@ -12,6 +12,7 @@ from convergerd.api.server import secrets_of
 from convergerd.config import (
     MAX_SECRET_FILE_BYTES,
     dsn_secrets,
+    load_operator_settings,
     load_settings,
     redact_dsn,
     secrets_in_flags,
@@ -448,3 +449,18 @@ def test_shards_default_to_one_lease() -> None:
 def test_bad_shards(env: dict[str, str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_settings(env)
+
+
+@pytest.mark.parametrize(("value", "ok"), [("262144", True), ("67108864", True),
+                                           ("262143", False), ("0", False), ("64Mi", False)])
+def test_the_operators_cache_budget_has_a_floor(value: str, ok: bool) -> None:
+    env = {"CONVERGERD_OPERATOR_CACHE_MAX_BYTES": value}
+    if ok:
+        assert load_operator_settings(env).cache_max_bytes == int(value)
+        return
+    with pytest.raises(ConfigError, match="CONVERGERD_OPERATOR_CACHE_MAX_BYTES"):
+        load_operator_settings(env)
+
+
+def test_the_operators_cache_budget_defaults_to_64_mib() -> None:
+    assert load_operator_settings({}).cache_max_bytes == 64 * 2**20

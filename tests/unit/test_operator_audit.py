@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from convergerd.operator.admission import BOUNDARY_LABEL, render_admission
 from convergerd.operator.audit import (
+    Incomplete,
     Judge,
     audit,
     audit_differs,
@@ -135,3 +136,86 @@ def test_audit_counts_and_samples_the_first_five_by_namespace_kind_name() -> Non
     assert audit_differs(status, status | {"cacheSynced": False}, now=now, refresh_s=60)
     assert audit_differs(status, status, now=now + dt.timedelta(seconds=60), refresh_s=60)
     assert audit_differs(None, status, now=now, refresh_s=60)
+
+
+def _full(images: list[str], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "w", "namespace": NS, "labels": labels or {}},
+            "spec": {"selector": {"matchLabels": {"app": "w"}}, "template": {
+                "metadata": {"labels": {"app": "w"}},
+                "spec": {"containers": [{"name": f"c{n}", "image": i}
+                                        for n, i in enumerate(images)]}}}}
+
+
+def _wide(images: list[str], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    kept = slim("Deployment", _full(images, labels))
+    assert kept is not None
+    return kept
+
+
+LONG = "registry.example.com/" + "x" * 600 + ":1"  # longer than any valid reference
+
+
+@pytest.mark.parametrize(("rule", "images", "starts", "admission_denies"), [
+    # A cut image may break the rule: the object cannot be judged, never passes unseen (here
+    # admission, reading the whole image, admits it: the audit says why it cannot tell).
+    (REGISTRIES, [LONG], "cannot be judged: 1 image(s) longer than 512", False),
+    (LATEST, ["nginx:1", LONG], "cannot be judged: 1 image(s) longer than 512", False),
+    # A kept image already breaks it: admission's own message (it denies it too).
+    (REGISTRIES, ["docker.io/nginx:1", LONG], "image(s) 'docker.io/nginx:1' not from an",
+     True),
+    (LATEST, ["nginx", LONG], "image(s) 'nginx' have no tag or digest", True),
+])
+def test_an_object_with_images_not_kept_is_never_passed(
+        rule: dict[str, Any], images: list[str], starts: str, admission_denies: bool) -> None:
+    judge = Judge.of(spec(rule))
+    obj = _wide(images)
+    message = denial(judge, obj)
+    assert message is not None
+    assert message.startswith(starts), message
+    assert denied(judge, obj)
+    assert (cel_denial(rule, _full(images)) is not None) == admission_denies
+
+
+def test_labels_not_kept_pass_only_when_the_kept_ones_have_every_required_key() -> None:
+    judge = Judge.of(spec(LABELS))
+    required = dict.fromkeys(LABELS["labels"], "v")
+    filler = {f"example.com/k{i:04d}": "v" * 60 for i in range(400)}
+    whole = _wide(["a:1"], required | filler)
+    assert "labels" in whole["cut"]
+    assert denial(judge, whole) is None  # every required key was kept: exact
+    assert not denied(judge, whole)
+    missing = _wide(["a:1"], filler | required)  # the required keys past the budget
+    message = denial(judge, missing)
+    assert message is not None
+    assert message.startswith("cannot be judged: ")
+    assert "not among those kept: " in message
+    assert denied(judge, missing)
+
+
+def test_refused_objects_are_counted_not_judged_and_the_status_says_incomplete() -> None:
+    judge = Judge.of(spec(LATEST, enabled=False))
+    objs = [_wide(["nginx"]), {"kind": "Pod", "refused": True,
+                               "metadata": {"name": "r", "namespace": NS}}]
+    result = audit(judge, objs)
+    assert (result.violations, result.refused) == (1, 1)
+    incomplete = Incomplete(refused=1, lost=0, too_large=(("Deployment", "team-b", "huge"),),
+                            too_large_count=1, biggest=(("team-b", 3 * 2**20), (NS, 2**20)),
+                            max_bytes=64 * 2**20)
+    now = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
+    status = audit_status(result, synced=True, now=now, incomplete=incomplete)
+    assert status["incomplete"] == {
+        "skipped": 2,
+        "reason": "the operator's workload cache is at its budget of 64.0 MiB "
+                  "(CONVERGERD_OPERATOR_CACHE_MAX_BYTES): 1 object(s) of this boundary not "
+                  "cached; the namespaces holding the most of it: team-b (3.0 MiB), "
+                  "team-a-apps (1.0 MiB); 1 object(s) of this boundary larger than the "
+                  "operator's response cap (CONVERGERD_MAX_RESPONSE_BYTES) not read: "
+                  "violations counts only the objects judged",
+        "objects": [{"kind": "Deployment", "namespace": "team-b", "name": "huge",
+                     "reason": "TooLarge"}],
+        "biggestNamespaces": ["team-b", NS]}
+    whole = audit_status(result, synced=True, now=now)
+    assert "incomplete" not in whole
+    assert audit_differs(whole, status, now=now, refresh_s=60)  # written when it changes
+    assert audit_differs(status, whole, now=now, refresh_s=60)

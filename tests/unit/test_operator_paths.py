@@ -53,7 +53,7 @@ class RecordingCluster:
                            timeout_s: float, namespace: str | None = None,
                            limit: int | None = None,
                            transform: Callable[[KubeObject], KubeObject | None] | None = None,
-                           ) -> ObjectList:
+                           step_past: bool = False) -> ObjectList:
         self._sent(resource, namespace=namespace)
         items = [self.policy] if resource.plural == "policies" else []
         return ObjectList(items=items, resource_version="1", requests=1)

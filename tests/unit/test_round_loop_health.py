@@ -18,6 +18,7 @@ from convergerd.core.report import Epoch, RoundReport
 from convergerd.delivery.rounds import STUCK_AFTER_INTERVALS, RoundLoop
 from convergerd.kube.api import PolicyApi
 from convergerd.leader.elector import NoElection
+from convergerd.leader.shards import Shard
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.supervise import HealthCheck
@@ -75,8 +76,9 @@ async def follow(*_: Any, **__: Any) -> None:
 def round_loop(store: FleetStore, elector: NoElection,
                clusters: NoClusters | None = None) -> RoundLoop:
     settings = load_settings({"Policies__ConvergeIntervalMinutes": str(INTERVAL_S / 60)})
+    shard = Shard(index=0, count=1, lease=settings.election.lease_name, elector=elector)
     return RoundLoop(
-        settings=settings, store=store, clusters=clusters or NoClusters(), elector=elector,
+        settings=settings, store=store, clusters=clusters or NoClusters(), shard=shard,
         metrics=Metrics(state=(state := StatusState(identity="me", interval_s=INTERVAL_S))),
         state=state,
         stopping=asyncio.Event(), identity="me", follow=follow,

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from convergerd import __version__
@@ -73,11 +74,13 @@ def fleet(clocks: Clocks, clusters: int) -> StatusState:
     return state
 
 
-def views_of(state: StatusState, clocks: Clocks, *, reads_per_s: float = 1e6) -> Views:
+def views_of(state: StatusState, clocks: Clocks, *, reads_per_s: float = 1e6,
+             max_clusters: int = 1000) -> Views:
     settings = load_settings({
         "CONVERGERD_DATABASE_URL": "postgresql://convergerd@db.example:5432/policies",
         "CONVERGERD_IDENTITY": "rep-a",
-        "CONVERGERD_STATUS_READS_PER_SECOND": str(reads_per_s)})
+        "CONVERGERD_STATUS_READS_PER_SECOND": str(reads_per_s),
+        "CONVERGERD_STATUS_MAX_CLUSTERS": str(max_clusters)})
     views = Views(metrics=Metrics(state=state, process_collectors=False), state=state,
                   store=NoDatabase(), settings=settings, health=HealthCheck(),
                   clock=clocks.monotonic)
@@ -85,11 +88,15 @@ def views_of(state: StatusState, clocks: Clocks, *, reads_per_s: float = 1e6) ->
     return views
 
 
-async def get_status(views: Views) -> dict[str, Any]:
-    response = await views.status(make_mocked_request("GET", "/status"))
-    assert response.status == 200
+async def get_body(views: Views, path: str = "/status") -> bytes:
+    response = await views.status(make_mocked_request("GET", path))
+    assert response.status == 200, response.body
     assert isinstance(response.body, bytes)
-    doc: dict[str, Any] = json.loads(response.body)
+    return response.body
+
+
+async def get_status(views: Views, path: str = "/status") -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(await get_body(views, path))
     return doc
 
 
@@ -109,6 +116,78 @@ async def test_the_sliced_body_is_the_snapshot() -> None:
         "url": "postgresql://convergerd@db.example:5432/policies"}}
     assert body["clusters"][0]["id"] == "c04"  # unreached first
     assert body["unsupported_by_version"] == {"v1.29.4": ["c00", "c03", "c06"]}
+    assert body["listing"] == {"complete": True, "order": "worst_first", "listed": 9,
+                               "after": None, "next": None}
+    assert body["fleet"] == {"clusters": 9, "unreached": 1, "unchecked": 0, "failing": 0,
+                             "lagging": 0, "in_sync": 8, "unsupported": 3, "orphaned": 0}
+
+
+async def test_past_the_threshold_a_summary_whose_size_does_not_grow_with_the_fleet() -> None:
+    bodies = []
+    for size in (40, 400):
+        clocks = Clocks()
+        state = fleet(clocks, size)
+        for down in ("c07", "c31"):
+            probe(state, down, False)
+        bodies.append(await get_body(views_of(state, clocks, max_clusters=5)))
+        doc = json.loads(bodies[-1])
+        assert [c["id"] for c in doc["clusters"][:2]] == ["c07", "c31"]  # unreached first
+        assert len(doc["clusters"]) == 5
+        assert doc["listing"] == {"complete": False, "order": "worst_first", "listed": 5,
+                                  "after": None, "next": "/status?limit=5"}
+        assert doc["fleet"]["clusters"] == size
+        assert doc["fleet"]["unreached"] == 2
+        assert doc["fleet"]["unsupported"] == len(range(0, size, 3))
+        assert sum(map(len, doc["unsupported_by_version"].values())) == 5
+    small, large = bodies
+    # Ten times the fleet, the same answer but for a few longer ids and counts.
+    assert len(large) <= len(small) + 32, (len(small), len(large))
+
+
+async def test_pages_walk_every_cluster_once_while_the_state_changes() -> None:
+    clocks = Clocks()
+    state = fleet(clocks, 23)
+    views = views_of(state, clocks, max_clusters=5)
+    path = (await get_status(views))["listing"]["next"]
+    seen: list[str] = []
+    pages = 0
+    while path is not None:
+        page = await get_status(views, path)
+        assert page["listing"]["order"] == "id"
+        assert page["listing"]["listed"] == len(page["clusters"]) <= 5
+        assert page["fleet"]["clusters"] == 23  # every page carries the counts
+        seen += [c["id"] for c in page["clusters"]]
+        probe(state, f"c{pages:02d}", pages % 2 == 0)  # the order of the worst changes
+        clocks.now += STATUS_REUSE_S + 0.1  # and the next page is under a new build
+        path = page["listing"]["next"]
+        pages += 1
+    assert seen == sorted(state.clusters)
+    assert pages == 5
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=6", "limit=-1", "limit=x", "limit=",
+                                   "after=Bad_Id", "after=", "limit=1e3"])
+async def test_a_page_that_cannot_be_served_is_refused_naming_the_parameter(query: str) -> None:
+    clocks = Clocks()
+    views = views_of(fleet(clocks, 3), clocks, max_clusters=5)
+    response = await views.status(make_mocked_request("GET", f"/status?{query}"))
+    assert response.status == 400
+    assert isinstance(response.body, bytes)
+    assert json.loads(response.body)["error"].startswith(query.partition("=")[0] + ":")
+
+
+async def test_a_small_fleet_pages_too() -> None:
+    clocks = Clocks()
+    views = views_of(fleet(clocks, 3), clocks)
+    page = await get_status(views, "/status?limit=2")
+    assert [c["id"] for c in page["clusters"]] == ["c00", "c01"]
+    assert page["listing"]["next"] == "/status?limit=2&after=c01"
+    last = await get_status(views, page["listing"]["next"])
+    assert [c["id"] for c in last["clusters"]] == ["c02"]
+    assert last["listing"] == {"complete": False, "order": "id", "listed": 1,
+                               "after": "c01", "next": None}
+    whole = await get_status(views, "/status?limit=3")
+    assert whole["listing"]["complete"] is True
 
 
 async def test_requests_during_a_build_wait_for_it_instead_of_building_again() -> None:
