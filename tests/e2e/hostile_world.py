@@ -86,6 +86,11 @@ TENANTS: dict[str, Any] = {
 # The grammar: mode -> parameter -> the values a case draws from. `to` of `redirect` is not a
 # fault parameter: `World.fault` turns it into `cluster` or `location`.
 GRAMMAR: dict[str, dict[str, tuple[Any, ...]]] = {
+    "controlChars": {},
+    "wrongTypes": {"fields": (("status.phase",), ("items",), ("metadata.labels", "spec"))},
+    "invalidJson": {},
+    "oversized": {"bytes": (32 * MiB,)},
+    "trickle": {"bytesPerSecond": (10, 10_000)},
     "amplification": {"bytes": (MiB, 4 * MiB, 15 * MiB)},
     "deepNesting": {"depth": (2_000, 100_000, 1_000_000)},
     "endlessContinue": {},

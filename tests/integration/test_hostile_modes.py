@@ -11,10 +11,11 @@ import aiohttp
 import orjson
 import pytest
 
-from convergerd.sim.faults import Faults, FaultsError
+from convergerd.sim.faults import HOSTILE_MODES, Faults, FaultsError
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.hostile import CONTINUE_PREFIX, NESTED_KEY
 from convergerd.sim.tls import client_ssl_context
+from tests.e2e.hostile_world import GRAMMAR
 
 C1, C2 = "c0001", "c0002"
 POLICIES = "/apis/platform.stackship.se/v1alpha1/policies"
@@ -245,3 +246,11 @@ def test_each_mode_reads_back_as_written(doc: dict[str, Any]) -> None:
     assert Faults.from_mapping({"hostile": doc}).to_json()["hostile"] == doc
     if doc.get("location") is None and doc.get("status") != 302:  # the others are defaults
         assert Faults.from_mapping({"hostile": {"mode": doc["mode"]}}).to_json()["hostile"] == doc
+
+
+def test_the_grammar_of_the_hostile_cluster_test_has_every_mode() -> None:
+    """A new mode belongs in tests/e2e/test_hostile_grammar.py's grammar too."""
+    assert set(GRAMMAR) - {"garbageLeases"} == set(HOSTILE_MODES)
+    for mode, params in GRAMMAR.items():
+        for name, values in params.items():
+            assert values, (mode, name)
