@@ -501,7 +501,7 @@ class World:
             st = await self.status()
             lost = st.lost()
             if lost is not None and not any(v.startswith("lease:") for v in out.violations):
-                out.violations.append(f"lease: leadership lost during the case: {lost}")
+                out.violations.append(f"lease: not leading every shard during the case: {lost}")
             out.hostile_reason = st.reasons((HOSTILE,))[HOSTILE] or out.hostile_reason
             lag = await self.metric("convergerd_event_loop_lag_seconds")
             out.loop_lag_s = max(out.loop_lag_s, lag or 0.0)
