@@ -96,6 +96,9 @@ class Daemon:
         self.health = HealthCheck(on_lag=self.metrics.set_loop_lag)
         self.fanout_metrics = FanoutMetrics()
         self.metrics.register(self.fanout_metrics)
+        # The last round's policies: a notification naming another one has a small budget
+        # (`delivery.listener`), so made-up ids cannot crowd out real ones.
+        self.known_policies: frozenset[str] = frozenset()
         self._signals = 0
         self.registry: ClusterRegistry | None = None  # set by main()
         self.prober: Prober | None = None
@@ -364,7 +367,8 @@ class Daemon:
         """Every replica listens; only the leader fans a notification out (once per change)."""
         assert self.settings.database_url is not None
         return Listener(source=PgNotifications(self.settings.database_url), saver=saver,
-                        leading=elector.is_leader, observer=self.fanout_metrics)
+                        leading=elector.is_leader, observer=self.fanout_metrics,
+                        known=lambda policy: policy in self.known_policies)
 
     async def _start_http(self, store: Store, saver: Saver) -> web.AppRunner:
         s = self.settings
@@ -394,6 +398,7 @@ class Daemon:
             await self.registry.retain(clusters)
         if policies is not None:
             self.state.retain_policies(policies)
+            self.known_policies = frozenset(policies)
 
     def sizes(self) -> dict[str, int]:
         """How much per-cluster, per-policy and per-client state this replica holds: the soak

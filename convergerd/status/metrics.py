@@ -670,6 +670,10 @@ class _Collector:
         return self._families()
 
 
+# What the listener does with a notification (`convergerd.delivery.listener`), each counted
+# from zero.
+NOTIFICATION_HANDLINGS = ("queued", "standby", "duplicate", "invalid", "overflow",
+                          "sender_overflow", "unknown_overflow")
 FANOUT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
 
 
@@ -685,7 +689,9 @@ class FanoutMetrics:
       `convergerd_notify_listener_reconnects_total`;
     - `convergerd_notifications_total{handling}`: notifications received, by what this replica
       did with them (`queued` for a save, `standby`: left to the leader, `duplicate`: already
-      queued, `invalid`: not a policy id, `overflow`: too many queued).
+      queued; dropped: `invalid`: not a policy id, `overflow`: too many queued,
+      `sender_overflow`: its sending backend has its share queued, `unknown_overflow`: an id
+      the last round did not load, over the budget of those).
     """
 
     def __init__(self) -> None:
@@ -696,7 +702,7 @@ class FanoutMetrics:
         self._connected = 0.0
         self._reconnects = 0.0
         self._notifications: dict[Labels, float] = {
-            (h,): 0.0 for h in ("queued", "standby", "duplicate", "invalid", "overflow")}
+            (h,): 0.0 for h in NOTIFICATION_HANDLINGS}
 
     def fanout_done(self, operation: str, trigger: str, result: str, duration_s: float) -> None:
         if operation == "save":
