@@ -374,7 +374,7 @@ class Daemon:
         s = self.settings
         app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
                        health=self.health, saver=saver)
-        runner = await serve(app, s.http_host, s.http_port, s.http)
+        runner = await serve(app, s.http_host, s.http_port, s.http, observer=self.metrics)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",
             __version__, self.identity, s.http_host, s.http_port,

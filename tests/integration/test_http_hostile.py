@@ -18,12 +18,13 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from aiohttp import web
 
 from convergerd.api.app import make_app
-from convergerd.api.server import MAX_LINE_BYTES, bound_port, serve
+from convergerd.api.server import FRESH_GRACE_S, MAX_LINE_BYTES, bound_port, serve
 from convergerd.config import HttpLimits, load_settings
 from convergerd.core.errors import ConfigError
 from convergerd.delivery.fanout import FanoutEnv, Saver
@@ -205,7 +206,8 @@ async def test_oversize_and_malformed_requests_are_4xx_with_one_warning(
     not_utf8_url = await served.send(b"GET /v1/clusters/\xff\xfe HTTP/1.1\r\nHost: t\r\n\r\n")
     for answer in (long_url, long_header, many, not_http_url, not_utf8_url):
         assert 400 <= answer.status < 500, answer.text()
-    assert "Got more than" in long_url.text()
+    assert "longer than 8190 bytes" in long_url.text()
+    assert "a" * 20 not in long_url.text()  # nothing of the line is echoed
     assert "Too many headers" in many.text()
     refused = [r for r in caplog.records if "refused a malformed request" in r.getMessage()]
     assert len(refused) == 5, [r.getMessage() for r in caplog.records]
@@ -296,16 +298,21 @@ async def test_idle_connections_are_cut(served: Served) -> None:
 
 
 async def test_connections_are_capped_and_health_still_answers(served: Served) -> None:
-    """Three times the cap in idle connections: the server keeps at most the cap open (it
-    closes those idle the longest) and a new client is still served."""
+    """Three times the cap in connections that send nothing: once they are past the grace a
+    new connection gets (its request may be on the way), the server closes those idle the
+    longest to make room, keeps at most the cap open, and a new client is still served."""
     cap = LIMITS.max_connections
-    opened = [await asyncio.open_connection(served.host, served.port) for _ in range(3 * cap)]
+    grace_s = min(FRESH_GRACE_S, LIMITS.header_timeout_s / 4)
+    first = [await asyncio.open_connection(served.host, served.port) for _ in range(cap)]
+    await asyncio.sleep(grace_s)  # the age that makes a silent connection idle
+    opened = first + [await asyncio.open_connection(served.host, served.port)
+                      for _ in range(cap)]
     try:
-        oldest = [reader for reader, _ in opened[: 2 * cap]]
         # The oldest are closed at once to make room, well before any timeout.
         await asyncio.wait_for(
-            asyncio.gather(*(_closed_within(r, LIMITS.header_timeout_s) for r in oldest)),
+            asyncio.gather(*(_closed_within(r, LIMITS.header_timeout_s) for r, _ in first)),
             LIMITS.header_timeout_s * 0.9)
+        await asyncio.sleep(grace_s)
         assert (await served.get("/healthz")).status == 200
         server = served.runner.server
         assert server is not None
@@ -315,7 +322,16 @@ async def test_connections_are_capped_and_health_still_answers(served: Served) -
             writer.close()
 
 
-async def test_at_the_cap_with_every_connection_serving_a_new_one_is_answered_503() -> None:
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@contextlib.asynccontextmanager
+async def slow_server(
+    cap: int, metrics: Metrics, **serve_options: Any
+) -> AsyncIterator[tuple[int, asyncio.Event, list[web.Request]]]:
+    """A server of `cap` connections whose `/slow` answers once `release` is set; yields its
+    port, `release` and the requests in the app."""
     release, entered = asyncio.Event(), []
 
     async def slow(request: web.Request) -> web.Response:
@@ -325,26 +341,91 @@ async def test_at_the_cap_with_every_connection_serving_a_new_one_is_answered_50
 
     app = web.Application()
     app.router.add_get("/slow", slow)
-    runner = await serve(app, "127.0.0.1", 0, HttpLimits(max_connections=4))
-    port = bound_port(runner)
-    busy = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    runner = await serve(app, "127.0.0.1", 0, HttpLimits(max_connections=cap),
+                         observer=metrics, **serve_options)
     try:
-        for _, writer in busy:
-            writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
-        while len(entered) < 4:  # every connection is in the app
-            await asyncio.sleep(0.01)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        answer = await asyncio.wait_for(reader.read(), 10)
-        writer.close()
-        assert answer.startswith(b"HTTP/1.1 503"), answer
-        assert b"too many connections" in answer
-        release.set()
-        for reader, _ in busy:  # the busy ones were not disturbed
-            assert (await asyncio.wait_for(reader.readline(), 10)).startswith(b"HTTP/1.1 200")
+        yield bound_port(runner), release, entered
     finally:
-        for _, writer in busy:
-            writer.close()
+        release.set()
         await runner.cleanup()
+
+
+async def test_at_the_cap_with_every_connection_serving_requests_are_answered_503() -> None:
+    """Past the cap, a connection is kept to answer its request 503 with Retry-After (and
+    past twice the cap, 503 is written at once); a busy connection is never closed for it."""
+    metrics = Metrics(state=StatusState(identity="t", interval_s=300))
+    async with slow_server(4, metrics) as (port, release, entered):
+        busy = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+        try:
+            for _, writer in busy:
+                writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+            while len(entered) < 4:  # every connection is in the app
+                await asyncio.sleep(0.01)
+            late = [await asyncio.open_connection("127.0.0.1", port) for _ in range(6)]
+            for _, writer in late:
+                writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+            for reader, writer in late:
+                answer = await asyncio.wait_for(reader.read(), 10)
+                writer.close()
+                assert answer.startswith(b"HTTP/1.1 503"), answer
+                assert b"\r\nRetry-After: 1\r\n" in answer, answer
+                assert b"too many connections" in answer
+            assert len(entered) == 4  # none of them reached the app
+            release.set()
+            for reader, _ in busy:  # the busy ones were not disturbed
+                assert (await asyncio.wait_for(reader.readline(), 10)).startswith(
+                    b"HTTP/1.1 200")
+        finally:
+            for _, writer in busy:
+                writer.close()
+    assert sample(metrics, "convergerd_http_connections_refused_total",
+                  reason="over_capacity") == 6
+    assert sample(metrics, "convergerd_http_connections_refused_total",
+                  reason="evicted_idle") == 0
+
+
+async def test_a_burst_of_clients_each_gets_an_answer_and_every_refusal_is_counted(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """Many clients at once, each sending its request at once: every one is answered (200, or
+    503 with Retry-After), none is reset or closed unanswered as "idle"; every 503 is
+    counted, the log has a few lines and, when the window ends, a summary of the rest."""
+    caplog.set_level(logging.INFO, logger="convergerd.api.server")
+    clients, cap = 400, 16
+    metrics = Metrics(state=StatusState(identity="t", interval_s=300))
+    window_s = 3.0  # longer than the burst takes, short enough to wait for its summary
+    async with slow_server(cap, metrics, log_window_s=window_s) as (port, release, entered):
+        release.set()  # answers come at once: the cap is all that is in the way
+
+        async def client() -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                return await asyncio.wait_for(reader.read(), 30)
+            except ConnectionResetError:
+                return b"reset"
+            finally:
+                writer.close()
+
+        answers = await asyncio.gather(*(client() for _ in range(clients)))
+        statuses = [a[:12] for a in answers]
+        ok, refused = statuses.count(b"HTTP/1.1 200"), statuses.count(b"HTTP/1.1 503")
+        assert ok + refused == clients, sorted(set(statuses))
+        assert all(b"\r\nRetry-After: 1\r\n" in a for a in answers if a.startswith(
+            b"HTTP/1.1 503"))
+        assert sample(metrics, "convergerd_http_connections_refused_total",
+                      reason="over_capacity") == refused
+        assert len(entered) == ok
+
+        def lines() -> list[str]:
+            return [r.getMessage() for r in caplog.records if r.name == "convergerd.api.server"]
+
+        if refused > 5:  # the throttle's burst: the rest is summed up when the window ends
+            deadline = time.monotonic() + window_s + 10
+            while not any(m.startswith("suppressed") for m in lines()):
+                assert time.monotonic() < deadline, lines()
+                await asyncio.sleep(0.05)
+        assert len(lines()) <= 2 * 6, lines()
 
 
 async def test_a_client_that_does_not_read_its_answers_is_cut(
