@@ -216,6 +216,57 @@ async def test_oversize_and_malformed_requests_are_4xx_with_one_warning(
     assert (await served.get("/healthz")).status == 200
 
 
+async def test_an_oversize_credential_header_is_never_logged_or_echoed(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 16 KB header is refused by the parser, whose message quotes the line's first 100
+    bytes: for `Authorization`, a credential. None of it may reach the log or the answer."""
+    caplog.set_level(logging.DEBUG)
+    credential = "Sup3rSecretCredential"
+    for header in (b"Authorization: Bearer " + credential.encode() + b"x" * 16_384,
+                   b"Authorization: Basic " + credential.encode() + b"\x00\x01 x",
+                   credential.encode() + b": " + b"x" * 16_384):
+        answer = await served.get("/v1/policies/p1", header, method="DELETE")
+        assert answer.status == 400, answer.text()
+        assert credential not in answer.text() + answer.headers
+        assert credential[:6] not in answer.text()
+    logged = " ".join(f"{r.getMessage()} {r.exc_info}" for r in caplog.records)
+    assert credential[:6] not in logged
+    assert "refused a malformed request" in logged
+
+
+async def test_expect_100_continue_is_sent_only_to_an_authenticated_mutation(
+    served: Served
+) -> None:
+    """A client holding its body back until `100 Continue` gets the 401 first, and no 100;
+    with the token it is told to continue; an unknown expectation is not quoted back."""
+    head = ("POST /v1/policies/nope/apply HTTP/1.1\r\nHost: t\r\nContent-Type: "
+            "application/json\r\nContent-Length: 2\r\nExpect: 100-continue\r\n")
+    refused = await served.send(head.encode() + b"\r\n")  # the body is never sent
+    assert refused.status == 401, refused.text()
+    assert b"100 Continue" not in refused.body
+    assert "a valid bearer token is required" in refused.text()
+    for method, path in (("POST", "/v1/policies/nope/apply"), ("DELETE", "/v1/policies/nope")):
+        wrong = await served.send(head.replace("POST /v1/policies/nope/apply", f"{method} {path}")
+                                  .encode() + b"Authorization: Bearer wrong\r\n\r\n")
+        assert wrong.status == 401, wrong.text()
+
+    reader, writer = await asyncio.open_connection(served.host, served.port)
+    try:
+        writer.write(head.encode() + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"{}")
+        final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert final.startswith(b"HTTP/1.1 404"), final  # no such policy: it did continue
+    finally:
+        writer.close()
+
+    odd = await served.get("/status", b"Expect: FORGED-expectation")
+    assert odd.status == 417, odd.text()
+    assert "FORGED" not in odd.text()
+
+
 async def test_unknown_paths_and_methods_are_json_4xx(
     served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
