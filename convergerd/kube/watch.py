@@ -38,6 +38,7 @@ from typing import Any
 from convergerd.core.decode import clean_text
 from convergerd.core.errors import ClusterError, classify_status
 from convergerd.kube.api import KubeObject, Resource, WatchApi
+from convergerd.logthrottle import LogThrottle
 from convergerd.retry import backoff_s
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,8 @@ class Informer:
         self._on_health = on_health
         self._sleep = sleep
         self._rng = rng or random.Random()
+        # A cluster can send any number of objects without a name: a few lines a minute.
+        self._throttle = LogThrottle(log)
         self._objects: dict[str, KubeObject] = {}
         self.resource_version: str | None = None
         self.synced = asyncio.Event()  # set once the first list is in
@@ -174,7 +177,8 @@ class Informer:
         for item in listed.items:
             key = object_key(item, self.resource.namespaced)
             if key is None:
-                log.warning("a listed %s has no name; left out", self.resource)
+                self._throttle.log("no_name", logging.WARNING, "a listed %s has no name; left "
+                                   "out", self.resource)
                 continue
             fresh[key] = item
         old, self._objects = self._objects, fresh
@@ -217,7 +221,8 @@ class Informer:
                 continue
             key = object_key(event.object, self.resource.namespaced)
             if key is None:
-                log.warning("a watched %s has no namespace; left out", self.resource)
+                self._throttle.log("no_namespace", logging.WARNING, "a watched %s has no "
+                                   "namespace; left out", self.resource)
                 continue
             obj: KubeObject | None = event.object
             if obj is not None and event.type != "DELETED" and self._transform is not None:
