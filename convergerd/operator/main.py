@@ -108,7 +108,7 @@ class OperatorProcess:
                               probe_delay_s=s.probe_delay_s))
             runner = await serve(make_app(operator, self.metrics, self.health),
                                  s.http_host, s.http_port, s.http,
-                                 address_setting="operator_http_addr")
+                                 address_setting="operator_http_addr", observer=self.metrics)
             stack.push_async_callback(runner.cleanup)
             self.port = bound_port(runner)
             log.info("convergerd operator %s (%s) on cluster %s; health and metrics on %s:%d",
