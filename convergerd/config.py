@@ -220,9 +220,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http_max_connections", "CONVERGERD_HTTP_MAX_CONNECTIONS",
             "--http-max-connections", _positive_int, str(HTTP_MAX_CONNECTIONS_DEFAULT),
             "HTTP connections open at once; at the cap a new connection closes the one idle "
-            "the longest (or, when every one is serving a request, is answered 503), so "
-            "clients that never send a request cannot take the descriptors the database pool "
-            "and the clusters need"),
+            "the longest (or, when every one is serving or sending a request, its request is "
+            "answered 503 with Retry-After), so clients that never send a request cannot take "
+            "the descriptors the database pool and the clusters need"),
     Setting("http_header_timeout_s", "CONVERGERD_HTTP_HEADER_TIMEOUT_SECONDS",
             "--http-header-timeout-seconds", _positive_float, "10",
             "seconds a request's line and headers may take to arrive, from the connection's "

@@ -23,13 +23,18 @@ only show redacted values, and a last middleware replaces any that slipped into 
 Every request is untrusted, authenticated or not: an id that is not a valid policy id (a DNS
 label of at most 50 characters) or cluster id is refused with 400 before the database is asked;
 an `Authorization` header that does not decode is a wrong token (401); a request line or header
-longer than `MAX_LINE_BYTES` is refused by the server (400, JSON) with one warning, no
+longer than `MAX_LINE_BYTES` is refused by the server (400, JSON) with a fixed text that quotes
+nothing of the request (a header's first bytes may be a credential), logged without a
 traceback; ids and paths are escaped (`shown`) wherever they are logged, so a request cannot
-forge a line.
+forge a line. `Expect: 100-continue` is answered by each route's expect handler
+(`expect_continue`; the mutations check the token first).
 
 The server is bounded (`serve`, `HttpLimits`): a cap on open connections (at the cap the one
-idle the longest is closed for a new one), a deadline for a request's line and headers, one for
-its body (`convergerd.api.mutations`) and for an answer left unread, and an idle keep-alive timeout.
+idle the longest is closed for a new one; a connection whose request arrived is never idle,
+and with none idle the new one's request is answered 503 with Retry-After), a deadline for a
+request's line and headers, one for its body (`convergerd.api.mutations`) and for an answer
+left unread, and an idle keep-alive timeout. What the bounds do is counted (`BoundsObserver`)
+and logged through a `LogThrottle`, anyone can set them off.
 """
 
 from __future__ import annotations
