@@ -31,7 +31,6 @@ from aiohttp import StreamReader, web
 from convergerd.api.server import (
     error_response,
     expect_continue,
-    over_capacity,
     policy_id_of,
 )
 from convergerd.core.decode import bounded_json
@@ -186,7 +185,7 @@ class Saves:
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue`: the token is checked before the client is told to send its
         body, so a client without it never sends one (and never reads `100 Continue`)."""
-        refused = over_capacity(request) or self._unauthorized(request)
+        refused = self._unauthorized(request)
         if refused is not None:
             refused.force_close()  # the body it held back is not read
             return refused

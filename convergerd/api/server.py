@@ -31,7 +31,7 @@ forge a line. `Expect: 100-continue` is answered by each route's expect handler
 
 The server is bounded (`serve`, `HttpLimits`): a cap on open connections (at the cap the one
 idle the longest is closed for a new one; a connection whose request arrived is never idle,
-and with none idle the new one's request is answered 503 with Retry-After), a deadline for a
+and with none idle the new one is answered 503 with Retry-After), a deadline for a
 request's line and headers, one for its body (`convergerd.api.mutations`) and for an answer
 left unread, and an idle keep-alive timeout. What the bounds do is counted (`BoundsObserver`)
 and logged through a `LogThrottle`, anyone can set them off.
@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import os
+import re
 import resource
 import struct
 import termios
@@ -278,12 +279,8 @@ def server_options() -> dict[str, Any]:
 
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:
-    """The `expect_handler` of every route: `100 Continue` only to a connection within the
-    server's capacity (else its 503), a 417 that does not quote an unknown expectation.
-    Routes that need a token check it first (`mutations.Saves.expect`)."""
-    refused = over_capacity(request)
-    if refused is not None:
-        return refused
+    """The `expect_handler` of every route: `100 Continue`, or a 417 that does not quote an
+    unknown expectation. Routes that need a token check it first (`mutations.Saves.expect`)."""
     if request.version != HttpVersion11:
         return None
     if request.headers.get("Expect", "").lower() != "100-continue":
@@ -307,13 +304,19 @@ _BOUNDS_TEXT = {
     "evicted_idle": "closed an idle connection to make room for a new one",
     "header_timeout": "closed a connection whose request line and headers were late",
     "answer_unread": "cut a connection that left its answer unread",
+    "reset": "reset a connection at once (twice CONVERGERD_HTTP_MAX_CONNECTIONS are open or "
+             "being answered 503)",
 }
 # Over capacity: a request is answered 503 with this Retry-After.
 RETRY_AFTER_S = 1
-# Past the cap, up to as many connections again are held only to answer their request 503;
-# past that, 503 is written at once and what the client sends is read and dropped for this
-# long, so its request does not turn our close into a reset that loses the answer.
+# Past the cap (no connection idle), as many connections again get 503 written at once, and
+# what the client sends is read and dropped until its request's head is in (one loop turn when
+# it came with the connection) or for at most this long: closing on a request that arrives
+# unread would reset the connection, and the client could lose the answer. Past that (twice
+# the cap in all, what the startup warning about descriptors assumes), a connection is reset.
 REFUSED_LINGER_S = 2.0
+# A request head that says a body follows (which we would not read): linger for the timer.
+_DECLARES_BODY = re.compile(rb"(?im)^(content-length:[ \t]*0*[1-9]|transfer-encoding:)")
 # A connection that has not sent a byte yet is idle (may be closed for a new one) only once it
 # is this old (and at most a quarter of the header timeout): a client sends its request just
 # after connecting, and in a burst the loop accepts many connections before it reads any.
@@ -343,52 +346,43 @@ def _bytes_waiting(transport: asyncio.BaseTransport | None) -> int:
 
 
 class _Connections:
-    """The open connections of one server: the cap, the overflow answered 503, and what the
-    bounds did, counted and logged."""
+    """The open connections of one server: the cap, those past it being answered 503, and
+    what the bounds did, counted and logged."""
 
     def __init__(self, limits: HttpLimits, observer: BoundsObserver | None,
                  log_window_s: float = WINDOW_S) -> None:
         self.limits = limits
         self.open: dict[_Connection, None] = {}  # oldest first
-        self.overflow: dict[_Connection, None] = {}  # past the cap: answered 503
+        self.lingering: set[_Connection] = set()  # past the cap: 503 written, closing
         self._observer = observer
         self.throttle = LogThrottle(log, window_s=log_window_s)
 
     def admit(self, connection: _Connection) -> str:
         """Where `connection` goes: `open` (at the cap, the connection idle the longest is
         closed for it; idle: no request in the app, none being read, no byte of one waiting
-        in the kernel), `overflow` (answered 503 once its request arrives), or `refused`."""
-        if len(self.open) >= self.limits.max_connections:
+        in the kernel), `refused` (no connection idle: 503, then closed once its request is
+        in) or `reset` (as many refused already)."""
+        cap = self.limits.max_connections
+        if len(self.open) >= cap:
             now = time.monotonic()
             idle = [c for c in self.open if c.idle(now)]
-            if idle:
-                oldest = min(idle, key=lambda c: c.idle_since)
-                self.note("evicted_idle")
-                self.forget(oldest)  # now: it is gone before its connection_lost comes
-                oldest.force_close()  # a FIN: nothing of a request waits to be reset
-            elif len(self.overflow) < self.limits.max_connections:
-                self.overflow[connection] = None
-                return "overflow"
-            else:
-                self.note("over_capacity")
-                return "refused"
+            if not idle:
+                if len(self.lingering) < cap:
+                    self.note("over_capacity")
+                    self.lingering.add(connection)
+                    return "refused"
+                self.note("reset")
+                return "reset"
+            oldest = min(idle, key=lambda c: c.idle_since)
+            self.note("evicted_idle")
+            self.forget(oldest)  # now: it is gone before its connection_lost comes
+            oldest.force_close()  # a FIN: nothing of a request waits to be reset
         self.open[connection] = None
         return "open"
 
-    def promote(self, connection: _Connection) -> bool:
-        """Whether an overflow connection whose request came may be served now (room was made
-        meanwhile)."""
-        if connection not in self.overflow:
-            return True
-        if len(self.open) >= self.limits.max_connections:
-            return False
-        del self.overflow[connection]
-        self.open[connection] = None
-        return True
-
     def forget(self, connection: _Connection) -> None:
         self.open.pop(connection, None)
-        self.overflow.pop(connection, None)
+        self.lingering.discard(connection)
 
     def note(self, why: str, *, logged: bool = True) -> None:
         assert why in HTTP_BOUNDS_REASONS, why
@@ -411,25 +405,8 @@ def _raw_error(status: int, message: str, *, retry_after_s: int | None = None) -
             f"Content-Length: {len(body)}\r\n{retry}Connection: close\r\n\r\n").encode() + body
 
 
-def _over_capacity_response() -> web.Response:
-    response = error_response(503, _OVER_CAPACITY, retry_after_seconds=RETRY_AFTER_S)
-    response.headers["Retry-After"] = str(RETRY_AFTER_S)
-    response.force_close()
-    return response
-
-
 _OVER_CAPACITY = ("too many connections: every one is serving a request; retry in "
                   f"{RETRY_AFTER_S} s")
-
-
-def over_capacity(request: web.Request) -> web.Response | None:
-    """The 503 for a request that came on a connection past the cap while there is still no
-    room (counted), None when it may be served."""
-    connection = request.protocol
-    if not isinstance(connection, _Connection) or connection.connections.promote(connection):
-        return None
-    connection.connections.note("over_capacity")
-    return _over_capacity_response()
 
 
 class _Connection(RequestHandler):
@@ -444,6 +421,7 @@ class _Connection(RequestHandler):
         "_head_started",
         "_head_timer",
         "_linger_timer",
+        "_lingering_head",
         "_unread_timer",
         "busy",
         "connections",
@@ -458,27 +436,44 @@ class _Connection(RequestHandler):
         self._head_started = False
         self._unread_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._lingering_head: bytearray | None = None  # refused: what came of the request
         self.busy = 0  # requests in the app now
         self.served = False  # a request was answered (then it is a kept-alive connection)
         self.idle_since = time.monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if self.connections.admit(self) == "refused":
+        admitted = self.connections.admit(self)
+        if admitted == "reset":
+            self.abort()
+            return
+        if admitted == "refused":
             self._refuse(transport)
             return
         self._start_head_timer()
 
     def _refuse(self, transport: asyncio.BaseTransport) -> None:
         """503 at once, then what the client sends is read and dropped (the parser is off)
-        until it closes or `REFUSED_LINGER_S` passes: closing on a request that arrives
-        unread would reset the connection, and the client could lose the answer."""
+        until its request's head is in, it closes, or `REFUSED_LINGER_S` passes: closing on a
+        request that arrives unread would reset the connection, and the client could lose the
+        answer."""
         assert isinstance(transport, asyncio.Transport)
         self.close()  # aiohttp parses nothing more on it
+        self._lingering_head = bytearray()
         transport.write(_raw_error(503, _OVER_CAPACITY, retry_after_s=RETRY_AFTER_S))
         if transport.can_write_eof():
             transport.write_eof()
         self._linger_timer = self._loop.call_later(REFUSED_LINGER_S, transport.close)
+
+    def _linger(self, data: bytes) -> None:
+        """Drop what a refused client sends; close once its request's head is in and says no
+        body follows (nothing more comes to be reset by the close)."""
+        head = self._lingering_head
+        assert head is not None
+        head += data[: MAX_LINE_BYTES - len(head)]  # enough to find the head's end
+        end = head.find(b"\r\n\r\n")
+        if end >= 0 and not _DECLARES_BODY.search(head, 0, end) and self.transport is not None:
+            self.transport.close()
 
     def idle(self, now: float) -> bool:
         """No request in the app, none being read, no byte of one waiting in the kernel, and
@@ -496,6 +491,9 @@ class _Connection(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering_head is not None:
+            self._linger(data)
+            return
         if self.busy == 0 and data:
             self._head_started = True
             if self._head_timer is None:  # the first byte of a later request
@@ -570,9 +568,6 @@ async def _track_requests(request: web.Request, handler: Handler) -> web.StreamR
     connection = request.protocol
     if not isinstance(connection, _Connection):
         return await handler(request)
-    refused = over_capacity(request)
-    if refused is not None:
-        return refused
     connection.request_started()
     try:
         response = await handler(request)
