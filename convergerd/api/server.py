@@ -359,26 +359,31 @@ class _Connections:
 
     def admit(self, connection: _Connection) -> str:
         """Where `connection` goes: `open` (at the cap, the connection idle the longest is
-        closed for it; idle: no request in the app, none being read, no byte of one waiting
-        in the kernel), `refused` (no connection idle: 503, then closed once its request is
+        closed for it; idle: `_Connection.quiet` and no byte of a request waiting in the
+        kernel), `refused` (no connection idle: 503, then closed once its request is
         in) or `reset` (as many refused already)."""
         cap = self.limits.max_connections
         if len(self.open) >= cap:
-            now = time.monotonic()
-            idle = [c for c in self.open if c.idle(now)]
-            if not idle:
+            oldest = self._idle_the_longest()
+            if oldest is None:
                 if len(self.lingering) < cap:
                     self.note("over_capacity")
                     self.lingering.add(connection)
                     return "refused"
                 self.note("reset")
                 return "reset"
-            oldest = min(idle, key=lambda c: c.idle_since)
             self.note("evicted_idle")
             self.forget(oldest)  # now: it is gone before its connection_lost comes
             oldest.force_close()  # a FIN: nothing of a request waits to be reset
         self.open[connection] = None
         return "open"
+
+    def _idle_the_longest(self) -> _Connection | None:
+        """The open connection idle the longest; the kernel is asked (a system call) only
+        about the candidates in that order, until one has no byte waiting."""
+        now = time.monotonic()
+        quiet = sorted((c for c in self.open if c.quiet(now)), key=lambda c: c.idle_since)
+        return next((c for c in quiet if _bytes_waiting(c.transport) == 0), None)
 
     def forget(self, connection: _Connection) -> None:
         self.open.pop(connection, None)
@@ -475,13 +480,13 @@ class _Connection(RequestHandler):
         if end >= 0 and not _DECLARES_BODY.search(head, 0, end) and self.transport is not None:
             self.transport.close()
 
-    def idle(self, now: float) -> bool:
-        """No request in the app, none being read, no byte of one waiting in the kernel, and
-        not just opened (its request may be on the way): closing it loses no request."""
+    def quiet(self, now: float) -> bool:
+        """No request in the app, none being read, and not just opened (its request may be on
+        the way). Idle, closing it loses no request, when no byte of one waits in the kernel
+        either (`_bytes_waiting`)."""
         grace_s = min(FRESH_GRACE_S, self.connections.limits.header_timeout_s / 4)
         return (self.busy == 0 and not self._head_started and self.transport is not None
-                and (self.served or now - self.idle_since >= grace_s)
-                and _bytes_waiting(self.transport) == 0)
+                and (self.served or now - self.idle_since >= grace_s))
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.connections.forget(self)
