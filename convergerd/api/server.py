@@ -292,6 +292,23 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     return None
 
 
+def _known_expectations(
+    handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """`handler` (the app's), with an `Expect` other than 100-continue refused first, on every
+    path: aiohttp's own answer for unknown paths quotes the header back, in plain text."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        expect = request.headers.get("Expect")
+        if expect is not None and expect.lower() != "100-continue":
+            refused = error_response(417, "the only expectation understood is 100-continue")
+            refused.force_close()
+            return refused
+        return await handler(request)
+
+    return handle
+
+
 # ---------------------------------------------------------------------------------------------
 # The server's bounds (`HttpLimits`, the CONVERGERD_HTTP_* settings)
 
@@ -624,6 +641,8 @@ async def serve(app: web.Application, host: str, port: int, limits: HttpLimits, 
     runner = web.AppRunner(app, **options)
     await runner.setup()
     manager = runner.server
+    assert manager is not None
+    manager.request_handler = _known_expectations(manager.request_handler)
 
     def connection() -> _Connection:
         return _Connection(manager, connections, **options)

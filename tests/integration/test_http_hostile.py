@@ -263,9 +263,11 @@ async def test_expect_100_continue_is_sent_only_to_an_authenticated_mutation(
     finally:
         writer.close()
 
-    odd = await served.get("/status", b"Expect: FORGED-expectation")
-    assert odd.status == 417, odd.text()
-    assert "FORGED" not in odd.text()
+    for path in ("/status", "/v1/policies/p1", "/no/such/path"):
+        odd = await served.get(path, b"Expect: FORGED-expectation")
+        assert odd.status == 417, odd.text()
+        assert "FORGED" not in odd.text()
+        assert json.loads(odd.body)["error"]
 
 
 async def test_unknown_paths_and_methods_are_json_4xx(
