@@ -49,6 +49,7 @@ import math
 import os
 import re
 import resource
+import socket
 import struct
 import termios
 import time
@@ -321,16 +322,16 @@ _BOUNDS_TEXT = {
     "evicted_idle": "closed an idle connection to make room for a new one",
     "header_timeout": "closed a connection whose request line and headers were late",
     "answer_unread": "cut a connection that left its answer unread",
-    "reset": "reset a connection at once (twice CONVERGERD_HTTP_MAX_CONNECTIONS are open or "
-             "being answered 503)",
 }
 # Over capacity: a request is answered 503 with this Retry-After.
 RETRY_AFTER_S = 1
-# Past the cap (no connection idle), as many connections again get 503 written at once, and
-# what the client sends is read and dropped until its request's head is in (one loop turn when
-# it came with the connection) or for at most this long: closing on a request that arrives
-# unread would reset the connection, and the client could lose the answer. Past that (twice
-# the cap in all, what the startup warning about descriptors assumes), a connection is reset.
+# Past the cap (no connection idle), a connection gets 503 written at once, and what the
+# client sends is read and dropped until its request's head is in (one loop turn when it came
+# with the connection) or for at most this long: closing on a request that arrives unread would
+# reset the connection, and the client could lose the answer. At most half the cap wait so for
+# a request that has not come (one whose request is in waits its turn whatever the count);
+# past that, a connection that brought nothing of a request yet gets its 503 and is closed at
+# once (a client that reads before its request's reset comes back still has the answer).
 REFUSED_LINGER_S = 2.0
 # A request head that says a body follows (which we would not read): linger for the timer.
 _DECLARES_BODY = re.compile(rb"(?im)^(content-length:[ \t]*0*[1-9]|transfer-encoding:)")
@@ -338,6 +339,8 @@ _DECLARES_BODY = re.compile(rb"(?im)^(content-length:[ \t]*0*[1-9]|transfer-enco
 # is this old (and at most a quarter of the header timeout): a client sends its request just
 # after connecting, and in a burst the loop accepts many connections before it reads any.
 FRESH_GRACE_S = 1.0
+# Connections the kernel holds before the loop accepts them (net.core.somaxconn caps it).
+LISTEN_BACKLOG = 1024
 
 
 class BoundsObserver(Protocol):
@@ -378,17 +381,19 @@ class _Connections:
         """Where `connection` goes: `open` (at the cap, the connection idle the longest is
         closed for it; idle: `_Connection.quiet` and no byte of a request waiting in the
         kernel), `refused` (no connection idle: 503, then closed once its request is
-        in) or `reset` (as many refused already)."""
+        in) or `refused_at_once` (half the cap lingering already, and nothing of a request
+        came with it: 503, then closed at once)."""
         cap = self.limits.max_connections
         if len(self.open) >= cap:
             oldest = self._idle_the_longest()
             if oldest is None:
-                if len(self.lingering) < cap:
-                    self.note("over_capacity")
+                self.note("over_capacity")
+                # A request already in lingers whatever the count (it closes within a turn).
+                if (len(self.lingering) < max(1, cap // 2)
+                        or _bytes_waiting(connection.transport) > 0):
                     self.lingering.add(connection)
                     return "refused"
-                self.note("reset")
-                return "reset"
+                return "refused_at_once"
             self.note("evicted_idle")
             self.forget(oldest)  # now: it is gone before its connection_lost comes
             oldest.force_close()  # a FIN: nothing of a request waits to be reset
@@ -466,25 +471,25 @@ class _Connection(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         admitted = self.connections.admit(self)
-        if admitted == "reset":
-            self.abort()
-            return
-        if admitted == "refused":
-            self._refuse(transport)
+        if admitted != "open":
+            self._refuse(transport, linger=admitted == "refused")
             return
         self._start_head_timer()
 
-    def _refuse(self, transport: asyncio.BaseTransport) -> None:
-        """503 at once, then what the client sends is read and dropped (the parser is off)
-        until its request's head is in, it closes, or `REFUSED_LINGER_S` passes: closing on a
-        request that arrives unread would reset the connection, and the client could lose the
-        answer."""
+    def _refuse(self, transport: asyncio.BaseTransport, *, linger: bool) -> None:
+        """503 at once; with `linger`, what the client sends is then read and dropped (the
+        parser is off) until its request's head is in, it closes, or `REFUSED_LINGER_S`
+        passes: closing on a request that arrives unread would reset the connection, and the
+        client could lose the answer."""
         assert isinstance(transport, asyncio.Transport)
         self.close()  # aiohttp parses nothing more on it
-        self._lingering_head = bytearray()
         transport.write(_raw_error(503, _OVER_CAPACITY, retry_after_s=RETRY_AFTER_S))
         if transport.can_write_eof():
             transport.write_eof()
+        if not linger:
+            transport.close()
+            return
+        self._lingering_head = bytearray()
         self._linger_timer = self._loop.call_later(REFUSED_LINGER_S, transport.close)
 
     def _linger(self, data: bytes) -> None:
@@ -620,8 +625,15 @@ class _Site(web.BaseSite):
 
     async def start(self) -> None:
         await super().start()
-        self._server = await asyncio.get_running_loop().create_server(
+        server = self._server = await asyncio.get_running_loop().create_server(
             self._factory, self._host, self._port, backlog=self._backlog)
+        # The kernel may hold more pending connections than the loop accepts a turn (asyncio
+        # accepts `backlog` a turn, and listens with as many): a burst then waits there with
+        # its requests, instead of having its handshakes and requests dropped and resent
+        # seconds later, when their connections look silent.
+        for listening in server.sockets:
+            with socket.socket(fileno=os.dup(listening.fileno())) as same:
+                same.listen(LISTEN_BACKLOG)
 
 
 async def serve(app: web.Application, host: str, port: int, limits: HttpLimits, *,

@@ -104,10 +104,9 @@ RETRY_REASONS = ("connect_error", "server_error", "throttled")
 RECORD_FAILURE_REASONS = ("data", "constraint", "access", "limit", "raised", "other", "internal")
 # What the HTTP server's bounds do (`convergerd.api.server`), each counted from zero:
 # `over_capacity` (a request answered 503 with Retry-After), `evicted_idle` (an idle connection
-# closed for a new one), `header_timeout`, `answer_unread`, `malformed` (refused by the parser),
-# `reset` (twice the cap open or being answered: reset at once).
+# closed for a new one), `header_timeout`, `answer_unread`, `malformed` (refused by the parser).
 HTTP_BOUNDS_REASONS = ("over_capacity", "evicted_idle", "header_timeout", "answer_unread",
-                       "malformed", "reset")
+                       "malformed")
 APPLY_VERBS = frozenset({"apply", "patch"})
 ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 300.0, 450.0, 600.0)
 APPLY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
