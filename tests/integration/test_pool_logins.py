@@ -23,6 +23,8 @@ def one_line_library_logs() -> Iterator[None]:
     """`configure_logging`'s filters on the libraries' loggers, the test's handlers kept."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    others = {name: logging.getLogger(name).level
+              for name in ("aiohttp.access", "kubernetes_asyncio")}
     configure_logging("INFO")
     root.handlers[:] = handlers  # pytest's capture, not a new stderr handler
     root.setLevel(level)
@@ -31,6 +33,8 @@ def one_line_library_logs() -> Iterator[None]:
     finally:
         for name in ONE_LINE_LOGGERS:
             logging.getLogger(name).removeFilter(one_line_errors)
+        for name, was in others.items():
+            logging.getLogger(name).setLevel(was)
 
 
 async def test_a_pool_whose_logins_are_refused_logs_one_line_per_attempt(
