@@ -10,18 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convergerd.operator.admission import BOUNDARY_LABEL, render_admission
-from convergerd.operator.audit import (
-    Incomplete,
-    Judge,
-    audit,
-    audit_differs,
-    audit_status,
-    denial,
-    denied,
-)
+from convergerd.admission.evaluate import Attributes, PolicyEvaluator
+from convergerd.admission.render import BOUNDARY_LABEL, render_admission
+from convergerd.admission.verdict import Judge, denial, denied
+from convergerd.operator.audit import Incomplete, audit, audit_differs, audit_status
 from convergerd.operator.workloads import slim
-from convergerd.sim.vap import Attributes, PolicyEvaluator
 from tests.integration.test_sim_admission import CASES, LABELS, LATEST, REGISTRIES, Case, workload
 
 NS = "team-a-apps"
