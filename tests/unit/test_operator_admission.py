@@ -1,4 +1,4 @@
-"""The rendering of a Policy as a ValidatingAdmissionPolicy and binding (operator.admission).
+"""The rendering of a Policy as a ValidatingAdmissionPolicy and binding (admission.render).
 
 What the CEL means is tested by evaluating it (tests/integration/test_sim_admission.py); here:
 the objects' shape, what cannot be rendered, and that no input reaches CEL as code.

@@ -1,5 +1,6 @@
-"""The audit's verdicts and messages equal the rendered CEL's, as the simulator's admission
-evaluates it: on the simulator's admission corpus and on generated objects."""
+"""The audit's verdicts and messages (admission.verdict) equal the rendered CEL's, as
+admission.evaluate evaluates it (the evaluator of the simulator's admission and of `policy
+eval`): on the simulator's admission corpus and on generated objects."""
 
 from __future__ import annotations
 
