@@ -64,6 +64,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from convergerd.admission.render import (
+    ProbeUnsatisfiable,
+    RenderError,
+    admission_name,
+    violating_pod,
+)
+from convergerd.admission.verdict import Judge
 from convergerd.config import DEFAULT_OPERATOR_CACHE_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
 from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
 from convergerd.core.model import is_namespace_name, is_object_name
@@ -73,13 +80,7 @@ from convergerd.kube.watch import Informer
 from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
 from convergerd.logthrottle import LogThrottle
-from convergerd.operator.admission import (
-    ProbeUnsatisfiable,
-    RenderError,
-    admission_name,
-    violating_pod,
-)
-from convergerd.operator.audit import Judge, audit, audit_differs, audit_status
+from convergerd.operator.audit import audit, audit_differs, audit_status
 from convergerd.operator.cache import WorkloadCache
 from convergerd.operator.metrics import OperatorMetrics
 from convergerd.operator.reconcile import (
