@@ -20,6 +20,7 @@ from typing import Any
 
 from convergerd.core.decode import clean_text
 from convergerd.core.errors import BadFile, ConfigError
+from convergerd.core.model import is_namespace_name, is_object_name
 from convergerd.files import read_bounded
 
 INTERVAL_ENV = "Policies__ConvergeIntervalMinutes"
@@ -89,6 +90,67 @@ def _text(value: str) -> str:
     return value.strip()
 
 
+# Settings that end up in a Lease, a request path or header, or a file name are checked at
+# start as object names are: a newline in an identity or `../` in a namespace would otherwise
+# surface as tracebacks, odd request paths or a false "another replica leads".
+# An identity is a Lease's holderIdentity and part of every request's User-Agent header (a pod
+# name, or host name plus suffix): letters, digits and `._:-`, no space, at most 128.
+_IDENTITY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._:-]{0,126}[A-Za-z0-9])?")
+IDENTITY_MAX_LEN = 128
+# A kubeconfig context name is looked up, logged and labelled: visible characters, at most 253.
+_CONTEXT_MAX_LEN = 253
+# A bearer token goes into an Authorization header: visible ASCII, no space (RFC 6750's
+# b64token and more), at most 4 KiB.
+_TOKEN = re.compile(r"[\x21-\x7e]{1,4096}")
+
+
+def _object_name(value: str) -> str:
+    name = value.strip()
+    if not is_object_name(name):
+        raise ValueError("expected a Kubernetes object name: lowercase letters, digits, '-' "
+                         "and '.', starting and ending with a letter or digit, at most 253")
+    return name
+
+
+def _namespace(value: str) -> str:
+    name = value.strip()
+    if not is_namespace_name(name):
+        raise ValueError("expected a namespace name: lowercase letters, digits and '-', "
+                         "starting and ending with a letter or digit, at most 63")
+    return name
+
+
+def _identity(value: str) -> str:
+    identity = value.strip()
+    if not _IDENTITY.fullmatch(identity):
+        raise ValueError(f"expected letters, digits, '.', '_', ':' and '-' (no space or control "
+                         f"character), starting and ending with a letter or digit, at most "
+                         f"{IDENTITY_MAX_LEN}")
+    return identity
+
+
+def _context(value: str) -> str:
+    name = _text(value)
+    if len(name) > _CONTEXT_MAX_LEN or not name.isprintable():
+        raise ValueError(f"expected a kubeconfig context name: printable characters, at most "
+                         f"{_CONTEXT_MAX_LEN}")
+    return name
+
+
+def _token(value: str) -> str:
+    token = _text(value)
+    if not _TOKEN.fullmatch(token):
+        raise ValueError("expected visible ASCII characters without spaces, at most 4096 "
+                         "(it is sent in an Authorization header)")
+    return token
+
+
+def _path(value: str) -> Path:
+    if not value.strip() or not value.isprintable():
+        raise ValueError("expected a file path: not empty, no control character")
+    return Path(value)
+
+
 def _dsn(value: str) -> str:
     parsed = urllib.parse.urlsplit(value.strip())
     if parsed.scheme not in ("postgres", "postgresql"):
@@ -142,17 +204,17 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("database_url", "CONVERGERD_DATABASE_URL", "--database-url", _dsn, None,
             "PostgreSQL DSN of the policy database", secret=True),
-    Setting("database_url_file", "CONVERGERD_DATABASE_URL_FILE", "--database-url-file", Path,
+    Setting("database_url_file", "CONVERGERD_DATABASE_URL_FILE", "--database-url-file", _path,
             None, "file holding the PostgreSQL DSN (instead of the DSN itself: kept out of `ps` "
             "and the environment)"),
-    Setting("kubeconfig", "CONVERGERD_KUBECONFIG", "--kubeconfig", Path, None,
+    Setting("kubeconfig", "CONVERGERD_KUBECONFIG", "--kubeconfig", _path, None,
             "kubeconfig with one context per member cluster, named by cluster id"),
     Setting("allow_insecure_clusters", "CONVERGERD_ALLOW_INSECURE_CLUSTERS",
             "--allow-insecure-clusters", _bool, "false",
             "use clusters whose kubeconfig turns TLS verification off or names an http:// "
             "server (each logged once and exported as convergerd_cluster_insecure); "
             "false: they are reported as 'insecure' and not contacted"),
-    Setting("home_context", "CONVERGERD_HOME_CONTEXT", "--home-context", _text, None,
+    Setting("home_context", "CONVERGERD_HOME_CONTEXT", "--home-context", _context, None,
             "kubeconfig context of the home cluster holding the Lease (unset: in-cluster config)"),
     Setting("leader_election", "CONVERGERD_LEADER_ELECTION", "--leader-election", _bool, "true",
             "take the Lease before converging; false only for a single replica"),
@@ -178,9 +240,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http_max_connections", "CONVERGERD_HTTP_MAX_CONNECTIONS",
             "--http-max-connections", _positive_int, str(HTTP_MAX_CONNECTIONS_DEFAULT),
             "HTTP connections open at once; at the cap a new connection closes the one idle "
-            "the longest (or, when every one is serving a request, is answered 503), so "
-            "clients that never send a request cannot take the descriptors the database pool "
-            "and the clusters need"),
+            "the longest (or, when every one is serving or sending a request, its request is "
+            "answered 503 with Retry-After), so clients that never send a request cannot take "
+            "the descriptors the database pool and the clusters need"),
     Setting("http_header_timeout_s", "CONVERGERD_HTTP_HEADER_TIMEOUT_SECONDS",
             "--http-header-timeout-seconds", _positive_float, "10",
             "seconds a request's line and headers may take to arrive, from the connection's "
@@ -192,12 +254,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http_idle_timeout_s", "CONVERGERD_HTTP_IDLE_TIMEOUT_SECONDS",
             "--http-idle-timeout-seconds", _positive_float, "30",
             "seconds a kept-alive HTTP connection may wait for its next request"),
-    Setting("api_token", "CONVERGERD_API_TOKEN", "--api-token", _text, None,
+    Setting("api_token", "CONVERGERD_API_TOKEN", "--api-token", _token, None,
             "bearer token required by the mutating endpoints", secret=True),
-    Setting("api_token_file", "CONVERGERD_API_TOKEN_FILE", "--api-token-file", Path, None,
+    Setting("api_token_file", "CONVERGERD_API_TOKEN_FILE", "--api-token-file", _path, None,
             "file holding the API token (instead of the token itself: kept out of `ps` and the "
             "environment)"),
-    Setting("identity", "CONVERGERD_IDENTITY", "--identity", _text, None,
+    Setting("identity", "CONVERGERD_IDENTITY", "--identity", _identity, None,
             "this replica's identity in the Lease (default: host name + random suffix)"),
     Setting("interval_minutes", INTERVAL_ENV, "--interval-minutes", _positive_float, "5",
             "minutes between converge rounds (decimals allowed: 0.1 = 6 s)"),
@@ -222,12 +284,12 @@ SETTINGS: tuple[Setting, ...] = (
             _positive_int, str(DEFAULT_MAX_RESPONSE_BYTES),
             "largest answer read from a cluster (a list page); a larger one fails that cluster "
             "with reason bad_response"),
-    Setting("lease_name", "CONVERGERD_LEASE_NAME", "--lease-name", _text, "convergerd",
+    Setting("lease_name", "CONVERGERD_LEASE_NAME", "--lease-name", _object_name, "convergerd",
             "name of the leader-election Lease"),
     Setting("shards", "CONVERGERD_SHARDS", "--shards", _positive_int, "1",
             "split the clusters into this many shards, one Lease each (convergerd-shard-<k>), "
             "held by the replicas in fair shares; 1: one Lease (CONVERGERD_LEASE_NAME) for all"),
-    Setting("lease_namespace", "CONVERGERD_LEASE_NAMESPACE", "--lease-namespace", _text,
+    Setting("lease_namespace", "CONVERGERD_LEASE_NAMESPACE", "--lease-namespace", _namespace,
             "stackship-system", "namespace of the leader-election Lease"),
     Setting("lease_duration_s", "CONVERGERD_LEASE_DURATION_SECONDS", "--lease-duration-seconds",
             _positive_float, "15", "how long a Lease holds without renewal"),
@@ -265,17 +327,17 @@ SETTINGS: tuple[Setting, ...] = (
 )
 # `convergerd operator` only; it also reads the shared settings in OPERATOR_SHARED_KEYS.
 OPERATOR_SETTINGS: tuple[Setting, ...] = (
-    Setting("operator_context", "CONVERGERD_OPERATOR_CONTEXT", "--context", _text, None,
+    Setting("operator_context", "CONVERGERD_OPERATOR_CONTEXT", "--context", _context, None,
             "kubeconfig context (in CONVERGERD_KUBECONFIG) of the cluster to operate; unset: "
             "in-cluster config, as the pod's service account"),
     Setting("operator_http_addr", "CONVERGERD_OPERATOR_HTTP_ADDR", "--operator-http-addr",
             _host_port, "0.0.0.0:8081",
             "listen address of the operator's /healthz, /readyz and /metrics"),
     Setting("operator_lease_name", "CONVERGERD_OPERATOR_LEASE_NAME", "--operator-lease-name",
-            _text, "convergerd-operator",
+            _object_name, "convergerd-operator",
             "name of the operator's leader-election Lease (only the holder writes)"),
     Setting("operator_lease_namespace", "CONVERGERD_OPERATOR_LEASE_NAMESPACE",
-            "--operator-lease-namespace", _text, "stackship-system",
+            "--operator-lease-namespace", _namespace, "stackship-system",
             "namespace of the operator's Lease (its own namespace)"),
     Setting("operator_recheck_s", "CONVERGERD_OPERATOR_RECHECK_SECONDS",
             "--operator-recheck-seconds", _positive_float, "3600",
@@ -396,8 +458,9 @@ class Settings:
 
 def default_identity() -> str:
     """Pod name (the host name in Kubernetes) plus a random suffix, so a restarted pod with the
-    same name is a new holder."""
-    return f"{socket.gethostname()}-{secrets.token_hex(3)}"
+    same name is a new holder. A host name is cut to what an identity may hold."""
+    host = re.sub(r"[^A-Za-z0-9._:-]+", "-", socket.gethostname()).strip("._:-")[:100]
+    return f"{host or 'convergerd'}-{secrets.token_hex(3)}"
 
 
 def _read(values: Mapping[str, str | None], setting: Setting) -> Any:

@@ -87,6 +87,9 @@ class Daemon:
         self.fanout_metrics = FanoutMetrics()
         self.metrics.register(self.fanout_metrics)
         self.metrics.register(ReadinessMetrics(self.health.not_ready, self.state))
+        # The last round's policies: a notification naming another one has a small budget
+        # (`delivery.listener`), so made-up ids cannot crowd out real ones.
+        self.known_policies: frozenset[str] = frozenset()
         self._signals = 0
         self.registry: ClusterRegistry | None = None  # set by main()
         self.prober: Prober | None = None
@@ -331,13 +334,14 @@ class Daemon:
         """Every replica listens; only the leader fans a notification out (once per change)."""
         assert self.settings.database_url is not None
         return Listener(source=PgNotifications(self.settings.database_url), saver=saver,
-                        leading=shardset.leader.elector.is_leader, observer=self.fanout_metrics)
+                        leading=shardset.leader.elector.is_leader, observer=self.fanout_metrics,
+                        known=lambda policy: policy in self.known_policies)
 
     async def _start_http(self, store: Store, saver: Saver) -> web.AppRunner:
         s = self.settings
         app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
                        health=self.health, saver=saver)
-        runner = await serve(app, s.http_host, s.http_port, s.http)
+        runner = await serve(app, s.http_host, s.http_port, s.http, observer=self.metrics)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",
             __version__, self.identity, s.http_host, s.http_port,
@@ -361,6 +365,7 @@ class Daemon:
             await self.registry.retain(clusters)
         if policies is not None:
             self.state.retain_policies(policies)
+            self.known_policies = frozenset(policies)
 
     def sizes(self) -> dict[str, int]:
         """How much per-cluster, per-policy and per-client state this replica holds: the soak

@@ -26,6 +26,7 @@ from convergerd.api.server import (
     Health,
     StatusSource,
     Views,
+    expect_continue,
     middlewares,
 )
 from convergerd.config import Settings
@@ -50,14 +51,17 @@ def make_app(
     views.db_timeout_s = status_db_timeout_s
     saves = Saves(saver, token=settings.api_token, body_timeout_s=settings.http.body_timeout_s)
     app = web.Application(middlewares=middlewares(settings))
+    # `Expect: 100-continue` is answered by each route's expect handler before any
+    # middleware: the mutations check the token first, none quotes the header.
+    plain = expect_continue
     app.add_routes([
-        web.get("/healthz", views.healthz),
-        web.get("/readyz", views.readyz),
-        web.get("/metrics", views.metrics_text),
-        *(web.get(path, views.limited(path, handler)) for path, handler in
-          zip(STATUS_VIEWS, (views.status, views.cluster, views.policy), strict=True)),
-        web.post("/v1/policies/{id}/apply", saves.apply),
-        web.delete("/v1/policies/{id}", saves.delete),
-        web.get("/openapi.json", views.openapi),
+        web.get("/healthz", views.healthz, expect_handler=plain),
+        web.get("/readyz", views.readyz, expect_handler=plain),
+        web.get("/metrics", views.metrics_text, expect_handler=plain),
+        *(web.get(path, views.limited(path, handler), expect_handler=plain) for path, handler
+          in zip(STATUS_VIEWS, (views.status, views.cluster, views.policy), strict=True)),
+        web.post("/v1/policies/{id}/apply", saves.apply, expect_handler=saves.expect),
+        web.delete("/v1/policies/{id}", saves.delete, expect_handler=saves.expect),
+        web.get("/openapi.json", views.openapi, expect_handler=plain),
     ])
     return app

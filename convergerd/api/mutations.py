@@ -28,7 +28,11 @@ from typing import Any
 
 from aiohttp import StreamReader, web
 
-from convergerd.api.server import error_response, policy_id_of
+from convergerd.api.server import (
+    error_response,
+    expect_continue,
+    policy_id_of,
+)
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import DatabaseUnavailable, NotJSON
 from convergerd.core.model import PolicyId
@@ -177,6 +181,15 @@ class Saves:
             response.headers["WWW-Authenticate"] = 'Bearer realm="convergerd"'
             return response
         return None
+
+    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue`: the token is checked before the client is told to send its
+        body, so a client without it never sends one (and never reads `100 Continue`)."""
+        refused = self._unauthorized(request)
+        if refused is not None:
+            refused.force_close()  # the body it held back is not read
+            return refused
+        return await expect_continue(request)
 
     async def _request(self, request: web.Request, allowed: Mapping[str, type]
                        ) -> tuple[PolicyId, dict[str, Any]] | web.Response:

@@ -461,11 +461,14 @@ for _item in _PATHS.values():
 _SERVER_ANSWERS = (
     "Every error is JSON (`{\"error\": ...}`), the server's own included: 404 for an unknown "
     "path; 405 for a method the path does not have, with `Allow`; 400 for a request the parser "
-    "refuses (a request line or header over 8,190 bytes, more than 64 headers, not HTTP); 408 "
+    "refuses (a request line or header over 8,190 bytes, more than 64 headers, not HTTP), "
+    "with a fixed text that quotes nothing of the request; 408 "
     "when the request line and headers do not arrive within "
-    "CONVERGERD_HTTP_HEADER_TIMEOUT_SECONDS (default 10); 503 when all "
-    "CONVERGERD_HTTP_MAX_CONNECTIONS (default 256) connections are serving requests (idle ones "
-    "are closed to make room). A kept-alive connection is closed after "
+    "CONVERGERD_HTTP_HEADER_TIMEOUT_SECONDS (default 10); 503 with `Retry-After` when all "
+    "CONVERGERD_HTTP_MAX_CONNECTIONS (default 256) connections are serving or sending requests "
+    "(idle ones are closed to make room; a request that arrived is answered); 417 for "
+    "an `Expect` other than 100-continue, and a mutation's token is checked before `100 "
+    "Continue`. A kept-alive connection is closed after "
     "CONVERGERD_HTTP_IDLE_TIMEOUT_SECONDS (default 30) without a request."
 )
 

@@ -26,13 +26,18 @@ only show redacted values, and a last middleware replaces any that slipped into 
 Every request is untrusted, authenticated or not: an id that is not a valid policy id (a DNS
 label of at most 50 characters) or cluster id is refused with 400 before the database is asked;
 an `Authorization` header that does not decode is a wrong token (401); a request line or header
-longer than `MAX_LINE_BYTES` is refused by the server (400, JSON) with one warning, no
+longer than `MAX_LINE_BYTES` is refused by the server (400, JSON) with a fixed text that quotes
+nothing of the request (a header's first bytes may be a credential), logged without a
 traceback; ids and paths are escaped (`shown`) wherever they are logged, so a request cannot
-forge a line.
+forge a line. `Expect: 100-continue` is answered by each route's expect handler
+(`expect_continue`; the mutations check the token first).
 
 The server is bounded (`serve`, `HttpLimits`): a cap on open connections (at the cap the one
-idle the longest is closed for a new one), a deadline for a request's line and headers, one for
-its body (`convergerd.api.mutations`) and for an answer left unread, and an idle keep-alive timeout.
+idle the longest is closed for a new one; a connection whose request arrived is never idle,
+and with none idle the new one is answered 503 with Retry-After), a deadline for a
+request's line and headers, one for its body (`convergerd.api.mutations`) and for an answer
+left unread, and an idle keep-alive timeout. What the bounds do is counted (`BoundsObserver`)
+and logged through a `LogThrottle`, anyone can set them off.
 """
 
 from __future__ import annotations
@@ -40,11 +45,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import fcntl
 import json
 import logging
 import math
 import os
+import re
 import resource
+import socket
+import struct
+import termios
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,8 +62,16 @@ from http import HTTPStatus
 from typing import Any, Protocol, TypeVar
 
 import orjson
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp import HttpVersion11, web
+from aiohttp.http_exceptions import (
+    BadHttpMethod,
+    BadStatusLine,
+    HttpProcessingError,
+    InvalidHeader,
+    InvalidURLError,
+    LineTooLong,
+    PayloadEncodingError,
+)
 from aiohttp.web_protocol import RequestHandler
 
 from convergerd import __version__
@@ -70,6 +88,7 @@ from convergerd.core.model import (
 )
 from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
 from convergerd.core.shown import SHOWN_MAX_CHARS, describe, shown
+from convergerd.logthrottle import WINDOW_S, LogThrottle
 from convergerd.ratelimit import TokenBucket
 from convergerd.status.listing import (
     UNSUPPORTED_LISTED,
@@ -82,7 +101,7 @@ from convergerd.status.listing import (
     page_request,
     page_url,
 )
-from convergerd.status.metrics import CONTENT_TYPE, Metrics
+from convergerd.status.metrics import CONTENT_TYPE, HTTP_BOUNDS_REASONS, Metrics
 from convergerd.status.phases import age_s, stale_after_s
 from convergerd.status.state import (
     PolicyRecord,
@@ -216,18 +235,51 @@ def _path_id(request: web.Request, kind: str, check: Callable[[str], object],
     return make(value)
 
 
+# A request the HTTP parser refused is answered and logged with a fixed text per kind: aiohttp's
+# messages quote the line (up to 100 bytes of it, an `Authorization` header's credential
+# included), and that must never reach a log or go back out.
+_MALFORMED: tuple[tuple[type[HttpProcessingError], str], ...] = (
+    (LineTooLong, f"a request line or header is longer than {MAX_LINE_BYTES} bytes"),
+    (InvalidHeader, "a header is malformed"),
+    (BadHttpMethod, "not an HTTP request (bad method)"),
+    (BadStatusLine, "not an HTTP request line"),
+    (InvalidURLError, "the request target is not a valid URL"),
+    (PayloadEncodingError, "the body's length or encoding is malformed"),
+)
+# aiohttp's messages that quote nothing of the request.
+_FIXED_MESSAGES = frozenset({
+    "Too many headers received", "Missing 'Host' header in request.",
+    "Bad line ending, expected CRLF", "Data after `Connection: close`",
+    "Request has invalid `Transfer-Encoding`",
+})
+
+
+def malformed_text(exc: HttpProcessingError) -> str:
+    """What to say of a request the parser refused: never a byte of the request."""
+    for kind, text in _MALFORMED:
+        if isinstance(exc, kind):
+            return text
+    if exc.message in _FIXED_MESSAGES:
+        return exc.message
+    return "a malformed request"
+
+
 class _ServerLog(logging.LoggerAdapter[logging.Logger]):
     """aiohttp's server logger, but a request the HTTP parser refused (too long a line, too many
-    headers, bytes that are not HTTP) is one escaped warning, not an ERROR with a traceback:
-    anyone can send one."""
+    headers, bytes that are not HTTP) is a warning with a fixed text, not an ERROR with a
+    traceback and the request's bytes, and a few a minute (`LogThrottle`): anyone can send
+    them."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__(logger, {})
+        self.throttle = LogThrottle(logger)
 
     def exception(self, msg: object, *args: object, exc_info: Any = True,
                   **kwargs: Any) -> None:
         if isinstance(exc_info, HttpProcessingError):
             remote = shown(str(args[0]), style="text") if args else "?"
-            self.logger.warning("refused a malformed request from %s: %s %s", remote,
-                                exc_info.code,
-                                shown(exc_info.message, 2 * SHOWN_MAX_CHARS, style="text"))
+            self.throttle.log("malformed", logging.WARNING, "refused a malformed request from "
+                              "%s: %s %s", remote, exc_info.code, malformed_text(exc_info))
             return
         super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
@@ -240,112 +292,252 @@ def server_options() -> dict[str, Any]:
         "max_line_size": MAX_LINE_BYTES,
         "max_field_size": MAX_LINE_BYTES,
         "max_headers": MAX_HEADERS,
-        "logger": _ServerLog(logging.getLogger("aiohttp.server"), {}),
+        "logger": _ServerLog(logging.getLogger("aiohttp.server")),
     }
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """The `expect_handler` of every route: `100 Continue`, or a 417 that does not quote an
+    unknown expectation. Routes that need a token check it first (`mutations.Saves.expect`)."""
+    if request.version != HttpVersion11:
+        return None
+    if request.headers.get("Expect", "").lower() != "100-continue":
+        response = error_response(417, "the only expectation understood is 100-continue")
+        response.force_close()
+        return response
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # what follows is the answer's head, as aiohttp does
+    return None
+
+
+def _known_expectations(
+    handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """`handler` (the app's), with an `Expect` other than 100-continue refused first, on every
+    path: aiohttp's own answer for unknown paths quotes the header back, in plain text."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        expect = request.headers.get("Expect")
+        if expect is not None and expect.lower() != "100-continue":
+            refused = error_response(417, "the only expectation understood is 100-continue")
+            refused.force_close()
+            return refused
+        return await handler(request)
+
+    return handle
 
 
 # ---------------------------------------------------------------------------------------------
 # The server's bounds (`HttpLimits`, the CONVERGERD_HTTP_* settings)
 
-# What the bounds did is logged at most this often, as counts: anyone can set them off.
-BOUNDS_LOG_PERIOD_S = 60.0
-_BOUNDS_LEVEL = {"evicted": logging.WARNING, "refused": logging.WARNING}
+# What the bounds did, by reason (`HTTP_BOUNDS_REASONS`): each counted (`BoundsObserver`),
+# logged through a `LogThrottle` (a few lines a minute per reason, then a summary when the
+# minute ends).
+_BOUNDS_TEXT = {
+    "over_capacity": "answered 503 (over capacity: every connection up to "
+                     "CONVERGERD_HTTP_MAX_CONNECTIONS is serving or sending a request)",
+    "evicted_idle": "closed an idle connection to make room for a new one",
+    "header_timeout": "closed a connection whose request line and headers were late",
+    "answer_unread": "cut a connection that left its answer unread",
+}
+# Over capacity: a request is answered 503 with this Retry-After.
+RETRY_AFTER_S = 1
+# Past the cap (no connection idle), a connection gets 503 written at once, and what the
+# client sends is read and dropped until its request's head is in (one loop turn when it came
+# with the connection) or for at most this long: closing on a request that arrives unread would
+# reset the connection, and the client could lose the answer. At most half the cap wait so for
+# a request that has not come (one whose request is in waits its turn whatever the count);
+# past that, a connection that brought nothing of a request yet gets its 503 and is closed at
+# once (a client that reads before its request's reset comes back still has the answer).
+REFUSED_LINGER_S = 2.0
+# A request head that says a body follows (which we would not read): linger for the timer.
+_DECLARES_BODY = re.compile(rb"(?im)^(content-length:[ \t]*0*[1-9]|transfer-encoding:)")
+# A connection that has not sent a byte yet is idle (may be closed for a new one) only once it
+# is this old (and at most a quarter of the header timeout): a client sends its request just
+# after connecting, and in a burst the loop accepts many connections before it reads any.
+FRESH_GRACE_S = 1.0
+# Connections the kernel holds before the loop accepts them (net.core.somaxconn caps it).
+LISTEN_BACKLOG = 1024
+
+
+class BoundsObserver(Protocol):
+    """Counts what the server's bounds did (`convergerd.status.metrics.Metrics`)."""
+
+    def http_connection_refused(self, reason: str) -> None:
+        """`reason`: one of `HTTP_BOUNDS_REASONS`."""
+        ...
+
+
+def _bytes_waiting(transport: asyncio.BaseTransport | None) -> int:
+    """Bytes the kernel holds for us on this connection that we have not read yet: a request
+    may have arrived there before the loop read it."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return 0
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    waiting: int = struct.unpack("i", raw)[0]
+    return waiting
 
 
 class _Connections:
-    """The open connections of one server: the cap, and what the bounds did, counted."""
+    """The open connections of one server: the cap, those past it being answered 503, and
+    what the bounds did, counted and logged."""
 
-    def __init__(self, limits: HttpLimits) -> None:
+    def __init__(self, limits: HttpLimits, observer: BoundsObserver | None,
+                 log_window_s: float = WINDOW_S) -> None:
         self.limits = limits
         self.open: dict[_Connection, None] = {}  # oldest first
-        self._closed: dict[str, int] = {}
-        self._logged_at = -math.inf
+        self.lingering: set[_Connection] = set()  # past the cap: 503 written, closing
+        self._observer = observer
+        self.throttle = LogThrottle(log, window_s=log_window_s)
 
-    def admit(self, connection: _Connection) -> bool:
-        """Room for `connection`: at the cap the connection idle the longest is closed for it;
-        False when every open one is serving a request."""
-        if len(self.open) >= self.limits.max_connections:
-            idle = [c for c in self.open if c.busy == 0]
-            if not idle:
-                self.note("refused")
-                return False
-            oldest = min(idle, key=lambda c: c.idle_since)
-            self.note("evicted")
+    def admit(self, connection: _Connection) -> str:
+        """Where `connection` goes: `open` (at the cap, the connection idle the longest is
+        closed for it; idle: `_Connection.quiet` and no byte of a request waiting in the
+        kernel), `refused` (no connection idle: 503, then closed once its request is
+        in) or `refused_at_once` (half the cap lingering already, and nothing of a request
+        came with it: 503, then closed at once)."""
+        cap = self.limits.max_connections
+        if len(self.open) >= cap:
+            oldest = self._idle_the_longest()
+            if oldest is None:
+                self.note("over_capacity")
+                # A request already in lingers whatever the count (it closes within a turn).
+                if (len(self.lingering) < max(1, cap // 2)
+                        or _bytes_waiting(connection.transport) > 0):
+                    self.lingering.add(connection)
+                    return "refused"
+                return "refused_at_once"
+            self.note("evicted_idle")
             self.forget(oldest)  # now: it is gone before its connection_lost comes
-            oldest.abort()
+            oldest.force_close()  # a FIN: nothing of a request waits to be reset
         self.open[connection] = None
-        return True
+        return "open"
+
+    def _idle_the_longest(self) -> _Connection | None:
+        """The open connection idle the longest; the kernel is asked (a system call) only
+        about the candidates in that order, until one has no byte waiting."""
+        now = time.monotonic()
+        quiet = sorted((c for c in self.open if c.quiet(now)), key=lambda c: c.idle_since)
+        return next((c for c in quiet if _bytes_waiting(c.transport) == 0), None)
 
     def forget(self, connection: _Connection) -> None:
         self.open.pop(connection, None)
+        self.lingering.discard(connection)
 
-    def note(self, why: str) -> None:
-        self._closed[why] = self._closed.get(why, 0) + 1
-        now = time.monotonic()
-        if now - self._logged_at < BOUNDS_LOG_PERIOD_S:
-            return
-        self._logged_at = now
-        closed, self._closed = self._closed, {}
-        level = max(_BOUNDS_LEVEL.get(why, logging.INFO) for why in closed)
-        lim = self.limits
-        log.log(level, "HTTP connections closed by the server's bounds (counts, at most one "
-                "line a minute): %s; cap %d (CONVERGERD_HTTP_MAX_CONNECTIONS), header timeout "
-                "%g s, answer left unread %g s", ", ".join(f"{why} {n}" for why, n in
-                                                           sorted(closed.items())),
-                lim.max_connections, lim.header_timeout_s, lim.body_timeout_s)
+    def note(self, why: str, *, logged: bool = True) -> None:
+        assert why in HTTP_BOUNDS_REASONS, why
+        if self._observer is not None:
+            self._observer.http_connection_refused(why)
+        if logged:
+            lim = self.limits
+            self.throttle.log(why, logging.WARNING, "HTTP server %s; cap %d, header timeout "
+                              "%g s, answer left unread %g s", _BOUNDS_TEXT.get(why, why),
+                              lim.max_connections, lim.header_timeout_s, lim.body_timeout_s,
+                              extra={"reason": why})
 
 
-def _raw_error(status: int, message: str) -> bytes:
+def _raw_error(status: int, message: str, *, retry_after_s: int | None = None) -> bytes:
     """A whole JSON error answer, for a connection no request handler owns."""
     body = json.dumps({"error": message}).encode()
     phrase = HTTPStatus(status).phrase
+    retry = f"Retry-After: {retry_after_s}\r\n" if retry_after_s is not None else ""
     return (f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+            f"Content-Length: {len(body)}\r\n{retry}Connection: close\r\n\r\n").encode() + body
+
+
+_OVER_CAPACITY = ("too many connections: every one is serving a request; retry in "
+                  f"{RETRY_AFTER_S} s")
 
 
 class _Connection(RequestHandler):
     """aiohttp's connection handler, bounded: the request line and headers must arrive within
     the header timeout (counted from the opening, or from the first byte of a later request);
     an answer the client leaves unread for the body timeout cuts the connection; the server's
-    cap is checked on opening. aiohttp's own keep-alive timeout is the idle timeout. Requests
-    refused by the parser are answered in JSON, as every other error."""
+    cap is checked on opening (`_Connections.admit`). aiohttp's own keep-alive timeout is the
+    idle timeout. Requests refused by the parser are answered in JSON, as every other error,
+    with a fixed text."""
 
     __slots__ = (
-        "_connections",
         "_head_started",
         "_head_timer",
+        "_linger_timer",
+        "_lingering_head",
         "_unread_timer",
         "busy",
+        "connections",
         "idle_since",
+        "served",
     )
 
     def __init__(self, manager: Any, connections: _Connections, **options: Any) -> None:
         super().__init__(manager, loop=asyncio.get_running_loop(), **options)
-        self._connections = connections
+        self.connections = connections
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_started = False
         self._unread_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._lingering_head: bytearray | None = None  # refused: what came of the request
         self.busy = 0  # requests in the app now
+        self.served = False  # a request was answered (then it is a kept-alive connection)
         self.idle_since = time.monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if not self._connections.admit(self):
-            assert isinstance(transport, asyncio.Transport)
-            transport.write(_raw_error(503, "too many connections: every one is serving a "
-                                      "request; retry in a moment"))
-            self.force_close()
+        admitted = self.connections.admit(self)
+        if admitted != "open":
+            self._refuse(transport, linger=admitted == "refused")
             return
         self._start_head_timer()
 
+    def _refuse(self, transport: asyncio.BaseTransport, *, linger: bool) -> None:
+        """503 at once; with `linger`, what the client sends is then read and dropped (the
+        parser is off) until its request's head is in, it closes, or `REFUSED_LINGER_S`
+        passes: closing on a request that arrives unread would reset the connection, and the
+        client could lose the answer."""
+        assert isinstance(transport, asyncio.Transport)
+        self.close()  # aiohttp parses nothing more on it
+        transport.write(_raw_error(503, _OVER_CAPACITY, retry_after_s=RETRY_AFTER_S))
+        if transport.can_write_eof():
+            transport.write_eof()
+        if not linger:
+            transport.close()
+            return
+        self._lingering_head = bytearray()
+        self._linger_timer = self._loop.call_later(REFUSED_LINGER_S, transport.close)
+
+    def _linger(self, data: bytes) -> None:
+        """Drop what a refused client sends; close once its request's head is in and says no
+        body follows (nothing more comes to be reset by the close)."""
+        head = self._lingering_head
+        assert head is not None
+        head += data[: MAX_LINE_BYTES - len(head)]  # enough to find the head's end
+        end = head.find(b"\r\n\r\n")
+        if end >= 0 and not _DECLARES_BODY.search(head, 0, end) and self.transport is not None:
+            self.transport.close()
+
+    def quiet(self, now: float) -> bool:
+        """No request in the app, none being read, and not just opened (its request may be on
+        the way). Idle, closing it loses no request, when no byte of one waits in the kernel
+        either (`_bytes_waiting`)."""
+        grace_s = min(FRESH_GRACE_S, self.connections.limits.header_timeout_s / 4)
+        return (self.busy == 0 and not self._head_started and self.transport is not None
+                and (self.served or now - self.idle_since >= grace_s))
+
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._connections.forget(self)
-        for timer in (self._head_timer, self._unread_timer):
+        self.connections.forget(self)
+        for timer in (self._head_timer, self._unread_timer, self._linger_timer):
             if timer is not None:
                 timer.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering_head is not None:
+            self._linger(data)
+            return
         if self.busy == 0 and data:
             self._head_started = True
             if self._head_timer is None:  # the first byte of a later request
@@ -356,7 +548,7 @@ class _Connection(RequestHandler):
         super().pause_writing()
         if self._unread_timer is None:
             self._unread_timer = self._loop.call_later(
-                self._connections.limits.body_timeout_s, self._unread)
+                self.connections.limits.body_timeout_s, self._unread)
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -373,6 +565,7 @@ class _Connection(RequestHandler):
 
     def request_ended(self) -> None:
         self.busy -= 1
+        self.served = True
         self.idle_since = time.monotonic()
 
     def abort(self) -> None:
@@ -380,29 +573,33 @@ class _Connection(RequestHandler):
             self.transport.abort()
 
     def _start_head_timer(self) -> None:
-        self._head_timer = self._loop.call_later(self._connections.limits.header_timeout_s,
+        self._head_timer = self._loop.call_later(self.connections.limits.header_timeout_s,
                                                  self._head_late)
 
     def _head_late(self) -> None:
         self._head_timer = None
         if self.busy or self.transport is None:
             return
-        self._connections.note("header_timeout")
+        self.connections.note("header_timeout")
         if self._head_started:  # a client that is sending something is told why
             self.transport.write(_raw_error(
                 408, "the request line and headers did not arrive within "
-                f"{self._connections.limits.header_timeout_s:g} s"))
+                f"{self.connections.limits.header_timeout_s:g} s"))
         self.force_close()
 
     def _unread(self) -> None:
         self._unread_timer = None
-        self._connections.note("answer_unread")
+        self.connections.note("answer_unread")
         self.abort()
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs, checks nothing was sent
-        text = message if message and status < 500 else HTTPStatus(status).phrase.lower()
+        if isinstance(exc, HttpProcessingError):  # the parser refused it: anyone can send one
+            self.connections.note("malformed", logged=False)  # `_ServerLog` logs it
+            text = malformed_text(exc)
+        else:
+            text = message if message and status < 500 else HTTPStatus(status).phrase.lower()
         response = error_response(status, shown(text, 2 * SHOWN_MAX_CHARS, style="text"))
         response.force_close()
         return response
@@ -445,24 +642,36 @@ class _Site(web.BaseSite):
 
     async def start(self) -> None:
         await super().start()
-        self._server = await asyncio.get_running_loop().create_server(
+        server = self._server = await asyncio.get_running_loop().create_server(
             self._factory, self._host, self._port, backlog=self._backlog)
+        # The kernel may hold more pending connections than the loop accepts a turn (asyncio
+        # accepts `backlog` a turn, and listens with as many): a burst then waits there with
+        # its requests, instead of having its handshakes and requests dropped and resent
+        # seconds later, when their connections look silent.
+        for listening in server.sockets:
+            with socket.socket(fileno=os.dup(listening.fileno())) as same:
+                same.listen(LISTEN_BACKLOG)
 
 
 async def serve(app: web.Application, host: str, port: int, limits: HttpLimits, *,
-                address_setting: str = "http_addr") -> web.AppRunner:
+                address_setting: str = "http_addr",
+                observer: BoundsObserver | None = None,
+                log_window_s: float = WINDOW_S) -> web.AppRunner:
     """`app` served on `host:port` within `limits`, with `server_options()`;
     `runner.cleanup()` stops it. The one server setup of the daemon and the operator (it adds
     the middleware that tells a connection when a request is in the app: serve an app once).
-    An address it cannot listen on is a `ConfigError` naming `address_setting`."""
+    An address it cannot listen on is a `ConfigError` naming `address_setting`. What the
+    bounds do is counted by `observer` and logged a few lines per `log_window_s` and reason."""
     _check_descriptors(limits)
-    connections = _Connections(limits)
+    connections = _Connections(limits, observer, log_window_s)
     app.middlewares.insert(0, _track_requests)  # outermost: the whole time in the app
     options = {**server_options(), "keepalive_timeout": limits.idle_timeout_s,
                "lingering_time": limits.body_timeout_s}
     runner = web.AppRunner(app, **options)
     await runner.setup()
     manager = runner.server
+    assert manager is not None
+    manager.request_handler = _known_expectations(manager.request_handler)
 
     def connection() -> _Connection:
         return _Connection(manager, connections, **options)

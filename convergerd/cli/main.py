@@ -25,6 +25,7 @@ from convergerd.config import (
     secrets_in_flags,
 )
 from convergerd.core.errors import ConfigError, ConvergerdError
+from convergerd.core.shown import describe
 
 log = logging.getLogger("convergerd")
 
@@ -92,6 +93,22 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+# Libraries that log an expected outage with a traceback: asyncpg's pool logs one (21 lines) on
+# every attempt to restore its connections while the database refuses logins.
+ONE_LINE_LOGGERS = ("asyncpg.pool",)
+
+
+def one_line_errors(record: logging.LogRecord) -> bool:
+    """A logging filter: a record's exception becomes the end of its one line (`describe`:
+    type, SQLSTATE, escaped and shortened message), not a traceback."""
+    if record.exc_info and record.exc_info[1] is not None:
+        record.msg = f"{record.getMessage()}: {describe(record.exc_info[1])}"
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
+    return True
+
+
 def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
@@ -106,6 +123,10 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     # The libraries' INFO lines are per request: too noisy for an operator's log.
     for noisy in ("aiohttp.access", "kubernetes_asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    for name in ONE_LINE_LOGGERS:
+        library = logging.getLogger(name)
+        if one_line_errors not in library.filters:
+            library.addFilter(one_line_errors)
 
 
 _OPERATOR_DESCRIPTION = """\

@@ -101,9 +101,21 @@ def _base(addr: str) -> str:
     return base
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is not followed: urllib would send the bearer token on to wherever the
+    `Location` points. The 3xx comes back as an `HTTPError`."""
+
+    def redirect_request(  # noqa: PLR0917 - urllib calls it so
+            self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+            headers: Any, newurl: str) -> None:
+        return None
+
+
 def call(addr: str, method: str, path: str, *, token: str, body: dict[str, Any] | None,
          timeout_s: float) -> Answer:
-    """One request; any HTTP answer with a JSON object body is an `Answer`."""
+    """One request; any HTTP answer with a JSON object body is an `Answer`. A redirect is an
+    error naming its status and (shortened) `Location`, never followed: it would carry the
+    token."""
     base = _base(addr)
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(  # noqa: S310 - the scheme is checked by _base
@@ -111,9 +123,16 @@ def call(addr: str, method: str, path: str, *, token: str, body: dict[str, Any] 
         headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
                  "Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+        opener = urllib.request.build_opener(_NoRedirects)
+        with opener.open(request, timeout=timeout_s) as response:
             status, raw = response.status, response.read(_MAX_ANSWER_BYTES)
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            location = exc.headers.get("Location", "") if exc.headers else ""
+            exc.close()
+            raise Failed(f"{method} {base}{path} answered {exc.code}, a redirect to "
+                         f"{shown(location, style='text')}: not followed (it would carry the "
+                         "API token); give --addr the daemon's own address") from None
         status, raw = exc.code, exc.read(_MAX_ANSWER_BYTES)
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)

@@ -2,9 +2,10 @@
 a policy's verdict on objects: given ones, a live cluster's, or a recorded session's.
 
 The policy is rendered exactly as the in-cluster operator renders it
-(`convergerd.operator.admission.render_admission`) and evaluated with the simulator's
-admission evaluator (`convergerd.sim.vap`): the same CEL runtime and the same matching as a
-simulated cluster, so the verdict and message are the ones `kubectl create` would get there.
+(`convergerd.admission.render.render_admission`) and evaluated as kube-apiserver does
+(`convergerd.admission.evaluate`, the evaluator a simulated cluster's admission uses): the same
+CEL runtime and the same matching, so the verdict and message are the ones `kubectl create`
+would get there.
 
 Namespaces: without `--namespace-labels` every object is evaluated as if it were in a
 namespace of the policy's boundary (the binding's namespaceSelector is then met by
@@ -13,7 +14,7 @@ Objects are taken as created (operation CREATE).
 
 Live (`--context NAME`): the objects come from a cluster: the namespaces labelled
 `platform.stackship.se/boundary=<boundary>`, and in each of them every object of the workload
-kinds the rendered policy matches (`operator.admission.RESOURCE_RULES`) that the cluster
+kinds the rendered policy matches (`admission.render.RESOURCE_RULES`) that the cluster
 serves (discovery), listed in pages (`--page-size`, following `continue`). Each object is
 evaluated with its own namespace's labels. `--record SESSION` writes every API exchange to a
 session file; `--replay SESSION` makes the same requests to that file instead of a cluster
@@ -37,6 +38,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from convergerd import eventloop
+from convergerd.admission.render import (
+    BOUNDARY_LABEL,
+    RESOURCE_RULES,
+    RenderError,
+    render_admission,
+)
 from convergerd.cli.session import (
     LiveTransport,
     Recorder,
@@ -57,12 +64,6 @@ from convergerd.files import read_bounded
 from convergerd.kube.kubeconfig import ALLOW_INSECURE_SETTING
 from convergerd.kube.kubeconfig import SETTING as KUBECONFIG_SETTING
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.operator.admission import (
-    BOUNDARY_LABEL,
-    RESOURCE_RULES,
-    RenderError,
-    render_admission,
-)
 from convergerd.store.yamlfile import load_yaml_documents
 
 EXIT_ALLOWED = 0
@@ -209,20 +210,22 @@ class PolicyEval:
     """The rendered policy and binding, evaluated on objects one at a time."""
 
     def __init__(self, spec: Mapping[str, Any], namespace_labels: Mapping[str, str] | None):
-        from convergerd.sim import vap
+        # Imported here: the CEL runtime is in the `sim` extra (cli.main says so when it is
+        # missing), and `convergerd --help` imports this module without it.
+        from convergerd.admission import evaluate
 
-        self._vap = vap
+        self._evaluate = evaluate
         self.admission = render_admission(spec)
         self.boundary = str(spec["boundary"])
         self.enabled = spec.get("enabled", True) is not False
         self._namespace_labels = namespace_labels
-        self._evaluator = vap.PolicyEvaluator()
+        self._evaluator = evaluate.PolicyEvaluator()
 
     def verdict(self, source: str, obj: Mapping[str, Any],
                 namespace_labels: Mapping[str, str] | None = None) -> Verdict:
         """`namespace_labels`: the labels of the object's namespace, as read from a cluster
         (default: those given to the constructor, else a namespace of the boundary)."""
-        vap = self._vap
+        evaluate = self._evaluate
         meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
         assert isinstance(meta, Mapping)
         kind, api_version = str(obj.get("kind")), str(obj.get("apiVersion", ""))
@@ -237,7 +240,7 @@ class PolicyEval:
         labels["kubernetes.io/metadata.name"] = namespace
         ns_obj = {"apiVersion": "v1", "kind": "Namespace",
                   "metadata": {"name": namespace, "labels": labels}}
-        attrs = vap.Attributes(
+        attrs = evaluate.Attributes(
             operation="CREATE", group=group, version=version, resource=plural, kind=kind,
             namespace=namespace, name=name, object=dict(obj) | {"metadata": dict(meta) | {
                 "namespace": namespace}}, old_object=None,
@@ -247,9 +250,9 @@ class PolicyEval:
         )
         if denial is None:
             return Verdict(source, kind, namespace, name, allowed=True)
-        error = vap.denied(attrs, denial)
-        return Verdict(source, kind, namespace, name, allowed=False, message=error.message,
-                       reason=error.reason, code=error.code)
+        return Verdict(source, kind, namespace, name, allowed=False,
+                       message=evaluate.forbidden_message(attrs, denial), reason=denial.reason,
+                       code=denial.code)
 
 
 def evaluate_files(

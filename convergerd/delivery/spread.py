@@ -60,6 +60,7 @@ from convergerd.delivery.fanout import FanoutEnv, save_work, summary
 from convergerd.delivery.listener import Channel, NotifySource
 from convergerd.leader.lease import Fence
 from convergerd.leader.shards import ShardView
+from convergerd.logthrottle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ class Peers:
         self._waiting: dict[int, asyncio.Event] = {}
         self._wake = asyncio.Event()
         self._parts: set[asyncio.Task[None]] = set()
+        self._throttle = LogThrottle(log)  # anyone who can connect can NOTIFY our channel
 
     def _fence(self, k: int) -> Fence:
         return StopFence(self._holding.fence(k), self._stopping)
@@ -210,12 +212,13 @@ class Peers:
 
     # -- the holder --------------------------------------------------------------------------
 
-    def on_payload(self, payload: str) -> None:
-        """One notification on `CHANNEL` (never blocks)."""
+    def on_payload(self, payload: str, sender: int = 0) -> None:
+        """One notification on `CHANNEL` from backend `sender` (never blocks)."""
         parsed = parse_payload(payload)
         if parsed is None:
-            log.warning("dropped a notification on %s: %s", CHANNEL, shown(payload),
-                        extra={"channel": CHANNEL})
+            self._throttle.log("invalid", logging.WARNING, "dropped a notification on %s from "
+                               "backend %d: %s", CHANNEL, sender, shown(payload),
+                               extra={"channel": CHANNEL})
             return
         kind, request_id = parsed
         if kind == PART:

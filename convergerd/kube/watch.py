@@ -50,6 +50,7 @@ from convergerd.core.errors import ClusterError, TooLarge, classify_status
 from convergerd.core.shown import shown
 from convergerd.kube.api import KubeObject, Resource, WatchApi, WatchEvent
 from convergerd.kube.listhead import event_head
+from convergerd.logthrottle import LogThrottle
 from convergerd.retry import backoff_s
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,8 @@ class Informer:
         self._step_past = step_past
         self._sleep = sleep
         self._rng = rng or random.Random()
+        # A cluster can send any number of objects without a name: a few lines a minute.
+        self._throttle = LogThrottle(log)
         self._objects: dict[str, KubeObject] = {}
         self._skipped: dict[str, KubeObject] = {}
         self.resource_version: str | None = None
@@ -197,7 +200,8 @@ class Informer:
         for item in listed.items:
             key = object_key(item, self.resource.namespaced)
             if key is None:
-                log.warning("a listed %s has no name; left out", self.resource)
+                self._throttle.log("no_name", logging.WARNING, "a listed %s has no name; left "
+                                   "out", self.resource)
                 continue
             fresh[key] = item
         skipped: dict[str, KubeObject] = {}
@@ -261,7 +265,8 @@ class Informer:
             return
         key = object_key(event.object, self.resource.namespaced)
         if key is None:
-            log.warning("a watched %s has no namespace; left out", self.resource)
+            self._throttle.log("no_namespace", logging.WARNING, "a watched %s has no "
+                               "namespace; left out", self.resource)
             return
         obj: KubeObject | None = event.object
         if obj is not None and event.type != "DELETED" and self._transform is not None:

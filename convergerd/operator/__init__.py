@@ -2,4 +2,4 @@
 ValidatingAdmissionPolicy and binding, and reports the Policy's status (see docs/design.md)."""
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
-__all__ = ["admission", "main", "reconcile"]
+__all__ = ["main", "reconcile"]

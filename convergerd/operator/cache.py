@@ -51,10 +51,10 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from convergerd.admission.render import BOUNDARY_LABEL
 from convergerd.core.shown import shown
 from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi, WatchEvent
 from convergerd.kube.watch import Informer, object_key
-from convergerd.operator.admission import BOUNDARY_LABEL
 from convergerd.operator.audit import Incomplete
 from convergerd.operator.workloads import (
     WORKLOAD_KINDS,

@@ -64,6 +64,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from convergerd.admission.render import (
+    ProbeUnsatisfiable,
+    RenderError,
+    admission_name,
+    violating_pod,
+)
+from convergerd.admission.verdict import Judge
 from convergerd.config import DEFAULT_OPERATOR_CACHE_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
 from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
 from convergerd.core.model import is_namespace_name, is_object_name
@@ -72,13 +79,8 @@ from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
 from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
-from convergerd.operator.admission import (
-    ProbeUnsatisfiable,
-    RenderError,
-    admission_name,
-    violating_pod,
-)
-from convergerd.operator.audit import Judge, audit, audit_differs, audit_status
+from convergerd.logthrottle import LogThrottle
+from convergerd.operator.audit import audit, audit_differs, audit_status
 from convergerd.operator.cache import WorkloadCache
 from convergerd.operator.metrics import OperatorMetrics
 from convergerd.operator.reconcile import (
@@ -240,6 +242,8 @@ class Operator:
         # lastProbeTime of 9999-...) is not carried: the Policy is probed again at once.
         self._mine: dict[str, tuple[tuple[str, str, str | None], ...]] = {}
         self._failures: dict[str, int] = {}
+        # Lines the cluster's objects set off, one per event otherwise: a few a minute.
+        self._throttle = LogThrottle(log)
         self._sweep_at = math.inf
         self._fence: Fence | None = None
         # The audit: due times (rate-limited per Policy), and each Policy as last seen apart
@@ -550,8 +554,9 @@ class Operator:
         if not is_object_name(name):
             # Its status path would be built from it: a real apiserver never names an object
             # so, so nothing is sent for it (nor retried; the next event or sweep logs again).
-            log.warning("cluster %s: a Policy named %s is not a Kubernetes object name: "
-                        "ignored", self.cluster, shown(name), extra=self._extra())
+            self._throttle.log("bad_name", logging.WARNING, "cluster %s: a Policy named %s is "
+                               "not a Kubernetes object name: ignored", self.cluster,
+                               shown(name), extra=self._extra())
             self._metrics.reconciled("error")
             return
         try:

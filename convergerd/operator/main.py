@@ -113,7 +113,7 @@ class OperatorProcess:
                 cache_max_bytes=s.cache_max_bytes)
             runner = await serve(make_app(operator, self.metrics, self.health),
                                  s.http_host, s.http_port, s.http,
-                                 address_setting="operator_http_addr")
+                                 address_setting="operator_http_addr", observer=self.metrics)
             stack.push_async_callback(runner.cleanup)
             self.port = bound_port(runner)
             log.info("convergerd operator %s (%s) on cluster %s; health and metrics on %s:%d",

@@ -28,7 +28,9 @@ No per-policy label: policies are counted per phase, and the policies a probe fo
   workload cache's watches (namespaces and every workload kind), and `too_large` (an event
   larger than the response cap, stepped past);
 - `convergerd_operator_audit_violations`: objects the Policies' rules would deny, summed over
-  the Policies as last audited (enabled or not; absent until an audit ran).
+  the Policies as last audited (enabled or not; absent until an audit ran);
+- `convergerd_operator_http_connections_refused_total{reason}`: what the HTTP server's bounds
+  did (as the daemon's `convergerd_http_connections_refused_total`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from convergerd.operator.reconcile import (
     PROBE_INCONCLUSIVE,
     UNSUPPORTED,
 )
+from convergerd.status.metrics import HTTP_BOUNDS_REASONS
 
 PHASES = (ENFORCING, INERT, UNSUPPORTED, ERROR)
 RECONCILE_RESULTS = ("unchanged", "written", "error")
@@ -90,6 +93,7 @@ class OperatorMetrics:
         self.workload_cache: CacheFacts | None = None
         self.workload_watch_restarts: dict[str, float] = {"closed": 0.0, "expired": 0.0}
         self.violations: dict[str, int] = {}  # policy name -> violations last audited
+        self.http_refused = dict.fromkeys(HTTP_BOUNDS_REASONS, 0.0)
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
         GCCollector(registry=self.registry)
@@ -106,6 +110,10 @@ class OperatorMetrics:
 
     def workload_watch_restarted(self, reason: str) -> None:
         self.workload_watch_restarts[reason] = self.workload_watch_restarts.get(reason, 0.0) + 1
+
+    def http_connection_refused(self, reason: str) -> None:
+        """What the HTTP server's bounds did (`convergerd.api.server.BoundsObserver`)."""
+        self.http_refused[reason] = self.http_refused.get(reason, 0.0) + 1
 
     def audited(self, name: str, violations: int | None) -> None:
         if violations is None:
@@ -181,6 +189,8 @@ class OperatorMetrics:
             yield GaugeMetricFamily(p + "audit_violations", "Objects the Policies' rules would "
                                     "deny, as last audited", value=float(sum(
                                         self.violations.values())))
+        yield _counter(p + "http_connections_refused", "What the HTTP server's bounds did to a "
+                       "connection or request, by reason", "reason", self.http_refused)
         build = GaugeMetricFamily(p + "build_info", "convergerd version", labels=["version"])
         build.add_metric([__version__], 1.0)
         yield build

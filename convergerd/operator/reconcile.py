@@ -20,6 +20,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from convergerd.admission.render import (
+    Admission,
+    RenderError,
+    admission_name,
+    render_admission,
+)
 from convergerd.core.decode import (
     MAX_MESSAGE_CHARS,
     MAX_NAME_CHARS,
@@ -30,12 +36,6 @@ from convergerd.core.decode import (
     rfc3339,
 )
 from convergerd.core.model import RuleError, check_boundary_id, check_policy_id
-from convergerd.operator.admission import (
-    Admission,
-    RenderError,
-    admission_name,
-    render_admission,
-)
 
 KubeObject = dict[str, Any]
 

@@ -46,9 +46,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from convergerd.admission.render import RESOURCE_RULES
 from convergerd.core.shown import shown
 from convergerd.kube.api import KubeObject, Resource
-from convergerd.operator.admission import RESOURCE_RULES
 
 # Bytes per cached object (the slim dict, its key and its share of the cache's table), for a
 # pod with up to 4 labels and 2 containers, with room over what it measured (bench/RESULTS.md,

@@ -1,2 +1,2 @@
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
-__all__ = ["faults", "fleet", "main", "resources", "status", "vap"]
+__all__ = ["faults", "fleet", "main", "resources", "status"]

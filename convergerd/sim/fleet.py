@@ -45,6 +45,7 @@ from typing import Any, Self
 import yaml
 from aiohttp import web
 
+from convergerd.admission.evaluate import PolicyEvaluator
 from convergerd.sim.accounting import Accounting
 from convergerd.sim.admin import build_admin_app
 from convergerd.sim.faults import Faults, FaultsError
@@ -53,7 +54,7 @@ from convergerd.sim.resources import NAMESPACES
 from convergerd.sim.server import ApiServer, Cluster, Listener
 from convergerd.sim.store import ClusterStore
 from convergerd.sim.tls import CertAuthority, server_ssl_context
-from convergerd.sim.vap import PolicyEvaluator, StoreAdmission
+from convergerd.sim.vap import StoreAdmission
 
 log = logging.getLogger(__name__)
 

@@ -27,13 +27,13 @@ from typing import Any
 
 import yaml
 
+from convergerd.admission.labels import LabelSelector
 from convergerd.sim import patches, ssa, status, wire
 from convergerd.sim.resources import LEASES, NAMESPACES, PODS, ResourceType, served
 from convergerd.sim.selectors import (
     DNS_SUBDOMAIN_RE,
     SUBDOMAIN_MSG,
     FieldSelector,
-    LabelSelector,
     parse_field_selector,
     parse_label_selector,
 )

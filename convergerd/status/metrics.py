@@ -50,10 +50,11 @@ No metric has a per-policy label. Beyond the contract's set, for on-call:
 dropped: a cluster's rows of a round, or a whole round; reason from the SQLSTATE class),
 `convergerd_cluster_insecure{cluster}` (1 for a cluster reached without TLS verification or over
 http://, allowed by CONVERGERD_ALLOW_INSECURE_CLUSTERS; absent for the others),
-`convergerd_pending_deletions` and `convergerd_pending_deletion_oldest_seconds` (deletions some
-cluster did not confirm, from the database on every replica; alert
-`ConvergerdDeletionPending`), plus the
-standard `process_*` and `python_gc_*` collectors.
+`convergerd_http_connections_refused_total{reason}` (what the HTTP server's bounds did:
+`HTTP_BOUNDS_REASONS`), `convergerd_pending_deletions` and
+`convergerd_pending_deletion_oldest_seconds` (deletions some cluster did not confirm, from
+the database on every replica; alert `ConvergerdDeletionPending`), plus the standard
+`process_*` and `python_gc_*` collectors.
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ FAILURE_REASONS = (
 RETRY_REASONS = ("connect_error", "server_error", "throttled")
 # convergerd.store.errors.REJECTION_REASONS, its `other`, and `internal` (not the database's).
 RECORD_FAILURE_REASONS = ("data", "constraint", "access", "limit", "raised", "other", "internal")
+# What the HTTP server's bounds do (`convergerd.api.server`), each counted from zero:
+# `over_capacity` (a request answered 503 with Retry-After), `evicted_idle` (an idle connection
+# closed for a new one), `header_timeout`, `answer_unread`, `malformed` (refused by the parser).
+HTTP_BOUNDS_REASONS = ("over_capacity", "evicted_idle", "header_timeout", "answer_unread",
+                       "malformed")
 APPLY_VERBS = frozenset({"apply", "patch"})
 ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 300.0, 450.0, 600.0)
 APPLY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -163,6 +169,7 @@ class Metrics:
         self._record_failures: dict[Labels, float] = {
             (r,): 0.0 for r in RECORD_FAILURE_REASONS}
         self._status_shed: dict[Labels, float] = {}
+        self._http_refused: dict[Labels, float] = {(r,): 0.0 for r in HTTP_BOUNDS_REASONS}
         # What the exposition keeps between scrapes: counter families' lines by what they
         # were written for, a cluster's phase and verification lines by its counts; and how
         # often series were dropped (`_forget`), which counters' lines are kept by too.
@@ -259,6 +266,10 @@ class Metrics:
     def status_read_shed(self, path: str) -> None:
         """A status view answered 429: over `CONVERGERD_STATUS_READS_PER_SECOND`."""
         self._status_shed[(path,)] = self._status_shed.get((path,), 0.0) + 1
+
+    def http_connection_refused(self, reason: str) -> None:
+        """What the HTTP server's bounds did (`convergerd.api.server.BoundsObserver`)."""
+        self._http_refused[(reason,)] = self._http_refused.get((reason,), 0.0) + 1
 
     def set_loop_lag(self, seconds: float) -> None:
         self._loop_lag_s = max(0.0, seconds)
@@ -486,6 +497,9 @@ class Metrics:
         yield _counter("convergerd_status_reads_shed", "Status view requests answered 429 "
                        "(over CONVERGERD_STATUS_READS_PER_SECOND), by path", ("path",),
                        self._status_shed)
+        yield _counter("convergerd_http_connections_refused", "What the HTTP server's bounds "
+                       "did to a connection or request, by reason", ("reason",),
+                       self._http_refused)
 
         yield _histograms("convergerd_apply_duration_seconds",
                           "Latency of apply requests per cluster", ("cluster",),
@@ -670,6 +684,10 @@ class _Collector:
         return self._families()
 
 
+# What the listener does with a notification (`convergerd.delivery.listener`), each counted
+# from zero.
+NOTIFICATION_HANDLINGS = ("queued", "standby", "duplicate", "invalid", "overflow",
+                          "sender_overflow", "unknown_overflow")
 FANOUT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
 
 
@@ -685,7 +703,9 @@ class FanoutMetrics:
       `convergerd_notify_listener_reconnects_total`;
     - `convergerd_notifications_total{handling}`: notifications received, by what this replica
       did with them (`queued` for a save, `standby`: left to the leader, `duplicate`: already
-      queued, `invalid`: not a policy id, `overflow`: too many queued).
+      queued; dropped: `invalid`: not a policy id, `overflow`: too many queued,
+      `sender_overflow`: its sending backend has its share queued, `unknown_overflow`: an id
+      the last round did not load, over the budget of those).
     """
 
     def __init__(self) -> None:
@@ -696,7 +716,7 @@ class FanoutMetrics:
         self._connected = 0.0
         self._reconnects = 0.0
         self._notifications: dict[Labels, float] = {
-            (h,): 0.0 for h in ("queued", "standby", "duplicate", "invalid", "overflow")}
+            (h,): 0.0 for h in NOTIFICATION_HANDLINGS}
 
     def fanout_done(self, operation: str, trigger: str, result: str, duration_s: float) -> None:
         if operation == "save":

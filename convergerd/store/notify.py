@@ -60,9 +60,11 @@ class PgNotifications:
         self._connect_timeout_s = connect_timeout_s
 
     async def subscribe(
-        self, channel: str, on_payload: Callable[[str], None], on_lost: Callable[[], None]
+        self, channel: str, on_payload: Callable[[str, int], None],
+        on_lost: Callable[[], None],
     ) -> Subscription:
-        """Connect and LISTEN; raises `DatabaseUnavailable` when the database cannot be
+        """Connect and LISTEN; each notification's payload and its sender's backend process
+        id to `on_payload`. Raises `DatabaseUnavailable` when the database cannot be
         reached (the DSN shown redacted)."""
         try:
             with database_errors(self._dsn, connecting=True):
@@ -73,8 +75,8 @@ class PgNotifications:
                 f"bad database URL {redact_dsn(self._dsn)}: {type(exc).__name__}") from None
         subscription = Subscription(conn, self._dsn)
 
-        def deliver(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
-            on_payload(str(payload))
+        def deliver(_conn: Any, pid: int, _channel: str, payload: object) -> None:
+            on_payload(str(payload), pid)
 
         conn.add_termination_listener(lambda _conn: on_lost())
         try:

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
+from convergerd.admission.verdict import Judge
 from convergerd.config import OPERATOR_SETTINGS, SETTINGS
 from convergerd.core.model import Policy, PolicyRow
 from convergerd.core.render import render_policy, validate_policy
-from convergerd.operator.audit import Incomplete, Judge, audit, audit_status
+from convergerd.operator.audit import Incomplete, audit, audit_status
 from convergerd.operator.cache import memory_limit_bytes
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,18 +12,20 @@ import contextlib
 import json
 import logging
 import os
+import re
 import resource
 import socket
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from aiohttp import web
 
 from convergerd.api.app import make_app
-from convergerd.api.server import MAX_LINE_BYTES, bound_port, serve
+from convergerd.api.server import FRESH_GRACE_S, MAX_LINE_BYTES, bound_port, serve
 from convergerd.config import HttpLimits, load_settings
 from convergerd.core.errors import ConfigError
 from convergerd.delivery.fanout import FanoutEnv, Saver
@@ -205,13 +207,67 @@ async def test_oversize_and_malformed_requests_are_4xx_with_one_warning(
     not_utf8_url = await served.send(b"GET /v1/clusters/\xff\xfe HTTP/1.1\r\nHost: t\r\n\r\n")
     for answer in (long_url, long_header, many, not_http_url, not_utf8_url):
         assert 400 <= answer.status < 500, answer.text()
-    assert "Got more than" in long_url.text()
+    assert "longer than 8190 bytes" in long_url.text()
+    assert "a" * 20 not in long_url.text()  # nothing of the line is echoed
     assert "Too many headers" in many.text()
     refused = [r for r in caplog.records if "refused a malformed request" in r.getMessage()]
     assert len(refused) == 5, [r.getMessage() for r in caplog.records]
     assert_clean_log(caplog)
     # The server is still fine.
     assert (await served.get("/healthz")).status == 200
+
+
+async def test_an_oversize_credential_header_is_never_logged_or_echoed(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 16 KB header is refused by the parser, whose message quotes the line's first 100
+    bytes: for `Authorization`, a credential. None of it may reach the log or the answer."""
+    caplog.set_level(logging.DEBUG)
+    credential = "Sup3rSecretCredential"
+    for header in (b"Authorization: Bearer " + credential.encode() + b"x" * 16_384,
+                   b"Authorization: Basic " + credential.encode() + b"\x00\x01 x",
+                   credential.encode() + b": " + b"x" * 16_384):
+        answer = await served.get("/v1/policies/p1", header, method="DELETE")
+        assert answer.status == 400, answer.text()
+        assert credential not in answer.text() + answer.headers
+        assert credential[:6] not in answer.text()
+    logged = " ".join(f"{r.getMessage()} {r.exc_info}" for r in caplog.records)
+    assert credential[:6] not in logged
+    assert "refused a malformed request" in logged
+
+
+async def test_expect_100_continue_is_sent_only_to_an_authenticated_mutation(
+    served: Served
+) -> None:
+    """A client holding its body back until `100 Continue` gets the 401 first, and no 100;
+    with the token it is told to continue; an unknown expectation is not quoted back."""
+    head = ("POST /v1/policies/nope/apply HTTP/1.1\r\nHost: t\r\nContent-Type: "
+            "application/json\r\nContent-Length: 2\r\nExpect: 100-continue\r\n")
+    refused = await served.send(head.encode() + b"\r\n")  # the body is never sent
+    assert refused.status == 401, refused.text()
+    assert b"100 Continue" not in refused.body
+    assert "a valid bearer token is required" in refused.text()
+    for method, path in (("POST", "/v1/policies/nope/apply"), ("DELETE", "/v1/policies/nope")):
+        wrong = await served.send(head.replace("POST /v1/policies/nope/apply", f"{method} {path}")
+                                  .encode() + b"Authorization: Bearer wrong\r\n\r\n")
+        assert wrong.status == 401, wrong.text()
+
+    reader, writer = await asyncio.open_connection(served.host, served.port)
+    try:
+        writer.write(head.encode() + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"{}")
+        final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert final.startswith(b"HTTP/1.1 404"), final  # no such policy: it did continue
+    finally:
+        writer.close()
+
+    for path in ("/status", "/v1/policies/p1", "/no/such/path"):
+        odd = await served.get(path, b"Expect: FORGED-expectation")
+        assert odd.status == 417, odd.text()
+        assert "FORGED" not in odd.text()
+        assert json.loads(odd.body)["error"]
 
 
 async def test_unknown_paths_and_methods_are_json_4xx(
@@ -296,16 +352,21 @@ async def test_idle_connections_are_cut(served: Served) -> None:
 
 
 async def test_connections_are_capped_and_health_still_answers(served: Served) -> None:
-    """Three times the cap in idle connections: the server keeps at most the cap open (it
-    closes those idle the longest) and a new client is still served."""
+    """Three times the cap in connections that send nothing: once they are past the grace a
+    new connection gets (its request may be on the way), the server closes those idle the
+    longest to make room, keeps at most the cap open, and a new client is still served."""
     cap = LIMITS.max_connections
-    opened = [await asyncio.open_connection(served.host, served.port) for _ in range(3 * cap)]
+    grace_s = min(FRESH_GRACE_S, LIMITS.header_timeout_s / 4)
+    first = [await asyncio.open_connection(served.host, served.port) for _ in range(cap)]
+    await asyncio.sleep(grace_s)  # the age that makes a silent connection idle
+    opened = first + [await asyncio.open_connection(served.host, served.port)
+                      for _ in range(cap)]
     try:
-        oldest = [reader for reader, _ in opened[: 2 * cap]]
         # The oldest are closed at once to make room, well before any timeout.
         await asyncio.wait_for(
-            asyncio.gather(*(_closed_within(r, LIMITS.header_timeout_s) for r in oldest)),
+            asyncio.gather(*(_closed_within(r, LIMITS.header_timeout_s) for r, _ in first)),
             LIMITS.header_timeout_s * 0.9)
+        await asyncio.sleep(grace_s)
         assert (await served.get("/healthz")).status == 200
         server = served.runner.server
         assert server is not None
@@ -315,7 +376,16 @@ async def test_connections_are_capped_and_health_still_answers(served: Served) -
             writer.close()
 
 
-async def test_at_the_cap_with_every_connection_serving_a_new_one_is_answered_503() -> None:
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@contextlib.asynccontextmanager
+async def slow_server(
+    cap: int, metrics: Metrics, **serve_options: Any
+) -> AsyncIterator[tuple[int, asyncio.Event, list[web.Request]]]:
+    """A server of `cap` connections whose `/slow` answers once `release` is set; yields its
+    port, `release` and the requests in the app."""
     release, entered = asyncio.Event(), []
 
     async def slow(request: web.Request) -> web.Response:
@@ -325,26 +395,133 @@ async def test_at_the_cap_with_every_connection_serving_a_new_one_is_answered_50
 
     app = web.Application()
     app.router.add_get("/slow", slow)
-    runner = await serve(app, "127.0.0.1", 0, HttpLimits(max_connections=4))
-    port = bound_port(runner)
-    busy = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    runner = await serve(app, "127.0.0.1", 0, HttpLimits(max_connections=cap),
+                         observer=metrics, **serve_options)
     try:
-        for _, writer in busy:
-            writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
-        while len(entered) < 4:  # every connection is in the app
-            await asyncio.sleep(0.01)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        answer = await asyncio.wait_for(reader.read(), 10)
-        writer.close()
-        assert answer.startswith(b"HTTP/1.1 503"), answer
-        assert b"too many connections" in answer
-        release.set()
-        for reader, _ in busy:  # the busy ones were not disturbed
-            assert (await asyncio.wait_for(reader.readline(), 10)).startswith(b"HTTP/1.1 200")
+        yield bound_port(runner), release, entered
     finally:
-        for _, writer in busy:
-            writer.close()
+        release.set()
         await runner.cleanup()
+
+
+async def test_at_the_cap_with_every_connection_serving_requests_are_answered_503() -> None:
+    """Past the cap, a connection gets 503 with Retry-After at once, its request read and
+    dropped before the close (past half the cap so waiting, one that sent nothing yet is
+    closed at once after its 503); a busy connection is never closed for them."""
+    metrics = Metrics(state=StatusState(identity="t", interval_s=300))
+    async with slow_server(4, metrics) as (port, release, entered):
+        busy = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+        try:
+            for _, writer in busy:
+                writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+            while len(entered) < 4:  # every connection is in the app
+                await asyncio.sleep(0.01)
+            late = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+            # 4 busy; of the late ones, half the cap were answered 503 and wait for their
+            # request before closing, the others (nothing sent yet) were answered and closed at
+            # once, as is one more.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                extra = await asyncio.wait_for(reader.read(), 10)
+            finally:
+                writer.close()
+            assert extra.startswith(b"HTTP/1.1 503"), extra
+            for _, writer in late:
+                writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+            for reader, writer in late:
+                answer = await asyncio.wait_for(reader.read(), 10)
+                writer.close()
+                assert answer.startswith(b"HTTP/1.1 503"), answer
+                assert b"\r\nRetry-After: 1\r\n" in answer, answer
+                assert b"too many connections" in answer
+            assert len(entered) == 4  # none of them reached the app
+            release.set()
+            for reader, _ in busy:  # the busy ones were not disturbed
+                assert (await asyncio.wait_for(reader.readline(), 10)).startswith(
+                    b"HTTP/1.1 200")
+        finally:
+            for _, writer in busy:
+                writer.close()
+    assert sample(metrics, "convergerd_http_connections_refused_total",
+                  reason="over_capacity") == 5
+    assert sample(metrics, "convergerd_http_connections_refused_total",
+                  reason="evicted_idle") == 0
+
+
+async def test_a_burst_of_clients_each_gets_an_answer_and_every_refusal_is_counted(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """Four times the cap in clients, each sending its request at once, the cap's worth kept
+    in the app: every one is answered (200, or 503 with Retry-After), none is reset or closed
+    unanswered as "idle"; every 503 is counted, the log has a few lines and, when the window
+    ends, a summary of the rest."""
+    caplog.set_level(logging.INFO, logger="convergerd.api.server")
+    clients, cap = 1_000, 256  # the default cap
+    metrics = Metrics(state=StatusState(identity="t", interval_s=300))
+    window_s = 1.0  # short enough to wait for its summary
+    started = time.monotonic()
+    async with slow_server(cap, metrics, log_window_s=window_s) as (port, release, entered):
+        loop = asyncio.get_running_loop()
+
+        def handled() -> float:
+            return sample(metrics, "convergerd_http_connections_refused_total",
+                          reason="over_capacity") + len(entered)
+
+        # As a crowd of other machines does it: each client connects and its request is in
+        # the server's kernel before the server accepts it. 100 at a time (the listen backlog
+        # is 128), the next ones once the server took those.
+        socks: list[socket.socket] = []
+        for batch in range(0, clients, 100):
+            for _ in range(100):
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.sendall(b"GET /slow HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                sock.setblocking(False)
+                socks.append(sock)
+            deadline = time.monotonic() + 30
+            while handled() < batch + 100:  # each is in the app or was answered 503
+                assert time.monotonic() < deadline, (len(entered), sample(
+                    metrics, "convergerd_http_connections_refused_total", reason="reset"))
+                await asyncio.sleep(0.01)
+        release.set()
+
+        async def answer(sock: socket.socket) -> bytes:
+            data = b""
+            try:
+                while chunk := await asyncio.wait_for(loop.sock_recv(sock, 65536), 30):
+                    data += chunk
+            except ConnectionResetError:
+                data = b"reset"
+            finally:
+                sock.close()
+            return data
+
+        answers = await asyncio.gather(*(answer(sock) for sock in socks))
+        statuses = [a[:12] for a in answers]
+        assert statuses.count(b"HTTP/1.1 200") == len(entered) == cap
+        assert statuses.count(b"HTTP/1.1 503") == clients - cap, sorted(set(statuses))
+        assert all(b"\r\nRetry-After: 1\r\n" in a for a in answers if a.startswith(
+            b"HTTP/1.1 503"))
+        refused = clients - cap
+
+        def lines() -> list[str]:
+            return [r.getMessage() for r in caplog.records if r.name == "convergerd.api.server"]
+
+        def logged() -> int:
+            """The refusals the log accounts for: its lines and its summaries' counts."""
+            summaries = [re.fullmatch(r"suppressed (\d+) similar lines \(over_capacity\) .*", m)
+                         for m in lines()]
+            return (sum("answered 503" in m for m in lines())
+                    + sum(int(m.group(1)) for m in summaries if m is not None))
+
+        # Every refusal is in the log, as a line or in a summary written when its window
+        # ended (no later event needed), in a few lines per window.
+        deadline = time.monotonic() + window_s + 10
+        while logged() < refused:
+            assert time.monotonic() < deadline, lines()
+            await asyncio.sleep(0.05)
+        assert logged() == refused
+        windows = (time.monotonic() - started) // window_s + 1
+        assert len(lines()) <= 6 * windows, lines()
 
 
 async def test_a_client_that_does_not_read_its_answers_is_cut(
@@ -413,8 +590,15 @@ async def test_accept_failing_for_want_of_descriptors_is_logged_once_a_minute(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         for client in clients:
             client.close()
-    # Descriptors back: the pending connections are accepted and served.
-    assert (await served.get("/healthz")).status == 200
+    # Descriptors back: the pending connections are accepted; the server is full of them,
+    # just opened and silent, so a new client is answered 503 (with Retry-After) until they
+    # are old enough to be closed for it, then served.
+    deadline = time.monotonic() + LIMITS.header_timeout_s + SLACK_S
+    while (answer := await served.get("/healthz")).status != 200:
+        assert answer.status == 503, answer
+        assert "Retry-After: 1" in answer.headers, answer
+        assert time.monotonic() < deadline, "/healthz never answered 200"
+        await asyncio.sleep(0.05)
 
 
 async def test_a_taken_address_is_a_setting_error_naming_it() -> None:

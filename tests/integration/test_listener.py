@@ -1,12 +1,16 @@
 """Saves on database notifications, against a real PostgreSQL (and the simulator): a change
 written only to the database reaches the clusters without a round, once with two replicas
-running; the listener reconnects after its backend is terminated, and says so."""
+running; the listener reconnects after its backend is terminated, and says so; a flood of
+notifications from another role writes a few log lines, is counted, and does not keep a
+genuine notification from its save."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -15,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from convergerd.config import Settings
 from convergerd.delivery.listener import CHANNEL, Listener
+from convergerd.logthrottle import LogThrottle
 from convergerd.runtime import Daemon
 from convergerd.sim.fleet import HOME, Fleet
 from convergerd.status.metrics import FanoutMetrics
@@ -53,10 +58,12 @@ def sample(metrics: FanoutMetrics, name: str, **labels: str) -> float:
 
 @contextlib.asynccontextmanager
 async def listening(
-    database_url: str, saver: RecordingSaver, metrics: FanoutMetrics
+    database_url: str, saver: RecordingSaver, metrics: FanoutMetrics,
+    known: frozenset[str] | None = None, throttle: LogThrottle | None = None,
 ) -> AsyncIterator[Listener]:
     listener = Listener(source=PgNotifications(database_url), saver=saver,
-                        leading=lambda: True, observer=metrics)
+                        leading=lambda: True, observer=metrics,
+                        known=lambda p: known is None or p in known, throttle=throttle)
     task = asyncio.create_task(listener.run(), name="listener under test")
     try:
         await wait_for(lambda: sample(metrics, "convergerd_notify_listener_connected") == 1,
@@ -107,6 +114,55 @@ async def test_the_listener_reconnects_after_its_backend_is_terminated(
     messages = [r.getMessage() for r in caplog.records]
     assert any("lost its connection" in m for m in messages)
     assert any("reconnected" in m for m in messages)
+
+
+async def test_a_notify_flood_is_counted_logged_in_a_few_lines_and_spares_genuine_ones(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any role that can connect can NOTIFY our channel: 50,000 invalid payloads and 60,000
+    made-up ids from one connection, a genuine change written from another in the middle."""
+    caplog.set_level(logging.INFO, logger="convergerd.delivery.listener")
+    await import_doc(database_url, FLEET_DOC)
+    known = frozenset(r["id"] for r in await sql(database_url, "SELECT id FROM policies"))
+    saver, metrics = RecordingSaver(), FanoutMetrics()
+    # The default burst of lines, in a window short enough to see its summary come.
+    throttle = LogThrottle(logging.getLogger("convergerd.delivery.listener"), window_s=1.0)
+    flood = ("SELECT count(pg_notify($1, $2 || g)) FROM generate_series(1, $3) AS g")
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.name == "convergerd.delivery.listener" and r.levelno >= logging.WARNING]
+
+    def logged(key: str, marker: str) -> int:
+        """The drops of `key` the log accounts for: its lines and its summaries' counts."""
+        summaries = [re.fullmatch(rf"suppressed (\d+) similar lines \({key}\) .*", line)
+                     for line in lines()]
+        return (sum(marker in line for line in lines())
+                + sum(int(m.group(1)) for m in summaries if m is not None))
+
+    started = time.monotonic()
+    async with listening(database_url, saver, metrics, known, throttle):
+        await sql(database_url, flood, CHANNEL, "Bad\nid\x1b[31m", 50_000)
+        await sql(database_url, flood, CHANNEL, "made-up-", 30_000)
+        await sql(database_url, NEW_REGS)
+        await sql(database_url, flood, CHANNEL, "also-made-up-", 30_000)
+        await wait_for(lambda: "p-regs" in saver.saved, what="the genuine save of p-regs")
+        await wait_for(lambda: sample(metrics, "convergerd_notifications_total",
+                                      handling="unknown_overflow") > 59_000,
+                       what="the whole flood counted")
+        unknown = sample(metrics, "convergerd_notifications_total", handling="unknown_overflow")
+        # Every drop is in the log, as a line or in a summary written when its window ended.
+        await wait_for(lambda: logged("invalid", "is not a policy id") == 50_000
+                       and logged("unknown_overflow", "not in the last round") == unknown,
+                       what="every drop accounted for in the log")
+    windows = (time.monotonic() - started) // throttle.window_s + 1
+    assert sample(metrics, "convergerd_notifications_total", handling="invalid") == 50_000
+    queued = sample(metrics, "convergerd_notifications_total", handling="queued")
+    assert queued + unknown == 60_000 + 1  # every notification counted, the genuine one queued
+    assert unknown > 59_000  # a few made-up ids waited at a time, the rest were dropped
+    # Two reasons, each at most its burst and a summary per window.
+    assert len(lines()) <= 2 * (throttle.burst + 1) * windows, lines()
+    assert all("\n" not in line and "\x1b" not in line for line in lines())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -213,7 +213,7 @@ class Running:
         """`convergerd status --addr ...` (blocking urllib: in a thread, the daemon runs on
         this loop)."""
         out, err = io.StringIO(), io.StringIO()
-        args = argparse.Namespace(addr=self.base, timeout=10.0, json=False)
+        args = argparse.Namespace(addr=self.base, timeout=10.0, json=False, all=False)
         code = await asyncio.to_thread(statuscli.run, args, out=out, err=err)
         assert code == statuscli.EXIT_OK, err.getvalue()
         self.bodies.append(out.getvalue())

@@ -21,9 +21,10 @@ import kubernetes
 import pytest
 import yaml
 
+from convergerd.admission.evaluate import PolicyEvaluator
+from convergerd.admission.render import render_admission
 from convergerd.cli.main import main as cli_main
 from convergerd.cli.policyeval import PolicyEval
-from convergerd.operator.admission import render_admission
 from convergerd.sim import status
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
@@ -37,7 +38,7 @@ from convergerd.sim.resources import (
     ResourceType,
 )
 from convergerd.sim.store import ClusterStore
-from convergerd.sim.vap import PolicyEvaluator, StoreAdmission
+from convergerd.sim.vap import StoreAdmission
 from tests.fixtures.fleet import SimProcess, kube_http, running_sim_process
 
 BOUNDARY_LABEL = "platform.stackship.se/boundary"

@@ -19,10 +19,13 @@ README = (ROOT / "README.md").read_text()
 CONTRACTS: list[dict[str, Any]] = tomllib.loads((ROOT / "pyproject.toml").read_text())[
     "tool"]["importlinter"]["contracts"]
 
-# What the simulator may import of convergerd besides itself: the event loop every process runs on.
-SIM_MAY_IMPORT = {"convergerd.eventloop"}
+# What the simulator may import of convergerd besides itself: the event loop every process runs
+# on, and the admission evaluator its clusters' admission runs (the product's, so `policy eval`,
+# the operator's audit and a simulated cluster judge alike; its contract keeps `core` forbidden,
+# so the simulator reaches only the parts of it that import no core).
+SIM_MAY_IMPORT = {"convergerd.eventloop", "convergerd.admission"}
 SIM_CONTRACT = ("the simulator imports nothing of the daemon (only the event loop every process "
-                "runs on)")
+                "runs on, and the admission evaluator)")
 
 
 def _subpackages() -> list[str]:

@@ -464,3 +464,68 @@ def test_the_operators_cache_budget_has_a_floor(value: str, ok: bool) -> None:
 
 def test_the_operators_cache_budget_defaults_to_64_mib() -> None:
     assert load_operator_settings({}).cache_max_bytes == 64 * 2**20
+
+
+# Settings that go into a Lease, a request path or header, or a file name: checked at start,
+# the error naming the setting and showing the value escaped and bounded.
+@pytest.mark.parametrize(("env", "value"), [
+    ("CONVERGERD_IDENTITY", "replica-a\nINFO forged line"),
+    ("CONVERGERD_IDENTITY", "replica a"),
+    ("CONVERGERD_IDENTITY", "r" * 129),
+    ("CONVERGERD_IDENTITY", "rep\x1b[31m"),
+    ("CONVERGERD_LEASE_NAME", "convergerd\nleader"),
+    ("CONVERGERD_LEASE_NAME", "../leases/other"),
+    ("CONVERGERD_LEASE_NAME", "Convergerd"),
+    ("CONVERGERD_LEASE_NAMESPACE", "../kube-system"),
+    ("CONVERGERD_LEASE_NAMESPACE", "stackship-system/leases"),
+    ("CONVERGERD_LEASE_NAMESPACE", "a.b"),
+    ("CONVERGERD_HOME_CONTEXT", "home\nctx"),
+    ("CONVERGERD_KUBECONFIG", "/etc/kube\x00config"),
+    ("CONVERGERD_API_TOKEN_FILE", "/run/token\n"),
+])
+def test_names_identities_and_paths_are_checked_at_start(env: str, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({env: value})
+    message = str(caught.value)
+    assert message.startswith(f"{env}=")
+    for raw in ("\n", "\x1b", "\x00"):
+        assert raw not in message
+    assert len(message) < 400
+    if value.isprintable():
+        assert value[:40] in message  # the value is shown (printable: as itself)
+
+
+@pytest.mark.parametrize(("env", "value"), [
+    ("CONVERGERD_OPERATOR_LEASE_NAME", "op\nerator"),
+    ("CONVERGERD_OPERATOR_LEASE_NAMESPACE", "../x"),
+    ("CONVERGERD_OPERATOR_CONTEXT", "ctx\r\nX: y"),
+    ("CONVERGERD_IDENTITY", "op\nerator"),
+])
+def test_the_operators_names_are_checked_too(env: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{env}="):
+        load_operator_settings({env: value, "CONVERGERD_KUBECONFIG": "/k"})
+
+
+def test_a_token_that_cannot_go_in_a_header_is_refused_without_showing_it() -> None:
+    for token in ("tok with space-123", "tok\r\nX-Forged: 1", "tök-123456"):
+        with pytest.raises(ConfigError) as caught:
+            load_settings({"CONVERGERD_API_TOKEN": token})
+        message = str(caught.value)
+        assert message.startswith("CONVERGERD_API_TOKEN='<redacted>': ")
+        assert "tok" not in message
+
+
+@pytest.mark.parametrize(("env", "value"), [
+    ("CONVERGERD_IDENTITY", "convergerd-7f9c6d-abcde_1.example:0"),
+    ("CONVERGERD_LEASE_NAME", "convergerd.team-a"),
+    ("CONVERGERD_LEASE_NAMESPACE", "stackship-system"),
+    ("CONVERGERD_HOME_CONTEXT", "arn:aws:eks:eu-west-1:123:cluster/home"),
+    ("CONVERGERD_API_TOKEN", "b64+/token.~_-=="),
+])
+def test_usual_names_and_tokens_are_accepted(env: str, value: str) -> None:
+    load_settings({env: value})
+
+
+def test_the_default_identity_is_a_valid_identity() -> None:
+    identity = load_settings({}).election.identity
+    assert load_settings({"CONVERGERD_IDENTITY": identity}).election.identity == identity

@@ -1,5 +1,6 @@
 """The notification listener's queue, with a hand-written source and saver: one save per
-waiting id, a change during a save saved again, standbys and bad payloads never save."""
+waiting id, a change during a save saved again, standbys and bad payloads never save, one
+sender or made-up ids cannot take the room of the others."""
 
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ class OpenSubscription:
 
 @dataclass
 class Source:
-    deliver: Callable[[str], None] | None = None
+    deliver: Callable[[str, int], None] | None = None
 
-    async def subscribe(self, channel: str, on_payload: Callable[[str], None],
+    async def subscribe(self, channel: str, on_payload: Callable[[str, int], None],
                         on_lost: Callable[[], None]) -> OpenSubscription:
         self.deliver = on_payload
         return OpenSubscription()
@@ -64,16 +65,24 @@ class GatedSaver:
 
 @contextlib.asynccontextmanager
 async def running(
-    saver: GatedSaver, counts: Counts, *, leading: bool = True, max_pending: int = 100
-) -> AsyncIterator[Callable[[str], None]]:
+    saver: GatedSaver, counts: Counts, *, leading: bool = True, max_pending: int = 100,
+    known: frozenset[str] | None = None, max_unknown: int = 100,
+) -> AsyncIterator[Callable[..., None]]:
+    """Yields `notify(payload, sender=1)`."""
     source = Source()
     listener = Listener(source=source, saver=saver, leading=lambda: leading, observer=counts,
-                        workers=1, max_pending=max_pending)
+                        workers=1, max_pending=max_pending, max_unknown=max_unknown,
+                        known=lambda p: known is None or p in known)
     task = asyncio.create_task(listener.run())
     while source.deliver is None:
         await asyncio.sleep(0)
+    deliver = source.deliver
+
+    def notify(payload: str, sender: int = 1) -> None:
+        deliver(payload, sender)
+
     try:
-        yield source.deliver
+        yield notify
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -116,9 +125,41 @@ async def test_beyond_the_bound_notifications_are_dropped() -> None:
     async with running(saver, counts, max_pending=2) as notify:
         notify("p-a")
         await saver.started.wait()
-        for payload in ("p-b", "p-c", "p-d"):
-            notify(payload)
+        for sender, payload in enumerate(("p-b", "p-c", "p-d")):
+            notify(payload, sender)
         saver.gate.set()
         await until(lambda: len(saver.saved) == 3)
     assert saver.saved == ["p-a", "p-b", "p-c"]
     assert counts.handled == {"queued": 3, "overflow": 1}
+
+
+async def test_one_sender_cannot_fill_the_queue() -> None:
+    saver, counts = GatedSaver(), Counts()
+    async with running(saver, counts, max_pending=8) as notify:
+        notify("p-first", 7)
+        await saver.started.wait()
+        for n in range(100):  # one backend floods known ids: a quarter of the room is its
+            notify(f"p-{n}", 666)
+        notify("p-genuine", 42)
+        saver.gate.set()
+        await until(lambda: "p-genuine" in saver.saved)
+    assert counts.handled["sender_overflow"] == 98
+    assert saver.saved == ["p-first", "p-0", "p-1", "p-genuine"]
+
+
+async def test_made_up_ids_cannot_crowd_out_known_ones() -> None:
+    saver, counts = GatedSaver(), Counts()
+    known = frozenset({"p-first", "p-real"})
+    async with running(saver, counts, known=known, max_unknown=8) as notify:
+        notify("p-first", 7)
+        await saver.started.wait()
+        for sender in range(10):  # ten backends, 3,000 made-up ids each
+            for n in range(3_000):
+                notify(f"made-up-{sender}-{n}", 1000 + sender)
+        notify("p-real", 42)
+        notify("p-new", 43)  # a new policy: the lane of unknown ids is full, left to the round
+        saver.gate.set()
+        await until(lambda: "p-real" in saver.saved)
+    assert counts.handled["unknown_overflow"] == 30_000 - 8 + 1
+    assert counts.handled["queued"] == 1 + 8 + 1
+    assert "p-new" not in saver.saved

@@ -1,4 +1,4 @@
-"""The rendering of a Policy as a ValidatingAdmissionPolicy and binding (operator.admission).
+"""The rendering of a Policy as a ValidatingAdmissionPolicy and binding (admission.render).
 
 What the CEL means is tested by evaluating it (tests/integration/test_sim_admission.py); here:
 the objects' shape, what cannot be rendered, and that no input reaches CEL as code.
@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convergerd.core.model import RULE_LIST_MAX_ENTRIES
-from convergerd.operator.admission import (
+from convergerd.admission.cel import CelRuntime
+from convergerd.admission.evaluate import Attributes, PolicyEvaluator
+from convergerd.admission.render import (
     Admission,
     ProbeUnsatisfiable,
     RenderError,
@@ -22,8 +23,7 @@ from convergerd.operator.admission import (
     render_admission,
     violating_pod,
 )
-from convergerd.sim.cel import CelRuntime
-from convergerd.sim.vap import Attributes, PolicyEvaluator
+from convergerd.core.model import RULE_LIST_MAX_ENTRIES
 
 BOUNDARY_LABEL = "platform.stackship.se/boundary"
 

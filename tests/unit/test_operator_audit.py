@@ -1,5 +1,6 @@
-"""The audit's verdicts and messages equal the rendered CEL's, as the simulator's admission
-evaluates it: on the simulator's admission corpus and on generated objects."""
+"""The audit's verdicts and messages (admission.verdict) equal the rendered CEL's, as
+admission.evaluate evaluates it (the evaluator of the simulator's admission and of `policy
+eval`): on the simulator's admission corpus and on generated objects."""
 
 from __future__ import annotations
 
@@ -10,18 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convergerd.operator.admission import BOUNDARY_LABEL, render_admission
-from convergerd.operator.audit import (
-    Incomplete,
-    Judge,
-    audit,
-    audit_differs,
-    audit_status,
-    denial,
-    denied,
-)
+from convergerd.admission.evaluate import Attributes, PolicyEvaluator
+from convergerd.admission.render import BOUNDARY_LABEL, render_admission
+from convergerd.admission.verdict import Judge, denial, denied
+from convergerd.operator.audit import Incomplete, audit, audit_differs, audit_status
 from convergerd.operator.workloads import slim
-from convergerd.sim.vap import Attributes, PolicyEvaluator
 from tests.integration.test_sim_admission import CASES, LABELS, LATEST, REGISTRIES, Case, workload
 
 NS = "team-a-apps"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from convergerd.operator.admission import RenderError
+from convergerd.admission.render import RenderError
 from convergerd.operator.reconcile import (
     ENFORCING,
     INERT,

@@ -1,4 +1,4 @@
-"""The simulator's ValidatingAdmissionPolicy evaluation, on hand-written policies."""
+"""ValidatingAdmissionPolicy evaluation (admission.evaluate), on hand-written policies."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from convergerd.sim.vap import Attributes, PolicyEvaluator
+from convergerd.admission.evaluate import Attributes, PolicyEvaluator
 
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"app": "x"}},
        "spec": {"containers": [{"name": "c", "image": "nginx:1"}]}}
