@@ -19,6 +19,7 @@ from typing import TypeVar, overload
 
 from convergerd.core.errors import DEADLINE_REASON
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.core.save import Operation, SaveAction
 
 T = TypeVar("T")
 
@@ -501,7 +502,7 @@ class ClusterResult:
     """One cluster in one save or deletion (`ClusterResult` in the OpenAPI document)."""
 
     cluster: ClusterId
-    action: str  # "apply" or "remove"
+    action: SaveAction
     result: FanoutResult
     reason: str | None = None
     error: str | None = None
@@ -509,7 +510,7 @@ class ClusterResult:
     @classmethod
     def applied(cls, delivery: Delivery) -> ClusterResult:
         """An apply's result, from the delivery the engine made."""
-        return cls(delivery.cluster, "apply", FanoutResult(delivery.result.value),
+        return cls(delivery.cluster, SaveAction.APPLY, FanoutResult(delivery.result.value),
                    delivery.reason, delivery.error)
 
     def as_json(self) -> dict[str, str | None]:
@@ -530,7 +531,7 @@ class FanoutStatus(StrEnum):
 class FanoutReport:
     """One save or deletion (`Report` in the OpenAPI document)."""
 
-    operation: str  # "save" or "delete"
+    operation: Operation
     policy: str
     status: FanoutStatus
     revision: int | None = None

@@ -49,7 +49,8 @@ from convergerd.core.report import (
     FanoutStatus,
     named_clusters,
 )
-from convergerd.core.spread import APPLY, REMOVE, Spread, Work
+from convergerd.core.save import Operation, SaveAction, Work
+from convergerd.core.spread import Spread
 from convergerd.delivery.apply import (
     ClusterCalls,
     Writer,
@@ -69,7 +70,7 @@ _SAVE_ATTEMPTS = 3
 
 # One cluster's part of a fan-out, given the deadline (loop time); a job names its cluster.
 Step = Callable[[float], Awaitable[ClusterResult]]
-Job = tuple[ClusterId, str, Step]
+Job = tuple[ClusterId, SaveAction, Step]
 
 
 class SaveApi(PolicyApi, Protocol):
@@ -150,7 +151,7 @@ def fanout_env(
 # Per cluster
 
 
-async def _guarded(cluster: ClusterId, action: str, work: Step, env: FanoutEnv,
+async def _guarded(cluster: ClusterId, action: SaveAction, work: Step, env: FanoutEnv,
                    deadline: float) -> ClusterResult:
     """One cluster's work under the overall deadline; every failure becomes its result."""
     try:
@@ -192,16 +193,16 @@ async def _apply_to(
             observed = Observed.from_object(live)
             revision = cluster_revision(observed)
             if revision is not None and revision > policy.revision:
-                return ClusterResult(cluster, "apply", FanoutResult.SUPERSEDED, None,
+                return ClusterResult(cluster, SaveAction.APPLY, FanoutResult.SUPERSEDED, None,
                                      f"the cluster holds revision {revision}")
             if not differs(body, observed):
-                return ClusterResult(cluster, "apply", FanoutResult.UNCHANGED)
+                return ClusterResult(cluster, SaveAction.APPLY, FanoutResult.UNCHANGED)
             write = with_precondition(body, observed.resource_version)
         written = await writer.apply(policy, write)
         if written.delivery is None:
             continue  # written by someone else between our read and our write: look again
         return ClusterResult.applied(written.delivery)
-    return ClusterResult(cluster, "apply", FanoutResult.FAILED, "conflict",
+    return ClusterResult(cluster, SaveAction.APPLY, FanoutResult.FAILED, "conflict",
                          f"{name} kept changing under {_SAVE_ATTEMPTS} attempts")
 
 
@@ -210,7 +211,7 @@ async def _remove_from(
 ) -> ClusterResult:
     await _writer(cluster, env.clusters.get(cluster), env, deadline).remove(
         object_name(policy_id))
-    return ClusterResult(cluster, "remove", FanoutResult.REMOVED)
+    return ClusterResult(cluster, SaveAction.REMOVE, FanoutResult.REMOVED)
 
 
 async def _fan_out(
@@ -254,7 +255,7 @@ async def save_work(
     def jobs() -> Iterator[Job]:  # each made when a worker takes it
         for w in work:
             cluster_env = env_for(w.cluster)
-            if w.action == REMOVE:
+            if w.action is SaveAction.REMOVE:
                 yield w.cluster, w.action, functools.partial(
                     _remove_from, w.cluster, policy.id, cluster_env)
             else:
@@ -279,7 +280,7 @@ def deliveries_of(
         if r.result in (FanoutResult.CREATED, FanoutResult.UPDATED, FanoutResult.UNCHANGED):
             out.append(Delivery(r.cluster, pid, revision, ApplyResult(r.result.value), at))
         elif r.result is FanoutResult.FAILED:
-            error = r.error if r.action == "apply" else f"removing failed: {r.error}"
+            error = r.error if r.action is SaveAction.APPLY else f"removing failed: {r.error}"
             out.append(Delivery(r.cluster, pid, revision, ApplyResult.FAILED, at,
                                 error=error, reason=r.reason))
     return out
@@ -318,21 +319,22 @@ class Saver:
     ) -> FanoutReport:
         target = await self._store.save_target(policy_id)
         if target is None:
-            return FanoutReport("save", policy_id, FanoutStatus.NOT_FOUND, error="no such policy")
+            return FanoutReport(Operation.SAVE, policy_id, FanoutStatus.NOT_FOUND,
+                                error="no such policy")
         revision = target.row.revision
         if target.deleting:
-            return FanoutReport("save", policy_id, FanoutStatus.DELETING, revision,
+            return FanoutReport(Operation.SAVE, policy_id, FanoutStatus.DELETING, revision,
                           error="its deletion has begun: DELETE it again to finish")
         policy = deliverable_policy(target.row, boundary_exists=target.boundary_exists)
         if not isinstance(policy, Policy):
-            return FanoutReport("save", policy_id, FanoutStatus.INVALID, revision,
+            return FanoutReport(Operation.SAVE, policy_id, FanoutStatus.INVALID, revision,
                                 error=policy.reason)
         plan = plan_save(target, delivered=policy.rule.delivered,
                          guard_share=self._guard_share, allow_mass_removal=allow_mass_removal)
         read = plan.apply_to if read_all else plan.read_first
         env = self._env()
-        work = [Work(c, APPLY, c in read) for c in sorted(plan.apply_to)] + [
-            Work(c, REMOVE) for c in sorted(plan.remove_from)]
+        work = [Work(c, SaveAction.APPLY, c in read) for c in sorted(plan.apply_to)] + [
+            Work(c, SaveAction.REMOVE) for c in sorted(plan.remove_from)]
         spread = await self._peers.fan_out(policy, work, env) if self._peers else None
         results = spread.results if spread is not None else await save_work(policy, work, env)
         if plan.apply_to - read and await self._overtaken(policy_id, revision):
@@ -344,10 +346,10 @@ class Saver:
                      "newest revision, reading every cluster first", policy_id, revision,
                      trigger, extra={"policy": policy_id, "trigger": trigger})
             return await self._save(policy_id, allow_mass_removal, trigger, read_all=True)
-        results += [ClusterResult(c, "remove", FanoutResult.SKIPPED, "guard", plan.skipped_reason)
-                    for c in sorted(plan.skipped)]
+        results += [ClusterResult(c, SaveAction.REMOVE, FanoutResult.SKIPPED, "guard",
+                                  plan.skipped_reason) for c in sorted(plan.skipped)]
         await self._record(policy_id, revision, results, env)
-        report = FanoutReport("save", policy_id, FanoutStatus.OK, revision, results,
+        report = FanoutReport(Operation.SAVE, policy_id, FanoutStatus.OK, revision, results,
                         skipped_reason=plan.skipped_reason)
         if report.failed:
             report.status = FanoutStatus.PARTIAL
@@ -382,14 +384,17 @@ class Saver:
     async def _delete(self, policy_id: str) -> FanoutReport:
         target = await self._store.begin_deletion(policy_id)
         if target is None:
-            return FanoutReport("delete", policy_id, FanoutStatus.NOT_FOUND, error="no such policy")
+            return FanoutReport(Operation.DELETE, policy_id, FanoutStatus.NOT_FOUND,
+                                error="no such policy")
         env = self._env()
         clusters = sorted(delete_targets(target))
         results = await _fan_out(
             clusters,
-            ((c, "remove", functools.partial(_remove_from, c, policy_id, env)) for c in clusters),
+            ((c, SaveAction.REMOVE, functools.partial(_remove_from, c, policy_id, env))
+             for c in clusters),
             env)
-        report = FanoutReport("delete", policy_id, FanoutStatus.OK, target.row.revision, results)
+        report = FanoutReport(Operation.DELETE, policy_id, FanoutStatus.OK, target.row.revision,
+                              results)
         if report.failed:
             report.status = FanoutStatus.REFUSED
             await self._record(policy_id, target.row.revision, results, env)
@@ -437,7 +442,7 @@ def counts(results: Iterable[ClusterResult]) -> dict[str, int]:
     of `Result`, applies first)."""
     found = Counter((r.action, r.result) for r in results)
     return {f"{action} {result.value}": found[action, result]
-            for action in ("apply", "remove") for result in FanoutResult if found[action, result]}
+            for action in SaveAction for result in FanoutResult if found[action, result]}
 
 
 def named_failures(results: Iterable[ClusterResult]) -> str:
