@@ -494,6 +494,7 @@ class FanoutResult(StrEnum):
     SUPERSEDED = "superseded"  # the cluster holds a newer revision than this save read
     REMOVED = "removed"  # gone from the cluster (404 included)
     SKIPPED = "skipped"  # a removal the mass-removal guard refused
+    PENDING = "pending"  # still being written when the save answered (hung): recorded when done
     FAILED = ApplyResult.FAILED.value
 
 
@@ -520,7 +521,7 @@ class ClusterResult:
 
 class FanoutStatus(StrEnum):
     OK = "ok"  # every cluster done
-    PARTIAL = "partial"  # a save with failed clusters (still a success: recorded)
+    PARTIAL = "partial"  # a save with failed or pending clusters (still a success: recorded)
     REFUSED = "refused"  # a deletion some cluster did not confirm: the row is kept
     NOT_FOUND = "not_found"
     INVALID = "invalid"
