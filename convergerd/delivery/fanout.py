@@ -382,8 +382,9 @@ class Saver:
         self._observer = observer
         self._peers = peers
         # The writes to hung clusters still going after their save answered (`_finish_later`),
-        # each ended by its save's deadline.
-        self._late: set[asyncio.Task[None]] = set()
+        # by policy, each ended by its save's deadline, or by the policy's next save or
+        # deletion here (an older revision must not land after it).
+        self._late: dict[str, asyncio.Task[None]] = {}
 
     async def save(
         self, policy_id: str, *, allow_mass_removal: bool = False, trigger: str = "api"
@@ -397,6 +398,7 @@ class Saver:
     async def _save(
         self, policy_id: str, allow_mass_removal: bool, trigger: str, *, read_all: bool = False
     ) -> FanoutReport:
+        await self._stop_late(policy_id)
         target = await self._store.save_target(policy_id)
         if target is None:
             return FanoutReport(Operation.SAVE, policy_id, FanoutStatus.NOT_FOUND,
@@ -420,15 +422,15 @@ class Saver:
             fan = FanOut(spread.results)
         else:
             fan = await _fan_out(save_jobs(policy, work, env), env, answer_early=True)
+        if fan.rest is not None:
+            self._finish_later(policy_id, revision, fan, env, trigger)
         results = fan.results
         if plan.apply_to - read and await self._overtaken(policy_id, revision):
-            if fan.rest is not None:
-                fan.rest.cancel()  # this revision's writes stop; the newest is written
-                await asyncio.gather(fan.rest, return_exceptions=True)
             # A newer revision was saved while this one was written without reading first:
             # this save may have landed over it on some clusters. Save the newest revision,
             # reading every cluster first (its writes carry preconditions, as a standby's
-            # always did); what it finds and does is the answer, and what is recorded.
+            # always did); what it finds and does is the answer, and what is recorded (its
+            # `_stop_late` stops this revision's pending writes first).
             log.info("policy %s: revision %d was overtaken during its save (%s): saving the "
                      "newest revision, reading every cluster first", policy_id, revision,
                      trigger, extra={"policy": policy_id, "trigger": trigger})
@@ -436,8 +438,6 @@ class Saver:
         results += [ClusterResult(c, SaveAction.REMOVE, FanoutResult.SKIPPED, "guard",
                                   plan.skipped_reason) for c in sorted(plan.skipped)]
         await self._record(policy_id, revision, results, env)
-        if fan.rest is not None:
-            self._finish_later(policy_id, revision, fan, env, trigger)
         report = FanoutReport(Operation.SAVE, policy_id, FanoutStatus.OK, revision, results,
                         skipped_reason=plan.skipped_reason)
         if report.failed or fan.pending:
@@ -462,7 +462,12 @@ class Saver:
             try:
                 done = [r for r in await rest if _key(r) in pending]
             except asyncio.CancelledError:
+                # A newer save or the deletion of the policy: it writes those clusters itself.
                 rest.cancel()
+                await asyncio.gather(rest, return_exceptions=True)
+                log.info("policy %s revision %d: the writes to its %d pending cluster(s) "
+                         "stopped: the policy is saved or deleted again", policy_id, revision,
+                         len(pending), extra={"policy": policy_id})
                 raise
             await self._record(policy_id, revision, done, env)
             log.info("policy %s revision %d (%s): the %d cluster(s) pending when it answered: "
@@ -471,14 +476,21 @@ class Saver:
                             "fanout_counts": counts(done)})
 
         task = asyncio.create_task(finish(), name=f"save {policy_id} pending clusters")
-        self._late.add(task)
-        task.add_done_callback(self._late.discard)
+        self._late[policy_id] = task
+        task.add_done_callback(
+            lambda t: self._late.pop(policy_id, None) if self._late.get(policy_id) is t else None)
+
+    async def _stop_late(self, policy_id: str) -> None:
+        task = self._late.get(policy_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def drain(self) -> None:
         """Wait for the writes still going after their saves answered (each ends by its
         save's deadline, so a stopping daemon waits at most that)."""
         while self._late:
-            await asyncio.gather(*self._late, return_exceptions=True)
+            await asyncio.gather(*self._late.values(), return_exceptions=True)
 
     async def _overtaken(self, policy_id: str, revision: int) -> bool:
         """Whether the database holds a newer revision than `revision` now. Every writer
@@ -502,6 +514,7 @@ class Saver:
 
     async def _delete(self, policy_id: str) -> FanoutReport:
         target = await self._store.begin_deletion(policy_id)
+        await self._stop_late(policy_id)  # after the mark: no save of it starts any more
         if target is None:
             return FanoutReport(Operation.DELETE, policy_id, FanoutStatus.NOT_FOUND,
                                 error="no such policy")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -86,6 +87,7 @@ class FakeStore:
 
     scope: frozenset[ClusterId]
     recorded: dict[ClusterId, tuple[ApplyResult, float]] = field(default_factory=dict)
+    times: Counter[ClusterId] = field(default_factory=Counter)  # recorded how many times
 
     async def save_target(self, policy_id: str, /) -> Target | None:
         row = PolicyRow("p-latest", "b", {"type": "ForbidLatestTag"}, enabled=True, revision=1)
@@ -101,8 +103,8 @@ class FakeStore:
     async def record_deliveries(self, deliveries: Sequence[Delivery], /) -> None:
         now = asyncio.get_running_loop().time()
         for d in deliveries:
-            assert d.cluster not in self.recorded, f"{d.cluster} recorded twice"
             self.recorded[d.cluster] = (d.result, now)
+            self.times[d.cluster] += 1
 
     async def forget_deliveries(self, policy_id: str, clusters: Sequence[str], /) -> None:
         pass
@@ -164,6 +166,7 @@ async def test_hung_clusters_do_not_hold_the_answer_and_their_writes_are_recorde
 
     await saver.drain()
 
+    assert set(store.times.values()) == {1}  # each cluster recorded once
     assert {c: result for c, (result, _) in store.recorded.items() if c not in healthy} == {
         **dict.fromkeys(slow, ApplyResult.CREATED), **dict.fromkeys(hung, ApplyResult.FAILED)}
     # The hung ones were written until their request timed out, then recorded.
@@ -198,3 +201,24 @@ async def test_a_save_with_none_hung_answers_with_every_result() -> None:
     assert report.status is FanoutStatus.OK
     assert set(by_result(report.results)) == {"created"}
     assert len(store.recorded) == 20
+
+
+async def test_a_new_save_of_the_policy_stops_the_last_ones_pending_writes() -> None:
+    """A save's pending writes are of its revision: the policy's next save (or deletion) here
+    stops them before it starts, so an older revision never lands after the newer one."""
+    hung = ["a-hung-0", "a-hung-1"]
+    healthy = [f"c{i:02d}" for i in range(10)]
+    saver, store, _ = fleet(hung=hung, healthy=healthy)
+    loop = asyncio.get_running_loop()
+    first = await saver.save("p-latest")
+    assert by_result(first.results)["pending"] == set(hung)
+    again_at = loop.time()
+
+    second = await saver.save("p-latest")
+
+    assert by_result(second.results)["pending"] == set(hung)
+    await saver.drain()
+    # Recorded once, by the second save, one timeout after it began (the first's stopped).
+    assert {store.times[ClusterId(c)] for c in hung} == {1}
+    assert [store.recorded[ClusterId(c)][1] - again_at for c in hung] == [
+        pytest.approx(REQUEST_TIMEOUT_S, abs=0.2)] * len(hung)
