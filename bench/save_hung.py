@@ -10,7 +10,8 @@ point, alternately, a save with none hung and a save with every `1/share`-th clu
 simulator's `hang` fault: the connection accepted, no answer until the request timeout), so
 both see the same load on a shared machine. Measured: seconds until `Saver.save` answers (what
 the HTTP client waits for), the clusters answered and the clusters listed as still pending.
-No prober runs: hung clusters are not known beforehand (no suspects), the worst case.
+No prober runs: hung clusters are not known beforehand (no suspects), the worst case;
+`--suspects` tells the save they are seen unreachable, as the prober would after 1.5 periods.
 
 Output: one JSON line per save on stdout and a Markdown table at the end; progress on stderr.
 """
@@ -105,10 +106,14 @@ async def _point(sim: Sim, n: int, args: argparse.Namespace) -> list[dict[str, A
     ids = member_ids(n)
     store = MemoryStore(ids)
     fence = NoElection(identity="bench").fence()
-    saver = Saver(store=store, env=lambda: fanout_env(settings, registry, fence, metrics),
-                  guard_share=settings.saves.removal_guard_share)
     step = max(1, round(1 / args.hung_share))
     hung = ids[step - 1 :: step]
+    seen_down: set[str] = set()  # with --suspects: the hung ones, as the prober would see them
+    # Without --suspects, called as before the `suspected` argument existed (before figures).
+    extra: dict[str, Any] = {"suspected": seen_down.__contains__} if args.suspects else {}
+    saver = Saver(store=store,
+                  env=lambda: fanout_env(settings, registry, fence, metrics, **extra),
+                  guard_share=settings.saves.removal_guard_share)
     rows: list[dict[str, Any]] = []
     try:
         await warm_up(sim.kubeconfig, ids, limits)
@@ -118,6 +123,7 @@ async def _point(sim: Sim, n: int, args: argparse.Namespace) -> list[dict[str, A
             for label, faulty in (("none hung", []), (f"{len(hung)} hung", hung)):
                 for c in faulty:
                     sim.set_faults(c, {"hang": True})
+                seen_down.update(faulty)
                 store.revision += 1
                 started = time.perf_counter()
                 report = await saver.save(POLICY)
@@ -126,7 +132,8 @@ async def _point(sim: Sim, n: int, args: argparse.Namespace) -> list[dict[str, A
                 await _settle(saver)
                 for c in faulty:
                     sim.set_faults(c, None)
-                row = {"clusters": n, "hung": len(faulty), "repeat": i,
+                seen_down.clear()
+                row = {"clusters": n, "hung": len(faulty), "suspects": args.suspects, "repeat": i,
                        "answer_s": round(answer, 3), "results": dict(results),
                        "request_timeout_s": args.request_timeout,
                        "loadavg_1m": round(os.getloadavg()[0], 2),
@@ -165,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default=[500, 2000])
     parser.add_argument("--hung-share", type=float, default=0.1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--suspects", action="store_true",
+                        help="the hung clusters known unreachable before the save (as the "
+                        "prober sees them after 1.5 periods); default: not known")
     parser.add_argument("--request-timeout", type=float,
                         default=float(_default("request_timeout_s")), metavar="SECONDS")
     args = parser.parse_args(argv)
