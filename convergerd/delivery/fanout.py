@@ -14,10 +14,12 @@ delivering it; a round that read it before checks again at write time), removes
 `policy-<id>` everywhere it may be installed (404 counts as removed), and deletes the row only
 when every cluster removed it.
 
-Clusters are reached through the same registry, retry policy and error classes as rounds, and
-written through the same `apply.Writer` (the fence asked before every write), under one short
-overall deadline. A cluster that fails is recorded (deliveries) and reported; it never fails the
-others.
+Clusters are reached through the same registry, retry policy and error classes as rounds,
+written through the same `apply.Writer` (the fence asked before every write), and scheduled by
+the same `slots.Lanes` (the suspects' lane, the patient healthy lane), under one short overall
+deadline. A cluster that fails is recorded (deliveries) and reported; it never fails the
+others. Hung clusters do not hold a save's answer: it lists them `pending`, and their writes go
+on until the deadline, recorded when they end (a deletion waits for every cluster).
 """
 
 from __future__ import annotations
