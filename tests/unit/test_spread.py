@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from convergerd.core.decode import MAX_MESSAGE_CHARS, MAX_REASON_CHARS
 from convergerd.core.model import ClusterId
 from convergerd.core.report import ClusterResult, FanoutResult
-from convergerd.core.shards import shard_of
 from convergerd.core.save import SaveAction, Work
+from convergerd.core.shards import shard_of
 from convergerd.core.spread import (
     Part,
     leftover,
