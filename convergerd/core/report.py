@@ -19,6 +19,7 @@ from typing import TypeVar, overload
 
 from convergerd.core.errors import DEADLINE_REASON
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.core.save import Operation, SaveAction
 
 T = TypeVar("T")
 
@@ -493,6 +494,7 @@ class FanoutResult(StrEnum):
     SUPERSEDED = "superseded"  # the cluster holds a newer revision than this save read
     REMOVED = "removed"  # gone from the cluster (404 included)
     SKIPPED = "skipped"  # a removal the mass-removal guard refused
+    PENDING = "pending"  # still being written when the save answered (hung): recorded when done
     FAILED = ApplyResult.FAILED.value
 
 
@@ -501,7 +503,7 @@ class ClusterResult:
     """One cluster in one save or deletion (`ClusterResult` in the OpenAPI document)."""
 
     cluster: ClusterId
-    action: str  # "apply" or "remove"
+    action: SaveAction
     result: FanoutResult
     reason: str | None = None
     error: str | None = None
@@ -509,7 +511,7 @@ class ClusterResult:
     @classmethod
     def applied(cls, delivery: Delivery) -> ClusterResult:
         """An apply's result, from the delivery the engine made."""
-        return cls(delivery.cluster, "apply", FanoutResult(delivery.result.value),
+        return cls(delivery.cluster, SaveAction.APPLY, FanoutResult(delivery.result.value),
                    delivery.reason, delivery.error)
 
     def as_json(self) -> dict[str, str | None]:
@@ -519,7 +521,7 @@ class ClusterResult:
 
 class FanoutStatus(StrEnum):
     OK = "ok"  # every cluster done
-    PARTIAL = "partial"  # a save with failed clusters (still a success: recorded)
+    PARTIAL = "partial"  # a save with failed or pending clusters (still a success: recorded)
     REFUSED = "refused"  # a deletion some cluster did not confirm: the row is kept
     NOT_FOUND = "not_found"
     INVALID = "invalid"
@@ -530,7 +532,7 @@ class FanoutStatus(StrEnum):
 class FanoutReport:
     """One save or deletion (`Report` in the OpenAPI document)."""
 
-    operation: str  # "save" or "delete"
+    operation: Operation
     policy: str
     status: FanoutStatus
     revision: int | None = None

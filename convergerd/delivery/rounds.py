@@ -374,15 +374,19 @@ class RoundLoop:
         duration = (
             (report.finished_at - report.started_at).total_seconds() if report.finished_at else 0
         )
+        # Clusters the deadline came before are not "unreached": nothing is known of them
+        # (`/status` and `convergerd_cluster_up` keep what the prober last heard).
+        cut = sum(c.cut_unanswered for c in report.clusters)
         log.info(
-            "round%s %s in %.1f s: %d clusters, %d converged, %d unreached; applied %d created, "
-            "%d updated, %d failed; %d invalid policies%s",
+            "round%s %s in %.1f s: %d clusters, %d converged, %d unreached, %d not reached "
+            "before the deadline; applied %d created, %d updated, %d failed; %d invalid "
+            "policies%s",
             "" if self.shard.number is None else f" of shard {self.shard.number}",
             report.result.value, duration, counts["clusters"], counts["converged"],
-            counts["unreached"], counts["created"], counts["updated"], counts["failed"],
-            counts["invalid"], f"; {report.error}" if report.error else "",
+            counts["unreached"] - cut, cut, counts["created"], counts["updated"],
+            counts["failed"], counts["invalid"], f"; {report.error}" if report.error else "",
             extra={"round_result": report.result.value, "round_counts": counts,
-                   "shard": self.shard.number},
+                   "round_cut_unanswered": cut, "shard": self.shard.number},
         )
 
     async def _record(self, report: RoundReport) -> None:
