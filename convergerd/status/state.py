@@ -27,6 +27,7 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
@@ -227,7 +228,9 @@ class StatusState:
         self.probe_period_s = probe_period_s  # the operators': a Verified probe's age limit
         self.clock = clock
         self.started_at = clock()
-        self.clusters: dict[ClusterId, ClusterState] = {}
+        # Written only here, by the feeders' methods; readers get `clusters`, a read-only view.
+        self._clusters: dict[ClusterId, ClusterState] = {}
+        self._clusters_view: Mapping[ClusterId, ClusterState] = MappingProxyType(self._clusters)
         self.fleet_known = False  # set_clusters was told the database's set
         self.keep = frozenset(keep)
         self.insecure: set[str] = set()  # clusters reached without TLS verification or http://
@@ -244,13 +247,42 @@ class StatusState:
         # the cluster read last first; a view shows those of clusters still counting violations.
         self.audit_samples: dict[PolicyId, tuple[tuple[ClusterId, AuditSample], ...]] = {}
 
+    # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def clusters(self) -> Mapping[ClusterId, ClusterState]:
+        """Each cluster's live state, read-only: only the feeders' methods below change it."""
+        return self._clusters_view
+
+    def suspects(self) -> list[ClusterId]:
+        """The clusters last found unreachable (a round tries them last)."""
+        return [c.id for c in self._clusters.values() if c.reachable is False]
+
+    def caught_up(self) -> list[ClusterId]:
+        """The clusters the last round that worked on them left in sync."""
+        return [c.id for c in self._clusters.values() if c.caught_up]
+
+    def unreachable(self, cluster: ClusterId) -> bool:
+        """Whether `cluster` was last found unreachable."""
+        state = self._clusters.get(cluster)
+        return state is not None and state.reachable is False
+
+    def needing_rows(self) -> list[ClusterId]:
+        """The clusters whose per-policy records the database holds newer than kept here
+        (`ClusterState.needs_rows`): what a database sync reads."""
+        return [c.id for c in self._clusters.values() if c.needs_rows()]
+
+    def record_count(self) -> int:
+        """How many (policy, cluster) records are kept."""
+        return sum(len(c.policies) for c in self._clusters.values())
+
     # -- updates ---------------------------------------------------------------------------
 
     def cluster(self, cluster: str) -> ClusterState:
         cid = ClusterId(cluster)
-        found = self.clusters.get(cid)
+        found = self._clusters.get(cid)
         if found is None:
-            found = self.clusters[cid] = ClusterState(cid, known_since=self.clock())
+            found = self._clusters[cid] = ClusterState(cid, known_since=self.clock())
         return found
 
     def _observed(self, cluster: str) -> ClusterState | None:
@@ -260,22 +292,22 @@ class StatusState:
 
     def member(self, cluster: str) -> bool:
         """Whether `cluster` is one of the database's clusters (all are, until that is known)."""
-        return not self.fleet_known or ClusterId(cluster) in self.clusters
+        return not self.fleet_known or ClusterId(cluster) in self._clusters
 
     def tracks(self, cluster: str) -> bool:
         """Whether facts and counters of `cluster` are kept: a member, or a kept cluster."""
         return cluster in self.keep or self.member(cluster)
 
     def cluster_ids(self) -> list[ClusterId]:
-        return sorted(self.clusters)
+        return sorted(self._clusters)
 
     def set_clusters(self, clusters: Iterable[str]) -> None:
         """The clusters the database knows: new ones are added, removed ones forgotten."""
         self.version += 1  # what status shows may have changed
         self.fleet_known = True
         wanted = {ClusterId(c) for c in clusters}
-        for gone in set(self.clusters) - wanted:
-            del self.clusters[gone]
+        for gone in set(self._clusters) - wanted:
+            del self._clusters[gone]
         for cluster in wanted:
             self.cluster(cluster)
         self.insecure = {c for c in self.insecure if self.tracks(c)}
@@ -295,7 +327,7 @@ class StatusState:
         wanted = {PolicyId(p) for p in policies}
         for gone_sample in set(self.audit_samples) - wanted:
             del self.audit_samples[gone_sample]
-        for state in self.clusters.values():
+        for state in self._clusters.values():
             records = state.policies
             for gone in [p for p in records if p not in wanted and records[p].phase is None]:
                 del records[gone]
@@ -447,7 +479,7 @@ class StatusState:
 
     def orphans(self, now: dt.datetime) -> list[ClusterId]:
         """The clusters without a finished round for more than two intervals."""
-        return [c.id for c in self.clusters.values()
+        return [c.id for c in self._clusters.values()
                 if orphaned(self.since_round_s(c, now), self.interval_s)]
 
     def shard_last_rounds(self) -> dict[int, dt.datetime]:
@@ -455,7 +487,7 @@ class StatusState:
         end on any of its clusters (from the database records, so the same on every
         replica)."""
         last: dict[int, dt.datetime] = {}
-        for c in self.clusters.values():
+        for c in self._clusters.values():
             if c.last_attempt_at is None:
                 continue
             k = self.shard_of(c.id)
@@ -466,7 +498,7 @@ class StatusState:
     def shards_view(self, now: dt.datetime) -> dict[str, Any]:
         holders = self.shard_holders()
         last = self.shard_last_rounds()
-        sizes = Counter(self.shard_of(c) for c in self.clusters)
+        sizes = Counter(self.shard_of(c) for c in self._clusters)
         orphans = Counter(self.shard_of(c) for c in self.orphans(now))
         return {
             "count": self.shards,
@@ -575,7 +607,7 @@ class StatusState:
     ) -> dict[PolicyId, PolicyRecord]:
         """The cluster's per-policy records merged with `rows` just read from the database
         (the newer fact winning), without changing what this replica keeps."""
-        live = self.clusters.get(ClusterId(cluster))
+        live = self._clusters.get(ClusterId(cluster))
         merged = dict(live.policies) if live is not None else {}
         for row in rows:
             pid = PolicyId(row.policy)
@@ -585,12 +617,12 @@ class StatusState:
     def cluster_or_new(self, cluster: str) -> ClusterState:
         """The cluster's state, or an empty one (not kept) for a cluster only the database
         knows yet."""
-        found = self.clusters.get(ClusterId(cluster))
+        found = self._clusters.get(ClusterId(cluster))
         return found if found is not None else ClusterState(ClusterId(cluster), self.clock())
 
     def sorted_clusters(self, now: dt.datetime) -> list[ClusterState]:
         return sorted(
-            self.clusters.values(),
+            self._clusters.values(),
             key=lambda c: worst_first_key(cluster=c.id, reachable=c.reachable,
                                           failing=c.failing, lag_s=c.lag_s(now)),
         )
@@ -642,7 +674,7 @@ class StatusState:
         not with the fleet's policies."""
         totals: dict[PolicyId, list[int]] = {}
         audited = violations = with_violations = unsynced = 0
-        for state in self.clusters.values():
+        for state in self._clusters.values():
             tally = state.audit_tally
             if not tally.audited:
                 continue
@@ -667,7 +699,7 @@ class StatusState:
         pid = PolicyId(policy)
         shown_samples = []
         for cluster, sample in self.audit_samples.get(pid, ()):
-            live = self.clusters.get(cluster)
+            live = self._clusters.get(cluster)
             record = live.policies.get(pid) if live is not None else None
             if record is None or record.phase is None or not known_violations(record.phase):
                 continue
