@@ -15,6 +15,28 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from convergerd.core.facts import (
+    ROW_AUDIT,
+    ROW_DELIVERED,
+    ROW_DELIVERED_REVISION,
+    ROW_LAST_ATTEMPT_AT,
+    ROW_LAST_ERROR,
+    ROW_LAST_REASON,
+    ROW_LAST_RESULT,
+    ROW_LAST_SUCCESS_AT,
+    ROW_PHASE,
+    ROW_PHASE_REVISION,
+    ROW_PROBED_AT,
+    ROW_READ,
+    ROW_READY_MESSAGE,
+    ROW_READY_REASON,
+    ROW_SEEN_AT,
+    ROW_SINCE,
+    ROW_VERIFIED_MESSAGE,
+    ROW_VERIFIED_REASON,
+    ROW_VERIFIED_STATUS,
+    ROW_WIDTH,
+)
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import (
     ApplyResult,
@@ -105,23 +127,17 @@ def merge_records(mine: PolicyRecord | None, stored: PolicyRecord | None) -> Pol
 # per delivery, each with its own decoded strings and times, ran to a gigabyte of status
 # (`bench/status_memory.py`; bench/RESULTS.md, "Figures once quoted in the code"). Most of a
 # cluster's records say the same (one round's result and time, one listing's phase, Ready and
-# Verified): a record is kept as a tuple of its fields (`_FIELDS`), the cluster keeps the most
-# common value of each field (its summary), and each policy only a bit mask of the fields where it
-# differs and those values.
+# Verified): a record is kept as a tuple of its fields (`facts.RECORD_ROW`), the cluster keeps
+# the most common value of each field (its summary), and each policy only a bit mask of the
+# fields where it differs and those values.
 
-# The most variable fields first: their mask bits stay low (small ints are shared objects).
-# Then what a delivery writes, then what a reading writes: a round's observation puts a row
-# together from those parts (`PolicyRecords.take_round`).
-_FIELDS = ("probed_at", "since", "phase_revision", "delivered_revision", "last_attempt_at",
-           "last_success_at", "last_result", "last_error", "last_reason", "phase",
-           "ready_reason", "ready_message", "seen_at", "verified_status", "verified_reason",
-           "verified_message", "audit")
-_WIDTH = len(_FIELDS)
-_HEAD = 4  # the per-policy fields: both probe times and both revisions
-_DELIVERED = slice(4, 9)  # the fields but the revision a delivery writes
-_READ = slice(9, _WIDTH)  # the fields but the revision and probe times a reading writes
-_NONE_ROW: tuple[Any, ...] = (None,) * _WIDTH
-_NOT_READ: tuple[Any, ...] = _NONE_ROW[_READ]
+# The row's fields, their order and the parts a delivery and a reading write: `core.facts`.
+_NONE_ROW: tuple[Any, ...] = (None,) * ROW_WIDTH
+_NOT_READ: tuple[Any, ...] = _NONE_ROW[ROW_READ]
+# Positions in a delivery's part of a row (`ROW_DELIVERED`).
+_D_AT = ROW_LAST_ATTEMPT_AT - ROW_DELIVERED.start
+_D_SUCCESS = ROW_LAST_SUCCESS_AT - ROW_DELIVERED.start
+_D_RESULT = ROW_LAST_RESULT - ROW_DELIVERED.start
 _SAME: tuple[int] = (0,)  # the entry of a record equal to its cluster's summary
 
 
@@ -130,7 +146,8 @@ def _shared(value: Any) -> Any:
 
 
 def record_row(record: PolicyRecord) -> tuple[Any, ...]:
-    """A record's fields as one flat tuple (`_FIELDS`); repeated strings interned."""
+    """A record's fields as one flat tuple, in `facts.RECORD_ROW`'s order; repeated strings
+    interned."""
     phase, found = record.phase, None
     if phase is not None:
         found = phase.verified
@@ -158,7 +175,7 @@ def record_row(record: PolicyRecord) -> tuple[Any, ...]:
 
 
 def reading_part(reading: PhaseReading) -> tuple[tuple[Any, ...], tuple[AuditSample, ...]]:
-    """The `_READ` fields of `reading` (its audit without the sample; repeated strings
+    """The `ROW_READ` fields of `reading` (its audit without the sample; repeated strings
     interned), and its audit's sample when the audit counts violations."""
     found, verified = reading.audit, reading.verified
     fresh = found.sample if found is not None and known_violations(reading) else ()
@@ -174,9 +191,9 @@ def reading_part(reading: PhaseReading) -> tuple[tuple[Any, ...], tuple[AuditSam
 
 def row_record(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PolicyRecord:
     """The record `record_row` made `row` of (a new object: changing it changes nothing kept)."""
-    delivered, attempt, success, result, error, reason = row[3:9]
-    return PolicyRecord(delivered, result, attempt, success, error, reason,
-                        row_reading(row, cluster, policy))
+    return PolicyRecord(row[ROW_DELIVERED_REVISION], row[ROW_LAST_RESULT],
+                        row[ROW_LAST_ATTEMPT_AT], row[ROW_LAST_SUCCESS_AT], row[ROW_LAST_ERROR],
+                        row[ROW_LAST_REASON], row_reading(row, cluster, policy))
 
 
 def summary_row(rows: Iterable[tuple[Any, ...]]) -> tuple[Any, ...]:
@@ -193,7 +210,7 @@ def packed(row: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...]:
         return _SAME
     mask = 0
     values: list[Any] = []
-    for i in range(_WIDTH):
+    for i in range(ROW_WIDTH):
         value = row[i]
         if value != summary[i]:
             mask |= 1 << i
@@ -217,14 +234,16 @@ def unpacked(entry: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...
 
 def row_reading(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PhaseReading | None:
     """The phase reading of `row` alone (what `row_record` would hold), None without one."""
-    seen_at = row[12]
+    seen_at = row[ROW_SEEN_AT]
     if seen_at is None:
         return None
     verified = None
-    if row[13] is not None:
-        verified = Verification(row[13], row[14], row[15], row[0], row[1])
-    return PhaseReading(cluster, policy, row[9], row[10], row[11], row[2], seen_at, verified,
-                        row[16])
+    if row[ROW_VERIFIED_STATUS] is not None:
+        verified = Verification(row[ROW_VERIFIED_STATUS], row[ROW_VERIFIED_REASON],
+                                row[ROW_VERIFIED_MESSAGE], row[ROW_PROBED_AT], row[ROW_SINCE])
+    return PhaseReading(cluster, policy, row[ROW_PHASE], row[ROW_READY_REASON],
+                        row[ROW_READY_MESSAGE], row[ROW_PHASE_REVISION], seen_at, verified,
+                        row[ROW_AUDIT])
 
 
 def _most_common(values: Iterable[Any]) -> Any:
@@ -266,16 +285,16 @@ def _packed_parts(
 ) -> dict[PolicyId, tuple[Any, ...]]:
     """`packed` of each row, given as its policy's head, delivered and read parts, against
     the summary's parts: a shared part's differences are worked out once."""
-    s0, s1, s2, s3 = head
+    s0, s1, s2, s3 = head  # the `ROW_HEAD` fields, unrolled: compared for every policy
     diffs: dict[int, tuple[int, tuple[Any, ...]]] = {}
     entries: dict[PolicyId, tuple[Any, ...]] = {}
     for policy, (h0, h1, h2, h3), d, r in rows:
         dd = diffs.get(id(d))
         if dd is None:
-            dd = diffs[id(d)] = _part_diff(d, part_d, _DELIVERED.start)
+            dd = diffs[id(d)] = _part_diff(d, part_d, ROW_DELIVERED.start)
         rd = diffs.get(id(r))
         if rd is None:
-            rd = diffs[id(r)] = _part_diff(r, part_r, _READ.start)
+            rd = diffs[id(r)] = _part_diff(r, part_r, ROW_READ.start)
         mask = dd[0] | rd[0]
         values = []
         if h0 != s0:
@@ -295,7 +314,7 @@ def _packed_parts(
 
 
 # What a round's reading writes of a policy's row, as `StatusState._read_back` makes it:
-# (probed_at, since, phase_revision, the `_READ` fields, the reading standing for its group).
+# (probed_at, since, phase_revision, the `ROW_READ` fields, the reading standing for its group).
 ReadBack = tuple[dt.datetime | None, dt.datetime | None, int | None, tuple[Any, ...],
                  PhaseReading]
 
@@ -370,20 +389,22 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
             if (read is None or d is None) and (entry := old.get(policy)) is not None:
                 row = unpacked(entry, summary)
             if read is None:
-                probed, since, revision = row[0], row[1], row[2]
-                was_read = row[_READ]
+                probed, since = row[ROW_PROBED_AT], row[ROW_SINCE]
+                revision = row[ROW_PHASE_REVISION]
+                was_read = row[ROW_READ]
                 readback.append(shared.setdefault(was_read, was_read))
             elif r is None:  # no longer in the cluster
                 probed = since = revision = None
                 readback.append(_NOT_READ)
             else:
-                probed, since, revision = r[0], r[1], r[2]
-                readback.append(r[3])
+                probed, since, revision, was_read, _ = r
+                readback.append(was_read)
             if d is None:
-                was_delivered = row[_DELIVERED]
-                d = (row[3], shared.setdefault(was_delivered, was_delivered))
-            heads.append((probed, since, revision, d[0]))
-            delivered.append(d[1])
+                was_delivered = row[ROW_DELIVERED]
+                d = (row[ROW_DELIVERED_REVISION], shared.setdefault(was_delivered, was_delivered))
+            delivered_revision, was_delivered = d
+            heads.append((probed, since, revision, delivered_revision))  # `ROW_HEAD` fields
+            delivered.append(was_delivered)
         if not keys:
             self._summary, self._entries = _NONE_ROW, {}
             return
@@ -396,19 +417,20 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
     def _noted(self, deliveries: Deliveries, shared: dict[tuple[Any, ...], tuple[Any, ...]],
                ) -> dict[PolicyId, tuple[int | None, tuple[Any, ...]]]:
         """Per policy delivered, what its deliveries leave of its row: the
-        delivered revision and the `_DELIVERED` fields."""
+        delivered revision and the `ROW_DELIVERED` fields."""
         noted: dict[PolicyId, tuple[int | None, tuple[Any, ...]]] = {}
         parts: dict[int, tuple[dt.datetime, tuple[Any, ...], bool]] = {}
         for policy, revision, d in deliveries.shared():
             part = parts.get(id(d))
             if part is None:
-                written = (d.at, d.at, _shared(d.result.value), _shared(d.error),
+                written = (d.at, d.at, _shared(d.result.value), _shared(d.error),  # its part
                            _shared(d.reason))
                 part = parts[id(d)] = (d.at, shared.setdefault(written, written),
                                        d.result is ApplyResult.FAILED)
             at, written, failed = part
             current = noted.get(policy)
-            last = current[1][0] if current is not None else self._field(policy, 4)
+            last = (current[1][_D_AT] if current is not None
+                    else self._field(policy, ROW_LAST_ATTEMPT_AT))
             if last is not None and last > at:
                 continue  # a newer one is known
             if not failed:
@@ -416,11 +438,12 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
                 continue
             # A failure keeps the last success's revision and time.
             if current is None:
-                current = (self._field(policy, 3), (None, self._field(policy, 5)))
-            success = current[1][1]
+                current = (self._field(policy, ROW_DELIVERED_REVISION),
+                           (None, self._field(policy, ROW_LAST_SUCCESS_AT)))
+            success = current[1][_D_SUCCESS]
             if success is not None and success == at:
                 success = at
-            failure = (at, success, *written[2:])
+            failure = (at, success, *written[_D_RESULT:])
             noted[policy] = (current[0], shared.setdefault(failure, failure))
         return noted
 

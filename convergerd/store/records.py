@@ -25,6 +25,15 @@ from typing import Any, Protocol, TypeVar
 
 import asyncpg
 
+from convergerd.core.facts import (
+    COL_POLICY,
+    COLUMN_NAMES,
+    COLUMNS,
+    DK_AT,
+    NOT_READ,
+    RK_AUDIT,
+    RK_SEEN_AT,
+)
 from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
@@ -50,22 +59,12 @@ T = TypeVar("T")
 # readers derive its times from that (`convergerd.store.store`). Older facts never overwrite
 # newer ones (a save racing a round, a late record), newer meaning later than what the row shows,
 # derived times included.
-_INCOMING_COLUMNS = (
-    "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
-    "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
-    "verified_status", "verified_reason", "verified_message", "verified_probed_at",
-    "verified_since", "audit_violations", "audit_at", "audit_synced", "audit_problem",
+# The columns, their types and order: `core.facts.COLUMNS`.
+_CREATE_INCOMING = (
+    "CREATE TEMPORARY TABLE incoming_deliveries ("
+    + ", ".join(f"{c.name} {c.sql}" for c in COLUMNS)
+    + ") ON COMMIT DROP"
 )
-_CREATE_INCOMING = """
-CREATE TEMPORARY TABLE incoming_deliveries (
-    policy_id text, cluster_id text, revision bigint, result text, at timestamptz,
-    error text, reason text, attempts integer, phase text, phase_reason text,
-    phase_message text, phase_revision bigint, phase_seen_at timestamptz,
-    verified_status text, verified_reason text, verified_message text,
-    verified_probed_at timestamptz, verified_since timestamptz,
-    audit_violations bigint, audit_at timestamptz, audit_synced boolean, audit_problem text
-) ON COMMIT DROP
-"""
 
 
 def confirmed_by_listing(d: str, s: str) -> str:
@@ -439,7 +438,7 @@ def _packed_rows(c: ClusterOutcome, clean: _Cleaner) -> list[tuple[Any, ...]] | 
                     None, None, None, None))
         else:
             append((policy, cluster, revision, result, at, error, reason, attempts,
-                    *_NO_PHASE))
+                    *NOT_READ))
     for j in reading_of.values():  # read, not delivered: in the readings' order
         ph, ph_reason, ph_message, seen, vs, vr, vm, av, aa, asy, ap = r_parts[id(r_kinds[j])]
         append((r_policies[j], cluster, None, None, None, None, None, None,
@@ -448,22 +447,25 @@ def _packed_rows(c: ClusterOutcome, clean: _Cleaner) -> list[tuple[Any, ...]] | 
     return rows
 
 
-_NO_PHASE = (None,) * 14  # a row's phase columns when nothing was read
-
-
 def _delivery_records(
     deliveries: Iterable[Delivery], phases: Iterable[PhaseReading], clean: _Cleaner
 ) -> list[tuple[Any, ...]]:
-    """Merge deliveries and phase readings per (policy, cluster) into `_INCOMING_COLUMNS`
+    """Merge deliveries and phase readings per (policy, cluster) into `COLUMN_NAMES`
     records (a row is written once; of duplicates the latest wins), every value cleaned for
     PostgreSQL. Built column by column: 100k rows must not become 100k small lists for the
     garbage collector."""
     index: dict[tuple[str, str], int] = {}
-    cols: list[list[Any]] = [[] for _ in _INCOMING_COLUMNS]
+    named: dict[str, list[Any]] = {name: [] for name in COLUMN_NAMES}  # in `COLUMNS` order
+    cols = list(named.values())
     (policy, cluster, revision, result, attempt_at, error, reason, attempts,
      phase, phase_reason, phase_message, phase_revision, phase_seen_at,
      v_status, v_reason, v_message, v_probed_at, v_since,
-     a_violations, a_at, a_synced, a_problem) = cols
+     a_violations, a_at, a_synced, a_problem) = (named[name] for name in (  # picked by name
+        "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
+        "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
+        "verified_status", "verified_reason", "verified_message", "verified_probed_at",
+        "verified_since", "audit_violations", "audit_at", "audit_synced", "audit_problem"))
+    values = [col for name, col in named.items() if name not in {"policy_id", "cluster_id"}]
 
     def row(policy_id: str, cluster_id: str) -> tuple[int, bool]:
         """The row of (policy, cluster), and whether it was new."""
@@ -474,7 +476,7 @@ def _delivery_records(
         index[key] = i = len(policy)
         policy.append(policy_id)
         cluster.append(cluster_id)
-        for col in cols[2:]:
+        for col in values:
             col.append(None)
         return i, True
 
@@ -543,7 +545,7 @@ async def _upsert_deliveries(
     `records` must then hold all the readings of those listings."""
     await conn.execute(_CREATE_INCOMING)
     await conn.copy_records_to_table(
-        "incoming_deliveries", records=records, columns=_INCOMING_COLUMNS
+        "incoming_deliveries", records=records, columns=COLUMN_NAMES
     )
     if listed:
         await conn.execute(_CLEAR_UNLISTED, [c for c, _ in listed], [at for _, at in listed])
@@ -653,16 +655,17 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
         # From the packed readings: a reading's seen and audit times are its kind's, its
         # probe time (None without Verified) its own.
         kinds = c.phases.kinds()
-        listed_at = max((_utc(k[4]) for k in kinds), default=None)
-        listed_probed_at = min((t for t in c.phases.columns()[2] if t is not None),
-                               default=None)
-        listed_audited_at = min((k[5].audited_at for k in kinds
-                                 if k[5] is not None and k[5].audited_at is not None),
+        listed_at = max((_utc(k[RK_SEEN_AT]) for k in kinds), default=None)
+        _, _, probed, _, _ = c.phases.columns()
+        listed_probed_at = min((t for t in probed if t is not None), default=None)
+        audits = (k[RK_AUDIT] for k in kinds)
+        listed_audited_at = min((a.audited_at for a in audits
+                                 if a is not None and a.audited_at is not None),
                                 default=None)
         if listed_at is None:
             # An empty listing: no later than the round's first write (what the round
             # created afterwards is newer than what the listing did not find).
-            listed_at = min((_utc(k[2]) for k in c.deliveries.kinds()), default=at)
+            listed_at = min((_utc(k[DK_AT]) for k in c.deliveries.kinds()), default=at)
     return (
         # NULL: cut by the round's deadline unanswered; the reachability recorded stands.
         c.cluster, None if c.cut_unanswered else c.reached, c.converged,
@@ -679,13 +682,20 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
     )
 
 
-_LISTED_AT = 10  # the state row's listing time: the cluster's readings are all in the part
+# A state row's values, as `_UPSERT_CLUSTER_STATE`'s unnest names them.
+_STATE_ROW = ("cluster_id", "reached", "converged", "error", "reason", "desired", "in_sync",
+              "failed", "server_version", "duration_s", "listed_at", "listed_probed_at",
+              "listed_audited_at")
+_STATE_CLUSTER = _STATE_ROW.index("cluster_id")
+# The state row's listing time: the cluster's readings are all in the part.
+_LISTED_AT = _STATE_ROW.index("listed_at")
+_NOT_LISTED = (None,) * (len(_STATE_ROW) - _LISTED_AT)  # the listing's three values
 
 
 def _unlisted(state: tuple[Any, ...]) -> tuple[Any, ...]:
     """The state row without its listing: for a part that does not hold all of the listing's
     readings (the row-by-row fallback), whose unwritten rows must not be taken as read."""
-    return (*state[:_LISTED_AT], None, None, None)
+    return (*state[:_LISTED_AT], *_NOT_LISTED)
 
 
 async def _insert_round(conn: asyncpg.Connection, record: RoundRecord, kept: int) -> int:
@@ -716,7 +726,7 @@ async def _write_parts(
         await conn.execute(
             _UPSERT_CLUSTER_STATE, round_id, record.at,
             *(list(col) for col in zip(*states[i:i + _STATES_PER_STATEMENT], strict=True)))
-    listed = [(s[0], s[_LISTED_AT]) for s in states if s[_LISTED_AT] is not None]
+    listed = [(s[_STATE_CLUSTER], s[_LISTED_AT]) for s in states if s[_LISTED_AT] is not None]
     if listed or any(p.has_rows() for p in parts):
         await _upsert_deliveries(conn, _paced(_rows(parts, clean)), round_id, listed)
 
@@ -805,7 +815,7 @@ async def _write_part_alone(
     pieces: list[tuple[str | None, _ClusterPart]] = []
     if part.state is not None:
         pieces.append((None, _ClusterPart(cluster, _unlisted(part.state))))
-    pieces += [(row[0], _ClusterPart(cluster, None, rows=(row,))) for row in part.rows]
+    pieces += [(row[COL_POLICY], _ClusterPart(cluster, None, rows=(row,))) for row in part.rows]
     dropped: list[str] = []
     first: tuple[str, str] | None = None  # the first refusal's message and reason
     for policy, piece in pieces:
