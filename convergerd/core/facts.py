@@ -103,13 +103,25 @@ class Clean(StrEnum):
     AS_IS = "as is"  # a value of our own making (a result, a flag)
 
 
+class Change(StrEnum):
+    """What a reading's value that differs from the recorded one means for the upsert
+    (`store.records._UPSERT_DELIVERIES`): whether the row is written for it."""
+
+    NEWS = "news"  # any difference is written
+    FORWARD = "forward"  # a time moving forward is the operator at work again, not news
+    SEEN = "seen"  # the reading's own time: which of two readings is newer
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
-    """One column of a round's record: its name, SQL type and how it is cleaned."""
+    """One column of a round's record: its name (in `incoming_deliveries` and, for a
+    reading's, in `deliveries`), SQL type, how it is cleaned, and for a reading's what a
+    change of it means."""
 
     name: str
     sql: str
     clean: Clean
+    change: Change = Change.NEWS
 
 
 # A delivery's columns, then a reading's (`READ_COLUMNS`): the order of the COPY.
@@ -126,14 +138,14 @@ COLUMNS = (
     Column("phase_reason", "text", Clean.TEXT),
     Column("phase_message", "text", Clean.TEXT),
     Column("phase_revision", "bigint", Clean.REVISION),
-    Column("phase_seen_at", "timestamptz", Clean.TIME),
+    Column("phase_seen_at", "timestamptz", Clean.TIME, Change.SEEN),
     Column("verified_status", "text", Clean.TEXT),
     Column("verified_reason", "text", Clean.TEXT),
     Column("verified_message", "text", Clean.TEXT),
-    Column("verified_probed_at", "timestamptz", Clean.TIME),
+    Column("verified_probed_at", "timestamptz", Clean.TIME, Change.FORWARD),
     Column("verified_since", "timestamptz", Clean.TIME),
     Column("audit_violations", "bigint", Clean.REVISION),
-    Column("audit_at", "timestamptz", Clean.TIME),
+    Column("audit_at", "timestamptz", Clean.TIME, Change.FORWARD),
     Column("audit_synced", "boolean", Clean.AS_IS),
     Column("audit_problem", "text", Clean.TEXT),
 )
@@ -141,6 +153,7 @@ COLUMN_NAMES = tuple(c.name for c in COLUMNS)
 COL_POLICY = COLUMN_NAMES.index("policy_id")
 COL_PHASE = COLUMN_NAMES.index("phase")  # the first of a reading's columns
 READ_COLUMNS = COLUMNS[COL_PHASE:]
+READ_NAMES = tuple(c.name for c in READ_COLUMNS)
 # A row's reading columns when nothing was read.
 NOT_READ: tuple[None, ...] = (None,) * len(READ_COLUMNS)
 

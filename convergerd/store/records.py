@@ -31,8 +31,11 @@ from convergerd.core.facts import (
     COLUMNS,
     DK_AT,
     NOT_READ,
+    READ_COLUMNS,
+    READ_NAMES,
     RK_AUDIT,
     RK_SEEN_AT,
+    Change,
 )
 from convergerd.core.report import (
     ApplyResult,
@@ -77,16 +80,31 @@ def confirmed_by_listing(d: str, s: str) -> str:
             f" AND {s}.listed_at > {d}.last_attempt_at)")
 
 
+# A reading's columns in the upsert, made from `core.facts.READ_COLUMNS` (a new reading column
+# needs no edit here): all of them taken together when the reading is newer (`seen`); the row
+# written when one of them is news, or a time that only moves forward did not.
+_READ_LIST = ", ".join(READ_NAMES)
+_READ_SELECT = ", ".join("f.seen_at" if c.change is Change.SEEN else f"u.{c.name}"
+                         for c in READ_COLUMNS)
+_READ_NEWS = [c.name for c in READ_COLUMNS if c.change is Change.NEWS]
+_READ_CHANGED = "\n            OR ".join([
+    f"({', '.join(f'u.{n}' for n in _READ_NEWS)})"
+    f" IS DISTINCT FROM ({', '.join(f'o.{n}' for n in _READ_NEWS)})",
+    # A probe or audit time moving forward is the operator probing or auditing again, not
+    # news: the cluster's `listed_probed_at` and `listed_audited_at` bound it. Gone, come, or
+    # going back is written.
+    *(f"(u.{c.name} IS DISTINCT FROM o.{c.name} AND NOT COALESCE(u.{c.name} > o.{c.name}, false))"
+      for c in READ_COLUMNS if c.change is Change.FORWARD)])
+_READ_TAKEN = ",\n            ".join(f"CASE WHEN seen THEN EXCLUDED.{n} ELSE d.{n} END"
+                                    for n in READ_NAMES)
+
 # What a row shows, derived times included (as `store._D_COLUMNS`): `known`.
 # What of the incoming row is newer than that: `f` (a part that is not is passed as NULL, so
 # the upsert leaves it alone).
 _UPSERT_DELIVERIES = f"""
 INSERT INTO deliveries AS d (
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
-    last_error, last_reason, attempts, round_id,
-    phase, phase_reason, phase_message, phase_revision, phase_seen_at,
-    verified_status, verified_reason, verified_message, verified_probed_at, verified_since,
-    audit_violations, audit_at, audit_synced, audit_problem)
+    last_error, last_reason, attempts, round_id, {_READ_LIST})
 SELECT u.policy_id, u.cluster_id,
        CASE WHEN u.result <> 'failed' THEN u.revision END,
        u.result, f.at,
@@ -94,9 +112,7 @@ SELECT u.policy_id, u.cluster_id,
        u.error, u.reason,
        CASE WHEN u.result = 'failed' THEN u.attempts ELSE 0 END,
        $1::bigint,
-       u.phase, u.phase_reason, u.phase_message, u.phase_revision, f.seen_at,
-       u.verified_status, u.verified_reason, u.verified_message, u.verified_probed_at,
-       u.verified_since, u.audit_violations, u.audit_at, u.audit_synced, u.audit_problem
+       {_READ_SELECT}
 FROM incoming_deliveries u
 LEFT JOIN deliveries o ON o.policy_id = u.policy_id AND o.cluster_id = u.cluster_id
 LEFT JOIN cluster_state s ON s.cluster_id = u.cluster_id
@@ -118,20 +134,7 @@ WHERE o.policy_id IS NULL
                IS DISTINCT FROM (o.delivered_revision, o.last_error, o.last_reason)))
    OR (f.seen_at IS NOT NULL
        AND (o.phase_seen_at IS NULL
-            OR (u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.verified_status,
-                u.verified_reason, u.verified_message, u.verified_since, u.audit_violations,
-                u.audit_synced, u.audit_problem)
-               IS DISTINCT FROM (o.phase, o.phase_reason, o.phase_message, o.phase_revision,
-                                 o.verified_status, o.verified_reason, o.verified_message,
-                                 o.verified_since, o.audit_violations, o.audit_synced,
-                                 o.audit_problem)
-            -- A probe or audit time moving forward is the operator probing or auditing
-            -- again, not news: the cluster's `listed_probed_at` and `listed_audited_at` bound
-            -- it. Gone, come, or going back is written.
-            OR (u.verified_probed_at IS DISTINCT FROM o.verified_probed_at
-                AND NOT COALESCE(u.verified_probed_at > o.verified_probed_at, false))
-            OR (u.audit_at IS DISTINCT FROM o.audit_at
-                AND NOT COALESCE(u.audit_at > o.audit_at, false))))
+            OR {_READ_CHANGED}))
 ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
     (delivered_revision, last_result, last_attempt_at, last_success_at, last_error,
      last_reason, attempts, round_id) =
@@ -150,23 +153,8 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
      FROM (SELECT EXCLUDED.last_attempt_at IS NOT NULL
                   AND (d.last_attempt_at IS NULL
                        OR d.last_attempt_at <= EXCLUDED.last_attempt_at) AS fresh) AS f),
-    (phase, phase_reason, phase_message, phase_revision, phase_seen_at,
-     verified_status, verified_reason, verified_message, verified_probed_at, verified_since,
-     audit_violations, audit_at, audit_synced, audit_problem) =
-    (SELECT CASE WHEN seen THEN EXCLUDED.phase ELSE d.phase END,
-            CASE WHEN seen THEN EXCLUDED.phase_reason ELSE d.phase_reason END,
-            CASE WHEN seen THEN EXCLUDED.phase_message ELSE d.phase_message END,
-            CASE WHEN seen THEN EXCLUDED.phase_revision ELSE d.phase_revision END,
-            CASE WHEN seen THEN EXCLUDED.phase_seen_at ELSE d.phase_seen_at END,
-            CASE WHEN seen THEN EXCLUDED.verified_status ELSE d.verified_status END,
-            CASE WHEN seen THEN EXCLUDED.verified_reason ELSE d.verified_reason END,
-            CASE WHEN seen THEN EXCLUDED.verified_message ELSE d.verified_message END,
-            CASE WHEN seen THEN EXCLUDED.verified_probed_at ELSE d.verified_probed_at END,
-            CASE WHEN seen THEN EXCLUDED.verified_since ELSE d.verified_since END,
-            CASE WHEN seen THEN EXCLUDED.audit_violations ELSE d.audit_violations END,
-            CASE WHEN seen THEN EXCLUDED.audit_at ELSE d.audit_at END,
-            CASE WHEN seen THEN EXCLUDED.audit_synced ELSE d.audit_synced END,
-            CASE WHEN seen THEN EXCLUDED.audit_problem ELSE d.audit_problem END
+    ({_READ_LIST}) =
+    (SELECT {_READ_TAKEN}
      FROM (SELECT EXCLUDED.phase_seen_at IS NOT NULL
                   AND (d.phase_seen_at IS NULL
                        OR d.phase_seen_at <= EXCLUDED.phase_seen_at) AS seen) AS s)
@@ -175,12 +163,8 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
 # A listing that did not find a policy's object: its recorded phase is no longer there (as this
 # replica's own status has it), so it is cleared, or rows nobody rewrites would be shown as seen
 # at every later listing. Unless a newer listing was recorded already (a late record).
-_CLEAR_UNLISTED = """
-UPDATE deliveries AS d SET
-    phase = NULL, phase_reason = NULL, phase_message = NULL, phase_revision = NULL,
-    phase_seen_at = NULL, verified_status = NULL, verified_reason = NULL,
-    verified_message = NULL, verified_probed_at = NULL, verified_since = NULL,
-    audit_violations = NULL, audit_at = NULL, audit_synced = NULL, audit_problem = NULL
+_CLEAR_UNLISTED = f"""
+UPDATE deliveries AS d SET {", ".join(f"{n} = NULL" for n in READ_NAMES)}
 FROM unnest($1::text[], $2::timestamptz[]) AS l(cluster_id, listed_at)
 WHERE d.cluster_id = l.cluster_id
   AND d.phase_seen_at IS NOT NULL AND d.phase_seen_at < l.listed_at
@@ -189,7 +173,7 @@ WHERE d.cluster_id = l.cluster_id
   AND NOT EXISTS (SELECT 1 FROM incoming_deliveries u
                   WHERE u.cluster_id = d.cluster_id AND u.policy_id = d.policy_id
                     AND u.phase_seen_at IS NOT NULL)
-"""
+"""  # noqa: S608 (no value is formatted in: column names only)
 
 # A round recorded late (kept while the database was down) must not overwrite the outcome of a
 # newer one: only a later success or reach time is taken from it.
