@@ -70,6 +70,7 @@ from convergerd.status.records import (
     newer,
     reading_part,
 )
+from convergerd.status.samples import AuditSamples
 from convergerd.status.views import (
     AUDIT_POLICIES_LISTED,
     DEFAULT_PROBE_PERIOD_S,
@@ -80,8 +81,6 @@ from convergerd.status.views import (
 
 Clock = Callable[[], dt.datetime]
 
-# Audit samples kept per policy.
-AUDIT_SAMPLES_KEPT = 5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,10 +241,9 @@ class StatusState:
         self.version = 0  # counts the updates: a status view built at one version stays true
         self.synced_at: dt.datetime | None = None  # the last database sync that answered
         self.sync_error: str | None = None  # why the last database sync failed, if it did
-        # Audit samples per policy, not per policy and cluster (memory: policies x clusters
-        # readings hold only counts): the first `AUDIT_SAMPLES_KEPT` across clusters, those of
-        # the cluster read last first; a view shows those of clusters still counting violations.
-        self.audit_samples: dict[PolicyId, tuple[tuple[ClusterId, AuditSample], ...]] = {}
+        # Audit samples per policy (`status.samples`); a view shows those of clusters still
+        # counting violations.
+        self._samples = AuditSamples()
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -325,8 +323,7 @@ class StatusState:
         object is still read back from the cluster (a round never deletes, so that reading
         is real and bounded by what the cluster holds)."""
         wanted = {PolicyId(p) for p in policies}
-        for gone_sample in set(self.audit_samples) - wanted:
-            del self.audit_samples[gone_sample]
+        self._samples.retain(wanted)
         for state in self._clusters.values():
             records = state.policies
             for gone in [p for p in records if p not in wanted and records[p].phase is None]:
@@ -392,32 +389,21 @@ class StatusState:
     def _read_back(self, cluster: ClusterId, readings: Readings) -> dict[PolicyId, ReadBack]:
         """What each reading writes of its policy's row, per policy (the last reading of a
         policy read twice), its audit without the sample, which is kept per policy
-        (`audit_samples`)."""
+        (`AuditSamples`)."""
         read: dict[PolicyId, ReadBack] = {}
         parts: dict[int, tuple[tuple[Any, ...], tuple[AuditSample, ...]]] = {}
-        samples = self.audit_samples
+        samples = self._samples
         for policy, revision, probed, since, r in readings.shared():
             part = parts.get(id(r))
             if part is None:
                 part = parts[id(r)] = reading_part(r)
             fresh = part[1]
             if fresh or policy in samples:
-                self._keep_samples(policy, cluster, fresh)
+                samples.keep(policy, cluster, fresh)
             # One object for both times when they are equal, as `record_row` keeps them.
             kept_since = probed if since is not None and since == probed else since
             read[policy] = (probed, kept_since, revision, part[0], r)
         return read
-
-    def _keep_samples(self, policy: PolicyId, cluster: ClusterId,
-                      fresh: tuple[AuditSample, ...]) -> None:
-        """The cluster's `fresh` samples of `policy` first, then the other clusters' kept."""
-        kept = self.audit_samples.get(policy, ())
-        if kept or fresh:
-            merged = (*((cluster, s) for s in fresh), *(e for e in kept if e[0] != cluster))
-            if merged:
-                self.audit_samples[policy] = merged[:AUDIT_SAMPLES_KEPT]
-            else:
-                del self.audit_samples[policy]
 
     def observe_probe(
         self, cluster: str, *, reachable: bool, error: str | None = None,
@@ -698,7 +684,7 @@ class StatusState:
         violations."""
         pid = PolicyId(policy)
         shown_samples = []
-        for cluster, sample in self.audit_samples.get(pid, ()):
+        for cluster, sample in self._samples.of(pid):
             live = self._clusters.get(cluster)
             record = live.policies.get(pid) if live is not None else None
             if record is None or record.phase is None or not known_violations(record.phase):
