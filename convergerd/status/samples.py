@@ -5,7 +5,7 @@ the cluster read last first. Pure; written by the state as it observes a round's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, KeysView
 
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import AuditSample
@@ -22,8 +22,10 @@ class AuditSamples:
     def __init__(self) -> None:
         self._kept: dict[PolicyId, tuple[tuple[ClusterId, AuditSample], ...]] = {}
 
-    def __contains__(self, policy: object) -> bool:
-        return policy in self._kept
+    def policies(self) -> KeysView[PolicyId]:
+        """The policies with samples kept (a live view: a membership test in C, asked for
+        every reading of a round)."""
+        return self._kept.keys()
 
     def of(self, policy: PolicyId) -> tuple[tuple[ClusterId, AuditSample], ...]:
         """The policy's kept samples, each with its cluster."""

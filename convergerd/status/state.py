@@ -393,16 +393,17 @@ class StatusState:
         read: dict[PolicyId, ReadBack] = {}
         parts: dict[int, tuple[tuple[Any, ...], tuple[AuditSample, ...]]] = {}
         samples = self._samples
+        sampled = samples.policies()
         for policy, revision, probed, since, r in readings.shared():
             part = parts.get(id(r))
             if part is None:
                 part = parts[id(r)] = reading_part(r)
-            fresh = part[1]
-            if fresh or policy in samples:
+            was_read, fresh = part
+            if fresh or policy in sampled:
                 samples.keep(policy, cluster, fresh)
             # One object for both times when they are equal, as `record_row` keeps them.
             kept_since = probed if since is not None and since == probed else since
-            read[policy] = (probed, kept_since, revision, part[0], r)
+            read[policy] = (probed, kept_since, revision, was_read, r)
         return read
 
     def observe_probe(
