@@ -382,7 +382,7 @@ class Daemon:
         benchmark checks these stay flat over rounds."""
         sizes = {
             "status_clusters": len(self.state.clusters),
-            "status_policy_records": sum(len(c.policies) for c in self.state.clusters.values()),
+            "status_policy_records": self.state.record_count(),
             "seen_invalid": len(self.rounds.seen_invalid) if self.rounds is not None else 0,
             "unrecorded_rounds": len(self.rounds.unrecorded) if self.rounds is not None else 0,
             "prober_clusters": len(self.prober) if self.prober is not None else 0,

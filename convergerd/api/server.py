@@ -103,15 +103,9 @@ from convergerd.status.listing import (
 )
 from convergerd.status.metrics import CONTENT_TYPE, HTTP_BOUNDS_REASONS, Metrics
 from convergerd.status.phases import age_s, stale_after_s
-from convergerd.status.state import (
-    PolicyRecord,
-    StatusState,
-    iso,
-    merge_records,
-    policy_audit_view,
-    record_view,
-    unsupported_of,
-)
+from convergerd.status.records import PolicyRecord, merge_records
+from convergerd.status.state import StatusState
+from convergerd.status.views import iso, policy_audit_view, record_view, unsupported_of
 
 log = logging.getLogger(__name__)
 

@@ -328,8 +328,8 @@ class RoundLoop:
             s, self.clusters, StopFence(self.shard.elector.fence(epoch), self.stopping),
             self.metrics,
             deadline_s=max(0.0, deadline - loop.time()), guard=self.guard,
-            suspects=[c.id for c in self.state.clusters.values() if c.reachable is False],
-            caught_up=[c.id for c in self.state.clusters.values() if c.caught_up],
+            suspects=self.state.suspects(),
+            caught_up=self.state.caught_up(),
             suspected=self._unreachable_now,
             slots=self.shard.slots,
         )
@@ -342,8 +342,7 @@ class RoundLoop:
         return report
 
     def _unreachable_now(self, cluster: ClusterId) -> bool:
-        state = self.state.clusters.get(cluster)
-        return state is not None and state.reachable is False
+        return self.state.unreachable(cluster)
 
     async def _reload_kubeconfig(self) -> None:
         """Rotated credentials (the kubeconfig Secret updated in place) count from the next

@@ -25,7 +25,8 @@ from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.plan import MAX_AUDIT_VIOLATIONS, Observed, audit
 from convergerd.core.report import Audit, AuditSample, ClusterOutcome, PhaseReading, RoundReport
 from convergerd.status.metrics import Metrics
-from convergerd.status.state import StatusState, policy_audit_view, record_view
+from convergerd.status.state import StatusState
+from convergerd.status.views import policy_audit_view, record_view
 from tests.strategies import JSON_VALUES
 from tests.unit.test_decode import safe
 
@@ -159,7 +160,7 @@ def test_any_audit_body_is_a_bounded_audit_or_unknown_never_an_exception(body: A
 
 
 def _record(r: PhaseReading) -> Any:
-    from convergerd.status.state import PolicyRecord
+    from convergerd.status.records import PolicyRecord
     record = PolicyRecord()
     record.phase = r
     return record
