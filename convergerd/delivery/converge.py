@@ -26,9 +26,9 @@ from typing import Protocol
 
 from convergerd.core.errors import ClusterError, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId
-from convergerd.core.plan import Apply, Observed, Why, plan_cluster, with_precondition
+from convergerd.core.plan import Apply, ListedPolicy, Why, plan_cluster, with_precondition
 from convergerd.core.removal import Current
-from convergerd.core.render import MANAGED_SELECTOR, object_name, policy_id_of, render_policy
+from convergerd.core.render import MANAGED_SELECTOR, object_name, policy_id_from_name, render_policy
 from convergerd.core.report import (
     ApplyResult,
     Audit,
@@ -212,10 +212,10 @@ async def _converge(
                     deadline)
     timeout = env.calls.request_timeout_s
 
-    async def list_once() -> Sequence[Observed]:
+    async def list_once() -> Sequence[ListedPolicy]:
         found = await writer.api.list_policies(label_selector=MANAGED_SELECTOR,
                                                timeout_s=timeout)
-        return [Observed.from_object(obj) for obj in found.items]
+        return [ListedPolicy.from_object(obj) for obj in found.items]
 
     observed = await writer.call(list_once)
     outcome.reached = True
@@ -417,7 +417,7 @@ def _shared(audit: Audit | None, shared: dict[Audit, Audit]) -> Audit | None:
 
 
 def _phases(
-    cluster: ClusterId, observed: Mapping[str, Observed], seen_at: dt.datetime
+    cluster: ClusterId, observed: Mapping[str, ListedPolicy], seen_at: dt.datetime
 ) -> Readings:
     """What the in-cluster operator reports, read from the same list (no extra requests),
     packed (`Readings`). Audits without a sample that agree (one pass of the operator: the
@@ -426,7 +426,7 @@ def _phases(
     readings = Readings()
     shared: dict[Audit, Audit] = {}
     for name, obj in observed.items():
-        policy_id = policy_id_of(name)
+        policy_id = policy_id_from_name(name)
         if policy_id is None or object_name(policy_id) != name:
             continue
         revision = cluster_revision(obj)

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from convergerd.config import Settings
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Policy, PolicyId
-from convergerd.core.plan import Observed, differs, with_precondition
+from convergerd.core.plan import ListedPolicy, differs, with_precondition
 from convergerd.core.removal import Current, Target, delete_targets, plan_save
 from convergerd.core.render import deliverable_policy, object_name, render_policy
 from convergerd.core.report import (
@@ -203,7 +203,7 @@ async def _apply_to(
         live = await writer.call(lambda: api.get_policy(name, timeout_s=timeout))
         write = body
         if live is not None:
-            observed = Observed.from_object(live)
+            observed = ListedPolicy.from_object(live)
             revision = cluster_revision(observed)
             if revision is not None and revision > policy.revision:
                 return ClusterResult(cluster, SaveAction.APPLY, FanoutResult.SUPERSEDED, None,

@@ -52,7 +52,7 @@ from convergerd.core.shards import (
 from convergerd.core.shown import describe
 from convergerd.kube.api import KubeObject, LeaseListApi
 from convergerd.leader.elector import STUCK_AFTER_DURATIONS, Elector, Leadership, NoElection
-from convergerd.leader.lease import Fence, LeaseFormatError, LeaseRecord, Observed, observe
+from convergerd.leader.lease import Fence, LeaseFormatError, LeaseReading, LeaseRecord, observe
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class ShardView:
 ViewHook = Callable[[ShardView], None]
 
 
-def live_holder(observed: Observed | None, now_mono: float, own_duration_s: float) -> str:
+def live_holder(observed: LeaseReading | None, now_mono: float, own_duration_s: float) -> str:
     """The holder of a Lease as observed, or "" when nobody holds it or its record did not
     change within its duration, capped (the elector's rule: `lease.can_acquire`). The same for
     shard and membership Leases: a dead member that wrote a huge duration stops counting
@@ -162,7 +162,7 @@ class ShardSet:
                 api, dataclasses.replace(settings, lease_name=member_lease_name(self.identity)),
                 clock=clock)
         self._wanted: set[int] = set() if self._planning else set(range(self.shards))
-        self._observed: dict[str, Observed] = {}
+        self._observed: dict[str, LeaseReading] = {}
         self._holders: list[str] = [""] * self.shards
         self._plan: Plan | None = None
         self._handing: dict[int, asyncio.Task[None]] = {}
@@ -342,7 +342,7 @@ class ShardSet:
     def _judge(self, items: list[KubeObject], now: float) -> set[str]:
         """Update the observations from one list; the live members' identities."""
         shard_names = {shard_lease_name(k): k for k in range(self.shards)}
-        seen: dict[str, Observed] = {}
+        seen: dict[str, LeaseReading] = {}
         members: set[str] = set()
         own_s = self._s.lease_duration_s
         for item in items:
