@@ -2,7 +2,7 @@
 status state (`StatusState`) that keeps what later readers need of it.
 
 Builds in-sync rounds of CLUSTERS x POLICIES the way the round engine does (each cluster's
-list answer decoded from JSON and read with `Observed.from_object`, so every reading has its
+list answer decoded from JSON and read with `ListedPolicy.from_object`, so every reading has its
 own strings and times, as in the daemon; one `Delivery` per policy; every policy read back
 with its phase, Ready and the operator's Verified condition, each probed at its own time),
 and measures with tracemalloc:
@@ -31,7 +31,7 @@ import tracemalloc
 
 from convergerd.core.decode import parse_json
 from convergerd.core.model import ClusterId, PolicyId
-from convergerd.core.plan import Observed
+from convergerd.core.plan import ListedPolicy
 from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
@@ -69,7 +69,7 @@ def cluster_outcome(cluster: int, policies: int, at: dt.datetime) -> ClusterOutc
         policy_object(f"p{j:03d}", 1 + j % 7,
                       at - dt.timedelta(seconds=60 + j * 0.731 + cluster % 1000 / 1000))
         for j in range(policies)]}).encode()
-    observed = [Observed.from_object(o) for o in parse_json(page, "a list")["items"]]
+    observed = [ListedPolicy.from_object(o) for o in parse_json(page, "a list")["items"]]
     phases = []
     deliveries = []
     for o in observed:

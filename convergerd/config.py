@@ -406,7 +406,7 @@ class Election:
 
 
 @dataclass(frozen=True, slots=True)
-class Saves:
+class SaveSettings:
     """Save and delete through the API or on a database notification
     (`convergerd.delivery.fanout`)."""
 
@@ -444,7 +444,7 @@ class Settings:
     log_level: str
     log_format: str
     import_max_bytes: int
-    saves: Saves = field(default_factory=Saves)
+    saves: SaveSettings = field(default_factory=SaveSettings)
     status_reads_per_s: float = 20.0
     status_max_clusters: int = STATUS_MAX_CLUSTERS_DEFAULT
     probe_period_s: float = 10.0
@@ -566,7 +566,7 @@ def load_settings(
         grace_period_s=v["grace_period_s"],
         log_level=v["log_level"],
         log_format=v["log_format"],
-        saves=Saves(deadline_s=v["save_deadline_s"],
+        saves=SaveSettings(deadline_s=v["save_deadline_s"],
                     removal_guard_share=v["removal_guard_share"]),
         import_max_bytes=v["import_max_bytes"],
         status_reads_per_s=v["status_reads_per_s"],

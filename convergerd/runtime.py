@@ -36,6 +36,7 @@ from convergerd.core.errors import (
     DatabaseUnavailable,
     NoCredentials,
 )
+from convergerd.core.model import ClusterId
 from convergerd.core.report import RoundReport, RoundResult
 from convergerd.core.shown import describe
 from convergerd.delivery.apply import StopFence, Unfenced
@@ -176,6 +177,9 @@ class Daemon:
 
             peers = self._peers(store, registry, shardset)
             saver = self._saver(store, registry, shardset, peers)
+            # The writes to hung clusters a save answered without end by its deadline (and
+            # at once once stopping: the fence refuses them): recorded before the exit.
+            stack.push_async_callback(saver.drain)
             if not s.rounds.once:
                 runner = await self._start_http(store, saver)
                 stack.push_async_callback(runner.cleanup)
@@ -309,9 +313,15 @@ class Daemon:
         def env() -> FanoutEnv:
             fence: Fence = leader.fence() if leader.is_leader() else Unfenced()
             return fanout_env(self.settings, registry, StopFence(fence, self.stopping),
-                              self.metrics, expected=self.answers)
+                              self.metrics, expected=self.answers,
+                              suspected=self._unreachable_now)
 
         return env
+
+    def _unreachable_now(self, cluster: ClusterId) -> bool:
+        """Seen unreachable by the last round or probe: a save's suspect (`slots.Lanes`)."""
+        state = self.state.clusters.get(cluster)
+        return state is not None and state.reachable is False
 
     def _peers(self, store: Store, registry: ClusterRegistry,
                shardset: ShardSet) -> Peers | None:
@@ -372,7 +382,7 @@ class Daemon:
         benchmark checks these stay flat over rounds."""
         sizes = {
             "status_clusters": len(self.state.clusters),
-            "status_policy_records": sum(len(c.policies) for c in self.state.clusters.values()),
+            "status_policy_records": self.state.record_count(),
             "seen_invalid": len(self.rounds.seen_invalid) if self.rounds is not None else 0,
             "unrecorded_rounds": len(self.rounds.unrecorded) if self.rounds is not None else 0,
             "prober_clusters": len(self.prober) if self.prober is not None else 0,

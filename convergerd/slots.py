@@ -16,13 +16,19 @@ How long is too long depends on how loaded this process and the peers are, so `P
 follows the answers seen (a multiple of their moving average, never under a floor): on a busy
 loop where every answer takes a second, holders do not all step aside and multiply the work in
 flight.
+
+`Lanes` is the one scheduler of a fan-out over clusters, a round's and a save's: the slots
+above, and a small lane for the clusters last seen unreachable (the suspects).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=str)  # a cluster id
 
 # A holder waits for its first answer at least this long, however fast the answers seen so
 # far...
@@ -31,6 +37,13 @@ PATIENCE_FLOOR_S = 1.0
 PATIENCE_FACTOR = 4.0
 # ...each new answer weighing this much in it.
 PATIENCE_WEIGHT = 0.05
+
+# The share of a fan-out's slots the suspects' lane gets: a tenth of the fleet hung at 10,000
+# clusters then costs those clusters' timeouts in their lane, not the healthy clusters' wait.
+SUSPECT_SLOT_SHARE = 8  # one slot in eight
+# Holders that may wait aside at once, per slot: beyond them, holders that hear nothing keep
+# their slots (so hung clusters never multiply the work in flight without bound).
+ASIDE_PER_SLOT = 4
 
 
 class Patience:
@@ -76,6 +89,7 @@ class Held:
         "_aside_now",
         "_gates",
         "_loop",
+        "_on_aside",
         "_patience",
         "_started",
         "_timer",
@@ -83,11 +97,13 @@ class Held:
     )
 
     def __init__(
-        self, gates: Sequence[asyncio.Semaphore], *, patience: Patience, aside: Aside
+        self, gates: Sequence[asyncio.Semaphore], *, patience: Patience, aside: Aside,
+        on_aside: Callable[[], None] | None = None,
     ) -> None:
         self._gates: Sequence[asyncio.Semaphore] | None = gates
         self._patience = patience
         self._aside = aside
+        self._on_aside = on_aside
         self._loop = asyncio.get_running_loop()
         self._started = self._loop.time()
         self._aside_now = False
@@ -124,6 +140,8 @@ class Held:
         self._aside.count += 1
         self._aside.total += 1
         self._give_slots_back()
+        if self._on_aside is not None:
+            self._on_aside()
 
     def _give_slots_back(self) -> None:
         gates, self._gates = self._gates, None
@@ -133,9 +151,11 @@ class Held:
 
 @contextlib.asynccontextmanager
 async def patient_slots(
-    gates: Sequence[asyncio.Semaphore], *, patience: Patience, aside: Aside
+    gates: Sequence[asyncio.Semaphore], *, patience: Patience, aside: Aside,
+    on_aside: Callable[[], None] | None = None,
 ) -> AsyncIterator[Held]:
-    """Acquire `gates` in order and lend them to the block (`Held`)."""
+    """Acquire `gates` in order and lend them to the block (`Held`); `on_aside` is called if
+    it steps aside."""
     acquired: list[asyncio.Semaphore] = []
     try:
         for gate in gates:
@@ -145,8 +165,74 @@ async def patient_slots(
         for gate in reversed(acquired):
             gate.release()
         raise
-    held = Held(acquired, patience=patience, aside=aside)
+    held = Held(acquired, patience=patience, aside=aside, on_aside=on_aside)
     try:
         yield held
     finally:
         held.release()
+
+
+def suspect_slots(concurrency: int) -> tuple[int, int]:
+    """(healthy slots, suspect slots) out of `concurrency`, each at least one."""
+    suspect = max(1, concurrency // SUSPECT_SLOT_SHARE)
+    return max(1, concurrency - suspect), suspect
+
+
+def _nothing() -> None:
+    return None
+
+
+class Lanes(Generic[K]):
+    """The slots of one fan-out over clusters (a round's or a save's), `concurrency` at once.
+
+    The `suspects` (last seen unreachable) run in a small lane of their own while it has room,
+    the others of them behind every healthy cluster (the caller starts them last: the gates
+    are FIFO), so while they hang they hold none of the slots the healthy clusters wait for.
+    The healthy lane is patient (`patient_slots`): a holder that hears nothing within the
+    patience gives its slots back and waits aside. One seen unreachable since the fan-out
+    began (`suspected`, asked when its turn comes) gives its slot back and waits behind the
+    others. `shared`, if given, bounds several fan-outs at once (the rounds of the shards a
+    process holds)."""
+
+    def __init__(
+        self, concurrency: int, *, suspects: Collection[K], ceiling_s: float,
+        suspected: Callable[[K], bool] | None = None,
+        shared: asyncio.Semaphore | None = None,
+    ) -> None:
+        self.suspects: frozenset[K] = frozenset(suspects)
+        if self.suspects:
+            healthy, lane = suspect_slots(concurrency)
+            self._healthy, self._lane = asyncio.Semaphore(healthy), asyncio.Semaphore(lane)
+        else:
+            self._healthy = self._lane = asyncio.Semaphore(concurrency)
+        self._shared = [shared] if shared is not None else []
+        self._suspected = suspected
+        # One patience for the whole fan-out: it learns how long this fleet takes to answer.
+        self.patience = Patience(ceiling_s=ceiling_s)
+        self.aside = Aside(concurrency * ASIDE_PER_SLOT)
+
+    @contextlib.asynccontextmanager
+    async def slot(
+        self, cluster: K, *, on_aside: Callable[[], None] | None = None
+    ) -> AsyncIterator[Callable[[], None]]:
+        """A slot for `cluster`'s work; the block calls what it is given on the cluster's
+        first answer. `on_aside` is called when the cluster stops holding the healthy lane
+        (it heard nothing within the patience, or it was seen unreachable when its turn
+        came); a suspect is aside from the start (the caller knows: `suspects`)."""
+        if cluster in self.suspects and not self._lane.locked():
+            # Expected silent: their own small lane, held for their timeouts.
+            async with self._lane, self._shared[0] if self._shared else contextlib.nullcontext():
+                yield _nothing
+            return
+        gates = [self._healthy, *self._shared]
+        async with patient_slots(gates, patience=self.patience, aside=self.aside,
+                                 on_aside=on_aside) as held:
+            if (cluster in self.suspects or self._suspected is None
+                    or not self._suspected(cluster)):
+                yield held.heard
+                return
+        # Seen unreachable since the fan-out began: behind every cluster waiting now.
+        if on_aside is not None:
+            on_aside()
+        async with patient_slots(gates, patience=self.patience, aside=self.aside) as held:
+            yield held.heard

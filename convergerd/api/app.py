@@ -1,5 +1,5 @@
 """The daemon's HTTP application: every path bound to its handler. The save and delete paths
-are handled by `mutations.Saves` (over the `Saver`), the others by `server.Views`, which only
+are handled by `mutations.SaveHandlers` (over the `Saver`), the others by `server.Views`, which only
 read.
 
 | path | answers |
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from convergerd.api.mutations import Saves
+from convergerd.api.mutations import SaveHandlers
 from convergerd.api.server import (
     STATUS_DB_TIMEOUT_S,
     STATUS_VIEWS,
@@ -45,11 +45,12 @@ def make_app(
     saver: Saver,
     status_db_timeout_s: float = STATUS_DB_TIMEOUT_S,
 ) -> web.Application:
-    """The aiohttp application. `saver` does the saves and deletions (`mutations.Saves`);
+    """The aiohttp application. `saver` does the saves and deletions (`mutations.SaveHandlers`);
     `status_db_timeout_s`: how long a cluster or policy view waits for its database read."""
     views = Views(metrics=metrics, state=state, store=store, settings=settings, health=health)
     views.db_timeout_s = status_db_timeout_s
-    saves = Saves(saver, token=settings.api_token, body_timeout_s=settings.http.body_timeout_s)
+    saves = SaveHandlers(saver, token=settings.api_token,
+                         body_timeout_s=settings.http.body_timeout_s)
     app = web.Application(middlewares=middlewares(settings))
     # `Expect: 100-continue` is answered by each route's expect handler before any
     # middleware: the mutations check the token first, none quotes the header.

@@ -31,7 +31,7 @@ from aiohttp import StreamReader, web
 from convergerd.api.server import (
     error_response,
     expect_continue,
-    policy_id_of,
+    policy_id_from_request,
 )
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import DatabaseUnavailable, NotJSON
@@ -162,7 +162,7 @@ def _bearer(header: str) -> bytes | None:
         return None
 
 
-class Saves:
+class SaveHandlers:
     """The save and delete handlers, over `saver`; a body must arrive within `body_timeout_s`
     (`HttpLimits.body_timeout_s`)."""
 
@@ -198,7 +198,7 @@ class Saves:
         refused = self._unauthorized(request)
         if refused is not None:
             return refused
-        policy_id = policy_id_of(request)
+        policy_id = policy_id_from_request(request)
         if isinstance(policy_id, web.Response):
             return policy_id
         try:

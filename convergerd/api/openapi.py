@@ -11,6 +11,7 @@ from typing import Any
 from convergerd import __version__
 from convergerd.core.model import POLICY_ID_MAX_LEN
 from convergerd.core.report import FanoutResult, FanoutStatus
+from convergerd.core.save import Operation, SaveAction
 from convergerd.status.listing import FLEET_COUNTS, UNSUPPORTED_LISTED, WORST_LISTED
 
 JSON = "application/json"
@@ -303,15 +304,18 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object", "required": ["cluster", "action", "result"],
         "properties": {
             "cluster": {"type": "string"},
-            "action": {"type": "string", "enum": ["apply", "remove"]},
-            "result": {"type": "string", "enum": [r.value for r in FanoutResult]},
+            "action": {"type": "string", "enum": [a.value for a in SaveAction]},
+            "result": {"type": "string", "enum": [r.value for r in FanoutResult],
+                       "description": "`pending`: no answer yet when the save answered (a "
+                       "hung cluster); written until the save's deadline, the result "
+                       "recorded"},
             "reason": _NULLABLE_STRING, "error": _NULLABLE_STRING,
         },
     },
     "Report": {
         "type": "object", "required": ["operation", "policy", "status", "clusters"],
         "properties": {
-            "operation": {"type": "string", "enum": ["save", "delete"]},
+            "operation": {"type": "string", "enum": [o.value for o in Operation]},
             "policy": {"type": "string"},
             "status": {"type": "string", "enum": [s.value for s in FanoutStatus]},
             "revision": {"type": "integer", "nullable": True},
@@ -426,8 +430,10 @@ _PATHS: dict[str, Any] = {
         "save: apply the policy to every cluster in scope now",
         "Concurrently, under the save deadline; clusters that left the scope get it removed "
         "(unless the mass-removal guard skips them). A cluster that fails is recorded and "
-        "reported; the save still succeeds (`partial`).",
-        "done: `status` is `ok`, or `partial` when some cluster failed",
+        "reported; the save still succeeds (`partial`). Hung clusters do not hold the answer: "
+        "it comes when every other cluster is done, listing them as `pending` (their writes go "
+        "on until the save deadline and are recorded).",
+        "done: `status` is `ok`, or `partial` when some cluster failed or is pending",
         {"409": _answer("its deletion has begun: DELETE it again to finish", "Report"),
          "422": _answer("the policy is invalid: nothing written", "Report")},
         body={"required": False, "content": {JSON: {"schema": _ref("SaveRequest")}}})},

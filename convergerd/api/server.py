@@ -103,15 +103,9 @@ from convergerd.status.listing import (
 )
 from convergerd.status.metrics import CONTENT_TYPE, HTTP_BOUNDS_REASONS, Metrics
 from convergerd.status.phases import age_s, stale_after_s
-from convergerd.status.state import (
-    PolicyRecord,
-    StatusState,
-    iso,
-    merge_records,
-    policy_audit_view,
-    record_view,
-    unsupported_of,
-)
+from convergerd.status.records import PolicyRecord, merge_records
+from convergerd.status.state import StatusState
+from convergerd.status.views import iso, policy_audit_view, record_view, unsupported_of
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +209,7 @@ def _bad_id(kind: str, value: str, exc: RuleError) -> web.Response:
     return error_response(400, f"bad {kind} id: {why}", **{kind: shown(value, style="text")})
 
 
-def policy_id_of(request: web.Request) -> PolicyId | web.Response:
+def policy_id_from_request(request: web.Request) -> PolicyId | web.Response:
     """The `{id}` of a policy path, or the 400 answer naming why it cannot be one."""
     return _path_id(request, "policy", check_policy_id, PolicyId)
 
@@ -298,7 +292,8 @@ def server_options() -> dict[str, Any]:
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     """The `expect_handler` of every route: `100 Continue`, or a 417 that does not quote an
-    unknown expectation. Routes that need a token check it first (`mutations.Saves.expect`)."""
+    unknown expectation. Routes that need a token check it first
+    (`mutations.SaveHandlers.expect`)."""
     if request.version != HttpVersion11:
         return None
     if request.headers.get("Expect", "").lower() != "100-continue":
@@ -990,7 +985,7 @@ class Views:
         })
 
     async def policy(self, request: web.Request) -> web.Response:
-        pid = policy_id_of(request)
+        pid = policy_id_from_request(request)
         if isinstance(pid, web.Response):
             return pid
         try:

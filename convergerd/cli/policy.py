@@ -10,8 +10,9 @@ The bearer token comes from `--api-token-file`, else `CONVERGERD_API_TOKEN`, els
 Exit codes, for scripts:
 
 - 0: done on every cluster (`status: ok`);
-- 1: done but some cluster failed (`partial`), or refused: a deletion some cluster did not
-  confirm or a save of a policy being deleted (409), an invalid policy (422);
+- 1: done but some cluster failed or is still pending (`partial`), or refused: a deletion
+  some cluster did not confirm or a save of a policy being deleted (409), an invalid policy
+  (422);
 - 2: usage, connection or authentication errors: a bad id, no token, the daemon unreachable,
   and the answers 400, 401, 404 (no such policy), 413, 503 or any other.
 """

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from convergerd.core.decode import bounded_json, rfc3339
 from convergerd.core.errors import NotJSON
 from convergerd.core.shown import shown
-from convergerd.status.state import worst_first_key
+from convergerd.status.listing import worst_first_key
 
 DEFAULT_ADDR = "http://127.0.0.1:8080"
 EXIT_OK = 0

@@ -10,7 +10,7 @@ field is read with the type it must have:
   item not an object) raises `BadResponse`: that cluster fails for the round, nothing else;
 - a field of one object with the wrong type (`status.phase` an object, `conditions` not a
   list, `labels` not a map of strings, `generation` not an integer) reads as absent and is
-  noted; `Observed.from_object` then reports that object's phase as `Unknown`, with the field
+  noted; `ListedPolicy.from_object` then reports that object's phase as `Unknown`, with the field
   and a shortened value as the reason.
 
 Nothing here raises anything but `BadResponse`, and `NotJSON` from `bounded_json`, the one JSON

@@ -41,7 +41,7 @@ class Why(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Observed:
+class ListedPolicy:
     """A Policy object as listed from a cluster: only what the round and the status API read."""
 
     name: str
@@ -58,7 +58,7 @@ class Observed:
     audit: Audit | None = None
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> Observed:
+    def from_object(cls, obj: Mapping[str, Any]) -> ListedPolicy:
         """Decoded at the edge (`convergerd.core.decode`): strings cleaned and capped; a field
         with the wrong type reads as absent, and the object's phase is then `Unknown`
         with reason `Malformed` and the field and value as message."""
@@ -204,7 +204,7 @@ class Apply:
     why: Why
 
 
-def differs(body: Mapping[str, Any], observed: Observed) -> bool:
+def differs(body: Mapping[str, Any], observed: ListedPolicy) -> bool:
     """True when the object in the cluster does not carry what we would apply.
 
     Only fields we own are compared: other managers' labels or annotations are not drift.
@@ -222,7 +222,7 @@ def with_precondition(body: dict[str, Any], resource_version: str) -> dict[str, 
     return {**body, "metadata": {**body["metadata"], "resourceVersion": resource_version}}
 
 
-def plan_cluster(desired: Iterable[Policy], observed: Mapping[str, Observed]) -> list[Apply]:
+def plan_cluster(desired: Iterable[Policy], observed: Mapping[str, ListedPolicy]) -> list[Apply]:
     """The applies that bring one cluster in line; empty when it is in sync."""
     actions: list[Apply] = []
     for policy in desired:

@@ -39,7 +39,7 @@ def object_name(policy_id: str) -> str:
     return f"policy-{policy_id}"
 
 
-def policy_id_of(name: str) -> str | None:
+def policy_id_from_name(name: str) -> str | None:
     return name.removeprefix("policy-") if name.startswith("policy-") else None
 
 

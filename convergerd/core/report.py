@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
+import operator
 import sys
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -18,7 +19,23 @@ from enum import StrEnum
 from typing import TypeVar, overload
 
 from convergerd.core.errors import DEADLINE_REASON
+from convergerd.core.facts import (
+    DELIVERY_KIND,
+    DK_CLUSTER,
+    DK_RESULT,
+    RK_AUDIT,
+    RK_CLUSTER,
+    RK_PHASE,
+    RK_READY_MESSAGE,
+    RK_READY_REASON,
+    RK_SEEN_AT,
+    RK_VERIFIED,
+    RK_VERIFIED_MESSAGE,
+    RK_VERIFIED_REASON,
+    RK_VERIFIED_STATUS,
+)
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
+from convergerd.core.save import Operation, SaveAction
 
 T = TypeVar("T")
 
@@ -134,11 +151,11 @@ class PhaseReading:
 
 
 # A delivery's values but its policy and revision, which most of a cluster's deliveries share
-# (an in-sync round: one per cluster): (cluster, result, at, error, reason, attempts).
+# (an in-sync round: one per cluster): `facts.DELIVERY_KIND`.
 _DeliveryKind = tuple[ClusterId, ApplyResult, dt.datetime, str | None, str | None, int]
+_delivery_kind = operator.attrgetter(*DELIVERY_KIND)  # a tuple, made in C
 # A reading's values but its policy, revision and probe times, which most of a cluster's
-# readings share: (cluster, phase, ready_reason, ready_message, seen_at, audit, verified?,
-# verified status, reason, message).
+# readings share: `facts.READING_KIND`.
 _ReadingKind = tuple[ClusterId, str | None, str | None, str | None, dt.datetime, Audit | None,
                      bool, str | None, str | None, str | None]
 
@@ -183,7 +200,7 @@ class Deliveries(_Packed[Delivery]):
 
     def append(self, d: Delivery) -> None:
         self._counted = None
-        kind = (d.cluster, d.result, d.at, d.error, d.reason, d.attempts)
+        kind: _DeliveryKind = _delivery_kind(d)
         self._policies.append(PolicyId(sys.intern(d.policy)))  # one object per policy id
         self._revisions.append(d.revision)
         self._kinds.append(self._shared.setdefault(kind, kind))
@@ -194,7 +211,7 @@ class Deliveries(_Packed[Delivery]):
 
     def results(self) -> Iterator[ApplyResult]:
         """Each delivery's result (no `Delivery` made)."""
-        return (k[1] for k in self._kinds)
+        return (k[DK_RESULT] for k in self._kinds)
 
     def shared(self) -> Iterator[tuple[PolicyId, int, Delivery]]:
         """Each delivery as its policy, its revision and a `Delivery` standing for every one
@@ -205,7 +222,7 @@ class Deliveries(_Packed[Delivery]):
                                        strict=True):
             stand_in = made.get(id(k))
             if stand_in is None:
-                stand_in = made[id(k)] = Delivery(k[0], policy, revision, *k[1:])
+                stand_in = made[id(k)] = Delivery(k[DK_CLUSTER], policy, revision, *k[DK_RESULT:])
             yield policy, revision, stand_in
 
     def counted(self) -> tuple[tuple[Delivery, int], ...]:
@@ -236,12 +253,13 @@ class Deliveries(_Packed[Delivery]):
         if isinstance(index, slice):
             return list(self)[index]
         k = self._kinds[index]
-        return Delivery(k[0], self._policies[index], self._revisions[index], *k[1:])
+        return Delivery(k[DK_CLUSTER], self._policies[index], self._revisions[index],
+                        *k[DK_RESULT:])
 
     def __iter__(self) -> Iterator[Delivery]:
         for policy, revision, k in zip(self._policies, self._revisions, self._kinds,
                                        strict=True):
-            yield Delivery(k[0], policy, revision, *k[1:])
+            yield Delivery(k[DK_CLUSTER], policy, revision, *k[DK_RESULT:])
 
     def columns(self) -> tuple[Sequence[PolicyId], Sequence[int], Sequence[_DeliveryKind]]:
         """What is held, read without making a `Delivery` (for the store's rows; not to be
@@ -276,7 +294,7 @@ class Readings(_Packed[PhaseReading]):
     def append(self, p: PhaseReading) -> None:
         v = p.verified
         kind: _ReadingKind
-        if v is None:
+        if v is None:  # in `facts.READING_KIND`'s order
             kind = (p.cluster, p.phase, p.ready_reason, p.ready_message, p.seen_at, p.audit,
                     False, None, None, None)
             probed = since = None
@@ -301,8 +319,10 @@ class Readings(_Packed[PhaseReading]):
     @staticmethod
     def _reading(policy: PolicyId, revision: int | None, probed: dt.datetime | None,
                  since: dt.datetime | None, k: _ReadingKind) -> PhaseReading:
-        verified = Verification(k[7] or "", k[8], k[9], probed, since) if k[6] else None
-        return PhaseReading(k[0], policy, k[1], k[2], k[3], revision, k[4], verified, k[5])
+        verified = Verification(k[RK_VERIFIED_STATUS] or "", k[RK_VERIFIED_REASON],
+                                k[RK_VERIFIED_MESSAGE], probed, since) if k[RK_VERIFIED] else None
+        return PhaseReading(k[RK_CLUSTER], policy, k[RK_PHASE], k[RK_READY_REASON],
+                            k[RK_READY_MESSAGE], revision, k[RK_SEEN_AT], verified, k[RK_AUDIT])
 
     @overload
     def __getitem__(self, index: int) -> PhaseReading: ...
@@ -493,6 +513,7 @@ class FanoutResult(StrEnum):
     SUPERSEDED = "superseded"  # the cluster holds a newer revision than this save read
     REMOVED = "removed"  # gone from the cluster (404 included)
     SKIPPED = "skipped"  # a removal the mass-removal guard refused
+    PENDING = "pending"  # still being written when the save answered (hung): recorded when done
     FAILED = ApplyResult.FAILED.value
 
 
@@ -501,7 +522,7 @@ class ClusterResult:
     """One cluster in one save or deletion (`ClusterResult` in the OpenAPI document)."""
 
     cluster: ClusterId
-    action: str  # "apply" or "remove"
+    action: SaveAction
     result: FanoutResult
     reason: str | None = None
     error: str | None = None
@@ -509,7 +530,7 @@ class ClusterResult:
     @classmethod
     def applied(cls, delivery: Delivery) -> ClusterResult:
         """An apply's result, from the delivery the engine made."""
-        return cls(delivery.cluster, "apply", FanoutResult(delivery.result.value),
+        return cls(delivery.cluster, SaveAction.APPLY, FanoutResult(delivery.result.value),
                    delivery.reason, delivery.error)
 
     def as_json(self) -> dict[str, str | None]:
@@ -519,7 +540,7 @@ class ClusterResult:
 
 class FanoutStatus(StrEnum):
     OK = "ok"  # every cluster done
-    PARTIAL = "partial"  # a save with failed clusters (still a success: recorded)
+    PARTIAL = "partial"  # a save with failed or pending clusters (still a success: recorded)
     REFUSED = "refused"  # a deletion some cluster did not confirm: the row is kept
     NOT_FOUND = "not_found"
     INVALID = "invalid"
@@ -530,7 +551,7 @@ class FanoutStatus(StrEnum):
 class FanoutReport:
     """One save or deletion (`Report` in the OpenAPI document)."""
 
-    operation: str  # "save" or "delete"
+    operation: Operation
     policy: str
     status: FanoutStatus
     revision: int | None = None

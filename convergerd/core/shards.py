@@ -6,7 +6,8 @@ A cluster belongs to one shard by a stable hash of its id, so adding or removing
 never moves another. With S > 1 each replica renews a membership Lease
 `convergerd-member-<identity>`, so a replica that holds no shard yet (one that just joined) is
 counted too; every replica then computes the same fair share from the same Leases
-(`fair_shares`) and takes free shards up to its share or hands back the ones above it (`plan`).
+(`fair_shares`) and takes free shards up to its share or hands back the ones above it (the
+shard plan: `plan_shards`).
 One shard needs none of that: whoever can take its Lease holds it.
 """
 
@@ -71,16 +72,16 @@ def fair_shares(shards: int, members: Collection[str], held: dict[str, int]) -> 
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class ShardPlan:
     share: int  # how many shards this replica should hold
     take: tuple[int, ...]  # free shards it may acquire now
     release: tuple[int, ...]  # shards it holds above its share: hand back
     members: tuple[str, ...]  # the live replicas counted, sorted
 
 
-def plan(
+def plan_shards(
     *, shards: int, identity: str, members: Collection[str], holders: Sequence[str]
-) -> Plan:
+) -> ShardPlan:
     """What `identity` does next, given the live `members` (membership Leases renewed within
     their duration) and each shard's live holder (`holders[k]`, "" when free or expired).
 
@@ -100,9 +101,9 @@ def plan(
     share = fair_shares(shards, live, held)[identity]
     mine = [k for k, h in enumerate(holders) if h == identity]
     if len(mine) > share:
-        return Plan(share, (), tuple(mine[share:]), tuple(sorted(live)))
+        return ShardPlan(share, (), tuple(mine[share:]), tuple(sorted(live)))
     free = [k for k, h in enumerate(holders) if not h]
-    return Plan(share, tuple(free[:share - len(mine)]), (), tuple(sorted(live)))
+    return ShardPlan(share, tuple(free[:share - len(mine)]), (), tuple(sorted(live)))
 
 
 def orphaned(since_round_s: float, interval_s: float) -> bool:

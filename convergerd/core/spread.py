@@ -23,14 +23,15 @@ from dataclasses import dataclass
 from convergerd.core.decode import MAX_MESSAGE_CHARS, MAX_REASON_CHARS, clean_text
 from convergerd.core.model import ClusterId, RuleError, check_cluster_id
 from convergerd.core.report import ClusterResult, FanoutResult
+from convergerd.core.save import SaveAction, Work
 from convergerd.core.shards import shard_of
 
-APPLY, REMOVE = "apply", "remove"
 # What a peer may answer for each action; anything else is no answer (left over).
-_RESULTS: Mapping[str, frozenset[FanoutResult]] = {
-    APPLY: frozenset({FanoutResult.CREATED, FanoutResult.UPDATED, FanoutResult.UNCHANGED,
-                      FanoutResult.SUPERSEDED, FanoutResult.FAILED}),
-    REMOVE: frozenset({FanoutResult.REMOVED, FanoutResult.FAILED}),
+_RESULTS: Mapping[SaveAction, frozenset[FanoutResult]] = {
+    SaveAction.APPLY: frozenset({FanoutResult.CREATED, FanoutResult.UPDATED,
+                                 FanoutResult.UNCHANGED, FanoutResult.SUPERSEDED,
+                                 FanoutResult.FAILED}),
+    SaveAction.REMOVE: frozenset({FanoutResult.REMOVED, FanoutResult.FAILED}),
 }
 # A peer's write refused by its own fence (it lost the shard's Lease meanwhile) is no answer:
 # the requester writes that cluster itself.
@@ -41,16 +42,6 @@ CHANNEL = "convergerd_saves"
 PART, DONE = "part", "done"
 _PAYLOAD = re.compile(r"(part|done) ([1-9][0-9]{0,17})")
 MAX_PAYLOAD_CHARS = 32
-
-
-@dataclass(frozen=True, slots=True)
-class Work:
-    """One cluster in a save: apply the policy (reading the live object first when `read`,
-    see `removal.read_first`) or remove it (the cluster left the policy's scope)."""
-
-    cluster: ClusterId
-    action: str  # APPLY or REMOVE
-    read: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +119,10 @@ def result_of(
         found = FanoutResult(result) if isinstance(result, str) else None
     except ValueError:
         return None
-    if found is None or found not in _RESULTS[action]:
+    if found is None or found not in _RESULTS[SaveAction(action)]:
         return None
     return ClusterResult(
-        ClusterId(cluster), action, found,
+        ClusterId(cluster), SaveAction(action), found,
         clean_text(reason, MAX_REASON_CHARS) if isinstance(reason, str) else None,
         clean_text(error, MAX_MESSAGE_CHARS) if isinstance(error, str) else None,
     )
@@ -172,7 +163,8 @@ def work_item(cluster: object, action: object, read: object, *, shard: int,
         return None
     if shard_of(cluster, shards) != shard:
         return None
-    return Work(ClusterId(cluster), str(action), read and action == APPLY)
+    known = SaveAction(str(action))
+    return Work(ClusterId(cluster), known, read and known is SaveAction.APPLY)
 
 
 def payload(kind: str, request_id: int) -> str:

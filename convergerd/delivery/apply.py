@@ -22,7 +22,7 @@ from convergerd.config import Settings
 from convergerd.core.decode import as_int
 from convergerd.core.errors import DEADLINE_REASON, ClusterError, Fenced, Superseded
 from convergerd.core.model import ClusterId, Policy
-from convergerd.core.plan import Observed
+from convergerd.core.plan import ListedPolicy
 from convergerd.core.report import ApplyResult, Delivery, utc_now
 from convergerd.kube.api import Applied, PolicyApi
 from convergerd.leader.lease import Fence
@@ -98,7 +98,7 @@ def write_timeout_s(request_timeout_s: float, fence: Fence) -> float:
     return min(request_timeout_s, fence.remaining_s())
 
 
-def cluster_revision(observed: Observed) -> int | None:
+def cluster_revision(observed: ListedPolicy) -> int | None:
     """The revision a cluster's copy of a policy carries. The spec is the cluster's: anything
     but a bigint (a boolean, a string, a number out of range) is no revision."""
     return as_int(observed.spec.get("revision"))

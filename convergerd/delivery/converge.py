@@ -7,7 +7,8 @@ the round's deadline, so one down or hung cluster costs at most its own timeout.
 seen unreachable run in a small lane of their own (`Round.suspects`), so even a tenth of the
 fleet hung never holds the slots the healthy clusters wait for; one seen unreachable after the
 round began goes behind the others when its turn comes (`Round.suspected`), and one that hung
-unseen gives its slot back after a few typical answers' time (`convergerd.slots`). Every
+unseen gives its slot back after a few typical answers' time: `convergerd.slots.Lanes`, the
+scheduler a save's fan-out runs on too. Every
 write goes through `apply.Writer`, as a save's: it first asks the fence how long this replica
 may still write.
 """
@@ -15,7 +16,6 @@ may still write.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import sys
@@ -26,9 +26,9 @@ from typing import Protocol
 
 from convergerd.core.errors import ClusterError, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId
-from convergerd.core.plan import Apply, Observed, Why, plan_cluster, with_precondition
+from convergerd.core.plan import Apply, ListedPolicy, Why, plan_cluster, with_precondition
 from convergerd.core.removal import Current
-from convergerd.core.render import MANAGED_SELECTOR, object_name, policy_id_of, render_policy
+from convergerd.core.render import MANAGED_SELECTOR, object_name, policy_id_from_name, render_policy
 from convergerd.core.report import (
     ApplyResult,
     Audit,
@@ -50,7 +50,7 @@ from convergerd.delivery.apply import (
 )
 from convergerd.kube.api import Applied
 from convergerd.leader.lease import Fence
-from convergerd.slots import Aside, Patience, patient_slots
+from convergerd.slots import Lanes
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Round:
     # Checks creates against the database at write time (see `_guard_creates`); None: no check.
     guard: WriteGuard | None = None
     # Clusters last seen unreachable (by a round or the prober): they run in a lane of their
-    # own (`suspect_slots`), the rest of them behind every healthy cluster, so while they hang
+    # own (`slots.suspect_slots`), the rest of them behind every healthy cluster, so while they hang
     # they hold none of the slots the healthy clusters wait for.
     suspects: frozenset[ClusterId] = frozenset()
     # Clusters the last round left in sync: the others (behind, failed, new) take the slots
@@ -95,22 +95,6 @@ class Round:
     # Shared by the rounds of every shard this process holds (`delivery.rounds`): the
     # cluster concurrency bounds the process, not each shard's round. None: this round's own.
     slots: asyncio.Semaphore | None = None
-
-
-# The share of the cluster slots the suspects' lane gets: a tenth of the fleet hung at 10,000
-# clusters then costs those clusters' timeouts in their lane, not the healthy clusters' wait.
-SUSPECT_SLOT_SHARE = 8  # one slot in eight
-
-
-# Clusters that may wait aside at once, per cluster slot: beyond them, clusters that hear
-# nothing keep their slots (so hung clusters never multiply the work in flight without bound).
-ASIDE_PER_SLOT = 4
-
-
-def suspect_slots(concurrency: int) -> tuple[int, int]:
-    """(healthy slots, suspect slots) out of `concurrency`, each at least one."""
-    suspect = max(1, concurrency // SUSPECT_SLOT_SHARE)
-    return max(1, concurrency - suspect), suspect
 
 
 async def run_round(
@@ -129,39 +113,19 @@ async def run_round(
     deadline = env.calls.clock() + env.limits.deadline_s
     desired = fleet.desired_by_cluster()
     outcomes = {c: ClusterOutcome(cluster=c, desired=len(p)) for c, p in desired.items()}
-    suspects = env.suspects.intersection(desired)
-    if suspects:
-        healthy_slots, lane_slots = suspect_slots(env.limits.cluster_concurrency)
-        healthy, lane = asyncio.Semaphore(healthy_slots), asyncio.Semaphore(lane_slots)
-    else:
-        healthy = lane = asyncio.Semaphore(env.limits.cluster_concurrency)
-
-    shared = [env.slots] if env.slots is not None else []
-    # A healthy-lane cluster that has not answered within the patience gives its slots back
-    # (`convergerd.slots`): one that hung since it was last seen costs the healthy clusters
-    # a few typical answers' time, not its whole timeout.
-    patience = Patience(ceiling_s=env.calls.request_timeout_s)
-    aside = Aside(env.limits.cluster_concurrency * ASIDE_PER_SLOT)
+    # The suspects in their lane, the others patient (`slots.Lanes`): a suspect whose lane is
+    # full waits behind every healthy cluster (made last), so once the healthy part is done
+    # the suspects left take all the slots instead of waiting out their timeouts eight at a
+    # time until the round's deadline.
+    lanes = Lanes(env.limits.cluster_concurrency, suspects=env.suspects.intersection(desired),
+                  ceiling_s=env.calls.request_timeout_s, suspected=env.suspected,
+                  shared=env.slots)
+    suspects = lanes.suspects
 
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:
-        outcome = outcomes[cluster]
-        if cluster in suspects and not lane.locked():
-            # Expected silent: their own small lane, held for their timeouts.
-            async with lane, env.slots or contextlib.nullcontext():
-                return await converge_cluster(cluster, policies, env, deadline,
-                                              outcome=outcome)
-        # A suspect whose lane is full waits here too, behind every healthy cluster (made
-        # last), so once the healthy part is done the suspects left take all the slots
-        # instead of waiting out their timeouts eight at a time until the round's deadline.
-        async with patient_slots([healthy, *shared], patience=patience, aside=aside) as held:
-            if (cluster in suspects or env.suspected is None
-                    or not env.suspected(cluster)):
-                return await converge_cluster(cluster, policies, env, deadline,
-                                              outcome=outcome, heard=held.heard)
-        # Seen unreachable since the round began: behind every cluster waiting now.
-        async with patient_slots([healthy, *shared], patience=patience, aside=aside) as held:
-            return await converge_cluster(cluster, policies, env, deadline, outcome=outcome,
-                                          heard=held.heard)
+        async with lanes.slot(cluster) as heard:
+            return await converge_cluster(cluster, policies, env, deadline,
+                                          outcome=outcomes[cluster], heard=heard)
 
     # TaskGroup: a Fenced from any cluster cancels all the others at once.
     tasks: dict[ClusterId, asyncio.Task[ClusterOutcome]] = {}
@@ -248,10 +212,10 @@ async def _converge(
                     deadline)
     timeout = env.calls.request_timeout_s
 
-    async def list_once() -> Sequence[Observed]:
+    async def list_once() -> Sequence[ListedPolicy]:
         found = await writer.api.list_policies(label_selector=MANAGED_SELECTOR,
                                                timeout_s=timeout)
-        return [Observed.from_object(obj) for obj in found.items]
+        return [ListedPolicy.from_object(obj) for obj in found.items]
 
     observed = await writer.call(list_once)
     outcome.reached = True
@@ -453,7 +417,7 @@ def _shared(audit: Audit | None, shared: dict[Audit, Audit]) -> Audit | None:
 
 
 def _phases(
-    cluster: ClusterId, observed: Mapping[str, Observed], seen_at: dt.datetime
+    cluster: ClusterId, observed: Mapping[str, ListedPolicy], seen_at: dt.datetime
 ) -> Readings:
     """What the in-cluster operator reports, read from the same list (no extra requests),
     packed (`Readings`). Audits without a sample that agree (one pass of the operator: the
@@ -462,7 +426,7 @@ def _phases(
     readings = Readings()
     shared: dict[Audit, Audit] = {}
     for name, obj in observed.items():
-        policy_id = policy_id_of(name)
+        policy_id = policy_id_from_name(name)
         if policy_id is None or object_name(policy_id) != name:
             continue
         revision = cluster_revision(obj)

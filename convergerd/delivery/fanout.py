@@ -14,10 +14,12 @@ delivering it; a round that read it before checks again at write time), removes
 `policy-<id>` everywhere it may be installed (404 counts as removed), and deletes the row only
 when every cluster removed it.
 
-Clusters are reached through the same registry, retry policy and error classes as rounds, and
-written through the same `apply.Writer` (the fence asked before every write), under one short
-overall deadline. A cluster that fails is recorded (deliveries) and reported; it never fails the
-others.
+Clusters are reached through the same registry, retry policy and error classes as rounds,
+written through the same `apply.Writer` (the fence asked before every write), and scheduled by
+the same `slots.Lanes` (the suspects' lane, the patient healthy lane), under one short overall
+deadline. A cluster that fails is recorded (deliveries) and reported; it never fails the
+others. Hung clusters do not hold a save's answer: it lists them `pending`, and their writes go
+on until the deadline, recorded when they end (a deletion waits for every cluster).
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from convergerd.config import Settings
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Policy, PolicyId
-from convergerd.core.plan import Observed, differs, with_precondition
+from convergerd.core.plan import ListedPolicy, differs, with_precondition
 from convergerd.core.removal import Current, Target, delete_targets, plan_save
 from convergerd.core.render import deliverable_policy, object_name, render_policy
 from convergerd.core.report import (
@@ -49,7 +51,8 @@ from convergerd.core.report import (
     FanoutStatus,
     named_clusters,
 )
-from convergerd.core.spread import APPLY, REMOVE, Spread, Work
+from convergerd.core.save import Operation, SaveAction, Work
+from convergerd.core.spread import Spread
 from convergerd.delivery.apply import (
     ClusterCalls,
     Writer,
@@ -60,6 +63,7 @@ from convergerd.delivery.apply import (
 from convergerd.kube.api import KubeObject, PolicyApi
 from convergerd.leader.lease import Fence
 from convergerd.retry import RetryObserver
+from convergerd.slots import Lanes
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +73,7 @@ _SAVE_ATTEMPTS = 3
 
 # One cluster's part of a fan-out, given the deadline (loop time); a job names its cluster.
 Step = Callable[[float], Awaitable[ClusterResult]]
-Job = tuple[ClusterId, str, Step]
+Job = tuple[ClusterId, SaveAction, Step]
 
 
 class SaveApi(PolicyApi, Protocol):
@@ -128,11 +132,15 @@ class FanoutEnv:
     deadline_s: float
     concurrency: int
     expected: Expectations | None = None
+    # Whether a cluster is seen unreachable now (the prober's verdict, as rounds ask it): the
+    # ones seen so when the fan-out starts are its suspects (`slots.Lanes`).
+    suspected: Callable[[ClusterId], bool] | None = None
 
 
 def fanout_env(
     settings: Settings, clusters: SaveClusters, fence: Fence, observer: RetryObserver,
-    expected: Expectations | None = None,
+    expected: Expectations | None = None, *,
+    suspected: Callable[[ClusterId], bool] | None = None,
 ) -> FanoutEnv:
     """What a save or delete runs with: the rounds' clients and `apply.cluster_calls`, under
     the save deadline. Pure wiring (tests build saves with it too)."""
@@ -143,6 +151,7 @@ def fanout_env(
         deadline_s=settings.saves.deadline_s,
         concurrency=settings.rounds.cluster_concurrency,
         expected=expected,
+        suspected=suspected,
     )
 
 
@@ -150,20 +159,25 @@ def fanout_env(
 # Per cluster
 
 
-async def _guarded(cluster: ClusterId, action: str, work: Step, env: FanoutEnv,
-                   deadline: float) -> ClusterResult:
-    """One cluster's work under the overall deadline; every failure becomes its result."""
+async def _guarded(cluster: ClusterId, action: SaveAction, work: Step, env: FanoutEnv,
+                   deadline: float, *, heard: Callable[[], None]) -> ClusterResult:
+    """One cluster's work under the overall deadline; every failure becomes its result.
+    `heard` is called when the cluster answered (its work done, or failed with an answer)."""
     try:
         async with asyncio.timeout_at(deadline):
-            return await work(deadline)
+            result = await work(deadline)
     except Fenced as exc:
         return ClusterResult(cluster, action, FanoutResult.FAILED, "fenced", str(exc))
     except Exception as exc:
         failure = cluster_failure(
             exc, cluster, deadline_error=f"not done within the {env.deadline_s:g} s deadline",
             during=action)
+        if failure.reached:
+            heard()
         return ClusterResult(cluster, action, FanoutResult.FAILED, failure.reason,
                              failure.error)
+    heard()
+    return result
 
 
 def _writer(cluster: ClusterId, api: SaveApi, env: FanoutEnv, deadline: float) -> Writer:
@@ -189,19 +203,19 @@ async def _apply_to(
         live = await writer.call(lambda: api.get_policy(name, timeout_s=timeout))
         write = body
         if live is not None:
-            observed = Observed.from_object(live)
+            observed = ListedPolicy.from_object(live)
             revision = cluster_revision(observed)
             if revision is not None and revision > policy.revision:
-                return ClusterResult(cluster, "apply", FanoutResult.SUPERSEDED, None,
+                return ClusterResult(cluster, SaveAction.APPLY, FanoutResult.SUPERSEDED, None,
                                      f"the cluster holds revision {revision}")
             if not differs(body, observed):
-                return ClusterResult(cluster, "apply", FanoutResult.UNCHANGED)
+                return ClusterResult(cluster, SaveAction.APPLY, FanoutResult.UNCHANGED)
             write = with_precondition(body, observed.resource_version)
         written = await writer.apply(policy, write)
         if written.delivery is None:
             continue  # written by someone else between our read and our write: look again
         return ClusterResult.applied(written.delivery)
-    return ClusterResult(cluster, "apply", FanoutResult.FAILED, "conflict",
+    return ClusterResult(cluster, SaveAction.APPLY, FanoutResult.FAILED, "conflict",
                          f"{name} kept changing under {_SAVE_ATTEMPTS} attempts")
 
 
@@ -210,32 +224,91 @@ async def _remove_from(
 ) -> ClusterResult:
     await _writer(cluster, env.clusters.get(cluster), env, deadline).remove(
         object_name(policy_id))
-    return ClusterResult(cluster, "remove", FanoutResult.REMOVED)
+    return ClusterResult(cluster, SaveAction.REMOVE, FanoutResult.REMOVED)
+
+
+def _key(r: ClusterResult) -> tuple[str, str]:
+    return r.cluster, r.action
+
+
+@dataclass(slots=True)
+class FanOut:
+    """A fan-out's answer: every cluster's result, those still being written as `pending`;
+    `rest`, when some are, gives every cluster's final result once their writes end (by the
+    deadline at the latest)."""
+
+    results: list[ClusterResult]
+    rest: asyncio.Task[list[ClusterResult]] | None = None
+
+    @property
+    def pending(self) -> list[ClusterResult]:
+        return [r for r in self.results if r.result is FanoutResult.PENDING]
 
 
 async def _fan_out(
-    clusters: Collection[ClusterId], jobs: Iterable[Job], env: FanoutEnv,
-    deadline: float | None = None,
-) -> list[ClusterResult]:
-    """Every job (one per cluster of `clusters`), `env.concurrency` at once in their order, until
-    `deadline` (loop time; default: the save deadline from now). Every result, sorted."""
+    jobs: Sequence[Job], env: FanoutEnv, deadline: float | None = None, *,
+    answer_early: bool = False,
+) -> FanOut:
+    """Every job (one per cluster), on the rounds' scheduler (`slots.Lanes`: `env.concurrency`
+    slots, the clusters seen unreachable in a lane of their own and started last, a cluster
+    that hears nothing within the patience giving its slot back), until `deadline` (loop time;
+    default: the save deadline from now). Every result, sorted.
+
+    With `answer_early`, the answer does not wait for the hung clusters (the suspects, and the
+    clusters that stepped aside): it comes when every other cluster is done, the hung ones
+    not done yet listed as `pending`; their writes go on until the deadline (`FanOut.rest`)."""
     if deadline is None:
         deadline = env.calls.clock() + env.deadline_s
-    results: list[ClusterResult] = []
-    todo = iter(jobs)
+    suspected = env.suspected
+    lanes: Lanes[ClusterId] = Lanes(
+        env.concurrency, ceiling_s=env.calls.request_timeout_s, suspected=suspected,
+        suspects=[c for c, _, _ in jobs if suspected is not None and suspected(c)])
+    results: dict[tuple[str, str], ClusterResult] = {}
+    holding = {(c, a) for c, a, _ in jobs if c not in lanes.suspects}  # hold the answer
+    answer = asyncio.Event()
 
-    # One task per slot taking the next job, not a task per cluster queued on a semaphore:
-    # at 10,000 clusters that was 10,000 tasks (each with its coroutine, closure and waiter)
-    # alive for the whole save, for 64 doing anything.
-    async def worker() -> None:
-        for cluster, action, work in todo:
-            results.append(await _guarded(cluster, action, work, env, deadline))
+    def let_go(key: tuple[str, str]) -> None:
+        holding.discard(key)
+        if not holding:
+            answer.set()
 
-    expecting = (env.expected.expecting(clusters) if env.expected is not None
-                 else contextlib.nullcontext())
-    with expecting:
-        await asyncio.gather(*(worker() for _ in range(min(env.concurrency, len(clusters)))))
-    return sorted(results, key=lambda r: (r.cluster, r.action))
+    async def one(cluster: ClusterId, action: SaveAction, step: Step) -> None:
+        key = (cluster, action)
+        async with lanes.slot(cluster, on_aside=lambda: let_go(key)) as heard:
+            results[key] = await _guarded(cluster, action, step, env, deadline,
+                                           heard=heard)
+        let_go(key)
+
+    async def run_all() -> list[ClusterResult]:
+        expecting = (env.expected.expecting([c for c, _, _ in jobs])
+                     if env.expected is not None else contextlib.nullcontext())
+        with expecting:
+            async with asyncio.TaskGroup() as tg:
+                # The gates are FIFO: the suspects last, behind every other cluster.
+                for cluster, action, step in sorted(jobs, key=lambda j: j[0] in lanes.suspects):
+                    tg.create_task(one(cluster, action, step), name=f"save {cluster}")
+        return sorted(results.values(), key=_key)
+
+    if not holding:
+        answer.set()
+    run = asyncio.create_task(run_all(), name="save fan-out")
+    waiting = asyncio.create_task(answer.wait() if answer_early else asyncio.Event().wait())
+    try:
+        await asyncio.wait([run, waiting], return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        run.cancel()
+        raise
+    finally:
+        waiting.cancel()
+    if run.done():
+        return FanOut(run.result())
+    answered = dict(results)
+    for cluster, action, _ in jobs:
+        answered.setdefault((cluster, action), ClusterResult(
+            cluster, action, FanoutResult.PENDING, None,
+            f"no answer yet: written until the {env.deadline_s:g} s deadline, the result "
+            "recorded"))
+    return FanOut(sorted(answered.values(), key=_key), run)
 
 
 async def save_work(
@@ -245,23 +318,30 @@ async def save_work(
     """Apply `policy` to (or remove it from) each cluster of `work`, at once, under `env`'s
     fence, or the one `fence_of` gives a cluster (a shard's Lease), until `deadline` (loop
     time; default: the save deadline from now). Every result, sorted."""
+    return (await _fan_out(save_jobs(policy, work, env, fence_of), env, deadline)).results
+
+
+def save_jobs(
+    policy: Policy, work: Sequence[Work], env: FanoutEnv,
+    fence_of: Callable[[ClusterId], Fence | None] | None = None,
+) -> list[Job]:
+    """A save's job per cluster of `work`, under `env`'s fence or the one `fence_of` gives."""
     body = render_policy(policy)  # once: every cluster gets the same object
 
     def env_for(cluster: ClusterId) -> FanoutEnv:
         fence = fence_of(cluster) if fence_of is not None else None
         return env if fence is None else dataclasses.replace(env, fence=fence)
 
-    def jobs() -> Iterator[Job]:  # each made when a worker takes it
-        for w in work:
-            cluster_env = env_for(w.cluster)
-            if w.action == REMOVE:
-                yield w.cluster, w.action, functools.partial(
-                    _remove_from, w.cluster, policy.id, cluster_env)
-            else:
-                yield w.cluster, w.action, functools.partial(
-                    _apply_to, w.cluster, policy, body, cluster_env, read=w.read)
-
-    return await _fan_out([w.cluster for w in work], jobs(), env, deadline)
+    jobs: list[Job] = []
+    for w in work:
+        cluster_env = env_for(w.cluster)
+        if w.action is SaveAction.REMOVE:
+            jobs.append((w.cluster, w.action, functools.partial(
+                _remove_from, w.cluster, policy.id, cluster_env)))
+        else:
+            jobs.append((w.cluster, w.action, functools.partial(
+                _apply_to, w.cluster, policy, body, cluster_env, read=w.read)))
+    return jobs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,7 +359,7 @@ def deliveries_of(
         if r.result in (FanoutResult.CREATED, FanoutResult.UPDATED, FanoutResult.UNCHANGED):
             out.append(Delivery(r.cluster, pid, revision, ApplyResult(r.result.value), at))
         elif r.result is FanoutResult.FAILED:
-            error = r.error if r.action == "apply" else f"removing failed: {r.error}"
+            error = r.error if r.action is SaveAction.APPLY else f"removing failed: {r.error}"
             out.append(Delivery(r.cluster, pid, revision, ApplyResult.FAILED, at,
                                 error=error, reason=r.reason))
     return out
@@ -303,6 +383,10 @@ class Saver:
         self._guard_share = guard_share
         self._observer = observer
         self._peers = peers
+        # The writes to hung clusters still going after their save answered (`_finish_later`),
+        # by policy, each ended by its save's deadline, or by the policy's next save or
+        # deletion here (an older revision must not land after it).
+        self._late: dict[str, asyncio.Task[None]] = {}
 
     async def save(
         self, policy_id: str, *, allow_mass_removal: bool = False, trigger: str = "api"
@@ -316,40 +400,49 @@ class Saver:
     async def _save(
         self, policy_id: str, allow_mass_removal: bool, trigger: str, *, read_all: bool = False
     ) -> FanoutReport:
+        await self._stop_late(policy_id)
         target = await self._store.save_target(policy_id)
         if target is None:
-            return FanoutReport("save", policy_id, FanoutStatus.NOT_FOUND, error="no such policy")
+            return FanoutReport(Operation.SAVE, policy_id, FanoutStatus.NOT_FOUND,
+                                error="no such policy")
         revision = target.row.revision
         if target.deleting:
-            return FanoutReport("save", policy_id, FanoutStatus.DELETING, revision,
+            return FanoutReport(Operation.SAVE, policy_id, FanoutStatus.DELETING, revision,
                           error="its deletion has begun: DELETE it again to finish")
         policy = deliverable_policy(target.row, boundary_exists=target.boundary_exists)
         if not isinstance(policy, Policy):
-            return FanoutReport("save", policy_id, FanoutStatus.INVALID, revision,
+            return FanoutReport(Operation.SAVE, policy_id, FanoutStatus.INVALID, revision,
                                 error=policy.reason)
         plan = plan_save(target, delivered=policy.rule.delivered,
                          guard_share=self._guard_share, allow_mass_removal=allow_mass_removal)
         read = plan.apply_to if read_all else plan.read_first
         env = self._env()
-        work = [Work(c, APPLY, c in read) for c in sorted(plan.apply_to)] + [
-            Work(c, REMOVE) for c in sorted(plan.remove_from)]
+        work = [Work(c, SaveAction.APPLY, c in read) for c in sorted(plan.apply_to)] + [
+            Work(c, SaveAction.REMOVE) for c in sorted(plan.remove_from)]
         spread = await self._peers.fan_out(policy, work, env) if self._peers else None
-        results = spread.results if spread is not None else await save_work(policy, work, env)
+        if spread is not None:
+            fan = FanOut(spread.results)
+        else:
+            fan = await _fan_out(save_jobs(policy, work, env), env, answer_early=True)
+        if fan.rest is not None:
+            self._finish_later(policy_id, revision, fan, env, trigger)
+        results = fan.results
         if plan.apply_to - read and await self._overtaken(policy_id, revision):
             # A newer revision was saved while this one was written without reading first:
             # this save may have landed over it on some clusters. Save the newest revision,
             # reading every cluster first (its writes carry preconditions, as a standby's
-            # always did); what it finds and does is the answer, and what is recorded.
+            # always did); what it finds and does is the answer, and what is recorded (its
+            # `_stop_late` stops this revision's pending writes first).
             log.info("policy %s: revision %d was overtaken during its save (%s): saving the "
                      "newest revision, reading every cluster first", policy_id, revision,
                      trigger, extra={"policy": policy_id, "trigger": trigger})
             return await self._save(policy_id, allow_mass_removal, trigger, read_all=True)
-        results += [ClusterResult(c, "remove", FanoutResult.SKIPPED, "guard", plan.skipped_reason)
-                    for c in sorted(plan.skipped)]
+        results += [ClusterResult(c, SaveAction.REMOVE, FanoutResult.SKIPPED, "guard",
+                                  plan.skipped_reason) for c in sorted(plan.skipped)]
         await self._record(policy_id, revision, results, env)
-        report = FanoutReport("save", policy_id, FanoutStatus.OK, revision, results,
+        report = FanoutReport(Operation.SAVE, policy_id, FanoutStatus.OK, revision, results,
                         skipped_reason=plan.skipped_reason)
-        if report.failed:
+        if report.failed or fan.pending:
             report.status = FanoutStatus.PARTIAL
         by_peers = spread.by_peers if spread is not None else 0
         log.info("policy %s revision %d saved (%s): %s%s", policy_id, revision, trigger,
@@ -358,6 +451,48 @@ class Saver:
                  extra={"policy": policy_id, "trigger": trigger,
                         "fanout_counts": counts(results), "fanout_by_peers": by_peers})
         return report
+
+    def _finish_later(
+        self, policy_id: str, revision: int, fan: FanOut, env: FanoutEnv, trigger: str
+    ) -> None:
+        """Record the pending clusters' results when their writes end (by the save's
+        deadline): what they did is recorded as if the save had waited for them."""
+        assert fan.rest is not None
+        rest, pending = fan.rest, {_key(r) for r in fan.pending}
+
+        async def finish() -> None:
+            try:
+                done = [r for r in await rest if _key(r) in pending]
+            except asyncio.CancelledError:
+                # A newer save or the deletion of the policy: it writes those clusters itself.
+                rest.cancel()
+                await asyncio.gather(rest, return_exceptions=True)
+                log.info("policy %s revision %d: the writes to its %d pending cluster(s) "
+                         "stopped: the policy is saved or deleted again", policy_id, revision,
+                         len(pending), extra={"policy": policy_id})
+                raise
+            await self._record(policy_id, revision, done, env)
+            log.info("policy %s revision %d (%s): the %d cluster(s) pending when it answered: "
+                     "%s", policy_id, revision, trigger, len(done), summary(done),
+                     extra={"policy": policy_id, "trigger": trigger,
+                            "fanout_counts": counts(done)})
+
+        task = asyncio.create_task(finish(), name=f"save {policy_id} pending clusters")
+        self._late[policy_id] = task
+        task.add_done_callback(
+            lambda t: self._late.pop(policy_id, None) if self._late.get(policy_id) is t else None)
+
+    async def _stop_late(self, policy_id: str) -> None:
+        task = self._late.get(policy_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def drain(self) -> None:
+        """Wait for the writes still going after their saves answered (each ends by its
+        save's deadline, so a stopping daemon waits at most that)."""
+        while self._late:
+            await asyncio.gather(*self._late.values(), return_exceptions=True)
 
     async def _overtaken(self, policy_id: str, revision: int) -> bool:
         """Whether the database holds a newer revision than `revision` now. Every writer
@@ -381,15 +516,18 @@ class Saver:
 
     async def _delete(self, policy_id: str) -> FanoutReport:
         target = await self._store.begin_deletion(policy_id)
+        await self._stop_late(policy_id)  # after the mark: no save of it starts any more
         if target is None:
-            return FanoutReport("delete", policy_id, FanoutStatus.NOT_FOUND, error="no such policy")
+            return FanoutReport(Operation.DELETE, policy_id, FanoutStatus.NOT_FOUND,
+                                error="no such policy")
         env = self._env()
         clusters = sorted(delete_targets(target))
-        results = await _fan_out(
-            clusters,
-            ((c, "remove", functools.partial(_remove_from, c, policy_id, env)) for c in clusters),
-            env)
-        report = FanoutReport("delete", policy_id, FanoutStatus.OK, target.row.revision, results)
+        # A deletion waits for every cluster: the row goes only when all removed it.
+        results = (await _fan_out(
+            [(c, SaveAction.REMOVE, functools.partial(_remove_from, c, policy_id, env))
+             for c in clusters], env)).results
+        report = FanoutReport(Operation.DELETE, policy_id, FanoutStatus.OK, target.row.revision,
+                              results)
         if report.failed:
             report.status = FanoutStatus.REFUSED
             await self._record(policy_id, target.row.revision, results, env)
@@ -437,7 +575,7 @@ def counts(results: Iterable[ClusterResult]) -> dict[str, int]:
     of `Result`, applies first)."""
     found = Counter((r.action, r.result) for r in results)
     return {f"{action} {result.value}": found[action, result]
-            for action in ("apply", "remove") for result in FanoutResult if found[action, result]}
+            for action in SaveAction for result in FanoutResult if found[action, result]}
 
 
 def named_failures(results: Iterable[ClusterResult]) -> str:

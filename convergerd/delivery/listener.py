@@ -72,7 +72,7 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
 
 
-class Subscription(Protocol):
+class NotifySubscription(Protocol):
     def is_closed(self) -> bool: ...
     async def ping(self, timeout_s: float) -> None: ...
     async def close(self) -> None: ...
@@ -85,7 +85,7 @@ class NotifySource(Protocol):
     async def subscribe(
         self, channel: str, on_payload: Callable[[str, int], None],
         on_lost: Callable[[], None],
-    ) -> Subscription:
+    ) -> NotifySubscription:
         """`on_payload(payload, sender)`: `sender` is the sending backend's process id."""
         ...
 
@@ -314,7 +314,7 @@ class Channel:
             await asyncio.sleep(
                 backoff_s(failures, base=BACKOFF_BASE_S, cap=BACKOFF_CAP_S, rng=self._rng))
 
-    async def _until_lost(self, subscription: Subscription, lost: asyncio.Event) -> str:
+    async def _until_lost(self, subscription: NotifySubscription, lost: asyncio.Event) -> str:
         """Wait until the connection is gone (told, or found by a ping); say why."""
         while True:
             with contextlib.suppress(TimeoutError):

@@ -328,8 +328,8 @@ class RoundLoop:
             s, self.clusters, StopFence(self.shard.elector.fence(epoch), self.stopping),
             self.metrics,
             deadline_s=max(0.0, deadline - loop.time()), guard=self.guard,
-            suspects=[c.id for c in self.state.clusters.values() if c.reachable is False],
-            caught_up=[c.id for c in self.state.clusters.values() if c.caught_up],
+            suspects=self.state.suspects(),
+            caught_up=self.state.caught_up(),
             suspected=self._unreachable_now,
             slots=self.shard.slots,
         )
@@ -342,8 +342,7 @@ class RoundLoop:
         return report
 
     def _unreachable_now(self, cluster: ClusterId) -> bool:
-        state = self.state.clusters.get(cluster)
-        return state is not None and state.reachable is False
+        return self.state.unreachable(cluster)
 
     async def _reload_kubeconfig(self) -> None:
         """Rotated credentials (the kubeconfig Secret updated in place) count from the next
@@ -374,15 +373,19 @@ class RoundLoop:
         duration = (
             (report.finished_at - report.started_at).total_seconds() if report.finished_at else 0
         )
+        # Clusters the deadline came before are not "unreached": nothing is known of them
+        # (`/status` and `convergerd_cluster_up` keep what the prober last heard).
+        cut = sum(c.cut_unanswered for c in report.clusters)
         log.info(
-            "round%s %s in %.1f s: %d clusters, %d converged, %d unreached; applied %d created, "
-            "%d updated, %d failed; %d invalid policies%s",
+            "round%s %s in %.1f s: %d clusters, %d converged, %d unreached, %d not reached "
+            "before the deadline; applied %d created, %d updated, %d failed; %d invalid "
+            "policies%s",
             "" if self.shard.number is None else f" of shard {self.shard.number}",
             report.result.value, duration, counts["clusters"], counts["converged"],
-            counts["unreached"], counts["created"], counts["updated"], counts["failed"],
-            counts["invalid"], f"; {report.error}" if report.error else "",
+            counts["unreached"] - cut, cut, counts["created"], counts["updated"],
+            counts["failed"], counts["invalid"], f"; {report.error}" if report.error else "",
             extra={"round_result": report.result.value, "round_counts": counts,
-                   "shard": self.shard.number},
+                   "round_cut_unanswered": cut, "shard": self.shard.number},
         )
 
     async def _record(self, report: RoundReport) -> None:

@@ -41,6 +41,7 @@ from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable
 from convergerd.core.model import ClusterId, Policy, PolicyId, RuleError, check_policy_id
 from convergerd.core.removal import Current
 from convergerd.core.report import ClusterResult
+from convergerd.core.save import Work
 from convergerd.core.shards import shard_of
 from convergerd.core.shown import shown
 from convergerd.core.spread import (
@@ -49,7 +50,6 @@ from convergerd.core.spread import (
     Claimed,
     Part,
     Spread,
-    Work,
     leftover,
     parse_payload,
     split,

@@ -165,10 +165,13 @@ def list_head(data: bytes) -> ListHead:
                 reader.skip()
     except _End:
         pass
-    namespace, name = found.get(b"namespace"), found.get(b"name")
-    return ListHead(listed, token, version,
-                    clean_text(namespace, MAX_NAME_CHARS) if namespace else None,
-                    clean_text(name, MAX_NAME_CHARS) if name else None)
+    return ListHead(listed, token, version, _name(found, b"namespace"), _name(found, b"name"))
+
+
+def _name(found: dict[bytes, str], key: bytes) -> str | None:
+    """A name read from the head, cleaned; None when absent or empty."""
+    value = found.get(key)
+    return clean_text(value, MAX_NAME_CHARS) if value else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,12 +202,8 @@ def event_head(data: bytes) -> EventHead:
                 reader.skip()
     except _End:
         pass
-    namespace, name = found.get(b"namespace"), found.get(b"name")
-    version = found.get(b"resourceVersion")
-    return EventHead(kind if kind in _OBJECT_EVENTS else None,
-                     clean_text(namespace, MAX_NAME_CHARS) if namespace else None,
-                     clean_text(name, MAX_NAME_CHARS) if name else None,
-                     version or None)
+    return EventHead(kind if kind in _OBJECT_EVENTS else None, _name(found, b"namespace"),
+                     _name(found, b"name"), found.get(b"resourceVersion") or None)
 
 
 def _metadata(reader: _Reader, found: dict[bytes, str]) -> None:

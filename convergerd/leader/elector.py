@@ -49,8 +49,8 @@ from convergerd.kube.api import LeaseApi
 from convergerd.leader.lease import (
     Fence,
     LeaseFormatError,
+    LeaseReading,
     LeaseRecord,
-    Observed,
     acquire_body,
     acquire_delay,
     can_acquire,
@@ -164,7 +164,7 @@ class Elector:
         self._stop = asyncio.Event()
         self._nudge = asyncio.Event()  # ends the pause between attempts: stop, or `poke()`
         self._lock = asyncio.Lock()  # one Lease write sequence at a time (run vs release)
-        self._observed: Observed | None = None
+        self._observed: LeaseReading | None = None
         self._holder: str | None = None
         self._changes = 0
         self._failures = 0
@@ -178,7 +178,7 @@ class Elector:
         self._read_mono = -math.inf
         self._warned_mono = -math.inf
         self._last_error: str | None = None
-        self._stall_warned: Observed | None = None
+        self._stall_warned: LeaseReading | None = None
 
     @property
     def _where(self) -> str:
@@ -364,7 +364,7 @@ class Elector:
                             "timed out" if isinstance(exc, TimeoutError) else describe(exc))
                 return
             record = LeaseRecord.from_object(written)
-            self._observed = Observed(record, self._clock())
+            self._observed = LeaseReading(record, self._clock())
             self._set_holder(None)
             log.info("released Lease %s (holder was %s, transitions %d)",
                      self._where, self.identity, record.transitions)
@@ -457,7 +457,7 @@ class Elector:
         mine = LeaseRecord.from_object(written)
         if mine.holder != self.identity:
             raise LeaseFormatError(f"the Lease written back names {shown(mine.holder)} as holder")
-        self._observed = Observed(mine, sent)
+        self._observed = LeaseReading(mine, sent)
         self._renewed(sent, mine)
 
     def _warn_stalled(self) -> None:

@@ -177,7 +177,7 @@ def honoured_duration_s(duration_s: int | None, own_duration_s: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class Observed:
+class LeaseReading:
     """A record and the monotonic time at which we first saw it with this content."""
 
     record: LeaseRecord
@@ -194,8 +194,8 @@ class Observed:
 
 
 def observe(
-    previous: Observed | None, record: LeaseRecord | None, now_mono: float
-) -> Observed | None:
+    previous: LeaseReading | None, record: LeaseRecord | None, now_mono: float
+) -> LeaseReading | None:
     """Update what we know after reading the Lease at `now_mono` (when the answer arrived).
 
     The observation time only moves when the record's content changed: a holder that stops
@@ -204,11 +204,11 @@ def observe(
         return None
     if previous is not None and previous.record == record:
         return previous
-    return Observed(record, now_mono)
+    return LeaseReading(record, now_mono)
 
 
 def can_acquire(
-    observed: Observed | None,
+    observed: LeaseReading | None,
     now_mono: float,
     identity: str,
     *,
@@ -224,7 +224,7 @@ def can_acquire(
 
 
 def stalled_s(
-    observed: Observed | None,
+    observed: LeaseReading | None,
     now_mono: float,
     identity: str,
     *,
@@ -405,7 +405,7 @@ def jittered(base_s: float, rng: random.Random, spread: float = RETRY_JITTER) ->
 
 
 def acquire_delay(
-    observed: Observed | None,
+    observed: LeaseReading | None,
     now_mono: float,
     identity: str,
     retry_period_s: float,

@@ -19,8 +19,8 @@ clusters after its renew deadline). What is added is *which* shards a replica tr
   nobody contends), so a replica that holds no shard yet is still counted;
 - every retry period it lists the Leases of its namespace (one request), judges each the way
   the elector does (live while its record changed within its duration, on our monotonic
-  clock), and computes `core.shards.plan`: the shards it may take (free or expired ones, up to
-  its fair share) and the ones it holds above its share;
+  clock), and computes the shard plan (`core.shards.plan_shards`): the shards it may take (free
+  or expired ones, up to its fair share) and the ones it holds above its share;
 - a shard's elector acquires only shards in that plan (`may_acquire`), renews what it holds
   whatever the plan says, and a shard above the share is handed back: its running round
   finishes first (the shard's round lock), then the term ends and the Lease is written free.
@@ -43,16 +43,16 @@ from convergerd.config import Election
 from convergerd.core.errors import ConvergerdError
 from convergerd.core.shards import (
     MEMBER_LEASE_PREFIX,
-    Plan,
+    ShardPlan,
     member_lease_name,
-    plan,
+    plan_shards,
     shard_lease,
     shard_lease_name,
 )
 from convergerd.core.shown import describe
 from convergerd.kube.api import KubeObject, LeaseListApi
 from convergerd.leader.elector import STUCK_AFTER_DURATIONS, Elector, Leadership, NoElection
-from convergerd.leader.lease import Fence, LeaseFormatError, LeaseRecord, Observed, observe
+from convergerd.leader.lease import Fence, LeaseFormatError, LeaseReading, LeaseRecord, observe
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class ShardView:
 ViewHook = Callable[[ShardView], None]
 
 
-def live_holder(observed: Observed | None, now_mono: float, own_duration_s: float) -> str:
+def live_holder(observed: LeaseReading | None, now_mono: float, own_duration_s: float) -> str:
     """The holder of a Lease as observed, or "" when nobody holds it or its record did not
     change within its duration, capped (the elector's rule: `lease.can_acquire`). The same for
     shard and membership Leases: a dead member that wrote a huge duration stops counting
@@ -162,9 +162,9 @@ class ShardSet:
                 api, dataclasses.replace(settings, lease_name=member_lease_name(self.identity)),
                 clock=clock)
         self._wanted: set[int] = set() if self._planning else set(range(self.shards))
-        self._observed: dict[str, Observed] = {}
+        self._observed: dict[str, LeaseReading] = {}
         self._holders: list[str] = [""] * self.shards
-        self._plan: Plan | None = None
+        self._plan: ShardPlan | None = None
         self._handing: dict[int, asyncio.Task[None]] = {}
         self._stop = asyncio.Event()
         self._listed_mono: float | None = None  # last successful list (None: not running)
@@ -289,7 +289,7 @@ class ShardSet:
             await self.plan_once()
             await self._pause(self._next_pass_s())
 
-    async def plan_once(self) -> Plan | None:
+    async def plan_once(self) -> ShardPlan | None:
         """One pass: list, judge, plan, start hand-backs. None when the list failed."""
         s = self._s
         assert self._api is not None  # a plan is made with more than one shard only
@@ -320,7 +320,7 @@ class ShardSet:
                 holders[k] = ""  # ours on the server but no term here: free to take again
             if k in held:
                 holders[k] = self.identity
-        found = plan(shards=self.shards, identity=self.identity, members=members,
+        found = plan_shards(shards=self.shards, identity=self.identity, members=members,
                      holders=holders)
         if self._plan is None or (found.share, found.members) != (self._plan.share,
                                                                  self._plan.members):
@@ -342,7 +342,7 @@ class ShardSet:
     def _judge(self, items: list[KubeObject], now: float) -> set[str]:
         """Update the observations from one list; the live members' identities."""
         shard_names = {shard_lease_name(k): k for k in range(self.shards)}
-        seen: dict[str, Observed] = {}
+        seen: dict[str, LeaseReading] = {}
         members: set[str] = set()
         own_s = self._s.lease_duration_s
         for item in items:

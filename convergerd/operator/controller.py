@@ -102,12 +102,12 @@ from convergerd.operator.reconcile import (
     new_status,
     next_probe_in,
     orphans,
-    plan,
     probe_inconclusive,
     probe_outcome,
     ready_condition,
     status_differs,
     verified_pending,
+    writes_for,
 )
 from convergerd.retry import backoff_s, call_with_retries
 
@@ -627,7 +627,8 @@ class Operator:
             timeout = self._t.request_timeout_s
             existing_policy = await self._api.get(VAPS, name, timeout_s=timeout)
             existing_binding = await self._api.get(BINDINGS, name, timeout_s=timeout)
-            todo = plan(policy, existing_policy=existing_policy, existing_binding=existing_binding)
+            todo = writes_for(policy, existing_policy=existing_policy,
+                              existing_binding=existing_binding)
         except RenderError as exc:
             return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
                                                     detail=str(exc), reason=exc.reason))

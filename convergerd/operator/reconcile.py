@@ -3,9 +3,10 @@ cluster, the writes to make and the status to report.
 
 - `PolicyObject.from_object`: a Policy as the cluster sent it, decoded defensively (wrong types
   read as absent).
-- `plan`: the admission policy and binding to apply (only when what exists differs in a field
-  we set), the binding to delete, or the render error; `drifted`: whether those writes repair
-  objects changed by someone else (the probe then runs first).
+- `writes_for`: the `OperatorWrites`, the admission policy and binding to apply (only when
+  what exists differs in a field we set), the binding to delete, or the render error;
+  `drifted`: whether those writes repair objects changed by someone else (the probe then runs
+  first).
 - `ready_condition` / `verified_condition` / `new_status`: the status, with Kubernetes'
   condition rule (lastTransitionTime moves only when the condition's status changes), and
   `status_differs` so an unchanged status is never written.
@@ -134,7 +135,7 @@ def _ids(spec: Mapping[str, Any]) -> tuple[str | None, str | None, tuple[str, st
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class OperatorWrites:
     name: str  # stackship-<policy id>
     apply_policy: KubeObject | None  # None: what exists already has every field we set
     apply_binding: KubeObject | None
@@ -177,8 +178,8 @@ def render(policy: PolicyObject) -> Admission:
                      binding=owned(rendered.binding, policy))
 
 
-def plan(policy: PolicyObject, *, existing_policy: Mapping[str, Any] | None,
-         existing_binding: Mapping[str, Any] | None) -> Plan:
+def writes_for(policy: PolicyObject, *, existing_policy: Mapping[str, Any] | None,
+               existing_binding: Mapping[str, Any] | None) -> OperatorWrites:
     """The writes that bring the cluster to `policy`; raises `RenderError`."""
     admission = render(policy)
     name = admission_name(policy.policy_id or "")
@@ -186,12 +187,13 @@ def plan(policy: PolicyObject, *, existing_policy: Mapping[str, Any] | None,
     if policy.enabled:
         apply_binding = (None if contains(admission.binding, existing_binding)
                          else admission.binding)
-        return Plan(name, apply_policy, apply_binding, delete_binding=False, phase=ENFORCING)
-    return Plan(name, apply_policy, None, delete_binding=existing_binding is not None,
-                phase=INERT)
+        return OperatorWrites(name, apply_policy, apply_binding, delete_binding=False,
+                              phase=ENFORCING)
+    return OperatorWrites(name, apply_policy, None,
+                          delete_binding=existing_binding is not None, phase=INERT)
 
 
-def drifted(policy: PolicyObject, todo: Plan) -> bool:
+def drifted(policy: PolicyObject, todo: OperatorWrites) -> bool:
     """Were the admission objects of a policy already reported Enforcing at this generation
     changed since (a binding deleted or edited by hand)? Then what is enforced now is probed
     before the repair, so the drift is seen in `Verified`, not silently mended."""

@@ -2,4 +2,4 @@
 prober, and the Prometheus views of it."""
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
-__all__ = ["listing", "metrics", "phases", "probe", "state", "sync"]
+__all__ = ["listing", "metrics", "phases", "probe", "records", "state", "sync", "views"]

@@ -21,6 +21,22 @@ from convergerd.core.model import ClusterId, RuleError, check_cluster_id
 from convergerd.core.shown import shown
 from convergerd.status.phases import UNSUPPORTED
 
+
+def worst_first_key(
+    *, cluster: str, reachable: bool | None, failing: bool, lag_s: float | None
+) -> tuple[int, float, str]:
+    """Sort key: unreached, never checked, failing, the rest; larger lag first; then by id."""
+    if reachable is False:
+        rank = 0
+    elif reachable is None:
+        rank = 1
+    elif failing:
+        rank = 2
+    else:
+        rank = 3
+    return rank, -(lag_s or 0.0), cluster
+
+
 # A summary lists this many of the worst clusters (fewer when the threshold is lower).
 WORST_LISTED = 100
 # A summary names at most this many Unsupported clusters (`unsupported_by_version`; fewer when

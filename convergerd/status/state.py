@@ -23,37 +23,28 @@ metrics):
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import functools
-import itertools
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.report import (
-    ApplyResult,
-    Audit,
     AuditSample,
     ClusterOutcome,
-    Deliveries,
     Epoch,
     PhaseReading,
     Readings,
     RoundReport,
-    Verification,
     utc_now,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 from convergerd.core.shards import orphaned, shard_of
-from convergerd.status.listing import FleetTally, listing
+from convergerd.status.listing import FleetTally, listing, worst_first_key
 from convergerd.status.phases import (
-    AUDIT_CURRENT,
     NO_AUDITS,
-    UNSUPPORTED,
     AuditTally,
     PhaseTally,
     TallyCounts,
@@ -61,559 +52,35 @@ from convergerd.status.phases import (
     TallyKey,
     age_s,
     audit_stale_after_s,
-    audit_state,
     audit_tally,
     audit_tally_grouped,
-    audit_time_problem,
-    is_stale,
     known_violations,
-    normalize_phase,
     phases_refreshed,
-    probe_time_problem,
     stale_after_s,
     tally,
     tally_counts,
     tally_grouped,
-    verification_of,
     verified_stale_after_s,
 )
-
-UNKNOWN_VERSION = "unknown"
+from convergerd.status.records import (
+    PolicyRecord,
+    PolicyRecords,
+    ReadBack,
+    merge_records,
+    newer,
+    reading_part,
+)
+from convergerd.status.samples import AuditSamples
+from convergerd.status.views import (
+    AUDIT_POLICIES_LISTED,
+    DEFAULT_PROBE_PERIOD_S,
+    iso,
+    unsupported_of,
+    unsupported_rollup,
+)
 
 Clock = Callable[[], dt.datetime]
 
-
-# ---------------------------------------------------------------------------------------------
-# Pure helpers
-
-
-def unsupported_rollup(clusters: Iterable[tuple[str, str | None]]) -> dict[str, list[str]]:
-    """Unsupported clusters grouped by Kubernetes version: `{version: [cluster, ...]}`."""
-    rollup: dict[str, list[str]] = {}
-    for cluster, version in clusters:
-        rollup.setdefault(version or UNKNOWN_VERSION, []).append(cluster)
-    return {v: sorted(cs) for v, cs in sorted(rollup.items())}
-
-
-def worst_first_key(
-    *, cluster: str, reachable: bool | None, failing: bool, lag_s: float | None
-) -> tuple[int, float, str]:
-    """Sort key: unreached, never checked, failing, the rest; larger lag first; then by id."""
-    if reachable is False:
-        rank = 0
-    elif reachable is None:
-        rank = 1
-    elif failing:
-        rank = 2
-    else:
-        rank = 3
-    return rank, -(lag_s or 0.0), cluster
-
-
-@functools.lru_cache(maxsize=1 << 14)  # a view shows the same times often (a round's end)
-def iso(moment: dt.datetime | None) -> str | None:
-    return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if moment else None
-
-
-# Audit samples kept per policy, and policies listed in the fleet's audit view.
-AUDIT_SAMPLES_KEPT = 5
-AUDIT_POLICIES_LISTED = 100
-
-# The operators' probe period when the caller does not say (CONVERGERD_OPERATOR_PROBE_MINUTES).
-DEFAULT_PROBE_PERIOD_S = 600.0
-
-
-def phase_view(
-    reading: PhaseReading | None, now: dt.datetime, interval_s: float, *,
-    probe_period_s: float = DEFAULT_PROBE_PERIOD_S,
-) -> dict[str, Any]:
-    """A phase as the status API shows it: last known phase, when seen, age, stale flag."""
-    if reading is None:
-        return {"phase": None, "ready_reason": None, "ready_message": None,
-                "observed_revision": None, "seen_at": None, "age_seconds": None, "stale": None,
-                "verified": None, "audit": None}
-    return {
-        "phase": normalize_phase(reading.phase),
-        "ready_reason": reading.ready_reason,
-        "ready_message": reading.ready_message,
-        "observed_revision": reading.revision,
-        "seen_at": iso(reading.seen_at),
-        "age_seconds": round(age_s(reading.seen_at, now), 3),
-        "stale": is_stale(reading.seen_at, now, interval_s),
-        "verified": verified_view(reading, now, interval_s, probe_period_s=probe_period_s),
-        "audit": audit_view(reading, now, interval_s, probe_period_s=probe_period_s),
-    }
-
-
-def audit_view(reading: PhaseReading, now: dt.datetime, interval_s: float, *,
-               probe_period_s: float) -> dict[str, Any] | None:
-    """The operator's audit of what already runs (None: the Policy carries none): the count
-    (null when it cannot be read or believed, `problem` says why), when and whether the
-    operator's cache was synced, and what that makes it (`state`, `audit_state`)."""
-    found = reading.audit
-    if found is None:
-        return None
-    return {"violations": known_violations(reading), "audited_at": iso(found.audited_at),
-            "cache_synced": found.synced if found.violations is not None else None,
-            "state": audit_state(reading, now, interval_s, probe_period_s=probe_period_s),
-            "problem": found.problem or audit_time_problem(found, reading.seen_at)}
-
-
-def verified_view(reading: PhaseReading, now: dt.datetime, interval_s: float, *,
-                  probe_period_s: float) -> dict[str, Any] | None:
-    """The enforcement probe's verdict as the operator wrote it (None: no Verified condition
-    read back), with what it counts as (`verification`), whether the probe is too old to be
-    current (`stale`), and why the condition is not trusted (`untrusted`, else null)."""
-    found = reading.verified
-    if found is None:
-        return None
-    at = found.probed_at
-    return {"status": found.status, "reason": found.reason, "message": found.message,
-            "probed_at": iso(at), "since": iso(found.since),
-            "verification": verification_of(reading, age_s(reading.seen_at, now), interval_s,
-                                             now=now, probe_period_s=probe_period_s),
-            "stale": at is not None and age_s(at, now) > verified_stale_after_s(probe_period_s),
-            "untrusted": probe_time_problem(found, now)}
-
-
-# ---------------------------------------------------------------------------------------------
-# Per policy and cluster: this replica's observations and the database's, merged
-
-
-@dataclass(slots=True)
-class PolicyRecord:
-    """What is known of one policy on one cluster: the last delivery and the last phase."""
-
-    delivered_revision: int | None = None  # revision of the last successful apply
-    last_result: str | None = None
-    last_attempt_at: dt.datetime | None = None
-    last_success_at: dt.datetime | None = None
-    last_error: str | None = None
-    last_reason: str | None = None
-    phase: PhaseReading | None = None
-
-    @classmethod
-    def from_row(cls, row: DeliveryRow) -> PolicyRecord:
-        phase = None
-        if row.phase_seen_at is not None:
-            phase = PhaseReading(
-                cluster=ClusterId(row.cluster), policy=PolicyId(row.policy), phase=row.phase,
-                ready_reason=row.phase_reason, ready_message=row.phase_message,
-                revision=row.phase_revision, seen_at=row.phase_seen_at,
-                verified=_verification_of_row(row), audit=_audit_of_row(row),
-            )
-        return cls(
-            delivered_revision=row.delivered_revision,
-            last_result=str(row.last_result) if row.last_result is not None else None,
-            last_attempt_at=row.last_attempt_at, last_success_at=row.last_success_at,
-            last_error=row.last_error, last_reason=row.last_reason, phase=phase,
-        )
-
-
-def _verification_of_row(row: DeliveryRow) -> Verification | None:
-    if row.verified_status is None:
-        return None
-    return Verification(row.verified_status, row.verified_reason, row.verified_message,
-                        row.verified_probed_at, row.verified_since)
-
-
-def _audit_of_row(row: DeliveryRow) -> Audit | None:
-    if row.audit_synced is None:
-        return None
-    if row.audit_violations is None:
-        return Audit(None, problem=row.audit_problem or "the recorded audit has no count")
-    return Audit(row.audit_violations, row.audit_at, row.audit_synced)
-
-
-def _newer(a: dt.datetime | None, b: dt.datetime | None) -> bool:
-    """True when `a` is known and later than `b` (or `b` unknown)."""
-    return a is not None and (b is None or a > b)
-
-
-def merge_records(mine: PolicyRecord | None, stored: PolicyRecord | None) -> PolicyRecord:
-    """The newer delivery and the newer phase reading of the two."""
-    if mine is None or stored is None:
-        return mine or stored or PolicyRecord()
-    merged = PolicyRecord(**{f: getattr(stored, f) for f in PolicyRecord.__slots__})
-    if _newer(mine.last_attempt_at, stored.last_attempt_at):
-        merged.last_result, merged.last_attempt_at = mine.last_result, mine.last_attempt_at
-        merged.last_error, merged.last_reason = mine.last_error, mine.last_reason
-    if _newer(mine.last_success_at, stored.last_success_at):
-        merged.delivered_revision = mine.delivered_revision
-        merged.last_success_at = mine.last_success_at
-    # A tie is the same listing: this replica's own reading is the one whose audit sample
-    # it keeps (the database records only the count).
-    if mine.phase is not None and (
-        stored.phase is None or mine.phase.seen_at >= stored.phase.seen_at
-    ):
-        merged.phase = mine.phase
-    return merged
-
-
-def record_view(
-    record: PolicyRecord, now: dt.datetime, interval_s: float, *,
-    probe_period_s: float = DEFAULT_PROBE_PERIOD_S,
-) -> dict[str, Any]:
-    """One policy on one cluster as the status API shows it."""
-    delivered = record.delivered_revision
-    if delivered is None and record.phase is not None:
-        delivered = record.phase.revision  # in the cluster without an apply from us (seen)
-    return {
-        "delivered_revision": delivered,
-        "last_result": record.last_result,
-        "last_attempt_at": iso(record.last_attempt_at),
-        "last_success_at": iso(record.last_success_at),
-        "last_error": record.last_error,
-        "last_reason": record.last_reason,
-        **phase_view(record.phase, now, interval_s, probe_period_s=probe_period_s),
-    }
-
-
-def policy_audit_view(audits: Iterable[Mapping[str, Any] | None],
-                      sample: list[dict[str, Any]]) -> dict[str, Any]:
-    """One policy's audits over its clusters (`audit_view` of each, None where none was read):
-    the total of the counts that can be read, how many clusters count violations, how many
-    audits cannot be read (`unknown`) or are not current, and the kept sample."""
-    read = [a for a in audits if a is not None]
-    known = [a["violations"] for a in read if a["violations"] is not None]
-    return {"violations": sum(known), "clusters_audited": len(read),
-            "clusters_with_violations": sum(n > 0 for n in known),
-            "clusters_unknown": len(read) - len(known),
-            "clusters_not_current": sum(a["state"] != AUDIT_CURRENT for a in read),
-            "sample": sample}
-
-
-# ---------------------------------------------------------------------------------------------
-# Per cluster, compactly: one summary and per policy only what differs from it
-#
-# At 10,000 clusters x 100 policies a `PolicyRecord` with its `PhaseReading` and `Verification`
-# per delivery, each with its own decoded strings and times, ran to a gigabyte of status
-# (`bench/status_memory.py`; bench/RESULTS.md, "Figures once quoted in the code"). Most of a
-# cluster's records say the same (one round's result and time, one listing's phase, Ready and
-# Verified): a record is kept as a tuple of its fields (`_FIELDS`), the cluster keeps the most
-# common value of each field (its summary), and each policy only a bit mask of the fields where it
-# differs and those values.
-
-# The most variable fields first: their mask bits stay low (small ints are shared objects).
-# Then what a delivery writes, then what a reading writes: a round's observation puts a row
-# together from those parts (`PolicyRecords.take_round`).
-_FIELDS = ("probed_at", "since", "phase_revision", "delivered_revision", "last_attempt_at",
-           "last_success_at", "last_result", "last_error", "last_reason", "phase",
-           "ready_reason", "ready_message", "seen_at", "verified_status", "verified_reason",
-           "verified_message", "audit")
-_WIDTH = len(_FIELDS)
-_HEAD = 4  # the per-policy fields: both probe times and both revisions
-_DELIVERED = slice(4, 9)  # the fields but the revision a delivery writes
-_READ = slice(9, _WIDTH)  # the fields but the revision and probe times a reading writes
-_NONE_ROW: tuple[Any, ...] = (None,) * _WIDTH
-_NOT_READ: tuple[Any, ...] = _NONE_ROW[_READ]
-_SAME: tuple[int] = (0,)  # the entry of a record equal to its cluster's summary
-
-
-def _shared(value: Any) -> Any:
-    return sys.intern(value) if type(value) is str else value
-
-
-def record_row(record: PolicyRecord) -> tuple[Any, ...]:
-    """A record's fields as one flat tuple (`_FIELDS`); repeated strings interned."""
-    phase, found = record.phase, None
-    if phase is not None:
-        found = phase.verified
-    probed = since = None
-    if found is not None:
-        probed, since = found.probed_at, found.since
-        if since is not None and since == probed:
-            since = probed  # one object for both: the usual first probe
-    success = record.last_success_at
-    if success is not None and success == record.last_attempt_at:
-        success = record.last_attempt_at
-    return (
-        probed, since, phase.revision if phase is not None else None,
-        record.delivered_revision, record.last_attempt_at, success, _shared(record.last_result),
-        _shared(record.last_error), _shared(record.last_reason),
-        _shared(phase.phase) if phase is not None else None,
-        _shared(phase.ready_reason) if phase is not None else None,
-        _shared(phase.ready_message) if phase is not None else None,
-        phase.seen_at if phase is not None else None,
-        _shared(found.status) if found is not None else None,
-        _shared(found.reason) if found is not None else None,
-        _shared(found.message) if found is not None else None,
-        phase.audit if phase is not None else None,  # shared by agreeing readings already
-    )
-
-
-def _reading_part(reading: PhaseReading) -> tuple[tuple[Any, ...], tuple[AuditSample, ...]]:
-    """The `_READ` fields of `reading` (its audit without the sample; repeated strings
-    interned), and its audit's sample when the audit counts violations."""
-    found, verified = reading.audit, reading.verified
-    fresh = found.sample if found is not None and known_violations(reading) else ()
-    if found is not None and found.sample:
-        found = dataclasses.replace(found, sample=())
-    part = (_shared(reading.phase), _shared(reading.ready_reason),
-            _shared(reading.ready_message), reading.seen_at,
-            _shared(verified.status) if verified is not None else None,
-            _shared(verified.reason) if verified is not None else None,
-            _shared(verified.message) if verified is not None else None, found)
-    return part, fresh
-
-
-def row_record(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PolicyRecord:
-    """The record `record_row` made `row` of (a new object: changing it changes nothing kept)."""
-    delivered, attempt, success, result, error, reason = row[3:9]
-    return PolicyRecord(delivered, result, attempt, success, error, reason,
-                        row_reading(row, cluster, policy))
-
-
-def summary_row(rows: Iterable[tuple[Any, ...]]) -> tuple[Any, ...]:
-    """The most common value of each field (the first seen among equally common ones)."""
-    columns = list(zip(*rows, strict=True))
-    if not columns:
-        return _NONE_ROW
-    return tuple(Counter(column).most_common(1)[0][0] for column in columns)
-
-
-def packed(row: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...]:
-    """`row` as its differences from `summary`: `(mask, value, ...)`, bit i for field i."""
-    if row == summary:
-        return _SAME
-    mask = 0
-    values: list[Any] = []
-    for i in range(_WIDTH):
-        value = row[i]
-        if value != summary[i]:
-            mask |= 1 << i
-            values.append(value)
-    return (mask, *values)
-
-
-def unpacked(entry: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...]:
-    mask = entry[0]
-    if not mask:
-        return summary
-    row = list(summary)
-    k = 1
-    while mask:  # only the set bits: a few per entry
-        low = mask & -mask
-        row[low.bit_length() - 1] = entry[k]
-        k += 1
-        mask ^= low
-    return tuple(row)
-
-
-def row_reading(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PhaseReading | None:
-    """The phase reading of `row` alone (what `row_record` would hold), None without one."""
-    seen_at = row[12]
-    if seen_at is None:
-        return None
-    verified = None
-    if row[13] is not None:
-        verified = Verification(row[13], row[14], row[15], row[0], row[1])
-    return PhaseReading(cluster, policy, row[9], row[10], row[11], row[2], seen_at, verified,
-                        row[16])
-
-
-def _most_common(values: Iterable[Any]) -> Any:
-    """The most common of `values` (the first seen among equally common ones)."""
-    return Counter(values).most_common(1)[0][0]
-
-
-def _summary_part(parts: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
-    """`summary_row` of `parts`, most of which are shared objects: counted once per object."""
-    counts = Counter(map(id, parts))
-    if len(counts) == 1:
-        return parts[0]
-    by_id = dict(zip(map(id, parts), parts, strict=True))
-    width = len(parts[0])
-    columns: list[Counter[Any]] = [Counter() for _ in range(width)]
-    for key, n in counts.items():
-        part = by_id[key]
-        for i in range(width):
-            columns[i][part[i]] += n
-    return tuple(c.most_common(1)[0][0] for c in columns)
-
-
-def _part_diff(part: tuple[Any, ...], summary: tuple[Any, ...],
-               first: int) -> tuple[int, tuple[Any, ...]]:
-    """`packed` of a part of a row (fields from `first` on): its mask bits and values."""
-    if part == summary:
-        return 0, ()
-    mask, values = 0, []
-    for i, value in enumerate(part):
-        if value != summary[i]:
-            mask |= 1 << (first + i)
-            values.append(value)
-    return mask, tuple(values)
-
-
-def _packed_parts(
-    rows: Iterable[tuple[PolicyId, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]], *,
-    head: tuple[Any, ...], part_d: tuple[Any, ...], part_r: tuple[Any, ...],
-) -> dict[PolicyId, tuple[Any, ...]]:
-    """`packed` of each row, given as its policy's head, delivered and read parts, against
-    the summary's parts: a shared part's differences are worked out once."""
-    s0, s1, s2, s3 = head
-    diffs: dict[int, tuple[int, tuple[Any, ...]]] = {}
-    entries: dict[PolicyId, tuple[Any, ...]] = {}
-    for policy, (h0, h1, h2, h3), d, r in rows:
-        dd = diffs.get(id(d))
-        if dd is None:
-            dd = diffs[id(d)] = _part_diff(d, part_d, _DELIVERED.start)
-        rd = diffs.get(id(r))
-        if rd is None:
-            rd = diffs[id(r)] = _part_diff(r, part_r, _READ.start)
-        mask = dd[0] | rd[0]
-        values = []
-        if h0 != s0:
-            mask |= 1
-            values.append(h0)
-        if h1 != s1:
-            mask |= 2
-            values.append(h1)
-        if h2 != s2:
-            mask |= 4
-            values.append(h2)
-        if h3 != s3:
-            mask |= 8
-            values.append(h3)
-        entries[policy] = (mask, *values, *dd[1], *rd[1]) if mask else _SAME
-    return entries
-
-
-# What a round's reading writes of a policy's row, as `StatusState._read_back` makes it:
-# (probed_at, since, phase_revision, the `_READ` fields, the reading standing for its group).
-ReadBack = tuple[dt.datetime | None, dt.datetime | None, int | None, tuple[Any, ...],
-                 PhaseReading]
-
-
-class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
-    """A cluster's per-policy records, read as a mapping (each read builds the record anew);
-    written whole (`repack`) or one at a time (`__setitem__`, packed against the summary as
-    it is)."""
-
-    __slots__ = ("_cluster", "_entries", "_summary")
-
-    def __init__(self, cluster: ClusterId) -> None:
-        self._cluster = cluster
-        self._summary: tuple[Any, ...] = _NONE_ROW
-        self._entries: dict[PolicyId, tuple[Any, ...]] = {}
-
-    def __getitem__(self, policy: PolicyId) -> PolicyRecord:
-        return row_record(unpacked(self._entries[policy], self._summary), self._cluster, policy)
-
-    def __contains__(self, policy: object) -> bool:
-        return policy in self._entries
-
-    def __iter__(self) -> Iterator[PolicyId]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __setitem__(self, policy: PolicyId, record: PolicyRecord) -> None:
-        self._entries[PolicyId(sys.intern(policy))] = packed(record_row(record), self._summary)
-
-    def __delitem__(self, policy: PolicyId) -> None:
-        del self._entries[policy]
-
-    def whole(self) -> dict[PolicyId, PolicyRecord]:
-        """Every record, as new objects to change and `repack`."""
-        return {p: self[p] for p in self._entries}
-
-    def repack(self, records: Mapping[PolicyId, PolicyRecord]) -> None:
-        """Keep exactly `records`, against a summary made of them."""
-        rows = {PolicyId(sys.intern(p)): record_row(r) for p, r in records.items()}
-        summary = self._summary = summary_row(rows.values())
-        self._entries = {p: packed(row, summary) for p, row in rows.items()}
-
-    def _field(self, policy: PolicyId, i: int) -> Any:
-        """Field `i` of `policy`'s row (None without a record), unpacking nothing else."""
-        entry = self._entries.get(policy)
-        if entry is None:
-            return None
-        mask, bit = entry[0], 1 << i
-        if not mask & bit:
-            return self._summary[i]
-        return entry[(mask & (bit - 1)).bit_count() + 1]
-
-    def take_round(self, deliveries: Deliveries, read: Mapping[PolicyId, ReadBack] | None) -> None:
-        """A round's deliveries noted (the newer one wins; a failure keeps the last success's
-        revision and time) and, with `read`, its listing's readings replacing every phase (a
-        policy not read has none): worked out on the packed rows, a group of deliveries or
-        readings that agree at a time (no `PolicyRecord` made, and only the rows the round
-        does not overwrite unpacked)."""
-        old, summary = self._entries, self._summary
-        shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # equal parts: one object
-        noted = self._noted(deliveries, shared)
-        keys = list(dict.fromkeys(itertools.chain(old, read or (), noted)))
-        heads: list[tuple[Any, ...]] = []
-        delivered: list[tuple[Any, ...]] = []
-        readback: list[tuple[Any, ...]] = []
-        for policy in keys:
-            r = read.get(policy) if read is not None else None
-            d = noted.get(policy)
-            row = _NONE_ROW
-            if (read is None or d is None) and (entry := old.get(policy)) is not None:
-                row = unpacked(entry, summary)
-            if read is None:
-                probed, since, revision = row[0], row[1], row[2]
-                was_read = row[_READ]
-                readback.append(shared.setdefault(was_read, was_read))
-            elif r is None:  # no longer in the cluster
-                probed = since = revision = None
-                readback.append(_NOT_READ)
-            else:
-                probed, since, revision = r[0], r[1], r[2]
-                readback.append(r[3])
-            if d is None:
-                was_delivered = row[_DELIVERED]
-                d = (row[3], shared.setdefault(was_delivered, was_delivered))
-            heads.append((probed, since, revision, d[0]))
-            delivered.append(d[1])
-        if not keys:
-            self._summary, self._entries = _NONE_ROW, {}
-            return
-        head = tuple(_most_common(column) for column in zip(*heads, strict=True))
-        part_d, part_r = _summary_part(delivered), _summary_part(readback)
-        self._summary = (*head, *part_d, *part_r)
-        self._entries = _packed_parts(zip(keys, heads, delivered, readback, strict=True),
-                                      head=head, part_d=part_d, part_r=part_r)
-
-    def _noted(self, deliveries: Deliveries, shared: dict[tuple[Any, ...], tuple[Any, ...]],
-               ) -> dict[PolicyId, tuple[int | None, tuple[Any, ...]]]:
-        """Per policy delivered, what its deliveries leave of its row: the
-        delivered revision and the `_DELIVERED` fields."""
-        noted: dict[PolicyId, tuple[int | None, tuple[Any, ...]]] = {}
-        parts: dict[int, tuple[dt.datetime, tuple[Any, ...], bool]] = {}
-        for policy, revision, d in deliveries.shared():
-            part = parts.get(id(d))
-            if part is None:
-                written = (d.at, d.at, _shared(d.result.value), _shared(d.error),
-                           _shared(d.reason))
-                part = parts[id(d)] = (d.at, shared.setdefault(written, written),
-                                       d.result is ApplyResult.FAILED)
-            at, written, failed = part
-            current = noted.get(policy)
-            last = current[1][0] if current is not None else self._field(policy, 4)
-            if last is not None and last > at:
-                continue  # a newer one is known
-            if not failed:
-                noted[policy] = (revision, written)
-                continue
-            # A failure keeps the last success's revision and time.
-            if current is None:
-                current = (self._field(policy, 3), (None, self._field(policy, 5)))
-            success = current[1][1]
-            if success is not None and success == at:
-                success = at
-            failure = (at, success, *written[2:])
-            noted[policy] = (current[0], shared.setdefault(failure, failure))
-        return noted
-
-    def readings(self) -> list[PhaseReading]:
-        summary, cluster = self._summary, self._cluster
-        found = (row_reading(unpacked(entry, summary), cluster, policy)
-                 for policy, entry in self._entries.items())
-        return [r for r in found if r is not None]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -760,7 +227,9 @@ class StatusState:
         self.probe_period_s = probe_period_s  # the operators': a Verified probe's age limit
         self.clock = clock
         self.started_at = clock()
-        self.clusters: dict[ClusterId, ClusterState] = {}
+        # Written only here, by the feeders' methods; readers get `clusters`, a read-only view.
+        self._clusters: dict[ClusterId, ClusterState] = {}
+        self._clusters_view: Mapping[ClusterId, ClusterState] = MappingProxyType(self._clusters)
         self.fleet_known = False  # set_clusters was told the database's set
         self.keep = frozenset(keep)
         self.insecure: set[str] = set()  # clusters reached without TLS verification or http://
@@ -772,18 +241,46 @@ class StatusState:
         self.version = 0  # counts the updates: a status view built at one version stays true
         self.synced_at: dt.datetime | None = None  # the last database sync that answered
         self.sync_error: str | None = None  # why the last database sync failed, if it did
-        # Audit samples per policy, not per policy and cluster (memory: policies x clusters
-        # readings hold only counts): the first `AUDIT_SAMPLES_KEPT` across clusters, those of
-        # the cluster read last first; a view shows those of clusters still counting violations.
-        self.audit_samples: dict[PolicyId, tuple[tuple[ClusterId, AuditSample], ...]] = {}
+        # Audit samples per policy (`status.samples`); a view shows those of clusters still
+        # counting violations.
+        self._samples = AuditSamples()
+
+    # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def clusters(self) -> Mapping[ClusterId, ClusterState]:
+        """Each cluster's live state, read-only: only the feeders' methods below change it."""
+        return self._clusters_view
+
+    def suspects(self) -> list[ClusterId]:
+        """The clusters last found unreachable (a round tries them last)."""
+        return [c.id for c in self._clusters.values() if c.reachable is False]
+
+    def caught_up(self) -> list[ClusterId]:
+        """The clusters the last round that worked on them left in sync."""
+        return [c.id for c in self._clusters.values() if c.caught_up]
+
+    def unreachable(self, cluster: ClusterId) -> bool:
+        """Whether `cluster` was last found unreachable."""
+        state = self._clusters.get(cluster)
+        return state is not None and state.reachable is False
+
+    def needing_rows(self) -> list[ClusterId]:
+        """The clusters whose per-policy records the database holds newer than kept here
+        (`ClusterState.needs_rows`): what a database sync reads."""
+        return [c.id for c in self._clusters.values() if c.needs_rows()]
+
+    def record_count(self) -> int:
+        """How many (policy, cluster) records are kept."""
+        return sum(len(c.policies) for c in self._clusters.values())
 
     # -- updates ---------------------------------------------------------------------------
 
     def cluster(self, cluster: str) -> ClusterState:
         cid = ClusterId(cluster)
-        found = self.clusters.get(cid)
+        found = self._clusters.get(cid)
         if found is None:
-            found = self.clusters[cid] = ClusterState(cid, known_since=self.clock())
+            found = self._clusters[cid] = ClusterState(cid, known_since=self.clock())
         return found
 
     def _observed(self, cluster: str) -> ClusterState | None:
@@ -793,22 +290,22 @@ class StatusState:
 
     def member(self, cluster: str) -> bool:
         """Whether `cluster` is one of the database's clusters (all are, until that is known)."""
-        return not self.fleet_known or ClusterId(cluster) in self.clusters
+        return not self.fleet_known or ClusterId(cluster) in self._clusters
 
     def tracks(self, cluster: str) -> bool:
         """Whether facts and counters of `cluster` are kept: a member, or a kept cluster."""
         return cluster in self.keep or self.member(cluster)
 
     def cluster_ids(self) -> list[ClusterId]:
-        return sorted(self.clusters)
+        return sorted(self._clusters)
 
     def set_clusters(self, clusters: Iterable[str]) -> None:
         """The clusters the database knows: new ones are added, removed ones forgotten."""
         self.version += 1  # what status shows may have changed
         self.fleet_known = True
         wanted = {ClusterId(c) for c in clusters}
-        for gone in set(self.clusters) - wanted:
-            del self.clusters[gone]
+        for gone in set(self._clusters) - wanted:
+            del self._clusters[gone]
         for cluster in wanted:
             self.cluster(cluster)
         self.insecure = {c for c in self.insecure if self.tracks(c)}
@@ -826,9 +323,8 @@ class StatusState:
         object is still read back from the cluster (a round never deletes, so that reading
         is real and bounded by what the cluster holds)."""
         wanted = {PolicyId(p) for p in policies}
-        for gone_sample in set(self.audit_samples) - wanted:
-            del self.audit_samples[gone_sample]
-        for state in self.clusters.values():
+        self._samples.retain(wanted)
+        for state in self._clusters.values():
             records = state.policies
             for gone in [p for p in records if p not in wanted and records[p].phase is None]:
                 del records[gone]
@@ -893,32 +389,22 @@ class StatusState:
     def _read_back(self, cluster: ClusterId, readings: Readings) -> dict[PolicyId, ReadBack]:
         """What each reading writes of its policy's row, per policy (the last reading of a
         policy read twice), its audit without the sample, which is kept per policy
-        (`audit_samples`)."""
+        (`AuditSamples`)."""
         read: dict[PolicyId, ReadBack] = {}
         parts: dict[int, tuple[tuple[Any, ...], tuple[AuditSample, ...]]] = {}
-        samples = self.audit_samples
+        samples = self._samples
+        sampled = samples.policies()
         for policy, revision, probed, since, r in readings.shared():
             part = parts.get(id(r))
             if part is None:
-                part = parts[id(r)] = _reading_part(r)
-            fresh = part[1]
-            if fresh or policy in samples:
-                self._keep_samples(policy, cluster, fresh)
+                part = parts[id(r)] = reading_part(r)
+            was_read, fresh = part
+            if fresh or policy in sampled:
+                samples.keep(policy, cluster, fresh)
             # One object for both times when they are equal, as `record_row` keeps them.
             kept_since = probed if since is not None and since == probed else since
-            read[policy] = (probed, kept_since, revision, part[0], r)
+            read[policy] = (probed, kept_since, revision, was_read, r)
         return read
-
-    def _keep_samples(self, policy: PolicyId, cluster: ClusterId,
-                      fresh: tuple[AuditSample, ...]) -> None:
-        """The cluster's `fresh` samples of `policy` first, then the other clusters' kept."""
-        kept = self.audit_samples.get(policy, ())
-        if kept or fresh:
-            merged = (*((cluster, s) for s in fresh), *(e for e in kept if e[0] != cluster))
-            if merged:
-                self.audit_samples[policy] = merged[:AUDIT_SAMPLES_KEPT]
-            else:
-                del self.audit_samples[policy]
 
     def observe_probe(
         self, cluster: str, *, reachable: bool, error: str | None = None,
@@ -980,7 +466,7 @@ class StatusState:
 
     def orphans(self, now: dt.datetime) -> list[ClusterId]:
         """The clusters without a finished round for more than two intervals."""
-        return [c.id for c in self.clusters.values()
+        return [c.id for c in self._clusters.values()
                 if orphaned(self.since_round_s(c, now), self.interval_s)]
 
     def shard_last_rounds(self) -> dict[int, dt.datetime]:
@@ -988,7 +474,7 @@ class StatusState:
         end on any of its clusters (from the database records, so the same on every
         replica)."""
         last: dict[int, dt.datetime] = {}
-        for c in self.clusters.values():
+        for c in self._clusters.values():
             if c.last_attempt_at is None:
                 continue
             k = self.shard_of(c.id)
@@ -999,7 +485,7 @@ class StatusState:
     def shards_view(self, now: dt.datetime) -> dict[str, Any]:
         holders = self.shard_holders()
         last = self.shard_last_rounds()
-        sizes = Counter(self.shard_of(c) for c in self.clusters)
+        sizes = Counter(self.shard_of(c) for c in self._clusters)
         orphans = Counter(self.shard_of(c) for c in self.orphans(now))
         return {
             "count": self.shards,
@@ -1059,16 +545,16 @@ class StatusState:
             if state is None:
                 continue
             state.stored_attempt_at = row.last_attempt_at
-            if _newer(row.last_success_at, state.last_success_at):
+            if newer(row.last_success_at, state.last_success_at):
                 state.last_success_at = row.last_success_at
-            if not _newer(row.last_attempt_at, state.last_attempt_at):
+            if not newer(row.last_attempt_at, state.last_attempt_at):
                 continue
             state.last_attempt_at = row.last_attempt_at
             state.desired, state.in_sync, state.failed = row.desired, row.in_sync, row.failed
             state.last_error, state.last_reason = row.last_error, row.last_reason
             if row.server_version:
                 state.server_version = row.server_version
-            if row.reachable is not None and not _newer(state.checked_at, row.last_attempt_at):
+            if row.reachable is not None and not newer(state.checked_at, row.last_attempt_at):
                 state.reachable = row.reachable
                 state.checked_at = row.last_attempt_at
 
@@ -1108,7 +594,7 @@ class StatusState:
     ) -> dict[PolicyId, PolicyRecord]:
         """The cluster's per-policy records merged with `rows` just read from the database
         (the newer fact winning), without changing what this replica keeps."""
-        live = self.clusters.get(ClusterId(cluster))
+        live = self._clusters.get(ClusterId(cluster))
         merged = dict(live.policies) if live is not None else {}
         for row in rows:
             pid = PolicyId(row.policy)
@@ -1118,12 +604,12 @@ class StatusState:
     def cluster_or_new(self, cluster: str) -> ClusterState:
         """The cluster's state, or an empty one (not kept) for a cluster only the database
         knows yet."""
-        found = self.clusters.get(ClusterId(cluster))
+        found = self._clusters.get(ClusterId(cluster))
         return found if found is not None else ClusterState(ClusterId(cluster), self.clock())
 
     def sorted_clusters(self, now: dt.datetime) -> list[ClusterState]:
         return sorted(
-            self.clusters.values(),
+            self._clusters.values(),
             key=lambda c: worst_first_key(cluster=c.id, reachable=c.reachable,
                                           failing=c.failing, lag_s=c.lag_s(now)),
         )
@@ -1175,7 +661,7 @@ class StatusState:
         not with the fleet's policies."""
         totals: dict[PolicyId, list[int]] = {}
         audited = violations = with_violations = unsynced = 0
-        for state in self.clusters.values():
+        for state in self._clusters.values():
             tally = state.audit_tally
             if not tally.audited:
                 continue
@@ -1199,8 +685,8 @@ class StatusState:
         violations."""
         pid = PolicyId(policy)
         shown_samples = []
-        for cluster, sample in self.audit_samples.get(pid, ()):
-            live = self.clusters.get(cluster)
+        for cluster, sample in self._samples.of(pid):
+            live = self._clusters.get(cluster)
             record = live.policies.get(pid) if live is not None else None
             if record is None or record.phase is None or not known_violations(record.phase):
                 continue
@@ -1261,9 +747,3 @@ class StatusState:
             "unsupported_by_version": unsupported_rollup(unsupported),
             "audit": self.audit_fleet_view(now),
         }
-
-
-def unsupported_of(summaries: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, str | None]]:
-    """The clusters of `/status` summaries with fresh `Unsupported` readings, and their
-    Kubernetes versions (for `unsupported_rollup`)."""
-    return ((s["id"], s["server_version"]) for s in summaries if s["phases"].get(UNSUPPORTED))

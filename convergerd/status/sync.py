@@ -87,7 +87,7 @@ class StatusSync:
             self.state.set_clusters(ids)
         self.state.absorb_records(clusters, last_round, invalid)
         self.state.set_pending_deletions(await self.store.pending_deletions())
-        wanted = [c.id for c in self.state.clusters.values() if c.needs_rows()]
+        wanted = self.state.needing_rows()
         if wanted:
             records = await self.store.deliveries_for_clusters(wanted)
             by_cluster: dict[str, list[DeliveryRow]] = {c: [] for c in wanted}

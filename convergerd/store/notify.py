@@ -18,7 +18,7 @@ from convergerd.store.errors import database_errors
 _CLOSE_TIMEOUT_S = 2.0
 
 
-class Subscription:
+class PgSubscription:
     """One listening connection. `on_lost` is called once the connection is gone (the server
     closed it, the backend was terminated); `ping` finds a connection that died silently."""
 
@@ -52,7 +52,7 @@ class Subscription:
 
 
 class PgNotifications:
-    """Opens `Subscription`s on the database at `dsn`
+    """Opens `PgSubscription`s on the database at `dsn`
     (`convergerd.delivery.listener.NotifySource`)."""
 
     def __init__(self, dsn: str, *, connect_timeout_s: float = 10.0) -> None:
@@ -62,7 +62,7 @@ class PgNotifications:
     async def subscribe(
         self, channel: str, on_payload: Callable[[str, int], None],
         on_lost: Callable[[], None],
-    ) -> Subscription:
+    ) -> PgSubscription:
         """Connect and LISTEN; each notification's payload and its sender's backend process
         id to `on_payload`. Raises `DatabaseUnavailable` when the database cannot be
         reached (the DSN shown redacted)."""
@@ -73,7 +73,7 @@ class PgNotifications:
             # asyncpg's DSN parse errors may quote the DSN: never show it.
             raise DatabaseUnavailable(
                 f"bad database URL {redact_dsn(self._dsn)}: {type(exc).__name__}") from None
-        subscription = Subscription(conn, self._dsn)
+        subscription = PgSubscription(conn, self._dsn)
 
         def deliver(_conn: Any, pid: int, _channel: str, payload: object) -> None:
             on_payload(str(payload), pid)

@@ -13,7 +13,8 @@ import asyncpg
 
 from convergerd.core.decode import MAX_MESSAGE_CHARS, MAX_REASON_CHARS, clean_text
 from convergerd.core.report import ClusterResult
-from convergerd.core.spread import CHANNEL, DONE, PART, Claimed, Part, Work, payload, result_of
+from convergerd.core.save import Work
+from convergerd.core.spread import CHANNEL, DONE, PART, Claimed, Part, payload, result_of
 
 # A request its requester did not delete (it died) is deleted this long after it expired.
 STALE_AFTER = "1 hour"

@@ -25,6 +25,18 @@ from typing import Any, Protocol, TypeVar
 
 import asyncpg
 
+from convergerd.core.facts import (
+    COL_POLICY,
+    COLUMN_NAMES,
+    COLUMNS,
+    DK_AT,
+    NOT_READ,
+    READ_COLUMNS,
+    READ_NAMES,
+    RK_AUDIT,
+    RK_SEEN_AT,
+    Change,
+)
 from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
@@ -50,22 +62,12 @@ T = TypeVar("T")
 # readers derive its times from that (`convergerd.store.store`). Older facts never overwrite
 # newer ones (a save racing a round, a late record), newer meaning later than what the row shows,
 # derived times included.
-_INCOMING_COLUMNS = (
-    "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
-    "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
-    "verified_status", "verified_reason", "verified_message", "verified_probed_at",
-    "verified_since", "audit_violations", "audit_at", "audit_synced", "audit_problem",
+# The columns, their types and order: `core.facts.COLUMNS`.
+_CREATE_INCOMING = (
+    "CREATE TEMPORARY TABLE incoming_deliveries ("
+    + ", ".join(f"{c.name} {c.sql}" for c in COLUMNS)
+    + ") ON COMMIT DROP"
 )
-_CREATE_INCOMING = """
-CREATE TEMPORARY TABLE incoming_deliveries (
-    policy_id text, cluster_id text, revision bigint, result text, at timestamptz,
-    error text, reason text, attempts integer, phase text, phase_reason text,
-    phase_message text, phase_revision bigint, phase_seen_at timestamptz,
-    verified_status text, verified_reason text, verified_message text,
-    verified_probed_at timestamptz, verified_since timestamptz,
-    audit_violations bigint, audit_at timestamptz, audit_synced boolean, audit_problem text
-) ON COMMIT DROP
-"""
 
 
 def confirmed_by_listing(d: str, s: str) -> str:
@@ -78,16 +80,31 @@ def confirmed_by_listing(d: str, s: str) -> str:
             f" AND {s}.listed_at > {d}.last_attempt_at)")
 
 
+# A reading's columns in the upsert, made from `core.facts.READ_COLUMNS` (a new reading column
+# needs no edit here): all of them taken together when the reading is newer (`seen`); the row
+# written when one of them is news, or a time that only moves forward did not.
+_READ_LIST = ", ".join(READ_NAMES)
+_READ_SELECT = ", ".join("f.seen_at" if c.change is Change.SEEN else f"u.{c.name}"
+                         for c in READ_COLUMNS)
+_READ_NEWS = [c.name for c in READ_COLUMNS if c.change is Change.NEWS]
+_READ_CHANGED = "\n            OR ".join([
+    f"({', '.join(f'u.{n}' for n in _READ_NEWS)})"
+    f" IS DISTINCT FROM ({', '.join(f'o.{n}' for n in _READ_NEWS)})",
+    # A probe or audit time moving forward is the operator probing or auditing again, not
+    # news: the cluster's `listed_probed_at` and `listed_audited_at` bound it. Gone, come, or
+    # going back is written.
+    *(f"(u.{c.name} IS DISTINCT FROM o.{c.name} AND NOT COALESCE(u.{c.name} > o.{c.name}, false))"
+      for c in READ_COLUMNS if c.change is Change.FORWARD)])
+_READ_TAKEN = ",\n            ".join(f"CASE WHEN seen THEN EXCLUDED.{n} ELSE d.{n} END"
+                                    for n in READ_NAMES)
+
 # What a row shows, derived times included (as `store._D_COLUMNS`): `known`.
 # What of the incoming row is newer than that: `f` (a part that is not is passed as NULL, so
 # the upsert leaves it alone).
 _UPSERT_DELIVERIES = f"""
 INSERT INTO deliveries AS d (
     policy_id, cluster_id, delivered_revision, last_result, last_attempt_at, last_success_at,
-    last_error, last_reason, attempts, round_id,
-    phase, phase_reason, phase_message, phase_revision, phase_seen_at,
-    verified_status, verified_reason, verified_message, verified_probed_at, verified_since,
-    audit_violations, audit_at, audit_synced, audit_problem)
+    last_error, last_reason, attempts, round_id, {_READ_LIST})
 SELECT u.policy_id, u.cluster_id,
        CASE WHEN u.result <> 'failed' THEN u.revision END,
        u.result, f.at,
@@ -95,9 +112,7 @@ SELECT u.policy_id, u.cluster_id,
        u.error, u.reason,
        CASE WHEN u.result = 'failed' THEN u.attempts ELSE 0 END,
        $1::bigint,
-       u.phase, u.phase_reason, u.phase_message, u.phase_revision, f.seen_at,
-       u.verified_status, u.verified_reason, u.verified_message, u.verified_probed_at,
-       u.verified_since, u.audit_violations, u.audit_at, u.audit_synced, u.audit_problem
+       {_READ_SELECT}
 FROM incoming_deliveries u
 LEFT JOIN deliveries o ON o.policy_id = u.policy_id AND o.cluster_id = u.cluster_id
 LEFT JOIN cluster_state s ON s.cluster_id = u.cluster_id
@@ -119,20 +134,7 @@ WHERE o.policy_id IS NULL
                IS DISTINCT FROM (o.delivered_revision, o.last_error, o.last_reason)))
    OR (f.seen_at IS NOT NULL
        AND (o.phase_seen_at IS NULL
-            OR (u.phase, u.phase_reason, u.phase_message, u.phase_revision, u.verified_status,
-                u.verified_reason, u.verified_message, u.verified_since, u.audit_violations,
-                u.audit_synced, u.audit_problem)
-               IS DISTINCT FROM (o.phase, o.phase_reason, o.phase_message, o.phase_revision,
-                                 o.verified_status, o.verified_reason, o.verified_message,
-                                 o.verified_since, o.audit_violations, o.audit_synced,
-                                 o.audit_problem)
-            -- A probe or audit time moving forward is the operator probing or auditing
-            -- again, not news: the cluster's `listed_probed_at` and `listed_audited_at` bound
-            -- it. Gone, come, or going back is written.
-            OR (u.verified_probed_at IS DISTINCT FROM o.verified_probed_at
-                AND NOT COALESCE(u.verified_probed_at > o.verified_probed_at, false))
-            OR (u.audit_at IS DISTINCT FROM o.audit_at
-                AND NOT COALESCE(u.audit_at > o.audit_at, false))))
+            OR {_READ_CHANGED}))
 ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
     (delivered_revision, last_result, last_attempt_at, last_success_at, last_error,
      last_reason, attempts, round_id) =
@@ -151,23 +153,8 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
      FROM (SELECT EXCLUDED.last_attempt_at IS NOT NULL
                   AND (d.last_attempt_at IS NULL
                        OR d.last_attempt_at <= EXCLUDED.last_attempt_at) AS fresh) AS f),
-    (phase, phase_reason, phase_message, phase_revision, phase_seen_at,
-     verified_status, verified_reason, verified_message, verified_probed_at, verified_since,
-     audit_violations, audit_at, audit_synced, audit_problem) =
-    (SELECT CASE WHEN seen THEN EXCLUDED.phase ELSE d.phase END,
-            CASE WHEN seen THEN EXCLUDED.phase_reason ELSE d.phase_reason END,
-            CASE WHEN seen THEN EXCLUDED.phase_message ELSE d.phase_message END,
-            CASE WHEN seen THEN EXCLUDED.phase_revision ELSE d.phase_revision END,
-            CASE WHEN seen THEN EXCLUDED.phase_seen_at ELSE d.phase_seen_at END,
-            CASE WHEN seen THEN EXCLUDED.verified_status ELSE d.verified_status END,
-            CASE WHEN seen THEN EXCLUDED.verified_reason ELSE d.verified_reason END,
-            CASE WHEN seen THEN EXCLUDED.verified_message ELSE d.verified_message END,
-            CASE WHEN seen THEN EXCLUDED.verified_probed_at ELSE d.verified_probed_at END,
-            CASE WHEN seen THEN EXCLUDED.verified_since ELSE d.verified_since END,
-            CASE WHEN seen THEN EXCLUDED.audit_violations ELSE d.audit_violations END,
-            CASE WHEN seen THEN EXCLUDED.audit_at ELSE d.audit_at END,
-            CASE WHEN seen THEN EXCLUDED.audit_synced ELSE d.audit_synced END,
-            CASE WHEN seen THEN EXCLUDED.audit_problem ELSE d.audit_problem END
+    ({_READ_LIST}) =
+    (SELECT {_READ_TAKEN}
      FROM (SELECT EXCLUDED.phase_seen_at IS NOT NULL
                   AND (d.phase_seen_at IS NULL
                        OR d.phase_seen_at <= EXCLUDED.phase_seen_at) AS seen) AS s)
@@ -176,12 +163,8 @@ ON CONFLICT (policy_id, cluster_id) DO UPDATE SET
 # A listing that did not find a policy's object: its recorded phase is no longer there (as this
 # replica's own status has it), so it is cleared, or rows nobody rewrites would be shown as seen
 # at every later listing. Unless a newer listing was recorded already (a late record).
-_CLEAR_UNLISTED = """
-UPDATE deliveries AS d SET
-    phase = NULL, phase_reason = NULL, phase_message = NULL, phase_revision = NULL,
-    phase_seen_at = NULL, verified_status = NULL, verified_reason = NULL,
-    verified_message = NULL, verified_probed_at = NULL, verified_since = NULL,
-    audit_violations = NULL, audit_at = NULL, audit_synced = NULL, audit_problem = NULL
+_CLEAR_UNLISTED = f"""
+UPDATE deliveries AS d SET {", ".join(f"{n} = NULL" for n in READ_NAMES)}
 FROM unnest($1::text[], $2::timestamptz[]) AS l(cluster_id, listed_at)
 WHERE d.cluster_id = l.cluster_id
   AND d.phase_seen_at IS NOT NULL AND d.phase_seen_at < l.listed_at
@@ -190,7 +173,7 @@ WHERE d.cluster_id = l.cluster_id
   AND NOT EXISTS (SELECT 1 FROM incoming_deliveries u
                   WHERE u.cluster_id = d.cluster_id AND u.policy_id = d.policy_id
                     AND u.phase_seen_at IS NOT NULL)
-"""
+"""  # noqa: S608 (no value is formatted in: column names only)
 
 # A round recorded late (kept while the database was down) must not overwrite the outcome of a
 # newer one: only a later success or reach time is taken from it.
@@ -439,7 +422,7 @@ def _packed_rows(c: ClusterOutcome, clean: _Cleaner) -> list[tuple[Any, ...]] | 
                     None, None, None, None))
         else:
             append((policy, cluster, revision, result, at, error, reason, attempts,
-                    *_NO_PHASE))
+                    *NOT_READ))
     for j in reading_of.values():  # read, not delivered: in the readings' order
         ph, ph_reason, ph_message, seen, vs, vr, vm, av, aa, asy, ap = r_parts[id(r_kinds[j])]
         append((r_policies[j], cluster, None, None, None, None, None, None,
@@ -448,22 +431,25 @@ def _packed_rows(c: ClusterOutcome, clean: _Cleaner) -> list[tuple[Any, ...]] | 
     return rows
 
 
-_NO_PHASE = (None,) * 14  # a row's phase columns when nothing was read
-
-
 def _delivery_records(
     deliveries: Iterable[Delivery], phases: Iterable[PhaseReading], clean: _Cleaner
 ) -> list[tuple[Any, ...]]:
-    """Merge deliveries and phase readings per (policy, cluster) into `_INCOMING_COLUMNS`
+    """Merge deliveries and phase readings per (policy, cluster) into `COLUMN_NAMES`
     records (a row is written once; of duplicates the latest wins), every value cleaned for
     PostgreSQL. Built column by column: 100k rows must not become 100k small lists for the
     garbage collector."""
     index: dict[tuple[str, str], int] = {}
-    cols: list[list[Any]] = [[] for _ in _INCOMING_COLUMNS]
+    named: dict[str, list[Any]] = {name: [] for name in COLUMN_NAMES}  # in `COLUMNS` order
+    cols = list(named.values())
     (policy, cluster, revision, result, attempt_at, error, reason, attempts,
      phase, phase_reason, phase_message, phase_revision, phase_seen_at,
      v_status, v_reason, v_message, v_probed_at, v_since,
-     a_violations, a_at, a_synced, a_problem) = cols
+     a_violations, a_at, a_synced, a_problem) = (named[name] for name in (  # picked by name
+        "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
+        "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
+        "verified_status", "verified_reason", "verified_message", "verified_probed_at",
+        "verified_since", "audit_violations", "audit_at", "audit_synced", "audit_problem"))
+    values = [col for name, col in named.items() if name not in {"policy_id", "cluster_id"}]
 
     def row(policy_id: str, cluster_id: str) -> tuple[int, bool]:
         """The row of (policy, cluster), and whether it was new."""
@@ -474,7 +460,7 @@ def _delivery_records(
         index[key] = i = len(policy)
         policy.append(policy_id)
         cluster.append(cluster_id)
-        for col in cols[2:]:
+        for col in values:
             col.append(None)
         return i, True
 
@@ -543,7 +529,7 @@ async def _upsert_deliveries(
     `records` must then hold all the readings of those listings."""
     await conn.execute(_CREATE_INCOMING)
     await conn.copy_records_to_table(
-        "incoming_deliveries", records=records, columns=_INCOMING_COLUMNS
+        "incoming_deliveries", records=records, columns=COLUMN_NAMES
     )
     if listed:
         await conn.execute(_CLEAR_UNLISTED, [c for c, _ in listed], [at for _, at in listed])
@@ -653,16 +639,17 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
         # From the packed readings: a reading's seen and audit times are its kind's, its
         # probe time (None without Verified) its own.
         kinds = c.phases.kinds()
-        listed_at = max((_utc(k[4]) for k in kinds), default=None)
-        listed_probed_at = min((t for t in c.phases.columns()[2] if t is not None),
-                               default=None)
-        listed_audited_at = min((k[5].audited_at for k in kinds
-                                 if k[5] is not None and k[5].audited_at is not None),
+        listed_at = max((_utc(k[RK_SEEN_AT]) for k in kinds), default=None)
+        _, _, probed, _, _ = c.phases.columns()
+        listed_probed_at = min((t for t in probed if t is not None), default=None)
+        audits = (k[RK_AUDIT] for k in kinds)
+        listed_audited_at = min((a.audited_at for a in audits
+                                 if a is not None and a.audited_at is not None),
                                 default=None)
         if listed_at is None:
             # An empty listing: no later than the round's first write (what the round
             # created afterwards is newer than what the listing did not find).
-            listed_at = min((_utc(k[2]) for k in c.deliveries.kinds()), default=at)
+            listed_at = min((_utc(k[DK_AT]) for k in c.deliveries.kinds()), default=at)
     return (
         # NULL: cut by the round's deadline unanswered; the reachability recorded stands.
         c.cluster, None if c.cut_unanswered else c.reached, c.converged,
@@ -679,13 +666,20 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
     )
 
 
-_LISTED_AT = 10  # the state row's listing time: the cluster's readings are all in the part
+# A state row's values, as `_UPSERT_CLUSTER_STATE`'s unnest names them.
+_STATE_ROW = ("cluster_id", "reached", "converged", "error", "reason", "desired", "in_sync",
+              "failed", "server_version", "duration_s", "listed_at", "listed_probed_at",
+              "listed_audited_at")
+_STATE_CLUSTER = _STATE_ROW.index("cluster_id")
+# The state row's listing time: the cluster's readings are all in the part.
+_LISTED_AT = _STATE_ROW.index("listed_at")
+_NOT_LISTED = (None,) * (len(_STATE_ROW) - _LISTED_AT)  # the listing's three values
 
 
 def _unlisted(state: tuple[Any, ...]) -> tuple[Any, ...]:
     """The state row without its listing: for a part that does not hold all of the listing's
     readings (the row-by-row fallback), whose unwritten rows must not be taken as read."""
-    return (*state[:_LISTED_AT], None, None, None)
+    return (*state[:_LISTED_AT], *_NOT_LISTED)
 
 
 async def _insert_round(conn: asyncpg.Connection, record: RoundRecord, kept: int) -> int:
@@ -716,7 +710,7 @@ async def _write_parts(
         await conn.execute(
             _UPSERT_CLUSTER_STATE, round_id, record.at,
             *(list(col) for col in zip(*states[i:i + _STATES_PER_STATEMENT], strict=True)))
-    listed = [(s[0], s[_LISTED_AT]) for s in states if s[_LISTED_AT] is not None]
+    listed = [(s[_STATE_CLUSTER], s[_LISTED_AT]) for s in states if s[_LISTED_AT] is not None]
     if listed or any(p.has_rows() for p in parts):
         await _upsert_deliveries(conn, _paced(_rows(parts, clean)), round_id, listed)
 
@@ -805,7 +799,7 @@ async def _write_part_alone(
     pieces: list[tuple[str | None, _ClusterPart]] = []
     if part.state is not None:
         pieces.append((None, _ClusterPart(cluster, _unlisted(part.state))))
-    pieces += [(row[0], _ClusterPart(cluster, None, rows=(row,))) for row in part.rows]
+    pieces += [(row[COL_POLICY], _ClusterPart(cluster, None, rows=(row,))) for row in part.rows]
     dropped: list[str] = []
     first: tuple[str, str] | None = None  # the first refusal's message and reason
     for policy, piece in pieces:

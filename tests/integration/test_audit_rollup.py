@@ -16,7 +16,9 @@ from convergerd.core.model import PolicyId
 from convergerd.core.report import Audit, PhaseReading
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
-from convergerd.status.state import PolicyRecord, StatusState, record_view
+from convergerd.status.records import PolicyRecord
+from convergerd.status.state import StatusState
+from convergerd.status.views import record_view
 from convergerd.store.store import Store
 from tests.integration.test_observability import (
     C1,

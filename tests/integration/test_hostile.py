@@ -18,7 +18,7 @@ import convergerd
 from convergerd.config import ClusterAccess
 from convergerd.core.errors import BadResponse, ClusterLevelError, ClusterUnreachable
 from convergerd.core.model import ClusterId
-from convergerd.core.plan import MALFORMED_REASON, UNKNOWN_PHASE, Observed
+from convergerd.core.plan import MALFORMED_REASON, UNKNOWN_PHASE, ListedPolicy
 from convergerd.core.render import MANAGED_SELECTOR
 from convergerd.kube.client import ERROR_BODY_MAX_BYTES, ClusterClient
 from convergerd.kube.kubeconfig import load_kubeconfig
@@ -68,9 +68,9 @@ def hostile(fleet: Fleet, mode: str, **params: Any) -> None:
     fleet.set_faults(C1, Faults.from_mapping({"hostile": {"mode": mode, **params}}))
 
 
-async def observed(client: ClusterClient) -> list[Observed]:
+async def observed(client: ClusterClient) -> list[ListedPolicy]:
     listed = await client.list_policies(label_selector=MANAGED_SELECTOR, timeout_s=5)
-    return [Observed.from_object(o) for o in listed.items]
+    return [ListedPolicy.from_object(o) for o in listed.items]
 
 
 # --- controlChars ------------------------------------------------------------------------------

@@ -28,8 +28,10 @@ from convergerd.core.report import (
 )
 from convergerd.sim.fleet import HOME, Fleet
 from convergerd.status.metrics import Metrics
-from convergerd.status.state import PolicyRecord, StatusState, record_view
+from convergerd.status.records import PolicyRecord
+from convergerd.status.state import StatusState
 from convergerd.status.sync import StatusSync
+from convergerd.status.views import record_view
 from convergerd.store.schema import load_migrations, migrate
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck

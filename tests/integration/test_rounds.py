@@ -33,7 +33,7 @@ from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.sim.status import field_error, invalid_object
 from convergerd.sim.store import AdmissionRequest
-from convergerd.status.state import record_view
+from convergerd.status.views import record_view
 from convergerd.store.store import Store
 from tests.fixtures.fleet import kube_http
 from tests.integration.rounds_helpers import (

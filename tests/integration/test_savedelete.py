@@ -70,10 +70,12 @@ async def test_save_with_a_cluster_down_succeeds_records_it_and_a_round_catches_
     fleet.set_faults(C2, Faults(down=True))
     report = await saver.save("p-regs")
     assert report.status is FanoutStatus.PARTIAL
-    failed = next(r for r in report.results if r.cluster == C2)
-    assert failed.result is FanoutResult.FAILED
-    assert failed.reason is not None
+    # Retried past the patience: the save answered without it, its writes go on.
+    down = next(r for r in report.results if r.cluster == C2)
+    assert down.result is FanoutResult.PENDING
     assert REGS in objects(fleet, C1)
+    assert C2 not in await deliveries(database_url, "p-regs")
+    await saver.drain()  # its retries end (the save's deadline at the latest): recorded
     recorded = await deliveries(database_url, "p-regs")
     assert recorded[C2] == (None, "failed")
     fleet.clear_faults(C2)

@@ -22,10 +22,11 @@ from convergerd.core.decode import (
     MAX_REASON_CHARS,
 )
 from convergerd.core.model import ClusterId, PolicyId
-from convergerd.core.plan import MAX_AUDIT_VIOLATIONS, Observed, audit
+from convergerd.core.plan import MAX_AUDIT_VIOLATIONS, ListedPolicy, audit
 from convergerd.core.report import Audit, AuditSample, ClusterOutcome, PhaseReading, RoundReport
 from convergerd.status.metrics import Metrics
-from convergerd.status.state import StatusState, policy_audit_view, record_view
+from convergerd.status.state import StatusState
+from convergerd.status.views import policy_audit_view, record_view
 from tests.strategies import JSON_VALUES
 from tests.unit.test_decode import safe
 
@@ -46,7 +47,7 @@ GOOD = {"violations": 3, "auditedAt": "2026-12-03T11:59:00Z", "cacheSynced": Tru
 
 
 def test_a_well_formed_audit_is_read_with_its_sample() -> None:
-    found = Observed.from_object(policy_object(GOOD))
+    found = ListedPolicy.from_object(policy_object(GOOD))
     assert found.phase == "Enforcing"
     assert found.audit == Audit(3, dt.datetime(2026, 12, 3, 11, 59, tzinfo=dt.UTC), True, None,
                                 (AuditSample("Pod", "team-a-web", "api-7f9c",
@@ -55,7 +56,7 @@ def test_a_well_formed_audit_is_read_with_its_sample() -> None:
 
 def test_an_incomplete_audit_is_read_as_not_synced() -> None:
     """The operator judged only part of the boundary (issue 33): the count may be partial."""
-    found = Observed.from_object(policy_object(GOOD | {"incomplete": {
+    found = ListedPolicy.from_object(policy_object(GOOD | {"incomplete": {
         "skipped": 2, "reason": "at its budget", "objects": [], "biggestNamespaces": ["b"]}}))
     assert found.audit is not None
     assert found.audit.violations == 3
@@ -65,7 +66,7 @@ def test_an_incomplete_audit_is_read_as_not_synced() -> None:
 def test_no_audit_is_none_not_unknown() -> None:
     obj = policy_object(None)
     del obj["status"]["audit"]
-    assert Observed.from_object(obj).audit is None
+    assert ListedPolicy.from_object(obj).audit is None
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -84,7 +85,7 @@ def test_no_audit_is_none_not_unknown() -> None:
 def test_a_malformed_audit_is_unknown_naming_the_field_and_the_phase_stays(
     change: dict[str, Any], field: str
 ) -> None:
-    found = Observed.from_object(policy_object({**GOOD, **change}))
+    found = ListedPolicy.from_object(policy_object({**GOOD, **change}))
     assert found.phase == "Enforcing"  # the phase reading is not broken by the audit
     assert found.ready_reason is None
     assert found.audit is not None
@@ -93,7 +94,7 @@ def test_a_malformed_audit_is_unknown_naming_the_field_and_the_phase_stays(
 
 
 def test_an_audit_that_is_not_an_object_is_unknown() -> None:
-    found = Observed.from_object(policy_object([1, 2]))
+    found = ListedPolicy.from_object(policy_object([1, 2]))
     assert found.phase == "Enforcing"
     assert found.audit is not None
     assert found.audit.violations is None
@@ -129,7 +130,7 @@ AUDIT_LIKE = st.fixed_dictionaries({}, optional={
 
 @given(AUDIT_LIKE)
 def test_any_audit_body_is_a_bounded_audit_or_unknown_never_an_exception(body: Any) -> None:
-    found = Observed.from_object(policy_object(body))
+    found = ListedPolicy.from_object(policy_object(body))
     assert found.phase == "Enforcing"
     a = found.audit
     if body is None:
@@ -159,7 +160,7 @@ def test_any_audit_body_is_a_bounded_audit_or_unknown_never_an_exception(body: A
 
 
 def _record(r: PhaseReading) -> Any:
-    from convergerd.status.state import PolicyRecord
+    from convergerd.status.records import PolicyRecord
     record = PolicyRecord()
     record.phase = r
     return record

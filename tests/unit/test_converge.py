@@ -44,15 +44,9 @@ from convergerd.core.model import (
 from convergerd.core.render import render_policy, validate_policy
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.delivery.apply import ClusterCalls
-from convergerd.delivery.converge import (
-    ASIDE_PER_SLOT,
-    Round,
-    RoundLimits,
-    run_round,
-    suspect_slots,
-)
+from convergerd.delivery.converge import Round, RoundLimits, run_round
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
-from convergerd.slots import PATIENCE_FLOOR_S
+from convergerd.slots import ASIDE_PER_SLOT, PATIENCE_FLOOR_S, suspect_slots
 
 pytestmark = pytest.mark.looptime
 

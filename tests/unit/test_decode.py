@@ -1,4 +1,4 @@
-"""What a cluster sends, decoded at the edge (`convergerd.core.decode`, `Observed.from_object`):
+"""What a cluster sends, decoded at the edge (`convergerd.core.decode`, `ListedPolicy.from_object`):
 strings clean and bounded, wrong types named, unusable answers `BadResponse` — never another
 exception, whatever the bytes."""
 
@@ -30,7 +30,7 @@ from convergerd.core.decode import (
     status_body,
 )
 from convergerd.core.errors import BadResponse
-from convergerd.core.plan import MALFORMED_REASON, UNKNOWN_PHASE, Observed
+from convergerd.core.plan import MALFORMED_REASON, UNKNOWN_PHASE, ListedPolicy
 from convergerd.kube.client import http_error, retry_after, status_message
 
 T = TypeVar("T")
@@ -57,13 +57,13 @@ def safe(text: str) -> bool:
 
 
 def test_nul_in_a_condition_message_is_replaced_not_stored() -> None:
-    found = Observed.from_object(policy(phase="Enforcing", conditions=[NUL_MESSAGE]))
+    found = ListedPolicy.from_object(policy(phase="Enforcing", conditions=[NUL_MESSAGE]))
     assert found.phase == "Enforcing"
     assert found.ready_message == "ok\ufffd"
 
 
 def test_status_phase_object_makes_that_object_unknown_with_the_field_named() -> None:
-    found = Observed.from_object(policy(phase={"nested": "object"}))
+    found = ListedPolicy.from_object(policy(phase={"nested": "object"}))
     assert found.phase == UNKNOWN_PHASE
     assert found.ready_reason == MALFORMED_REASON
     assert found.ready_message == (
@@ -106,7 +106,7 @@ def test_nul_in_a_403_body_is_replaced_in_the_error() -> None:
     ],
 )
 def test_a_wrong_type_is_unknown_naming_the_field(obj: dict[str, Any], field: str) -> None:
-    found = Observed.from_object(obj)
+    found = ListedPolicy.from_object(obj)
     assert found.phase == UNKNOWN_PHASE
     assert found.ready_reason == MALFORMED_REASON
     assert found.ready_message is not None
@@ -114,13 +114,13 @@ def test_a_wrong_type_is_unknown_naming_the_field(obj: dict[str, Any], field: st
 
 
 def test_several_problems_name_the_first_and_count_the_rest() -> None:
-    found = Observed.from_object(policy(phase=[1], conditions="x"))
+    found = ListedPolicy.from_object(policy(phase=[1], conditions="x"))
     assert found.ready_message == (
         'status.conditions: expected a list, got a string "x" (and 1 more)')
 
 
 def test_a_well_formed_object_reads_as_before() -> None:
-    found = Observed.from_object(policy(
+    found = ListedPolicy.from_object(policy(
         phase="Enforcing", observedGeneration=2,
         conditions=[{"type": "Ready", "status": "True", "reason": "Installed",
                      "message": "bound"}]))
@@ -131,7 +131,7 @@ def test_a_well_formed_object_reads_as_before() -> None:
 
 
 def test_the_verified_condition_is_read_with_its_times() -> None:
-    found = Observed.from_object(policy(phase="Enforcing", conditions=[
+    found = ListedPolicy.from_object(policy(phase="Enforcing", conditions=[
         {"type": "Ready", "status": "True", "reason": "Enforcing", "message": "ok"},
         {"type": "Verified", "status": "False", "reason": "Admitted",
          "message": "ADMITTED\u0000", "lastProbeTime": "2025-01-02T03:04:05Z",
@@ -140,7 +140,7 @@ def test_the_verified_condition_is_read_with_its_times() -> None:
     assert v is not None
     assert (v.status, v.reason, v.message) == ("False", "Admitted", "ADMITTED\ufffd")
     assert v.probed_at == v.since == dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
-    assert Observed.from_object(policy(phase="Enforcing")).verified is None
+    assert ListedPolicy.from_object(policy(phase="Enforcing")).verified is None
 
 
 @pytest.mark.parametrize(("condition", "field"), [
@@ -159,7 +159,7 @@ def test_a_malformed_verified_condition_is_unknown_alone(
 ) -> None:
     """A bad Verified condition is Unknown/Malformed naming the field; the phase and Ready,
     read from the same object, stay as they are."""
-    found = Observed.from_object(policy(phase="Enforcing", conditions=[
+    found = ListedPolicy.from_object(policy(phase="Enforcing", conditions=[
         {"type": "Ready", "status": "True", "reason": "Enforcing"},
         {"type": "Verified", **condition}]))
     assert (found.phase, found.ready_reason) == ("Enforcing", "Enforcing")
@@ -169,7 +169,7 @@ def test_a_malformed_verified_condition_is_unknown_alone(
 
 
 def test_long_strings_are_capped() -> None:
-    found = Observed.from_object(policy(phase="P" * 10_000, conditions=[
+    found = ListedPolicy.from_object(policy(phase="P" * 10_000, conditions=[
         {"type": "Ready", "reason": "R" * 10_000, "message": "m " * 100_000}]))
     assert len(found.phase or "") == MAX_REASON_CHARS
     assert len(found.ready_reason or "") == MAX_REASON_CHARS
@@ -307,7 +307,7 @@ def outcome(decode: Callable[[], T]) -> T | BadResponse:
         return exc
 
 
-def _strings(found: Observed) -> list[tuple[str | None, int]]:
+def _strings(found: ListedPolicy) -> list[tuple[str | None, int]]:
     return [(found.name, MAX_NAME_CHARS), (found.resource_version, MAX_TOKEN_CHARS),
             (found.phase, MAX_REASON_CHARS), (found.ready_status, MAX_REASON_CHARS),
             (found.ready_reason, MAX_REASON_CHARS), (found.ready_message, MAX_MESSAGE_CHARS),
@@ -317,7 +317,7 @@ def _strings(found: Observed) -> list[tuple[str | None, int]]:
 
 @given(POLICY_LIKE)
 def test_any_listed_object_decodes_to_clean_bounded_typed_fields(obj: dict[str, Any]) -> None:
-    found = Observed.from_object(obj)
+    found = ListedPolicy.from_object(obj)
     for text, limit in _strings(found):
         assert text is None or (isinstance(text, str) and safe(text) and len(text) <= limit)
     for number in (found.generation, found.observed_generation):

@@ -15,8 +15,8 @@ from convergerd.leader.lease import (
     MAX_PEER_DURATION_FACTOR,
     STALLED_AFTER_DURATIONS,
     LeaseFormatError,
+    LeaseReading,
     LeaseRecord,
-    Observed,
     acquire_body,
     acquire_delay,
     can_acquire,
@@ -182,11 +182,11 @@ def test_resource_version_alone_is_not_a_change() -> None:
 
 def test_observation_time_moves_only_when_the_record_changes() -> None:
     first = observe(None, rec("a", renew="r1"), 100.0)
-    assert first == Observed(rec("a", renew="r1"), 100.0)
+    assert first == LeaseReading(rec("a", renew="r1"), 100.0)
     same = observe(first, rec("a", renew="r1", rv="9"), 105.0)
     assert same is first
     changed = observe(same, rec("a", renew="r2"), 110.0)
-    assert changed == Observed(rec("a", renew="r2"), 110.0)
+    assert changed == LeaseReading(rec("a", renew="r2"), 110.0)
     assert observe(changed, None, 120.0) is None
 
 
@@ -197,20 +197,20 @@ ME = "me"
     ("observed", "now", "expected", "why"),
     [
         (None, 0.0, True, "no Lease yet: create it"),
-        (Observed(rec(""), 100.0), 100.0, True, "released: take it at once"),
-        (Observed(rec(ME), 100.0), 100.0, True, "ours: renew"),
-        (Observed(rec(ME), 100.0), 1e9, True, "ours, even long after"),
-        (Observed(rec("other"), 100.0), 100.0, False, "just observed: respect it"),
-        (Observed(rec("other"), 100.0), 114.999, False, "still within its duration"),
-        (Observed(rec("other"), 100.0), 115.0, True, "unchanged for its duration: expired"),
-        (Observed(rec("other", duration=60), 100.0), 130.0, False, "its own duration counts"),
-        (Observed(rec("other", duration=60), 100.0), 160.0, True, "its own duration counts"),
-        (Observed(rec("other", duration=None), 100.0), 114.0, False, "no duration: ours (15)"),
-        (Observed(rec("other", duration=0), 100.0), 114.0, False, "zero duration: ours (15)"),
-        (Observed(rec("other", duration=None), 100.0), 115.0, True, "no duration: ours (15)"),
+        (LeaseReading(rec(""), 100.0), 100.0, True, "released: take it at once"),
+        (LeaseReading(rec(ME), 100.0), 100.0, True, "ours: renew"),
+        (LeaseReading(rec(ME), 100.0), 1e9, True, "ours, even long after"),
+        (LeaseReading(rec("other"), 100.0), 100.0, False, "just observed: respect it"),
+        (LeaseReading(rec("other"), 100.0), 114.999, False, "still within its duration"),
+        (LeaseReading(rec("other"), 100.0), 115.0, True, "unchanged for its duration: expired"),
+        (LeaseReading(rec("other", duration=60), 100.0), 130.0, False, "its own duration counts"),
+        (LeaseReading(rec("other", duration=60), 100.0), 160.0, True, "its own duration counts"),
+        (LeaseReading(rec("other", duration=None), 100.0), 114.0, False, "no duration: ours (15)"),
+        (LeaseReading(rec("other", duration=0), 100.0), 114.0, False, "zero duration: ours (15)"),
+        (LeaseReading(rec("other", duration=None), 100.0), 115.0, True, "no duration: ours (15)"),
     ],
 )
-def test_can_acquire(observed: Observed | None, now: float, expected: bool, why: str) -> None:
+def test_can_acquire(observed: LeaseReading | None, now: float, expected: bool, why: str) -> None:
     assert can_acquire(observed, now, ME, own_duration_s=15.0) is expected, why
 
 
@@ -229,7 +229,7 @@ def test_wall_clock_jump_does_not_cause_takeover() -> None:
 
 
 def test_a_foreign_lease_is_respected_while_it_keeps_changing() -> None:
-    observed: Observed | None = None
+    observed: LeaseReading | None = None
     for step in range(100):  # renewed every 2 s for 200 s: never ours
         now = 2.0 * step
         observed = observe(observed, rec("other", renew=f"r{step}"), now)
@@ -242,7 +242,7 @@ def test_a_foreign_lease_is_respected_while_it_keeps_changing() -> None:
 def test_release_lets_a_standby_acquire_at_once() -> None:
     held = lease("leader", transitions=4)
     released = release_body(held, now=T0)
-    seen = observe(Observed(LeaseRecord.from_object(held), 0.0),
+    seen = observe(LeaseReading(LeaseRecord.from_object(held), 0.0),
                    LeaseRecord.from_object(released), 1.0)
     assert can_acquire(seen, 1.0, "standby")
     taken = acquire_body(released, identity="standby", duration_s=15, now=T0)
@@ -365,7 +365,7 @@ def test_record_reads_int32_fields_out_of_range_as_absent(
     record = LeaseRecord.from_object({"spec": {"holderIdentity": "x", **spec}})
     assert (record.duration_s, record.transitions) == (duration, transitions)
     # Honoured up to ten of our durations (the int32 maximum is 68 years).
-    assert Observed(record, 100.0).expires_mono(15.0) == 100.0 + min(duration or 15.0, 150.0)
+    assert LeaseReading(record, 100.0).expires_mono(15.0) == 100.0 + min(duration or 15.0, 150.0)
 
 
 def test_transitions_wrap_to_zero_after_the_int32_maximum() -> None:
@@ -430,13 +430,13 @@ def test_jitter_stays_within_its_spread() -> None:
     ("observed", "now", "low", "high"),
     [
         (None, 0.0, 1.6, 2.4),  # no Lease: a jittered retry period
-        (Observed(rec("other"), 100.0), 101.0, 1.6, 2.4),  # far from expiry
-        (Observed(rec("other"), 100.0), 114.5, 0.5, 0.9),  # wake at expiry (+ up to 0.4 s)
-        (Observed(rec("other"), 100.0), 120.0, 1.6, 2.4),  # already expired: next period
-        (Observed(rec(ME), 100.0), 114.5, 1.6, 2.4),
+        (LeaseReading(rec("other"), 100.0), 101.0, 1.6, 2.4),  # far from expiry
+        (LeaseReading(rec("other"), 100.0), 114.5, 0.5, 0.9),  # wake at expiry (+ up to 0.4 s)
+        (LeaseReading(rec("other"), 100.0), 120.0, 1.6, 2.4),  # already expired: next period
+        (LeaseReading(rec(ME), 100.0), 114.5, 1.6, 2.4),
     ],
 )
-def test_acquire_delay(observed: Observed | None, now: float, low: float, high: float) -> None:
+def test_acquire_delay(observed: LeaseReading | None, now: float, low: float, high: float) -> None:
     rng = random.Random(1)
     for _ in range(200):
         delay = acquire_delay(observed, now, ME, 2.0, rng, own_duration_s=15.0)
@@ -479,14 +479,14 @@ def test_a_claimed_duration_is_honoured_up_to_ten_of_ours(
 ) -> None:
     assert MAX_PEER_DURATION_FACTOR == 10.0
     assert honoured_duration_s(claimed, 15.0) == honoured, why
-    seen = Observed(rec("other", duration=claimed), 100.0)
+    seen = LeaseReading(rec("other", duration=claimed), 100.0)
     assert seen.expires_mono(15.0) == 100.0 + honoured, why
     assert not can_acquire(seen, 100.0 + honoured - 0.001, ME, own_duration_s=15.0), why
     assert can_acquire(seen, 100.0 + honoured, ME, own_duration_s=15.0), why
 
 
 def test_a_shard_or_member_lease_with_a_huge_duration_stops_counting_at_the_cap() -> None:
-    seen = Observed(rec("ghost", duration=INT32_MAX), 100.0)
+    seen = LeaseReading(rec("ghost", duration=INT32_MAX), 100.0)
     assert live_holder(seen, 249.9, 15.0) == "ghost"
     assert live_holder(seen, 250.0, 15.0) == ""
 
@@ -495,7 +495,7 @@ def test_stalled_from_two_of_our_durations_unchanged_until_the_claim_runs_out() 
     """A holder that wrote 68 years and never renews: stalled from 2 x 15 s after we saw the
     record change until the capped claim (150 s) runs out and the Lease may be taken."""
     assert STALLED_AFTER_DURATIONS == 2.0
-    seen = Observed(rec("ghost", duration=INT32_MAX), 100.0)
+    seen = LeaseReading(rec("ghost", duration=INT32_MAX), 100.0)
     assert stalled_s(seen, 130.0, ME, own_duration_s=15.0) is None
     assert stalled_s(seen, 130.5, ME, own_duration_s=15.0) == 30.5
     assert stalled_s(seen, 249.9, ME, own_duration_s=15.0) == pytest.approx(149.9)
@@ -509,13 +509,13 @@ def test_stalled_from_two_of_our_durations_unchanged_until_the_claim_runs_out() 
     ("observed", "why"),
     [
         (None, "no Lease"),
-        (Observed(rec(""), 0.0), "released"),
-        (Observed(rec(ME, duration=INT32_MAX), 0.0), "ours"),
-        (Observed(rec("other"), 0.0), "our duration: taken over at 15 s, before 30 s"),
-        (Observed(rec("other", duration=30), 0.0), "expires at exactly two of ours"),
+        (LeaseReading(rec(""), 0.0), "released"),
+        (LeaseReading(rec(ME, duration=INT32_MAX), 0.0), "ours"),
+        (LeaseReading(rec("other"), 0.0), "our duration: taken over at 15 s, before 30 s"),
+        (LeaseReading(rec("other", duration=30), 0.0), "expires at exactly two of ours"),
     ],
 )
-def test_never_stalled(observed: Observed | None, why: str) -> None:
+def test_never_stalled(observed: LeaseReading | None, why: str) -> None:
     for now in (0.0, 14.0, 29.0, 31.0, 1e6):
         assert stalled_s(observed, now, ME, own_duration_s=15.0) is None, why
 
@@ -523,7 +523,7 @@ def test_never_stalled(observed: Observed | None, why: str) -> None:
 def test_a_live_holder_with_a_long_duration_is_never_stalled() -> None:
     """Standbys stay ready behind a live leader, whatever duration it writes: it renews (a
     change) every retry period."""
-    observed: Observed | None = None
+    observed: LeaseReading | None = None
     for step in range(500):
         now = 2.0 * step
         observed = observe(observed, rec("other", duration=INT32_MAX, renew=f"r{step}"), now)

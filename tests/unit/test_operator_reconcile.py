@@ -1,4 +1,4 @@
-"""The operator's pure decisions: plans, conditions, status, probe outcomes."""
+"""The operator's pure decisions: the writes, conditions, status, probe outcomes."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from convergerd.operator.reconcile import (
     new_status,
     next_probe_in,
     orphans,
-    plan,
     probe_inconclusive,
     probe_outcome,
     ready_condition,
     status_differs,
     timestamp,
+    writes_for,
 )
 
 T0 = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
@@ -40,8 +40,8 @@ def policy(*, enabled: bool = True, generation: int = 2, status: dict[str, Any] 
     })
 
 
-def test_plan_applies_only_what_differs_and_deletes_the_binding_when_disabled() -> None:
-    first = plan(policy(), existing_policy=None, existing_binding=None)
+def test_writes_apply_only_what_differs_and_deletes_the_binding_when_disabled() -> None:
+    first = writes_for(policy(), existing_policy=None, existing_binding=None)
     assert first.apply_policy is not None
     assert first.apply_binding is not None
     assert first.phase == ENFORCING
@@ -49,9 +49,10 @@ def test_plan_applies_only_what_differs_and_deletes_the_binding_when_disabled() 
     # What the server holds has more (defaults, server metadata): nothing to apply.
     served_policy = {**first.apply_policy, "status": {}, "metadata": {
         **first.apply_policy["metadata"], "resourceVersion": "9", "generation": 1}}
-    again = plan(policy(), existing_policy=served_policy, existing_binding=first.apply_binding)
+    again = writes_for(policy(), existing_policy=served_policy,
+                       existing_binding=first.apply_binding)
     assert (again.apply_policy, again.apply_binding, again.delete_binding) == (None, None, False)
-    off = plan(policy(enabled=False), existing_policy=served_policy,
+    off = writes_for(policy(enabled=False), existing_policy=served_policy,
                existing_binding=first.apply_binding)
     assert off.delete_binding
     assert off.apply_binding is None
@@ -59,14 +60,15 @@ def test_plan_applies_only_what_differs_and_deletes_the_binding_when_disabled() 
 
 
 def test_drift_is_a_write_to_a_policy_already_enforcing_at_this_generation() -> None:
-    installed = plan(policy(), existing_policy=None, existing_binding=None)
+    installed = writes_for(policy(), existing_policy=None, existing_binding=None)
     vap, binding = installed.apply_policy, installed.apply_binding
     enforcing = {"phase": ENFORCING, "observedGeneration": 2}
     # The binding is gone although the status says Enforcing at this generation: drift.
-    assert drifted(policy(status=enforcing), plan(policy(status=enforcing), existing_policy=vap,
-                                                  existing_binding=None))
+    assert drifted(policy(status=enforcing), writes_for(policy(status=enforcing),
+                                                        existing_policy=vap,
+                                                        existing_binding=None))
     # Nothing to write: no drift.
-    assert not drifted(policy(status=enforcing), plan(
+    assert not drifted(policy(status=enforcing), writes_for(
         policy(status=enforcing), existing_policy=vap, existing_binding=binding))
     # A new generation, or never Enforcing: the write is the policy's own change.
     older = {"phase": ENFORCING, "observedGeneration": 1}
@@ -76,9 +78,9 @@ def test_drift_is_a_write_to_a_policy_already_enforcing_at_this_generation() -> 
     assert not drifted(policy(), installed)
 
 
-def test_plan_raises_the_renderers_error() -> None:
+def test_writes_for_raises_the_renderers_error() -> None:
     with pytest.raises(RenderError) as caught:
-        plan(policy(rule={"type": "NoSuchRule"}), existing_policy=None,
+        writes_for(policy(rule={"type": "NoSuchRule"}), existing_policy=None,
              existing_binding=None)
     assert caught.value.reason == "InvalidRule"
 

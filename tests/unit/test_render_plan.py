@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from convergerd.core.model import BoundaryId, Policy, PolicyId, PolicyRow
-from convergerd.core.plan import Observed, Why, plan_cluster
+from convergerd.core.plan import ListedPolicy, Why, plan_cluster
 from convergerd.core.render import render_policy, validate_policy
 
 
@@ -50,8 +50,8 @@ def in_cluster(policy: Policy, **status: Any) -> dict[str, Any]:
     return obj
 
 
-def observed(*objects: dict[str, Any]) -> dict[str, Observed]:
-    return {o.name: o for o in (Observed.from_object(obj) for obj in objects)}
+def observed(*objects: dict[str, Any]) -> dict[str, ListedPolicy]:
+    return {o.name: o for o in (ListedPolicy.from_object(obj) for obj in objects)}
 
 
 # --- render ------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def test_observed_reads_phase_and_ready_condition() -> None:
         {"type": "Other", "status": "True", "reason": "X", "message": "not this"},
         {"type": "Ready", "status": "False", "reason": "CelCompile", "message": "bad expr"},
     ])
-    o = Observed.from_object(obj)
+    o = ListedPolicy.from_object(obj)
     assert (o.name, o.phase, o.observed_generation) == ("policy-p-regs", "Error", 2)
     assert (o.ready_status, o.ready_reason, o.ready_message) == ("False", "CelCompile", "bad expr")
     assert (o.resource_version, o.generation) == ("1234", 3)
@@ -247,5 +247,5 @@ def test_observed_reads_phase_and_ready_condition() -> None:
 def test_observed_without_status_has_no_phase() -> None:
     obj = in_cluster(make_policy())
     del obj["status"]
-    o = Observed.from_object(obj)
+    o = ListedPolicy.from_object(obj)
     assert (o.phase, o.ready_status, o.ready_reason) == (None, None, None)

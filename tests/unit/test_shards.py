@@ -10,7 +10,7 @@ from convergerd.core.shards import (
     fair_shares,
     member_lease_name,
     orphaned,
-    plan,
+    plan_shards,
     shard_lease_name,
     shard_of,
 )
@@ -92,22 +92,22 @@ def _holders(spec: str) -> list[str]:
     ("c", "abc", "ab", (0, (), ())),
     ("a", "abc", "a.", (1, (), ())),
 ])
-def test_plan(me: str, members: str, holders: str,
+def test_shard_plan(me: str, members: str, holders: str,
               expected: tuple[int, tuple[int, ...], tuple[int, ...]]) -> None:
     hs = _holders(holders)
-    p = plan(shards=len(hs), identity=me, members=set(members), holders=hs)
+    p = plan_shards(shards=len(hs), identity=me, members=set(members), holders=hs)
     assert (p.share, p.take, p.release) == expected
 
 
-def test_plan_scale_moves_only_what_must_move() -> None:
-    """3 → 4 → 2 replicas with 12 shards, every replica following `plan` in turn: the shards
+def test_shard_plan_scale_moves_only_what_must_move() -> None:
+    """3 → 4 → 2 replicas with 12 shards, every replica following `plan_shards` in turn: the shards
     that change holder are exactly those the new shares require."""
     holders = [""] * 12
 
     def settle(members: str) -> None:
         for _ in range(4):
             for me in members:
-                p = plan(shards=12, identity=me, members=set(members), holders=holders)
+                p = plan_shards(shards=12, identity=me, members=set(members), holders=holders)
                 for k in p.release:
                     holders[k] = ""
                 for k in p.take:

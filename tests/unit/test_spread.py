@@ -10,12 +10,10 @@ from hypothesis import strategies as st
 from convergerd.core.decode import MAX_MESSAGE_CHARS, MAX_REASON_CHARS
 from convergerd.core.model import ClusterId
 from convergerd.core.report import ClusterResult, FanoutResult
+from convergerd.core.save import SaveAction, Work
 from convergerd.core.shards import shard_of
 from convergerd.core.spread import (
-    APPLY,
-    REMOVE,
     Part,
-    Work,
     leftover,
     parse_payload,
     payload,
@@ -24,6 +22,7 @@ from convergerd.core.spread import (
     work_item,
 )
 
+APPLY, REMOVE = SaveAction.APPLY, SaveAction.REMOVE
 SHARDS = 4
 CLUSTERS = [ClusterId(f"c{n:04d}") for n in range(1, 41)]
 
@@ -32,7 +31,7 @@ def apply(c: str, *, read: bool = False) -> Work:
     return Work(ClusterId(c), APPLY, read)
 
 
-def ok(c: str, action: str = APPLY, result: FanoutResult = FanoutResult.CREATED,
+def ok(c: str, action: SaveAction = APPLY, result: FanoutResult = FanoutResult.CREATED,
        reason: str | None = None) -> ClusterResult:
     return ClusterResult(ClusterId(c), action, result, reason)
 

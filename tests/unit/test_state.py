@@ -19,6 +19,7 @@ from convergerd.core.report import (
     Verification,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
+from convergerd.status.listing import worst_first_key
 from convergerd.status.phases import (
     STALE,
     is_stale,
@@ -26,14 +27,9 @@ from convergerd.status.phases import (
     tally,
     tally_counts,
 )
-from convergerd.status.state import (
-    PolicyRecord,
-    StatusState,
-    merge_records,
-    record_view,
-    unsupported_rollup,
-    worst_first_key,
-)
+from convergerd.status.records import PolicyRecord, merge_records
+from convergerd.status.state import StatusState
+from convergerd.status.views import record_view, unsupported_rollup
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 INTERVAL = 300.0

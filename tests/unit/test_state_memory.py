@@ -22,7 +22,8 @@ from convergerd.core.report import (
     RoundReport,
     Verification,
 )
-from convergerd.status.state import PolicyRecord, PolicyRecords, StatusState
+from convergerd.status.records import PolicyRecord, PolicyRecords
+from convergerd.status.state import StatusState
 
 T0 = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
 C = ClusterId("c1")

@@ -20,7 +20,8 @@ from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import ClusterOutcome, Epoch, PhaseReading, RoundReport
 from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
 from convergerd.status.metrics import Metrics
-from convergerd.status.state import StatusState, iso
+from convergerd.status.state import StatusState
+from convergerd.status.views import iso
 from convergerd.supervise import HealthCheck
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)

@@ -1,0 +1,454 @@
+"""What is known of one policy on one cluster (`PolicyRecord`: the last delivery and the
+last phase read back), how this replica's record and the database's merge (the newer fact
+wins), and how a cluster keeps its records compactly (`PolicyRecords`: one summary row per
+cluster, per policy only what differs from it). Pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import itertools
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from convergerd.core.facts import (
+    ROW_AUDIT,
+    ROW_DELIVERED,
+    ROW_DELIVERED_REVISION,
+    ROW_LAST_ATTEMPT_AT,
+    ROW_LAST_ERROR,
+    ROW_LAST_REASON,
+    ROW_LAST_RESULT,
+    ROW_LAST_SUCCESS_AT,
+    ROW_PHASE,
+    ROW_PHASE_REVISION,
+    ROW_PROBED_AT,
+    ROW_READ,
+    ROW_READY_MESSAGE,
+    ROW_READY_REASON,
+    ROW_SEEN_AT,
+    ROW_SINCE,
+    ROW_VERIFIED_MESSAGE,
+    ROW_VERIFIED_REASON,
+    ROW_VERIFIED_STATUS,
+    ROW_WIDTH,
+)
+from convergerd.core.model import ClusterId, PolicyId
+from convergerd.core.report import (
+    ApplyResult,
+    Audit,
+    AuditSample,
+    Deliveries,
+    PhaseReading,
+    Verification,
+)
+from convergerd.core.rows import DeliveryRow
+from convergerd.status.phases import known_violations
+
+
+@dataclass(slots=True)
+class PolicyRecord:
+    """What is known of one policy on one cluster: the last delivery and the last phase."""
+
+    delivered_revision: int | None = None  # revision of the last successful apply
+    last_result: str | None = None
+    last_attempt_at: dt.datetime | None = None
+    last_success_at: dt.datetime | None = None
+    last_error: str | None = None
+    last_reason: str | None = None
+    phase: PhaseReading | None = None
+
+    @classmethod
+    def from_row(cls, row: DeliveryRow) -> PolicyRecord:
+        phase = None
+        if row.phase_seen_at is not None:
+            phase = PhaseReading(
+                cluster=ClusterId(row.cluster), policy=PolicyId(row.policy), phase=row.phase,
+                ready_reason=row.phase_reason, ready_message=row.phase_message,
+                revision=row.phase_revision, seen_at=row.phase_seen_at,
+                verified=_verification_of_row(row), audit=_audit_of_row(row),
+            )
+        return cls(
+            delivered_revision=row.delivered_revision,
+            last_result=str(row.last_result) if row.last_result is not None else None,
+            last_attempt_at=row.last_attempt_at, last_success_at=row.last_success_at,
+            last_error=row.last_error, last_reason=row.last_reason, phase=phase,
+        )
+
+
+def _verification_of_row(row: DeliveryRow) -> Verification | None:
+    if row.verified_status is None:
+        return None
+    return Verification(row.verified_status, row.verified_reason, row.verified_message,
+                        row.verified_probed_at, row.verified_since)
+
+
+def _audit_of_row(row: DeliveryRow) -> Audit | None:
+    if row.audit_synced is None:
+        return None
+    if row.audit_violations is None:
+        return Audit(None, problem=row.audit_problem or "the recorded audit has no count")
+    return Audit(row.audit_violations, row.audit_at, row.audit_synced)
+
+
+def newer(a: dt.datetime | None, b: dt.datetime | None) -> bool:
+    """True when `a` is known and later than `b` (or `b` unknown)."""
+    return a is not None and (b is None or a > b)
+
+
+def merge_records(mine: PolicyRecord | None, stored: PolicyRecord | None) -> PolicyRecord:
+    """The newer delivery and the newer phase reading of the two."""
+    if mine is None or stored is None:
+        return mine or stored or PolicyRecord()
+    merged = PolicyRecord(**{f: getattr(stored, f) for f in PolicyRecord.__slots__})
+    if newer(mine.last_attempt_at, stored.last_attempt_at):
+        merged.last_result, merged.last_attempt_at = mine.last_result, mine.last_attempt_at
+        merged.last_error, merged.last_reason = mine.last_error, mine.last_reason
+    if newer(mine.last_success_at, stored.last_success_at):
+        merged.delivered_revision = mine.delivered_revision
+        merged.last_success_at = mine.last_success_at
+    # A tie is the same listing: this replica's own reading is the one whose audit sample
+    # it keeps (the database records only the count).
+    if mine.phase is not None and (
+        stored.phase is None or mine.phase.seen_at >= stored.phase.seen_at
+    ):
+        merged.phase = mine.phase
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------
+# Per cluster, compactly: one summary and per policy only what differs from it
+#
+# At 10,000 clusters x 100 policies a `PolicyRecord` with its `PhaseReading` and `Verification`
+# per delivery, each with its own decoded strings and times, ran to a gigabyte of status
+# (`bench/status_memory.py`; bench/RESULTS.md, "Figures once quoted in the code"). Most of a
+# cluster's records say the same (one round's result and time, one listing's phase, Ready and
+# Verified): a record is kept as a tuple of its fields (`facts.RECORD_ROW`), the cluster keeps
+# the most common value of each field (its summary), and each policy only a bit mask of the
+# fields where it differs and those values.
+
+# The row's fields, their order and the parts a delivery and a reading write: `core.facts`.
+_NONE_ROW: tuple[Any, ...] = (None,) * ROW_WIDTH
+_NOT_READ: tuple[Any, ...] = _NONE_ROW[ROW_READ]
+# Positions in a delivery's part of a row (`ROW_DELIVERED`).
+_D_AT = ROW_LAST_ATTEMPT_AT - ROW_DELIVERED.start
+_D_SUCCESS = ROW_LAST_SUCCESS_AT - ROW_DELIVERED.start
+_D_RESULT = ROW_LAST_RESULT - ROW_DELIVERED.start
+_SAME: tuple[int] = (0,)  # the entry of a record equal to its cluster's summary
+
+
+def _shared(value: Any) -> Any:
+    return sys.intern(value) if type(value) is str else value
+
+
+def record_row(record: PolicyRecord) -> tuple[Any, ...]:
+    """A record's fields as one flat tuple, in `facts.RECORD_ROW`'s order; repeated strings
+    interned."""
+    phase, found = record.phase, None
+    if phase is not None:
+        found = phase.verified
+    probed = since = None
+    if found is not None:
+        probed, since = found.probed_at, found.since
+        if since is not None and since == probed:
+            since = probed  # one object for both: the usual first probe
+    success = record.last_success_at
+    if success is not None and success == record.last_attempt_at:
+        success = record.last_attempt_at
+    return (
+        probed, since, phase.revision if phase is not None else None,
+        record.delivered_revision, record.last_attempt_at, success, _shared(record.last_result),
+        _shared(record.last_error), _shared(record.last_reason),
+        _shared(phase.phase) if phase is not None else None,
+        _shared(phase.ready_reason) if phase is not None else None,
+        _shared(phase.ready_message) if phase is not None else None,
+        phase.seen_at if phase is not None else None,
+        _shared(found.status) if found is not None else None,
+        _shared(found.reason) if found is not None else None,
+        _shared(found.message) if found is not None else None,
+        phase.audit if phase is not None else None,  # shared by agreeing readings already
+    )
+
+
+def reading_part(reading: PhaseReading) -> tuple[tuple[Any, ...], tuple[AuditSample, ...]]:
+    """The `ROW_READ` fields of `reading` (its audit without the sample; repeated strings
+    interned), and its audit's sample when the audit counts violations."""
+    found, verified = reading.audit, reading.verified
+    fresh = found.sample if found is not None and known_violations(reading) else ()
+    if found is not None and found.sample:
+        found = dataclasses.replace(found, sample=())
+    part = (_shared(reading.phase), _shared(reading.ready_reason),
+            _shared(reading.ready_message), reading.seen_at,
+            _shared(verified.status) if verified is not None else None,
+            _shared(verified.reason) if verified is not None else None,
+            _shared(verified.message) if verified is not None else None, found)
+    return part, fresh
+
+
+def row_record(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PolicyRecord:
+    """The record `record_row` made `row` of (a new object: changing it changes nothing kept)."""
+    return PolicyRecord(row[ROW_DELIVERED_REVISION], row[ROW_LAST_RESULT],
+                        row[ROW_LAST_ATTEMPT_AT], row[ROW_LAST_SUCCESS_AT], row[ROW_LAST_ERROR],
+                        row[ROW_LAST_REASON], row_reading(row, cluster, policy))
+
+
+def summary_row(rows: Iterable[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The most common value of each field (the first seen among equally common ones)."""
+    columns = list(zip(*rows, strict=True))
+    if not columns:
+        return _NONE_ROW
+    return tuple(Counter(column).most_common(1)[0][0] for column in columns)
+
+
+def packed(row: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`row` as its differences from `summary`: `(mask, value, ...)`, bit i for field i."""
+    if row == summary:
+        return _SAME
+    mask = 0
+    values: list[Any] = []
+    for i in range(ROW_WIDTH):
+        value = row[i]
+        if value != summary[i]:
+            mask |= 1 << i
+            values.append(value)
+    return (mask, *values)
+
+
+def unpacked(entry: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...]:
+    mask = entry[0]
+    if not mask:
+        return summary
+    row = list(summary)
+    k = 1
+    while mask:  # only the set bits: a few per entry
+        low = mask & -mask
+        row[low.bit_length() - 1] = entry[k]
+        k += 1
+        mask ^= low
+    return tuple(row)
+
+
+def row_reading(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PhaseReading | None:
+    """The phase reading of `row` alone (what `row_record` would hold), None without one."""
+    seen_at = row[ROW_SEEN_AT]
+    if seen_at is None:
+        return None
+    verified = None
+    if row[ROW_VERIFIED_STATUS] is not None:
+        verified = Verification(row[ROW_VERIFIED_STATUS], row[ROW_VERIFIED_REASON],
+                                row[ROW_VERIFIED_MESSAGE], row[ROW_PROBED_AT], row[ROW_SINCE])
+    return PhaseReading(cluster, policy, row[ROW_PHASE], row[ROW_READY_REASON],
+                        row[ROW_READY_MESSAGE], row[ROW_PHASE_REVISION], seen_at, verified,
+                        row[ROW_AUDIT])
+
+
+def _most_common(values: Iterable[Any]) -> Any:
+    """The most common of `values` (the first seen among equally common ones)."""
+    return Counter(values).most_common(1)[0][0]
+
+
+def _summary_part(parts: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """`summary_row` of `parts`, most of which are shared objects: counted once per object."""
+    counts = Counter(map(id, parts))
+    if len(counts) == 1:
+        return parts[0]
+    by_id = dict(zip(map(id, parts), parts, strict=True))
+    width = len(parts[0])
+    columns: list[Counter[Any]] = [Counter() for _ in range(width)]
+    for key, n in counts.items():
+        part = by_id[key]
+        for i in range(width):
+            columns[i][part[i]] += n
+    return tuple(c.most_common(1)[0][0] for c in columns)
+
+
+def _part_diff(part: tuple[Any, ...], summary: tuple[Any, ...],
+               first: int) -> tuple[int, tuple[Any, ...]]:
+    """`packed` of a part of a row (fields from `first` on): its mask bits and values."""
+    if part == summary:
+        return 0, ()
+    mask, values = 0, []
+    for i, value in enumerate(part):
+        if value != summary[i]:
+            mask |= 1 << (first + i)
+            values.append(value)
+    return mask, tuple(values)
+
+
+def _packed_parts(
+    rows: Iterable[tuple[PolicyId, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]], *,
+    head: tuple[Any, ...], part_d: tuple[Any, ...], part_r: tuple[Any, ...],
+) -> dict[PolicyId, tuple[Any, ...]]:
+    """`packed` of each row, given as its policy's head, delivered and read parts, against
+    the summary's parts: a shared part's differences are worked out once."""
+    s0, s1, s2, s3 = head  # the `ROW_HEAD` fields, unrolled: compared for every policy
+    diffs: dict[int, tuple[int, tuple[Any, ...]]] = {}
+    entries: dict[PolicyId, tuple[Any, ...]] = {}
+    for policy, (h0, h1, h2, h3), d, r in rows:
+        dd = diffs.get(id(d))
+        if dd is None:
+            dd = diffs[id(d)] = _part_diff(d, part_d, ROW_DELIVERED.start)
+        rd = diffs.get(id(r))
+        if rd is None:
+            rd = diffs[id(r)] = _part_diff(r, part_r, ROW_READ.start)
+        mask = dd[0] | rd[0]
+        values = []
+        if h0 != s0:
+            mask |= 1
+            values.append(h0)
+        if h1 != s1:
+            mask |= 2
+            values.append(h1)
+        if h2 != s2:
+            mask |= 4
+            values.append(h2)
+        if h3 != s3:
+            mask |= 8
+            values.append(h3)
+        entries[policy] = (mask, *values, *dd[1], *rd[1]) if mask else _SAME
+    return entries
+
+
+# What a round's reading writes of a policy's row, as `StatusState._read_back` makes it:
+# (probed_at, since, phase_revision, the `ROW_READ` fields, the reading standing for its group).
+ReadBack = tuple[dt.datetime | None, dt.datetime | None, int | None, tuple[Any, ...],
+                 PhaseReading]
+
+
+class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
+    """A cluster's per-policy records, read as a mapping (each read builds the record anew);
+    written whole (`repack`) or one at a time (`__setitem__`, packed against the summary as
+    it is)."""
+
+    __slots__ = ("_cluster", "_entries", "_summary")
+
+    def __init__(self, cluster: ClusterId) -> None:
+        self._cluster = cluster
+        self._summary: tuple[Any, ...] = _NONE_ROW
+        self._entries: dict[PolicyId, tuple[Any, ...]] = {}
+
+    def __getitem__(self, policy: PolicyId) -> PolicyRecord:
+        return row_record(unpacked(self._entries[policy], self._summary), self._cluster, policy)
+
+    def __contains__(self, policy: object) -> bool:
+        return policy in self._entries
+
+    def __iter__(self) -> Iterator[PolicyId]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __setitem__(self, policy: PolicyId, record: PolicyRecord) -> None:
+        self._entries[PolicyId(sys.intern(policy))] = packed(record_row(record), self._summary)
+
+    def __delitem__(self, policy: PolicyId) -> None:
+        del self._entries[policy]
+
+    def whole(self) -> dict[PolicyId, PolicyRecord]:
+        """Every record, as new objects to change and `repack`."""
+        return {p: self[p] for p in self._entries}
+
+    def repack(self, records: Mapping[PolicyId, PolicyRecord]) -> None:
+        """Keep exactly `records`, against a summary made of them."""
+        rows = {PolicyId(sys.intern(p)): record_row(r) for p, r in records.items()}
+        summary = self._summary = summary_row(rows.values())
+        self._entries = {p: packed(row, summary) for p, row in rows.items()}
+
+    def _field(self, policy: PolicyId, i: int) -> Any:
+        """Field `i` of `policy`'s row (None without a record), unpacking nothing else."""
+        entry = self._entries.get(policy)
+        if entry is None:
+            return None
+        mask, bit = entry[0], 1 << i
+        if not mask & bit:
+            return self._summary[i]
+        return entry[(mask & (bit - 1)).bit_count() + 1]
+
+    def take_round(self, deliveries: Deliveries, read: Mapping[PolicyId, ReadBack] | None) -> None:
+        """A round's deliveries noted (the newer one wins; a failure keeps the last success's
+        revision and time) and, with `read`, its listing's readings replacing every phase (a
+        policy not read has none): worked out on the packed rows, a group of deliveries or
+        readings that agree at a time (no `PolicyRecord` made, and only the rows the round
+        does not overwrite unpacked)."""
+        old, summary = self._entries, self._summary
+        shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # equal parts: one object
+        noted = self._noted(deliveries, shared)
+        keys = list(dict.fromkeys(itertools.chain(old, read or (), noted)))
+        heads: list[tuple[Any, ...]] = []
+        delivered: list[tuple[Any, ...]] = []
+        readback: list[tuple[Any, ...]] = []
+        for policy in keys:
+            r = read.get(policy) if read is not None else None
+            d = noted.get(policy)
+            row = _NONE_ROW
+            if (read is None or d is None) and (entry := old.get(policy)) is not None:
+                row = unpacked(entry, summary)
+            if read is None:
+                probed, since = row[ROW_PROBED_AT], row[ROW_SINCE]
+                revision = row[ROW_PHASE_REVISION]
+                was_read = row[ROW_READ]
+                readback.append(shared.setdefault(was_read, was_read))
+            elif r is None:  # no longer in the cluster
+                probed = since = revision = None
+                readback.append(_NOT_READ)
+            else:
+                probed, since, revision, was_read, _ = r
+                readback.append(was_read)
+            if d is None:
+                was_delivered = row[ROW_DELIVERED]
+                d = (row[ROW_DELIVERED_REVISION], shared.setdefault(was_delivered, was_delivered))
+            delivered_revision, was_delivered = d
+            heads.append((probed, since, revision, delivered_revision))  # `ROW_HEAD` fields
+            delivered.append(was_delivered)
+        if not keys:
+            self._summary, self._entries = _NONE_ROW, {}
+            return
+        head = tuple(_most_common(column) for column in zip(*heads, strict=True))
+        part_d, part_r = _summary_part(delivered), _summary_part(readback)
+        self._summary = (*head, *part_d, *part_r)
+        self._entries = _packed_parts(zip(keys, heads, delivered, readback, strict=True),
+                                      head=head, part_d=part_d, part_r=part_r)
+
+    def _noted(self, deliveries: Deliveries, shared: dict[tuple[Any, ...], tuple[Any, ...]],
+               ) -> dict[PolicyId, tuple[int | None, tuple[Any, ...]]]:
+        """Per policy delivered, what its deliveries leave of its row: the
+        delivered revision and the `ROW_DELIVERED` fields."""
+        noted: dict[PolicyId, tuple[int | None, tuple[Any, ...]]] = {}
+        parts: dict[int, tuple[dt.datetime, tuple[Any, ...], bool]] = {}
+        for policy, revision, d in deliveries.shared():
+            part = parts.get(id(d))
+            if part is None:
+                written = (d.at, d.at, _shared(d.result.value), _shared(d.error),  # its part
+                           _shared(d.reason))
+                part = parts[id(d)] = (d.at, shared.setdefault(written, written),
+                                       d.result is ApplyResult.FAILED)
+            at, written, failed = part
+            current = noted.get(policy)
+            last = (current[1][_D_AT] if current is not None
+                    else self._field(policy, ROW_LAST_ATTEMPT_AT))
+            if last is not None and last > at:
+                continue  # a newer one is known
+            if not failed:
+                noted[policy] = (revision, written)
+                continue
+            # A failure keeps the last success's revision and time.
+            if current is None:
+                current = (self._field(policy, ROW_DELIVERED_REVISION),
+                           (None, self._field(policy, ROW_LAST_SUCCESS_AT)))
+            success = current[1][_D_SUCCESS]
+            if success is not None and success == at:
+                success = at
+            failure = (at, success, *written[_D_RESULT:])
+            noted[policy] = (current[0], shared.setdefault(failure, failure))
+        return noted
+
+    def readings(self) -> list[PhaseReading]:
+        summary, cluster = self._summary, self._cluster
+        found = (row_reading(unpacked(entry, summary), cluster, policy)
+                 for policy, entry in self._entries.items())
+        return [r for r in found if r is not None]
