@@ -12,16 +12,18 @@ from typing import Any
 
 import pytest
 
-from convergerd.config import load_settings
+from convergerd.config import RoundTuning, load_settings
 from convergerd.core.model import ClusterId, Fleet
 from convergerd.core.report import Epoch, RoundReport
-from convergerd.delivery.rounds import STUCK_AFTER_INTERVALS, RoundLoop
+from convergerd.delivery.rounds import RoundLoop
 from convergerd.kube.api import PolicyApi
 from convergerd.leader.elector import NoElection
 from convergerd.leader.shards import Shard
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.supervise import HealthCheck
+
+STUCK_AFTER_INTERVALS = RoundTuning().stuck_after_intervals
 
 pytestmark = pytest.mark.looptime
 
