@@ -364,6 +364,16 @@ OPERATOR_SHARED_KEYS = (
     "http_idle_timeout_s",
 )
 SETTINGS_BY_KEY = {s.key: s for s in (*SETTINGS, *OPERATOR_SETTINGS)}
+
+
+def default_of(key: str) -> Any:
+    """The setting's default, parsed: the typed groups' defaults are read from the table, so
+    each is written once (in its row)."""
+    setting = SETTINGS_BY_KEY[key]
+    assert setting.default is not None, key
+    return setting.parse(setting.default)
+
+
 # Secrets that can also be read from a file (a mounted Secret): value key -> file key.
 SECRET_FILES = {"database_url": "database_url_file", "api_token": "api_token_file"}
 # A DSN or a token is well under 1 KiB; a bigger "secret file" is the wrong file.
@@ -419,9 +429,9 @@ class HttpLimits:
     """What one HTTP client may hold of the server (convergerd.api.server.serve)."""
 
     max_connections: int = HTTP_MAX_CONNECTIONS_DEFAULT
-    header_timeout_s: float = 10.0  # request line and headers, from the first byte
-    body_timeout_s: float = 10.0  # a request body; an answer left unread
-    idle_timeout_s: float = 30.0  # a kept-alive connection between requests
+    header_timeout_s: float = default_of("http_header_timeout_s")  # request line and headers
+    body_timeout_s: float = default_of("http_body_timeout_s")  # a request body; an answer unread
+    idle_timeout_s: float = default_of("http_idle_timeout_s")  # kept alive between requests
 
 
 def _http_limits(v: Mapping[str, Any]) -> HttpLimits:
@@ -445,10 +455,11 @@ class Settings:
     log_format: str
     import_max_bytes: int
     saves: Saves = field(default_factory=Saves)
-    status_reads_per_s: float = 20.0
+    status_reads_per_s: float = default_of("status_reads_per_s")
     status_max_clusters: int = STATUS_MAX_CLUSTERS_DEFAULT
-    probe_period_s: float = 10.0
-    operator_probe_period_s: float = 600.0  # the operators' enforcement probe period
+    probe_period_s: float = default_of("probe_period_s")
+    # The operators' enforcement probe period.
+    operator_probe_period_s: float = default_of("operator_probe_minutes") * 60.0
     http: HttpLimits = field(default_factory=HttpLimits)
     # What shapes the scheduling at scale; defined at the end of the file, so looked up late.
     tuning: Tuning = field(default_factory=lambda: Tuning())  # noqa: PLW0108

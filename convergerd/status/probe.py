@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Protocol
 
-from convergerd.config import Tuning
+from convergerd.config import Tuning, default_of
 from convergerd.core.errors import (
     ClusterError,
 )
@@ -137,8 +137,8 @@ class Prober:
         *,
         clusters: Targets,
         state: ProbeSink,
-        period_s: float = 10.0,
-        timeout_s: float = 5.0,
+        period_s: float = default_of("probe_period_s"),
+        timeout_s: float = default_of("request_timeout_s"),
         clock: Clock = utc_now,
         answers: Answers | None = None,
         tuning: Tuning = DEFAULT_TUNING,
