@@ -420,8 +420,8 @@ class Saves:
     """Save and delete through the API or on a database notification
     (`convergerd.delivery.fanout`)."""
 
-    deadline_s: float = 10.0
-    removal_guard_share: float = 0.5
+    deadline_s: float = default_of("save_deadline_s")
+    removal_guard_share: float = default_of("removal_guard_share")
 
 
 @dataclass(frozen=True, slots=True)
