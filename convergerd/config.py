@@ -803,7 +803,8 @@ class StatusReadTuning:
     # The exposition is reused by the same rule, but never once older than this: a cluster seen
     # down must read `convergerd_cluster_up 0` within seconds of the status showing it, even
     # when a busy loop made the last render slow (at 10,000 x 100 a slow render once kept a
-    # down cluster at 1 for tens of seconds after the status showed it: bench/RESULTS.md).
+    # down cluster at 1 for tens of seconds after the status showed it: bench/RESULTS.md,
+    # "Figures once quoted in the code").
     metrics_reuse_max_s: float = 5.0
     # A build yields to the loop after every this many clusters (a few milliseconds of work).
     slice_clusters: int = 500
@@ -811,8 +812,8 @@ class StatusReadTuning:
     # read is answered 429 at once, which costs the loop far less than serving it.
     burst_factor: float = 2.0
     # A view costs one token, plus one per this many rows it built (a policy's view over many
-    # clusters costs far more than a cluster's of a few policies): the budget bounds work, not
-    # requests.
+    # clusters costs far more than a cluster's of a few policies: bench/RESULTS.md, "Figures
+    # once quoted in the code"): the budget bounds work, not requests.
     rows_per_token: int = 100
 
 
@@ -844,8 +845,8 @@ class RoundTuning:
     unrecorded_backlog: int = 10
     # ...and at most this many deliveries and phase readings across them (the newest round is
     # always kept): a round at 10,000 clusters x 100 policies holds 2,000,000, hundreds of MB
-    # (bench/RESULTS.md), so ten of them would be gigabytes; at that size only the newest
-    # waits, at 2,000 x 50 all ten do.
+    # (bench/RESULTS.md, "Figures once quoted in the code"), so ten of them would be
+    # gigabytes; at that size only the newest waits, at 2,000 x 50 all ten do.
     unrecorded_details: int = 2_000_000
     # The loop is stuck (`/healthz` fails) after this many intervals without a round starting
     # or ending while it leads: a round ends within its deadline (a fraction of the interval)
