@@ -364,6 +364,16 @@ OPERATOR_SHARED_KEYS = (
     "http_idle_timeout_s",
 )
 SETTINGS_BY_KEY = {s.key: s for s in (*SETTINGS, *OPERATOR_SETTINGS)}
+
+
+def default_of(key: str) -> Any:
+    """The setting's default, parsed: the typed groups' defaults are read from the table, so
+    each is written once (in its row)."""
+    setting = SETTINGS_BY_KEY[key]
+    assert setting.default is not None, key
+    return setting.parse(setting.default)
+
+
 # Secrets that can also be read from a file (a mounted Secret): value key -> file key.
 SECRET_FILES = {"database_url": "database_url_file", "api_token": "api_token_file"}
 # A DSN or a token is well under 1 KiB; a bigger "secret file" is the wrong file.
@@ -410,8 +420,8 @@ class SaveSettings:
     """Save and delete through the API or on a database notification
     (`convergerd.delivery.fanout`)."""
 
-    deadline_s: float = 10.0
-    removal_guard_share: float = 0.5
+    deadline_s: float = default_of("save_deadline_s")
+    removal_guard_share: float = default_of("removal_guard_share")
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,9 +429,9 @@ class HttpLimits:
     """What one HTTP client may hold of the server (convergerd.api.server.serve)."""
 
     max_connections: int = HTTP_MAX_CONNECTIONS_DEFAULT
-    header_timeout_s: float = 10.0  # request line and headers, from the first byte
-    body_timeout_s: float = 10.0  # a request body; an answer left unread
-    idle_timeout_s: float = 30.0  # a kept-alive connection between requests
+    header_timeout_s: float = default_of("http_header_timeout_s")  # request line and headers
+    body_timeout_s: float = default_of("http_body_timeout_s")  # a request body; an answer unread
+    idle_timeout_s: float = default_of("http_idle_timeout_s")  # kept alive between requests
 
 
 def _http_limits(v: Mapping[str, Any]) -> HttpLimits:
@@ -445,11 +455,14 @@ class Settings:
     log_format: str
     import_max_bytes: int
     saves: SaveSettings = field(default_factory=SaveSettings)
-    status_reads_per_s: float = 20.0
+    status_reads_per_s: float = default_of("status_reads_per_s")
     status_max_clusters: int = STATUS_MAX_CLUSTERS_DEFAULT
-    probe_period_s: float = 10.0
-    operator_probe_period_s: float = 600.0  # the operators' enforcement probe period
+    probe_period_s: float = default_of("probe_period_s")
+    # The operators' enforcement probe period.
+    operator_probe_period_s: float = default_of("operator_probe_minutes") * 60.0
     http: HttpLimits = field(default_factory=HttpLimits)
+    # What shapes the scheduling at scale; defined at the end of the file, so looked up late.
+    tuning: Tuning = field(default_factory=lambda: Tuning())  # noqa: PLW0108
 
     @property
     def database_url_redacted(self) -> str | None:
@@ -704,3 +717,154 @@ def load_operator_settings(
 def in_cluster() -> bool:
     """True inside a Kubernetes pod (the service account's environment is present)."""
     return "KUBERNETES_SERVICE_HOST" in os.environ
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuning: what shapes the scheduling of 10,000 clusters (how hung clusters are handled, how
+# often the prober asks, how much status reading costs, how a save is spread). Not environment
+# variables: each value was measured at 10,000 clusters (bench/RESULTS.md) and is changed by
+# changing it here, in the one place its default is written. The daemon's wiring
+# (`convergerd.runtime`) hands each component its group; a component built without one (a
+# test) gets these defaults.
+
+
+@dataclass(frozen=True, slots=True)
+class SlotTuning:
+    """The slots of one fan-out over clusters, a round's or a save's (`convergerd.slots`)."""
+
+    # A holder waits for its first answer at least this long, however fast the answers seen
+    # so far...
+    patience_floor_s: float = 1.0
+    # ...and at least this many times the moving average of the answers seen...
+    patience_factor: float = 4.0
+    # ...each new answer weighing this much in it.
+    patience_weight: float = 0.05
+    # One slot in this many goes to the suspects' lane: a tenth of the fleet hung at 10,000
+    # clusters then costs those clusters' timeouts in their lane, not the healthy clusters' wait.
+    suspect_slot_share: int = 8
+    # Holders that may wait aside at once, per slot: beyond them, holders that hear nothing keep
+    # their slots (so hung clusters never multiply the work in flight without bound).
+    aside_per_slot: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ProberTuning:
+    """The reachability prober's pace (`convergerd.status.probe`); its period is
+    `Settings.probe_period_s`."""
+
+    # Another request's answer excuses a probe when it came within this share of the period.
+    skip_within_periods: float = 0.5
+    # A save's fan-out about to reach a cluster excuses its probe for at most this share of the
+    # period from the fan-out's start (its own answer then excuses the next): a save over 10,000
+    # clusters and a pass of 10,000 probes at once cost the daemon and the clusters much more
+    # CPU than the save alone, and the save's answer says what the probe would have.
+    expected_within_periods: float = 1.0
+    # A pass starts its probes over this share of the period, so the last started has its
+    # timeout left before the next pass (5 s + 5 s with the defaults).
+    spread_periods: float = 0.5
+    # Probes are started in batches this far apart: a timer per batch, not per probe.
+    batch_s: float = 0.05
+    # Probes in flight at once to clusters that answered the last pass (or are new): answers
+    # come in milliseconds, so this bounds the pace only when the clusters or this process are
+    # slow to answer, and then it slows the pass down rather than piling up requests (three
+    # replicas probing 10,000 clusters of one simulator each at 1,000 a second, unbounded,
+    # drowned it: no Lease could be taken).
+    concurrency: int = 64
+    # Probes in flight at once to clusters the last pass found unreachable: they mostly wait
+    # out their timeout, costing a connection and no CPU, so a tenth of 10,000 clusters hung
+    # (~1,000 waiting at once) does not hold the answering ones back.
+    max_silent_in_flight: int = 4096
+    # A cluster silent on consecutive probes is probed every other pass, then every fourth...
+    # (doubling), at most every this many passes: a dead or hung cluster costs a connection
+    # and a TLS handshake per probe on both sides (a hung one is never kept warm), 100 a second
+    # for 1,000 of them at the default period, while each round tries it anyway and any answer
+    # it gets there marks it reached at the next pass.
+    silent_max_passes: int = 6
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReadTuning:
+    """What reading the status costs the daemon (`convergerd.api.server.Views`); the read
+    budget's rate is `Settings.status_reads_per_s`."""
+
+    # The per-cluster and per-policy views (and /readyz) read the database through one gate: at
+    # most this many queries in flight (the pool has 5 connections, the round needs them)...
+    db_concurrency: int = 2
+    # ...each request waiting at most this long for the gate and its query together.
+    db_timeout_s: float = 2.0
+    # /status is built once for many requests: a body is served while the state has not changed
+    # since and it is at most this old (100 clients polling cost one build a second)...
+    reuse_s: float = 1.0
+    # ...and changed or not while it is younger than this many times the event loop time its
+    # build took (the reachability prober changes the state many times a second). Builds then
+    # take at most ~1/reuse_builds of the loop, which the rounds share, whatever the fleet
+    # size, and an answer is at most max(reuse_s, reuse_builds x build) old.
+    reuse_builds: float = 10.0
+    # The exposition is reused by the same rule, but never once older than this: a cluster seen
+    # down must read `convergerd_cluster_up 0` within seconds of the status showing it, even
+    # when a busy loop made the last render slow (at 10,000 x 100 a slow render once kept a
+    # down cluster at 1 for tens of seconds after the status showed it: bench/RESULTS.md,
+    # "Figures once quoted in the code").
+    metrics_reuse_max_s: float = 5.0
+    # A build yields to the loop after every this many clusters (a few milliseconds of work).
+    slice_clusters: int = 500
+    # The status views share one token bucket, bursts of this many times the rate: past it a
+    # read is answered 429 at once, which costs the loop far less than serving it.
+    burst_factor: float = 2.0
+    # A view costs one token, plus one per this many rows it built (a policy's view over many
+    # clusters costs far more than a cluster's of a few policies: bench/RESULTS.md, "Figures
+    # once quoted in the code"): the budget bounds work, not requests.
+    rows_per_token: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadTuning:
+    """A save spread over the shards' holders (`convergerd.delivery.spread.Peers`)."""
+
+    # Of a save's deadline, how long the requester waits for its peers' parts; the rest is for
+    # writing what they left over (a dead holder's clusters: 1/R of the fleet with R replicas).
+    peer_share: float = 0.5
+    # How often the requester checks its parts, and a holder looks for parts, without a
+    # notification (one was lost, or the listening connection is being re-established).
+    poll_s: float = 0.5
+    # Parts claimed per pass...
+    max_claimed: int = 64
+    # ...and items read per part (a fleet is 10,000 clusters).
+    max_part_items: int = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class RoundTuning:
+    """The round loop (`convergerd.delivery.rounds.RoundLoop`) and the status sync beside it."""
+
+    # Waiting for the database: from this long up to `db_backoff_cap_s` between attempts (full
+    # jitter, `retry.backoff_s`), at startup and within a round alike.
+    db_backoff_base_s: float = 1.0
+    db_backoff_cap_s: float = 30.0
+    # Rounds the database missed while it was down, kept to record later: the newest matter most.
+    unrecorded_backlog: int = 10
+    # ...and at most this many deliveries and phase readings across them (the newest round is
+    # always kept): a round at 10,000 clusters x 100 policies holds 2,000,000, hundreds of MB
+    # (bench/RESULTS.md, "Figures once quoted in the code"), so ten of them would be
+    # gigabytes; at that size only the newest waits, at 2,000 x 50 all ten do.
+    unrecorded_details: int = 2_000_000
+    # The loop is stuck (`/healthz` fails) after this many intervals without a round starting
+    # or ending while it leads: a round ends within its deadline (a fraction of the interval)
+    # and the next one starts one interval after the last one did. Time spent waiting on the
+    # database does not count: each call is bounded by the store's own timeouts, and a database
+    # that is down or locked is not fixed by a restart (`/readyz` reports it).
+    stuck_after_intervals: float = 2.0
+    # The database sync of the live status (every replica): at most this long between passes
+    # (and at most a converge interval).
+    status_sync_period_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """Every group above, as the daemon passes them on (`Settings.tuning`)."""
+
+    slots: SlotTuning = field(default_factory=SlotTuning)
+    prober: ProberTuning = field(default_factory=ProberTuning)
+    status_reads: StatusReadTuning = field(default_factory=StatusReadTuning)
+    spread: SpreadTuning = field(default_factory=SpreadTuning)
+    rounds: RoundTuning = field(default_factory=RoundTuning)

@@ -60,9 +60,6 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_NOT_CONVERGED = 1
 
-# The database sync of the live status (every replica): at most this long between passes.
-STATUS_SYNC_PERIOD_S = 30.0
-
 
 class Daemon:
     """`convergerd run` and `convergerd once`."""
@@ -141,7 +138,7 @@ class Daemon:
         # Refused too (e.g. a privilege revoked on the schema): an operator fixes it; a
         # process that waits is fixed with it, one that exits crash-loops meanwhile.
         async for attempt in database_retrying(
-                (DatabaseUnavailable, DatabaseRejected),
+                (DatabaseUnavailable, DatabaseRejected), tuning=self.settings.tuning.rounds,
                 sleep=lambda wait_s: first(asyncio.sleep(wait_s), self.stopping.wait())):
             with attempt:
                 if self.stopping.is_set():
@@ -192,7 +189,7 @@ class Daemon:
             prober = Prober(
                 clusters=self._probe_targets(registry), state=self.state,
                 period_s=self.probe_period_s, timeout_s=s.clusters.request_timeout_s,
-                answers=answers,
+                answers=answers, tuning=s.tuning,
             )
             self.prober = prober
             async with asyncio.TaskGroup() as tg:
@@ -331,7 +328,8 @@ class Daemon:
             return None
         assert self.settings.database_url is not None
         return Peers(store=store, holding=shardset, env=self._save_env(registry, shardset),
-                     source=PgNotifications(self.settings.database_url), stopping=self.stopping)
+                     source=PgNotifications(self.settings.database_url), stopping=self.stopping,
+                     tuning=self.settings.tuning.spread)
 
     def _saver(self, store: Store, registry: ClusterRegistry, shardset: ShardSet,
                peers: Peers | None) -> Saver:
@@ -359,7 +357,8 @@ class Daemon:
         return runner
 
     def _status_sync_period_s(self) -> float:
-        return min(self.settings.rounds.interval_s, STATUS_SYNC_PERIOD_S)
+        return min(self.settings.rounds.interval_s,
+                   self.settings.tuning.rounds.status_sync_period_s)
 
     async def _follow_database(
         self, clusters: Collection[str], *, policies: Collection[str] | None = None

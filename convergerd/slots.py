@@ -28,32 +28,25 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Generic, TypeVar
 
+from convergerd.config import SlotTuning
+
 K = TypeVar("K", bound=str)  # a cluster id
 
-# A holder waits for its first answer at least this long, however fast the answers seen so
-# far...
-PATIENCE_FLOOR_S = 1.0
-# ...and at least this many times the moving average of the answers seen...
-PATIENCE_FACTOR = 4.0
-# ...each new answer weighing this much in it.
-PATIENCE_WEIGHT = 0.05
-
-# The share of a fan-out's slots the suspects' lane gets: a tenth of the fleet hung at 10,000
-# clusters then costs those clusters' timeouts in their lane, not the healthy clusters' wait.
-SUSPECT_SLOT_SHARE = 8  # one slot in eight
-# Holders that may wait aside at once, per slot: beyond them, holders that hear nothing keep
-# their slots (so hung clusters never multiply the work in flight without bound).
-ASIDE_PER_SLOT = 4
+DEFAULT_SLOTS = SlotTuning()  # what a fan-out built without its tuning gets
 
 
 class Patience:
     """How long a holder may wait for its first answer before it gives its slots back:
-    `PATIENCE_FACTOR` times the moving average of the answers observed, within
-    [`floor_s`, `ceiling_s`] (the floor until anything was observed)."""
+    `SlotTuning.patience_factor` times the moving average of the answers observed, within
+    [`floor_s`, `ceiling_s`] (the floor until anything was observed; by default
+    `SlotTuning.patience_floor_s`)."""
 
-    def __init__(self, *, ceiling_s: float, floor_s: float = PATIENCE_FLOOR_S) -> None:
-        self.floor_s = floor_s
-        self.ceiling_s = max(floor_s, ceiling_s)
+    def __init__(self, *, ceiling_s: float, floor_s: float | None = None,
+                 tuning: SlotTuning = DEFAULT_SLOTS) -> None:
+        self.floor_s = tuning.patience_floor_s if floor_s is None else floor_s
+        self.ceiling_s = max(self.floor_s, ceiling_s)
+        self._factor = tuning.patience_factor
+        self._weight = tuning.patience_weight
         self._average_s: float | None = None
 
     def observe(self, seconds: float) -> None:
@@ -62,12 +55,12 @@ class Patience:
         if self._average_s is None:
             self._average_s = seconds
         else:
-            self._average_s += PATIENCE_WEIGHT * (seconds - self._average_s)
+            self._average_s += self._weight * (seconds - self._average_s)
 
     @property
     def seconds(self) -> float:
         typical = self._average_s if self._average_s is not None else 0.0
-        return min(self.ceiling_s, max(self.floor_s, PATIENCE_FACTOR * typical))
+        return min(self.ceiling_s, max(self.floor_s, self._factor * typical))
 
 
 class Aside:
@@ -172,9 +165,11 @@ async def patient_slots(
         held.release()
 
 
-def suspect_slots(concurrency: int) -> tuple[int, int]:
-    """(healthy slots, suspect slots) out of `concurrency`, each at least one."""
-    suspect = max(1, concurrency // SUSPECT_SLOT_SHARE)
+def suspect_slots(concurrency: int, share: int = DEFAULT_SLOTS.suspect_slot_share,
+                  ) -> tuple[int, int]:
+    """(healthy slots, suspect slots) out of `concurrency`, one in `share` (at least one each)
+    for the suspects (`SlotTuning.suspect_slot_share`)."""
+    suspect = max(1, concurrency // share)
     return max(1, concurrency - suspect), suspect
 
 
@@ -197,19 +192,19 @@ class Lanes(Generic[K]):
     def __init__(
         self, concurrency: int, *, suspects: Collection[K], ceiling_s: float,
         suspected: Callable[[K], bool] | None = None,
-        shared: asyncio.Semaphore | None = None,
+        shared: asyncio.Semaphore | None = None, tuning: SlotTuning = DEFAULT_SLOTS,
     ) -> None:
         self.suspects: frozenset[K] = frozenset(suspects)
         if self.suspects:
-            healthy, lane = suspect_slots(concurrency)
+            healthy, lane = suspect_slots(concurrency, tuning.suspect_slot_share)
             self._healthy, self._lane = asyncio.Semaphore(healthy), asyncio.Semaphore(lane)
         else:
             self._healthy = self._lane = asyncio.Semaphore(concurrency)
         self._shared = [shared] if shared is not None else []
         self._suspected = suspected
         # One patience for the whole fan-out: it learns how long this fleet takes to answer.
-        self.patience = Patience(ceiling_s=ceiling_s)
-        self.aside = Aside(concurrency * ASIDE_PER_SLOT)
+        self.patience = Patience(ceiling_s=ceiling_s, tuning=tuning)
+        self.aside = Aside(concurrency * tuning.aside_per_slot)
 
     @contextlib.asynccontextmanager
     async def slot(

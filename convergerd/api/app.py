@@ -21,7 +21,6 @@ from aiohttp import web
 
 from convergerd.api.mutations import SaveHandlers
 from convergerd.api.server import (
-    STATUS_DB_TIMEOUT_S,
     STATUS_VIEWS,
     Health,
     StatusSource,
@@ -43,12 +42,14 @@ def make_app(
     settings: Settings,
     health: Health,
     saver: Saver,
-    status_db_timeout_s: float = STATUS_DB_TIMEOUT_S,
+    status_db_timeout_s: float | None = None,
 ) -> web.Application:
     """The aiohttp application. `saver` does the saves and deletions (`mutations.SaveHandlers`);
-    `status_db_timeout_s`: how long a cluster or policy view waits for its database read."""
+    `status_db_timeout_s`: how long a cluster or policy view waits for its database read (by
+    default `StatusReadTuning.db_timeout_s`)."""
     views = Views(metrics=metrics, state=state, store=store, settings=settings, health=health)
-    views.db_timeout_s = status_db_timeout_s
+    if status_db_timeout_s is not None:
+        views.db_timeout_s = status_db_timeout_s
     saves = SaveHandlers(saver, token=settings.api_token,
                          body_timeout_s=settings.http.body_timeout_s)
     app = web.Application(middlewares=middlewares(settings))

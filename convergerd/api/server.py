@@ -76,7 +76,14 @@ from aiohttp.web_protocol import RequestHandler
 
 from convergerd import __version__
 from convergerd.api.openapi import document
-from convergerd.config import SETTINGS_BY_KEY, HttpLimits, Settings, check_settings, dsn_secrets
+from convergerd.config import (
+    SETTINGS_BY_KEY,
+    HttpLimits,
+    Settings,
+    StatusReadTuning,
+    check_settings,
+    dsn_secrets,
+)
 from convergerd.core.errors import ConfigError, ConvergerdError
 from convergerd.core.model import (
     DELIVERED_RULE_TYPES,
@@ -111,36 +118,9 @@ log = logging.getLogger(__name__)
 
 # How long /readyz waits for the database.
 DB_TIMEOUT_S = 5.0
-# The per-cluster and per-policy views (and /readyz) read the database through one gate: at most
-# this many queries in flight (the pool has 5 connections, the round needs them), each request
-# waiting at most STATUS_DB_TIMEOUT_S for the gate and its query together.
-STATUS_DB_CONCURRENCY = 2
-STATUS_DB_TIMEOUT_S = 2.0
-# /status is built once for many requests: a body is served while the state has not changed
-# since and it is at most STATUS_REUSE_S old (100 clients polling cost one build a second), and
-# changed or not while it is younger than STATUS_REUSE_BUILDS times the event loop time its
-# build took (the reachability prober changes the state many times a second). Builds then take
-# at most ~1/STATUS_REUSE_BUILDS of the loop, which the rounds share, whatever the fleet size,
-# and an answer is at most max(STATUS_REUSE_S, STATUS_REUSE_BUILDS x build) old.
-STATUS_REUSE_S = 1.0
-STATUS_REUSE_BUILDS = 10.0
-# The exposition is reused by the same rule, but never once older than this: a cluster seen
-# down must read `convergerd_cluster_up 0` within seconds of the status showing it, even when a
-# busy loop made the last render slow (at 10,000 x 100 a slow render once kept a down cluster
-# at 1 for tens of seconds after the status showed it: bench/RESULTS.md, "Figures once quoted in
-# the code").
-METRICS_REUSE_MAX_S = 5.0
-# A build yields to the loop after every this many clusters (a few milliseconds of work).
-STATUS_SLICE_CLUSTERS = 500
-# The status views share one token bucket (`Settings.status_reads_per_s`, bursts of this many
-# times the rate): past it a read is answered 429 at once, which costs the loop far less than
-# serving it. The paths, as the shed counter labels them:
+# The status views share one token bucket (`Settings.status_reads_per_s`; its burst and what a
+# view costs: `StatusReadTuning`). The paths, as the shed counter labels them:
 STATUS_VIEWS = ("/status", "/v1/clusters/{id}", "/v1/policies/{id}/status")
-STATUS_BURST_FACTOR = 2.0
-# A view costs one token, plus one per this many rows it built (a policy's view over many
-# clusters costs far more than a cluster's of a few policies: bench/RESULTS.md, "Figures once
-# quoted in the code"): the budget bounds work, not requests.
-ROWS_PER_TOKEN = 100
 
 # The server's parser limits: a longer request line (the URL) or header line is refused (400).
 MAX_LINE_BYTES = 8190
@@ -716,13 +696,15 @@ class Built:
     cost_s: float
     body: bytes
 
-    def young(self, now: float) -> bool:
-        """Younger at `now` than `STATUS_REUSE_BUILDS` times what its build cost."""
-        return now - self.at < STATUS_REUSE_BUILDS * self.cost_s
+    def young(self, now: float, tuning: StatusReadTuning) -> bool:
+        """Younger at `now` than `tuning.reuse_builds` times what its build cost."""
+        return now - self.at < tuning.reuse_builds * self.cost_s
 
-    def fresh(self, now: float, version: int) -> bool:
-        """Whether to serve it at `now` to a state at `version` (see `STATUS_REUSE_S`)."""
-        return self.young(now) or (version == self.version and now - self.at <= STATUS_REUSE_S)
+    def fresh(self, now: float, version: int, tuning: StatusReadTuning) -> bool:
+        """Whether to serve it at `now` to a state at `version` (see
+        `StatusReadTuning.reuse_s`)."""
+        return self.young(now, tuning) or (version == self.version
+                                           and now - self.at <= tuning.reuse_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -760,16 +742,18 @@ class Views:
         self.store = store
         self.settings = settings
         self.health = health
-        self.db_gate = asyncio.Semaphore(STATUS_DB_CONCURRENCY)
+        self.tuning = settings.tuning.status_reads
+        self.db_gate = asyncio.Semaphore(self.tuning.db_concurrency)
         self.clock = clock
         self._status_built: StatusBuilt | None = None
         self._status_building: asyncio.Task[StatusBuilt] | None = None
         self._metrics_built: Built | None = None
-        self.status_slice = STATUS_SLICE_CLUSTERS
-        self.db_timeout_s = STATUS_DB_TIMEOUT_S
+        self.status_slice = self.tuning.slice_clusters
+        self.db_timeout_s = self.tuning.db_timeout_s
         self.openapi_doc = document()
         rate = settings.status_reads_per_s
-        self.read_budget = TokenBucket(rate=rate, burst=max(1, round(STATUS_BURST_FACTOR * rate)),
+        self.read_budget = TokenBucket(rate=rate,
+                                       burst=max(1, round(self.tuning.burst_factor * rate)),
                                        clock=time.monotonic)
 
     def limited(self, path: str, handler: Handler) -> Handler:
@@ -829,13 +813,14 @@ class Views:
         return web.json_response(self.openapi_doc)
 
     async def metrics_text(self, _: web.Request) -> web.Response:
-        """The exposition, reused while younger than `STATUS_REUSE_BUILDS` times what it cost
-        to write and at most `METRICS_REUSE_MAX_S` old (a scrape of a large fleet holds the
-        loop a noticeable time: bench/RESULTS.md, "Figures once quoted in the code"; a
-        Prometheus that scrapes every 15 s always gets a new one)."""
+        """The exposition, reused while younger than `StatusReadTuning.reuse_builds` times what
+        it cost to write and at most `StatusReadTuning.metrics_reuse_max_s` old (a scrape of a
+        large fleet holds the loop a noticeable time: bench/RESULTS.md, "Figures once quoted in
+        the code"; a Prometheus that scrapes every 15 s always gets a new one)."""
         built = self._metrics_built
         began = self.clock()
-        if built is None or not built.young(began) or began - built.at > METRICS_REUSE_MAX_S:
+        if (built is None or not built.young(began, self.tuning)
+                or began - built.at > self.tuning.metrics_reuse_max_s):
             body = self.metrics.render()
             built = self._metrics_built = Built(0, began, self.clock() - began, body)
         return web.Response(body=built.body, headers={"Content-Type": CONTENT_TYPE})
@@ -867,7 +852,7 @@ class Views:
         except RuleError as exc:
             return error_response(400, str(exc), reason="query")
         built = self._status_built
-        if built is None or not built.fresh(self.clock(), self.state.version):
+        if built is None or not built.fresh(self.clock(), self.state.version, self.tuning):
             if self._status_building is None:
                 self._status_building = asyncio.create_task(self._build_status(),
                                                             name="status build")
@@ -1000,7 +985,7 @@ class Views:
         return web.json_response(view)
 
     def _charge(self, rows: int) -> None:
-        self.read_budget.charge(rows // ROWS_PER_TOKEN)
+        self.read_budget.charge(rows // self.tuning.rows_per_token)
 
     def _policy_view(self, found: PolicyStatusRows) -> dict[str, Any]:
         row, scope = found.policy, found.scope

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from convergerd.config import SlotTuning
 from convergerd.core.errors import ClusterError, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId
 from convergerd.core.plan import Apply, ListedPolicy, Why, plan_cluster, with_precondition
@@ -50,7 +51,7 @@ from convergerd.delivery.apply import (
 )
 from convergerd.kube.api import Applied
 from convergerd.leader.lease import Fence
-from convergerd.slots import Lanes
+from convergerd.slots import DEFAULT_SLOTS, Lanes
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ class Round:
     # Shared by the rounds of every shard this process holds (`delivery.rounds`): the
     # cluster concurrency bounds the process, not each shard's round. None: this round's own.
     slots: asyncio.Semaphore | None = None
+    # How the slots treat clusters that hear nothing (`config.SlotTuning`).
+    tuning: SlotTuning = DEFAULT_SLOTS
 
 
 async def run_round(
@@ -119,7 +122,7 @@ async def run_round(
     # time until the round's deadline.
     lanes = Lanes(env.limits.cluster_concurrency, suspects=env.suspects.intersection(desired),
                   ceiling_s=env.calls.request_timeout_s, suspected=env.suspected,
-                  shared=env.slots)
+                  shared=env.slots, tuning=env.tuning)
     suspects = lanes.suspects
 
     async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:

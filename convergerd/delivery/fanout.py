@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from convergerd.config import Settings
+from convergerd.config import Settings, SlotTuning
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Policy, PolicyId
 from convergerd.core.plan import ListedPolicy, differs, with_precondition
@@ -63,7 +63,7 @@ from convergerd.delivery.apply import (
 from convergerd.kube.api import KubeObject, PolicyApi
 from convergerd.leader.lease import Fence
 from convergerd.retry import RetryObserver
-from convergerd.slots import Lanes
+from convergerd.slots import DEFAULT_SLOTS, Lanes
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,8 @@ class FanoutEnv:
     # Whether a cluster is seen unreachable now (the prober's verdict, as rounds ask it): the
     # ones seen so when the fan-out starts are its suspects (`slots.Lanes`).
     suspected: Callable[[ClusterId], bool] | None = None
+    # How the slots treat clusters that hear nothing (`config.SlotTuning`), as in rounds.
+    tuning: SlotTuning = DEFAULT_SLOTS
 
 
 def fanout_env(
@@ -152,6 +154,7 @@ def fanout_env(
         concurrency=settings.rounds.cluster_concurrency,
         expected=expected,
         suspected=suspected,
+        tuning=settings.tuning.slots,
     )
 
 
@@ -262,7 +265,8 @@ async def _fan_out(
     suspected = env.suspected
     lanes: Lanes[ClusterId] = Lanes(
         env.concurrency, ceiling_s=env.calls.request_timeout_s, suspected=suspected,
-        suspects=[c for c, _, _ in jobs if suspected is not None and suspected(c)])
+        suspects=[c for c, _, _ in jobs if suspected is not None and suspected(c)],
+        tuning=env.tuning)
     results: dict[tuple[str, str], ClusterResult] = {}
     holding = {(c, a) for c, a, _ in jobs if c not in lanes.suspects}  # hold the answer
     answer = asyncio.Event()

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import tenacity
 
-from convergerd.config import Settings
+from convergerd.config import RoundTuning, Settings
 from convergerd.core.errors import ConfigError, DatabaseRejected, DatabaseUnavailable, Fenced
 from convergerd.core.model import ClusterId, Fleet, InvalidPolicy
 from convergerd.core.report import Epoch, RoundReport, utc_now
@@ -44,24 +44,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Waiting for the database: from one second up to half a minute between attempts (full
-# jitter, `retry.backoff_s`), at startup and within a round alike.
-DB_BACKOFF_BASE_S = 1.0
-DB_BACKOFF_CAP_S = 30.0
-DATABASE_WAIT = BackoffWait(base=DB_BACKOFF_BASE_S, cap=DB_BACKOFF_CAP_S)
-# Rounds the database missed while it was down, kept to record later: the newest matter most.
-UNRECORDED_BACKLOG = 10
-# ... and at most this many deliveries and phase readings across them (the newest round is
-# always kept): a round at 10,000 clusters x 100 policies holds 2,000,000, hundreds of MB (bench/
-# RESULTS.md, "Figures once quoted in the code"), so ten of them would be gigabytes; at that
-# size only the newest waits, at 2,000 x 50 all ten do.
-UNRECORDED_DETAILS = 2_000_000
-# The loop is stuck (`/healthz` fails) after this many intervals without a round starting or
-# ending while it leads: a round ends within its deadline (a fraction of the interval) and the
-# next one starts one interval after the last one did. Time spent waiting on the database does
-# not count: each call is bounded by the store's own timeouts, and a database that is down or
-# locked is not fixed by a restart (`/readyz` reports it).
-STUCK_AFTER_INTERVALS = 2.0
+DEFAULT_ROUNDS = RoundTuning()  # what a caller without its tuning gets
 
 
 class RoundStore(Protocol):
@@ -102,8 +85,8 @@ def details(report: RoundReport) -> int:
     return sum(len(c.deliveries) + len(c.phases) for c in (*report.clusters, *report.cut_short))
 
 
-def backlog_kept(sizes: Sequence[int], *, rounds: int = UNRECORDED_BACKLOG,
-                 details_cap: int = UNRECORDED_DETAILS) -> int:
+def backlog_kept(sizes: Sequence[int], *, rounds: int = DEFAULT_ROUNDS.unrecorded_backlog,
+                 details_cap: int = DEFAULT_ROUNDS.unrecorded_details) -> int:
     """How many of the newest unrecorded rounds to keep, given each one's `details` (oldest
     first): at most `rounds`, and no more than `details_cap` together, but always the newest."""
     kept, total = 0, 0
@@ -144,6 +127,7 @@ def round_env(
         caught_up=frozenset(caught_up),
         suspected=suspected,
         slots=slots,
+        tuning=settings.tuning.slots,
     )
 
 
@@ -175,6 +159,7 @@ class RoundLoop:
         its clusters of the fleet (`follow` still gets the whole fleet), holds its round lock
         while it runs (a hand-back lets it finish first) and takes its `slots`."""
         self.settings = settings
+        self.tuning = settings.tuning.rounds
         self.store = store
         self.clusters = clusters
         self.shard = shard
@@ -202,7 +187,7 @@ class RoundLoop:
         if since is None or self._in_database:
             return None
         stuck_s = asyncio.get_running_loop().time() - since
-        limit_s = STUCK_AFTER_INTERVALS * self.settings.rounds.interval_s
+        limit_s = self.tuning.stuck_after_intervals * self.settings.rounds.interval_s
         if stuck_s <= limit_s:
             return None
         return (f"round loop stuck: no round started or ended for {stuck_s:.0f} s "
@@ -355,7 +340,8 @@ class RoundLoop:
     async def _load_fleet(self, deadline: float) -> Fleet:
         """A database that is down makes the round wait and retry, up to its deadline."""
         async for attempt in database_retrying(
-                DatabaseUnavailable, stop=StopBefore(deadline, asyncio.get_running_loop().time)):
+                DatabaseUnavailable, stop=StopBefore(deadline, asyncio.get_running_loop().time),
+                tuning=self.tuning):
             with attempt:
                 return await self._database(self.store.load_fleet)
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
@@ -397,7 +383,9 @@ class RoundLoop:
                 await self._database(
                     functools.partial(self.store.record_round, pending, identity=self.identity))
             except DatabaseUnavailable as exc:
-                kept = backlog_kept([details(r) for r in self.unrecorded])
+                kept = backlog_kept([details(r) for r in self.unrecorded],
+                                    rounds=self.tuning.unrecorded_backlog,
+                                    details_cap=self.tuning.unrecorded_details)
                 del self.unrecorded[:len(self.unrecorded) - kept]
                 log.warning("could not record round (database unavailable: %s); "
                             "%d round(s) kept to record later", exc, len(self.unrecorded))
@@ -430,11 +418,14 @@ def database_retrying(
     errors: type[Exception] | tuple[type[Exception], ...], *,
     stop: tenacity.stop.stop_base = tenacity.stop_never,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    tuning: RoundTuning = DEFAULT_ROUNDS,
 ) -> tenacity.AsyncRetrying:
     """Waiting out a database that is down (startup and rounds alike): tenacity retries on
-    `errors`, waits `DATABASE_WAIT` and logs each wait; the last error is raised as is."""
+    `errors`, waits from `RoundTuning.db_backoff_base_s` up to `db_backoff_cap_s` (full
+    jitter, `retry.backoff_s`) and logs each wait; the last error is raised as is."""
+    wait = BackoffWait(base=tuning.db_backoff_base_s, cap=tuning.db_backoff_cap_s)
     return tenacity.AsyncRetrying(
-        retry=tenacity.retry_if_exception_type(errors), wait=DATABASE_WAIT, stop=stop,
+        retry=tenacity.retry_if_exception_type(errors), wait=wait, stop=stop,
         sleep=sleep, before_sleep=_log_database_wait, reraise=True)
 
 

@@ -8,25 +8,24 @@ client and TLS, whatever we arrange; at 10,000 clusters one core's share of that
 The replica that took a save (the *requester*, `Peers.fan_out`) splits its clusters by shard
 (`core.spread.split`). It writes the clusters of the shards it holds, each under that shard's
 Lease, and those of shards no live member holds, as a standby writes (no Lease; the
-resourceVersion preconditions of `fanout`). For every shard another live member holds it
-writes one *part* into the database (`store.parts`: request, parts, items) and notifies
-channel `convergerd_saves`. It waits for the parts, woken by "done" notifications and polling
-every `POLL_S`, at most `PEER_SHARE` of the save deadline; then every cluster without a usable
-result (`core.spread.leftover`: its part not done, or refused by the peer's fence) is written
-by the requester itself, as a standby, within what is left of the deadline. A dead, frozen or
-slow holder therefore never loses a cluster, and the answer lists every cluster. The requester
-records the whole save (deliveries, `round_id` NULL) and checks for a newer revision after it,
-exactly as without peers (`fanout.Saver`), then deletes the request.
+resourceVersion preconditions of `fanout`). For every shard another live member holds it writes
+one *part* into the database (`store.parts`: request, parts, items) and notifies channel
+`convergerd_saves`. It waits for the parts, woken by "done" notifications and polling every
+`SpreadTuning.poll_s`, at most `SpreadTuning.peer_share` of the save deadline; then every
+cluster without a usable result (`core.spread.leftover`: its part not done, or refused by the
+peer's fence) is written by the requester itself, as a standby, within what is left of the
+deadline. A dead, frozen or slow holder therefore never loses a cluster, and the answer lists
+every cluster. The requester records the whole save (deliveries, `round_id` NULL) and checks for
+a newer revision after it, exactly as without peers (`fanout.Saver`), then deletes the request.
 
 The *holder* side (`Peers.run`) claims the parts asked of it, on a notification or every
-`POLL_S`: those of shards it holds now, to write; the others it declines at once (done without
-results, so the requester need not wait). It writes a part only when the policy's row still
-has the request's revision (else it declines: the requester's check after the fan-out saves
-the newer one), under the shard's Lease (`ShardSet.fence`), within what is left of the
+`SpreadTuning.poll_s`: those of shards it holds now, to write; the others it declines at once
+(done without results, so the requester need not wait). It writes a part only when the policy's
+row still has the request's revision (else it declines: the requester's check after the fan-out
+saves the newer one), under the shard's Lease (`ShardSet.fence`), within what is left of the
 request's share of the deadline on the database's clock, so its last write is sent before the
-requester writes the left-over clusters and checks the revision. Everything read from these
-rows is untrusted and decoded (`core.spread`).
-"""
+requester writes the left-over clusters and checks the revision. Everything read from these rows
+is untrusted and decoded (`core.spread`)."""
 
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from convergerd.config import SpreadTuning
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable
 from convergerd.core.model import ClusterId, Policy, PolicyId, RuleError, check_policy_id
 from convergerd.core.removal import Current
@@ -64,15 +64,7 @@ from convergerd.logthrottle import LogThrottle
 
 log = logging.getLogger(__name__)
 
-# Of a save's deadline, how long the requester waits for its peers' parts; the rest is for
-# writing what they left over (a dead holder's clusters: 1/R of the fleet with R replicas).
-PEER_SHARE = 0.5
-# How often the requester checks its parts, and a holder looks for parts, without a
-# notification (one was lost, or the listening connection is being re-established).
-POLL_S = 0.5
-# Parts claimed per pass, and items read per part (a fleet is 10,000 clusters).
-MAX_CLAIMED = 64
-MAX_PART_ITEMS = 200_000
+DEFAULT_SPREAD = SpreadTuning()  # what a `Peers` built without its tuning gets
 
 
 class PartStore(Protocol):
@@ -117,8 +109,7 @@ class Peers:
         env: Callable[[], FanoutEnv],
         source: NotifySource,
         stopping: asyncio.Event,
-        share: float = PEER_SHARE,
-        poll_s: float = POLL_S,
+        tuning: SpreadTuning = DEFAULT_SPREAD,
     ) -> None:
         """`env`: what the holder's writes run with (`fanout.fanout_env`; its fence is
         replaced by the shard's)."""
@@ -127,8 +118,10 @@ class Peers:
         self._env = env
         self._source = source
         self._stopping = stopping
-        self._share = share
-        self._poll_s = poll_s
+        self._share = tuning.peer_share
+        self._poll_s = tuning.poll_s
+        self._max_claimed = tuning.max_claimed
+        self._max_part_items = tuning.max_part_items
         self._waiting: dict[int, asyncio.Event] = {}
         self._wake = asyncio.Event()
         self._parts: set[asyncio.Task[None]] = set()
@@ -252,7 +245,7 @@ class Peers:
         held = sorted(self._holding.view().held)
         try:
             claimed = await self._store.claim_save_parts(self._holding.identity, held,
-                                                         MAX_CLAIMED)
+                                                         self._max_claimed)
         except (DatabaseUnavailable, DatabaseRejected) as exc:
             log.debug("could not look for save parts: %s", exc)
             return 0
@@ -297,7 +290,8 @@ class Peers:
                      "no such policy" if current is None else f"revision {current.revision}",
                      extra={"policy": policy_id, "shard": part.shard})
             return []
-        rows = await self._store.save_part_items(part.request_id, part.shard, MAX_PART_ITEMS)
+        rows = await self._store.save_part_items(part.request_id, part.shard,
+                                                    self._max_part_items)
         shards = self._holding.shards
         work = [w for row in rows
                 if (w := work_item(*row, shard=part.shard, shards=shards)) is not None]

@@ -3,21 +3,21 @@
 within `1.5 * period_s + timeout_s` (15 s plus the time to fail with the defaults), not only at
 the next round.
 
-Cost: at most one small request per cluster per period, on every replica (standbys too, so
-their `/status` and metrics are live): 1000 clusters at 10 s is up to 100 requests per second
-per replica. A cluster that answered any other request (a round's list or apply, a save)
-within the last half period (`SKIP_WITHIN_PERIODS`) is not probed: that answer already proves
-it reached. Half, not a whole period: a cluster that went down just after answering is
-probed by the first pass at least half a period later, so the bound is 1.5 periods; skipping
-within a whole period made it two (a cluster that answered just before a pass waited out that
-pass and the whole next period). Whether an answer spares a probe is judged when that
-cluster's probe is due, not when the pass starts. A cluster a save's fan-out is about to reach
+Cost: at most one small request per cluster per period, on every replica (standbys too, so their
+`/status` and metrics are live): 1000 clusters at 10 s is up to 100 requests per second per
+replica. A cluster that answered any other request (a round's list or apply, a save) within the
+last half period (`ProberTuning.skip_within_periods`) is not probed: that answer already proves
+it reached. Half, not a whole period: a cluster that went down just after answering is probed by
+the first pass at least half a period later, so the bound is 1.5 periods; skipping within a
+whole period made it two (a cluster that answered just before a pass waited out that pass and
+the whole next period). Whether an answer spares a probe is judged when that cluster's probe is
+due, not when the pass starts. A cluster a save's fan-out is about to reach
 (`Answers.expecting`, for at most a period from the fan-out's start) is left to that save: its
 answer tells what the probe would, and at 10,000 clusters a pass overlapping a save's fan-out
-made that save take up to twice its CPU (bench/RESULTS.md, "Figures once quoted in the
-code"). A cluster last seen unreachable is probed still: no answer is no proof.
+made that save take up to twice its CPU (bench/RESULTS.md, "Figures once quoted in the code"). A
+cluster last seen unreachable is probed still: no answer is no proof.
 
-A pass starts its probes at an even pace over `SPREAD_PERIODS` of the period, in small
+A pass starts its probes at an even pace over `ProberTuning.spread_periods` of the period, in small
 batches: at 10,000 clusters a burst of all of them at once would queue 10,000 requests' work
 ahead of the rounds' and the HTTP server's. A probe that gets no answer within `timeout_s`
 counts as unreached, so a dead cluster costs one timeout per period, never more. Clusters the
@@ -26,8 +26,8 @@ the answering ones, `max_silent_in_flight` for those): a tenth of 10,000 cluster
 32 shared slots, made a pass take minutes, and the clusters behind them went unprobed that
 long (bench/RESULTS.md, "Figures once quoted in the code"). A cluster that hung since the last
 pass holds an answering slot only for the patience (`convergerd.slots`), then waits aside; one
-silent pass after pass is probed less and less often (`SILENT_MAX_PASSES`), so a long-dead
-cluster's recovery is seen by the prober within six periods, or at the next pass after any
+silent pass after pass is probed less and less often (`ProberTuning.silent_max_passes`), so a
+long-dead cluster's recovery is seen by the prober within six periods, or at the next pass after any
 round's request to it answered.
 
 "Reached" is `ClusterError.answered`, the rule rounds use too: any answer with an HTTP status
@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Protocol
 
+from convergerd.config import Tuning, default_of
 from convergerd.core.errors import (
     ClusterError,
 )
@@ -66,34 +67,7 @@ class ProbeSink(Protocol):
     ) -> None: ...
 
 
-# Another request's answer excuses a probe when it came within this share of the period.
-SKIP_WITHIN_PERIODS = 0.5
-# A save's fan-out about to reach a cluster excuses its probe for at most this share of the
-# period from the fan-out's start (its own answer then excuses the next): a save over 10,000
-# clusters and a pass of 10,000 probes at once cost the daemon and the clusters much more CPU
-# than the save alone, and the save's answer says what the probe would have.
-EXPECTED_WITHIN_PERIODS = 1.0
-# A pass starts its probes over this share of the period, so the last started has its timeout
-# left before the next pass (5 s + 5 s with the defaults).
-SPREAD_PERIODS = 0.5
-# Probes are started in batches this far apart: a timer per batch, not per probe.
-BATCH_S = 0.05
-# Probes in flight at once to clusters that answered the last pass (or are new): answers
-# come in milliseconds, so this bounds the pace only when the clusters or this process are
-# slow to answer, and then it slows the pass down rather than piling up requests (three
-# replicas probing 10,000 clusters of one simulator each at 1,000 a second, unbounded,
-# drowned it: no Lease could be taken).
-CONCURRENCY = 64
-# Probes in flight at once to clusters the last pass found unreachable: they mostly wait out
-# their timeout, costing a connection and no CPU, so a tenth of 10,000 clusters hung (~1,000
-# waiting at once) does not hold the answering ones back.
-MAX_SILENT_IN_FLIGHT = 4096
-# A cluster silent on this many probes in a row is probed every other pass, then every
-# fourth... (doubling), at most every `SILENT_MAX_PASSES`: a dead or hung cluster costs a
-# connection and a TLS handshake per probe on both sides (a hung one is never kept warm), 100
-# a second for 1,000 of them at the default period, while each round tries it anyway and any
-# answer it gets there marks it reached at the next pass.
-SILENT_MAX_PASSES = 6
+DEFAULT_TUNING = Tuning()  # what a prober built without its tuning gets
 
 # The prober's own request: its answers must not excuse the next probe. A watch reports its
 # status when the stream ends, possibly long after the answer (or cut by a reset): not proof.
@@ -163,22 +137,23 @@ class Prober:
         *,
         clusters: Targets,
         state: ProbeSink,
-        period_s: float = 10.0,
-        timeout_s: float = 5.0,
-        concurrency: int = CONCURRENCY,
-        max_silent_in_flight: int = MAX_SILENT_IN_FLIGHT,
+        period_s: float = default_of("probe_period_s"),
+        timeout_s: float = default_of("request_timeout_s"),
         clock: Clock = utc_now,
         answers: Answers | None = None,
+        tuning: Tuning = DEFAULT_TUNING,
     ) -> None:
         """`state`: where each result goes (`StatusState.observe_probe`; the metrics read it
         there). `answers`: the requests' observer; a cluster it saw answer within the last half
-        period is reported reached without a probe."""
+        period is reported reached without a probe. `tuning`: its pace (`ProberTuning`) and its
+        patience (`SlotTuning`)."""
         self.clusters = clusters
         self.state = state
         self.period_s = period_s
         self.timeout_s = min(timeout_s, period_s)
-        self.concurrency = concurrency
-        self.max_silent_in_flight = max_silent_in_flight
+        self.tuning = tuning.prober
+        self.concurrency = tuning.prober.concurrency
+        self.max_silent_in_flight = tuning.prober.max_silent_in_flight
         self.clock = clock
         self.answers = answers
         # A probe to a cluster that answered the last pass gives its answering slot back and
@@ -186,7 +161,7 @@ class Prober:
         # hanging at once held the 64 slots for a timeout each, so the pass that should have
         # found them took over a minute, and rounds ran into them meanwhile (bench/RESULTS.md,
         # "Figures once quoted in the code").
-        self._patience = Patience(ceiling_s=self.timeout_s)
+        self._patience = Patience(ceiling_s=self.timeout_s, tuning=tuning.slots)
         self.skipped = 0  # probes saved by other requests' answers, since start
         self._was_up: dict[str, bool] = {}
         self._passes = 0
@@ -198,7 +173,7 @@ class Prober:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
-            await self.probe_once(spread_s=self.period_s * SPREAD_PERIODS)
+            await self.probe_once(spread_s=self.period_s * self.tuning.spread_periods)
             await asyncio.sleep(max(0.0, started + self.period_s - loop.time()))
 
     async def probe_once(self, *, spread_s: float = 0.0) -> dict[str, bool]:
@@ -213,9 +188,10 @@ class Prober:
         if self.answers is not None:
             self.answers.keep(set(targets))
         order = sorted(targets)
-        # Cluster k's probe is due at k * step; those due within one BATCH_S start together.
+        # Cluster k's probe is due at k * step; those due within one `batch_s` start together.
         step = spread_s / len(order) if order else 0.0
-        per_batch = max(1, math.ceil(BATCH_S / step)) if step > 0 else max(1, len(order))
+        per_batch = (max(1, math.ceil(self.tuning.batch_s / step)) if step > 0
+                     else max(1, len(order)))
         reached: dict[str, bool] = {}
         answering = asyncio.Semaphore(self.concurrency)
         silent = asyncio.Semaphore(self.max_silent_in_flight)
@@ -250,7 +226,7 @@ class Prober:
     def _excused(self, cluster: str) -> bool | None:
         """Whether `cluster` counts as reached without a probe this pass; None: probe it."""
         if self.answers is not None and self.answers.answered_within(
-                cluster, self.period_s * SKIP_WITHIN_PERIODS):
+                cluster, self.period_s * self.tuning.skip_within_periods):
             self.skipped += 1
             self._report(cluster, True, None, None)
             return True
@@ -278,7 +254,7 @@ class Prober:
         return len(self._was_up)
 
     def _resting(self, cluster: str) -> bool:
-        """Silent on its last probes, and not yet due again (`SILENT_MAX_PASSES`)."""
+        """Silent on its last probes, and not yet due again (`ProberTuning.silent_max_passes`)."""
         silent = self._silent.get(cluster)
         return silent is not None and self._passes < silent[1]
 
@@ -286,7 +262,8 @@ class Prober:
         """A save is about to reach `cluster`, which answered when last probed: its answer
         will tell. One last seen unreachable is probed still (no answer is no proof)."""
         return (self.answers is not None and self._was_up.get(cluster) is not False
-                and self.answers.expected_within(cluster, self.period_s * EXPECTED_WITHIN_PERIODS))
+                and self.answers.expected_within(
+                    cluster, self.period_s * self.tuning.expected_within_periods))
 
     async def _probe(self, cluster: str, api: PolicyApi) -> bool:
         version: str | None = None
@@ -322,4 +299,4 @@ class Prober:
         else:
             times = self._silent.get(cluster, (0, 0))[0] + 1
             self._silent[cluster] = (times, self._passes + min(2 ** (times - 1),
-                                                               SILENT_MAX_PASSES))
+                                                               self.tuning.silent_max_passes))

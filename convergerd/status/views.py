@@ -11,6 +11,7 @@ import functools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from convergerd.config import default_of
 from convergerd.core.report import PhaseReading
 from convergerd.status.phases import (
     AUDIT_CURRENT,
@@ -33,7 +34,7 @@ UNKNOWN_VERSION = "unknown"
 AUDIT_POLICIES_LISTED = 100
 
 # The operators' probe period when the caller does not say (CONVERGERD_OPERATOR_PROBE_MINUTES).
-DEFAULT_PROBE_PERIOD_S = 600.0
+DEFAULT_PROBE_PERIOD_S: float = default_of("operator_probe_minutes") * 60.0
 
 
 def unsupported_rollup(clusters: Iterable[tuple[str, str | None]]) -> dict[str, list[str]]:

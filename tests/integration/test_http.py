@@ -22,10 +22,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from convergerd.api.app import make_app
-from convergerd.api.server import STATUS_DB_CONCURRENCY
 from convergerd.cli.status import StatusUnavailable, add_arguments, fetch_status
 from convergerd.cli.status import run as run_status
-from convergerd.config import Settings, load_settings
+from convergerd.config import Settings, StatusReadTuning, load_settings
 from convergerd.core.errors import DatabaseUnavailable
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
 from convergerd.core.removal import Current, Target
@@ -52,6 +51,8 @@ from convergerd.status.state import StatusState
 from convergerd.status.sync import StatusSync
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
+
+STATUS_DB_CONCURRENCY = StatusReadTuning().db_concurrency
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 TOKEN = "canary-api-token-5e1d9c"

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from convergerd.config import SlotTuning
 from convergerd.core.errors import (
     ClusterApiError,
     ClusterError,
@@ -46,7 +47,10 @@ from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, Rou
 from convergerd.delivery.apply import ClusterCalls
 from convergerd.delivery.converge import Round, RoundLimits, run_round
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
-from convergerd.slots import ASIDE_PER_SLOT, PATIENCE_FLOOR_S, suspect_slots
+from convergerd.slots import suspect_slots
+
+ASIDE_PER_SLOT = SlotTuning().aside_per_slot
+PATIENCE_FLOOR_S = SlotTuning().patience_floor_s
 
 pytestmark = pytest.mark.looptime
 

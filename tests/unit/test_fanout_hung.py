@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import pytest
 
+from convergerd.config import SlotTuning
 from convergerd.core.errors import ClusterUnreachable
 from convergerd.core.model import ClusterId, PolicyId, PolicyRow
 from convergerd.core.removal import Current, Target
@@ -21,7 +22,8 @@ from convergerd.core.report import ApplyResult, Delivery, FanoutResult, FanoutSt
 from convergerd.delivery.apply import ClusterCalls, Unfenced
 from convergerd.delivery.fanout import FanoutEnv, Saver
 from convergerd.kube.api import Applied, KubeObject, ObjectList
-from convergerd.slots import PATIENCE_FLOOR_S
+
+PATIENCE_FLOOR_S = SlotTuning().patience_floor_s
 
 pytestmark = pytest.mark.looptime
 

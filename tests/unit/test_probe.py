@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from convergerd.config import ProberTuning
 from convergerd.core.errors import (
     BadResponse,
     ClusterLevelError,
@@ -19,8 +20,10 @@ from convergerd.core.errors import (
 from convergerd.core.model import ClusterId
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
 from convergerd.status.metrics import Metrics
-from convergerd.status.probe import SILENT_MAX_PASSES, Answers, Prober
+from convergerd.status.probe import Answers, Prober
 from convergerd.status.state import StatusState
+
+SILENT_MAX_PASSES = ProberTuning().silent_max_passes
 
 
 class FakeApi:

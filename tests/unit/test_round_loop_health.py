@@ -8,20 +8,23 @@ Protocols."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
 
-from convergerd.config import load_settings
+from convergerd.config import RoundTuning, Tuning, load_settings
 from convergerd.core.model import ClusterId, Fleet
 from convergerd.core.report import Epoch, RoundReport
-from convergerd.delivery.rounds import STUCK_AFTER_INTERVALS, RoundLoop
+from convergerd.delivery.rounds import RoundLoop
 from convergerd.kube.api import PolicyApi
 from convergerd.leader.elector import NoElection
 from convergerd.leader.shards import Shard
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.supervise import HealthCheck
+
+STUCK_AFTER_INTERVALS = RoundTuning().stuck_after_intervals
 
 pytestmark = pytest.mark.looptime
 
@@ -74,8 +77,10 @@ async def follow(*_: Any, **__: Any) -> None:
 
 
 def round_loop(store: FleetStore, elector: NoElection,
-               clusters: NoClusters | None = None) -> RoundLoop:
+               clusters: NoClusters | None = None, tuning: Tuning | None = None) -> RoundLoop:
     settings = load_settings({"Policies__ConvergeIntervalMinutes": str(INTERVAL_S / 60)})
+    if tuning is not None:
+        settings = dataclasses.replace(settings, tuning=tuning)
     shard = Shard(index=0, count=1, lease=settings.election.lease_name, elector=elector)
     return RoundLoop(
         settings=settings, store=store, clusters=clusters or NoClusters(), shard=shard,
@@ -114,6 +119,24 @@ async def test_a_round_loop_stuck_in_a_round_fails_health_after_two_intervals() 
     beat.cancel()
     await asyncio.gather(task, beat, return_exceptions=True)
     assert loop.problem() is None  # not running: a task that ended is reported by its own
+
+
+async def test_the_stuck_limit_is_the_daemons_tuning() -> None:
+    """`Settings.tuning` governs the limit, not a constant of the module: allowed four
+    intervals, a loop hung in its first round for three is healthy, for four and a half not."""
+    clusters = NoClusters()
+    clusters.hang = True
+    loop = round_loop(FleetStore(), NoElection(identity="me"), clusters,
+                      tuning=Tuning(rounds=RoundTuning(stuck_after_intervals=4.0)))
+    task = asyncio.create_task(loop.run())
+    await asyncio.sleep(3 * INTERVAL_S)
+    assert loop.problem() is None
+    await asyncio.sleep(1.5 * INTERVAL_S)
+    assert "round loop stuck" in (loop.problem() or "")
+    clusters.hang = False
+    loop.stopping.set()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_standby_round_loop_waiting_for_the_lease_is_not_stuck() -> None:

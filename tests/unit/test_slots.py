@@ -6,7 +6,10 @@ import asyncio
 
 import pytest
 
-from convergerd.slots import PATIENCE_FACTOR, Aside, Patience, patient_slots
+from convergerd.config import SlotTuning
+from convergerd.slots import Aside, Patience, patient_slots
+
+PATIENCE_FACTOR = SlotTuning().patience_factor
 
 pytestmark = pytest.mark.looptime
 

@@ -14,8 +14,8 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from convergerd import __version__
-from convergerd.api.server import METRICS_REUSE_MAX_S, STATUS_REUSE_BUILDS, STATUS_REUSE_S, Views
-from convergerd.config import load_settings
+from convergerd.api.server import Views
+from convergerd.config import StatusReadTuning, load_settings
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import ClusterOutcome, Epoch, PhaseReading, RoundReport
 from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
@@ -23,6 +23,11 @@ from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.status.views import iso
 from convergerd.supervise import HealthCheck
+
+TUNING = StatusReadTuning()
+METRICS_REUSE_MAX_S = TUNING.metrics_reuse_max_s
+STATUS_REUSE_BUILDS = TUNING.reuse_builds
+STATUS_REUSE_S = TUNING.reuse_s
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 INTERVAL = 300.0
