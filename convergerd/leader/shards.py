@@ -124,6 +124,21 @@ def live_holder(observed: LeaseReading | None, now_mono: float, own_duration_s: 
     return observed.record.holder
 
 
+def live_member(observed: LeaseReading | None, now_mono: float, own_duration_s: float) -> str:
+    """The replica a membership Lease says is alive, or "": its record must have changed
+    within our own lease duration, whatever duration it claims. Every replica renews its
+    membership each retry period, so a live one always does; a record written once with a huge
+    duration (a dead replica's, or a forged one) would otherwise be counted for up to
+    `lease.MAX_PEER_DURATION_FACTOR` of our durations, shrinking our share so that we hand back
+    shards nobody takes."""
+    if observed is None or not observed.record.held:
+        return ""
+    if now_mono >= min(observed.expires_mono(own_duration_s),
+                       observed.since_mono + own_duration_s):
+        return ""
+    return observed.record.holder
+
+
 class ShardSet:
     """`run()` keeps the shard electors going and, with more than one shard, the membership
     Lease and the plan."""
@@ -163,6 +178,7 @@ class ShardSet:
                 clock=clock)
         self._wanted: set[int] = set() if self._planning else set(range(self.shards))
         self._observed: dict[str, LeaseReading] = {}
+        self._renewing: set[str] = set()  # membership Leases seen renewed while observed
         self._holders: list[str] = [""] * self.shards
         self._plan: ShardPlan | None = None
         self._handing: dict[int, asyncio.Task[None]] = {}
@@ -344,6 +360,10 @@ class ShardSet:
         shard_names = {shard_lease_name(k): k for k in range(self.shards)}
         seen: dict[str, LeaseReading] = {}
         members: set[str] = set()
+        # A member counts once we saw its record change (a live replica renews every retry
+        # period; a record written once, however long it claims, is no replica: counted, it
+        # would shrink our share and we would hand back shards nobody takes).
+        renewing = set(self._renewing)
         own_s = self._s.lease_duration_s
         for item in items:
             meta = item.get("metadata")
@@ -357,13 +377,17 @@ class ShardSet:
                 record = LeaseRecord.from_object(item)
             except LeaseFormatError:
                 continue  # a Lease nobody can hold as it stands: counts as free
-            observed = observe(self._observed.get(name), record, now)
+            previous = self._observed.get(name)
+            observed = observe(previous, record, now)
             assert observed is not None
             seen[name] = observed
-            holder = live_holder(observed, now, own_s)
-            if is_member and holder:
-                members.add(holder)
+            if is_member and previous is not None and observed is not previous:
+                renewing.add(name)
+            member = live_member(observed, now, own_s) if name in renewing else ""
+            if member:
+                members.add(member)
         self._observed = seen
+        self._renewing = renewing & seen.keys()
         self._holders = [live_holder(seen.get(shard_lease_name(k)), now, own_s)
                          for k in range(self.shards)]
         return members

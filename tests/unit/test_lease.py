@@ -34,7 +34,7 @@ from convergerd.leader.lease import (
     stalled_s,
     write_budget,
 )
-from convergerd.leader.shards import live_holder
+from convergerd.leader.shards import live_holder, live_member
 
 UTC = dt.UTC
 T0 = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -485,10 +485,28 @@ def test_a_claimed_duration_is_honoured_up_to_ten_of_ours(
     assert can_acquire(seen, 100.0 + honoured, ME, own_duration_s=15.0), why
 
 
-def test_a_shard_or_member_lease_with_a_huge_duration_stops_counting_at_the_cap() -> None:
+def test_a_shard_lease_with_a_huge_duration_stops_counting_at_the_cap() -> None:
     seen = LeaseReading(rec("ghost", duration=INT32_MAX), 100.0)
     assert live_holder(seen, 249.9, 15.0) == "ghost"
     assert live_holder(seen, 250.0, 15.0) == ""
+
+
+@pytest.mark.parametrize(("claimed", "counted_until"), [
+    (INT32_MAX, 115.0),  # a ghost member: counted for one of our durations, not ten
+    (15, 115.0),
+    (4, 104.0),  # a shorter claim is its own
+    (None, 115.0),
+])
+def test_a_member_counts_only_while_its_record_changes_within_our_duration(
+        claimed: int | None, counted_until: float) -> None:
+    """Every live replica renews its membership each retry period; a member record left
+    unchanged for our lease duration is no replica, whatever it claims, so our share is not
+    shrunk (and shards handed back for nobody) for ten of our durations."""
+    seen = LeaseReading(rec("ghost", duration=claimed), 100.0)
+    assert live_member(seen, counted_until - 0.001, 15.0) == "ghost"
+    assert live_member(seen, counted_until, 15.0) == ""
+    assert live_member(LeaseReading(rec("ghost", duration=claimed), counted_until),
+                       counted_until + 1.0, 15.0) == "ghost"  # it renewed: counted again
 
 
 def test_stalled_from_two_of_our_durations_unchanged_until_the_claim_runs_out() -> None:
