@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from convergerd.config import MAX_IDENTITY_CHARS
+from convergerd.config import MAX_IDENTITY_CHARS, default_of
 from convergerd.core.decode import clean_text
 from convergerd.core.shown import shown
 
@@ -48,7 +48,8 @@ class Fence(Protocol):
 KubeObject = dict[str, Any]
 
 LEASE_API_VERSION = "coordination.k8s.io/v1"
-DEFAULT_LEASE_DURATION_S = 15.0
+# The setting's default (CONVERGERD_LEASE_DURATION_SECONDS), written once in its row.
+DEFAULT_LEASE_DURATION_S: float = default_of("lease_duration_s")
 RETRY_JITTER = 0.2  # acquire attempts are spread over retry period x [0.8, 1.2]
 INT32_MAX = 2**31 - 1  # leaseDurationSeconds and leaseTransitions are int32 in the API
 # A previous renewTime further ahead of our wall clock than this was not written by a replica
