@@ -91,7 +91,11 @@ MAX_JSON_DEPTH = 100
 # (4,300 digits) raises ValueError, and converting even that many is quadratic.
 MAX_JSON_INT_DIGITS = 100
 
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# A JSON string (its escapes included) as one token, the loop unrolled so `re` runs the common
+# characters in its C loop; for text here and for bytes in `containers`.
+_STRING_PATTERN = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+_JSON_STRING = re.compile(_STRING_PATTERN, re.DOTALL)
+_JSON_STRING_BYTES = re.compile(_STRING_PATTERN.encode(), re.DOTALL)
 _BRACKET = re.compile(r"[\[\]{}]")
 _INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
 
@@ -226,11 +230,6 @@ def _fallback(data: bytes | str, max_depth: int) -> Any:
 # and tens of MB of Python objects at worst. Each edge's own `Cost` is smaller where it can be.
 ANSWER_MAX_CONTAINERS = 250_000
 
-# Strings (their escapes included) as one token each, the loop unrolled so `re` runs the
-# common characters in its C loop (how fast: bench/RESULTS.md, "Figures once quoted in the
-# code").
-_JSON_STRING_BYTES = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-
 
 @dataclass(frozen=True, slots=True)
 class Cost:
@@ -247,11 +246,10 @@ def containers(body: bytes, limit: int) -> int:
     """The JSON objects and arrays in `body`, exactly when that is over `limit` (brackets in
     strings are not counted), else an upper bound (brackets counted wherever they are: two
     passes in C). The strings are stripped only on that slow path."""
-    rough = body.count(b"{") + body.count(b"[")
+    rough = _brackets(body)
     if rough <= limit:
         return rough
-    bare = _JSON_STRING_BYTES.sub(b"", body)
-    return bare.count(b"{") + bare.count(b"[")
+    return _brackets(_JSON_STRING_BYTES.sub(b"", body))
 
 
 def parse_json(body: bytes, what: str, *, max_containers: int = ANSWER_MAX_CONTAINERS) -> Any:

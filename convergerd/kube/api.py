@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from convergerd.core.model import ClusterId
 
 KubeObject = dict[str, Any]
+LEASE_API_VERSION = "coordination.k8s.io/v1"  # the Leases of `LeaseApi`
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,7 +90,13 @@ from convergerd.core.render import (
     VERSION,
 )
 from convergerd.core.shown import shown
-from convergerd.kube.api import Applied, KubeObject, ObjectList, RequestObserver
+from convergerd.kube.api import (
+    LEASE_API_VERSION,
+    Applied,
+    KubeObject,
+    ObjectList,
+    RequestObserver,
+)
 from convergerd.kube.kubeconfig import Credentials, read_token_file
 from convergerd.kube.listhead import HEAD_BYTES
 from convergerd.ratelimit import TokenBucket
@@ -127,7 +133,6 @@ POLICY_COST = Cost(max_containers=8 * POLICY_CONTAINERS)
 # Every managed Policy a cluster holds, over all pages: far above the policies one database
 # can have for a cluster (the scale the product is built for is 100 a cluster).
 POLICY_LIST = ListBudget(max_items=10_000, max_pages=200)
-LEASE_API_VERSION = "coordination.k8s.io/v1"
 # Reason slugs of `ClusterUnreachable` (metrics labels; `retry` keys decisions on them).
 REASON_TIMEOUT = "timeout"
 REASON_CONNECT = "connect_error"

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from convergerd.config import MAX_IDENTITY_CHARS, default_of
 from convergerd.core.decode import clean_text
 from convergerd.core.shown import shown
+from convergerd.kube.api import LEASE_API_VERSION
 
 
 class Fence(Protocol):
@@ -47,7 +48,6 @@ class Fence(Protocol):
 
 KubeObject = dict[str, Any]
 
-LEASE_API_VERSION = "coordination.k8s.io/v1"
 # The setting's default (CONVERGERD_LEASE_DURATION_SECONDS), written once in its row.
 DEFAULT_LEASE_DURATION_S: float = default_of("lease_duration_s")
 RETRY_JITTER = 0.2  # acquire attempts are spread over retry period x [0.8, 1.2]

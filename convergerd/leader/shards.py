@@ -131,12 +131,9 @@ def live_member(observed: LeaseReading | None, now_mono: float, own_duration_s: 
     duration (a dead replica's, or a forged one) would otherwise be counted for up to
     `lease.MAX_PEER_DURATION_FACTOR` of our durations, shrinking our share so that we hand back
     shards nobody takes."""
-    if observed is None or not observed.record.held:
+    if observed is None or now_mono >= observed.since_mono + own_duration_s:
         return ""
-    if now_mono >= min(observed.expires_mono(own_duration_s),
-                       observed.since_mono + own_duration_s):
-        return ""
-    return observed.record.holder
+    return live_holder(observed, now_mono, own_duration_s)
 
 
 class ShardSet:
