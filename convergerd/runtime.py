@@ -317,8 +317,7 @@ class Daemon:
 
     def _unreachable_now(self, cluster: ClusterId) -> bool:
         """Seen unreachable by the last round or probe: a save's suspect (`slots.Lanes`)."""
-        state = self.state.clusters.get(cluster)
-        return state is not None and state.reachable is False
+        return self.state.unreachable(cluster)
 
     def _peers(self, store: Store, registry: ClusterRegistry,
                shardset: ShardSet) -> Peers | None:

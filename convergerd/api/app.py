@@ -31,13 +31,13 @@ from convergerd.api.server import (
 from convergerd.config import Settings
 from convergerd.delivery.fanout import Saver
 from convergerd.status.metrics import Metrics
-from convergerd.status.state import StatusState
+from convergerd.status.reader import StatusReader
 
 
 def make_app(
     *,
     metrics: Metrics,
-    state: StatusState,
+    state: StatusReader,
     store: StatusSource,
     settings: Settings,
     health: Health,

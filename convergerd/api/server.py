@@ -6,9 +6,11 @@ by which handler is `convergerd.api.app`; the save and delete handlers are
 Status works on every replica: what this replica observed is merged with what the database
 recorded (whoever led), the newer fact winning, so a standby shows the leader's results. The
 handlers only read: `/status` is the live state (`convergerd.status.state`, fed by rounds and the
-periodic database sync, `convergerd.status.sync`); the per-cluster and per-policy views add that
-one cluster's or policy's rows, read in one query through a small gate with a short timeout, so
-status requests cannot take the database connections the round needs.
+periodic database sync, `convergerd.status.sync`), seen through its read-only face
+(`convergerd.status.reader.StatusReader`) and shown by `convergerd.status.document`; the
+per-cluster and per-policy views add that one cluster's or policy's rows, read in one query
+through a small gate with a short timeout, so status requests cannot take the database
+connections the round needs.
 
 Liveness: a heartbeat task notes the loop time every second and how late it woke up (the
 event-loop lag, also a metric). A fully blocked loop cannot answer `/healthz` at all, which fails
@@ -97,6 +99,13 @@ from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
 from convergerd.core.shown import SHOWN_MAX_CHARS, describe, shown
 from convergerd.logthrottle import WINDOW_S, LogThrottle
 from convergerd.ratelimit import TokenBucket
+from convergerd.status.document import (
+    audit_sample_view,
+    cluster_summary,
+    merged_policies,
+    snapshot_head,
+    sorted_clusters,
+)
 from convergerd.status.listing import (
     UNSUPPORTED_LISTED,
     WORST_LISTED,
@@ -110,8 +119,8 @@ from convergerd.status.listing import (
 )
 from convergerd.status.metrics import CONTENT_TYPE, HTTP_BOUNDS_REASONS, Metrics
 from convergerd.status.phases import age_s, stale_after_s
+from convergerd.status.reader import StatusReader
 from convergerd.status.records import PolicyRecord, merge_records
-from convergerd.status.state import StatusState
 from convergerd.status.views import iso, policy_audit_view, record_view, unsupported_of
 
 log = logging.getLogger(__name__)
@@ -729,7 +738,7 @@ class Views:
         self,
         *,
         metrics: Metrics,
-        state: StatusState,
+        state: StatusReader,
         store: StatusSource,
         settings: Settings,
         health: Health,
@@ -873,7 +882,7 @@ class Views:
         listed = 0
         for start in range(0, len(ids), self.status_slice):
             await asyncio.sleep(0)
-            summaries = [state.cluster_summary(c, built.now)
+            summaries = [cluster_summary(state, c, built.now)
                          for cid in ids[start:start + self.status_slice]
                          if (c := state.clusters.get(cid)) is not None]  # not removed since
             listed += len(summaries)
@@ -892,7 +901,7 @@ class Views:
             self._status_building = None
 
     async def build_status(self) -> StatusBuilt:
-        """The `/status` document (`StatusState.snapshot`, and this server's version and
+        """The `/status` document (`status.document.snapshot`, and this server's version and
         database), built in slices of `status_slice` clusters with the loop free between them,
         each slice encoded as it is made. A body thus shows the state as it was during its
         build, from when it began (its `now`). Past `status_max_clusters` clusters, a summary:
@@ -901,7 +910,7 @@ class Views:
         state, clock = self.state, self.clock
         began = clock()
         version, now = state.version, state.clock()
-        order = state.sorted_clusters(now)
+        order = sorted_clusters(state, now)
         ids = state.cluster_ids()  # the pages' order
         cost = clock() - began
         most = self.settings.status_max_clusters
@@ -913,7 +922,7 @@ class Views:
         for start in range(0, len(order), self.status_slice):
             await asyncio.sleep(0)
             sliced = clock()
-            summaries = [state.cluster_summary(c, now)
+            summaries = [cluster_summary(state, c, now)
                          for c in order[start:start + self.status_slice]]
             counted.add(summaries)
             unsupported.extend(unsupported_of(summaries))
@@ -922,7 +931,7 @@ class Views:
             cost += clock() - sliced
         await asyncio.sleep(0)
         sliced = clock()
-        head = {**state.snapshot_head(now, unsupported), "version": __version__,
+        head = {**snapshot_head(state, now, unsupported), "version": __version__,
                 "database": self._database(state.sync_error), "fleet": counted.counts}
         if not complete:
             head["unsupported_by_version"] = bounded_unsupported(
@@ -949,7 +958,7 @@ class Views:
         if not known:
             return error_response(404, f"unknown cluster {cluster!r}", cluster=cluster)
         now = self.state.clock()
-        records = self.state.merged_policies(cluster, stored.deliveries if stored else ())
+        records = merged_policies(self.state, cluster, stored.deliveries if stored else ())
         policies = []
         for pid, record in sorted(records.items()):
             current = stored.current.get(pid) if stored is not None else None
@@ -964,7 +973,7 @@ class Views:
             })
         self._charge(len(policies))
         return web.json_response({
-            "cluster": self.state.cluster_summary(self.state.cluster_or_new(cluster), now),
+            "cluster": cluster_summary(self.state, self.state.cluster_or_new(cluster), now),
             "policies": policies,
             "database": self._database(error),
         })
@@ -1021,7 +1030,7 @@ class Views:
                 "deletion": _deletion_view(found, now),
             },
             "audit": policy_audit_view((c["audit"] for c in clusters),
-                                       self.state.audit_sample_view(pid)),
+                                       audit_sample_view(self.state, pid)),
             "clusters": clusters,
         }
 
