@@ -161,7 +161,8 @@ def test_deny_counts_every_binding_and_reports_the_first() -> None:
     second = {"metadata": {"name": "bind2"}, "spec": {"policyName": "pol",
                                                        "validationActions": ["Deny"]}}
     result = outcome(vap(DENY), second, binding())
-    assert result.denial is not None and result.denial.binding == "bind"
+    assert result.denial is not None
+    assert result.denial.binding == "bind"
     assert checks(result) == [("pol", "bind", "invalid_error", "deny"),
                               ("pol", "bind2", "invalid_error", "deny")]
     assert outcome(vap([{"expression": "true"}])).checks == ()
@@ -170,7 +171,8 @@ def test_deny_counts_every_binding_and_reports_the_first() -> None:
 def test_errors_are_counted_by_type_and_ignored_ones_as_allow() -> None:
     broken = [{"expression": "object.nope.deeper == 1"}]
     failing = outcome(vap(broken))
-    assert failing.denial is not None and failing.denial.evaluation == "error"
+    assert failing.denial is not None
+    assert failing.denial.evaluation == "error"
     assert checks(failing) == [("pol", "bind", "invalid_error", "deny")]
     ignored = outcome(vap(broken, failurePolicy="Ignore"))
     assert ignored.denial is None
