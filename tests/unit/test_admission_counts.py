@@ -25,18 +25,26 @@ EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 ACTIONS = ("deny", "warn", "audit")
 START = EPOCH.timestamp()  # when the first API server started (before counting began)
 
-TEXT = b"""\
-# HELP apiserver_validating_admission_policy_check_total [BETA] Validation admission policy
-# TYPE apiserver_validating_admission_policy_check_total counter
-apiserver_validating_admission_policy_check_total{enforcement_action="deny",error_type="invalid_error",policy="stackship-p1",policy_binding="stackship-p1"} 3
-apiserver_validating_admission_policy_check_total{enforcement_action="deny",error_type="compile_error",policy="stackship-p1",policy_binding="by-hand"} 1
-apiserver_validating_admission_policy_check_total{enforcement_action="warn",error_type="invalid_error",policy="stackship-p2",policy_binding="stackship-p2"} 1.234567e+06
-apiserver_validating_admission_policy_check_total{enforcement_action="allow",error_type="invalid_error",policy="stackship-p2",policy_binding="stackship-p2"} 7
-apiserver_validating_admission_policy_check_total{enforcement_action="deny",error_type="invalid_error",policy="someone-elses",policy_binding="x"} 9
-apiserver_validating_admission_policy_check_duration_seconds_count{enforcement_action="deny",error_type="invalid_error",policy="stackship-p1",policy_binding="stackship-p1"} 3
-# TYPE process_start_time_seconds gauge
-process_start_time_seconds 1.71234567899e+09
-"""
+CHECK = "apiserver_validating_admission_policy_check_total"
+
+
+def series(action: str, error: str, policy: str, binding: str, value: str,
+           name: str = CHECK) -> str:
+    return (f'{name}{{enforcement_action="{action}",error_type="{error}",policy="{policy}",'
+            f'policy_binding="{binding}"}} {value}')
+
+
+TEXT = "\n".join([
+    f"# HELP {CHECK} [BETA] Validation admission policy check total",
+    f"# TYPE {CHECK} counter",
+    series("deny", "invalid_error", P, P, "3"),
+    series("deny", "compile_error", P, "by-hand", "1"),
+    series("warn", "invalid_error", "stackship-p2", "stackship-p2", "1.234567e+06"),
+    series("allow", "invalid_error", "stackship-p2", "stackship-p2", "7"),
+    series("deny", "invalid_error", "someone-elses", "x", "9"),
+    series("deny", "invalid_error", P, P, "3", name=f"{CHECK[:-6]}_duration_seconds_count"),
+    "# TYPE process_start_time_seconds gauge",
+    "process_start_time_seconds 1.71234567899e+09", ""]).encode()
 
 
 def test_parse_sums_our_policies_over_bindings_and_error_types() -> None:
