@@ -28,7 +28,7 @@ START = EPOCH.timestamp()  # when the first API server started (before counting 
 CHECK = "apiserver_validating_admission_policy_check_total"
 
 
-def series(action: str, error: str, policy: str, binding: str, value: str,
+def series(action: str, error: str, policy: str, binding: str, value: str, *,
            name: str = CHECK) -> str:
     return (f'{name}{{enforcement_action="{action}",error_type="{error}",policy="{policy}",'
             f'policy_binding="{binding}"}} {value}')
