@@ -190,11 +190,13 @@ class Report:
     def as_status(self) -> dict[str, Any]:
         status: dict[str, Any] = {
             **self.totals.as_status(), "since": timestamp(self.since),
-            "readAt": timestamp(self.read_at), "revision": self.revision,
+            "readAt": timestamp(self.read_at),
             "lastHour": {**self.last_hour.as_status(),
                          "since": timestamp(self.last_hour_since)},
             "resets": self.resets, "probesExcluded": self.probes_excluded,
         }
+        if self.revision.isdigit():
+            status["revision"] = int(self.revision)
         if self.note is not None:
             status["note"] = self.note
         return status
