@@ -489,10 +489,10 @@ class Operator:
         while True:
             self._admission_wake.clear()
             await self._read_admission(self._admission)
-            await asyncio.sleep(ADMISSION_MIN_INTERVAL_S)
+            spacing = min(ADMISSION_MIN_INTERVAL_S, self._t.admission_read_s)
+            await asyncio.sleep(spacing)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(
-                        max(0.0, self._t.admission_read_s - ADMISSION_MIN_INTERVAL_S)):
+                async with asyncio.timeout(self._t.admission_read_s - spacing):
                     await self._admission_wake.wait()
 
     def _counted(self, counts: AdmissionCounts) -> dict[str, tuple[str, PolicyObject]]:
