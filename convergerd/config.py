@@ -347,6 +347,12 @@ OPERATOR_SETTINGS: tuple[Setting, ...] = (
     Setting("operator_probe_delay_s", "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS",
             "--operator-probe-delay-seconds", _positive_float, "10",
             "seconds from a policy becoming Enforcing to its first probe (under a minute)"),
+    Setting("operator_admission_read_s", "CONVERGERD_OPERATOR_ADMISSION_READ_SECONDS",
+            "--operator-admission-read-seconds", _positive_float, "30",
+            "seconds between reads of the API server's /metrics for the admission counts of "
+            "each Policy (status.admission: denials, warnings and audits counted by "
+            "apiserver_validating_admission_policy_check_total); the status is written only "
+            "when a figure changed"),
     Setting("operator_cache_max_bytes", "CONVERGERD_OPERATOR_CACHE_MAX_BYTES",
             "--operator-cache-max-bytes", _cache_bytes, str(DEFAULT_OPERATOR_CACHE_MAX_BYTES),
             "bytes the audit's workload cache may hold (at least 262144); past it objects are "
@@ -662,6 +668,7 @@ class OperatorSettings:
     probe_delay_s: float
     grace_period_s: float
     log_level: str
+    admission_read_s: float
     log_format: str
     http: HttpLimits = field(default_factory=HttpLimits)
     cache_max_bytes: int = DEFAULT_OPERATOR_CACHE_MAX_BYTES
@@ -703,6 +710,7 @@ def load_operator_settings(
         recheck_s=v["operator_recheck_s"],
         probe_interval_s=v["operator_probe_minutes"] * 60.0,
         probe_delay_s=v["operator_probe_delay_s"],
+        admission_read_s=v["operator_admission_read_s"],
         grace_period_s=v["grace_period_s"],
         log_level=v["log_level"],
         log_format=v["log_format"],
