@@ -63,7 +63,7 @@ MIN_GAP_S = 1.0
 # Tokens with a rate-limit bucket at once (the least recently used one goes first).
 MAX_BUCKETS = 4096
 # The request key holding its `Principal`.
-PRINCIPAL = "convergerd.principal"
+PRINCIPAL = web.RequestKey("principal", Principal)
 
 
 class TokenSource(Protocol):

@@ -11,10 +11,10 @@ a cluster's counts and messages in `/status` cover every tenant's policies, so a
 shows only what its records of this boundary's policies say.
 
 Bounded like `/status`: up to `CONVERGERD_STATUS_MAX_CLUSTERS` clusters listed, past it pages
-in id order (`?limit=&after=`, `listing.next`); at most `POLICIES_LISTED` policies (the count
-of all in `policies_total`). The roll-up reads every (cluster, policy) record of the boundary
-in slices with the loop free between them, and costs the status budget by the rows it read,
-as the other views do.
+in id order (`?limit=&after=`, `listing.next`); at most `rows.BOUNDARY_POLICIES_LISTED` policies
+(the count of all in `policies_total`). The roll-up reads every (cluster, policy) record of the
+boundary in slices with the loop free between them, and costs the status budget by the rows it
+read, as the other views do.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from convergerd.api.scopes import unknown_boundary
 from convergerd.api.server import Views, error_response, policy_id_from_request
 from convergerd.core.errors import ConvergerdError
 from convergerd.core.model import ClusterId, PolicyId, RuleError, check_boundary_id
-from convergerd.core.rows import BoundaryPolicy, BoundaryRows
+from convergerd.core.rows import BOUNDARY_POLICIES_LISTED, BoundaryPolicy, BoundaryRows
 from convergerd.core.shown import shown
 from convergerd.status.listing import Page, listing, page_ids, page_request
 from convergerd.status.phases import (
@@ -50,8 +50,6 @@ from convergerd.status.records import PolicyRecord
 from convergerd.status.state import ClusterState
 from convergerd.status.views import audit_view, iso, policy_audit_view, unsupported_rollup
 
-# A boundary's view lists at most this many policies (by id); `policies_total` counts them.
-POLICIES_LISTED = 500
 # Clusters read between two turns of the loop while the roll-up is built.
 SLICE_CLUSTERS = 200
 
@@ -125,8 +123,8 @@ class BoundaryViews:
         if source is None:
             return error_response(503, "boundary views need the database", reason="database")
         try:
-            return await self._views.read(lambda: source.boundary_status(boundary,
-                                                                         POLICIES_LISTED))
+            return await self._views.read(
+                lambda: source.boundary_status(boundary, BOUNDARY_POLICIES_LISTED))
         except (TimeoutError, ConvergerdError, OSError) as exc:
             return error_response(503, f"database unavailable: {self._views.read_error(exc)}",
                                   reason="database")

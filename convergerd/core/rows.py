@@ -148,3 +148,7 @@ class BoundaryRows:
     clusters: tuple[ClusterId, ...]
     policies: tuple[BoundaryPolicy, ...]
     policies_total: int
+
+
+# A boundary's view reads at most this many of its policies (by id).
+BOUNDARY_POLICIES_LISTED = 500
