@@ -48,7 +48,7 @@ from convergerd.api.server import error_response, expect_continue
 from convergerd.core.errors import ConvergerdError
 from convergerd.core.report import utc_now
 from convergerd.core.tokens import TokenRecord, token_digest
-from convergerd.delivery.listener import Channel, NotifySource
+from convergerd.delivery.listener import Channel, ConnectionObserver, NotifySource
 from convergerd.logthrottle import LogThrottle
 from convergerd.ratelimit import TokenBucket
 
@@ -108,15 +108,17 @@ class TokenBook:
         """A notification: read the tokens again soon."""
         self._wake.set()
 
-    async def run(self, notifications: NotifySource | None) -> None:
+    async def run(self, notifications: NotifySource | None, *,
+                  observer: ConnectionObserver | None = None) -> None:
         """Forever: read the tokens now, on each notification (at most once a `MIN_GAP_S`)
-        and every `refresh_s`."""
+        and every `refresh_s`; `observer` is told when the listener connects and loses its
+        connection."""
         if self._source is None:
             return
         async with asyncio.TaskGroup() as tg:
             if notifications is not None:
-                tg.create_task(Channel(notifications, CHANNEL, self.changed).run(),
-                               name="read tokens listener")
+                channel = Channel(notifications, CHANNEL, self.changed, observer=observer)
+                tg.create_task(channel.run(), name="read tokens listener")
             tg.create_task(self._follow(), name="read tokens")
 
     async def _follow(self) -> None:
