@@ -21,9 +21,9 @@ from convergerd.api.auth import TokenBook
 from convergerd.api.mutations import MAX_BODY_BYTES
 from convergerd.api.openapi import document
 from convergerd.api.server import server_options
+from convergerd.core.tokens import new_token, token_digest
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
-from convergerd.core.tokens import new_token, token_digest
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.store.store import Store
