@@ -9,13 +9,19 @@ import asyncio
 import contextlib
 import datetime as dt
 import hashlib
+import json
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck as Checks
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from convergerd.api.app import make_app
 from convergerd.api.auth import TokenBook
@@ -31,6 +37,7 @@ from convergerd.store.notify import PgNotifications
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 from tests.integration.rounds_helpers import import_doc, sql
+from tests.strategies import HOSTILE_BODIES
 
 ADMIN = "scopes-test-admin-token"
 FLEET = {
@@ -303,3 +310,35 @@ async def until(condition: Any, within_s: float = 10.0) -> None:
     async with asyncio.timeout(within_s):
         while not condition():
             await asyncio.sleep(0.05)
+
+
+# Untrusted input on the new endpoints, as the save API is fuzzed: any body, any boundary in
+# the path, any bearer token is a 4xx with a JSON error (or served), never a 500.
+@settings(max_examples=60, suppress_health_check=[Checks.function_scoped_fixture],
+          deadline=None)
+@given(body=HOSTILE_BODIES)
+async def test_any_token_request_body_is_a_4xx_never_a_500(world: World, body: bytes) -> None:
+    for method, path in (("POST", "/v1/tokens"), ("DELETE", "/v1/tokens/no-such-token")):
+        status, raw = await world.ask(method, path, "admin", data=body)
+        assert status in (400, 404, 409, 422) or (status == 201 and method == "POST"), (status,
+                                                                                      raw)
+        assert json.loads(raw)["error" if status >= 400 else "token"]
+
+
+@settings(max_examples=100, suppress_health_check=[Checks.function_scoped_fixture],
+          deadline=None)
+@given(segment=st.text(max_size=80), token=st.text(max_size=120))
+async def test_any_boundary_path_and_token_is_a_4xx_never_a_500(
+    world: World, segment: str, token: str,
+) -> None:
+    path = "/v1/boundaries/" + urllib.parse.quote(segment, safe="")
+    world.tokens["fuzzed"] = token
+    for kind in ("this", "admin", "fuzzed"):
+        for target in (path, path + "/policies/pa"):
+            try:
+                status, raw = await world.ask("GET", target, kind)
+            except (ValueError, aiohttp.ClientError):
+                continue  # a header value the client itself refuses to send
+            assert status < 500, (target, kind, status, raw)
+            if status >= 400:
+                assert json.loads(raw)["error"]

@@ -58,8 +58,9 @@ S, U, F, H, N = (Verdict.SERVE, Verdict.UNAUTHENTICATED, Verdict.FORBIDDEN, Verd
     (Scope.BOUNDARY, READER_A, "team-a", True, False, S),
 ])
 def test_decide(  # noqa: PLR0917 - parametrized
-        scope: Scope, who: Principal, boundary: str | None, fleet_open: bool,
-                admin: bool, verdict: Verdict) -> None:
+    scope: Scope, who: Principal, boundary: str | None, fleet_open: bool, admin: bool,
+    verdict: Verdict,
+) -> None:
     assert decide(scope, who, boundary=boundary, admin_configured=admin,
                   fleet_open=fleet_open) is verdict
 
