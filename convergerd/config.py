@@ -232,6 +232,17 @@ SETTINGS: tuple[Setting, ...] = (
             "second by this replica, in bursts of twice that; more are answered 429 with "
             "Retry-After at once, so readers cannot slow the round (health and metrics are "
             "never limited)"),
+    Setting("token_reads_per_s", "CONVERGERD_TOKEN_READS_PER_SECOND",
+            "--token-reads-per-second", _positive_float, "5",
+            "reads served per second to one bearer token (a boundary's read token, or the "
+            "admin token), in bursts of twice that; more are answered 429 with Retry-After, "
+            "so one tenant cannot use up the status budget the others share"),
+    Setting("fleet_reads_need_token", "CONVERGERD_FLEET_READS_NEED_TOKEN",
+            "--fleet-reads-need-token", _bool, "false",
+            "whether the fleet-wide views (/status, /v1/clusters/{id}, "
+            "/v1/policies/{id}/status, /metrics) need the admin token; by default they are "
+            "open to anyone who reaches the port (a boundary's read token is refused there "
+            "either way)"),
     Setting("status_max_clusters", "CONVERGERD_STATUS_MAX_CLUSTERS",
             "--status-max-clusters", _positive_int, str(STATUS_MAX_CLUSTERS_DEFAULT),
             "GET /status lists every cluster of a fleet up to this many; past it, counts and "
@@ -463,6 +474,8 @@ class Settings:
     saves: SaveSettings = field(default_factory=SaveSettings)
     status_reads_per_s: float = default_of("status_reads_per_s")
     status_max_clusters: int = STATUS_MAX_CLUSTERS_DEFAULT
+    token_reads_per_s: float = default_of("token_reads_per_s")
+    fleet_reads_need_token: bool = default_of("fleet_reads_need_token")
     probe_period_s: float = default_of("probe_period_s")
     # The operators' enforcement probe period.
     operator_probe_period_s: float = default_of("operator_probe_minutes") * 60.0
@@ -590,6 +603,8 @@ def load_settings(
         import_max_bytes=v["import_max_bytes"],
         status_reads_per_s=v["status_reads_per_s"],
         status_max_clusters=v["status_max_clusters"],
+        token_reads_per_s=v["token_reads_per_s"],
+        fleet_reads_need_token=v["fleet_reads_need_token"],
         probe_period_s=v["probe_period_s"],
         operator_probe_period_s=v["operator_probe_minutes"] * 60.0,
         http=_http_limits(v),

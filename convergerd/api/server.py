@@ -129,7 +129,8 @@ log = logging.getLogger(__name__)
 DB_TIMEOUT_S = 5.0
 # The status views share one token bucket (`Settings.status_reads_per_s`; its burst and what a
 # view costs: `StatusReadTuning`). The paths, as the shed counter labels them:
-STATUS_VIEWS = ("/status", "/v1/clusters/{id}", "/v1/policies/{id}/status")
+STATUS_VIEWS = ("/status", "/v1/clusters/{id}", "/v1/policies/{id}/status",
+                "/v1/boundaries/{boundary}", "/v1/boundaries/{boundary}/policies/{id}")
 
 # The server's parser limits: a longer request line (the URL) or header line is refused (400).
 MAX_LINE_BYTES = 8190
@@ -839,7 +840,7 @@ class Views:
     # per-cluster and per-policy views read that one cluster or policy in one query, through
     # `_read` (a few at a time, short timeout): the rounds' database connections stay free.
 
-    async def _read(self, query: Callable[[], Awaitable[T]]) -> T:
+    async def read(self, query: Callable[[], Awaitable[T]]) -> T:
         async with asyncio.timeout(self.db_timeout_s), self.db_gate:
             return await query()
 
@@ -848,7 +849,7 @@ class Views:
                 "url": self.settings.database_url_redacted,
                 "synced_at": iso(self.state.synced_at)}
 
-    def _read_error(self, exc: BaseException) -> str:
+    def read_error(self, exc: BaseException) -> str:
         if isinstance(exc, TimeoutError):
             return f"the database did not answer within {self.db_timeout_s:g} s"
         return describe(exc)
@@ -865,7 +866,7 @@ class Views:
             if self._status_building is None:
                 self._status_building = asyncio.create_task(self._build_status(),
                                                             name="status build")
-                self._charge(len(self.state.clusters))
+                self.charge(len(self.state.clusters))
             # Requests arriving during a build wait for that one; a request that goes away
             # does not stop it.
             built = await asyncio.shield(self._status_building)
@@ -876,7 +877,7 @@ class Views:
         """`page` of the clusters in id order, under the head of `built` (its `now`, counts,
         roll-ups): built per request, at most `status_max_clusters` summaries, in slices."""
         ids, more = page_ids(built.ids, page)
-        self._charge(len(ids))
+        self.charge(len(ids))
         state = self.state
         pieces: list[bytes] = []
         listed = 0
@@ -950,10 +951,10 @@ class Views:
         live = self.state.clusters.get(cluster)
         error: str | None = None
         try:
-            stored = await self._read(lambda: self.store.cluster_status(
+            stored = await self.read(lambda: self.store.cluster_status(
                 cluster, sorted(live.policies) if live is not None else ()))
         except (TimeoutError, ConvergerdError, OSError) as exc:
-            error, stored = self._read_error(exc), None
+            error, stored = self.read_error(exc), None
         known = stored.known if stored is not None else live is not None
         if not known:
             return error_response(404, f"unknown cluster {cluster!r}", cluster=cluster)
@@ -971,7 +972,7 @@ class Views:
                 **view,
                 "in_sync": current is not None and view["delivered_revision"] == current,
             })
-        self._charge(len(policies))
+        self.charge(len(policies))
         return web.json_response({
             "cluster": cluster_summary(self.state, self.state.cluster_or_new(cluster), now),
             "policies": policies,
@@ -983,20 +984,20 @@ class Views:
         if isinstance(pid, web.Response):
             return pid
         try:
-            found = await self._read(lambda: self.store.policy_status(pid))
+            found = await self.read(lambda: self.store.policy_status(pid))
         except (TimeoutError, ConvergerdError, OSError) as exc:
-            return error_response(503, f"database unavailable: {self._read_error(exc)}",
+            return error_response(503, f"database unavailable: {self.read_error(exc)}",
                                   policy=pid, reason="database")
         if found is None:
             return error_response(404, f"unknown policy {pid!r}", policy=pid)
-        view = self._policy_view(found)
-        self._charge(len(view["clusters"]))
+        view = self.policy_view(found)
+        self.charge(len(view["clusters"]))
         return web.json_response(view)
 
-    def _charge(self, rows: int) -> None:
+    def charge(self, rows: int) -> None:
         self.read_budget.charge(rows // self.tuning.rows_per_token)
 
-    def _policy_view(self, found: PolicyStatusRows) -> dict[str, Any]:
+    def policy_view(self, found: PolicyStatusRows) -> dict[str, Any]:
         row, scope = found.policy, found.scope
         stored_by_cluster = {r.cluster: PolicyRecord.from_row(r) for r in found.deliveries}
         now = self.state.clock()

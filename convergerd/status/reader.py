@@ -17,6 +17,9 @@ from convergerd.core.rows import PendingDeletions, RoundRow
 from convergerd.status.cluster import ClusterFacts
 from convergerd.status.shards import ShardsSeen
 
+# Readers type a cluster's facts by `ClusterFacts`, from here (its module is the state's own).
+__all__ = ["ClusterFacts", "Clock", "LeaderInfo", "RoundSummary", "StatusReader"]
+
 Clock = Callable[[], dt.datetime]
 
 
