@@ -18,7 +18,7 @@ from convergerd.status.cluster import ClusterFacts
 from convergerd.status.shards import ShardsSeen
 
 # Readers type a cluster's facts by `ClusterFacts`, from here (its module is the state's own).
-__all__ = ["ClusterFacts", "Clock", "LeaderInfo", "RoundSummary", "StatusReader"]
+__all__ = ["Clock", "ClusterFacts", "LeaderInfo", "RoundSummary", "StatusReader"]
 
 Clock = Callable[[], dt.datetime]
 
