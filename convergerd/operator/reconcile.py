@@ -27,7 +27,6 @@ from convergerd.admission.render import (
     Admission,
     RenderError,
     admission_name,
-    enforcement_of,
     render_admission,
 )
 from convergerd.core.decode import (
@@ -413,7 +412,20 @@ def probe_outcome(*, name: str, boundary: str, namespace: str | None, admitted: 
                          f"no namespace is labelled {BOUNDARY_LABEL}={boundary}, so nothing was "
                          "probed (and nothing is checked in this cluster yet)", at)
     denied = not admitted and status is not None and denied_by(message, name)
-    warned = warned_by(warnings, name) if admitted else None
+    if admitted or denied:
+        warned = warned_by(warnings, name) if admitted else None
+        return _judged(name, namespace, enforcement, denied=denied, warned=warned,
+                       installed=installed, at=at)
+    why = f"HTTP {status}: {message}" if status is not None else message
+    return Condition(VERIFIED, FALSE, PROBE_FAILED,
+                     f"the dry-run create of a violating pod in namespace {namespace} was not "
+                     f"answered by {name}: {why}", at)
+
+
+def _judged(name: str, namespace: str, enforcement: Enforcement, *, denied: bool,
+            warned: str | None, installed: Enforcement | None, at: str) -> Condition:
+    """A probe answered by admission (`denied` by this policy, or admitted, `warned` by it or
+    not) against the mode it should show."""
     if enforcement is not Enforcement.DENY and (denied or (
             warned is not None and enforcement is Enforcement.AUDIT)):
         did = "denied" if denied else "admitted with a warning"
@@ -422,36 +434,31 @@ def probe_outcome(*, name: str, boundary: str, namespace: str | None, admitted: 
                          f"{namespace} (dry-run) although its mode is {enforcement.value}: its "
                          "binding's validationActions are not the mode's "
                          f"({_check_objects(name)})", at)
-    if admitted and enforcement is Enforcement.WARN and warned is not None:
+    if denied:
+        return Condition(VERIFIED, TRUE, DENIED,
+                         f"a pod violating the policy was denied by {name} in namespace "
+                         f"{namespace} (dry-run)", at)
+    if enforcement is Enforcement.WARN and warned is not None:
         return Condition(VERIFIED, TRUE, WARNED,
                          f"a pod violating the policy was admitted with {name}'s warning in "
                          f"namespace {namespace} (dry-run; mode Warn: nothing is denied): "
                          f"{warned}", at)
-    if admitted and enforcement is Enforcement.AUDIT and installed is Enforcement.AUDIT:
+    if enforcement is Enforcement.AUDIT and installed is Enforcement.AUDIT:
         return Condition(VERIFIED, TRUE, AUDIT_ONLY,
                          f"{name} and its binding are installed with validationActions [Audit], "
                          "and a pod violating the policy was admitted in namespace "
                          f"{namespace} without a denial or a warning (dry-run; mode Audit: "
                          "failures go to the API server's audit log, which no client sees)",
                          at)
-    if admitted:
-        how, does = {
-            Enforcement.DENY: ("", "enforce"),
-            Enforcement.WARN: (" without its warning", "check"),
-            Enforcement.AUDIT: (" and its binding is not installed with [Audit]", "audit"),
-        }[enforcement]
-        return Condition(VERIFIED, FALSE, ADMITTED,
-                         f"a pod violating the policy was ADMITTED by a dry-run create in "
-                         f"namespace {namespace}{how}: {name} does not {does} it; "
-                         f"{_check_objects(name)}", at)
-    if denied:
-        return Condition(VERIFIED, TRUE, DENIED,
-                         f"a pod violating the policy was denied by {name} in namespace "
-                         f"{namespace} (dry-run)", at)
-    why = f"HTTP {status}: {message}" if status is not None else message
-    return Condition(VERIFIED, FALSE, PROBE_FAILED,
-                     f"the dry-run create of a violating pod in namespace {namespace} was not "
-                     f"answered by {name}: {why}", at)
+    how, does = {
+        Enforcement.DENY: ("", "enforce"),
+        Enforcement.WARN: (" without its warning", "check"),
+        Enforcement.AUDIT: (" and its binding is not installed with [Audit]", "audit"),
+    }[enforcement]
+    return Condition(VERIFIED, FALSE, ADMITTED,
+                     f"a pod violating the policy was ADMITTED by a dry-run create in "
+                     f"namespace {namespace}{how}: {name} does not {does} it; "
+                     f"{_check_objects(name)}", at)
 
 
 def next_probe_in(policy: PolicyObject, *, now: dt.datetime, interval_s: float,
