@@ -8,7 +8,8 @@ not `true` is a denial (message: `messageExpression` when it gives one line, els
 else `failed expression: <expr>`; reason from the validation, default Invalid); one that cannot
 be evaluated is a denial under `failurePolicy: Fail` (the default) and ignored under `Ignore`.
 A denial rejects the request when the binding's `validationActions` include `Deny`; the first
-one is reported (dispatcher.go).
+one is reported (dispatcher.go). With `Warn` the request goes on and the failure becomes a
+warning for the client (`Denial.warning`, kube-apiserver's words; `decide` collects them).
 
 The evaluator knows no store: the caller passes the policies, bindings and namespace. The
 simulator's admission (`convergerd.sim.vap`) does so for a cluster's store on every write, and
@@ -74,6 +75,24 @@ class Denial:
             f"denied request: {self.message}"
         )
 
+    @property
+    def warning(self) -> str:
+        """What a `Warn` binding tells the client instead (dispatcher.go): `Validation failed
+        for ValidatingAdmissionPolicy '<p>' with binding '<b>': <message>`."""
+        return (
+            f"Validation failed for ValidatingAdmissionPolicy '{self.policy}' with binding "
+            f"'{self.binding}': {self.message}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Admission's answer to one request: the denial that rejects it (None: admitted) and the
+    warnings of `Warn` bindings, in binding order."""
+
+    denial: Denial | None
+    warnings: tuple[str, ...] = ()
+
 
 @dataclass
 class _Scope:
@@ -102,25 +121,46 @@ class PolicyEvaluator:
     ) -> Denial | None:
         """The denial that rejects the request, or None to admit it. `namespace` is the
         request's Namespace object (None for cluster-scoped requests)."""
+        return self.decide(policies, bindings, attrs, namespace=namespace,
+                           apply_namespace_selector=apply_namespace_selector).denial
+
+    def decide(
+        self,
+        policies: Iterable[Mapping[str, Any]],
+        bindings: Iterable[Mapping[str, Any]],
+        attrs: Attributes,
+        *,
+        namespace: Mapping[str, Any] | None,
+        apply_namespace_selector: bool = True,
+    ) -> Decision:
+        """Every binding's failures by its `validationActions`: the first `Deny` one rejects
+        the request, each `Warn` one is a warning (`Audit` goes to an audit log the simulator
+        does not keep)."""
         if attrs.group == ADMISSION_GROUP:
-            return None  # policies never apply to admission configuration itself
+            return Decision(None)  # policies never apply to admission configuration itself
         by_name = {_name(p): p for p in policies}
+        denial: Denial | None = None
+        warnings: list[str] = []
         for binding in sorted(bindings, key=_name):
             spec = _spec(binding)
             policy = by_name.get(str(spec.get("policyName") or ""))
             if policy is None:
                 continue
             actions = spec.get("validationActions") or []
-            for denial in self.evaluate(
+            if not isinstance(actions, list):
+                continue
+            for failed in self.evaluate(
                 policy,
                 binding,
                 attrs,
                 namespace=namespace,
                 apply_namespace_selector=apply_namespace_selector,
             ):
-                if isinstance(actions, list) and "Deny" in actions:
-                    return denial
-        return None
+                if "Deny" in actions and denial is None:
+                    denial = failed
+                if "Warn" in actions:
+                    warnings.append(failed.warning)
+        return Decision(denial, tuple(warnings))
 
     def evaluate(
         self,

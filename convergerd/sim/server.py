@@ -31,6 +31,7 @@ from convergerd.sim.handlers import ResourceHandlers, resource_verb
 from convergerd.sim.routing import Endpoint, NonResourceRoute, ResourceRoute, Route, Router
 from convergerd.sim.store import ClusterStore
 from convergerd.sim.tls import CertAuthority
+from convergerd.sim.vap import recording_warnings, with_warnings
 
 CLUSTER_PREFIX = "/clusters/"
 # Who the kubeconfig token authenticates as (what a 403 message names).
@@ -185,7 +186,12 @@ class ApiServer:
             if not discovery.is_served(route.rt, faults.minor, faults.crd):
                 # A missing CRD or a type this version lacks: the apiserver has no route at all.
                 raise status.path_not_found()
-            return await self._resources.serve(request, self._store(cluster), route)
+            with recording_warnings() as warned:
+                try:
+                    response = await self._resources.serve(request, self._store(cluster), route)
+                except status.ApiError as e:
+                    response = error_response(e)
+            return with_warnings(response, warned)
         except status.ApiError as e:
             return error_response(e)
 
