@@ -10,7 +10,7 @@ read.
 | `GET /status` | JSON: identity, leader, rounds, clusters worst first (paged), Unsupported |
 | `GET /v1/clusters/{id}` | that cluster's policies: delivered vs current revision, error, phase |
 | `GET /v1/policies/{id}/status` | that policy per cluster: revisions, error, phase; its deletion |
-| `POST /v1/policies/{id}/apply` | save: bearer token required |
+| `POST /v1/policies/{id}/apply` | save (a new `enforcement` if asked): bearer token required |
 | `DELETE /v1/policies/{id}` | delete: bearer token required |
 | `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.api.openapi`) |
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from convergerd.api.mutations import SaveHandlers
+from convergerd.api.mutations import ModeStore, SaveHandlers
 from convergerd.api.server import (
     STATUS_VIEWS,
     Health,
@@ -42,16 +42,18 @@ def make_app(
     settings: Settings,
     health: Health,
     saver: Saver,
+    modes: ModeStore | None = None,
     status_db_timeout_s: float | None = None,
 ) -> web.Application:
-    """The aiohttp application. `saver` does the saves and deletions (`mutations.SaveHandlers`);
+    """The aiohttp application. `saver` does the saves and deletions (`mutations.SaveHandlers`),
+    `modes` stores the enforcement a save asks for (the daemon's `Store`);
     `status_db_timeout_s`: how long a cluster or policy view waits for its database read (by
     default `StatusReadTuning.db_timeout_s`)."""
     views = Views(metrics=metrics, state=state, store=store, settings=settings, health=health)
     if status_db_timeout_s is not None:
         views.db_timeout_s = status_db_timeout_s
     saves = SaveHandlers(saver, token=settings.api_token,
-                         body_timeout_s=settings.http.body_timeout_s)
+                         body_timeout_s=settings.http.body_timeout_s, modes=modes)
     app = web.Application(middlewares=middlewares(settings))
     # `Expect: 100-continue` is answered by each route's expect handler before any
     # middleware: the mutations check the token first, none quotes the header.
