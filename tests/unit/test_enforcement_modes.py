@@ -4,11 +4,14 @@ model, the Policy object a round applies, and the import file. The operator's si
 
 from __future__ import annotations
 
+import importlib.resources
 from typing import Any
 
 import pytest
 import yaml
 
+from convergerd import demo
+from convergerd.cli.policyeval import PolicyEval
 from convergerd.core.model import (
     Enforcement,
     InvalidPolicy,
@@ -19,7 +22,12 @@ from convergerd.core.model import (
 )
 from convergerd.core.plan import ListedPolicy, Why, plan_cluster
 from convergerd.core.render import render_policy, validate_policy
-from convergerd.store.importer import ImportedPolicy, ImportFileError, parse_import
+from convergerd.store.importer import (
+    ImportedPolicy,
+    ImportFileError,
+    parse_file_bytes,
+    parse_import,
+)
 
 RULE: dict[str, Any] = {"type": "ForbidLatestTag"}
 
@@ -139,3 +147,25 @@ def test_a_bad_mode_is_listed_with_the_entry_s_other_problems() -> None:
         "enforcement: must be one of Deny, Warn, Audit, got 'Block'",
         "rule.type: unknown type 'Nope'; known: RequiredLabels, AllowedRegistries, "
         "ForbidLatestTag, AllowedComputePlans"]
+
+
+# --- the demo ---------------------------------------------------------------------------------
+
+
+def test_the_demo_has_one_warn_policy_and_its_banner_pod_fails_only_that_one() -> None:
+    """The banner's `kubectl create --dry-run=server` pod is admitted with the Warn policy's
+    warning: no other enabled policy of its boundary would deny it."""
+    tenants = importlib.resources.files("convergerd.demo").joinpath("tenants.yaml")
+    plan = parse_file_bytes(tenants.read_bytes())
+    [warn] = [p for p in plan.policies if p.enforcement is not Enforcement.DENY]
+    assert (warn.id, warn.enforcement) == (demo.WARN_POLICY, Enforcement.WARN)
+    pod = yaml.safe_load(demo.WARN_POD)
+    fails = set()
+    for p in plan.policies:
+        if p.boundary != pod["metadata"]["namespace"] or not p.enabled:
+            continue
+        judge = PolicyEval({"policyId": p.id, "boundary": p.boundary, "enabled": True,
+                            "revision": 1, "rule": p.rule}, None)
+        if not judge.verdict("demo", pod).allowed:
+            fails.add(p.id)
+    assert fails == {demo.WARN_POLICY}
