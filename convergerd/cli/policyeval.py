@@ -7,6 +7,9 @@ The policy is rendered exactly as the in-cluster operator renders it
 CEL runtime and the same matching, so the verdict and message are the ones `kubectl create`
 would get there.
 
+A policy in mode Warn or Audit is judged as if it denied (a note says so): the verdicts say
+what its rule fails, which a cluster admits with a warning or only audits.
+
 Namespaces: without `--namespace-labels` every object is evaluated as if it were in a
 namespace of the policy's boundary (the binding's namespaceSelector is then met by
 construction); with it, the selector is applied to those labels, as a cluster would.
@@ -58,7 +61,7 @@ from convergerd.cli.session import (
 from convergerd.config import ClusterAccess
 from convergerd.core.decode import list_page
 from convergerd.core.errors import BadFile, BadResponse, ConvergerdError
-from convergerd.core.model import ClusterId
+from convergerd.core.model import ClusterId, Enforcement
 from convergerd.core.shown import shown
 from convergerd.files import read_bounded
 from convergerd.kube.kubeconfig import ALLOW_INSECURE_SETTING
@@ -164,12 +167,15 @@ def policy_spec(doc: Any, source: str) -> dict[str, Any]:
     if "policies" in doc:
         raise EvalInputError(f"{source}: this is a whole import file; give one policy entry "
                              "({id, boundary, rule}) or a Policy object")
-    unknown = set(doc) - {"id", "boundary", "enabled", "rule"}
+    unknown = set(doc) - {"id", "boundary", "enabled", "rule", "enforcement"}
     if unknown:
         raise EvalInputError(f"{source}: unknown field(s) in the policy entry: "
                              f"{shown(sorted(map(str, unknown)))}")
-    return {"policyId": doc.get("id"), "boundary": doc.get("boundary"),
+    spec = {"policyId": doc.get("id"), "boundary": doc.get("boundary"),
             "enabled": doc.get("enabled", True), "revision": 1, "rule": doc.get("rule")}
+    if "enforcement" in doc:
+        spec["enforcement"] = doc["enforcement"]
+    return spec
 
 
 def load_policy(path: Path) -> dict[str, Any]:
@@ -216,6 +222,11 @@ class PolicyEval:
 
         self._evaluate = evaluate
         self.admission = render_admission(spec)
+        # The verdicts say what the rule fails whatever the mode (a Warn or Audit binding
+        # admits it): judged with a binding that denies, as a disabled policy is judged as if
+        # enabled. `_print` says so.
+        binding = self.admission.binding
+        self._binding = {**binding, "spec": {**binding["spec"], "validationActions": ["Deny"]}}
         self.boundary = str(spec["boundary"])
         self.enabled = spec.get("enabled", True) is not False
         self._namespace_labels = namespace_labels
@@ -246,7 +257,7 @@ class PolicyEval:
                 "namespace": namespace}}, old_object=None,
         )
         denial = self._evaluator.first_denial(
-            [self.admission.policy], [self.admission.binding], attrs, namespace=ns_obj
+            [self.admission.policy], [self._binding], attrs, namespace=ns_obj
         )
         if denial is None:
             return Verdict(source, kind, namespace, name, allowed=True)
@@ -458,11 +469,18 @@ def _check_flags(args: argparse.Namespace) -> None:
 def _print(evaluator: PolicyEval, verdicts: Sequence[Verdict], *, as_json: bool, selector: str,
            out: TextIO, err: TextIO) -> None:
     name = evaluator.admission.policy["metadata"]["name"]
+    mode = evaluator.admission.enforcement
     if not evaluator.enabled:
         print(f"note: policy {name} is disabled: a cluster enforces nothing until it is "
               "enabled; the verdicts show what it would deny then", file=err)
+    if mode is not Enforcement.DENY:
+        does = ("admits what it fails with a warning" if mode is Enforcement.WARN
+                else "admits what it fails and only records it in its audit log")
+        print(f"note: policy {name} is in mode {mode.value}: a cluster {does}; the verdicts "
+              "show what it would deny in mode Deny", file=err)
     if as_json:
-        json.dump({"policy": name, "enabled": evaluator.enabled, "namespaceSelector": selector,
+        json.dump({"policy": name, "enabled": evaluator.enabled, "enforcement": mode.value,
+                   "namespaceSelector": selector,
                    "results": [v.as_dict() for v in verdicts]}, out, indent=2)
         out.write("\n")
         return

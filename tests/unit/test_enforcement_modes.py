@@ -5,12 +5,15 @@ model, the Policy object a round applies, and the import file. The operator's si
 from __future__ import annotations
 
 import importlib.resources
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from convergerd import demo
+from convergerd.cli.main import main
 from convergerd.cli.policyeval import PolicyEval
 from convergerd.core.model import (
     Enforcement,
@@ -169,3 +172,28 @@ def test_the_demo_has_one_warn_policy_and_its_banner_pod_fails_only_that_one() -
         if not judge.verdict("demo", pod).allowed:
             fails.add(p.id)
     assert fails == {demo.WARN_POLICY}
+
+
+# --- policy eval ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "does"), [
+    ("Warn", "a cluster admits what it fails with a warning"),
+    ("Audit", "a cluster admits what it fails and only records it in its audit log")])
+def test_policy_eval_of_a_warn_or_audit_policy_shows_what_its_rule_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, does: str
+) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(f"{{id: p-latest, boundary: team-a, enforcement: {mode}, "
+                      "rule: {type: ForbidLatestTag}}\n")
+    pod = tmp_path / "pod.yaml"
+    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: shop}\n"
+                   "spec: {containers: [{name: c, image: nginx}]}\n")
+    assert main(["policy", "eval", "--policy", str(policy), "--object", str(pod)]) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith(f"denied   {pod}#1  Pod shop/web: ")
+    assert (f"note: policy stackship-p-latest is in mode {mode}: {does}; the verdicts show what "
+            "it would deny in mode Deny") in err
+    assert main(["policy", "eval", "--policy", str(policy), "--object", str(pod),
+                 "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["enforcement"] == mode
