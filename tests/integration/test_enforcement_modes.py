@@ -26,7 +26,14 @@ from convergerd.status.state import StatusState
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 from tests.fixtures.fleet import kube_http
-from tests.integration.rounds_helpers import FLEET_DOC, Rounds, import_doc, objects, settings_for
+from tests.integration.rounds_helpers import (
+    FLEET_DOC,
+    Rounds,
+    import_doc,
+    objects,
+    settings_for,
+    sql,
+)
 from tests.integration.savedelete_helpers import make_saver
 from tests.integration.test_operator import (
     CLUSTER,
@@ -248,3 +255,25 @@ async def test_an_audit_binding_deleted_by_hand_is_not_verified(
         assert proc.metrics.probes["Admitted"] >= 1
         await verified_in_mode(fleet, "Audit", "AuditOnly")  # repaired, then verified again
 
+
+
+async def test_rounds_deliver_the_mode_and_put_it_back(
+    rounds: Rounds, fleet: Fleet, database_url: str
+) -> None:
+    """A cluster that missed the save of a mode gets it from the next round, and one whose
+    Policy lost it (edited by hand) gets it back: the mode is content, like the rule."""
+    await sql(database_url, "UPDATE policies SET enforcement = 'Audit' WHERE id = $1", PID)
+    report = await rounds.run()
+    assert report.result == "ok"
+    assert [(s["enforcement"], s["revision"]) for s in specs(fleet)] == [("Audit", 2)] * 3
+    held = objects(fleet, "c0002")[f"policy-{PID}"]
+    edited = {**held, "spec": {k: v for k, v in held["spec"].items() if k != "enforcement"}}
+    edited["metadata"] = {k: v for k, v in held["metadata"].items()
+                          if k in ("name", "labels")}
+    resp = await kube_http(fleet, "c0002", "PATCH",
+                           f"{POLICIES}/policy-{PID}?fieldManager=stackship-platform&force=true",
+                           body=edited, content_type="application/apply-patch+yaml")
+    assert resp.status == 200, resp.body
+    assert "enforcement" not in objects(fleet, "c0002")[f"policy-{PID}"]["spec"]
+    await rounds.run()
+    assert [s["enforcement"] for s in specs(fleet)] == ["Audit"] * 3
