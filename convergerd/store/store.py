@@ -380,8 +380,8 @@ class Store:
                    JOIN clusters c ON c.id = bc.cluster_id
                    WHERE bc.boundary_id = $1 ORDER BY bc.cluster_id""", boundary)
             rows = await conn.fetch(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement, deleted_at,
-                           count(*) OVER () AS total
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
+                           deleted_at, count(*) OVER () AS total
                     FROM policies WHERE boundary_id = $1 ORDER BY id LIMIT $2""",  # noqa: S608
                 boundary, most)
         policies = []

@@ -194,7 +194,8 @@ def test_policy_eval_of_a_warn_or_audit_policy_admits_as_a_cluster_would(
     out, err = capsys.readouterr()
     assert out.startswith(f"allowed  {pod}#1  Pod shop/web")
     if mode == "Warn":
-        assert "Warning: Validation failed for ValidatingAdmissionPolicy 'stackship-p-latest'" in out
+        assert ("Warning: Validation failed for ValidatingAdmissionPolicy "
+                "'stackship-p-latest'") in out
     else:
         assert "(audit annotation written)" in out
     assert (f"note: policy stackship-p-latest is in mode {mode}: {does}; the verdicts show it "
