@@ -22,6 +22,7 @@ from convergerd.core.rows import ClusterStateRow, DeliveryRow
 from convergerd.status.listing import worst_first_key
 from convergerd.status.phases import (
     STALE,
+    VERIFIED_STALE_PERIODS,
     is_stale,
     normalize_phase,
     tally,
@@ -282,8 +283,9 @@ def test_verified_per_policy_and_counted_per_cluster() -> None:
 
 def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -> None:
     """Issue 17, item 9: Verified True with lastProbeTime 9999-... (forged) counts as
-    not_verified and says why; a probe older than two of the operators' probe periods (a dead
-    operator) is `stale` in the counts and the policy view, though rounds still read it."""
+    not_verified and says why; a probe older than `VERIFIED_STALE_PERIODS` of the operators'
+    probe periods (a dead operator) is `stale` in the counts and the policy view, though rounds
+    still read it."""
     clock = Clock()
     period = 600.0
     state = StatusState(identity="r", interval_s=INTERVAL, clock=clock, probe_period_s=period)
@@ -306,7 +308,7 @@ def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -
     assert view["verification"] == "not_verified"
     assert "in the future" in view["untrusted"]
 
-    clock.advance(2 * period + 1)
+    clock.advance(VERIFIED_STALE_PERIODS * period + 1)
     round_at(clock.now)  # read again, fresh, but the operator has not probed since
     [c1] = state.snapshot()["clusters"]
     assert c1["verification"] == {"verified": 0, "admitted": 0, "not_verified": 1, "stale": 1,
@@ -314,7 +316,7 @@ def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -
     view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p2")], clock.now,
                        INTERVAL, probe_period_s=period)["verified"]
     assert (view["status"], view["verification"], view["stale"]) == ("True", "stale", True)
-    assert state.snapshot()["verified_stale_after_seconds"] == 2 * period
+    assert state.snapshot()["verified_stale_after_seconds"] == VERIFIED_STALE_PERIODS * period
 
 
 def test_a_standby_shows_the_verified_condition_from_the_database_row() -> None:
