@@ -283,9 +283,10 @@ def _raw(p: PolicyObject) -> dict[str, Any]:
 
 def served(body: dict[str, Any], *managers: str) -> dict[str, Any]:
     """`body` as the server holds it, written by these field managers."""
-    entries = [{"manager": m, "operation": "Apply" if m == "stackship-operator" else "Update",
-                "apiVersion": "admissionregistration.k8s.io/v1", "fieldsType": "FieldsV1",
-                "fieldsV1": {}} for m in managers]
+    entries: list[dict[str, Any]] = [
+        {"manager": m, "operation": "Apply" if m == "stackship-operator" else "Update",
+         "apiVersion": "admissionregistration.k8s.io/v1", "fieldsType": "FieldsV1",
+         "fieldsV1": {}} for m in managers]
     return {**body, "metadata": {**body["metadata"], "managedFields": entries}}
 
 
