@@ -5,20 +5,31 @@ warm cache; only the Lease holder reconciles and writes, each write checked agai
 fence. One worker reconciles one Policy at a time from a queue of due times:
 
 - a watch event (changed or deleted Policy) makes it due now; a failure, after a backoff;
+- a change of its admission objects by someone else (`guard`, the watch on them) makes it due
+  before everything else (`URGENT`);
 - when it is Enforcing, its next enforcement probe (first `probe_delay_s` after it became
   Enforcing, then every `probe_interval_s`, counted from the probe time recorded on it, so a
   restart does not probe again at once);
-- every `probe_interval_s` every Policy is reconciled again (drift in the admission objects is
-  found this way: they are read, not watched), and admission objects whose Policy is gone are
-  deleted (owner references let a real cluster's garbage collector do it too).
+- every `probe_interval_s` every Policy is reconciled again (drift the watch missed, while it
+  was down, is found this way), and admission objects whose Policy is gone are deleted (owner
+  references let a real cluster's garbage collector do it too).
 
 Drift is probed before it is repaired. When a Policy already reported Enforcing at its current
 generation would need a write (its binding deleted or edited by hand), the probe runs first,
 against what is enforced now: a violating pod admitted is `Verified` False `Admitted` (a
 WARNING and `convergerd_operator_probe_admitted`), written with the status. Then the objects
-are re-applied, and a follow-up probe `probe_delay_s` later sets `Verified` True again. So a
-binding removed by hand is always visible in the Policy's status (and to the daemon, which
-reads it back), never silently mended.
+are put back (counted: `convergerd_operator_repairs_total{kind}`), and a follow-up probe runs at
+once (again every `REPAIR_REPROBE_S` while ADMITTED, `REPAIR_REPROBES` times) and sets
+`Verified` True again. So a binding removed by hand is always visible in the Policy's status
+(and to the daemon, which reads it back), never silently mended.
+
+Quiet when nothing changes: a probe that confirms the verdict written keeps the condition as
+written (`reconcile.settled_verified`), so nothing is sent; the probe time, and an unchanged
+audit's `auditedAt`, are rewritten only at the heartbeat (`status.phases.heartbeat_after_s`,
+which the daemon ages them by). INFO lines only for transitions; heartbeats at DEBUG. The
+watch may still hold the version our last status write replaced: the reconcile then reads the
+object that write answered with (`_current`), so a probe confirming what was just written is
+never compared with the version before it.
 
 The probe is a dry-run create of `admission.violating_pod` in a namespace of the Policy's
 boundary, built against the other enabled Policies of that boundary in the watch cache, so that
@@ -40,9 +51,8 @@ boundary changes, when the cache's namespaces or sync state change, and every
 `probe_interval_s`; at most once per `AUDIT_MIN_INTERVAL_S` (changes in between are coalesced
 into one audit). A cache that is not synced gets `CACHE_GRACE_S` to catch up before an audit
 writes `cacheSynced: false` (so a restart or a quick re-list writes nothing). Nothing is
-written when the figures did not change, except to refresh `auditedAt` every
-`probe_interval_s`. A change of only `status.audit` does not reconcile the
-Policy again.
+written when the figures did not change, except to refresh `auditedAt` at the heartbeat. A
+change of only `status.audit` does not reconcile the Policy again.
 
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
