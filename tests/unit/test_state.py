@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.report import (
     ApplyResult,
+    Audit,
     ClusterOutcome,
     Delivery,
     Epoch,
@@ -23,10 +24,13 @@ from convergerd.status.listing import worst_first_key
 from convergerd.status.phases import (
     STALE,
     VERIFIED_STALE_PERIODS,
+    audit_state,
+    heartbeat_after_s,
     is_stale,
     normalize_phase,
     tally,
     tally_counts,
+    verification_of,
 )
 from convergerd.status.records import PolicyRecord, merge_records
 from convergerd.status.state import StatusState
@@ -436,3 +440,36 @@ def test_a_round_cut_before_a_cluster_answered_leaves_its_reachability_as_it_was
     assert c1.last_error == "round deadline reached before this cluster finished"
     assert not c1.caught_up  # its work is left: the next round starts it first
     assert c2.reachable is False
+
+
+@pytest.mark.parametrize(("probe_period", "interval"), [(600.0, 300.0), (60.0, 30.0)])
+def test_an_operator_that_probes_but_writes_only_its_heartbeat_is_never_stale(
+    probe_period: float, interval: float
+) -> None:
+    """Issue 35, item 5: the operator probes every period but rewrites an unchanged verdict's
+    probe time (and auditedAt) only at the heartbeat; read every round (the defaults, and the
+    demo's 1-minute probes and 30-second rounds), a live operator's policies stay `verified`
+    and their audits `current`, and one that stops is `stale` after VERIFIED_STALE_PERIODS."""
+    heartbeat = heartbeat_after_s(probe_period)
+    written = probe = last_round = T0
+    read = written  # the probe time the last round read
+    step_s = probe_period / 10 + 1  # probes come a little late, and drift
+    for step in range(400):  # about forty periods
+        now = T0 + dt.timedelta(seconds=step * step_s)
+        if now >= probe + dt.timedelta(seconds=probe_period):
+            probe = now
+            if (probe - written).total_seconds() >= heartbeat:
+                written = probe
+        if (now - last_round).total_seconds() >= interval:
+            last_round, read = now, written
+        r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1,
+                         last_round, Verification("True", "Denied", "m", read, T0),
+                         Audit(0, read, True))
+        assert verification_of(r, (now - last_round).total_seconds(), interval, now=now,
+                               probe_period_s=probe_period) == "verified", now
+        assert audit_state(r, now, interval, probe_period_s=probe_period) == "current", now
+    dead = written + dt.timedelta(seconds=VERIFIED_STALE_PERIODS * probe_period + 1)
+    r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, dead,
+                     Verification("True", "Denied", "m", written, T0), Audit(0, written, True))
+    assert verification_of(r, 0.0, interval, now=dead, probe_period_s=probe_period) == "stale"
+    assert audit_state(r, dead, interval, probe_period_s=probe_period) == "stale"
