@@ -146,10 +146,10 @@ AUDIT_FIELD_MANAGER = "stackship-operator-audit"
 CACHE_GRACE_S = 10.0
 # Due before everything already due: a Policy whose admission objects someone changed.
 URGENT = -math.inf
-# After a repair the follow-up probe runs at once; kube-apiserver picks up a changed
-# admission policy or binding within about a second (its policy source refreshes every
-# second), so an ADMITTED answer right after a repair is asked again this soon, this many times,
-# before it counts for a probe period.
+# After a repair the follow-up probe runs at once; kube-apiserver's admission enforces a
+# changed policy or binding only once its own watch of them has caught up (not at once, unlike
+# the simulator), so an ADMITTED answer right after a repair is asked again this soon, this many
+# times (3 s in all), before it counts for a probe period.
 REPAIR_REPROBE_S = 0.5
 REPAIR_REPROBES = 6
 
