@@ -28,6 +28,8 @@ from convergerd.core.report import (
     PhaseReading,
     Readings,
     Verification,
+    audit_fields,
+    verified_fields,
 )
 from convergerd.status.records import PolicyRecord, record_row, row_record
 
@@ -41,7 +43,8 @@ def at(seconds: int) -> dt.datetime:
 VERIFIED = Verification("True", "Denied", "probe denied", at(1), at(2))
 AUDIT = Audit(7, at(3), synced=True)
 READING = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", "Reconciled",
-                       "ready message", 11, at(4), VERIFIED, AUDIT)
+                       "ready message", 11, at(4), **verified_fields(VERIFIED),
+                       **audit_fields(AUDIT))
 DELIVERY = Delivery(ClusterId("c1"), PolicyId("p1"), 12, ApplyResult.FAILED, at(5),
                     "422 Unprocessable Entity", "invalid", 3)
 RECORD = PolicyRecord(delivered_revision=13, last_result="failed", last_attempt_at=at(6),

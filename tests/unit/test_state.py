@@ -17,6 +17,7 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
     Verification,
+    verified_fields,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
 from convergerd.status.listing import worst_first_key
@@ -116,7 +117,7 @@ def test_cluster_counts_kept_between_asks_are_the_counts_made_anew(
         verified = None if status is None else Verification(
             status, "Admitted" if i % 3 == 0 else "Denied", "m", probe, probe)
         readings.append(PhaseReading(ClusterId("c1"), PolicyId(f"p{i}"), phase, None, None, 1,
-                                     at, verified))
+                                     at, **verified_fields(verified)))
     state = StatusState(identity="r", interval_s=INTERVAL)
     cluster = state.cluster("c1")
     cluster.phase_tally = tally(readings)
@@ -255,7 +256,7 @@ def test_verified_per_policy_and_counted_per_cluster() -> None:
 
     def checked(policy: str, verified: Verification | None) -> PhaseReading:
         return PhaseReading(ClusterId("c1"), PolicyId(policy), "Enforcing", None, None, 1, T0,
-                            verified)
+                            **verified_fields(verified))
 
     state.observe_round(report(T0, outcome("c1", desired=5, in_sync=5, phases=[
         checked("p1", Verification("True", "Denied", "denied", probed, probed)),
@@ -293,9 +294,11 @@ def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -
     def round_at(seen: dt.datetime) -> None:
         state.observe_round(report(seen, outcome("c1", desired=2, in_sync=2, phases=[
             PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, seen,
-                         Verification("True", "Denied", "denied", forged, probed)),
+                         **verified_fields(Verification("True", "Denied", "denied", forged,
+                                                          probed))),
             PhaseReading(ClusterId("c1"), PolicyId("p2"), "Enforcing", None, None, 1, seen,
-                         Verification("True", "Denied", "denied", probed, probed)),
+                         **verified_fields(Verification("True", "Denied", "denied", probed,
+                                                          probed))),
         ])))
 
     round_at(clock.now)
@@ -320,9 +323,10 @@ def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -
 def test_a_standby_shows_the_verified_condition_from_the_database_row() -> None:
     state = StatusState(identity="standby", interval_s=INTERVAL, clock=Clock())
     state.absorb_delivery_rows([DeliveryRow(
-        "p1", "c1", 1, ApplyResult.UNCHANGED, T0, T0, None, None, 0, 7, "Enforcing", None, None,
-        1, T0, verified_status="False", verified_reason="Admitted", verified_message="m",
-        verified_probed_at=T0, verified_since=None)])
+        "p1", "c1", 1, ApplyResult.UNCHANGED, T0, T0, None, None, 0, 7, PhaseReading(
+            ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
+            verified_status="False", verified_reason="Admitted", verified_message="m",
+            verified_probed_at=T0, verified_since=None))])
     [c1] = state.snapshot()["clusters"]
     assert c1["verification"]["admitted"] == 1
     view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p1")], T0, INTERVAL)
