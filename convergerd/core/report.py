@@ -180,22 +180,37 @@ check_reading_fields([(f.name, f.default) for f in dataclasses.fields(PhaseReadi
                      dataclasses.MISSING)
 
 
-def verified_fields(found: Verification | None) -> dict[str, Any]:
-    """A Verified condition as a reading's fields (none: the defaults)."""
+# The reading's fields a Verified condition and an audit are read into (`PhaseReading.verified`
+# and `audit` read them back whole).
+VERIFIED_FIELDS = ("verified_status", "verified_reason", "verified_message",
+                   "verified_probed_at", "verified_since")
+AUDIT_FIELDS = ("audit_violations", "audit_at", "audit_synced", "audit_problem", "audit_sample")
+_NO_VERIFIED = (None,) * len(VERIFIED_FIELDS)
+_NO_AUDIT = (None, None, None, None, ())
+
+
+def verified_values(found: Verification | None) -> tuple[Any, ...]:
+    """A Verified condition as the values of `VERIFIED_FIELDS` (none: their defaults)."""
     if found is None:
-        return {}
-    return {"verified_status": found.status, "verified_reason": found.reason,
-            "verified_message": found.message, "verified_probed_at": found.probed_at,
-            "verified_since": found.since}
+        return _NO_VERIFIED
+    return found.status, found.reason, found.message, found.probed_at, found.since
+
+
+def audit_values(found: Audit | None) -> tuple[Any, ...]:
+    """`status.audit` as the values of `AUDIT_FIELDS` (none: their defaults)."""
+    if found is None:
+        return _NO_AUDIT
+    return found.violations, found.audited_at, found.synced, found.problem, found.sample
+
+
+def verified_fields(found: Verification | None) -> dict[str, Any]:
+    """A Verified condition as a reading's fields by name."""
+    return dict(zip(VERIFIED_FIELDS, verified_values(found), strict=True))
 
 
 def audit_fields(found: Audit | None) -> dict[str, Any]:
-    """`status.audit` as a reading's fields (none: the defaults)."""
-    if found is None:
-        return {}
-    return {"audit_violations": found.violations, "audit_at": found.audited_at,
-            "audit_synced": found.synced, "audit_problem": found.problem,
-            "audit_sample": found.sample}
+    """`status.audit` as a reading's fields by name."""
+    return dict(zip(AUDIT_FIELDS, audit_values(found), strict=True))
 
 
 # A delivery's values but its policy and revision, which most of a cluster's deliveries share
@@ -208,6 +223,8 @@ _ReadingKind = tuple[Any, ...]
 _reading_kind = operator.attrgetter(*READING_KIND)
 _reading_own = operator.attrgetter(*READING_OWN)
 _reading_values = reorder((*READING_KIND, *READING_OWN), READING_NAMES)
+_kind_of_values = reorder(READING_NAMES, READING_KIND[1:])
+_own_of_values = reorder(READING_NAMES, READING_OWN)
 
 
 class _Packed(Sequence[T]):
@@ -340,11 +357,19 @@ class Readings(_Packed[PhaseReading]):
             self.append(p)
 
     def append(self, p: PhaseReading) -> None:
-        kind: _ReadingKind = _reading_kind(p)
+        self._add(p.policy, _reading_kind(p), _reading_own(p))
+
+    def add(self, cluster: ClusterId, policy: PolicyId, values: tuple[Any, ...]) -> None:
+        """A reading of `policy` on `cluster` given as its fields' values in `facts.READING`'s
+        order (`facts.reorder`), as `append` of the `PhaseReading` they make, without making
+        one (the round's edge: a reading per policy and cluster)."""
+        self._add(policy, (cluster, *_kind_of_values(values)), _own_of_values(values))
+
+    def _add(self, policy: PolicyId, kind: _ReadingKind, own: tuple[Any, ...]) -> None:
         # One object per policy id, however the reading's was made (`converge._phases`
         # interns them already: then this finds it).
-        self._policies.append(PolicyId(sys.intern(p.policy)))
-        for column, value in zip(self._own, joined(_reading_own(p)), strict=True):
+        self._policies.append(PolicyId(sys.intern(policy)))
+        for column, value in zip(self._own, joined(own), strict=True):
             column.append(value)
         self._kinds.append(self._shared.setdefault(kind, kind))
 

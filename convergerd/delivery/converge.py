@@ -28,22 +28,23 @@ from typing import Protocol
 
 from convergerd.config import SlotTuning
 from convergerd.core.errors import ClusterError, DatabaseUnavailable, Fenced
-from convergerd.core.facts import READING_NAMES
+from convergerd.core.facts import READING_NAMES, reorder
 from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId
 from convergerd.core.plan import Apply, ListedPolicy, Why, plan_cluster, with_precondition
 from convergerd.core.removal import Current
 from convergerd.core.render import MANAGED_SELECTOR, object_name, policy_id_from_name, render_policy
 from convergerd.core.report import (
+    AUDIT_FIELDS,
+    VERIFIED_FIELDS,
     ApplyResult,
     ClusterOutcome,
     Delivery,
     Epoch,
-    PhaseReading,
     Readings,
     RoundReport,
-    audit_fields,
+    audit_values,
     named_clusters,
-    verified_fields,
+    verified_values,
 )
 from convergerd.delivery.apply import (
     ClusterCalls,
@@ -417,10 +418,13 @@ async def _apply_one(writer: Writer, action: Apply) -> _Done:
     return _Done(action, written.delivery, written.applied)
 
 
-# The reading's fields a listed Policy holds under their own names (`facts.READING`):
-# passed on by name.
+# A listed Policy's reading, in `facts.READING`'s order: the fields it holds under their own
+# names (passed on by name), its revision and when it was listed, its Verified condition and
+# audit (`report.verified_values`, `audit_values`); any other field its default.
 _LISTED = tuple(f.name for f in dataclasses.fields(ListedPolicy) if f.name in READING_NAMES)
 _listed = operator.attrgetter(*_LISTED)
+_reading = reorder((*_LISTED, "revision", "seen_at", *VERIFIED_FIELDS, *AUDIT_FIELDS),
+                   READING_NAMES)
 
 
 def _phases(
@@ -434,13 +438,7 @@ def _phases(
         policy_id = policy_id_from_name(name)
         if policy_id is None or object_name(policy_id) != name:
             continue
-        readings.append(PhaseReading(
-            cluster,
-            PolicyId(sys.intern(policy_id)),  # one object per policy, not per reading
-            revision=cluster_revision(obj),
-            seen_at=seen_at,
-            **dict(zip(_LISTED, _listed(obj), strict=True)),
-            **verified_fields(obj.verified),
-            **audit_fields(obj.audit),
-        ))
+        readings.add(cluster, PolicyId(sys.intern(policy_id)), _reading(  # one id per policy
+            (*_listed(obj), cluster_revision(obj), seen_at, *verified_values(obj.verified),
+             *audit_values(obj.audit))))
     return readings
