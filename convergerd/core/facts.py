@@ -256,6 +256,8 @@ def _check_reading() -> None:
         problems.append("a name twice, or one a delivery's row uses")
     if len(set(columns)) != len(columns) or {c.name for c in DELIVERY_COLUMNS} & set(columns):
         problems.append("a column twice, or one a delivery's")
+    if len(READING_OWN) < 2 or len(READING_KIND) < 3:  # packed as tuples (`reorder`)
+        problems.append("fewer than two fields held per reading, or shared")
     if [f.change for f in READING].count(Change.SEEN) != 1:
         problems.append("not exactly one reading time (Change.SEEN)")
     for f in READING:

@@ -224,6 +224,7 @@ _reading_kind = operator.attrgetter(*READING_KIND)
 _reading_own = operator.attrgetter(*READING_OWN)
 _reading_values = reorder((*READING_KIND, *READING_OWN), READING_NAMES)
 _kind_of_values = reorder(READING_NAMES, READING_KIND[1:])
+_OWN_WIDTH = len(READING_OWN)
 _own_of_values = reorder(READING_NAMES, READING_OWN)
 
 
@@ -350,7 +351,7 @@ class Readings(_Packed[PhaseReading]):
 
     def __init__(self, found: Iterable[PhaseReading] = ()) -> None:
         self._policies: list[PolicyId] = []
-        self._own: tuple[list[Any], ...] = tuple([] for _ in READING_OWN)  # a list per field
+        self._own: list[Any] = []  # each reading's own fields, one after the other
         self._kinds: list[_ReadingKind] = []
         self._shared: dict[_ReadingKind, _ReadingKind] = {}
         for p in found:
@@ -369,9 +370,12 @@ class Readings(_Packed[PhaseReading]):
         # One object per policy id, however the reading's was made (`converge._phases`
         # interns them already: then this finds it).
         self._policies.append(PolicyId(sys.intern(policy)))
-        for column, value in zip(self._own, joined(own), strict=True):
-            column.append(value)
+        self._own.extend(joined(own))
         self._kinds.append(self._shared.setdefault(kind, kind))
+
+    def _owns(self) -> Iterator[tuple[Any, ...]]:
+        """Each reading's own fields, as a tuple (made in C)."""
+        return zip(*[iter(self._own)] * _OWN_WIDTH, strict=True)
 
     def __len__(self) -> int:
         return len(self._policies)
@@ -388,8 +392,9 @@ class Readings(_Packed[PhaseReading]):
     def __getitem__(self, index: int | slice) -> PhaseReading | list[PhaseReading]:
         if isinstance(index, slice):
             return list(self)[index]
-        own = tuple(column[index] for column in self._own)
-        return self._reading(self._policies[index], own, self._kinds[index])
+        i = range(len(self))[index]
+        own = tuple(self._own[i * _OWN_WIDTH:(i + 1) * _OWN_WIDTH])
+        return self._reading(self._policies[i], own, self._kinds[i])
 
     def shared(self) -> Iterator[tuple[PolicyId, tuple[Any, ...], PhaseReading]]:
         """Each reading as its policy, its own fields (`facts.READING_OWN`) and a reading
@@ -397,8 +402,7 @@ class Readings(_Packed[PhaseReading]):
         with the group's first reading's own values): a reader works once per group, not
         once per reading."""
         made: dict[int, PhaseReading] = {}
-        for policy, own, k in zip(self._policies, zip(*self._own, strict=True), self._kinds,
-                                  strict=True):
+        for policy, own, k in zip(self._policies, self._owns(), self._kinds, strict=True):
             stand_in = made.get(id(k))
             if stand_in is None:
                 stand_in = made[id(k)] = self._reading(policy, own, k)
@@ -406,8 +410,7 @@ class Readings(_Packed[PhaseReading]):
 
     def __iter__(self) -> Iterator[PhaseReading]:
         reading = self._reading
-        for policy, own, k in zip(self._policies, zip(*self._own, strict=True), self._kinds,
-                                  strict=True):
+        for policy, own, k in zip(self._policies, self._owns(), self._kinds, strict=True):
             yield reading(policy, own, k)
 
     def columns(self) -> tuple[Sequence[PolicyId], tuple[Sequence[Any], ...],
@@ -416,7 +419,8 @@ class Readings(_Packed[PhaseReading]):
         be changed): per reading its policy, per own field (`facts.READING_OWN`) a column of
         its values, and per reading its kind (`facts.READING_KIND`), one object per distinct
         kind."""
-        return self._policies, self._own, self._kinds
+        own = self._own
+        return self._policies, tuple(own[k::_OWN_WIDTH] for k in range(_OWN_WIDTH)), self._kinds
 
     def kinds(self) -> Collection[_ReadingKind]:
         """The distinct kinds of `columns`, in the order they first occur."""

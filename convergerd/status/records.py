@@ -11,7 +11,7 @@ import itertools
 import operator
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,7 +108,6 @@ _D_AT = ROW_LAST_ATTEMPT_AT - ROW_DELIVERED.start
 _D_SUCCESS = ROW_LAST_SUCCESS_AT - ROW_DELIVERED.start
 _D_RESULT = ROW_LAST_RESULT - ROW_DELIVERED.start
 _SAME: tuple[int] = (0,)  # the entry of a record equal to its cluster's summary
-_HEAD_BITS = tuple(1 << i for i in range(ROW_HEAD))
 # A reading's fields as the row holds them, made in C; and the row back to a reading.
 _own_of = operator.attrgetter(*READING_OWN)
 _read_of = operator.attrgetter(*ROW_READ_NAMES)
@@ -223,16 +222,38 @@ def _part_diff(part: tuple[Any, ...], summary: tuple[Any, ...],
     return mask, tuple(values)
 
 
+def _entry_function(width: int) -> Callable[
+        [tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], tuple[Any, ...]],
+        tuple[Any, ...]]:
+    """`entry(h, s, mask, d, r)`: a row's `packed` entry made of its head `h` (the first
+    `width` fields, compared with the summary's head `s`) and its other parts' mask bits and
+    values (`mask`, `d`, `r`). Written out for the head's width at import, as `dataclasses`
+    writes an `__init__`: a head is compared for every policy of every round, and a loop over
+    its fields took twice as long (bench/RESULTS.md, "issue 34 item 1")."""
+    lines = ["def entry(h, s, mask, d, r):", "    values = []"]
+    for i in range(width):
+        lines += [f"    if h[{i}] != s[{i}]:", f"        mask |= {1 << i}",
+                  f"        values.append(h[{i}])"]
+    lines.append("    return (mask, *values, *d, *r) if mask else same")
+    namespace: dict[str, Any] = {"same": _SAME}
+    exec("\n".join(lines), namespace)  # noqa: S102 - our own text, made of integers only
+    made: Callable[[tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], tuple[Any, ...]],
+                   tuple[Any, ...]] = namespace["entry"]
+    return made
+
+
+_entry = _entry_function(ROW_HEAD)
+
+
 def _packed_parts(
     rows: Iterable[tuple[PolicyId, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]], *,
     head: tuple[Any, ...], part_d: tuple[Any, ...], part_r: tuple[Any, ...],
 ) -> dict[PolicyId, tuple[Any, ...]]:
     """`packed` of each row, given as its policy's head, delivered and read parts, against
-    the summary's parts: a shared part's differences are worked out once, a head's (compared
-    for every policy) in C."""
+    the summary's parts: a shared part's differences are worked out once."""
     diffs: dict[int, tuple[int, tuple[Any, ...]]] = {}
     entries: dict[PolicyId, tuple[Any, ...]] = {}
-    ne, compress, bits = operator.ne, itertools.compress, _HEAD_BITS
+    entry = _entry
     for policy, h, d, r in rows:
         dd = diffs.get(id(d))
         if dd is None:
@@ -240,16 +261,7 @@ def _packed_parts(
         rd = diffs.get(id(r))
         if rd is None:
             rd = diffs[id(r)] = _part_diff(r, part_r, ROW_READ.start)
-        mask = dd[0] | rd[0]
-        if h == head:
-            if mask:
-                entries[policy] = (mask, *dd[1], *rd[1])
-            else:
-                entries[policy] = _SAME
-            continue
-        differs = tuple(map(ne, h, head))
-        entries[policy] = (mask | sum(compress(bits, differs)), *compress(h, differs),
-                           *dd[1], *rd[1])
+        entries[policy] = entry(h, head, dd[0] | rd[0], dd[1], rd[1])
     return entries
 
 
