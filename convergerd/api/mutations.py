@@ -1,9 +1,9 @@
 """The save and delete endpoints: `POST /v1/policies/{id}/apply`, `DELETE /v1/policies/{id}`.
 
 Routed here by `convergerd.api.app`; the work is `convergerd.delivery.fanout.Saver`'s. Everything
-in the request is checked before the database is touched: the bearer token, the id (a DNS label
-of at most 50 characters), the body size, that the body is a JSON object, and its fields and
-their types. Answers:
+in the request is checked before the database is touched: the admin token (`convergerd.api.auth`,
+before the handler runs), the id (a DNS label of at most 50 characters), the body size, that the
+body is a JSON object, and its fields and their types. Answers:
 
 | operation | answer |
 |---|---|
@@ -14,6 +14,7 @@ their types. Answers:
 | delete not confirmed by every cluster | 409 naming them; the policy is kept, marked |
 | save of a policy whose deletion has begun | 409 |
 | no or a wrong bearer token | 401 (503 when no token is configured: the endpoints are off) |
+| a boundary's read token | 403 |
 | unknown policy | 404 |
 | bad id, body or field | 400 (413 over 16 KiB, 408 when it does not arrive in time) |
 | database unavailable | 503 |
@@ -22,17 +23,12 @@ their types. Answers:
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from aiohttp import StreamReader, web
 
-from convergerd.api.server import (
-    error_response,
-    expect_continue,
-    policy_id_from_request,
-)
+from convergerd.api.server import error_response, policy_id_from_request
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import DatabaseUnavailable, NotJSON
 from convergerd.core.model import PolicyId
@@ -108,7 +104,7 @@ def parse_body(raw: bytes, allowed: Mapping[str, type]) -> dict[str, Any]:
     return check_fields(doc, allowed)
 
 
-def _refusal_of(exc: BadRequest) -> web.Response:
+def refusal_of(exc: BadRequest) -> web.Response:
     response = error_response(exc.status, str(exc))
     if exc.status in (408, 413):  # the rest of the body may still be coming: no next request
         response.force_close()
@@ -150,61 +146,26 @@ def _refusal(status: int, message: str, body: dict[str, Any]) -> web.Response:
     return web.json_response({"error": message, **body}, status=status)
 
 
-def _bearer(header: str) -> bytes | None:
-    """The token of a `Bearer` authorization header; None when it is not one or does not
-    decode (aiohttp keeps undecodable header bytes as surrogates)."""
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    try:
-        return given.strip().encode()
-    except UnicodeEncodeError:
-        return None
-
-
 class SaveHandlers:
     """The save and delete handlers, over `saver`; a body must arrive within `body_timeout_s`
-    (`HttpLimits.body_timeout_s`)."""
+    (`HttpLimits.body_timeout_s`). The admin token was checked before (`auth.Guard`, by the
+    routes' scope)."""
 
-    def __init__(self, saver: Saver, *, token: str | None, body_timeout_s: float) -> None:
+    def __init__(self, saver: Saver, *, body_timeout_s: float) -> None:
         self._saver = saver
-        self._token = token
         self._body_timeout_s = body_timeout_s
-
-    def _unauthorized(self, request: web.Request) -> web.Response | None:
-        if not self._token:
-            return error_response(
-                503, "mutating endpoints are disabled: CONVERGERD_API_TOKEN is not set")
-        given = _bearer(request.headers.get("Authorization", ""))
-        if given is None or not hmac.compare_digest(given, self._token.encode()):
-            response = error_response(401, "a valid bearer token is required")
-            response.headers["WWW-Authenticate"] = 'Bearer realm="convergerd"'
-            return response
-        return None
-
-    async def expect(self, request: web.Request) -> web.StreamResponse | None:
-        """`Expect: 100-continue`: the token is checked before the client is told to send its
-        body, so a client without it never sends one (and never reads `100 Continue`)."""
-        refused = self._unauthorized(request)
-        if refused is not None:
-            refused.force_close()  # the body it held back is not read
-            return refused
-        return await expect_continue(request)
 
     async def _request(self, request: web.Request, allowed: Mapping[str, type]
                        ) -> tuple[PolicyId, dict[str, Any]] | web.Response:
-        """The token, the path's policy id and the body checked, in that order: the id and
-        the fields, or the answer that refuses the request."""
-        refused = self._unauthorized(request)
-        if refused is not None:
-            return refused
+        """The path's policy id and the body checked, in that order: the id and the fields,
+        or the answer that refuses the request."""
         policy_id = policy_id_from_request(request)
         if isinstance(policy_id, web.Response):
             return policy_id
         try:
             fields = await read_body(request, allowed, timeout_s=self._body_timeout_s)
         except BadRequest as exc:
-            return _refusal_of(exc)
+            return refusal_of(exc)
         return policy_id, fields
 
     async def apply(self, request: web.Request) -> web.StreamResponse:

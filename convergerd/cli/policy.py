@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from convergerd.cli.status import DEFAULT_ADDR
+from convergerd.cli.status import DEFAULT_ADDR, NoRedirects
 from convergerd.config import SETTINGS_BY_KEY, read_secret_file
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import ConfigError, NotJSON
@@ -102,16 +102,6 @@ def _base(addr: str) -> str:
     return base
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is not followed: urllib would send the bearer token on to wherever the
-    `Location` points. The 3xx comes back as an `HTTPError`."""
-
-    def redirect_request(  # noqa: PLR0917 - urllib calls it so
-            self, req: urllib.request.Request, fp: Any, code: int, msg: str,
-            headers: Any, newurl: str) -> None:
-        return None
-
-
 def call(addr: str, method: str, path: str, *, token: str, body: dict[str, Any] | None,
          timeout_s: float) -> Answer:
     """One request; any HTTP answer with a JSON object body is an `Answer`. A redirect is an
@@ -124,7 +114,7 @@ def call(addr: str, method: str, path: str, *, token: str, body: dict[str, Any] 
         headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
                  "Content-Type": "application/json"})
     try:
-        opener = urllib.request.build_opener(_NoRedirects)
+        opener = urllib.request.build_opener(NoRedirects)
         with opener.open(request, timeout=timeout_s) as response:
             status, raw = response.status, response.read(_MAX_ANSWER_BYTES)
     except urllib.error.HTTPError as exc:

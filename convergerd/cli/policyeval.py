@@ -20,6 +20,10 @@ evaluated with its own namespace's labels. `--record SESSION` writes every API e
 session file; `--replay SESSION` makes the same requests to that file instead of a cluster
 and gives the same report and exit code (`convergerd.cli.session`).
 
+A binding whose `validationActions` are `Warn` (or `Audit`) admits: the verdict is allowed and
+carries the warnings a cluster would send (kubectl prints them as `Warning: ...`), printed under
+the object, and whether the audit annotation would be written.
+
 Exit codes: 0 every object admitted, 1 some denied, 2 an input error (a file, a flag, a
 session that does not match, a cluster that cannot be read).
 """
@@ -101,6 +105,8 @@ class Verdict:
     reason: str = ""
     code: int = 0
     matched: bool = True
+    warnings: tuple[str, ...] = ()  # what a `Warn` binding answers with
+    audited: bool = False  # an `Audit` binding would write the audit annotation
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -109,6 +115,10 @@ class Verdict:
         }
         if not self.allowed:
             out |= {"message": self.message, "reason": self.reason, "code": self.code}
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
+        if self.audited:
+            out["audited"] = True
         return out
 
 
@@ -245,14 +255,16 @@ class PolicyEval:
             namespace=namespace, name=name, object=dict(obj) | {"metadata": dict(meta) | {
                 "namespace": namespace}}, old_object=None,
         )
-        denial = self._evaluator.first_denial(
+        outcome = self._evaluator.admit(
             [self.admission.policy], [self.admission.binding], attrs, namespace=ns_obj
         )
+        denial, warnings, audited = outcome.denial, outcome.warnings, bool(outcome.annotations)
         if denial is None:
-            return Verdict(source, kind, namespace, name, allowed=True)
+            return Verdict(source, kind, namespace, name, allowed=True, warnings=warnings,
+                           audited=audited)
         return Verdict(source, kind, namespace, name, allowed=False,
                        message=evaluate.forbidden_message(attrs, denial), reason=denial.reason,
-                       code=denial.code)
+                       code=denial.code, warnings=warnings, audited=audited)
 
 
 def evaluate_files(
@@ -471,9 +483,12 @@ def _print(evaluator: PolicyEval, verdicts: Sequence[Verdict], *, as_json: bool,
         where = f"{v.kind} {v.namespace}/{v.name}"
         if v.allowed:
             note = "" if v.matched else " (not a kind the policy matches)"
+            note += " (audit annotation written)" if v.audited else ""
             print(f"allowed  {v.source}  {where}{note}", file=out)
         else:
             print(f"denied   {v.source}  {where}: {v.message}", file=out)
+        for warning in v.warnings:
+            print(f"         Warning: {warning}", file=out)
 
 
 def _evaluate(args: argparse.Namespace, env: Mapping[str, str]

@@ -105,6 +105,7 @@ log = logging.getLogger(__name__)
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 JSON_CONTENT_TYPE = "application/json"
+TEXT_CONTENT_TYPE = "text/plain"  # what /metrics answers (Prometheus text format 0.0.4)
 MERGE_PATCH_CONTENT_TYPE = "application/merge-patch+json"
 LIST_PAGE_SIZE = 500
 TOKEN_REREAD_S = 60.0  # a projected service-account token rotates; client-go re-reads each minute
@@ -682,6 +683,15 @@ class ClusterClient:
             return None
         return Reply(answer.status, answer.json())
 
+    async def text(self, path: str, *, verb: str, timeout_s: float,
+                   cost: Cost = ANSWER_COST) -> bytes:
+        """A GET of a non-JSON answer (`/metrics`: Prometheus text), its body as read: within
+        `cost.max_bytes` and the response cap (over it: `TooLarge`), with the same pool,
+        rate limit and error classes as `call`."""
+        send = self._http("GET", path, accept=TEXT_CONTENT_TYPE)
+        answer = await self._request(verb, send, deadline=self._clock() + timeout_s, cost=cost)
+        return answer.body
+
     async def stream(
         self,
         path: str,
@@ -774,13 +784,14 @@ class ClusterClient:
     def _http(
         self, method: str, path: str, *, query: Mapping[str, str] | None = None,
         body: bytes | None = None, content_type: str = JSON_CONTENT_TYPE,
+        accept: str = JSON_CONTENT_TYPE,
     ) -> Send:
         """A plain request to `path` below the server URL, `body` already serialised."""
         url, params = self._url(path, query)
 
         async def send(session: aiohttp.ClientSession, limits: aiohttp.ClientTimeout,
                        auth: dict[str, str]) -> aiohttp.ClientResponse:
-            headers = {**auth, "User-Agent": self._agent, "Accept": JSON_CONTENT_TYPE}
+            headers = {**auth, "User-Agent": self._agent, "Accept": accept}
             if body is not None:
                 headers["Content-Type"] = content_type
             return await session.request(method, url, params=params, data=body,

@@ -189,6 +189,11 @@ class ObjectClient:
         assert reply is not None
         return reply.object
 
+    async def metrics(self, *, timeout_s: float) -> bytes:
+        """The API server's `/metrics` (Prometheus text), within the response cap; reading
+        it needs RBAC `nonResourceURLs: ["/metrics"], verbs: ["get"]` (403 without)."""
+        return await self._client.text("/metrics", verb="metrics", timeout_s=timeout_s)
+
     async def served_resources(self, group: str, version: str, *,
                                timeout_s: float) -> frozenset[str] | None:
         """The resource names discovery lists for `group/version`; None when the cluster does

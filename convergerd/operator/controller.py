@@ -44,6 +44,14 @@ written when the figures did not change, except to refresh `auditedAt` every
 `probe_interval_s`. A change of only `status.audit` does not reconcile the
 Policy again.
 
+Admission counts (`convergerd.operator.admissioncounts`): the leader reads the API server's
+`/metrics` every `admission_read_s` (and soon after a Policy's revision is installed), and
+writes each Enforcing Policy's `status.admission` under its own field manager
+(`ADMISSION_FIELD_MANAGER`) only when a figure changed, or to refresh `readAt` every
+`probe_interval_s`. A new leader continues the figures its predecessor wrote for the same
+revision. Its own probes that the policy denied are taken out of the figures. A read that fails
+(403: the RBAC rule for `/metrics` is missing) is logged, throttled, and writes nothing.
+
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
 an upgrade. What to write is decided in `convergerd.operator.reconcile`; this module does the
@@ -80,12 +88,19 @@ from convergerd.kube.watch import Informer
 from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
 from convergerd.logthrottle import LogThrottle
+from convergerd.operator.admissioncounts import (
+    AdmissionCounts,
+    MetricsError,
+    admission_differs,
+    parse_metrics,
+)
 from convergerd.operator.audit import audit, audit_differs, audit_status
 from convergerd.operator.cache import WorkloadCache
 from convergerd.operator.metrics import OperatorMetrics
 from convergerd.operator.reconcile import (
     ADMITTED,
     BOUNDARY_LABEL,
+    DENIED,
     ENFORCING,
     ERROR,
     FIELD_MANAGER,
@@ -131,6 +146,9 @@ AUDIT_FIELD_MANAGER = "stackship-operator-audit"
 # catch up before an audit says `cacheSynced: false`: a restart or a quick re-list then writes
 # nothing, and a cache that stays behind is still said to be.
 CACHE_GRACE_S = 10.0
+ADMISSION_FIELD_MANAGER = "stackship-operator-admission"
+# /metrics is read at most this often, however many revisions are installed at once.
+ADMISSION_MIN_INTERVAL_S = 1.0
 
 
 class OperatorApi(WatchApi, Protocol):
@@ -151,6 +169,7 @@ class OperatorApi(WatchApi, Protocol):
                              namespace: str | None = None) -> KubeObject: ...
     async def served_resources(self, group: str, version: str, *,
                                timeout_s: float) -> frozenset[str] | None: ...
+    async def metrics(self, *, timeout_s: float) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +178,7 @@ class Timing:
     recheck_s: float
     probe_interval_s: float
     probe_delay_s: float
+    admission_read_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +274,11 @@ class Operator:
         self._unsynced_since: float | None = None
         self._judges: dict[str, tuple[Mapping[str, Any], Judge]] = {}  # by Policy, with spec
         self._audit_failures: dict[str, int] = {}
+        # Admission counts: the leader's figures (None when not leading), and what of each
+        # Policy tells that a revision was installed (a change reads /metrics soon).
+        self._admission: AdmissionCounts | None = None
+        self._installed: dict[str, tuple[Any, ...]] = {}
+        self._admission_wake = asyncio.Event()
         self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
@@ -293,6 +318,13 @@ class Operator:
         if obj is None:
             self._sweep_at = self._clock()
             self._due.wake.set()
+        installed = _installed_key(obj) if obj is not None else None
+        if installed != self._installed.get(name):
+            self._admission_wake.set()
+        if installed is None:
+            self._installed.pop(name, None)
+        else:
+            self._installed[name] = installed
         old = self._specs.pop(name, None)
         self._inconclusive.pop(name, None)
         new = None
@@ -447,6 +479,85 @@ class Operator:
                  f" (incomplete: {new['incomplete']['skipped']} object(s) not judged)",
                  extra=self._extra(policy=name))
 
+    # -- admission counts ------------------------------------------------------------------
+
+    async def _admission_reads(self) -> None:
+        """The leader's reads of /metrics: every `admission_read_s`, and soon after a
+        revision is installed; figures start afresh each term (continued from the status)."""
+        await self.informer.synced.wait()
+        self._admission = AdmissionCounts()
+        while True:
+            self._admission_wake.clear()
+            await self._read_admission(self._admission)
+            spacing = min(ADMISSION_MIN_INTERVAL_S, self._t.admission_read_s)
+            await asyncio.sleep(spacing)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._t.admission_read_s - spacing):
+                    await self._admission_wake.wait()
+
+    def _counted(self, counts: AdmissionCounts) -> dict[str, tuple[str, PolicyObject]]:
+        """The Enforcing Policies whose admission objects are installed at their current
+        generation, by admission policy name: (revision, Policy)."""
+        now = self._wall()
+        found: dict[str, tuple[str, PolicyObject]] = {}
+        for obj in self.informer.objects.values():
+            key = _installed_key(obj)
+            if key is None:
+                continue
+            policy = PolicyObject.from_object(obj)
+            if policy.policy_id is None or not is_object_name(policy.name):
+                continue
+            name, revision = admission_name(str(policy.policy_id)), str(key[0])
+            found[name] = (revision, policy)
+            counts.carry(name, revision, policy.status.get("admission"), now=now)
+        return found
+
+    async def _read_admission(self, counts: AdmissionCounts) -> None:
+        if not self.supported:
+            return
+        counted = self._counted(counts)
+        if not counted:
+            return
+        try:
+            body = await self._api.metrics(timeout_s=self._t.request_timeout_s)
+            scrape = parse_metrics(body)
+        except (ClusterError, MetricsError) as exc:
+            hint = (" (the operator's ClusterRole needs nonResourceURLs [\"/metrics\"], verbs "
+                    "[\"get\"])" if isinstance(exc, ClusterApiError) and exc.status == 403
+                    else "")
+            self._throttle.log("admission_read", logging.WARNING,
+                               "cluster %s: reading /metrics for the admission counts failed: "
+                               "%s%s; status.admission is not updated", self.cluster,
+                               exc, hint, extra=self._extra())
+            return
+        now = self._wall()
+        counts.observe(scrape, now=now,
+                       revisions={name: revision for name, (revision, _) in counted.items()})
+        for name, (_, policy) in counted.items():
+            report = counts.report(name, now=now)
+            if report is None:
+                continue
+            new = report.as_status()
+            if not admission_differs(policy.status.get("admission"), new, now=now,
+                                     refresh_s=self._t.probe_interval_s):
+                continue
+            status = {"apiVersion": POLICIES.api_version, "kind": "Policy",
+                      "metadata": {"name": policy.name}, "status": {"admission": new}}
+            try:
+                await self._write(functools.partial(self._apply_admission, status),
+                                  "admission")
+            except Fenced:
+                raise
+            except ClusterError as exc:
+                log.warning("cluster %s: Policy %s: writing its admission counts failed: %s",
+                            self.cluster, policy.name, exc, extra=self._extra(policy=policy.name))
+                continue
+            self._metrics.wrote("admission")
+
+    async def _apply_admission(self, body: KubeObject, timeout_s: float) -> KubeObject:
+        return await self._api.apply(POLICIES, body, field_manager=ADMISSION_FIELD_MANAGER,
+                                     timeout_s=timeout_s, subresource="status")
+
     # -- discovery -------------------------------------------------------------------------
 
     async def _discovery(self) -> None:
@@ -483,14 +594,17 @@ class Operator:
             self._fence = self._leadership.fence(epoch)
             worker = asyncio.create_task(self._work(), name="reconcile worker")
             auditor = asyncio.create_task(self._audits(), name="audit")
+            counter = asyncio.create_task(self._admission_reads(), name="admission counts")
             lost = asyncio.create_task(self._leadership.wait_lost(epoch))
             try:
-                await asyncio.wait({worker, auditor, lost}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({worker, auditor, counter, lost},
+                                   return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (worker, auditor, lost):
+                for task in (worker, auditor, counter, lost):
                     task.cancel()
-                await asyncio.gather(worker, auditor, lost, return_exceptions=True)
-            for task in (worker, auditor):
+                await asyncio.gather(worker, auditor, counter, lost, return_exceptions=True)
+                self._admission = None
+            for task in (worker, auditor, counter):
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     exc = task.exception()
                     if not isinstance(exc, Fenced):
@@ -742,6 +856,9 @@ class Operator:
                                    admitted=admitted, status=status, message=message,
                                    now=self._wall())
         self._metrics.probed(policy.name, result.reason)
+        if result.reason == DENIED and self._admission is not None:
+            # The API server counted our probe's denial: not a tenant's.
+            self._admission.expect_own(name, "deny", now=self._wall())
         if result.reason == ADMITTED:
             log.warning("ENFORCEMENT NOT WORKING: cluster %s: Policy %s: %s", self.cluster,
                         policy.name, result.message,
@@ -791,9 +908,22 @@ class Operator:
         return await self._api.delete(resource, name, timeout_s=timeout_s)
 
 
+def _installed_key(obj: KubeObject) -> tuple[Any, ...] | None:
+    """(revision, generation) of a Policy whose admission objects are installed (Enforcing at
+    its current generation), else None: its admission counts start again when this changes."""
+    meta, spec, status = (obj.get(k) for k in ("metadata", "spec", "status"))
+    if not (isinstance(meta, Mapping) and isinstance(spec, Mapping)
+            and isinstance(status, Mapping)):
+        return None
+    generation = meta.get("generation")
+    if status.get("phase") != ENFORCING or status.get("observedGeneration") != generation:
+        return None
+    return spec.get("revision"), generation
+
+
 def _reconcile_view(obj: KubeObject) -> Any:
-    """What reconciling reads of a Policy: all but its resourceVersion, managedFields and
-    status.audit (the audit's own writes)."""
+    """What reconciling reads of a Policy: all but its resourceVersion, managedFields,
+    status.audit and status.admission (the audit's and the counts' own writes)."""
     meta = obj.get("metadata")
     status = obj.get("status")
     view = dict(obj)
@@ -801,7 +931,7 @@ def _reconcile_view(obj: KubeObject) -> Any:
         view["metadata"] = {k: v for k, v in meta.items()
                             if k not in ("resourceVersion", "managedFields")}
     if isinstance(status, Mapping):
-        view["status"] = {k: v for k, v in status.items() if k != "audit"}
+        view["status"] = {k: v for k, v in status.items() if k not in ("audit", "admission")}
     return view
 
 

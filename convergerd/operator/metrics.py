@@ -15,7 +15,7 @@ No per-policy label: policies are counted per phase, and the policies a probe fo
   (absent until known);
 - `convergerd_operator_is_leader`: 1/0;
 - `convergerd_operator_writes_total{kind}`: `policy`, `binding`, `delete`, `status`, `audit`
-  (a Policy's `status.audit`);
+  (a Policy's `status.audit`), `admission` (its `status.admission`);
 - `convergerd_operator_workload_cache_objects`: objects in the workload cache;
 - `convergerd_operator_workload_cache_synced`: 1 when every kind is listed and every watch
   current (the audit's `cacheSynced`);
@@ -59,7 +59,7 @@ from convergerd.status.metrics import HTTP_BOUNDS_REASONS
 PHASES = (ENFORCING, INERT, UNSUPPORTED, ERROR)
 RECONCILE_RESULTS = ("unchanged", "written", "error")
 PROBE_RESULTS = (DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED, PROBE_INCONCLUSIVE)
-WRITE_KINDS = ("policy", "binding", "delete", "status", "audit")
+WRITE_KINDS = ("policy", "binding", "delete", "status", "audit", "admission")
 
 
 class CacheFacts(Protocol):

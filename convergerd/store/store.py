@@ -9,6 +9,7 @@ value written is cleaned first (how: `convergerd.store.records`).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,8 @@ from convergerd.core.report import (
     RoundResult,
 )
 from convergerd.core.rows import (
+    BoundaryPolicy,
+    BoundaryRows,
     ClusterStateRow,
     ClusterStatusRows,
     DeliveryRow,
@@ -53,7 +56,8 @@ from convergerd.core.rows import (
     RoundRow,
 )
 from convergerd.core.spread import Claimed, Part
-from convergerd.store import parts
+from convergerd.core.tokens import TokenRecord
+from convergerd.store import parts, tenants
 from convergerd.store.errors import (
     database_errors,
     is_transient,
@@ -70,6 +74,7 @@ from convergerd.store.records import (
     write_round_by_cluster,
 )
 from convergerd.store.schema import check_schema
+from convergerd.store.tenants import Refused
 from convergerd.store.values import json_column
 
 log = logging.getLogger(__name__)
@@ -340,6 +345,56 @@ class Store:
             deliveries=tuple(_delivery_row(r) for r in rows if r["policy_id"] is not None),
             deletion_requested_at=first["deleted_at"],
         )
+
+    async def boundary_status(self, boundary: str, most: int) -> BoundaryRows | None:
+        """Everything `/v1/boundaries/{boundary}` reads of one boundary, in one snapshot: the
+        known clusters it covers, its first `most` policies by id (each validated now) and how
+        many it has; None when there is no such boundary."""
+        async with self._acquire() as conn, conn.transaction(
+            isolation="repeatable_read", readonly=True
+        ):
+            if not await conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM boundaries WHERE id = $1)", boundary):
+                return None
+            clusters = await conn.fetch(
+                """SELECT bc.cluster_id FROM boundary_clusters bc
+                   JOIN clusters c ON c.id = bc.cluster_id
+                   WHERE bc.boundary_id = $1 ORDER BY bc.cluster_id""", boundary)
+            rows = await conn.fetch(
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, deleted_at,
+                           count(*) OVER () AS total
+                    FROM policies WHERE boundary_id = $1 ORDER BY id LIMIT $2""",  # noqa: S608
+                boundary, most)
+        policies = []
+        for r in rows:
+            row = _policy_row(r)
+            checked = deliverable_policy(row, boundary_exists=True)
+            policies.append(BoundaryPolicy(
+                row, checked.reason if isinstance(checked, InvalidPolicy) else None,
+                r["deleted_at"]))
+        return BoundaryRows(clusters=tuple(ClusterId(r["cluster_id"]) for r in clusters),
+                            policies=tuple(policies),
+                            policies_total=rows[0]["total"] if rows else 0)
+
+    # ---- read tokens (`store.tenants`) -------------------------------------------------------
+
+    async def create_token(self, *, name: str, boundary: str, digest: bytes, by: str,
+                           expires_at: dt.datetime | None) -> TokenRecord | Refused:
+        async with self._acquire() as conn:
+            return await tenants.create(conn, name=name, boundary=boundary, digest=digest,
+                                        by=by, expires_at=expires_at)
+
+    async def tokens(self, *, revoked: bool = False) -> list[TokenRecord]:
+        async with self._acquire() as conn:
+            return await tenants.listed(conn, revoked=revoked)
+
+    async def revoke_token(self, name: str, *, by: str) -> TokenRecord | None:
+        async with self._acquire() as conn:
+            return await tenants.revoke(conn, name=name, by=by)
+
+    async def live_tokens(self) -> list[tuple[bytes, TokenRecord]]:
+        async with self._acquire() as conn:
+            return await tenants.live(conn)
 
     async def pending_deletions(self) -> PendingDeletions:
         """Policies whose deletion began and has not finished: how many, and the oldest

@@ -699,7 +699,8 @@ def test_operator_rbac_and_deployment() -> None:
     }
     discovery = [r for r in role["rules"] if "nonResourceURLs" in r]
     assert discovery == [{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version"],
-                          "verbs": ["get"]}]
+                          "verbs": ["get"]},
+                         {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]  # admission counts
     lease_role = one(objs, "Role", "convergerd-operator-lease")
     assert lease_role["metadata"]["namespace"] == NAMESPACE
     named = [r for r in lease_role["rules"] if r.get("resourceNames")]

@@ -80,6 +80,9 @@ class RecordingCluster:
         self._sent(resource, namespace=namespace)
         return body
 
+    async def metrics(self, *, timeout_s: float) -> bytes:
+        return b""
+
     async def served_resources(self, group: str, version: str, *,
                                timeout_s: float) -> frozenset[str] | None:
         return frozenset({"validatingadmissionpolicies", "validatingadmissionpolicybindings"})
