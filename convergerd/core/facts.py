@@ -73,7 +73,7 @@ class Field:
     # row (the fields most often differing: their mask bits stay low).
     shared: bool = True
     # For a time the row is not rewritten for (`Change.SEEN`, `Change.FORWARD`): the
-    # `cluster_state` column its cluster's last listing bounds it with (migration `0004`).
+    # `cluster_state` column its cluster's last listing bounds it with.
     listed: str | None = None
     # A field held per reading most often equal to another (a first probe's two times): then
     # held as that one's object.
