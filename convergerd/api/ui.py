@@ -86,7 +86,9 @@ CSP = ("default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self';
 SECURITY_HEADERS: Mapping[str, str] = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not `no-referrer`: under it a browser sends `Origin: null` with the forms' POSTs, and
+    # the Origin check could not tell this server's page from any other.
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
 }
 CLUSTERS_PER_PAGE = 50

@@ -9,7 +9,7 @@ import html
 from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
+from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
 from convergerd.api.server import server_options
@@ -40,7 +40,7 @@ def origin(client: Client) -> dict[str, str]:
     return {"Origin": f"http://{client.server.host}:{client.server.port}"}
 
 
-async def sign_in(client: Client, token: str, **headers: str) -> web.StreamResponse:
+async def sign_in(client: Client, token: str, **headers: str) -> ClientResponse:
     resp = await client.post("/ui/login", data={"token": token}, allow_redirects=False,
                              headers={**origin(client), **headers})
     await resp.read()
