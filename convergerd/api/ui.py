@@ -147,7 +147,7 @@ def same_origin(request: web.Request) -> bool:
         parts.path or parts.query)
 
 
-def _next_of(value: str | None) -> str:
+def next_page_of(value: str | None) -> str:
     """Where to go after signing in: a page of ours, else the home page."""
     if value and value.startswith("/ui/") and value.isascii() and len(value) < 2000 \
             and "\\" not in value and not value.startswith("/ui//"):
@@ -231,7 +231,7 @@ class UiPages:
         except ValueError:
             return html_response(login_page("That form had too many fields."), 400)
         token = (fields.get("token") or [""])[0].strip()
-        target = _next_of((fields.get("next") or [""])[0])
+        target = next_page_of((fields.get("next") or [""])[0])
         who = (self._guard.principal_of(token) if 0 < len(token) <= TOKEN_FORM_MAX_CHARS
                else ANONYMOUS)
         if who.kind not in (Kind.ADMIN, Kind.READER):
