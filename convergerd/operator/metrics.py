@@ -6,16 +6,28 @@ No per-policy label: policies are counted per phase, and the policies a probe fo
 - `convergerd_operator_reconciles_total{result}`: `unchanged` (nothing written), `written`,
   `error`;
 - `convergerd_operator_policies{phase}`: Policies per phase last reported;
+- `convergerd_operator_policies_by_enforcement{enforcement}`: Policies per mode of their binding
+  in force (`status.enforcementAction`: Deny, Warn, Audit), so a Warn policy is never counted
+  as one that denies;
 - `convergerd_operator_watch_restarts_total{reason}`: `closed` (the server ended the watch),
   `expired` (410: re-listed), or an error reason;
-- `convergerd_operator_probes_total{result}`: Denied, Admitted, NoBoundaryNamespace,
-  ProbeFailed, ProbeInconclusive (no pod violates only this policy: not probed);
+- `convergerd_operator_probes_total{result}`: Denied, Warned, AuditOnly (the probe proved the
+  policy's mode), Admitted, WrongMode, NoBoundaryNamespace, ProbeFailed, ProbeInconclusive (no
+  pod violates only this policy: not probed);
 - `convergerd_operator_probe_admitted`: policies whose last probe was ADMITTED;
 - `convergerd_operator_vap_supported`: 1 when the cluster serves ValidatingAdmissionPolicy
   (absent until known);
 - `convergerd_operator_is_leader`: 1/0;
 - `convergerd_operator_writes_total{kind}`: `policy`, `binding`, `delete`, `status`, `audit`
   (a Policy's `status.audit`), `admission` (its `status.admission`);
+- `convergerd_operator_repairs_total{kind}`: admission objects (`policy`, `binding`) put back
+  after someone deleted or edited them (`guard`, `reconcile.repaired`); the alert
+  `ConvergerdOperatorRepairsRepeated` fires when someone keeps undoing them;
+- `convergerd_operator_policy_deletions_total`: Policies seen deleted in this cluster (by the
+  daemon's delete, or by hand: then nothing is enforced for that policy until the daemon's next
+  round puts it back);
+- `convergerd_operator_admission_watch_restarts_total{reason}`: as the Policy watch's, for the
+  watch on our admission objects (`guard`);
 - `convergerd_operator_workload_cache_objects`: objects in the workload cache;
 - `convergerd_operator_workload_cache_synced`: 1 when every kind is listed and every watch
   current (the audit's `cacheSynced`);
@@ -43,8 +55,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from convergerd import __version__
+from convergerd.core.model import ENFORCEMENTS, Enforcement
 from convergerd.operator.reconcile import (
     ADMITTED,
+    AUDIT_ONLY,
     DENIED,
     ENFORCING,
     ERROR,
@@ -53,13 +67,17 @@ from convergerd.operator.reconcile import (
     PROBE_FAILED,
     PROBE_INCONCLUSIVE,
     UNSUPPORTED,
+    WARNED,
+    WRONG_MODE,
 )
 from convergerd.status.metrics import HTTP_BOUNDS_REASONS
 
 PHASES = (ENFORCING, INERT, UNSUPPORTED, ERROR)
 RECONCILE_RESULTS = ("unchanged", "written", "error")
-PROBE_RESULTS = (DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED, PROBE_INCONCLUSIVE)
+PROBE_RESULTS = (DENIED, WARNED, AUDIT_ONLY, ADMITTED, WRONG_MODE, NO_NAMESPACE, PROBE_FAILED,
+                 PROBE_INCONCLUSIVE)
 WRITE_KINDS = ("policy", "binding", "delete", "status", "audit", "admission")
+REPAIR_KINDS = ("policy", "binding")
 
 
 class CacheFacts(Protocol):
@@ -86,7 +104,11 @@ class OperatorMetrics:
         self.probes = dict.fromkeys(PROBE_RESULTS, 0.0)
         self.writes = dict.fromkeys(WRITE_KINDS, 0.0)
         self.watch_restarts: dict[str, float] = {"closed": 0.0, "expired": 0.0}
+        self.repairs = dict.fromkeys(REPAIR_KINDS, 0.0)
+        self.policy_deletions = 0.0
+        self.admission_watch_restarts: dict[str, float] = {"closed": 0.0, "expired": 0.0}
         self.phases: dict[str, str] = {}  # policy name -> phase last reported
+        self.modes: dict[str, Enforcement] = {}  # policy name -> mode of its binding in force
         self.admitted: set[str] = set()  # policy names whose last probe was admitted
         self.supported: bool | None = None
         self.is_leader = False
@@ -107,6 +129,15 @@ class OperatorMetrics:
 
     def watch_restarted(self, reason: str) -> None:
         self.watch_restarts[reason] = self.watch_restarts.get(reason, 0.0) + 1
+
+    def repaired(self, kind: str) -> None:
+        self.repairs[kind] = self.repairs.get(kind, 0.0) + 1
+
+    def policy_deleted(self) -> None:
+        self.policy_deletions += 1
+
+    def admission_watch_restarted(self, reason: str) -> None:
+        self.admission_watch_restarts[reason] = self.admission_watch_restarts.get(reason, 0.0) + 1
 
     def workload_watch_restarted(self, reason: str) -> None:
         self.workload_watch_restarts[reason] = self.workload_watch_restarts.get(reason, 0.0) + 1
@@ -137,6 +168,12 @@ class OperatorMetrics:
             if phase != ENFORCING:
                 self.admitted.discard(name)
 
+    def set_enforcement(self, name: str, mode: Enforcement | None) -> None:
+        if mode is None:
+            self.modes.pop(name, None)
+        else:
+            self.modes[name] = mode
+
     def set_leader(self, is_leader: bool, holder: str | None = None) -> None:
         self.is_leader = is_leader
 
@@ -150,6 +187,14 @@ class OperatorMetrics:
         yield _counter(p + "watch_restarts", "Policy watch restarts by reason", "reason",
                        self.watch_restarts)
         yield _counter(p + "probes", "Enforcement probes by result", "result", self.probes)
+        yield _counter(p + "repairs", "Admission objects put back after someone deleted or "
+                       "edited them, by kind", "kind", self.repairs)
+        deletions = CounterMetricFamily(p + "policy_deletions", "Policies seen deleted in "
+                                        "this cluster")
+        deletions.add_metric([], self.policy_deletions)
+        yield deletions
+        yield _counter(p + "admission_watch_restarts", "Restarts of the watch on our admission "
+                       "objects, by reason", "reason", self.admission_watch_restarts)
         phases = GaugeMetricFamily(p + "policies", "Policies by the phase last reported",
                                    labels=["phase"])
         counts = dict.fromkeys(PHASES, 0)
@@ -158,6 +203,15 @@ class OperatorMetrics:
         for phase, count in sorted(counts.items()):
             phases.add_metric([phase], float(count))
         yield phases
+        modes = GaugeMetricFamily(p + "policies_by_enforcement", "Policies by the mode of "
+                                  "their binding in force (status.enforcementAction)",
+                                  labels=["enforcement"])
+        by_mode = dict.fromkeys(ENFORCEMENTS, 0)
+        for mode in self.modes.values():
+            by_mode[mode.value] += 1
+        for mode_name, count in by_mode.items():
+            modes.add_metric([mode_name], float(count))
+        yield modes
         yield GaugeMetricFamily(p + "probe_admitted", "Policies whose last enforcement probe "
                                 "was ADMITTED (not enforced)", value=float(len(self.admitted)))
         if self.supported is not None:
