@@ -20,6 +20,7 @@ and delete paths are handled by `mutations.SaveHandlers` (over the `Saver`), the
 | `GET /v1/boundaries/{boundary}` | one boundary's clusters and policies: admin or its token |
 | `GET /v1/boundaries/{boundary}/policies/{id}` | one of its policies per cluster: likewise |
 | `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.api.openapi`) |
+| `/ui/...` | the web page (`ui.UiPages`): sign in with a token, the fleet or a boundary, a policy |
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from convergerd.api.server import (
     middlewares,
 )
 from convergerd.api.tokens import TokenHandlers, TokenStore
+from convergerd.api.ui import UiPages
 from convergerd.config import Settings
 from convergerd.delivery.fanout import Saver
 from convergerd.status.metrics import Metrics
@@ -80,6 +82,7 @@ def make_app(
     saves = SaveHandlers(saver, body_timeout_s=body_timeout_s, modes=modes)
     tokens = TokenHandlers(tenants, book, body_timeout_s=body_timeout_s)
     boundaries = BoundaryViews(views, tenants)
+    ui = UiPages(guard, views, boundaries, body_timeout_s=body_timeout_s)
     app = web.Application(middlewares=[*middlewares(settings), guard.middleware()])
     # `Expect: 100-continue` is answered by each route's expect handler before any
     # middleware: the guard checks the route's scope first, none quotes the header.
@@ -98,5 +101,12 @@ def make_app(
         web.get("/v1/tokens", tokens.list, expect_handler=checked),
         web.delete("/v1/tokens/{name}", tokens.revoke, expect_handler=checked),
         web.get("/openapi.json", views.openapi, expect_handler=checked),
+        web.get("/ui", ui.to_home, expect_handler=checked),
+        web.get("/ui/", ui.home, expect_handler=checked),
+        web.post("/ui/login", ui.login, expect_handler=checked),
+        web.post("/ui/logout", ui.logout, expect_handler=checked),
+        web.get("/ui/boundaries/{boundary}", ui.boundary, expect_handler=checked),
+        web.get("/ui/policies/{id}", ui.policy, expect_handler=checked),
+        web.get("/ui/static/{name}", ui.static, expect_handler=checked),
     ])
     return app
