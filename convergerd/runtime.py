@@ -53,6 +53,7 @@ from convergerd.status.probe import Answers, Prober
 from convergerd.status.state import StatusState
 from convergerd.status.sync import StatusSync
 from convergerd.store.notify import PgNotifications
+from convergerd.store.revisions import Pruner
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck, first
 
@@ -209,6 +210,9 @@ class Daemon:
                         self._listener(saver, shardset).run(), name="notify listener"))
                     supervised.append(tg.create_task(
                         book.run(self._notifications()), name="read tokens"))
+                    supervised.append(tg.create_task(Pruner(
+                        store, s.revisions, leading=shardset.leader.elector.is_leader,
+                        observer=self.metrics).run(), name="revision retention"))
                     if peers is not None:
                         supervised.append(tg.create_task(peers.run(), name="save parts"))
                 self.health.watch(supervised)

@@ -42,6 +42,7 @@ from convergerd.core.report import (
     RoundReport,
     RoundResult,
 )
+from convergerd.core.revisions import History, Rollback
 from convergerd.core.rows import (
     BoundaryPolicy,
     BoundaryRows,
@@ -55,7 +56,7 @@ from convergerd.core.rows import (
 )
 from convergerd.core.spread import Claimed, Part
 from convergerd.core.tokens import TokenRecord
-from convergerd.store import parts, tenants
+from convergerd.store import parts, revisions, tenants
 from convergerd.store.errors import (
     database_errors,
     is_transient,
@@ -399,6 +400,34 @@ class Store:
         async with self._acquire() as conn:
             return await tenants.live(conn)
 
+    # ---- revisions (`store.revisions`) --------------------------------------------------------
+
+    async def revisions(self, policy_id: str, *, before: int | None,
+                        limit: int) -> History | None:
+        async with self._acquire() as conn:
+            return await revisions.history(conn, policy_id, before=before, limit=limit)
+
+    async def rollback(self, policy_id: str, to: int, *, actor: str) -> Rollback:
+        """The content of revision `to` as the policy's new revision (see
+        `revisions.rollback`), refused (nothing written) when that is not a valid policy now,
+        as a save would find it."""
+
+        async def check(conn: asyncpg.Connection) -> str | None:
+            target = await _target(conn, policy_id)
+            if target is None:
+                return "the row is gone"
+            found = deliverable_policy(target.row, boundary_exists=target.boundary_exists)
+            return found.reason if isinstance(found, InvalidPolicy) else None
+
+        async with self._acquire() as conn:
+            return await revisions.rollback(conn, policy_id, to, actor=actor, check=check)
+
+    async def prune_revisions(self, *, keep_last: int, max_age_days: float,
+                              batches: int) -> revisions.Pruned:
+        async with self._acquire() as conn:
+            return await revisions.prune(conn, keep_last=keep_last, max_age_days=max_age_days,
+                                         batches=batches)
+
     async def pending_deletions(self) -> PendingDeletions:
         """Policies whose deletion began and has not finished: how many, and the oldest
         `pending_deletions_listed` of them, each with the clusters still recorded as holding
@@ -589,6 +618,7 @@ class Store:
         `0003`): `DatabaseRejected` (reason `constraint`) when a cluster not in `removed_from`
         holds it, and nothing changes."""
         async with self._acquire() as conn, conn.transaction():
+            await revisions.set_actor(conn, "convergerd (DELETE /v1/policies/{id})")
             await conn.execute(
                 "DELETE FROM deliveries WHERE policy_id = $1 AND cluster_id = ANY($2::text[])",
                 policy_id, list(removed_from),
