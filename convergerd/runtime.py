@@ -360,7 +360,8 @@ class Daemon:
     async def _start_http(self, store: Store, saver: Saver, book: TokenBook) -> web.AppRunner:
         s = self.settings
         app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
-                       health=self.health, saver=saver, tenants=store, book=book)
+                       health=self.health, saver=saver, tenants=store, book=book,
+                       modes=store)
         runner = await serve(app, s.http_host, s.http_port, s.http, observer=self.metrics)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",

@@ -12,7 +12,7 @@ and delete paths are handled by `mutations.SaveHandlers` (over the `Saver`), the
 | `GET /status` | JSON: identity, leader, rounds, clusters worst first (paged), Unsupported |
 | `GET /v1/clusters/{id}` | that cluster's policies: delivered vs current revision, error, phase |
 | `GET /v1/policies/{id}/status` | that policy per cluster: revisions, error, phase; its deletion |
-| `POST /v1/policies/{id}/apply` | save: the admin token |
+| `POST /v1/policies/{id}/apply` | save (a new `enforcement` if asked): the admin token |
 | `DELETE /v1/policies/{id}` | delete: the admin token |
 | `POST /v1/tokens` | a boundary's read token, created (shown once): the admin token |
 | `GET /v1/tokens` | the read tokens (never the tokens themselves): the admin token |
@@ -30,7 +30,7 @@ from aiohttp import web
 
 from convergerd.api.auth import Guard, TokenBook, TokenSource
 from convergerd.api.boundaries import BoundarySource, BoundaryViews
-from convergerd.api.mutations import SaveHandlers
+from convergerd.api.mutations import ModeStore, SaveHandlers
 from convergerd.api.server import (
     STATUS_VIEWS,
     Health,
@@ -58,11 +58,13 @@ def make_app(
     settings: Settings,
     health: Health,
     saver: Saver,
+    modes: ModeStore | None = None,
     status_db_timeout_s: float | None = None,
     tenants: TenantSource | None = None,
     book: TokenBook | None = None,
 ) -> web.Application:
-    """The aiohttp application. `saver` does the saves and deletions (`mutations.SaveHandlers`);
+    """The aiohttp application. `saver` does the saves and deletions (`mutations.SaveHandlers`),
+    `modes` stores the enforcement a save asks for (the daemon's `Store`);
     `status_db_timeout_s`: how long a cluster or policy view waits for its database read (by
     default `StatusReadTuning.db_timeout_s`); `tenants`: the read tokens and the boundaries
     (None: those endpoints answer 503); `book`: the live read tokens (the daemon runs it, to
@@ -75,7 +77,7 @@ def make_app(
                   fleet_open=not settings.fleet_reads_need_token,
                   reads_per_s=settings.token_reads_per_s)
     body_timeout_s = settings.http.body_timeout_s
-    saves = SaveHandlers(saver, body_timeout_s=body_timeout_s)
+    saves = SaveHandlers(saver, body_timeout_s=body_timeout_s, modes=modes)
     tokens = TokenHandlers(tenants, book, body_timeout_s=body_timeout_s)
     boundaries = BoundaryViews(views, tenants)
     app = web.Application(middlewares=[*middlewares(settings), guard.middleware()])

@@ -3,7 +3,9 @@
 Routed here by `convergerd.api.app`; the work is `convergerd.delivery.fanout.Saver`'s. Everything
 in the request is checked before the database is touched: the admin token (`convergerd.api.auth`,
 before the handler runs), the id (a DNS label of at most 50 characters), the body size, that the
-body is a JSON object, and its fields and their types. Answers:
+body is a JSON object, and its fields and their types. A save's body may ask for a new
+`enforcement` (Deny, Warn, Audit): it is stored first (a change is a new revision, `ModeStore`),
+then saved like any other change. Answers:
 
 | operation | answer |
 |---|---|
@@ -17,6 +19,7 @@ body is a JSON object, and its fields and their types. Answers:
 | a boundary's read token | 403 |
 | unknown policy | 404 |
 | bad id, body or field | 400 (413 over 16 KiB, 408 when it does not arrive in time) |
+| an `enforcement` that is not Deny, Warn or Audit | 400 naming the field and the value |
 | database unavailable | 503 |
 """
 
@@ -24,21 +27,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import StreamReader, web
 
 from convergerd.api.server import error_response, policy_id_from_request
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import DatabaseUnavailable, NotJSON
-from convergerd.core.model import PolicyId
+from convergerd.core.model import Enforcement, PolicyId, RuleError, parse_enforcement
 from convergerd.core.report import FanoutReport, FanoutStatus
 from convergerd.core.shown import shown
 from convergerd.delivery.fanout import Saver
 
 MAX_BODY_BYTES = 16 * 1024
-_SAVE_FIELDS: Mapping[str, type] = {"allow_mass_removal": bool}
+_SAVE_FIELDS: Mapping[str, type] = {"allow_mass_removal": bool, "enforcement": str}
 _DELETE_FIELDS: Mapping[str, type] = {}
+
+
+class ModeStore(Protocol):
+    """Where a save's asked mode is stored (`convergerd.store.store.Store`)."""
+
+    async def set_enforcement(self, policy_id: str, enforcement: Enforcement, /) -> None: ...
 
 
 class BadRequest(Exception):
@@ -122,8 +131,21 @@ def report_json(report: FanoutReport) -> dict[str, Any]:
     }
 
 
-def _answer(report: FanoutReport) -> web.Response:
+def asked_enforcement(fields: Mapping[str, Any]) -> Enforcement | None:
+    """The mode a save's body asks for (None: none asked); `BadRequest` naming the field and
+    the value when it is not one (pure)."""
+    if "enforcement" not in fields:
+        return None
+    try:
+        return parse_enforcement(fields["enforcement"])
+    except RuleError as exc:
+        raise BadRequest(f"body.{exc}") from None
+
+
+def _answer(report: FanoutReport, enforcement: Enforcement | None = None) -> web.Response:
     body = report_json(report)
+    if enforcement is not None:
+        body["enforcement"] = enforcement.value
     if report.status in (FanoutStatus.OK, FanoutStatus.PARTIAL):
         return web.json_response(body)
     if report.status is FanoutStatus.NOT_FOUND:
@@ -149,11 +171,14 @@ def _refusal(status: int, message: str, body: dict[str, Any]) -> web.Response:
 class SaveHandlers:
     """The save and delete handlers, over `saver`; a body must arrive within `body_timeout_s`
     (`HttpLimits.body_timeout_s`). The admin token was checked before (`auth.Guard`, by the
-    routes' scope)."""
+    routes' scope). A mode a save asks for is stored in `modes`; without it (an app over no
+    database that takes one) such a save is refused with 503."""
 
-    def __init__(self, saver: Saver, *, body_timeout_s: float) -> None:
+    def __init__(self, saver: Saver, *, body_timeout_s: float,
+                 modes: ModeStore | None = None) -> None:
         self._saver = saver
         self._body_timeout_s = body_timeout_s
+        self._modes = modes
 
     async def _request(self, request: web.Request, allowed: Mapping[str, type]
                        ) -> tuple[PolicyId, dict[str, Any]] | web.Response:
@@ -174,7 +199,19 @@ class SaveHandlers:
             return checked
         policy_id, fields = checked
         allow = fields.get("allow_mass_removal", False)
-        return await _answered(self._saver.save(policy_id, allow_mass_removal=allow))
+        try:
+            enforcement = asked_enforcement(fields)
+        except BadRequest as exc:
+            return refusal_of(exc)
+        if enforcement is not None:
+            if self._modes is None:
+                return error_response(503, "this server cannot store a policy's enforcement")
+            try:
+                await self._modes.set_enforcement(policy_id, enforcement)
+            except DatabaseUnavailable as exc:
+                return error_response(503, f"database unavailable: {exc}", reason="database")
+        return await _answered(self._saver.save(policy_id, allow_mass_removal=allow),
+                               enforcement)
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
         checked = await self._request(request, _DELETE_FIELDS)
@@ -183,9 +220,10 @@ class SaveHandlers:
         return await _answered(self._saver.delete(checked[0]))
 
 
-async def _answered(work: Awaitable[FanoutReport]) -> web.Response:
+async def _answered(work: Awaitable[FanoutReport],
+                    enforcement: Enforcement | None = None) -> web.Response:
     try:
         report = await work
     except DatabaseUnavailable as exc:
         return error_response(503, f"database unavailable: {exc}", reason="database")
-    return _answer(report)
+    return _answer(report, enforcement)

@@ -10,7 +10,7 @@ from typing import Any
 
 from convergerd import __version__
 from convergerd.api.scopes import ROUTE_SCOPES, Scope
-from convergerd.core.model import POLICY_ID_MAX_LEN
+from convergerd.core.model import ENFORCEMENTS, POLICY_ID_MAX_LEN
 from convergerd.core.report import FanoutResult, FanoutStatus
 from convergerd.core.rows import BOUNDARY_POLICIES_LISTED
 from convergerd.core.save import Operation, SaveAction
@@ -23,6 +23,10 @@ _DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 _NULLABLE_STRING: dict[str, Any] = {"type": "string", "nullable": True}
 _NULLABLE_TIME: dict[str, Any] = {"type": "string", "format": "date-time", "nullable": True}
+_ENFORCEMENT: dict[str, Any] = {
+    "type": "string", "enum": list(ENFORCEMENTS),
+    "description": "what admission does with a request the rule fails: the binding's "
+                   "validationActions [Deny], [Warn, Audit] or [Audit]"}
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -272,6 +276,7 @@ _SCHEMAS: dict[str, Any] = {
             "policy": {"type": "object", "properties": {
                 "id": {"type": "string"}, "boundary": {"type": "string"},
                 "revision": {"type": "integer"}, "enabled": {"type": "boolean"},
+                "enforcement": _ENFORCEMENT,
                 "rule_type": _NULLABLE_STRING, "delivered_to_clusters": {"type": "boolean"},
                 "invalid": _NULLABLE_STRING,
                 "deletion": {
@@ -325,6 +330,9 @@ _SCHEMAS: dict[str, Any] = {
             "clusters": {"type": "array", "items": _ref("ClusterResult")},
             "skipped_reason": _NULLABLE_STRING,
             "error": {"type": "string", "description": "present when refused"},
+            "enforcement": {**_ENFORCEMENT,
+                            "description": "the mode this save stored (present when the "
+                                           "request asked for one)"},
         },
     },
     "DeleteRequest": {
@@ -332,9 +340,16 @@ _SCHEMAS: dict[str, Any] = {
         "description": "no fields: an empty object, or no body at all"},
     "SaveRequest": {
         "type": "object", "additionalProperties": False,
-        "properties": {"allow_mass_removal": {
-            "type": "boolean", "default": False,
-            "description": "remove from clusters that left the scope even past the guard"}},
+        "properties": {
+            "allow_mass_removal": {
+                "type": "boolean", "default": False,
+                "description": "remove from clusters that left the scope even past the guard"},
+            "enforcement": {
+                **_ENFORCEMENT,
+                "description": "store this mode first (a change is a new revision), then save: "
+                               "Deny rejects what fails the rule, Warn admits it with a "
+                               "warning, Audit admits it and records it in the API server's "
+                               "audit log; absent: the stored mode is kept"}},
     },
 }
 
@@ -447,8 +462,9 @@ def _mutation(summary: str, description: str, ok: str, extra: dict[str, Any],
         "parameters": [_POLICY_ID], "security": [{"bearerAuth": []}],
         "responses": {
             "200": _answer(ok, "Report"),
-            "400": _answer("bad id, a body that is not a JSON object, an unknown field or a "
-                           "field of the wrong type"),
+            "400": _answer("bad id, a body that is not a JSON object, an unknown field, a "
+                           "field of the wrong type, or an `enforcement` that is not Deny, "
+                           "Warn or Audit (the message names the field and the value)"),
             "401": _AUTH, "404": _answer("no such policy", "Report"),
             "408": _BODY_LATE, "413": _TOO_BIG, "503": _NO_TOKEN_OR_DB, **extra,
         },

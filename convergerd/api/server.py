@@ -1025,7 +1025,7 @@ class Views:
         return {
             "policy": {
                 "id": row.id, "boundary": row.boundary, "revision": row.revision,
-                "enabled": row.enabled, "rule_type": rule_type,
+                "enabled": row.enabled, "enforcement": row.enforcement, "rule_type": rule_type,
                 "delivered_to_clusters": delivered_type,
                 "invalid": found.invalid,
                 "deletion": _deletion_view(found, now),

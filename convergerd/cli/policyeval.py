@@ -7,6 +7,10 @@ The policy is rendered exactly as the in-cluster operator renders it
 CEL runtime and the same matching, so the verdict and message are the ones `kubectl create`
 would get there.
 
+A policy in mode Warn or Audit is judged as a cluster judges it (a note says so): what its rule
+fails is allowed with the warning the cluster would send (Warn) or with its audit annotation
+noted (Audit); the same object is denied once the policy is in mode Deny.
+
 Namespaces: without `--namespace-labels` every object is evaluated as if it were in a
 namespace of the policy's boundary (the binding's namespaceSelector is then met by
 construction); with it, the selector is applied to those labels, as a cluster would.
@@ -62,7 +66,7 @@ from convergerd.cli.session import (
 from convergerd.config import ClusterAccess
 from convergerd.core.decode import list_page
 from convergerd.core.errors import BadFile, BadResponse, ConvergerdError
-from convergerd.core.model import ClusterId
+from convergerd.core.model import ClusterId, Enforcement
 from convergerd.core.shown import shown
 from convergerd.files import read_bounded
 from convergerd.kube.kubeconfig import ALLOW_INSECURE_SETTING
@@ -174,12 +178,15 @@ def policy_spec(doc: Any, source: str) -> dict[str, Any]:
     if "policies" in doc:
         raise EvalInputError(f"{source}: this is a whole import file; give one policy entry "
                              "({id, boundary, rule}) or a Policy object")
-    unknown = set(doc) - {"id", "boundary", "enabled", "rule"}
+    unknown = set(doc) - {"id", "boundary", "enabled", "rule", "enforcement"}
     if unknown:
         raise EvalInputError(f"{source}: unknown field(s) in the policy entry: "
                              f"{shown(sorted(map(str, unknown)))}")
-    return {"policyId": doc.get("id"), "boundary": doc.get("boundary"),
+    spec = {"policyId": doc.get("id"), "boundary": doc.get("boundary"),
             "enabled": doc.get("enabled", True), "revision": 1, "rule": doc.get("rule")}
+    if "enforcement" in doc:
+        spec["enforcement"] = doc["enforcement"]
+    return spec
 
 
 def load_policy(path: Path) -> dict[str, Any]:
@@ -470,11 +477,18 @@ def _check_flags(args: argparse.Namespace) -> None:
 def _print(evaluator: PolicyEval, verdicts: Sequence[Verdict], *, as_json: bool, selector: str,
            out: TextIO, err: TextIO) -> None:
     name = evaluator.admission.policy["metadata"]["name"]
+    mode = evaluator.admission.enforcement
     if not evaluator.enabled:
         print(f"note: policy {name} is disabled: a cluster enforces nothing until it is "
               "enabled; the verdicts show what it would deny then", file=err)
+    if mode is not Enforcement.DENY:
+        does = ("admits what it fails with a warning" if mode is Enforcement.WARN
+                else "admits what it fails and only records it in its audit log")
+        print(f"note: policy {name} is in mode {mode.value}: a cluster {does}; the verdicts "
+              "show it as allowed with the warning or audit annotation it would get", file=err)
     if as_json:
-        json.dump({"policy": name, "enabled": evaluator.enabled, "namespaceSelector": selector,
+        json.dump({"policy": name, "enabled": evaluator.enabled, "enforcement": mode.value,
+                   "namespaceSelector": selector,
                    "results": [v.as_dict() for v in verdicts]}, out, indent=2)
         out.write("\n")
         return

@@ -66,6 +66,7 @@ from convergerd.core.decode import (
     seconds,
     short_text,
     status_body,
+    warning_texts,
 )
 from convergerd.core.errors import (
     BadResponse,
@@ -346,6 +347,7 @@ class _Answer:
 
     verb: str = ""
     max_containers: int = ANSWER_MAX_CONTAINERS
+    warnings: tuple[str, ...] = ()  # the `Warning` headers' texts (`decode.warning_texts`)
 
     def json(self) -> KubeObject:
         """The body as a JSON object; `BadResponse` when it is not one, or costs more than
@@ -409,10 +411,12 @@ async def read_lines_capped(content: aiohttp.StreamReader, limit: int) -> AsyncI
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """A successful answer of `ClusterClient.call`: its status and its JSON object."""
+    """A successful answer of `ClusterClient.call`: its status, its JSON object and the texts
+    of its `Warning` headers (kube-apiserver's warnings: a Warn binding's failures)."""
 
     status: int
     object: KubeObject
+    warnings: tuple[str, ...] = ()
 
 
 class ClusterClient:
@@ -681,7 +685,7 @@ class ClusterClient:
                                          not_found=not_found, cost=cost)
         except _Gone:
             return None
-        return Reply(answer.status, answer.json())
+        return Reply(answer.status, answer.json(), answer.warnings)
 
     async def text(self, path: str, *, verb: str, timeout_s: float,
                    cost: Cost = ANSWER_COST) -> bytes:
@@ -771,7 +775,7 @@ class ClusterClient:
                 # collection, rare under `eventloop.tune_gc`.
                 raise _too_big(verb, status, limit, body, setting=limit == cap)
         return _Answer(status, response.reason, response.headers, body, verb,
-                       cost.max_containers)
+                       cost.max_containers, warning_texts(response.headers.getall("Warning", ())))
 
     def _policy_api_error(self, exc: ClusterLevelError) -> ClusterLevelError:
         if exc.status != 404:

@@ -68,7 +68,7 @@ import heapq
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -76,14 +76,16 @@ from convergerd.admission.render import (
     ProbeUnsatisfiable,
     RenderError,
     admission_name,
+    enforcement_of,
+    enforcement_of_spec,
     violating_pod,
 )
 from convergerd.admission.verdict import Judge
 from convergerd.config import DEFAULT_OPERATOR_CACHE_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
 from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
-from convergerd.core.model import is_namespace_name, is_object_name
+from convergerd.core.model import Enforcement, is_namespace_name, is_object_name
 from convergerd.core.shown import shown
-from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
+from convergerd.kube.api import Admitted, KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
 from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
@@ -166,7 +168,7 @@ class OperatorApi(WatchApi, Protocol):
                     timeout_s: float, subresource: str | None = None) -> KubeObject: ...
     async def delete(self, resource: Resource, name: str, *, timeout_s: float) -> bool: ...
     async def dry_run_create(self, resource: Resource, body: KubeObject, *, timeout_s: float,
-                             namespace: str | None = None) -> KubeObject: ...
+                             namespace: str | None = None) -> Admitted: ...
     async def served_resources(self, group: str, version: str, *,
                                timeout_s: float) -> frozenset[str] | None: ...
     async def metrics(self, *, timeout_s: float) -> bytes: ...
@@ -187,6 +189,9 @@ class _Enforced:
     ready: Condition
     wrote: bool = False
     before: Condition | None = None  # the probe of drifted objects, before their repair
+    # The mode of the binding in force (`status.enforcementAction`): the one written, or, when
+    # the writes failed, the one read (the previous objects stay in force); None: no binding.
+    enforcement: Enforcement | None = None
 
 
 def _utcnow() -> dt.datetime:
@@ -664,6 +669,7 @@ class Operator:
             self._failures.pop(name, None)
             self._mine.pop(name, None)
             self._metrics.set_phase(name, None)
+            self._metrics.set_enforcement(name, None)
             return
         if not is_object_name(name):
             # Its status path would be built from it: a real apiserver never names an object
@@ -706,8 +712,10 @@ class Operator:
             verified = verified_pending(phase, self._t.probe_delay_s)
         key = condition_key(verified)
         self._mine[policy.name] = (*self._mine.get(policy.name, ())[-1:], key)
-        status = new_status(policy, phase, [ready, verified], self._wall())
+        status = new_status(policy, phase, [ready, verified], self._wall(),
+                            enforcement=enforced.enforcement)
         self._metrics.set_phase(policy.name, phase)
+        self._metrics.set_enforcement(policy.name, enforced.enforcement)
         if phase != ERROR:
             self._failures.pop(policy.name, None)
         if not status_differs(policy.status, status):
@@ -718,8 +726,9 @@ class Operator:
                                                     timeout_s=t, subresource="status"),
                           "status")
         self._metrics.wrote("status")
-        log.info("cluster %s: Policy %s: %s (%s)", self.cluster, policy.name, phase,
-                 ready.reason, extra=self._extra(policy=policy.name, phase=phase))
+        mode = f", {enforced.enforcement.value}" if enforced.enforcement is not None else ""
+        log.info("cluster %s: Policy %s: %s (%s%s)", self.cluster, policy.name, phase,
+                 ready.reason, mode, extra=self._extra(policy=policy.name, phase=phase))
         return True
 
     async def _enforce(self, policy: PolicyObject, boundary: str) -> _Enforced:
@@ -737,6 +746,7 @@ class Operator:
             return _Enforced(UNSUPPORTED, ready_condition(UNSUPPORTED, name="",
                                                           boundary=boundary))
         name = admission_name(policy.policy_id)
+        existing_binding = None
         try:
             timeout = self._t.request_timeout_s
             existing_policy = await self._api.get(VAPS, name, timeout_s=timeout)
@@ -745,7 +755,8 @@ class Operator:
                               existing_binding=existing_binding)
         except RenderError as exc:
             return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
-                                                    detail=str(exc), reason=exc.reason))
+                                                    detail=str(exc), reason=exc.reason),
+                             enforcement=enforcement_of(existing_binding))
         except ClusterLevelError as exc:
             if exc.status == 404:
                 self._recheck.set()  # the API went away (a downgrade?): ask discovery again
@@ -768,9 +779,10 @@ class Operator:
             detail = (f"applying the admission objects {name} failed: {exc}; retried with "
                       "backoff (the previous admission policy, if any, stays in force)")
             return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
-                                                    detail=detail, reason="ApplyFailed"))
+                                                    detail=detail, reason="ApplyFailed"),
+                             enforcement=enforcement_of(existing_binding))
         return _Enforced(todo.phase, ready_condition(todo.phase, name=name, boundary=boundary),
-                         wrote, before)
+                         wrote, before, todo.enforcement)
 
     async def _apply(self, vap: KubeObject | None, binding: KubeObject | None,
                      delete_binding: bool, name: str) -> bool:
@@ -834,27 +846,36 @@ class Operator:
             limit=1)
         namespace = _first_name(namespaces.items)
         admitted, status, message = False, None, ""
+        warnings: Sequence[str] = ()
+        installed: Enforcement | None = None
+        enforcement = Enforcement.DENY
         result: Condition | None = None
         if namespace is not None:
             try:
                 pod = violating_pod(policy.spec, namespace=namespace, name=f"{name}-probe",
                                     others=self._others(policy, boundary))
+                enforcement = enforcement_of_spec(policy.spec)
             except ProbeUnsatisfiable as exc:
                 result = probe_inconclusive(name=name, namespace=namespace, why=str(exc),
                                             now=self._wall())
             else:
                 try:
-                    await self._api.dry_run_create(PODS, pod, namespace=namespace,
-                                                   timeout_s=timeout)
-                    admitted = True
+                    answer = await self._api.dry_run_create(PODS, pod, namespace=namespace,
+                                                            timeout_s=timeout)
+                    admitted, warnings = True, answer.warnings
                 except ClusterApiError as exc:
                     status, message = exc.status, str(exc)
                 except ClusterError as exc:
                     message = f"{exc.reason}: {exc}"
+                if admitted and enforcement is Enforcement.AUDIT:
+                    # Admitted with no word is also what no binding at all does: read back
+                    # that ours is there with [Audit], over an admission policy still there.
+                    installed = await self._installed_mode(name)
         if result is None:
             result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
                                    admitted=admitted, status=status, message=message,
-                                   now=self._wall())
+                                   now=self._wall(), enforcement=enforcement,
+                                   warnings=warnings, installed=installed)
         self._metrics.probed(policy.name, result.reason)
         if result.reason == DENIED and self._admission is not None:
             # The API server counted our probe's denial: not a tenant's.
@@ -871,6 +892,18 @@ class Operator:
                         policy.name, result.message,
                         extra=self._extra(policy=policy.name, probe=result.reason))
         return result
+
+    async def _installed_mode(self, name: str) -> Enforcement | None:
+        """The mode of binding `name` as the cluster holds it, when its admission policy is
+        there too; None otherwise."""
+        timeout = self._t.request_timeout_s
+        binding = await self._api.get(BINDINGS, name, timeout_s=timeout)
+        spec = binding.get("spec") if binding is not None else None
+        if not isinstance(spec, Mapping) or spec.get("policyName") != name:
+            return None
+        if await self._api.get(VAPS, name, timeout_s=timeout) is None:
+            return None
+        return enforcement_of(binding)
 
     def _others(self, policy: PolicyObject, boundary: str) -> list[Mapping[str, Any]]:
         """The specs of the other enabled Policies of `boundary` in the cache: what the probe

@@ -25,6 +25,7 @@ from convergerd.core.model import (
     BoundaryId,
     Cluster,
     ClusterId,
+    Enforcement,
     Fleet,
     InvalidPolicy,
     Policy,
@@ -122,7 +123,8 @@ _WITH_LISTING = "LEFT JOIN cluster_state cs ON cs.cluster_id = d.cluster_id"
 # known clusters the boundary covers (computed once), and its records on every cluster.
 _POLICY_STATUS = f"""
 WITH p AS (
-    SELECT id, boundary_id, {_rule_column()}, enabled, revision, deleted_at FROM policies
+    SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement, deleted_at
+    FROM policies
     WHERE id = $1
 ), s AS (
     SELECT EXISTS (SELECT 1 FROM boundaries b JOIN p ON b.id = p.boundary_id) AS boundary_known,
@@ -130,7 +132,8 @@ WITH p AS (
                  JOIN boundary_clusters bc ON bc.boundary_id = p.boundary_id
                  JOIN clusters c ON c.id = bc.cluster_id) AS scope
 )
-SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, p.deleted_at, s.boundary_known,
+SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, p.enforcement, p.deleted_at,
+       s.boundary_known,
        -- The scope once, on the first row: on every row it would cost clusters^2 elements
        -- (at 1,000 clusters, 1,000,000 array elements for the server to build and us to decode).
        CASE WHEN row_number() OVER (ORDER BY d.cluster_id) = 1 THEN s.scope END AS scope,
@@ -195,6 +198,7 @@ def _policy_row(r: asyncpg.Record) -> PolicyRow:
             f"larger than {MAX_RULE_BYTES} bytes"),
         enabled=r["enabled"],
         revision=r["revision"],
+        enforcement=r["enforcement"],
     )
 
 
@@ -285,7 +289,7 @@ class Store:
                    GROUP BY b.id ORDER BY b.id"""
             )
             policy_rows = await conn.fetch(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement
                     FROM policies WHERE deleted_at IS NULL ORDER BY id"""  # noqa: S608
             )
         boundaries = {
@@ -312,11 +316,23 @@ class Store:
         """The stored row (not validated), or None if there is none or it is being deleted."""
         async with self._acquire() as conn:
             row = await conn.fetchrow(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement
                     FROM policies WHERE id = $1 AND deleted_at IS NULL""",  # noqa: S608
                 policy_id,
             )
         return _policy_row(row) if row is not None else None
+
+    async def set_enforcement(self, policy_id: str, enforcement: Enforcement) -> None:
+        """Store a policy's mode (the save endpoint's `enforcement`); a change is a new
+        revision (the trigger of migration 0008). Nothing is written, so nothing notified, when
+        the mode is already the one stored, or there is no such policy or its deletion has
+        begun: the save that follows answers those."""
+        async with self._acquire() as conn:
+            await conn.execute(
+                """UPDATE policies SET enforcement = $2
+                   WHERE id = $1 AND deleted_at IS NULL AND enforcement IS DISTINCT FROM $2""",
+                policy_id, enforcement.value,
+            )
 
     async def policy_scope(self, policy_id: str) -> frozenset[ClusterId]:
         """The known clusters the policy's boundary covers now (empty for an unknown policy)."""
@@ -365,8 +381,8 @@ class Store:
                    JOIN clusters c ON c.id = bc.cluster_id
                    WHERE bc.boundary_id = $1 ORDER BY bc.cluster_id""", boundary)
             rows = await conn.fetch(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, deleted_at,
-                           count(*) OVER () AS total
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
+                           deleted_at, count(*) OVER () AS total
                     FROM policies WHERE boundary_id = $1 ORDER BY id LIMIT $2""",  # noqa: S608
                 boundary, most)
         policies = []
@@ -644,7 +660,7 @@ class Store:
         round's write-time check)."""
         async with self._acquire() as conn:
             rows = await conn.fetch(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision,
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
                            deleted_at IS NOT NULL AS deleting
                     FROM policies WHERE id = ANY($1::text[])""",  # noqa: S608
                 list(policy_ids),
@@ -704,7 +720,7 @@ class Store:
 async def _target(conn: asyncpg.Connection, policy_id: str) -> Target | None:
     row = await conn.fetchrow(
         f"""SELECT p.id, p.boundary_id, {_rule_column("p")}, p.enabled, p.revision,
-                  p.deleted_at IS NOT NULL AS deleting,
+                  p.enforcement, p.deleted_at IS NOT NULL AS deleting,
                   EXISTS (SELECT 1 FROM boundaries b WHERE b.id = p.boundary_id) AS boundary_exists,
                   ARRAY(SELECT bc.cluster_id FROM boundary_clusters bc
                         JOIN clusters c ON c.id = bc.cluster_id
