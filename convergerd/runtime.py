@@ -361,7 +361,7 @@ class Daemon:
         s = self.settings
         app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
                        health=self.health, saver=saver, tenants=store, book=book,
-                       modes=store)
+                       modes=store, revisions=store)
         runner = await serve(app, s.http_host, s.http_port, s.http, observer=self.metrics)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",

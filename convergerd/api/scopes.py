@@ -52,6 +52,9 @@ ROUTE_SCOPES: Mapping[tuple[str, str], Scope] = {
     ("DELETE", "/v1/tokens/{name}"): Scope.ADMIN,
     ("GET", "/v1/boundaries/{boundary}"): Scope.BOUNDARY,
     ("GET", "/v1/boundaries/{boundary}/policies/{id}"): Scope.BOUNDARY,
+    ("GET", "/v1/policies/{id}/revisions"): Scope.FLEET,
+    ("POST", "/v1/policies/{id}/rollback"): Scope.ADMIN,
+    ("GET", "/v1/boundaries/{boundary}/policies/{id}/revisions"): Scope.BOUNDARY,
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,10 @@ class Kind(enum.StrEnum):
     DELETED = "deleted"
     FIRST_KEPT = "first_kept"  # nothing kept before it to compare with
     UNREADABLE = "unreadable"  # its content, or the one before, could not be read
+    # A boundary's view of its policy's history: a revision from when the policy was in
+    # another boundary shows nothing of it, and the one after it only that it moved in.
+    ELSEWHERE = "elsewhere"
+    MOVED_IN = "moved_in"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,8 @@ _KIND_TEXT = {
     Kind.DELETED: "deleted",
     Kind.FIRST_KEPT: "the oldest revision kept",
     Kind.UNREADABLE: "its content or the one before cannot be read",
+    Kind.ELSEWHERE: "in another boundary then",
+    Kind.MOVED_IN: "moved into this boundary",
 }
 
 
@@ -178,15 +184,31 @@ class History:
     newest_first: tuple[Revision, ...]
 
 
-def history(newest_first: Sequence[Revision], limit: int
+def in_boundary(boundary: str) -> Callable[[Revision], bool]:
+    """Whether a revision belongs to `boundary`'s view: its content names that boundary (a
+    deletion, which has none, does)."""
+    return lambda r: r.deleted or (
+        r.content is not None and r.content.get("boundary_id") == boundary)
+
+
+def history(newest_first: Sequence[Revision], limit: int, *,
+            visible: Callable[[Revision], bool] | None = None
             ) -> tuple[list[tuple[Revision, Diff]], bool]:
     """A page of the history from up to `limit` + 1 kept revisions, newest first (the one past
     the page is what its last revision is compared with): each revision with what it did, and
-    whether older ones are kept."""
+    whether older ones are kept. With `visible` (a boundary's view, `in_boundary`), a revision
+    it refuses is `ELSEWHERE` and the one after it `MOVED_IN`, so no content, change or name
+    of another boundary shows."""
     page = []
     for i, revision in enumerate(newest_first[:limit]):
         previous = newest_first[i + 1] if i + 1 < len(newest_first) else None
-        page.append((revision, what_changed(previous, revision)))
+        if visible is not None and not visible(revision):
+            diff = Diff(Kind.ELSEWHERE)
+        elif visible is not None and previous is not None and not visible(previous):
+            diff = Diff(Kind.MOVED_IN)
+        else:
+            diff = what_changed(previous, revision)
+        page.append((revision, diff))
     return page, len(newest_first) > limit
 
 

@@ -17,9 +17,9 @@ from typing import Protocol
 
 import asyncpg
 
+from convergerd.config import RevisionRetention
 from convergerd.core.decode import clean_text
 from convergerd.core.errors import ConvergerdError
-from convergerd.config import RevisionRetention
 from convergerd.core.revisions import (
     CONTENT_MAX_BYTES,
     History,
@@ -82,7 +82,7 @@ async def history(conn: asyncpg.Connection, policy_id: str, *, before: int | Non
                       EXISTS (SELECT 1 FROM policies WHERE id = $1)
                           OR EXISTS (SELECT 1 FROM policy_revisions WHERE policy_id = $1)
                           AS known""", policy_id)
-        if not boundary["known"]:
+        if boundary is None or not boundary["known"]:
             return None
         rows = await conn.fetch(
             f"""SELECT {_COLUMNS} FROM policy_revisions
@@ -147,7 +147,7 @@ async def _unknown(conn: asyncpg.Connection, policy_id: str, to: int, *, row: bo
     kept = await conn.fetchrow(
         """SELECT min(revision) AS oldest, max(revision) AS newest FROM policy_revisions
            WHERE policy_id = $1""", policy_id)
-    if kept["newest"] is None:
+    if kept is None or kept["newest"] is None:
         return Rollback(policy_id, to, refused=(
             Refused.UNKNOWN_REVISION if row else Refused.UNKNOWN_POLICY))
     return Rollback(policy_id, to, refused=Refused.UNKNOWN_REVISION,

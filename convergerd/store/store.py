@@ -73,6 +73,7 @@ from convergerd.store.records import (
     write_round,
     write_round_by_cluster,
 )
+from convergerd.store.revisions import Pruned
 from convergerd.store.schema import check_schema
 from convergerd.store.tenants import Refused
 from convergerd.store.values import json_column
@@ -327,7 +328,8 @@ class Store:
         revision (the trigger of migration 0008). Nothing is written, so nothing notified, when
         the mode is already the one stored, or there is no such policy or its deletion has
         begun: the save that follows answers those."""
-        async with self._acquire() as conn:
+        async with self._acquire() as conn, conn.transaction():
+            await revisions.set_actor(conn, "admin token (POST /v1/policies/{id}/apply)")
             await conn.execute(
                 """UPDATE policies SET enforcement = $2
                    WHERE id = $1 AND deleted_at IS NULL AND enforcement IS DISTINCT FROM $2""",
@@ -418,8 +420,8 @@ class Store:
 
     # ---- revisions (`store.revisions`) --------------------------------------------------------
 
-    async def revisions(self, policy_id: str, *, before: int | None,
-                        limit: int) -> History | None:
+    async def revision_history(self, policy_id: str, *, before: int | None,
+                               limit: int) -> History | None:
         async with self._acquire() as conn:
             return await revisions.history(conn, policy_id, before=before, limit=limit)
 
@@ -439,7 +441,7 @@ class Store:
             return await revisions.rollback(conn, policy_id, to, actor=actor, check=check)
 
     async def prune_revisions(self, *, keep_last: int, max_age_days: float,
-                              batches: int) -> revisions.Pruned:
+                              batches: int) -> Pruned:
         async with self._acquire() as conn:
             return await revisions.prune(conn, keep_last=keep_last, max_age_days=max_age_days,
                                          batches=batches)
