@@ -23,9 +23,17 @@ from convergerd.core.decode import (
 )
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.plan import MAX_AUDIT_VIOLATIONS, ListedPolicy, audit
-from convergerd.core.report import Audit, AuditSample, ClusterOutcome, PhaseReading, RoundReport
+from convergerd.core.report import (
+    Audit,
+    AuditSample,
+    ClusterOutcome,
+    PhaseReading,
+    RoundReport,
+    audit_fields,
+)
 from convergerd.status.document import audit_sample_view, cluster_audit_view, snapshot
 from convergerd.status.metrics import Metrics
+from convergerd.status.phases import AUDIT_STALE_PERIODS
 from convergerd.status.state import StatusState
 from convergerd.status.views import policy_audit_view, record_view
 from tests.strategies import JSON_VALUES
@@ -155,7 +163,8 @@ def test_any_audit_body_is_a_bounded_audit_or_unknown_never_an_exception(body: A
         assert safe(s.kind)
         assert safe(s.name)
     # What the status API makes of it is JSON of bounded parts, whatever came in.
-    r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0, None, a)
+    r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
+                     **audit_fields(a))
     view = record_view(_record(r), T0, INTERVAL)["audit"]
     assert view["state"] in ("current", "unsynced", "stale", "unknown")
 
@@ -176,7 +185,7 @@ def _audited(cluster: str, policy: str, violations: int | None, *, at: dt.dateti
     found = (Audit(violations, at - dt.timedelta(seconds=30), synced, None, sample)
              if violations is not None else Audit(None, problem="status.audit: expected ..."))
     return PhaseReading(ClusterId(cluster), PolicyId(policy), "Enforcing", None, None, 1, at,
-                        None, found)
+                        **audit_fields(found))
 
 
 def _round(at: dt.datetime, **clusters: list[PhaseReading]) -> RoundReport:
@@ -269,12 +278,14 @@ def test_an_audit_goes_stale_when_the_operator_stops_auditing(
     fleet: tuple[StatusState, Clock],
 ) -> None:
     state, clock = fleet
-    # Read every interval, but auditedAt never moves: two probe periods later it is stale.
-    for minutes in (5, 10, 15, 20, 25):
+    # Read every interval, but auditedAt never moves: AUDIT_STALE_PERIODS probe periods later
+    # (the operator rewrites an unchanged audit's time only at its heartbeat) it is stale.
+    last = int(AUDIT_STALE_PERIODS * PROBE / 60) + 5
+    for minutes in range(5, last + 1, 5):
         clock.now = T0 + dt.timedelta(minutes=minutes)
         state.observe_round(_round(clock.now, c1=[
             PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, clock.now,
-                         None, Audit(3, T0, True))]))
+                         **audit_fields(Audit(3, T0, True)))]))
     view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p1")], clock.now,
                        INTERVAL, probe_period_s=PROBE)["audit"]
     assert view["state"] == "stale"
@@ -286,8 +297,8 @@ def test_an_audit_goes_stale_when_the_operator_stops_auditing(
 
 def test_an_audit_dated_after_its_reading_is_not_believed() -> None:
     future = T0 + dt.timedelta(hours=1)
-    r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0, None,
-                     Audit(5, future, True))
+    r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
+                     **audit_fields(Audit(5, future, True)))
     view = record_view(_record(r), T0, INTERVAL)["audit"]
     assert view["violations"] is None
     assert view["state"] == "unknown"
