@@ -53,6 +53,7 @@ from convergerd.status.probe import Answers, Prober
 from convergerd.status.state import StatusState
 from convergerd.status.sync import StatusSync
 from convergerd.store.notify import PgNotifications
+from convergerd.store.revisions import Pruner
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck, first
 
@@ -209,6 +210,9 @@ class Daemon:
                         self._listener(saver, shardset).run(), name="notify listener"))
                     supervised.append(tg.create_task(
                         book.run(self._notifications()), name="read tokens"))
+                    supervised.append(tg.create_task(Pruner(
+                        store, s.revisions, leading=shardset.leader.elector.is_leader,
+                        observer=self.metrics).run(), name="revision retention"))
                     if peers is not None:
                         supervised.append(tg.create_task(peers.run(), name="save parts"))
                 self.health.watch(supervised)
@@ -357,7 +361,7 @@ class Daemon:
         s = self.settings
         app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
                        health=self.health, saver=saver, tenants=store, book=book,
-                       modes=store)
+                       modes=store, revisions=store)
         runner = await serve(app, s.http_host, s.http_port, s.http, observer=self.metrics)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",

@@ -64,6 +64,9 @@ ROUTE_SCOPES: Mapping[tuple[str, str], Scope] = {
     ("GET", "/ui/boundaries/{boundary}"): Scope.PAGE,
     ("GET", "/ui/policies/{id}"): Scope.PAGE,
     ("GET", "/ui/static/{name}"): Scope.PAGE,
+    ("GET", "/v1/policies/{id}/revisions"): Scope.FLEET,
+    ("POST", "/v1/policies/{id}/rollback"): Scope.ADMIN,
+    ("GET", "/v1/boundaries/{boundary}/policies/{id}/revisions"): Scope.BOUNDARY,
 }
 
 

@@ -171,14 +171,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     from convergerd.cli import policy as policycli
     from convergerd.cli import policyeval
+    from convergerd.cli import revisions as revisionscli
 
     policy = sub.add_parser(
-        "policy", help="one policy: apply or delete it now through a running daemon, or eval "
-        "it on objects, a live cluster or a recorded session", description=policycli.__doc__,
+        "policy", help="one policy: apply or delete it now through a running daemon, list its "
+        "revisions or roll it back, or eval it on objects, a live cluster or a recorded "
+        "session", description=policycli.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
     policycli.add_arguments(policy_sub)
+    revisionscli.add_arguments(policy_sub)
     policyeval.add_arguments(policy_sub.add_parser(
         "eval", help="evaluate a policy as the operator renders it: on objects (--object), a "
         "live cluster (--context, --record) or a recorded session (--replay)",
@@ -245,6 +248,7 @@ def _command_name(args: argparse.Namespace) -> str:
 # Commands that call a running daemon or work offline: their own output, no daemon settings.
 _TOOLS = {"status": "cli.status", "policy eval": "cli.policyeval",
           "policy apply": "cli.policy", "policy delete": "cli.policy",
+          "policy history": "cli.revisions", "policy rollback": "cli.revisions",
           "token create": "cli.token", "token list": "cli.token", "token revoke": "cli.token"}
 
 

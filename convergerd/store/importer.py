@@ -47,6 +47,7 @@ from convergerd.core.render import validate_policy
 from convergerd.core.shown import shown
 from convergerd.files import read_bounded
 from convergerd.store.errors import database_errors
+from convergerd.store.revisions import set_actor
 from convergerd.store.schema import check_schema
 from convergerd.store.yamlfile import load_yaml
 
@@ -474,6 +475,7 @@ async def apply_plan(conn: asyncpg.Connection, plan: ImportPlan) -> ImportSummar
     summary = ImportSummary()
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", IMPORT_LOCK_KEY)
+        await set_actor(conn, "convergerd import")  # the revisions' `saved_by`
         known_clusters = {r["id"] for r in await conn.fetch("SELECT id FROM clusters")}
         known_boundaries = {r["id"] for r in await conn.fetch("SELECT id FROM boundaries")}
         check_references(plan, known_clusters=known_clusters, known_boundaries=known_boundaries)

@@ -45,6 +45,7 @@ from convergerd.core.report import (
     RoundReport,
     RoundResult,
 )
+from convergerd.core.revisions import History, Rollback
 from convergerd.core.rows import (
     BoundaryPolicy,
     BoundaryRows,
@@ -58,7 +59,7 @@ from convergerd.core.rows import (
 )
 from convergerd.core.spread import Claimed, Part
 from convergerd.core.tokens import TokenRecord
-from convergerd.store import parts, tenants
+from convergerd.store import parts, revisions, tenants
 from convergerd.store.errors import (
     database_errors,
     is_transient,
@@ -74,6 +75,7 @@ from convergerd.store.records import (
     write_round,
     write_round_by_cluster,
 )
+from convergerd.store.revisions import Pruned
 from convergerd.store.schema import check_schema
 from convergerd.store.tenants import Refused
 from convergerd.store.values import json_column
@@ -323,7 +325,8 @@ class Store:
         revision (the trigger of migration 0008). Nothing is written, so nothing notified, when
         the mode is already the one stored, or there is no such policy or its deletion has
         begun: the save that follows answers those."""
-        async with self._acquire() as conn:
+        async with self._acquire() as conn, conn.transaction():
+            await revisions.set_actor(conn, "admin token (POST /v1/policies/{id}/apply)")
             await conn.execute(
                 """UPDATE policies SET enforcement = $2
                    WHERE id = $1 AND deleted_at IS NULL AND enforcement IS DISTINCT FROM $2""",
@@ -411,6 +414,34 @@ class Store:
     async def live_tokens(self) -> list[tuple[bytes, TokenRecord]]:
         async with self._acquire() as conn:
             return await tenants.live(conn)
+
+    # ---- revisions (`store.revisions`) --------------------------------------------------------
+
+    async def revision_history(self, policy_id: str, *, before: int | None,
+                               limit: int) -> History | None:
+        async with self._acquire() as conn:
+            return await revisions.history(conn, policy_id, before=before, limit=limit)
+
+    async def rollback(self, policy_id: str, to: int, *, actor: str) -> Rollback:
+        """The content of revision `to` as the policy's new revision (see
+        `revisions.rollback`), refused (nothing written) when that is not a valid policy now,
+        as a save would find it."""
+
+        async def check(conn: asyncpg.Connection) -> str | None:
+            target = await _target(conn, policy_id)
+            if target is None:
+                return "the row is gone"
+            found = deliverable_policy(target.row, boundary_exists=target.boundary_exists)
+            return found.reason if isinstance(found, InvalidPolicy) else None
+
+        async with self._acquire() as conn:
+            return await revisions.rollback(conn, policy_id, to, actor=actor, check=check)
+
+    async def prune_revisions(self, *, keep_last: int, max_age_days: float,
+                              batches: int) -> Pruned:
+        async with self._acquire() as conn:
+            return await revisions.prune(conn, keep_last=keep_last, max_age_days=max_age_days,
+                                         batches=batches)
 
     async def pending_deletions(self) -> PendingDeletions:
         """Policies whose deletion began and has not finished: how many, and the oldest
@@ -602,6 +633,7 @@ class Store:
         `0003`): `DatabaseRejected` (reason `constraint`) when a cluster not in `removed_from`
         holds it, and nothing changes."""
         async with self._acquire() as conn, conn.transaction():
+            await revisions.set_actor(conn, "convergerd (DELETE /v1/policies/{id})")
             await conn.execute(
                 "DELETE FROM deliveries WHERE policy_id = $1 AND cluster_id = ANY($2::text[])",
                 policy_id, list(removed_from),

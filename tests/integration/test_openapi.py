@@ -109,7 +109,7 @@ async def world(fleet: Fleet, database_url: str) -> AsyncIterator[World]:
     app = make_app(metrics=Metrics(state=state), state=state,
                    store=store, settings=settings, health=health,
                    saver=make_saver(rounds, store), status_db_timeout_s=2,
-                   tenants=store, book=book)
+                   tenants=store, book=book, revisions=store)
     seen: set[Answer] = set()
 
     async def record(request: web.Request, response: web.StreamResponse) -> None:
@@ -180,6 +180,7 @@ async def test_every_documented_answer_is_produced(
         assert await w.call(method, path, headers=READ) == 403, path
         assert await w.call(method, path) == 401, path
     await _tokens_and_boundaries(w)
+    await _revisions(w, database_url)
 
     ended = asyncio.create_task(asyncio.sleep(0))
     await ended
@@ -192,8 +193,12 @@ async def test_every_documented_answer_is_produced(
                          ("DELETE", "/v1/policies/p-regs"), ("GET", "/v1/tokens"),
                          ("DELETE", "/v1/tokens/reader"),
                          ("GET", "/v1/boundaries/team-a"),
-                         ("GET", "/v1/boundaries/team-a/policies/p-regs")):
+                         ("GET", "/v1/boundaries/team-a/policies/p-regs"),
+                         ("GET", "/v1/policies/p-regs/revisions"),
+                         ("GET", "/v1/boundaries/team-a/policies/p-regs/revisions")):
         assert await w.call(method, path, headers=AUTH) == 503, path
+    assert await w.call("POST", "/v1/policies/p-regs/rollback", headers=AUTH,
+                        json={"to": 1}) == 503
     assert await w.call("POST", "/v1/tokens", headers=AUTH,
                         json={"boundary": "team-a", "name": "later"}) == 503
 
@@ -201,6 +206,8 @@ async def test_every_documented_answer_is_produced(
                           ("/v1/policies/p-regs/status", {}),
                           ("/v1/boundaries/team-a", READ),
                           ("/v1/boundaries/team-a/policies/p-regs", READ),
+                          ("/v1/policies/p-regs/revisions", {}),
+                          ("/v1/boundaries/team-a/policies/p-regs/revisions", READ),
                           # Past this token's reads (100 at 50/s).
                           ("/metrics", AUTH), ("/v1/tokens", AUTH)):
         for method in ("GET", "HEAD"):
@@ -242,3 +249,34 @@ async def _tokens_and_boundaries(w: World) -> None:
     assert await w.call("GET", "/v1/boundaries/team-a/policies/p-latest") == 401
     assert await w.call("GET", "/v1/boundaries/team-a?limit=0", headers=AUTH) == 400
     assert await w.call("GET", "/v1/boundaries/team-a/policies/Bad_Id", headers=AUTH) == 400
+
+
+async def _revisions(w: World, database_url: str) -> None:
+    """The revisions' and the rollback's answers (the database up). By now p-regs has its
+    revision 1, p-labels an invalid rule (revision 2), p-latest its deletion begun."""
+    await sql(database_url, """UPDATE policies SET rule = '{"type": "ForbidLatestTag"}'
+              WHERE id = 'p-labels'""")  # revision 3: valid again, 2 is not
+    for path in ("/v1/policies/p-regs/revisions", "/v1/policies/Bad_Id/revisions",
+                 "/v1/policies/p-regs/revisions?limit=0", "/v1/policies/p-none/revisions"):
+        await w.call("GET", path)
+    for headers in (AUTH, READ):
+        assert await w.call("GET", "/v1/boundaries/team-a/policies/p-regs/revisions",
+                            headers=headers) == 200
+    assert await w.call("GET", "/v1/boundaries/team-a/policies/p-labels/revisions",
+                        headers=READ) == 404
+    assert await w.call("GET", "/v1/boundaries/team-a/policies/Bad_Id/revisions",
+                        headers=READ) == 400
+    assert await w.call("GET", "/v1/boundaries/team-a/policies/p-regs/revisions") == 401
+    assert await w.call("GET", "/v1/policies/p-regs/revisions", headers=NOBODY) == 401
+    assert await w.call("GET", "/v1/policies/p-regs/revisions", headers=READ) == 403
+
+    rollback = "/v1/policies/{}/rollback"
+    for policy, body, status in (("p-regs", {"to": 1}, 200), ("Bad_Id", {"to": 1}, 400),
+                                 ("p-regs", {"to": 99}, 404), ("p-latest", {"to": 1}, 409),
+                                 ("p-labels", {"to": 2}, 422)):
+        assert await w.call("POST", rollback.format(policy), headers=AUTH,
+                            json=body) == status, (policy, body)
+    assert await w.call("POST", rollback.format("p-regs"), json={"to": 1}) == 401
+    assert await w.call("POST", rollback.format("p-regs"), headers=READ, json={"to": 1}) == 403
+    assert await w.call("POST", rollback.format("p-regs"), headers=AUTH, data=BIG) == 413
+    assert await w.late_body("POST", rollback.format("p-regs")) == 408
