@@ -39,7 +39,8 @@ POLICY_LABEL = "platform.stackship.se/policy"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "convergerd"
 # The Policy fields a spec may carry (the custom resource's schema).
-_SPEC_FIELDS = frozenset({"policyId", "boundary", "enabled", "revision", "rule"})
+_SPEC_FIELDS = frozenset({"policyId", "boundary", "enabled", "revision", "rule",
+                          "exceptions"})  # exceptions: rendered by `admission.exceptions`
 
 # The matched kinds: (apiGroup, version, resources). `pods/ephemeralcontainers` is how
 # ephemeral containers are added to a running Pod; without it they would escape the rules.

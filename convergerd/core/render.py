@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from convergerd.core.exceptions import as_spec, stored_exceptions
 from convergerd.core.model import (
     BoundaryId,
     InvalidPolicy,
@@ -58,6 +59,9 @@ def render_policy(policy: Policy) -> dict[str, Any]:
             "enabled": policy.enabled,
             "revision": policy.revision,
             "rule": policy.rule.as_dict(),
+            # Only with some: a policy without exceptions renders as it always did.
+            **({"exceptions": [as_spec(e) for e in policy.exceptions]}
+               if policy.exceptions else {}),
         },
     }
 
@@ -94,6 +98,7 @@ def validate_policy(row: PolicyRow) -> Policy | InvalidPolicy:
             rule=rule,
             enabled=row.enabled,
             revision=row.revision,
+            exceptions=stored_exceptions(row.exceptions),
         )
         check_object_size(policy)
     except RuleError as exc:

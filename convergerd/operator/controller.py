@@ -64,6 +64,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from convergerd.admission.exceptions import honoured, next_change
 from convergerd.admission.render import (
     ProbeUnsatisfiable,
     RenderError,
@@ -73,7 +74,8 @@ from convergerd.admission.render import (
 from convergerd.admission.verdict import Judge
 from convergerd.config import DEFAULT_OPERATOR_CACHE_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
 from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
-from convergerd.core.model import is_namespace_name, is_object_name
+from convergerd.core.exceptions import covers
+from convergerd.core.model import PolicyException, is_namespace_name, is_object_name
 from convergerd.core.shown import shown
 from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
@@ -131,6 +133,9 @@ AUDIT_FIELD_MANAGER = "stackship-operator-audit"
 # catch up before an audit says `cacheSynced: false`: a restart or a quick re-list then writes
 # nothing, and a cache that stays behind is still said to be.
 CACHE_GRACE_S = 10.0
+# Boundary namespaces listed for the probe when the Policy has exceptions (it needs one that
+# does not except the probe pod); without exceptions the first one does.
+PROBE_NAMESPACES_LISTED = 100
 
 
 class OperatorApi(WatchApi, Protocol):
@@ -416,9 +421,10 @@ class Operator:
                 self._audit_due.at(name, self._unsynced_since + CACHE_GRACE_S)
                 return
         namespaces = self.workloads.namespaces_of(policy.boundary)
-        result = audit(judge, self.workloads.objects_in(namespaces))
-        incomplete = self.workloads.incomplete(namespaces, result.refused)
         now = self._wall()
+        excepted = self._honoured(name, policy.spec, audit=True)
+        result = audit(judge, self.workloads.objects_in(namespaces), exceptions=excepted)
+        incomplete = self.workloads.incomplete(namespaces, result.refused)
         new = audit_status(result, synced=synced, now=now, incomplete=incomplete)
         self._metrics.audited(name, result.violations)
         if not audit_differs(policy.status.get("audit"), new, now=now,
@@ -628,7 +634,8 @@ class Operator:
             existing_policy = await self._api.get(VAPS, name, timeout_s=timeout)
             existing_binding = await self._api.get(BINDINGS, name, timeout_s=timeout)
             todo = writes_for(policy, existing_policy=existing_policy,
-                              existing_binding=existing_binding)
+                              existing_binding=existing_binding, now=self._wall())
+            self._honoured(policy.name, policy.spec)  # reconciled again when one lapses
         except RenderError as exc:
             return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
                                                     detail=str(exc), reason=exc.reason))
@@ -715,10 +722,12 @@ class Operator:
         Verified condition from the answer."""
         name = admission_name(policy.policy_id or "")
         timeout = self._t.request_timeout_s
+        excepted = self._honoured(policy.name, policy.spec)
         namespaces = await self._api.list_objects(
             NAMESPACES, label_selector=f"{BOUNDARY_LABEL}={boundary}", timeout_s=timeout,
-            limit=1)
-        namespace = _first_name(namespaces.items)
+            limit=PROBE_NAMESPACES_LISTED if excepted else 1)
+        names = _names(namespaces.items)
+        namespace = names[0] if names else None
         admitted, status, message = False, None, ""
         result: Condition | None = None
         if namespace is not None:
@@ -729,14 +738,23 @@ class Operator:
                 result = probe_inconclusive(name=name, namespace=namespace, why=str(exc),
                                             now=self._wall())
             else:
-                try:
-                    await self._api.dry_run_create(PODS, pod, namespace=namespace,
-                                                   timeout_s=timeout)
-                    admitted = True
-                except ClusterApiError as exc:
-                    status, message = exc.status, str(exc)
-                except ClusterError as exc:
-                    message = f"{exc.reason}: {exc}"
+                namespace = _not_excepted(names, pod, excepted)
+                if namespace is None:
+                    result = probe_inconclusive(
+                        name=name, namespace=names[0], now=self._wall(),
+                        why=f"an exception admits the probe pod in every namespace of "
+                            f"boundary {boundary} listed ({len(names)})")
+                else:
+                    pod["metadata"]["namespace"] = namespace
+        if result is None and namespace is not None:
+            try:
+                await self._api.dry_run_create(PODS, pod, namespace=namespace,
+                                               timeout_s=timeout)
+                admitted = True
+            except ClusterApiError as exc:
+                status, message = exc.status, str(exc)
+            except ClusterError as exc:
+                message = f"{exc.reason}: {exc}"
         if result is None:
             result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
                                    admitted=admitted, status=status, message=message,
@@ -754,6 +772,21 @@ class Operator:
                         policy.name, result.message,
                         extra=self._extra(policy=policy.name, probe=result.reason))
         return result
+
+    def _honoured(self, name: str, spec: Mapping[str, Any], *,
+                  audit: bool = False) -> tuple[PolicyException, ...]:
+        """The Policy's exceptions honoured now; the Policy is due again (its reconcile, or
+        with `audit` its audit) when the next one lapses, so expiry needs nothing from the
+        hub. () for a spec whose exceptions cannot be read (its Ready condition says why)."""
+        now = self._wall()
+        try:
+            found, lapse = honoured(spec, now), next_change(spec, now)
+        except RenderError:
+            return ()
+        if lapse is not None:
+            due = self._audit_due if audit else self._due
+            due.at(name, self._clock() + max(0.0, (lapse - now).total_seconds()))
+        return found
 
     def _others(self, policy: PolicyObject, boundary: str) -> list[Mapping[str, Any]]:
         """The specs of the other enabled Policies of `boundary` in the cache: what the probe
@@ -805,11 +838,21 @@ def _reconcile_view(obj: KubeObject) -> Any:
     return view
 
 
-def _first_name(items: Any) -> str | None:
-    """The first namespace listed whose name can stand in the probe's request path."""
+def _names(items: Any) -> list[str]:
+    """The namespaces listed whose names can stand in the probe's request path, in order."""
+    names = []
     for item in items:
         meta = item.get("metadata") if isinstance(item, Mapping) else None
         name = meta.get("name") if isinstance(meta, Mapping) else None
         if is_namespace_name(name):
-            return str(name)
-    return None
+            names.append(str(name))
+    return names
+
+
+def _not_excepted(names: list[str], pod: Mapping[str, Any],
+                  excepted: tuple[PolicyException, ...]) -> str | None:
+    """The first of `names` where no exception admits the probe `pod` (an admitted probe
+    would prove nothing), None when there is none."""
+    meta = pod["metadata"]
+    return next((ns for ns in names if not any(
+        covers(e, ns, meta.get("name"), meta.get("labels")) for e in excepted)), None)
