@@ -9,6 +9,7 @@ value written is cleaned first (how: `convergerd.store.records`).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ from convergerd.core.model import (
     Fleet,
     InvalidPolicy,
     Policy,
+    PolicyException,
     PolicyId,
     PolicyRow,
     UnreadableJson,
@@ -51,13 +53,18 @@ from convergerd.core.rows import (
     RoundRow,
 )
 from convergerd.core.spread import Claimed, Part
-from convergerd.store import parts
+from convergerd.store import exceptions, parts
 from convergerd.store.errors import (
     database_errors,
     is_transient,
     rejected,
     rejection_reason,
     unavailable,
+)
+from convergerd.store.exceptions import (
+    ExceptionTally,
+    StoredException,
+    exceptions_column,
 )
 from convergerd.store.records import (
     RecordObserver,
@@ -116,7 +123,8 @@ _WITH_LISTING = "LEFT JOIN cluster_state cs ON cs.cluster_id = d.cluster_id"
 # known clusters the boundary covers (computed once), and its records on every cluster.
 _POLICY_STATUS = f"""
 WITH p AS (
-    SELECT id, boundary_id, {_rule_column()}, enabled, revision, deleted_at FROM policies
+    SELECT id, boundary_id, {_rule_column()}, enabled, revision, deleted_at,
+           {exceptions_column("policies")} FROM policies
     WHERE id = $1
 ), s AS (
     SELECT EXISTS (SELECT 1 FROM boundaries b JOIN p ON b.id = p.boundary_id) AS boundary_known,
@@ -124,7 +132,8 @@ WITH p AS (
                  JOIN boundary_clusters bc ON bc.boundary_id = p.boundary_id
                  JOIN clusters c ON c.id = bc.cluster_id) AS scope
 )
-SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, p.deleted_at, s.boundary_known,
+SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, p.deleted_at, p.exceptions,
+       s.boundary_known,
        -- The scope once, on the first row: on every row it would cost clusters^2 elements
        -- (at 1,000 clusters, 1,000,000 array elements for the server to build and us to decode).
        CASE WHEN row_number() OVER (ORDER BY d.cluster_id) = 1 THEN s.scope END AS scope,
@@ -189,6 +198,7 @@ def _policy_row(r: asyncpg.Record) -> PolicyRow:
             f"larger than {MAX_RULE_BYTES} bytes"),
         enabled=r["enabled"],
         revision=r["revision"],
+        exceptions=r.get("exceptions") or (),
     )
 
 
@@ -279,7 +289,8 @@ class Store:
                    GROUP BY b.id ORDER BY b.id"""
             )
             policy_rows = await conn.fetch(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision,
+                           {exceptions_column("policies")}
                     FROM policies WHERE deleted_at IS NULL ORDER BY id"""  # noqa: S608
             )
         boundaries = {
@@ -306,7 +317,8 @@ class Store:
         """The stored row (not validated), or None if there is none or it is being deleted."""
         async with self._acquire() as conn:
             row = await conn.fetchrow(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision,
+                           {exceptions_column("policies")}
                     FROM policies WHERE id = $1 AND deleted_at IS NULL""",  # noqa: S608
                 policy_id,
             )
@@ -560,7 +572,7 @@ class Store:
         async with self._acquire() as conn:
             rows = await conn.fetch(
                 f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision,
-                           deleted_at IS NOT NULL AS deleting
+                           deleted_at IS NOT NULL AS deleting, {exceptions_column("policies")}
                     FROM policies WHERE id = ANY($1::text[])""",  # noqa: S608
                 list(policy_ids),
             )
@@ -572,6 +584,30 @@ class Store:
                 policy=valid if isinstance(valid, Policy) else None,
             )
         return found
+
+    # ---- exceptions (`convergerd.store.exceptions`) -------------------------------------------
+
+    async def grant_exception(self, policy_id: str, exception: PolicyException) -> int:
+        """Store a checked exception; the policy's new revision (`exceptions.grant`)."""
+        async with self._acquire() as conn:
+            return await exceptions.grant(conn, policy_id, exception)
+
+    async def withdraw_exception(self, policy_id: str, exception_id: str,
+                                 actor: str) -> tuple[dict[str, Any], int] | None:
+        async with self._acquire() as conn:
+            return await exceptions.withdraw(conn, policy_id, exception_id, actor)
+
+    async def list_exceptions(self, policy_id: str | None = None) -> list[StoredException]:
+        async with self._acquire() as conn:
+            return await exceptions.listed(conn, policy_id)
+
+    async def lapse_exceptions(self) -> tuple[list[tuple[str, str, int]], dt.datetime | None]:
+        async with self._acquire() as conn:
+            return await exceptions.lapse(conn)
+
+    async def exception_tally(self, soon_s: float) -> list[ExceptionTally]:
+        async with self._acquire() as conn:
+            return await exceptions.tally(conn, soon_s)
 
     # ---- a save spread over the shard holders (`convergerd.store.parts`) ---------------------
 
@@ -619,7 +655,7 @@ class Store:
 async def _target(conn: asyncpg.Connection, policy_id: str) -> Target | None:
     row = await conn.fetchrow(
         f"""SELECT p.id, p.boundary_id, {_rule_column("p")}, p.enabled, p.revision,
-                  p.deleted_at IS NOT NULL AS deleting,
+                  p.deleted_at IS NOT NULL AS deleting, {exceptions_column("p")},
                   EXISTS (SELECT 1 FROM boundaries b WHERE b.id = p.boundary_id) AS boundary_exists,
                   ARRAY(SELECT bc.cluster_id FROM boundary_clusters bc
                         JOIN clusters c ON c.id = bc.cluster_id
