@@ -41,6 +41,7 @@ from convergerd.core.report import RoundReport, RoundResult
 from convergerd.core.shown import describe
 from convergerd.delivery.apply import StopFence, Unfenced
 from convergerd.delivery.fanout import FanoutEnv, Saver, fanout_env
+from convergerd.delivery.lapse import Lapses
 from convergerd.delivery.listener import Listener
 from convergerd.delivery.rounds import RoundLoop, database_retrying
 from convergerd.delivery.spread import Peers
@@ -204,6 +205,8 @@ class Daemon:
                         name="status sync"))
                     supervised.append(tg.create_task(
                         self._listener(saver, shardset).run(), name="notify listener"))
+                    supervised.append(tg.create_task(
+                        Lapses(store, self.state).run(), name="exception lapses"))
                     if peers is not None:
                         supervised.append(tg.create_task(peers.run(), name="save parts"))
                 self.health.watch(supervised)
@@ -348,7 +351,7 @@ class Daemon:
     async def _start_http(self, store: Store, saver: Saver) -> web.AppRunner:
         s = self.settings
         app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
-                       health=self.health, saver=saver)
+                       health=self.health, saver=saver, exceptions=store)
         runner = await serve(app, s.http_host, s.http_port, s.http, observer=self.metrics)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",

@@ -12,6 +12,9 @@ read.
 | `GET /v1/policies/{id}/status` | that policy per cluster: revisions, error, phase; its deletion |
 | `POST /v1/policies/{id}/apply` | save: bearer token required |
 | `DELETE /v1/policies/{id}` | delete: bearer token required |
+| `GET /v1/exceptions` | every exception to a policy, soonest expiry first (`api.exceptions`) |
+| `POST /v1/policies/{id}/exceptions` | grant one, then save: bearer token required |
+| `DELETE /v1/policies/{id}/exceptions/{eid}` | withdraw one, then save: bearer token required |
 | `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.api.openapi`) |
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from convergerd.api.exceptions import ExceptionHandlers, ExceptionSource
 from convergerd.api.mutations import SaveHandlers
 from convergerd.api.server import (
     STATUS_VIEWS,
@@ -43,10 +47,12 @@ def make_app(
     health: Health,
     saver: Saver,
     status_db_timeout_s: float | None = None,
+    exceptions: ExceptionSource | None = None,
 ) -> web.Application:
     """The aiohttp application. `saver` does the saves and deletions (`mutations.SaveHandlers`);
     `status_db_timeout_s`: how long a cluster or policy view waits for its database read (by
-    default `StatusReadTuning.db_timeout_s`)."""
+    default `StatusReadTuning.db_timeout_s`); `exceptions`: where the exception endpoints
+    keep them (the daemon's `Store`; without it they are not served)."""
     views = Views(metrics=metrics, state=state, store=store, settings=settings, health=health)
     if status_db_timeout_s is not None:
         views.db_timeout_s = status_db_timeout_s
@@ -66,4 +72,16 @@ def make_app(
         web.delete("/v1/policies/{id}", saves.delete, expect_handler=saves.expect),
         web.get("/openapi.json", views.openapi, expect_handler=plain),
     ])
+    if exceptions is not None:
+        granting = ExceptionHandlers(exceptions, saver, token=settings.api_token,
+                                     body_timeout_s=settings.http.body_timeout_s,
+                                     max_days=settings.exception_max_days)
+        app.add_routes([
+            web.get("/v1/exceptions", views.limited("/v1/exceptions", granting.listing),
+                    expect_handler=plain),
+            web.post("/v1/policies/{id}/exceptions", granting.grant,
+                     expect_handler=granting.expect),
+            web.delete("/v1/policies/{id}/exceptions/{eid}", granting.withdraw,
+                       expect_handler=granting.expect),
+        ])
     return app

@@ -108,7 +108,7 @@ def parse_body(raw: bytes, allowed: Mapping[str, type]) -> dict[str, Any]:
     return check_fields(doc, allowed)
 
 
-def _refusal_of(exc: BadRequest) -> web.Response:
+def refusal_of(exc: BadRequest) -> web.Response:
     response = error_response(exc.status, str(exc))
     if exc.status in (408, 413):  # the rest of the body may still be coming: no next request
         response.force_close()
@@ -162,6 +162,20 @@ def _bearer(header: str) -> bytes | None:
         return None
 
 
+def unauthorized(request: web.Request, token: str | None) -> web.Response | None:
+    """The answer refusing a mutating request without the bearer `token` (503 when no token is
+    configured: the endpoints are off), None when it carries it."""
+    if not token:
+        return error_response(
+            503, "mutating endpoints are disabled: CONVERGERD_API_TOKEN is not set")
+    given = _bearer(request.headers.get("Authorization", ""))
+    if given is None or not hmac.compare_digest(given, token.encode()):
+        response = error_response(401, "a valid bearer token is required")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="convergerd"'
+        return response
+    return None
+
+
 class SaveHandlers:
     """The save and delete handlers, over `saver`; a body must arrive within `body_timeout_s`
     (`HttpLimits.body_timeout_s`)."""
@@ -172,15 +186,7 @@ class SaveHandlers:
         self._body_timeout_s = body_timeout_s
 
     def _unauthorized(self, request: web.Request) -> web.Response | None:
-        if not self._token:
-            return error_response(
-                503, "mutating endpoints are disabled: CONVERGERD_API_TOKEN is not set")
-        given = _bearer(request.headers.get("Authorization", ""))
-        if given is None or not hmac.compare_digest(given, self._token.encode()):
-            response = error_response(401, "a valid bearer token is required")
-            response.headers["WWW-Authenticate"] = 'Bearer realm="convergerd"'
-            return response
-        return None
+        return unauthorized(request, self._token)
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue`: the token is checked before the client is told to send its
@@ -204,7 +210,7 @@ class SaveHandlers:
         try:
             fields = await read_body(request, allowed, timeout_s=self._body_timeout_s)
         except BadRequest as exc:
-            return _refusal_of(exc)
+            return refusal_of(exc)
         return policy_id, fields
 
     async def apply(self, request: web.Request) -> web.StreamResponse:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from convergerd.core.model import (
@@ -45,11 +46,22 @@ SELECTOR_MAX_PAIRS = 16
 EXPIRY_LEAD_S = 2.0
 # "Expiring soon", for the metric and the alert.
 EXPIRING_SOON_S = 7 * 86400.0
-EXCEPTION_MAX_DAYS_DEFAULT = 90
 FIELDS = ("id", "namespace", "name", "selector", "reason", "requestedBy", "approvedBy",
           "expiresAt")
 _REQUIRED = ("id", "namespace", "reason", "requestedBy", "approvedBy", "expiresAt")
 CONDITION_PREFIX = "exception-"
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionTally:
+    """Per policy, for the metrics: exceptions in force, of those expiring within
+    `EXPIRING_SOON_S`, and expired ones some cluster is still recorded with (a revision that
+    carried them, or not lapsed yet)."""
+
+    policy: str
+    in_force: int
+    expiring_soon: int
+    expired_delivered: int
 
 
 def timestamp(moment: dt.datetime) -> str:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.report import (
     AuditSample,
@@ -237,6 +238,8 @@ class StatusState:
         self.next_round_at: dt.datetime | None = None
         self._leader = LeaderInfo()
         self.invalid: dict[str, str] = {}  # policy id -> reason
+        # Exceptions per policy, as the database counted them (`delivery.lapse`, every pass).
+        self.exception_tally: tuple[ExceptionTally, ...] = ()
         self.pending = PendingDeletions()  # deletions begun and not finished (database sync)
         self.version = 0  # counts the updates: a status view built at one version stays true
         self.synced_at: dt.datetime | None = None  # the last database sync that answered
@@ -506,6 +509,9 @@ class StatusState:
     def set_invalid(self, invalid: Iterable[tuple[str, str]]) -> None:
         self.version += 1  # what status shows may have changed
         self.invalid = dict(invalid)
+
+    def set_exception_tally(self, tally: Iterable[ExceptionTally]) -> None:
+        self.exception_tally = tuple(tally)
 
     def set_pending_deletions(self, pending: PendingDeletions) -> None:
         self.version += 1  # what status shows may have changed

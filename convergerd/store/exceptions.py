@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 
-from convergerd.core.exceptions import MAX_EXCEPTIONS, as_spec
+from convergerd.core.exceptions import MAX_EXCEPTIONS, ExceptionTally, as_spec
 from convergerd.core.model import PolicyException
 from convergerd.store.values import json_column
 
@@ -83,17 +83,6 @@ class StoredException:
     granted_revision: int
     lapsed_revision: int | None
     expired: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ExceptionTally:
-    """Per policy, for the metrics: in force, of those expiring within 7 days, and expired
-    ones some cluster is still recorded with (a revision carrying them, or not lapsed yet)."""
-
-    policy: str
-    in_force: int
-    expiring_soon: int
-    expired_delivered: int
 
 
 async def _bump(conn: asyncpg.Connection, policy_id: str) -> int:

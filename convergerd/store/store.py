@@ -20,6 +20,7 @@ import asyncpg
 from convergerd.config import MAX_IDENTITY_CHARS, redact_dsn
 from convergerd.core.decode import clean_text
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable
+from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.model import (
     Boundary,
     BoundaryId,
@@ -61,11 +62,7 @@ from convergerd.store.errors import (
     rejection_reason,
     unavailable,
 )
-from convergerd.store.exceptions import (
-    ExceptionTally,
-    StoredException,
-    exceptions_column,
-)
+from convergerd.store.exceptions import StoredException, exceptions_column
 from convergerd.store.records import (
     RecordObserver,
     confirmed_by_listing,
