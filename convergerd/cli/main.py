@@ -169,16 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="a running daemon's status as a table")
     statuscli.add_arguments(status)
 
+    from convergerd.cli import exceptions as exceptionscli
     from convergerd.cli import policy as policycli
     from convergerd.cli import policyeval
 
     policy = sub.add_parser(
-        "policy", help="one policy: apply or delete it now through a running daemon, or eval "
-        "it on objects, a live cluster or a recorded session", description=policycli.__doc__,
+        "policy", help="one policy: apply or delete it now through a running daemon, grant and "
+        "list its exceptions, or eval it on objects, a live cluster or a recorded session",
+        description=policycli.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
     policycli.add_arguments(policy_sub)
+    exceptionscli.add_arguments(policy_sub)
     policyeval.add_arguments(policy_sub.add_parser(
         "eval", help="evaluate a policy as the operator renders it: on objects (--object), a "
         "live cluster (--context, --record) or a recorded session (--replay)",
@@ -232,7 +235,8 @@ def _command_name(args: argparse.Namespace) -> str:
 
 # Commands that call a running daemon or work offline: their own output, no daemon settings.
 _TOOLS = {"status": "cli.status", "policy eval": "cli.policyeval",
-          "policy apply": "cli.policy", "policy delete": "cli.policy"}
+          "policy apply": "cli.policy", "policy delete": "cli.policy",
+          "policy except": "cli.exceptions", "policy exceptions": "cli.exceptions"}
 
 
 def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command
