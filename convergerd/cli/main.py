@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(migrate, db_keys)
     imp = sub.add_parser("import", help="upsert clusters, boundaries and policies from YAML")
     imp.add_argument("file", type=Path, help="YAML with clusters, boundaries and policies")
-    _add_settings(imp, (*db_keys, "import_max_bytes"))
+    _add_settings(imp, (*db_keys, "import_max_bytes", "exception_max_days"))
 
     from convergerd.cli import status as statuscli
 
@@ -289,7 +289,8 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per com
         from convergerd.store.importer import import_file
 
         summary = eventloop.run(
-            import_file(settings.database_url, args.file, max_bytes=settings.import_max_bytes)
+            import_file(settings.database_url, args.file, max_bytes=settings.import_max_bytes,
+                        exception_max_days=settings.exception_max_days)
         )
         print(summary)
         return EXIT_OK
