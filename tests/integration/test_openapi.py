@@ -6,6 +6,7 @@ simulator. The document validates as OpenAPI 3."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -95,7 +96,7 @@ async def world(fleet: Fleet, database_url: str) -> AsyncIterator[World]:
     state = StatusState(identity="t", interval_s=300)
     app = make_app(metrics=Metrics(state=state), state=state,
                    store=store, settings=settings, health=health,
-                   saver=make_saver(rounds, store), status_db_timeout_s=2)
+                   saver=make_saver(rounds, store), status_db_timeout_s=2, exceptions=store)
     seen: set[Answer] = set()
 
     async def record(request: web.Request, response: web.StreamResponse) -> None:
@@ -148,10 +149,32 @@ async def test_every_documented_answer_is_produced(
         await w.call(method, path.format("p-none"), headers=AUTH)  # 404
         await w.call(method, path.format("p-latest"), headers=AUTH, data=BIG)  # 413
         assert await w.late_body(method, path.format("p-latest")) == 408
+    grant = {"id": "legacy", "namespace": "team-a-web", "reason": "r", "requestedBy": "a",
+             "approvedBy": "b", "expiresAt": "2099-01-01T00:00:00Z"}
+    grants, withdraw = "/v1/policies/{}/exceptions", "/v1/policies/p-latest/exceptions/{}"
+    await w.call("GET", "/v1/exceptions?policy=Bad_Id")  # 400
+    await w.call("POST", grants.format("p-latest"), headers=AUTH, json=grant)  # 400: too far
+    grant["expiresAt"] = (dt.datetime.now(dt.UTC) + dt.timedelta(days=9)).isoformat()
+    assert await w.call("POST", grants.format("p-latest"), headers=AUTH, json=grant) == 201
+    assert await w.call("POST", grants.format("p-latest"), headers=AUTH, json=grant) == 409
+    await w.call("GET", "/v1/exceptions")  # 200
+    await w.call("POST", grants.format("p-latest"), json=grant)  # 401
+    await w.call("POST", grants.format("p-none"), headers=AUTH, json=grant)  # 404
+    await w.call("POST", grants.format("p-latest"), headers=AUTH, data=BIG)  # 413
+    assert await w.late_body("POST", grants.format("p-latest")) == 408
+    by = {"by": "lead"}
+    await w.call("DELETE", withdraw.format("Bad!"), headers=AUTH, json=by)  # 400
+    await w.call("DELETE", withdraw.format("legacy"), json=by)  # 401
+    assert await w.call("DELETE", withdraw.format("legacy"), headers=AUTH, json=by) == 200
+    assert await w.call("DELETE", withdraw.format("legacy"), headers=AUTH, json=by) == 404
+    await w.call("DELETE", withdraw.format("legacy"), headers=AUTH, data=BIG)  # 413
+    assert await w.late_body("DELETE", withdraw.format("legacy")) == 408
     await sql(database_url, "UPDATE policies SET rule = '[]' WHERE id = 'p-labels'")
     assert await w.call("POST", "/v1/policies/p-labels/apply", headers=AUTH) == 422
     fleet.set_faults("c0003", Faults(down=True))
     assert await w.call("DELETE", "/v1/policies/p-latest", headers=AUTH) == 409
+    assert await w.call("DELETE", "/v1/policies/p-latest/exceptions/x", headers=AUTH,
+                        json=by) == 409
     assert await w.call("POST", "/v1/policies/p-latest/apply", headers=AUTH) == 409
     fleet.clear_faults("c0003")
 
@@ -163,10 +186,13 @@ async def test_every_documented_answer_is_produced(
     await w.proxy.down()  # the database goes away
     for method, path in (("GET", "/readyz"), ("GET", "/v1/policies/p-regs/status"),
                          ("POST", "/v1/policies/p-regs/apply"),
-                         ("DELETE", "/v1/policies/p-regs")):
+                         ("DELETE", "/v1/policies/p-regs"), ("GET", "/v1/exceptions")):
         assert await w.call(method, path, headers=AUTH) == 503, path
 
-    for path in ("/status", "/v1/clusters/c0001", "/v1/policies/p-regs/status"):
+    assert await w.call("POST", grants.format("p-latest"), headers=AUTH, json=grant) == 503
+    assert await w.call("DELETE", withdraw.format("legacy"), headers=AUTH, json=by) == 503
+    for path in ("/status", "/v1/clusters/c0001", "/v1/policies/p-regs/status",
+                 "/v1/exceptions"):
         for method in ("GET", "HEAD"):
             for _ in range(1000):  # past the budget's burst (40 at 20/s): 429, Retry-After
                 if await w.call(method, path, head_too=False) == 429:
