@@ -131,7 +131,8 @@ class ImportSummary:
 
     def __str__(self) -> str:
         kinds = ("clusters", "boundaries", "policies") + (
-            ("exceptions",) if any(vars(self.exceptions).values()) else ())
+            ("exceptions",) if self.exceptions.created or self.exceptions.updated
+            or self.exceptions.unchanged else ())
         return "\n".join(f"{kind}: {getattr(self, kind)}" for kind in kinds)
 
 

@@ -6,14 +6,17 @@ new revision, and the metrics' tally says what is still held."""
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import asyncpg
 import pytest
+import yaml
 
 from convergerd.core.exceptions import parse_exception
 from convergerd.core.model import Policy, PolicyException
 from convergerd.core.render import render_policy
 from convergerd.store.exceptions import PolicyGone, Refused
+from convergerd.store.importer import ImportFileError, import_file
 from convergerd.store.store import Store
 
 
@@ -124,3 +127,41 @@ async def test_an_expired_exception_is_not_delivered_then_lapsed_and_tallied(
     assert listed["gone"].lapsed_revision == granted + 1
     assert not listed["soon"].expired
     assert ("lapse", "gone", "convergerd", granted + 1) in await changes(database_url)
+
+
+async def test_import_upserts_exceptions_and_refuses_bad_ones_naming_them(
+        database_url: str, store: Store, tmp_path: Path) -> None:
+    await seed(database_url)
+    expires = (dt.datetime.now(dt.UTC) + dt.timedelta(days=20)).strftime("%Y-%m-%d")
+    entry = {"policy": "regs", "id": "legacy", "namespace": "team-a-web", "name": "api",
+             "reason": "TICKET-35", "requestedBy": "dev@team-a", "approvedBy": "admin",
+             "expiresAt": expires}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"exceptions": [entry]}))
+    before = (await policy(store)).revision
+    summary = await import_file(database_url, path)
+    assert str(summary).endswith("exceptions: 1 created, 0 updated, 0 unchanged")
+    after = await policy(store)
+    assert [e.name for e in after.exceptions] == ["api"]
+    assert after.revision == before + 1
+    assert str(await import_file(database_url, path)).endswith(
+        "exceptions: 0 created, 0 updated, 1 unchanged")
+    assert (await policy(store)).revision == before + 1  # unchanged: no new revision
+    assert ("import", "legacy", "admin", before + 1) in await changes(database_url)
+
+    far = (dt.datetime.now(dt.UTC) + dt.timedelta(days=200)).strftime("%Y-%m-%d")
+    bad = [entry | {"expiresAt": far}, entry | {"id": "x", "selector": {"matchLabels":
+                                                                           {"a": "b"}}},
+           entry | {"id": "y", "policy": "nope"}]
+    path.write_text(yaml.safe_dump({"exceptions": bad}))
+    with pytest.raises(ImportFileError) as caught:
+        await import_file(database_url, path, exception_max_days=90)
+    problems = caught.value.problems
+    assert "is more than 90 days away" in problems[0]
+    assert problems[0].startswith("exceptions[0] (id 'legacy'): expiresAt: ")
+    assert "name 'api' and selector" in problems[1]
+    assert len(problems) == 2  # the unknown policy is a reference, checked once the file is
+    path.write_text(yaml.safe_dump({"exceptions": bad[2:]}))
+    with pytest.raises(ImportFileError, match=r"exceptions\[0\] \(id 'y'\): policy: unknown "
+                                              r"policy 'nope'"):
+        await import_file(database_url, path)
