@@ -136,7 +136,7 @@ async def lateness(late: list[float], stop: asyncio.Event) -> None:
         late.append(max(0.0, loop.time() - due))
 
 
-async def load(views: Views, args: argparse.Namespace) -> dict[str, Any]:
+async def load(views: Views, state: StatusState, args: argparse.Namespace) -> dict[str, Any]:
     app = web.Application()
     app.add_routes([web.get("/metrics", views.metrics_text),
                     web.get("/status", views.limited(STATUS_VIEWS[0], views.status))])
@@ -148,7 +148,7 @@ async def load(views: Views, args: argparse.Namespace) -> dict[str, Any]:
     await web.TCPSite(runner, "127.0.0.1", port).start()
     stop = asyncio.Event()
     late: list[float] = []
-    tasks = [asyncio.create_task(prober(views.state, stop)),
+    tasks = [asyncio.create_task(prober(state, stop)),
              asyncio.create_task(lateness(late, stop))]
     client = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--client-of", f"http://127.0.0.1:{port}",
@@ -205,7 +205,7 @@ async def main_async(args: argparse.Namespace) -> None:
     print(json.dumps({"clusters": args.clusters, "policies": args.policies,
                       **await build_ms(views, args.builds)}), flush=True)
     if args.seconds > 0:
-        print(json.dumps(await load(views, args)), flush=True)
+        print(json.dumps(await load(views, state, args)), flush=True)
 
 
 def main() -> None:

@@ -239,6 +239,17 @@ SETTINGS: tuple[Setting, ...] = (
             "second by this replica, in bursts of twice that; more are answered 429 with "
             "Retry-After at once, so readers cannot slow the round (health and metrics are "
             "never limited)"),
+    Setting("token_reads_per_s", "CONVERGERD_TOKEN_READS_PER_SECOND",
+            "--token-reads-per-second", _positive_float, "5",
+            "reads served per second to one bearer token (a boundary's read token, or the "
+            "admin token), in bursts of twice that; more are answered 429 with Retry-After, "
+            "so one tenant cannot use up the status budget the others share"),
+    Setting("fleet_reads_need_token", "CONVERGERD_FLEET_READS_NEED_TOKEN",
+            "--fleet-reads-need-token", _bool, "false",
+            "whether the fleet-wide views (/status, /v1/clusters/{id}, "
+            "/v1/policies/{id}/status, /metrics) need the admin token; by default they are "
+            "open to anyone who reaches the port (a boundary's read token is refused there "
+            "either way)"),
     Setting("status_max_clusters", "CONVERGERD_STATUS_MAX_CLUSTERS",
             "--status-max-clusters", _positive_int, str(STATUS_MAX_CLUSTERS_DEFAULT),
             "GET /status lists every cluster of a fleet up to this many; past it, counts and "
@@ -358,6 +369,12 @@ OPERATOR_SETTINGS: tuple[Setting, ...] = (
     Setting("operator_probe_delay_s", "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS",
             "--operator-probe-delay-seconds", _positive_float, "10",
             "seconds from a policy becoming Enforcing to its first probe (under a minute)"),
+    Setting("operator_admission_read_s", "CONVERGERD_OPERATOR_ADMISSION_READ_SECONDS",
+            "--operator-admission-read-seconds", _positive_float, "30",
+            "seconds between reads of the API server's /metrics for the admission counts of "
+            "each Policy (status.admission: denials, warnings and audits counted by "
+            "apiserver_validating_admission_policy_check_total); the status is written only "
+            "when a figure changed"),
     Setting("operator_cache_max_bytes", "CONVERGERD_OPERATOR_CACHE_MAX_BYTES",
             "--operator-cache-max-bytes", _cache_bytes, str(DEFAULT_OPERATOR_CACHE_MAX_BYTES),
             "bytes the audit's workload cache may hold (at least 262144); past it objects are "
@@ -469,6 +486,8 @@ class Settings:
     exception_max_days: float = default_of("exception_max_days")
     status_reads_per_s: float = default_of("status_reads_per_s")
     status_max_clusters: int = STATUS_MAX_CLUSTERS_DEFAULT
+    token_reads_per_s: float = default_of("token_reads_per_s")
+    fleet_reads_need_token: bool = default_of("fleet_reads_need_token")
     probe_period_s: float = default_of("probe_period_s")
     # The operators' enforcement probe period.
     operator_probe_period_s: float = default_of("operator_probe_minutes") * 60.0
@@ -597,6 +616,8 @@ def load_settings(
         exception_max_days=v["exception_max_days"],
         status_reads_per_s=v["status_reads_per_s"],
         status_max_clusters=v["status_max_clusters"],
+        token_reads_per_s=v["token_reads_per_s"],
+        fleet_reads_need_token=v["fleet_reads_need_token"],
         probe_period_s=v["probe_period_s"],
         operator_probe_period_s=v["operator_probe_minutes"] * 60.0,
         http=_http_limits(v),
@@ -675,6 +696,7 @@ class OperatorSettings:
     probe_delay_s: float
     grace_period_s: float
     log_level: str
+    admission_read_s: float
     log_format: str
     http: HttpLimits = field(default_factory=HttpLimits)
     cache_max_bytes: int = DEFAULT_OPERATOR_CACHE_MAX_BYTES
@@ -716,6 +738,7 @@ def load_operator_settings(
         recheck_s=v["operator_recheck_s"],
         probe_interval_s=v["operator_probe_minutes"] * 60.0,
         probe_delay_s=v["operator_probe_delay_s"],
+        admission_read_s=v["operator_admission_read_s"],
         grace_period_s=v["grace_period_s"],
         log_level=v["log_level"],
         log_format=v["log_format"],

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from convergerd import __version__
 from convergerd.api.app import make_app
+from convergerd.api.auth import TokenBook
 from convergerd.api.server import serve
 from convergerd.config import SETTINGS_BY_KEY, Settings, in_cluster
 from convergerd.core.errors import (
@@ -178,8 +179,10 @@ class Daemon:
             # The writes to hung clusters a save answered without end by its deadline (and
             # at once once stopping: the fence refuses them): recorded before the exit.
             stack.push_async_callback(saver.drain)
+            # The live read tokens, kept in memory for every request (`auth.TokenBook`).
+            book = TokenBook(store)
             if not s.rounds.once:
-                runner = await self._start_http(store, saver)
+                runner = await self._start_http(store, saver, book)
                 stack.push_async_callback(runner.cleanup)
 
             # The clusters the database knows and what was recorded (by whoever led): lag
@@ -205,6 +208,8 @@ class Daemon:
                         name="status sync"))
                     supervised.append(tg.create_task(
                         self._listener(saver, shardset).run(), name="notify listener"))
+                    supervised.append(tg.create_task(
+                        book.run(self._notifications()), name="read tokens"))
                     supervised.append(tg.create_task(
                         Lapses(store, self.state).run(), name="exception lapses"))
                     if peers is not None:
@@ -320,8 +325,7 @@ class Daemon:
 
     def _unreachable_now(self, cluster: ClusterId) -> bool:
         """Seen unreachable by the last round or probe: a save's suspect (`slots.Lanes`)."""
-        state = self.state.clusters.get(cluster)
-        return state is not None and state.reachable is False
+        return self.state.unreachable(cluster)
 
     def _peers(self, store: Store, registry: ClusterRegistry,
                shardset: ShardSet) -> Peers | None:
@@ -341,6 +345,10 @@ class Daemon:
                      observer=self.fanout_metrics, peers=peers,
                      guard_share=self.settings.saves.removal_guard_share)
 
+    def _notifications(self) -> PgNotifications:
+        assert self.settings.database_url is not None
+        return PgNotifications(self.settings.database_url)
+
     def _listener(self, saver: Saver, shardset: ShardSet) -> Listener:
         """Every replica listens; only the leader fans a notification out (once per change)."""
         assert self.settings.database_url is not None
@@ -348,10 +356,11 @@ class Daemon:
                         leading=shardset.leader.elector.is_leader, observer=self.fanout_metrics,
                         known=lambda policy: policy in self.known_policies)
 
-    async def _start_http(self, store: Store, saver: Saver) -> web.AppRunner:
+    async def _start_http(self, store: Store, saver: Saver, book: TokenBook) -> web.AppRunner:
         s = self.settings
         app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
-                       health=self.health, saver=saver, exceptions=store)
+                       health=self.health, saver=saver, tenants=store, book=book,
+                       modes=store, exceptions=store)
         runner = await serve(app, s.http_host, s.http_port, s.http, observer=self.metrics)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",

@@ -7,17 +7,26 @@ namespaceSelector on the namespace's labels, objectSelector on the new or old ob
 not `true` is a denial (message: `messageExpression` when it gives one line, else `message`,
 else `failed expression: <expr>`; reason from the validation, default Invalid); one that cannot
 be evaluated is a denial under `failurePolicy: Fail` (the default) and ignored under `Ignore`.
-A denial rejects the request when the binding's `validationActions` include `Deny`; the first
-one is reported (dispatcher.go).
+What a failed validation does is the binding's `validationActions` (`admit`, as
+k8s.io/apiserver/pkg/admission/plugin/policy/validating/dispatcher.go `Dispatch` does it):
+`Deny` rejects the request (every binding is still evaluated; the first denial is the one
+reported), `Warn` admits it with an HTTP `Warning` per failed validation, `Audit` admits it and
+records the audit annotation `validation.policy.admission.k8s.io/validation_failure`. Each
+(failed validation, action) is one increment of kube-apiserver's counter
+`apiserver_validating_admission_policy_check_total{policy, policy_binding, error_type,
+enforcement_action}` (`Check`); a validation that passes is never counted, an evaluation error
+under `failurePolicy: Ignore` is counted with action `allow`
+(k8s.io/apiserver/pkg/admission/plugin/policy/validating/metrics/metrics.go).
 
 The evaluator knows no store: the caller passes the policies, bindings and namespace. The
 simulator's admission (`convergerd.sim.vap`) does so for a cluster's store on every write, and
 `convergerd policy eval` for the objects it is given; both answer a denial with
-`forbidden_message`, kube-apiserver's words.
+`forbidden_message`, kube-apiserver's words, and a warning with `warning_text`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -32,6 +41,18 @@ ADMISSION_GROUP = "admissionregistration.k8s.io"
 _CODES = {"Forbidden": 403, "Unauthorized": 401, "RequestEntityTooLarge": 413, "Invalid": 422}
 _MESSAGE_MAX_CHARS = 5 * 1024
 _VARIABLE_REF = re.compile(r"\bvariables\.([A-Za-z_][A-Za-z0-9_]*)")
+# The audit annotation of a failed validation under `Audit` (dispatcher.go).
+VALIDATION_FAILURE_ANNOTATION = "validation.policy.admission.k8s.io/validation_failure"
+# `error_type` of the counter (validating/errors.go `ErrorType`): a failed validation is not an
+# "evaluation that succeeded" (EvalAdmit, the only `no_error`, is never counted), so it is
+# `invalid_error` like a runtime error; `compile_error` when the expression did not compile.
+# (`out_of_budget` needs CEL cost accounting, which this evaluator does not do.)
+INVALID_ERROR = "invalid_error"
+COMPILE_ERROR = "compile_error"
+# The counter's `enforcement_action` values (metrics.go Observe*).
+DENY, WARN, AUDIT, ALLOW = "deny", "warn", "audit", "allow"
+# Evaluation kinds of a decision (PolicyDecisionEvaluation) and our configuration errors.
+EVAL_DENY, EVAL_ERROR, CONFIG_ERROR = "deny", "error", "config"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +78,20 @@ class Attributes:
 
 @dataclass(frozen=True, slots=True)
 class Denial:
+    """A validation that did not pass (a PolicyDecision with action Deny), or an evaluation
+    error `ignored` under `failurePolicy: Ignore` (action Admit, counted as `allow`)."""
+
     policy: str
     binding: str
     message: str  # the validation's message (or the evaluation error)
     reason: str = "Invalid"
+    # EVAL_DENY (the expression was not true), EVAL_ERROR (it could not be evaluated) or
+    # CONFIG_ERROR (a selector or paramKind we cannot use: like kube's configuration errors,
+    # it denies under Fail but is never counted)
+    evaluation: str = EVAL_DENY
+    error_type: str = INVALID_ERROR
+    expression_index: int = 0  # of the validation, for the audit annotation
+    ignored: bool = False
 
     @property
     def code(self) -> int:
@@ -73,6 +104,55 @@ class Denial:
             f"ValidatingAdmissionPolicy '{self.policy}' with binding '{self.binding}' "
             f"denied request: {self.message}"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One increment of `apiserver_validating_admission_policy_check_total`."""
+
+    policy: str
+    binding: str
+    error_type: str
+    action: str  # DENY, WARN, AUDIT or ALLOW
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What admission made of one request: the denials of `Deny` bindings (the first one
+    rejects it), the Warning texts of `Warn` bindings, the audit annotations of `Audit`
+    bindings (key, value) and the counter's increments, each in evaluation order."""
+
+    denials: tuple[Denial, ...] = ()
+    warnings: tuple[str, ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def denial(self) -> Denial | None:
+        """The denial that rejects the request, or None to admit it."""
+        return self.denials[0] if self.denials else None
+
+
+def warning_text(denial: Denial) -> str:
+    """The Warning a `Warn` binding adds for a failed validation (dispatcher.go)."""
+    return (f"Validation failed for ValidatingAdmissionPolicy '{denial.policy}' with binding "
+            f"'{denial.binding}': {denial.message}")
+
+
+def _annotation(binding: Mapping[str, Any], denial: Denial, actions: list[str]) -> str:
+    """`publishValidationFailureAnnotation`: a JSON list of one failure (Go field order)."""
+    return json.dumps([{"message": denial.message,
+                        "policy": str(_spec(binding).get("policyName") or ""),
+                        "binding": denial.binding,
+                        "expressionIndex": denial.expression_index,
+                        "validationActions": actions}], separators=(",", ":"),
+                      ensure_ascii=False)
+
+
+def validation_actions(binding: Mapping[str, Any]) -> list[str]:
+    """The binding's `validationActions` (strings only; the API refuses anything else)."""
+    actions = _spec(binding).get("validationActions")
+    return [a for a in actions if isinstance(a, str)] if isinstance(actions, list) else []
 
 
 @dataclass
@@ -100,27 +180,57 @@ class PolicyEvaluator:
         namespace: Mapping[str, Any] | None,
         apply_namespace_selector: bool = True,
     ) -> Denial | None:
-        """The denial that rejects the request, or None to admit it. `namespace` is the
-        request's Namespace object (None for cluster-scoped requests)."""
+        """The denial that rejects the request, or None to admit it (`admit(...).denial`)."""
+        return self.admit(policies, bindings, attrs, namespace=namespace,
+                          apply_namespace_selector=apply_namespace_selector).denial
+
+    def admit(
+        self,
+        policies: Iterable[Mapping[str, Any]],
+        bindings: Iterable[Mapping[str, Any]],
+        attrs: Attributes,
+        *,
+        namespace: Mapping[str, Any] | None,
+        apply_namespace_selector: bool = True,
+    ) -> Outcome:
+        """Every binding's verdict on the request, by its `validationActions`. `namespace` is
+        the request's Namespace object (None for cluster-scoped requests)."""
         if attrs.group == ADMISSION_GROUP:
-            return None  # policies never apply to admission configuration itself
+            return Outcome()  # policies never apply to admission configuration itself
         by_name = {_name(p): p for p in policies}
+        denials: list[Denial] = []
+        warnings: list[str] = []
+        annotations: list[tuple[str, str]] = []
+        checks: list[Check] = []
         for binding in sorted(bindings, key=_name):
-            spec = _spec(binding)
-            policy = by_name.get(str(spec.get("policyName") or ""))
+            policy = by_name.get(str(_spec(binding).get("policyName") or ""))
             if policy is None:
                 continue
-            actions = spec.get("validationActions") or []
-            for denial in self.evaluate(
-                policy,
-                binding,
-                attrs,
-                namespace=namespace,
-                apply_namespace_selector=apply_namespace_selector,
-            ):
-                if isinstance(actions, list) and "Deny" in actions:
-                    return denial
-        return None
+            actions = validation_actions(binding)
+            for decision in self._decisions(policy, binding, attrs, namespace=namespace,
+                                            apply_namespace_selector=apply_namespace_selector):
+                counted = decision.evaluation != CONFIG_ERROR
+                if decision.ignored:
+                    if counted:
+                        checks.append(Check(decision.policy, decision.binding,
+                                            decision.error_type, ALLOW))
+                    continue
+                if not counted:
+                    denials.append(decision)  # a configuration error denies, whatever actions
+                    continue
+                for action in actions:
+                    if action == "Deny":
+                        denials.append(decision)
+                    elif action == "Audit":
+                        annotations.append((VALIDATION_FAILURE_ANNOTATION,
+                                            _annotation(binding, decision, actions)))
+                    elif action == "Warn":
+                        warnings.append(warning_text(decision))
+                    else:
+                        continue
+                    checks.append(Check(decision.policy, decision.binding,
+                                        decision.error_type, action.lower()))
+        return Outcome(tuple(denials), tuple(warnings), tuple(annotations), tuple(checks))
 
     def evaluate(
         self,
@@ -132,12 +242,29 @@ class PolicyEvaluator:
         apply_namespace_selector: bool = True,
     ) -> list[Denial]:
         """Every failed validation of `policy` on the request, [] when it does not match."""
+        return [d for d in self._decisions(policy, binding, attrs, namespace=namespace,
+                                           apply_namespace_selector=apply_namespace_selector)
+                if not d.ignored]
+
+    def _decisions(
+        self,
+        policy: Mapping[str, Any],
+        binding: Mapping[str, Any] | None,
+        attrs: Attributes,
+        *,
+        namespace: Mapping[str, Any] | None,
+        apply_namespace_selector: bool,
+    ) -> list[Denial]:
+        """The failed validations and evaluation errors (`ignored` under Ignore) of `policy`
+        with `binding` on the request, in order; [] when it does not match."""
         pspec = _spec(policy)
         policy_name, binding_name = _name(policy), _name(binding) if binding else ""
         fail = pspec.get("failurePolicy", "Fail") != "Ignore"
 
-        def error(message: str) -> list[Denial]:
-            return [Denial(policy_name, binding_name, message)] if fail else []
+        def error(message: str, evaluation: str, error_type: str = INVALID_ERROR
+                  ) -> list[Denial]:
+            return [Denial(policy_name, binding_name, message, evaluation=evaluation,
+                           error_type=error_type, ignored=not fail)]
 
         try:
             matched = _matches(pspec.get("matchConstraints"), attrs, namespace,
@@ -146,25 +273,30 @@ class PolicyEvaluator:
                 matched = _matches(_spec(binding).get("matchResources"), attrs, namespace,
                                    apply_namespace_selector, policy_level=False)
         except SelectorError as exc:
-            return error(f"invalid selector: {exc}")
+            return error(f"invalid selector: {exc}", CONFIG_ERROR)
         if not matched:
             return []
         if pspec.get("paramKind"):
-            return error("policy parameters (paramKind) are not supported by the simulator")
+            return error("policy parameters (paramKind) are not supported by the simulator",
+                         CONFIG_ERROR)
         scope = self._scope(pspec, attrs, namespace)
         conditions = _entries(pspec.get("matchConditions"))
         for condition in conditions:
+            expression = str(condition.get("expression", ""))
             try:
-                if self._run(str(condition.get("expression", "")), scope) is not True:
+                if self._run(expression, scope) is not True:
                     return []
             except CelError as exc:
-                return error(str(exc))
-        denials: list[Denial] = []
-        for validation in _entries(pspec.get("validations")):
-            denial = self._validate(validation, scope, policy_name, binding_name, fail)
-            if denial is not None:
-                denials.append(denial)
-        return denials
+                return error(str(exc), EVAL_ERROR, self._error_type(expression))
+        decisions: list[Denial] = []
+        for index, validation in enumerate(_entries(pspec.get("validations"))):
+            decision = self._validate(validation, scope, policy_name, binding_name, fail)
+            if decision is not None:
+                decisions.append(dataclasses.replace(decision, expression_index=index))
+        return decisions
+
+    def _error_type(self, expression: str) -> str:
+        return COMPILE_ERROR if self._cel.compile_error(expression) else INVALID_ERROR
 
     def _scope(
         self, pspec: Mapping[str, Any], attrs: Attributes, namespace: Mapping[str, Any] | None
@@ -219,7 +351,8 @@ class PolicyEvaluator:
         try:
             result = self._run(expression, scope)
         except CelError as exc:
-            return Denial(policy_name, binding_name, str(exc)) if fail else None
+            return Denial(policy_name, binding_name, str(exc), evaluation=EVAL_ERROR,
+                          error_type=self._error_type(expression), ignored=not fail)
         if result is True:
             return None
         reason = str(validation.get("reason") or "Invalid")

@@ -13,8 +13,12 @@ What the rules mean:
 - ForbidLatestTag: no image has the tag `latest`, written (`app:latest`, also with a digest)
   or implied (neither tag nor digest: `app`, `host:5000/app`).
 
-`violating_pod` builds the enforcement probe's pod: one that this policy denies and every other
-enabled policy of its boundary admits (or `ProbeUnsatisfiable` when none exists).
+The binding's `validationActions` follow `spec.enforcement` (`VALIDATION_ACTIONS`; absent is
+`Deny`, the source documents' mode): `Deny` rejects what fails, `Warn` admits it with a
+warning to the client (and an audit record), `Audit` admits it and only records it.
+
+`violating_pod` builds the enforcement probe's pod: one that this policy fails and every other
+enabled policy of its boundary that denies admits (or `ProbeUnsatisfiable` when none exists).
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from convergerd.core.model import (
+    DEFAULT_ENFORCEMENT,
+    Enforcement,
     Rule,
     RuleError,
     check_boundary_id,
     check_policy_id,
+    parse_enforcement,
     parse_rule,
 )
 from convergerd.core.shown import shown
@@ -39,8 +46,16 @@ POLICY_LABEL = "platform.stackship.se/policy"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "convergerd"
 # The Policy fields a spec may carry (the custom resource's schema).
-_SPEC_FIELDS = frozenset({"policyId", "boundary", "enabled", "revision", "rule",
+_SPEC_FIELDS = frozenset({"policyId", "boundary", "enabled", "revision", "rule", "enforcement",
                           "exceptions"})  # exceptions: rendered by `admission.exceptions`
+# A mode as the binding's `validationActions`. kube-apiserver refuses Deny with Warn (the
+# failure would be reported twice); Warn comes with Audit so a warned request is in the audit
+# log too.
+VALIDATION_ACTIONS: Mapping[Enforcement, tuple[str, ...]] = {
+    Enforcement.DENY: ("Deny",),
+    Enforcement.WARN: ("Warn", "Audit"),
+    Enforcement.AUDIT: ("Audit",),
+}
 
 # The matched kinds: (apiGroup, version, resources). `pods/ephemeralcontainers` is how
 # ephemeral containers are added to a running Pod; without it they would escape the rules.
@@ -92,6 +107,21 @@ class RenderError(Exception):
 class Admission:
     policy: dict[str, Any]  # the ValidatingAdmissionPolicy body
     binding: dict[str, Any]  # the ValidatingAdmissionPolicyBinding body, same name
+    enforcement: Enforcement = DEFAULT_ENFORCEMENT  # what the binding's actions say
+
+
+def enforcement_of(binding: Mapping[str, Any] | None) -> Enforcement | None:
+    """The mode a binding read from the cluster has, by what it does to a request that fails:
+    any `Deny` denies, else any `Warn` warns, else `Audit` records; None for no binding or one
+    whose actions say none of these (not ours to name)."""
+    spec = binding.get("spec") if isinstance(binding, Mapping) else None
+    actions = spec.get("validationActions") if isinstance(spec, Mapping) else None
+    if not isinstance(actions, list):
+        return None
+    for mode in (Enforcement.DENY, Enforcement.WARN, Enforcement.AUDIT):
+        if mode.value in actions:
+            return mode
+    return None
 
 
 def admission_name(policy_id: str) -> str:
@@ -225,6 +255,7 @@ class _Parsed:
     policy_id: str
     boundary: str
     rule: Rule
+    enforcement: Enforcement = DEFAULT_ENFORCEMENT
 
 
 def _parse(spec: Mapping[str, Any]) -> _Parsed:
@@ -260,7 +291,17 @@ def _parse(spec: Mapping[str, Any]) -> _Parsed:
         rule = parse_rule(spec["rule"])
     except RuleError as exc:
         raise RenderError("InvalidRule", f"spec.{exc}") from None
-    return _Parsed(policy_id=policy_id, boundary=boundary, rule=rule)
+    try:
+        # Absent: a Policy written before modes, or by a daemon that writes only the others.
+        enforcement = parse_enforcement(spec.get("enforcement", DEFAULT_ENFORCEMENT.value))
+    except RuleError as exc:
+        raise RenderError("InvalidEnforcement", f"spec.{exc}") from None
+    return _Parsed(policy_id=policy_id, boundary=boundary, rule=rule, enforcement=enforcement)
+
+
+def enforcement_of_spec(spec: Mapping[str, Any]) -> Enforcement:
+    """A Policy spec's mode (absent: Deny); `RenderError` for a spec that cannot be enforced."""
+    return _parse(spec).enforcement
 
 
 def render_admission(spec: Mapping[str, Any]) -> Admission:
@@ -298,13 +339,13 @@ def render_admission(spec: Mapping[str, Any]) -> Admission:
         "metadata": {"name": name, "labels": dict(labels)},
         "spec": {
             "policyName": name,
-            "validationActions": ["Deny"],
+            "validationActions": list(VALIDATION_ACTIONS[parsed.enforcement]),
             "matchResources": {
                 "namespaceSelector": {"matchLabels": {BOUNDARY_LABEL: parsed.boundary}}
             },
         },
     }
-    return Admission(policy=policy, binding=binding)
+    return Admission(policy=policy, binding=binding, enforcement=parsed.enforcement)
 
 
 # Hosts for the probe's image: reserved (.invalid never resolves), so nothing is ever pulled.
@@ -336,8 +377,9 @@ def _under(image: str, prefixes: tuple[str, ...] | list[str]) -> bool:
 
 
 def _others(parsed: _Parsed, others: Iterable[Mapping[str, Any]]) -> list[_Parsed]:
-    """The other policies that admission enforces in this boundary: enabled, renderable,
-    delivered, same boundary, not this policy. Anything else cannot deny the probe."""
+    """The other policies that deny in this boundary: enabled, renderable, delivered, mode
+    Deny, same boundary, not this policy. Anything else cannot deny the probe (a Warn or Audit
+    policy admits what it fails)."""
     found = []
     for other in others:
         try:
@@ -346,7 +388,7 @@ def _others(parsed: _Parsed, others: Iterable[Mapping[str, Any]]) -> list[_Parse
         except RenderError:
             continue
         if (other.get("enabled", True) is not False and o.boundary == parsed.boundary
-                and o.policy_id != parsed.policy_id):
+                and o.enforcement is Enforcement.DENY and o.policy_id != parsed.policy_id):
             found.append(o)
     return found
 
@@ -407,10 +449,11 @@ def _probe_image(parsed: _Parsed, others: list[_Parsed], tag: str) -> str:
 
 def violating_pod(spec: Mapping[str, Any], *, namespace: str, name: str,
                   others: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """A valid Pod that this policy must deny and every other enforced policy of its boundary
-    admits: for the enforcement probe's dry-run create in a boundary namespace, so the denial
-    can only be this policy's. `others` are the specs of the other enabled Policies of the
-    boundary (anything else in it, or a spec that cannot be enforced, is ignored).
+    """A valid Pod that this policy's rule fails and every other denying policy of its boundary
+    admits: for the enforcement probe's dry-run create in a boundary namespace, so a denial
+    (or, in mode Warn, a warning) can only be this policy's. `others` are the specs of the
+    other enabled Policies of the boundary (anything else in it, a spec that cannot be
+    enforced, or one in mode Warn or Audit, which admits what it fails, is ignored).
 
     The Pod breaks only this policy's rule: it carries every label the others require (leaving
     out one this policy requires, when it is RequiredLabels), its image is pinned (tag `1`;

@@ -2,4 +2,4 @@
 handlers, the OpenAPI document."""
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
-__all__ = ["app", "server"]
+__all__ = ["app", "auth", "server"]

@@ -10,8 +10,10 @@
 - `DELETE /v1/policies/{id}/exceptions/{eid}`: 200, withdrawn (a new revision) and saved; the
   body `{"by": "who"}` is required; 404 no such exception.
 
-The mutating two need the bearer token (as the save endpoint), and every change is recorded in
-the database with who (`approvedBy` of a grant, `by` of a withdrawal), when and what.
+Who may call them is `convergerd.api.scopes`' (checked by `convergerd.api.auth.Guard` before
+these handlers): the mutating two need the admin token, as the save endpoint; the listing shows
+every boundary's policies, so it is a fleet view. Every change is recorded in the database with
+who (`approvedBy` of a grant, `by` of a withdrawal), when and what.
 """
 
 from __future__ import annotations
@@ -23,14 +25,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from convergerd.api.mutations import (
-    BadRequest,
-    read_body,
-    refusal_of,
-    report_json,
-    unauthorized,
-)
-from convergerd.api.server import error_response, expect_continue, policy_id_from_request
+from convergerd.api.mutations import BadRequest, read_body, refusal_of, report_json
+from convergerd.api.server import error_response, policy_id_from_request
 from convergerd.core.errors import DatabaseUnavailable
 from convergerd.core.exceptions import (
     check_exception_id,
@@ -71,6 +67,10 @@ def stored_json(found: StoredException) -> dict[str, Any]:
             "lapsedRevision": found.lapsed_revision}
 
 
+def _no_store() -> web.Response:
+    return error_response(503, "exceptions need the database", reason="database")
+
+
 def _check_by(by: object) -> None:
     if not isinstance(by, str) or not by.strip() or len(by) > BY_MAX_CHARS \
             or not by.isprintable():
@@ -81,27 +81,20 @@ def _check_by(by: object) -> None:
 class ExceptionHandlers:
     """The exception endpoints over the database and the `Saver` (a change is saved at once,
     as `POST /v1/policies/{id}/apply` would); expiries are checked on `wall`, at most
-    `max_days` ahead."""
+    `max_days` ahead. Without a `store` (an app over no database) they answer 503."""
 
-    def __init__(self, store: ExceptionSource, saver: Saver, *, token: str | None,
+    def __init__(self, store: ExceptionSource | None, saver: Saver, *,
                  body_timeout_s: float, max_days: float,
                  wall: Callable[[], dt.datetime] = _utcnow) -> None:
         self._store = store
         self._saver = saver
-        self._token = token
         self._body_timeout_s = body_timeout_s
         self._max_days = max_days
         self._wall = wall
 
-    async def expect(self, request: web.Request) -> web.StreamResponse | None:
-        """`Expect: 100-continue`: the token first, as the save endpoint does."""
-        refused = unauthorized(request, self._token)
-        if refused is not None:
-            refused.force_close()
-            return refused
-        return await expect_continue(request)
-
     async def listing(self, request: web.Request) -> web.StreamResponse:
+        if self._store is None:
+            return _no_store()
         policy = request.query.get("policy")
         if policy is not None:
             try:
@@ -115,15 +108,15 @@ class ExceptionHandlers:
         return web.json_response({"exceptions": [stored_json(f) for f in found]})
 
     async def _checked(self, request: web.Request, allowed: Mapping[str, type]
-                       ) -> tuple[PolicyId, dict[str, Any]] | web.Response:
-        refused = unauthorized(request, self._token)
-        if refused is not None:
-            return refused
+                       ) -> tuple[ExceptionSource, PolicyId, dict[str, Any]] | web.Response:
+        if self._store is None:
+            return _no_store()
         policy_id = policy_id_from_request(request)
         if isinstance(policy_id, web.Response):
             return policy_id
         try:
-            return policy_id, await read_body(request, allowed, timeout_s=self._body_timeout_s)
+            return self._store, policy_id, await read_body(request, allowed,
+                                                           timeout_s=self._body_timeout_s)
         except BadRequest as exc:
             return refusal_of(exc)
 
@@ -131,7 +124,7 @@ class ExceptionHandlers:
         checked = await self._checked(request, _GRANT_FIELDS)
         if isinstance(checked, web.Response):
             return checked
-        policy_id, body = checked
+        store, policy_id, body = checked
         body.setdefault("id", f"ex-{secrets.token_hex(4)}")
         try:
             exception = parse_exception(body, "body")
@@ -140,7 +133,7 @@ class ExceptionHandlers:
         except RuleError as exc:
             return error_response(400, str(exc))
         try:
-            revision = await self._store.grant_exception(policy_id, exception)
+            revision = await store.grant_exception(policy_id, exception)
         except PolicyGone as exc:
             return error_response(409 if exc.deleting else 404, f"policy {policy_id!r}: {exc}")
         except Refused as exc:
@@ -155,7 +148,7 @@ class ExceptionHandlers:
         checked = await self._checked(request, _WITHDRAW_FIELDS)
         if isinstance(checked, web.Response):
             return checked
-        policy_id, body = checked
+        store, policy_id, body = checked
         by = str(body.get("by", ""))
         try:
             exception_id = check_exception_id(request.match_info["eid"], "exception id")
@@ -163,7 +156,7 @@ class ExceptionHandlers:
         except RuleError as exc:
             return error_response(400, str(exc))
         try:
-            done = await self._store.withdraw_exception(policy_id, exception_id, by)
+            done = await store.withdraw_exception(policy_id, exception_id, by)
         except PolicyGone as exc:
             return error_response(409 if exc.deleting else 404, f"policy {policy_id!r}: {exc}")
         except DatabaseUnavailable as exc:

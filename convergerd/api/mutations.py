@@ -1,9 +1,11 @@
 """The save and delete endpoints: `POST /v1/policies/{id}/apply`, `DELETE /v1/policies/{id}`.
 
 Routed here by `convergerd.api.app`; the work is `convergerd.delivery.fanout.Saver`'s. Everything
-in the request is checked before the database is touched: the bearer token, the id (a DNS label
-of at most 50 characters), the body size, that the body is a JSON object, and its fields and
-their types. Answers:
+in the request is checked before the database is touched: the admin token (`convergerd.api.auth`,
+before the handler runs), the id (a DNS label of at most 50 characters), the body size, that the
+body is a JSON object, and its fields and their types. A save's body may ask for a new
+`enforcement` (Deny, Warn, Audit): it is stored first (a change is a new revision, `ModeStore`),
+then saved like any other change. Answers:
 
 | operation | answer |
 |---|---|
@@ -14,35 +16,38 @@ their types. Answers:
 | delete not confirmed by every cluster | 409 naming them; the policy is kept, marked |
 | save of a policy whose deletion has begun | 409 |
 | no or a wrong bearer token | 401 (503 when no token is configured: the endpoints are off) |
+| a boundary's read token | 403 |
 | unknown policy | 404 |
 | bad id, body or field | 400 (413 over 16 KiB, 408 when it does not arrive in time) |
+| an `enforcement` that is not Deny, Warn or Audit | 400 naming the field and the value |
 | database unavailable | 503 |
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import Awaitable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import StreamReader, web
 
-from convergerd.api.server import (
-    error_response,
-    expect_continue,
-    policy_id_from_request,
-)
+from convergerd.api.server import error_response, policy_id_from_request
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import DatabaseUnavailable, NotJSON
-from convergerd.core.model import PolicyId
+from convergerd.core.model import Enforcement, PolicyId, RuleError, parse_enforcement
 from convergerd.core.report import FanoutReport, FanoutStatus
 from convergerd.core.shown import shown
 from convergerd.delivery.fanout import Saver
 
 MAX_BODY_BYTES = 16 * 1024
-_SAVE_FIELDS: Mapping[str, type] = {"allow_mass_removal": bool}
+_SAVE_FIELDS: Mapping[str, type] = {"allow_mass_removal": bool, "enforcement": str}
 _DELETE_FIELDS: Mapping[str, type] = {}
+
+
+class ModeStore(Protocol):
+    """Where a save's asked mode is stored (`convergerd.store.store.Store`)."""
+
+    async def set_enforcement(self, policy_id: str, enforcement: Enforcement, /) -> None: ...
 
 
 class BadRequest(Exception):
@@ -126,8 +131,21 @@ def report_json(report: FanoutReport) -> dict[str, Any]:
     }
 
 
-def _answer(report: FanoutReport) -> web.Response:
+def asked_enforcement(fields: Mapping[str, Any]) -> Enforcement | None:
+    """The mode a save's body asks for (None: none asked); `BadRequest` naming the field and
+    the value when it is not one (pure)."""
+    if "enforcement" not in fields:
+        return None
+    try:
+        return parse_enforcement(fields["enforcement"])
+    except RuleError as exc:
+        raise BadRequest(f"body.{exc}") from None
+
+
+def _answer(report: FanoutReport, enforcement: Enforcement | None = None) -> web.Response:
     body = report_json(report)
+    if enforcement is not None:
+        body["enforcement"] = enforcement.value
     if report.status in (FanoutStatus.OK, FanoutStatus.PARTIAL):
         return web.json_response(body)
     if report.status is FanoutStatus.NOT_FOUND:
@@ -150,60 +168,22 @@ def _refusal(status: int, message: str, body: dict[str, Any]) -> web.Response:
     return web.json_response({"error": message, **body}, status=status)
 
 
-def _bearer(header: str) -> bytes | None:
-    """The token of a `Bearer` authorization header; None when it is not one or does not
-    decode (aiohttp keeps undecodable header bytes as surrogates)."""
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    try:
-        return given.strip().encode()
-    except UnicodeEncodeError:
-        return None
-
-
-def unauthorized(request: web.Request, token: str | None) -> web.Response | None:
-    """The answer refusing a mutating request without the bearer `token` (503 when no token is
-    configured: the endpoints are off), None when it carries it."""
-    if not token:
-        return error_response(
-            503, "mutating endpoints are disabled: CONVERGERD_API_TOKEN is not set")
-    given = _bearer(request.headers.get("Authorization", ""))
-    if given is None or not hmac.compare_digest(given, token.encode()):
-        response = error_response(401, "a valid bearer token is required")
-        response.headers["WWW-Authenticate"] = 'Bearer realm="convergerd"'
-        return response
-    return None
-
-
 class SaveHandlers:
     """The save and delete handlers, over `saver`; a body must arrive within `body_timeout_s`
-    (`HttpLimits.body_timeout_s`)."""
+    (`HttpLimits.body_timeout_s`). The admin token was checked before (`auth.Guard`, by the
+    routes' scope). A mode a save asks for is stored in `modes`; without it (an app over no
+    database that takes one) such a save is refused with 503."""
 
-    def __init__(self, saver: Saver, *, token: str | None, body_timeout_s: float) -> None:
+    def __init__(self, saver: Saver, *, body_timeout_s: float,
+                 modes: ModeStore | None = None) -> None:
         self._saver = saver
-        self._token = token
         self._body_timeout_s = body_timeout_s
-
-    def _unauthorized(self, request: web.Request) -> web.Response | None:
-        return unauthorized(request, self._token)
-
-    async def expect(self, request: web.Request) -> web.StreamResponse | None:
-        """`Expect: 100-continue`: the token is checked before the client is told to send its
-        body, so a client without it never sends one (and never reads `100 Continue`)."""
-        refused = self._unauthorized(request)
-        if refused is not None:
-            refused.force_close()  # the body it held back is not read
-            return refused
-        return await expect_continue(request)
+        self._modes = modes
 
     async def _request(self, request: web.Request, allowed: Mapping[str, type]
                        ) -> tuple[PolicyId, dict[str, Any]] | web.Response:
-        """The token, the path's policy id and the body checked, in that order: the id and
-        the fields, or the answer that refuses the request."""
-        refused = self._unauthorized(request)
-        if refused is not None:
-            return refused
+        """The path's policy id and the body checked, in that order: the id and the fields,
+        or the answer that refuses the request."""
         policy_id = policy_id_from_request(request)
         if isinstance(policy_id, web.Response):
             return policy_id
@@ -219,7 +199,19 @@ class SaveHandlers:
             return checked
         policy_id, fields = checked
         allow = fields.get("allow_mass_removal", False)
-        return await _answered(self._saver.save(policy_id, allow_mass_removal=allow))
+        try:
+            enforcement = asked_enforcement(fields)
+        except BadRequest as exc:
+            return refusal_of(exc)
+        if enforcement is not None:
+            if self._modes is None:
+                return error_response(503, "this server cannot store a policy's enforcement")
+            try:
+                await self._modes.set_enforcement(policy_id, enforcement)
+            except DatabaseUnavailable as exc:
+                return error_response(503, f"database unavailable: {exc}", reason="database")
+        return await _answered(self._saver.save(policy_id, allow_mass_removal=allow),
+                               enforcement)
 
     async def delete(self, request: web.Request) -> web.StreamResponse:
         checked = await self._request(request, _DELETE_FIELDS)
@@ -228,9 +220,10 @@ class SaveHandlers:
         return await _answered(self._saver.delete(checked[0]))
 
 
-async def _answered(work: Awaitable[FanoutReport]) -> web.Response:
+async def _answered(work: Awaitable[FanoutReport],
+                    enforcement: Enforcement | None = None) -> web.Response:
     try:
         report = await work
     except DatabaseUnavailable as exc:
         return error_response(503, f"database unavailable: {exc}", reason="database")
-    return _answer(report)
+    return _answer(report, enforcement)

@@ -9,9 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from convergerd import __version__
-from convergerd.core.model import POLICY_ID_MAX_LEN
+from convergerd.api.scopes import ROUTE_SCOPES, Scope
+from convergerd.core.model import ENFORCEMENTS, POLICY_ID_MAX_LEN
 from convergerd.core.report import FanoutResult, FanoutStatus
+from convergerd.core.rows import BOUNDARY_POLICIES_LISTED
 from convergerd.core.save import Operation, SaveAction
+from convergerd.core.tokens import BY_MAX_CHARS, NAME_MAX_CHARS
 from convergerd.status.listing import FLEET_COUNTS, UNSUPPORTED_LISTED, WORST_LISTED
 
 JSON = "application/json"
@@ -20,6 +23,10 @@ _DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 _NULLABLE_STRING: dict[str, Any] = {"type": "string", "nullable": True}
 _NULLABLE_TIME: dict[str, Any] = {"type": "string", "format": "date-time", "nullable": True}
+_ENFORCEMENT: dict[str, Any] = {
+    "type": "string", "enum": list(ENFORCEMENTS),
+    "description": "what admission does with a request the rule fails: the binding's "
+                   "validationActions [Deny], [Warn, Audit] or [Audit]"}
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -269,6 +276,7 @@ _SCHEMAS: dict[str, Any] = {
             "policy": {"type": "object", "properties": {
                 "id": {"type": "string"}, "boundary": {"type": "string"},
                 "revision": {"type": "integer"}, "enabled": {"type": "boolean"},
+                "enforcement": _ENFORCEMENT,
                 "rule_type": _NULLABLE_STRING, "delivered_to_clusters": {"type": "boolean"},
                 "invalid": _NULLABLE_STRING,
                 "deletion": {
@@ -322,6 +330,9 @@ _SCHEMAS: dict[str, Any] = {
             "clusters": {"type": "array", "items": _ref("ClusterResult")},
             "skipped_reason": _NULLABLE_STRING,
             "error": {"type": "string", "description": "present when refused"},
+            "enforcement": {**_ENFORCEMENT,
+                            "description": "the mode this save stored (present when the "
+                                           "request asked for one)"},
         },
     },
     "Exception": {
@@ -374,11 +385,107 @@ _SCHEMAS: dict[str, Any] = {
         "description": "no fields: an empty object, or no body at all"},
     "SaveRequest": {
         "type": "object", "additionalProperties": False,
-        "properties": {"allow_mass_removal": {
-            "type": "boolean", "default": False,
-            "description": "remove from clusters that left the scope even past the guard"}},
+        "properties": {
+            "allow_mass_removal": {
+                "type": "boolean", "default": False,
+                "description": "remove from clusters that left the scope even past the guard"},
+            "enforcement": {
+                **_ENFORCEMENT,
+                "description": "store this mode first (a change is a new revision), then save: "
+                               "Deny rejects what fails the rule, Warn admits it with a "
+                               "warning, Audit admits it and records it in the API server's "
+                               "audit log; absent: the stored mode is kept"}},
     },
 }
+
+_COUNTS = {"type": "object", "additionalProperties": {"type": "integer"}}
+_SCHEMAS.update({
+    "TokenRequest": {
+        "type": "object", "additionalProperties": False, "required": ["boundary", "name"],
+        "properties": {
+            "boundary": {"type": "string", "maxLength": 63,
+                         "description": "the boundary the token reads (it must exist)"},
+            "name": {"type": "string", "pattern": _DNS_LABEL, "maxLength": NAME_MAX_CHARS,
+                     "description": "unique among the tokens not revoked"},
+            "expires_at": {"type": "string", "description": "ISO 8601: a date (the token "
+                           "stops working when that day begins, UTC) or a time with its "
+                           "offset; in the future. Absent: it does not expire"},
+            "by": {"type": "string", "maxLength": BY_MAX_CHARS,
+                   "description": "who asks, recorded (default: `admin token`)"}},
+    },
+    "RevokeRequest": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"by": {"type": "string", "maxLength": BY_MAX_CHARS,
+                              "description": "who asks, recorded"}},
+    },
+    "Token": {
+        "type": "object",
+        "required": ["name", "boundary", "created_by", "created_at", "expires_at", "expired",
+                     "revoked_by", "revoked_at"],
+        "properties": {
+            "name": {"type": "string"}, "boundary": {"type": "string"},
+            "created_by": {"type": "string"}, "created_at": {"type": "string",
+                                                             "format": "date-time"},
+            "expires_at": _NULLABLE_TIME, "expired": {"type": "boolean"},
+            "revoked_by": _NULLABLE_STRING, "revoked_at": _NULLABLE_TIME},
+    },
+    "TokenCreated": {"allOf": [_ref("Token"), {
+        "type": "object", "required": ["token"],
+        "properties": {"token": {"type": "string", "description": "the token, shown this "
+                                 "once: only its SHA-256 is kept"}}}]},
+    "TokenList": {"type": "object", "required": ["tokens"],
+                  "properties": {"tokens": {"type": "array", "items": _ref("Token")}}},
+    "TokenRevoked": {"type": "object", "required": ["revoked"],
+                     "properties": {"revoked": _ref("Token")}},
+    "BoundaryCounts": {
+        "type": "object", "required": ["phases", "verification", "in_sync", "failed",
+                                       "violations"],
+        "properties": {"phases": _COUNTS, "verification": _COUNTS,
+                       "in_sync": {"type": "integer"}, "failed": {"type": "integer"},
+                       "violations": {"type": "integer"}},
+    },
+    "BoundaryCluster": {"allOf": [_ref("BoundaryCounts"), {
+        "type": "object",
+        "required": ["id", "reachable", "checked_at", "lag_seconds", "last_success_at",
+                     "server_version", "failure"],
+        "properties": {
+            "id": {"type": "string"}, "reachable": {"type": "boolean", "nullable": True},
+            "checked_at": _NULLABLE_TIME,
+            "lag_seconds": {"type": "number", "nullable": True},
+            "last_success_at": _NULLABLE_TIME, "server_version": _NULLABLE_STRING,
+            "failure": {**_NULLABLE_STRING, "description": "a cluster-level failure's reason "
+                        "(its message is not shown: it may name another boundary's policy)"}},
+        "description": "counts over this boundary's policies only"}]},
+    "BoundaryPolicy": {"allOf": [_ref("BoundaryCounts"), {
+        "type": "object",
+        "required": ["id", "revision", "enabled", "rule_type", "invalid",
+                     "deletion_requested_at", "clusters", "audit"],
+        "properties": {
+            "id": {"type": "string"}, "revision": {"type": "integer"},
+            "enabled": {"type": "boolean"}, "rule_type": _NULLABLE_STRING,
+            "invalid": _NULLABLE_STRING, "deletion_requested_at": _NULLABLE_TIME,
+            "clusters": {"type": "integer", "description": "the boundary's clusters"},
+            "audit": {"type": "object"}},
+        "description": "counts over the boundary's clusters"}]},
+    "BoundaryView": {
+        "type": "object",
+        "required": ["boundary", "now", "identity", "interval_seconds", "policies_total",
+                     "policies", "unsupported_by_version", "listing", "clusters"],
+        "properties": {
+            "boundary": {"type": "string"}, "now": {"type": "string", "format": "date-time"},
+            "identity": {"type": "string"}, "interval_seconds": {"type": "number"},
+            "policies_total": {"type": "integer"},
+            "policies": {"type": "array", "items": _ref("BoundaryPolicy"),
+                         "maxItems": BOUNDARY_POLICIES_LISTED},
+            "unsupported_by_version": {"type": "object", "additionalProperties": {
+                "type": "array", "items": {"type": "string"}}},
+            "listing": {"type": "object"},
+            "clusters": {"type": "array", "items": _ref("BoundaryCluster")}},
+    },
+    "BoundaryPolicyView": {"allOf": [_ref("PolicyView"), {
+        "type": "object", "required": ["boundary"],
+        "properties": {"boundary": {"type": "string"}}}]},
+})
 
 _BAD_ID = _answer("the id is not a valid id (the message says why)")
 _AUTH = _answer("no or a wrong bearer token")
@@ -400,8 +507,9 @@ def _mutation(summary: str, description: str, ok: str, extra: dict[str, Any],
         "parameters": [_POLICY_ID], "security": [{"bearerAuth": []}],
         "responses": {
             "200": _answer(ok, "Report"),
-            "400": _answer("bad id, a body that is not a JSON object, an unknown field or a "
-                           "field of the wrong type"),
+            "400": _answer("bad id, a body that is not a JSON object, an unknown field, a "
+                           "field of the wrong type, or an `enforcement` that is not Deny, "
+                           "Warn or Audit (the message names the field and the value)"),
             "401": _AUTH, "404": _answer("no such policy", "Report"),
             "408": _BODY_LATE, "413": _TOO_BIG, "503": _NO_TOKEN_OR_DB, **extra,
         },
@@ -497,12 +605,12 @@ _PATHS: dict[str, Any] = {
                        "value), the expiry in the future and within "
                        "CONVERGERD_EXCEPTION_MAX_DAYS. Stored with a new revision of the "
                        "policy and recorded (who: `approvedBy`), then saved at once.",
-        "parameters": [_POLICY_ID], "security": [{"bearerAuth": []}],
+        "parameters": [_POLICY_ID],
         "requestBody": {"required": True, "content": {JSON: {"schema": _ref("Exception")}}},
         "responses": {
             "201": _answer("granted and saved", "ExceptionChange"),
             "400": _answer("bad id, body, field or expiry (the message names it)"),
-            "401": _AUTH, "404": _answer("no such policy"), "408": _BODY_LATE,
+            "404": _answer("no such policy"), "408": _BODY_LATE,
             "409": _answer("the id is taken, 64 are in force, or the policy is being deleted"),
             "413": _TOO_BIG, "503": _NO_TOKEN_OR_DB}}},
     "/v1/policies/{id}/exceptions/{eid}": {"delete": {
@@ -510,12 +618,11 @@ _PATHS: dict[str, Any] = {
         "parameters": [_POLICY_ID, {
             "name": "eid", "in": "path", "required": True, "description": "the exception id",
             "schema": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 40}}],
-        "security": [{"bearerAuth": []}],
         "requestBody": {"required": True,
                         "content": {JSON: {"schema": _ref("WithdrawRequest")}}},
         "responses": {
             "200": _answer("withdrawn and saved", "ExceptionChange"),
-            "400": _answer("bad id or body; `by` missing"), "401": _AUTH,
+            "400": _answer("bad id or body; `by` missing"),
             "404": _answer("no such exception"), "408": _BODY_LATE,
             "409": _answer("the policy is being deleted"), "413": _TOO_BIG,
             "503": _NO_TOKEN_OR_DB}}},
@@ -529,6 +636,97 @@ _PATHS: dict[str, Any] = {
                         "(marked) and a retry finishes", "Report")},
         body={"required": False, "content": {JSON: {"schema": _ref("DeleteRequest")}}})},
 }
+
+
+_BOUNDARY = {"name": "boundary", "in": "path", "required": True,
+             "description": "the boundary id (a label value of at most 63 characters)",
+             "schema": {"type": "string", "maxLength": 63}}
+_TOKEN_NAME = {"name": "name", "in": "path", "required": True,
+               "description": "the token's name",
+               "schema": {"type": "string", "pattern": _DNS_LABEL, "maxLength": NAME_MAX_CHARS}}
+_DB_DOWN = _answer("the database is unavailable")
+_PAGE = [
+    {"name": "limit", "in": "query", "required": False,
+     "description": "a page of at most this many clusters (default and most: "
+                    "CONVERGERD_STATUS_MAX_CLUSTERS)",
+     "schema": {"type": "integer", "minimum": 1}},
+    {"name": "after", "in": "query", "required": False,
+     "description": "the page's clusters have ids after this one",
+     "schema": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63}}]
+_PATHS.update({
+    "/v1/tokens": {
+        "post": {
+            "summary": "create a read token for one boundary (shown once)",
+            "requestBody": {"required": True,
+                            "content": {JSON: {"schema": _ref("TokenRequest")}}},
+            "responses": {
+                "201": _answer("created: `token` is shown this once", "TokenCreated"),
+                "400": _answer("a body that is not a JSON object, an unknown field, a bad "
+                               "name, boundary id or expiry"),
+                "408": _BODY_LATE, "409": _answer("the name is taken by a token not revoked, "
+                                                  "or too many tokens are live"),
+                "413": _TOO_BIG, "422": _answer("the boundary does not exist"),
+                "503": _NO_TOKEN_OR_DB}},
+        "get": {
+            "summary": "the read tokens by name (never the tokens themselves)",
+            "parameters": [{"name": "revoked", "in": "query", "required": False,
+                            "description": "`true`: the revoked ones too",
+                            "schema": {"type": "string", "enum": ["true", "false"]}}],
+            "responses": {"200": _answer("the tokens", "TokenList"),
+                          "400": _answer("`revoked` is not true or false"),
+                          "503": _NO_TOKEN_OR_DB}}},
+    "/v1/tokens/{name}": {"delete": {
+        "summary": "revoke a read token: it stops working at once on this replica, on the "
+                   "others within a second (a notification), at most 30 s",
+        "parameters": [_TOKEN_NAME],
+        "requestBody": {"required": False, "content": {JSON: {"schema": _ref("RevokeRequest")}}},
+        "responses": {"200": _answer("revoked", "TokenRevoked"),
+                      "400": _answer("a bad name or body"), "404": _answer("no live token "
+                                                                           "of that name"),
+                      "408": _BODY_LATE, "413": _TOO_BIG, "503": _NO_TOKEN_OR_DB}}},
+    "/v1/boundaries/{boundary}": {"get": {
+        "summary": "one boundary: its clusters (reached, lag, version) and its policies "
+                   "(phases, Verified, violations with samples), over its clusters only",
+        "description": "Clusters in id order, up to CONVERGERD_STATUS_MAX_CLUSTERS a page "
+                       "(follow `listing.next`); the policies' counts always cover every "
+                       f"cluster of the boundary; at most {BOUNDARY_POLICIES_LISTED} policies.",
+        "parameters": [_BOUNDARY, *_PAGE],
+        "responses": {"200": _answer("the boundary", "BoundaryView"),
+                      "400": _answer("a bad boundary id, `limit` or `after`"),
+                      "404": _answer("no such boundary (also what a read token of another "
+                                     "boundary gets)"),
+                      "429": _SHED, "503": _DB_DOWN}}},
+    "/v1/boundaries/{boundary}/policies/{id}": {"get": {
+        "summary": "one of the boundary's policies per cluster: revision, phase, Verified, "
+                   "audit and its sample, last error",
+        "parameters": [_BOUNDARY, _POLICY_ID],
+        "responses": {"200": _answer("the policy", "BoundaryPolicyView"),
+                      "400": _BAD_ID,
+                      "404": _answer("no such boundary, or no such policy in it"),
+                      "429": _SHED, "503": _DB_DOWN}}},
+})
+
+# Each route's answers to its token, from its scope (`scopes.ROUTE_SCOPES`).
+_SCOPE_ANSWERS: dict[Scope, dict[str, Any]] = {
+    Scope.PUBLIC: {},
+    Scope.FLEET: {"401": _answer("a token that opens nothing (unknown, revoked, expired); "
+                                 "or none, when CONVERGERD_FLEET_READS_NEED_TOKEN"),
+                  "403": _answer("a boundary's read token: it reads only its boundary")},
+    Scope.ADMIN: {"401": _AUTH, "403": _answer("a boundary's read token")},
+    Scope.BOUNDARY: {"401": _answer("no token, or one that opens nothing")},
+}
+_SECURITY: dict[Scope, list[dict[str, list[str]]]] = {
+    Scope.FLEET: [{}, {"bearerAuth": []}], Scope.ADMIN: [{"bearerAuth": []}],
+             Scope.BOUNDARY: [{"bearerAuth": []}]}
+_PER_TOKEN = _answer("over this token's reads (CONVERGERD_TOKEN_READS_PER_SECOND), or over "
+                     "the replica's status budget: retry after `Retry-After` seconds")
+for (_method, _path), _scope in ROUTE_SCOPES.items():
+    _operation = _PATHS[_path][_method.lower()]
+    _operation["responses"] = {**_SCOPE_ANSWERS[_scope], **_operation["responses"]}
+    if _scope is not Scope.PUBLIC:
+        _operation["security"] = _SECURITY[_scope]
+        if _method == "GET":
+            _operation["responses"].setdefault("429", _PER_TOKEN)
 
 
 def _head(get: dict[str, Any]) -> dict[str, Any]:
@@ -568,7 +766,8 @@ def document() -> dict[str, Any]:
         "info": {
             "title": "convergerd",
             "version": __version__,
-            "description": "Health, metrics, status, and saving and deleting policies. "
+            "description": "Health, metrics, status, saving and deleting policies, read "
+                           "tokens and what one boundary's token may read. "
                            + _SERVER_ANSWERS,
         },
         "paths": _PATHS,
@@ -576,6 +775,8 @@ def document() -> dict[str, Any]:
             "schemas": _SCHEMAS,
             "securitySchemes": {"bearerAuth": {
                 "type": "http", "scheme": "bearer",
-                "description": "the value of CONVERGERD_API_TOKEN"}},
+                "description": "the admin token (CONVERGERD_API_TOKEN), or a boundary's read "
+                               "token (`cvg_b_...`, `convergerd token create`) on "
+                               "/v1/boundaries/{boundary}"}},
         },
     }

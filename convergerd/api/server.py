@@ -6,9 +6,11 @@ by which handler is `convergerd.api.app`; the save and delete handlers are
 Status works on every replica: what this replica observed is merged with what the database
 recorded (whoever led), the newer fact winning, so a standby shows the leader's results. The
 handlers only read: `/status` is the live state (`convergerd.status.state`, fed by rounds and the
-periodic database sync, `convergerd.status.sync`); the per-cluster and per-policy views add that
-one cluster's or policy's rows, read in one query through a small gate with a short timeout, so
-status requests cannot take the database connections the round needs.
+periodic database sync, `convergerd.status.sync`), seen through its read-only face
+(`convergerd.status.reader.StatusReader`) and shown by `convergerd.status.document`; the
+per-cluster and per-policy views add that one cluster's or policy's rows, read in one query
+through a small gate with a short timeout, so status requests cannot take the database
+connections the round needs.
 
 Liveness: a heartbeat task notes the loop time every second and how late it woke up (the
 event-loop lag, also a metric). A fully blocked loop cannot answer `/healthz` at all, which fails
@@ -97,6 +99,13 @@ from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
 from convergerd.core.shown import SHOWN_MAX_CHARS, describe, shown
 from convergerd.logthrottle import WINDOW_S, LogThrottle
 from convergerd.ratelimit import TokenBucket
+from convergerd.status.document import (
+    audit_sample_view,
+    cluster_summary,
+    merged_policies,
+    snapshot_head,
+    sorted_clusters,
+)
 from convergerd.status.listing import (
     UNSUPPORTED_LISTED,
     WORST_LISTED,
@@ -110,8 +119,8 @@ from convergerd.status.listing import (
 )
 from convergerd.status.metrics import CONTENT_TYPE, HTTP_BOUNDS_REASONS, Metrics
 from convergerd.status.phases import age_s, stale_after_s
+from convergerd.status.reader import StatusReader
 from convergerd.status.records import PolicyRecord, merge_records
-from convergerd.status.state import StatusState
 from convergerd.status.views import iso, policy_audit_view, record_view, unsupported_of
 
 log = logging.getLogger(__name__)
@@ -120,7 +129,8 @@ log = logging.getLogger(__name__)
 DB_TIMEOUT_S = 5.0
 # The status views share one token bucket (`Settings.status_reads_per_s`; its burst and what a
 # view costs: `StatusReadTuning`). The paths, as the shed counter labels them:
-STATUS_VIEWS = ("/status", "/v1/clusters/{id}", "/v1/policies/{id}/status")
+STATUS_VIEWS = ("/status", "/v1/clusters/{id}", "/v1/policies/{id}/status",
+                "/v1/boundaries/{boundary}", "/v1/boundaries/{boundary}/policies/{id}")
 
 # The server's parser limits: a longer request line (the URL) or header line is refused (400).
 MAX_LINE_BYTES = 8190
@@ -729,7 +739,7 @@ class Views:
         self,
         *,
         metrics: Metrics,
-        state: StatusState,
+        state: StatusReader,
         store: StatusSource,
         settings: Settings,
         health: Health,
@@ -830,7 +840,7 @@ class Views:
     # per-cluster and per-policy views read that one cluster or policy in one query, through
     # `_read` (a few at a time, short timeout): the rounds' database connections stay free.
 
-    async def _read(self, query: Callable[[], Awaitable[T]]) -> T:
+    async def read(self, query: Callable[[], Awaitable[T]]) -> T:
         async with asyncio.timeout(self.db_timeout_s), self.db_gate:
             return await query()
 
@@ -839,7 +849,7 @@ class Views:
                 "url": self.settings.database_url_redacted,
                 "synced_at": iso(self.state.synced_at)}
 
-    def _read_error(self, exc: BaseException) -> str:
+    def read_error(self, exc: BaseException) -> str:
         if isinstance(exc, TimeoutError):
             return f"the database did not answer within {self.db_timeout_s:g} s"
         return describe(exc)
@@ -856,7 +866,7 @@ class Views:
             if self._status_building is None:
                 self._status_building = asyncio.create_task(self._build_status(),
                                                             name="status build")
-                self._charge(len(self.state.clusters))
+                self.charge(len(self.state.clusters))
             # Requests arriving during a build wait for that one; a request that goes away
             # does not stop it.
             built = await asyncio.shield(self._status_building)
@@ -867,13 +877,13 @@ class Views:
         """`page` of the clusters in id order, under the head of `built` (its `now`, counts,
         roll-ups): built per request, at most `status_max_clusters` summaries, in slices."""
         ids, more = page_ids(built.ids, page)
-        self._charge(len(ids))
+        self.charge(len(ids))
         state = self.state
         pieces: list[bytes] = []
         listed = 0
         for start in range(0, len(ids), self.status_slice):
             await asyncio.sleep(0)
-            summaries = [state.cluster_summary(c, built.now)
+            summaries = [cluster_summary(state, c, built.now)
                          for cid in ids[start:start + self.status_slice]
                          if (c := state.clusters.get(cid)) is not None]  # not removed since
             listed += len(summaries)
@@ -892,7 +902,7 @@ class Views:
             self._status_building = None
 
     async def build_status(self) -> StatusBuilt:
-        """The `/status` document (`StatusState.snapshot`, and this server's version and
+        """The `/status` document (`status.document.snapshot`, and this server's version and
         database), built in slices of `status_slice` clusters with the loop free between them,
         each slice encoded as it is made. A body thus shows the state as it was during its
         build, from when it began (its `now`). Past `status_max_clusters` clusters, a summary:
@@ -901,7 +911,7 @@ class Views:
         state, clock = self.state, self.clock
         began = clock()
         version, now = state.version, state.clock()
-        order = state.sorted_clusters(now)
+        order = sorted_clusters(state, now)
         ids = state.cluster_ids()  # the pages' order
         cost = clock() - began
         most = self.settings.status_max_clusters
@@ -913,7 +923,7 @@ class Views:
         for start in range(0, len(order), self.status_slice):
             await asyncio.sleep(0)
             sliced = clock()
-            summaries = [state.cluster_summary(c, now)
+            summaries = [cluster_summary(state, c, now)
                          for c in order[start:start + self.status_slice]]
             counted.add(summaries)
             unsupported.extend(unsupported_of(summaries))
@@ -922,7 +932,7 @@ class Views:
             cost += clock() - sliced
         await asyncio.sleep(0)
         sliced = clock()
-        head = {**state.snapshot_head(now, unsupported), "version": __version__,
+        head = {**snapshot_head(state, now, unsupported), "version": __version__,
                 "database": self._database(state.sync_error), "fleet": counted.counts}
         if not complete:
             head["unsupported_by_version"] = bounded_unsupported(
@@ -941,15 +951,15 @@ class Views:
         live = self.state.clusters.get(cluster)
         error: str | None = None
         try:
-            stored = await self._read(lambda: self.store.cluster_status(
+            stored = await self.read(lambda: self.store.cluster_status(
                 cluster, sorted(live.policies) if live is not None else ()))
         except (TimeoutError, ConvergerdError, OSError) as exc:
-            error, stored = self._read_error(exc), None
+            error, stored = self.read_error(exc), None
         known = stored.known if stored is not None else live is not None
         if not known:
             return error_response(404, f"unknown cluster {cluster!r}", cluster=cluster)
         now = self.state.clock()
-        records = self.state.merged_policies(cluster, stored.deliveries if stored else ())
+        records = merged_policies(self.state, cluster, stored.deliveries if stored else ())
         policies = []
         for pid, record in sorted(records.items()):
             current = stored.current.get(pid) if stored is not None else None
@@ -962,9 +972,9 @@ class Views:
                 **view,
                 "in_sync": current is not None and view["delivered_revision"] == current,
             })
-        self._charge(len(policies))
+        self.charge(len(policies))
         return web.json_response({
-            "cluster": self.state.cluster_summary(self.state.cluster_or_new(cluster), now),
+            "cluster": cluster_summary(self.state, self.state.cluster_or_new(cluster), now),
             "policies": policies,
             "database": self._database(error),
         })
@@ -974,20 +984,20 @@ class Views:
         if isinstance(pid, web.Response):
             return pid
         try:
-            found = await self._read(lambda: self.store.policy_status(pid))
+            found = await self.read(lambda: self.store.policy_status(pid))
         except (TimeoutError, ConvergerdError, OSError) as exc:
-            return error_response(503, f"database unavailable: {self._read_error(exc)}",
+            return error_response(503, f"database unavailable: {self.read_error(exc)}",
                                   policy=pid, reason="database")
         if found is None:
             return error_response(404, f"unknown policy {pid!r}", policy=pid)
-        view = self._policy_view(found)
-        self._charge(len(view["clusters"]))
+        view = self.policy_view(found)
+        self.charge(len(view["clusters"]))
         return web.json_response(view)
 
-    def _charge(self, rows: int) -> None:
+    def charge(self, rows: int) -> None:
         self.read_budget.charge(rows // self.tuning.rows_per_token)
 
-    def _policy_view(self, found: PolicyStatusRows) -> dict[str, Any]:
+    def policy_view(self, found: PolicyStatusRows) -> dict[str, Any]:
         row, scope = found.policy, found.scope
         stored_by_cluster = {r.cluster: PolicyRecord.from_row(r) for r in found.deliveries}
         now = self.state.clock()
@@ -1015,13 +1025,13 @@ class Views:
         return {
             "policy": {
                 "id": row.id, "boundary": row.boundary, "revision": row.revision,
-                "enabled": row.enabled, "rule_type": rule_type,
+                "enabled": row.enabled, "enforcement": row.enforcement, "rule_type": rule_type,
                 "delivered_to_clusters": delivered_type,
                 "invalid": found.invalid,
                 "deletion": _deletion_view(found, now),
             },
             "audit": policy_audit_view((c["audit"] for c in clusters),
-                                       self.state.audit_sample_view(pid)),
+                                       audit_sample_view(self.state, pid)),
             "clusters": clusters,
         }
 

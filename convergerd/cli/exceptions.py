@@ -1,6 +1,7 @@
 """`convergerd policy except ID ...` and `convergerd policy exceptions [ID]`: grant an exception
 to a policy through a running daemon (`POST /v1/policies/{id}/exceptions`, with the API token)
-and list them with their expiry (`GET /v1/exceptions`).
+and list them with their expiry (`GET /v1/exceptions`, a fleet view: the API token is sent when
+one is given, as a daemon with CONVERGERD_FLEET_READS_NEED_TOKEN asks).
 
     convergerd policy except regs --namespace team-a-web --selector app=legacy \\
         --reason "moving to the internal registry, TICKET-123" --expires 2027-01-31
@@ -40,6 +41,7 @@ from convergerd.cli.policy import (
     render,
 )
 from convergerd.cli.status import DEFAULT_ADDR
+from convergerd.config import SETTINGS_BY_KEY
 from convergerd.core.exceptions import parse_exception, parse_expiry, selector_from_text
 from convergerd.core.model import RuleError, check_policy_id
 
@@ -62,19 +64,28 @@ def add_arguments(sub: Any) -> None:
                        "default: one chosen by the daemon)")
     grant.add_argument("--requested-by", help="who asked (default: the local user)")
     grant.add_argument("--approved-by", help="who approved (default: the local user)")
-    grant.add_argument("--api-token-file", type=Path, metavar="PATH",
-                       help="file holding the API token [default: CONVERGERD_API_TOKEN, "
-                            "else the file in CONVERGERD_API_TOKEN_FILE]")
     listing = sub.add_parser("exceptions", help="list the exceptions (of one policy), with "
                              "their expiry")
     listing.add_argument("id", nargs="?", help="only this policy's")
     for action in (grant, listing):
+        action.add_argument("--api-token-file", type=Path, metavar="PATH",
+                            help="file holding the API token [default: CONVERGERD_API_TOKEN, "
+                                 "else the file in CONVERGERD_API_TOKEN_FILE; for the list, "
+                                 "none when neither is set]")
         action.add_argument("--addr", default=DEFAULT_ADDR,
                             help=f"the daemon's HTTP address (default {DEFAULT_ADDR})")
         action.add_argument("--timeout", type=float, default=60.0,
                             help="seconds to wait for the answer (default 60)")
         action.add_argument("--json", action="store_true",
                             help="print the daemon's JSON answer as is")
+
+
+def _fleet_token(flag_file: Path | None, env: Mapping[str, str]) -> str | None:
+    """The API token when one is given (a fleet view needs it when the daemon sets
+    CONVERGERD_FLEET_READS_NEED_TOKEN), else None: the list is asked without one."""
+    given = flag_file is not None or any(
+        env.get(SETTINGS_BY_KEY[key].env) for key in ("api_token", "api_token_file"))
+    return api_token(flag_file, env) if given else None
 
 
 def _user(env: Mapping[str, str]) -> str:
@@ -160,7 +171,8 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
                           timeout_s=float(args.timeout))
         else:
             query = f"?{urllib.parse.urlencode({'policy': args.id})}" if args.id else ""
-            answer = call(args.addr, "GET", f"/v1/exceptions{query}", token="", body=None,
+            answer = call(args.addr, "GET", f"/v1/exceptions{query}",
+                          token=_fleet_token(args.api_token_file, env), body=None,
                           timeout_s=float(args.timeout))
     except Failed as exc:
         err.write(f"convergerd policy {action}: {exc}\n")

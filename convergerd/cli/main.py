@@ -187,6 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
         "live cluster (--context, --record) or a recorded session (--replay)",
         description=policyeval.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
 
+    from convergerd.cli import token as tokencli
+
+    token = sub.add_parser(
+        "token", help="a boundary's read tokens: create, list, revoke (through a running "
+        "daemon, the admin token)", description=tokencli.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tokencli.add_arguments(token.add_subparsers(dest="token_command", required=True,
+                                                metavar="COMMAND"))
+
     operator = sub.add_parser(
         "operator", help="the in-cluster operator (Policy -> ValidatingAdmissionPolicy)",
         description=_OPERATOR_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -230,13 +240,16 @@ def missing_sim_extra(command: str) -> str | None:
 def _command_name(args: argparse.Namespace) -> str:
     """The command as typed: `sim`, or `policy eval` for a command group."""
     command: str = args.command
-    return f"{command} {args.policy_command}" if command == "policy" else command
+    if command == "policy":
+        return f"{command} {args.policy_command}"
+    return f"{command} {args.token_command}" if command == "token" else command
 
 
 # Commands that call a running daemon or work offline: their own output, no daemon settings.
 _TOOLS = {"status": "cli.status", "policy eval": "cli.policyeval",
           "policy apply": "cli.policy", "policy delete": "cli.policy",
-          "policy except": "cli.exceptions", "policy exceptions": "cli.exceptions"}
+          "policy except": "cli.exceptions", "policy exceptions": "cli.exceptions",
+          "token create": "cli.token", "token list": "cli.token", "token revoke": "cli.token"}
 
 
 def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command

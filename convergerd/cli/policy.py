@@ -1,8 +1,9 @@
 """`convergerd policy apply ID` and `convergerd policy delete ID`: ask a running daemon to save
 or delete one policy now (`POST /v1/policies/{id}/apply`, `DELETE /v1/policies/{id}`) and print
-the per-cluster result as a table (`--json`: the daemon's answer as is). `convergerd policy
-eval` needs no daemon: it evaluates a policy on objects, a live cluster or a recorded session
-(`policy eval --help`).
+the per-cluster result as a table (`--json`: the daemon's answer as is). `policy apply ID
+--enforcement Warn` stores a new mode first (Deny, Warn or Audit; a new revision), then saves.
+`convergerd policy eval` needs no daemon: it evaluates a policy on objects, a live cluster or a
+recorded session (`policy eval --help`).
 
 The bearer token comes from `--api-token-file`, else `CONVERGERD_API_TOKEN`, else
 `CONVERGERD_API_TOKEN_FILE` (never from a flag holding the token itself: `ps` would show it).
@@ -30,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from convergerd.cli.status import DEFAULT_ADDR
+from convergerd.cli.status import DEFAULT_ADDR, NoRedirects
 from convergerd.config import SETTINGS_BY_KEY, read_secret_file
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import ConfigError, NotJSON
-from convergerd.core.model import RuleError, check_policy_id
+from convergerd.core.model import ENFORCEMENTS, RuleError, check_policy_id
 from convergerd.core.shown import shown
 
 EXIT_OK = 0
@@ -52,6 +53,11 @@ def add_arguments(sub: Any) -> None:
     apply.add_argument("--allow-mass-removal", action="store_true",
                        help="remove it from the clusters that left its scope even when that "
                             "is most of them (the guard otherwise skips those removals)")
+    apply.add_argument("--enforcement", choices=ENFORCEMENTS,
+                       help="store this mode first (a new revision), then save: Deny rejects "
+                            "what fails the rule, Warn admits it with a warning, Audit admits "
+                            "it and records it in the API server's audit log [default: keep "
+                            "the stored mode]")
     delete = sub.add_parser("delete", help="delete a policy from every cluster, then the "
                             "database (refused while some cluster still holds it)")
     for action in (apply, delete):
@@ -102,29 +108,20 @@ def _base(addr: str) -> str:
     return base
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is not followed: urllib would send the bearer token on to wherever the
-    `Location` points. The 3xx comes back as an `HTTPError`."""
-
-    def redirect_request(  # noqa: PLR0917 - urllib calls it so
-            self, req: urllib.request.Request, fp: Any, code: int, msg: str,
-            headers: Any, newurl: str) -> None:
-        return None
-
-
-def call(addr: str, method: str, path: str, *, token: str, body: dict[str, Any] | None,
-         timeout_s: float) -> Answer:
-    """One request; any HTTP answer with a JSON object body is an `Answer`. A redirect is an
-    error naming its status and (shortened) `Location`, never followed: it would carry the
-    token."""
+def call(addr: str, method: str, path: str, *, token: str | None,
+         body: dict[str, Any] | None, timeout_s: float) -> Answer:
+    """One request, with `token` as the bearer token (None: no `Authorization` header); any
+    HTTP answer with a JSON object body is an `Answer`. A redirect is an error naming its
+    status and (shortened) `Location`, never followed: it would carry the token."""
     base = _base(addr)
     data = json.dumps(body).encode() if body is not None else None
+    headers = {"Accept": "application/json", "Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(  # noqa: S310 - the scheme is checked by _base
-        base + path, data=data, method=method,
-        headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
-                 "Content-Type": "application/json"})
+        base + path, data=data, method=method, headers=headers)
     try:
-        opener = urllib.request.build_opener(_NoRedirects)
+        opener = urllib.request.build_opener(NoRedirects)
         with opener.open(request, timeout=timeout_s) as response:
             status, raw = response.status, response.read(_MAX_ANSWER_BYTES)
     except urllib.error.HTTPError as exc:
@@ -173,9 +170,11 @@ def render(answer: Answer) -> str:
         rows.extend([cell(c.get("cluster")), cell(c.get("action")), cell(c.get("result")),
                      cell(c.get("reason")), cell(c.get("error"))]
                     for c in clusters if isinstance(c, dict))
-    revision = body.get("revision")
+    about = [f"revision {cell(body.get('revision'))}"] if body.get("revision") is not None else []
+    if body.get("enforcement") is not None:
+        about.append(f"enforcement {cell(body.get('enforcement'))}")
     lines = [f"{cell(body.get('operation'))} {cell(body.get('policy'))}"
-             + (f" (revision {cell(revision)})" if revision is not None else "")
+             + (f" ({', '.join(about)})" if about else "")
              + f": {cell(body.get('status'))}"]
     if body.get("error"):
         lines.append(f"error: {cell(body['error'], 400)}")
@@ -209,7 +208,12 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     try:
         token = api_token(args.api_token_file, os.environ if env is None else env)
         if action == "apply":
-            body = {"allow_mass_removal": True} if args.allow_mass_removal else None
+            asked: dict[str, Any] = {}
+            if args.allow_mass_removal:
+                asked["allow_mass_removal"] = True
+            if args.enforcement is not None:
+                asked["enforcement"] = args.enforcement
+            body = asked or None
             answer = call(args.addr, "POST", f"/v1/policies/{args.id}/apply", token=token,
                           body=body, timeout_s=float(args.timeout))
         else:

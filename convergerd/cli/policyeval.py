@@ -7,6 +7,10 @@ The policy is rendered exactly as the in-cluster operator renders it
 CEL runtime and the same matching, so the verdict and message are the ones `kubectl create`
 would get there.
 
+A policy in mode Warn or Audit is judged as a cluster judges it (a note says so): what its rule
+fails is allowed with the warning the cluster would send (Warn) or with its audit annotation
+noted (Audit); the same object is denied once the policy is in mode Deny.
+
 Namespaces: without `--namespace-labels` every object is evaluated as if it were in a
 namespace of the policy's boundary (the binding's namespaceSelector is then met by
 construction); with it, the selector is applied to those labels, as a cluster would.
@@ -19,6 +23,10 @@ serves (discovery), listed in pages (`--page-size`, following `continue`). Each 
 evaluated with its own namespace's labels. `--record SESSION` writes every API exchange to a
 session file; `--replay SESSION` makes the same requests to that file instead of a cluster
 and gives the same report and exit code (`convergerd.cli.session`).
+
+A binding whose `validationActions` are `Warn` (or `Audit`) admits: the verdict is allowed and
+carries the warnings a cluster would send (kubectl prints them as `Warning: ...`), printed under
+the object, and whether the audit annotation would be written.
 
 Exit codes: 0 every object admitted, 1 some denied, 2 an input error (a file, a flag, a
 session that does not match, a cluster that cannot be read).
@@ -58,7 +66,7 @@ from convergerd.cli.session import (
 from convergerd.config import ClusterAccess
 from convergerd.core.decode import list_page
 from convergerd.core.errors import BadFile, BadResponse, ConvergerdError
-from convergerd.core.model import ClusterId
+from convergerd.core.model import ClusterId, Enforcement
 from convergerd.core.shown import shown
 from convergerd.files import read_bounded
 from convergerd.kube.kubeconfig import ALLOW_INSECURE_SETTING
@@ -101,6 +109,8 @@ class Verdict:
     reason: str = ""
     code: int = 0
     matched: bool = True
+    warnings: tuple[str, ...] = ()  # what a `Warn` binding answers with
+    audited: bool = False  # an `Audit` binding would write the audit annotation
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -109,6 +119,10 @@ class Verdict:
         }
         if not self.allowed:
             out |= {"message": self.message, "reason": self.reason, "code": self.code}
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
+        if self.audited:
+            out["audited"] = True
         return out
 
 
@@ -164,12 +178,15 @@ def policy_spec(doc: Any, source: str) -> dict[str, Any]:
     if "policies" in doc:
         raise EvalInputError(f"{source}: this is a whole import file; give one policy entry "
                              "({id, boundary, rule}) or a Policy object")
-    unknown = set(doc) - {"id", "boundary", "enabled", "rule"}
+    unknown = set(doc) - {"id", "boundary", "enabled", "rule", "enforcement"}
     if unknown:
         raise EvalInputError(f"{source}: unknown field(s) in the policy entry: "
                              f"{shown(sorted(map(str, unknown)))}")
-    return {"policyId": doc.get("id"), "boundary": doc.get("boundary"),
+    spec = {"policyId": doc.get("id"), "boundary": doc.get("boundary"),
             "enabled": doc.get("enabled", True), "revision": 1, "rule": doc.get("rule")}
+    if "enforcement" in doc:
+        spec["enforcement"] = doc["enforcement"]
+    return spec
 
 
 def load_policy(path: Path) -> dict[str, Any]:
@@ -245,14 +262,16 @@ class PolicyEval:
             namespace=namespace, name=name, object=dict(obj) | {"metadata": dict(meta) | {
                 "namespace": namespace}}, old_object=None,
         )
-        denial = self._evaluator.first_denial(
+        outcome = self._evaluator.admit(
             [self.admission.policy], [self.admission.binding], attrs, namespace=ns_obj
         )
+        denial, warnings, audited = outcome.denial, outcome.warnings, bool(outcome.annotations)
         if denial is None:
-            return Verdict(source, kind, namespace, name, allowed=True)
+            return Verdict(source, kind, namespace, name, allowed=True, warnings=warnings,
+                           audited=audited)
         return Verdict(source, kind, namespace, name, allowed=False,
                        message=evaluate.forbidden_message(attrs, denial), reason=denial.reason,
-                       code=denial.code)
+                       code=denial.code, warnings=warnings, audited=audited)
 
 
 def evaluate_files(
@@ -458,11 +477,18 @@ def _check_flags(args: argparse.Namespace) -> None:
 def _print(evaluator: PolicyEval, verdicts: Sequence[Verdict], *, as_json: bool, selector: str,
            out: TextIO, err: TextIO) -> None:
     name = evaluator.admission.policy["metadata"]["name"]
+    mode = evaluator.admission.enforcement
     if not evaluator.enabled:
         print(f"note: policy {name} is disabled: a cluster enforces nothing until it is "
               "enabled; the verdicts show what it would deny then", file=err)
+    if mode is not Enforcement.DENY:
+        does = ("admits what it fails with a warning" if mode is Enforcement.WARN
+                else "admits what it fails and only records it in its audit log")
+        print(f"note: policy {name} is in mode {mode.value}: a cluster {does}; the verdicts "
+              "show it as allowed with the warning or audit annotation it would get", file=err)
     if as_json:
-        json.dump({"policy": name, "enabled": evaluator.enabled, "namespaceSelector": selector,
+        json.dump({"policy": name, "enabled": evaluator.enabled, "enforcement": mode.value,
+                   "namespaceSelector": selector,
                    "results": [v.as_dict() for v in verdicts]}, out, indent=2)
         out.write("\n")
         return
@@ -471,9 +497,12 @@ def _print(evaluator: PolicyEval, verdicts: Sequence[Verdict], *, as_json: bool,
         where = f"{v.kind} {v.namespace}/{v.name}"
         if v.allowed:
             note = "" if v.matched else " (not a kind the policy matches)"
+            note += " (audit annotation written)" if v.audited else ""
             print(f"allowed  {v.source}  {where}{note}", file=out)
         else:
             print(f"denied   {v.source}  {where}: {v.message}", file=out)
+        for warning in v.warnings:
+            print(f"         Warning: {warning}", file=out)
 
 
 def _evaluate(args: argparse.Namespace, env: Mapping[str, str]

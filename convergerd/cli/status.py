@@ -1,4 +1,6 @@
-"""`convergerd status [--addr URL]`: a running daemon's `/status` as a table in the terminal.
+"""`convergerd status [--addr URL]`: a running daemon's `/status` as a table in the terminal;
+`convergerd status --boundary B --token T`: what one boundary's tenant sees
+(`/v1/boundaries/{boundary}`): its clusters and its policies, nothing of other boundaries.
 
 Clusters are listed worst first (unreached, never checked, failing, then by lag), under a header
 saying which replica answered, who leads, and the last and next round. Any replica can answer:
@@ -7,7 +9,12 @@ CONVERGERD_STATUS_MAX_CLUSTERS the answer lists only the worst clusters, with th
 (said under the table); `--all` walks the pages of every cluster (`?limit=&after=`) and lists
 them all.
 
-Exit codes: 0 status shown; 2 the daemon could not be reached or did not answer with status.
+The token (`--token`, `--token-file`) is sent as a bearer token: a boundary's read token, or
+the admin token (needed for the fleet when the daemon sets CONVERGERD_FLEET_READS_NEED_TOKEN).
+With a token no redirect is followed (it would carry the token on).
+
+Exit codes: 0 status shown; 2 the daemon could not be reached or did not answer with status
+(a token refused included).
 """
 
 from __future__ import annotations
@@ -19,10 +26,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
+from convergerd.config import read_secret_file
 from convergerd.core.decode import bounded_json, rfc3339
-from convergerd.core.errors import NotJSON
+from convergerd.core.errors import ConfigError, NotJSON
+from convergerd.core.model import RuleError, check_boundary_id
 from convergerd.core.shown import shown
 from convergerd.status.listing import worst_first_key
 
@@ -44,6 +54,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all", action="store_true",
                         help="list every cluster of a fleet the daemon summarises (past its "
                              "CONVERGERD_STATUS_MAX_CLUSTERS), reading it page by page")
+    parser.add_argument("--boundary", metavar="B",
+                        help="only this boundary, as its tenant sees it (with its read token "
+                             "or the admin token)")
+    parser.add_argument("--token", metavar="TOKEN",
+                        help="bearer token to send (a boundary's read token, or the admin "
+                             "token); `ps` shows it: prefer --token-file")
+    parser.add_argument("--token-file", type=Path, metavar="PATH",
+                        help="file holding the token to send")
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if getattr(args, "token_file", None) is not None:
+        return read_secret_file("--token-file", args.token_file)
+    token: str | None = getattr(args, "token", None)
+    return token
 
 
 def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -52,15 +77,28 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     addr = str(args.addr).rstrip("/")
     if "://" not in addr:
         addr = f"http://{addr}"
+    boundary: str | None = getattr(args, "boundary", None)
     try:
-        doc = fetch_status(addr, timeout_s=float(args.timeout))
-        if args.all:
-            doc = with_every_cluster(doc, addr, timeout_s=float(args.timeout))
-    except StatusUnavailable as exc:
+        token = _token(args)
+        if boundary is not None:
+            check_boundary_id(boundary)
+            path = f"/v1/boundaries/{boundary}"
+            doc = with_every_cluster(fetch_status(addr, timeout_s=float(args.timeout),
+                                                  path=path, token=token),
+                                     addr, timeout_s=float(args.timeout), token=token,
+                                     path=path)
+        else:
+            doc = fetch_status(addr, timeout_s=float(args.timeout), token=token)
+            if args.all:
+                doc = with_every_cluster(doc, addr, timeout_s=float(args.timeout),
+                                         token=token)
+    except (StatusUnavailable, ConfigError, RuleError) as exc:
         err.write(f"convergerd status: {exc}\n")
         return EXIT_UNREACHABLE
     if args.json:
         out.write(json.dumps(doc, indent=2) + "\n")
+    elif boundary is not None:
+        out.write(render_boundary(doc, addr=addr))
     else:
         out.write(render_status(doc, addr=addr))
     return EXIT_OK
@@ -70,6 +108,8 @@ class StatusUnavailable(Exception):
     pass
 
 
+# A boundary's pages list at most this many clusters in all.
+_MAX_WALKED = 1_000_000
 # A 429's Retry-After is honoured up to this many seconds (and within --timeout).
 _MAX_RETRY_AFTER_S = 10
 
@@ -83,11 +123,12 @@ def _retry_after(exc: urllib.error.HTTPError) -> int | None:
 
 
 def fetch_status(
-    addr: str, *, timeout_s: float, max_bytes: int = MAX_STATUS_BYTES, path: str = "/status"
+    addr: str, *, timeout_s: float, max_bytes: int = MAX_STATUS_BYTES, path: str = "/status",
+    token: str | None = None,
 ) -> dict[str, Any]:
     """`path` (`/status`, or one of its pages) of the daemon at `addr`, read up to
-    `max_bytes`. A daemon shedding status reads (429) is asked again after its Retry-After,
-    while that fits in `timeout_s`."""
+    `max_bytes`, with `token` as the bearer token if given. A daemon shedding status reads
+    (429) is asked again after its Retry-After, while that fits in `timeout_s`."""
     url = f"{addr}{path}"
     if not url.startswith(("http://", "https://")):
         raise StatusUnavailable(f"{addr} is not an http(s) address")
@@ -95,14 +136,15 @@ def fetch_status(
     while True:
         try:
             body = _get(addr, url, timeout_s=max(0.1, deadline - time.monotonic()),
-                        max_bytes=max_bytes)
+                        max_bytes=max_bytes, token=token)
             if len(body) > max_bytes:
                 raise StatusUnavailable(f"{url} answered more than {max_bytes} bytes")
             break
         except urllib.error.HTTPError as exc:
             wait = _retry_after(exc) if exc.code == 429 else None
             if wait is None or time.monotonic() + wait >= deadline:
-                raise StatusUnavailable(f"{url} answered {exc.code} {exc.reason}") from None
+                raise StatusUnavailable(f"{url} answered {exc.code} {exc.reason}"
+                                        + _refusal(exc)) from None
             time.sleep(wait)
     try:
         doc = bounded_json(body)
@@ -113,39 +155,72 @@ def fetch_status(
     return doc
 
 
-def with_every_cluster(doc: dict[str, Any], addr: str, *, timeout_s: float) -> dict[str, Any]:
-    """`doc` with every cluster, when it lists only some: its `listing.next` page, and each
-    page's next, until the last (each page read within `timeout_s`). A walk is bounded: at most
-    twice the clusters the fleet counted (clusters may join during the walk), never a loop."""
+def _refusal(exc: urllib.error.HTTPError) -> str:
+    """The daemon's `error` of a refused request (a token refused says why), shortened."""
+    try:
+        doc = bounded_json(exc.read(4096))
+    except (NotJSON, OSError):
+        return ""
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return f": {shown(error, 200, style='prose')}" if error else ""
+
+
+def with_every_cluster(doc: dict[str, Any], addr: str, *, timeout_s: float,
+                       token: str | None = None, path: str = "/status") -> dict[str, Any]:
+    """`doc` (of `path`: `/status` or a boundary's) with every cluster, when it lists only
+    some: its `listing.next` page, and each page's next, until the last (each page read within
+    `timeout_s`). A walk is bounded: at most twice the clusters the fleet counted (clusters
+    may join during the walk), never a loop."""
     listing = doc.get("listing")
     if not isinstance(listing, Mapping) or listing.get("complete") is not False:
         return doc  # every cluster already, or a daemon that does not page
     counted = (doc.get("fleet") or {}).get("clusters")
     most = 2 * counted + 1 if isinstance(counted, int) else 0
     clusters: list[Any] = []
-    path = listing.get("next")
-    while path is not None:
-        if not isinstance(path, str) or not path.startswith("/status?"):
-            raise StatusUnavailable(f"{addr}/status gave no page to read next: "
-                                    f"{shown(path, style='text')}")
-        page = fetch_status(addr, timeout_s=timeout_s, path=path)
+    if path != "/status":
+        # A boundary's document is its first page (a fleet's lists the worst instead), and
+        # does not count its clusters: the walk is bounded by `_MAX_WALKED`.
+        clusters, most = list(doc.get("clusters") or []), _MAX_WALKED
+    following = listing.get("next")
+    while following is not None:
+        if not isinstance(following, str) or not following.startswith(f"{path}?"):
+            raise StatusUnavailable(f"{addr}{path} gave no page to read next: "
+                                    f"{shown(following, style='text')}")
+        page = fetch_status(addr, timeout_s=timeout_s, path=following, token=token)
         listed = page.get("clusters")
         if not isinstance(listed, list) or not isinstance(page.get("listing"), Mapping):
-            raise StatusUnavailable(f"{addr}{path} did not answer with a page of clusters")
+            raise StatusUnavailable(f"{addr}{following} did not answer with a page of "
+                                    "clusters")
         clusters.extend(listed)
         if len(clusters) > most:
-            raise StatusUnavailable(f"{addr}/status pages list more than {most} clusters, "
+            raise StatusUnavailable(f"{addr}{path} pages list more than {most} clusters, "
                                     f"twice the {counted} it counted")
-        path = page["listing"].get("next")
+        following = page["listing"].get("next")
     return {**doc, "clusters": clusters,
             "listing": {**listing, "complete": True, "listed": len(clusters), "next": None}}
 
 
-def _get(addr: str, url: str, *, timeout_s: float, max_bytes: int) -> bytes:
-    """The answer's body, at most `max_bytes` + 1 bytes of it (one more: "too long")."""
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310
+class NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is not followed: urllib would send the bearer token on to wherever the
+    `Location` points. The 3xx comes back as an `HTTPError`."""
+
+    def redirect_request(  # noqa: PLR0917 - urllib calls it so
+            self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+            headers: Any, newurl: str) -> None:
+        return None
+
+
+def _get(addr: str, url: str, *, timeout_s: float, max_bytes: int,
+         token: str | None = None) -> bytes:
+    """The answer's body, at most `max_bytes` + 1 bytes of it (one more: "too long"); with
+    `token`, sent as the bearer token and no redirect followed."""
+    headers = {"Accept": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310
+    opener = urllib.request.build_opener(*([NoRedirects] if token is not None else []))
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+        with opener.open(request, timeout=timeout_s) as response:
             body: bytes = response.read(max_bytes + 1)
             return body
     except urllib.error.HTTPError:
@@ -420,3 +495,60 @@ def _fleet_lines(doc: Mapping[str, Any], clusters: Sequence[Mapping[str, Any]]) 
                                                        or bool(c.get("failed")))
                   for c in clusters)
     return [f"{len(clusters)} clusters: {down} unreached, {failing} reached but failing"]
+
+
+def render_boundary(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
+    """`/v1/boundaries/{boundary}` as tables: its policies, then its clusters."""
+    lines = [f"boundary {shown(doc.get('boundary'), style='text')} at {addr or '?'}, as of "
+             f"{_when(doc.get('now'))} (replica {shown(doc.get('identity'), style='text')})"]
+    policies = [p for p in doc.get("policies") or [] if isinstance(p, Mapping)]
+    lines.append("")
+    if policies:
+        rows = [["POLICY", "REVISION", "ENABLED", "CLUSTERS", "IN-SYNC", "FAILED", "PHASES",
+                 "VERIFIED", "VIOLATIONS", "INVALID"]]
+        rows.extend([shown(p.get("id"), style="text"), str(p.get("revision", "?")),
+                     "yes" if p.get("enabled") else "no", str(p.get("clusters", "?")),
+                     str(p.get("in_sync", 0)), str(p.get("failed", 0)),
+                     _phases(p.get("phases")), _verified(p.get("verification")),
+                     str(p.get("violations", 0)),
+                     shown(p.get("invalid") or "", _MAX_ERROR, style="prose")]
+                    for p in policies)
+        lines.extend(_table(rows))
+    else:
+        lines.append("no policies")
+    total = doc.get("policies_total")
+    if isinstance(total, int) and total > len(policies):
+        lines.append(f"the first {len(policies)} of {total} policies listed")
+    lines.extend(f"  {shown(p.get('id'), style='text')} would deny "
+                 f"{shown(sample.get('kind'), style='text')} "
+                 f"{shown(sample.get('namespace') or '', style='text')}/"
+                 f"{shown(sample.get('name'), style='text')} on "
+                 f"{shown(sample.get('cluster'), style='text')}: "
+                 f"{shown(sample.get('message') or '', _MAX_ERROR, style='prose')}"
+                 for p in policies for sample in (p.get("audit") or {}).get("sample") or []
+                 if isinstance(sample, Mapping))
+    unsupported = doc.get("unsupported_by_version") or {}
+    if isinstance(unsupported, Mapping) and unsupported:
+        lines.append("Unsupported (no ValidatingAdmissionPolicy, nothing enforced):")
+        lines.extend(f"  Kubernetes {shown(v, style='text')}: "
+                     f"{', '.join(shown(c, style='text') for c in cs)}"
+                     for v, cs in sorted(unsupported.items()))
+    clusters = sort_clusters([c for c in doc.get("clusters") or [] if isinstance(c, Mapping)])
+    lines.append("")
+    if not clusters:
+        lines.append("no clusters")
+        return "\n".join(lines) + "\n"
+    rows = [["CLUSTER", "REACHED", "LAG", "IN-SYNC", "FAILED", "PHASES", "VERIFIED",
+             "VIOLATIONS", "VERSION", "FAILURE"]]
+    rows.extend([shown(c.get("id"), style="text"), _reachable(c.get("reachable")),
+                 format_duration(c.get("lag_seconds")), str(c.get("in_sync", 0)),
+                 str(c.get("failed", 0)), _phases(c.get("phases")),
+                 _verified(c.get("verification")), str(c.get("violations", 0)),
+                 shown(c.get("server_version") or "-", 40, style="text"),
+                 shown(c.get("failure") or "", _MAX_ERROR, style="prose")]
+                for c in clusters)
+    lines.extend(_table(rows))
+    down = sum(c.get("reachable") is False for c in clusters)
+    lines.append("")
+    lines.append(f"{len(clusters)} clusters: {down} unreached")
+    return "\n".join(lines) + "\n"

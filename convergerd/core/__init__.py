@@ -5,5 +5,5 @@ error classes, decoding of what comes from outside, row types. Imports no I/O li
 __all__ = [
     "decode", "errors", "exceptions", "facts", "model", "plan", "removal", "render", "report",
     "rows", "save", "shards",
-    "shown", "spread",
+    "shown", "spread", "tokens",
 ]

@@ -431,6 +431,34 @@ def message_text(value: object) -> str | None:
     return clean_text(text, MAX_MESSAGE_CHARS) or None
 
 
+# What an answer's `Warning` headers may give: kube-apiserver writes one header per warning,
+# `299 - "<text>"` (RFC 7234 warn-code, warn-agent, quoted warn-text with `\"` and `\\`
+# escaped, an optional quoted date); several may share one header, comma-separated. Only code
+# 299 (a miscellaneous persistent warning: what admission writes) is kept, at most
+# `MAX_WARNINGS` of them, each cleaned and capped as a message.
+MAX_WARNINGS = 16
+_WARNING = re.compile(r'\s*(\d{3})\s+[^\s"]+\s+"((?:[^"\\]|\\.)*)"(?:\s+"[^"]*")?\s*(?:,|$)')
+_ESCAPED = re.compile(r"\\(.)")
+
+
+def warning_texts(headers: Sequence[str]) -> tuple[str, ...]:
+    """The texts of code-299 warnings in `Warning` header values, unescaped, cleaned and
+    capped (`MAX_MESSAGE_CHARS` each, `MAX_WARNINGS` in all); a value that does not parse is
+    skipped from where it stops parsing."""
+    found: list[str] = []
+    for value in headers[: 4 * MAX_WARNINGS]:
+        at = 0
+        while len(found) < MAX_WARNINGS and at < len(value):
+            match = _WARNING.match(value, at)
+            if match is None:
+                break
+            at = match.end()
+            if match.group(1) == "299":
+                text = _ESCAPED.sub(r"\1", match.group(2))
+                found.append(clean_text(text, MAX_MESSAGE_CHARS))
+    return tuple(found)
+
+
 def short_text(value: object, limit: int = MAX_REASON_CHARS) -> str | None:
     """A short string (a reason, a phase), cleaned and capped; None when not a string."""
     if not isinstance(value, str):

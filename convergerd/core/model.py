@@ -10,6 +10,7 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, NewType
 
 from convergerd.core.shown import shown
@@ -43,6 +44,22 @@ REGISTRY_MAX_LEN = 253
 PLAN_MAX_LEN = 253
 _ENTRY_MAX_LEN = {"labels": LABEL_KEY_MAX_LEN, "registries": REGISTRY_MAX_LEN,
                   "plans": PLAN_MAX_LEN}
+
+
+class Enforcement(StrEnum):
+    """What admission does with a request the policy's rule fails (docs/design.md, "Modes"):
+    `Deny` rejects it (the source documents' behaviour, the default), `Warn` admits it with a
+    warning to the client, `Audit` admits it and only records the failure in the API server's
+    audit log. The values are the database's, the import file's, the API's and the Policy's
+    `spec.enforcement`."""
+
+    DENY = "Deny"
+    WARN = "Warn"
+    AUDIT = "Audit"
+
+
+DEFAULT_ENFORCEMENT = Enforcement.DENY
+ENFORCEMENTS = tuple(e.value for e in Enforcement)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +111,7 @@ class Policy:
     rule: Rule
     enabled: bool
     revision: int
+    enforcement: Enforcement = DEFAULT_ENFORCEMENT
     # In force when read (unexpired), by id; delivered in the Policy's `spec.exceptions`.
     exceptions: tuple[PolicyException, ...] = ()
 
@@ -116,6 +134,7 @@ class PolicyRow:
     rule: Mapping[str, Any] | UnreadableJson
     enabled: bool
     revision: int
+    enforcement: str = DEFAULT_ENFORCEMENT.value
     # The unexpired exceptions as stored (`spec.exceptions` entries), checked with the row.
     exceptions: Sequence[Any] | UnreadableJson = ()
 
@@ -152,6 +171,20 @@ def check_boundary_id(value: str) -> None:
             f"boundary: {shown(value)} is not a valid label value (at most 63 characters: "
             "letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
         )
+
+
+def parse_enforcement(value: object) -> Enforcement:
+    """A mode as stored, imported or asked for; `RuleError` naming the field and the value
+    otherwise. Case matters, as in a binding's `validationActions`: `deny` is refused with a
+    hint rather than guessed at."""
+    if isinstance(value, str) and value in ENFORCEMENTS:
+        return Enforcement(value)
+    hint = ""
+    if isinstance(value, str) and len(value) <= 5 and value.capitalize() in ENFORCEMENTS:
+        hint = f" (the names are case-sensitive: {value.capitalize()})"
+    raise RuleError(
+        f"enforcement: must be one of {', '.join(ENFORCEMENTS)}, got {shown(value)}{hint}"
+    )
 
 
 def is_object_name(value: object) -> bool:

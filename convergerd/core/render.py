@@ -8,6 +8,7 @@ from typing import Any
 
 from convergerd.core.exceptions import as_spec, stored_exceptions
 from convergerd.core.model import (
+    DEFAULT_ENFORCEMENT,
     BoundaryId,
     InvalidPolicy,
     Policy,
@@ -16,6 +17,7 @@ from convergerd.core.model import (
     RuleError,
     check_boundary_id,
     check_policy_id,
+    parse_enforcement,
     parse_rule,
 )
 
@@ -45,7 +47,25 @@ def policy_id_from_name(name: str) -> str | None:
 
 
 def render_policy(policy: Policy) -> dict[str, Any]:
-    """The apply body: exactly the fields convergerd owns (never status)."""
+    """The apply body: exactly the fields convergerd owns (never status).
+
+    `spec.enforcement` is written only when it is not the default (`Deny`): a Deny policy's
+    object stays byte for byte what it was before modes existed, so an upgrade finds every
+    object in sync (a round compares the whole spec: writing `enforcement: Deny` everywhere
+    would rewrite every object of the fleet once), and an operator or CRD from before modes
+    never sees the field unless someone asks for Warn or Audit. The operator reads a missing
+    `enforcement` as `Deny`."""
+    spec: dict[str, Any] = {
+        "policyId": policy.id,
+        "boundary": policy.boundary,
+        "enabled": policy.enabled,
+        "revision": policy.revision,
+        "rule": policy.rule.as_dict(),
+    }
+    if policy.enforcement is not DEFAULT_ENFORCEMENT:
+        spec["enforcement"] = policy.enforcement.value
+    if policy.exceptions:  # only with some: a policy without exceptions renders as it always did
+        spec["exceptions"] = [as_spec(e) for e in policy.exceptions]
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -53,16 +73,7 @@ def render_policy(policy: Policy) -> dict[str, Any]:
             "name": object_name(policy.id),
             "labels": {BOUNDARY_LABEL: policy.boundary, MANAGED_BY_LABEL: MANAGED_BY},
         },
-        "spec": {
-            "policyId": policy.id,
-            "boundary": policy.boundary,
-            "enabled": policy.enabled,
-            "revision": policy.revision,
-            "rule": policy.rule.as_dict(),
-            # Only with some: a policy without exceptions renders as it always did.
-            **({"exceptions": [as_spec(e) for e in policy.exceptions]}
-               if policy.exceptions else {}),
-        },
+        "spec": spec,
     }
 
 
@@ -98,6 +109,7 @@ def validate_policy(row: PolicyRow) -> Policy | InvalidPolicy:
             rule=rule,
             enabled=row.enabled,
             revision=row.revision,
+            enforcement=parse_enforcement(row.enforcement),
             exceptions=stored_exceptions(row.exceptions),
         )
         check_object_size(policy)

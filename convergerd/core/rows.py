@@ -127,3 +127,28 @@ class ClusterStatusRows:
     known: bool
     deliveries: tuple[DeliveryRow, ...]
     current: Mapping[PolicyId, int]
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryPolicy:
+    """One policy of a boundary as its view reads it: the stored row, why it cannot be
+    delivered (validated now, None if it can), when its deletion began (None: not)."""
+
+    policy: PolicyRow
+    invalid: str | None
+    deletion_requested_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryRows:
+    """One boundary as `/v1/boundaries/{boundary}` reads it (`Store.boundary_status()`): the
+    known clusters it covers (by id), its policies (by id, at most the view's limit), and how
+    many policies it has in all."""
+
+    clusters: tuple[ClusterId, ...]
+    policies: tuple[BoundaryPolicy, ...]
+    policies_total: int
+
+
+# A boundary's view reads at most this many of its policies (by id).
+BOUNDARY_POLICIES_LISTED = 500

@@ -7,7 +7,7 @@ whole spec, so the next round re-delivers the Policy without it. This task makes
 at each expiry (and at least every `period_s`), on every replica, it marks the expired
 exceptions lapsed at a new revision of their policy in one transaction (the policies trigger
 notifies, the leader saves it at once; another replica's pass finds nothing left to lapse), and
-reads the per-policy tally the metrics show (`StatusState.exception_tally`). The operators do
+reads the per-policy tally the metrics show (`StatusReader.exception_tally`). The operators do
 not wait for any of this: each stops honouring an exception at its expiresAt by itself.
 """
 
@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from convergerd.core.errors import ConvergerdError
 from convergerd.core.exceptions import EXPIRING_SOON_S, ExceptionTally
 from convergerd.core.shown import describe
-from convergerd.status.state import StatusState
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +41,18 @@ class LapseSource(Protocol):
     async def exception_tally(self, soon_s: float, /) -> Sequence[ExceptionTally]: ...
 
 
+class TallySink(Protocol):
+    """Where the tally goes (`convergerd.status.state.StatusState`, one of its feeders)."""
+
+    def set_exception_tally(self, tally: Iterable[ExceptionTally], /) -> None: ...
+
+
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
 class Lapses:
-    def __init__(self, store: LapseSource, state: StatusState, *, period_s: float = PERIOD_S,
+    def __init__(self, store: LapseSource, state: TallySink, *, period_s: float = PERIOD_S,
                  wall: Callable[[], dt.datetime] = _utcnow) -> None:
         self.store = store
         self.state = state

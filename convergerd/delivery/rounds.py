@@ -20,7 +20,7 @@ import datetime as dt
 import functools
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 import tenacity
@@ -37,7 +37,6 @@ from convergerd.leader.lease import Fence
 from convergerd.leader.shards import Shard
 from convergerd.retry import BackoffWait, RetryObserver, StopBefore
 from convergerd.status.metrics import Metrics
-from convergerd.status.state import StatusState
 from convergerd.supervise import first
 
 log = logging.getLogger(__name__)
@@ -52,6 +51,17 @@ class RoundStore(Protocol):
 
     async def load_fleet(self) -> Fleet: ...
     async def record_round(self, report: RoundReport, *, identity: str) -> int: ...
+
+
+class RoundStatus(Protocol):
+    """What the loop asks and tells the status state (`convergerd.status.state.StatusState`):
+    which clusters to try last or may start last, and what each round found."""
+
+    def suspects(self) -> list[ClusterId]: ...
+    def caught_up(self) -> list[ClusterId]: ...
+    def unreachable(self, cluster: ClusterId) -> bool: ...
+    def set_next_round(self, at: dt.datetime | None) -> None: ...
+    def observing(self, report: RoundReport) -> Iterator[None]: ...
 
 
 class Clients(ClusterSource, Protocol):
@@ -146,7 +156,7 @@ class RoundLoop:
         clusters: Clients,
         shard: Shard,
         metrics: Metrics,
-        state: StatusState,
+        state: RoundStatus,
         stopping: asyncio.Event,
         identity: str,
         follow: Callable[..., Awaitable[None]],
@@ -404,7 +414,7 @@ class RoundLoop:
             self.unrecorded.pop(0)
 
 
-async def observe_round(report: RoundReport, *, metrics: Metrics, state: StatusState,
+async def observe_round(report: RoundReport, *, metrics: Metrics, state: RoundStatus,
                         slice_s: float = SLICE_S) -> None:
     """Feed `report` to the metrics and the status a cluster at a time, giving the loop back
     whenever `slice_s` passed (`Metrics.observing`, `StatusState.observing` say what a reader

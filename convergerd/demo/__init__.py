@@ -72,6 +72,17 @@ EVAL_POLICY = "id: no-latest\nboundary: platform\nrule: {type: ForbidLatestTag}\
 EVAL_POLICY_FILE = "no-latest.policy.yaml"
 EVAL_SESSION_FILE = "no-latest.session"
 EVAL_CONTEXT = "c0002"
+# A pod the sample tenants' Warn policy (team-b-pinned-images) fails and every other team-b
+# policy admits: the banner's `kubectl create --dry-run=server` shows the warning.
+WARN_POLICY = "team-b-pinned-images"
+WARN_CONTEXT = "c0005"
+WARN_POD = """apiVersion: v1
+kind: Pod
+metadata: {name: unpinned, namespace: team-b}
+spec:
+  containers: [{name: app, image: registry.team-b.example.com/app}]
+"""
+WARN_POD_FILE = "unpinned-pod.yaml"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,6 +154,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
                  legacy)
         eval_policy = workdir / EVAL_POLICY_FILE
         eval_policy.write_text(EVAL_POLICY)
+        (workdir / WARN_POD_FILE).write_text(WARN_POD)
         operators = operated(fleet.member_ids, DEMO_FAULTS)
         token = settings.api_token or secrets.token_urlsafe(24)
         flags = {
@@ -190,6 +202,7 @@ def banner(
         "down or has no Policy CRD), each leading on its own cluster's Lease"
         if operators else "none")
     session = eval_policy.with_name(EVAL_SESSION_FILE)
+    warn_pod = eval_policy.with_name(WARN_POD_FILE)
     return f"""
 convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
   status:        {http}/status      or: convergerd status --addr {http}
@@ -212,6 +225,11 @@ convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
                    --kubeconfig {kubeconfig} --record {session}
                  convergerd policy eval --policy {eval_policy} --replay {session}
                  (the same verdicts from the recorded session, with no cluster: for CI)
+  warn mode:     kubectl --kubeconfig {kubeconfig} --context {WARN_CONTEXT} \\
+                   create --dry-run=server -f {warn_pod}
+                 ({WARN_POLICY} is in mode Warn: the pod without an image tag is admitted
+                 and kubectl prints the policy's warning; `convergerd policy apply
+                 {WARN_POLICY} --enforcement Deny` with the token makes the next one denied)
   try:           kubectl --kubeconfig {kubeconfig} --context c0001 delete \\
                    validatingadmissionpolicybinding stackship-no-latest
                  (the operator's next pass, within a minute, probes first: Verified False

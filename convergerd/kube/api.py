@@ -29,6 +29,16 @@ class ObjectList:
 
 
 @dataclass(frozen=True, slots=True)
+class Admitted:
+    """A dry-run create's answer: the object as admission left it, and the texts of the
+    answer's `Warning` headers (decoded and bounded: `decode.warning_texts`), where
+    kube-apiserver says what a Warn binding's policy failed."""
+
+    object: KubeObject
+    warnings: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Applied:
     object: KubeObject
     created: bool  # 201: the object did not exist before

@@ -66,6 +66,7 @@ from convergerd.core.decode import (
     seconds,
     short_text,
     status_body,
+    warning_texts,
 )
 from convergerd.core.errors import (
     BadResponse,
@@ -105,6 +106,7 @@ log = logging.getLogger(__name__)
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 JSON_CONTENT_TYPE = "application/json"
+TEXT_CONTENT_TYPE = "text/plain"  # what /metrics answers (Prometheus text format 0.0.4)
 MERGE_PATCH_CONTENT_TYPE = "application/merge-patch+json"
 LIST_PAGE_SIZE = 500
 TOKEN_REREAD_S = 60.0  # a projected service-account token rotates; client-go re-reads each minute
@@ -345,6 +347,7 @@ class _Answer:
 
     verb: str = ""
     max_containers: int = ANSWER_MAX_CONTAINERS
+    warnings: tuple[str, ...] = ()  # the `Warning` headers' texts (`decode.warning_texts`)
 
     def json(self) -> KubeObject:
         """The body as a JSON object; `BadResponse` when it is not one, or costs more than
@@ -408,10 +411,12 @@ async def read_lines_capped(content: aiohttp.StreamReader, limit: int) -> AsyncI
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """A successful answer of `ClusterClient.call`: its status and its JSON object."""
+    """A successful answer of `ClusterClient.call`: its status, its JSON object and the texts
+    of its `Warning` headers (kube-apiserver's warnings: a Warn binding's failures)."""
 
     status: int
     object: KubeObject
+    warnings: tuple[str, ...] = ()
 
 
 class ClusterClient:
@@ -680,7 +685,16 @@ class ClusterClient:
                                          not_found=not_found, cost=cost)
         except _Gone:
             return None
-        return Reply(answer.status, answer.json())
+        return Reply(answer.status, answer.json(), answer.warnings)
+
+    async def text(self, path: str, *, verb: str, timeout_s: float,
+                   cost: Cost = ANSWER_COST) -> bytes:
+        """A GET of a non-JSON answer (`/metrics`: Prometheus text), its body as read: within
+        `cost.max_bytes` and the response cap (over it: `TooLarge`), with the same pool,
+        rate limit and error classes as `call`."""
+        send = self._http("GET", path, accept=TEXT_CONTENT_TYPE)
+        answer = await self._request(verb, send, deadline=self._clock() + timeout_s, cost=cost)
+        return answer.body
 
     async def stream(
         self,
@@ -761,7 +775,7 @@ class ClusterClient:
                 # collection, rare under `eventloop.tune_gc`.
                 raise _too_big(verb, status, limit, body, setting=limit == cap)
         return _Answer(status, response.reason, response.headers, body, verb,
-                       cost.max_containers)
+                       cost.max_containers, warning_texts(response.headers.getall("Warning", ())))
 
     def _policy_api_error(self, exc: ClusterLevelError) -> ClusterLevelError:
         if exc.status != 404:
@@ -774,13 +788,14 @@ class ClusterClient:
     def _http(
         self, method: str, path: str, *, query: Mapping[str, str] | None = None,
         body: bytes | None = None, content_type: str = JSON_CONTENT_TYPE,
+        accept: str = JSON_CONTENT_TYPE,
     ) -> Send:
         """A plain request to `path` below the server URL, `body` already serialised."""
         url, params = self._url(path, query)
 
         async def send(session: aiohttp.ClientSession, limits: aiohttp.ClientTimeout,
                        auth: dict[str, str]) -> aiohttp.ClientResponse:
-            headers = {**auth, "User-Agent": self._agent, "Accept": JSON_CONTENT_TYPE}
+            headers = {**auth, "User-Agent": self._agent, "Accept": accept}
             if body is not None:
                 headers["Content-Type"] = content_type
             return await session.request(method, url, params=params, data=body,

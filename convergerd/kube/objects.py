@@ -21,7 +21,7 @@ from convergerd.core.decode import (
     watch_line,
 )
 from convergerd.core.errors import BadResponse, ClusterLevelError, TooLarge
-from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchEvent
+from convergerd.kube.api import Admitted, KubeObject, ObjectList, Resource, WatchEvent
 from convergerd.kube.client import (
     APPLY_CONTENT_TYPE,
     LIST_PAGE_SIZE,
@@ -180,14 +180,20 @@ class ObjectClient:
         return reply is not None
 
     async def dry_run_create(self, resource: Resource, body: KubeObject, *, timeout_s: float,
-                             namespace: str | None = None) -> KubeObject:
+                             namespace: str | None = None) -> Admitted:
         """A create with `dryRun=All`: admission runs, nothing is stored. A denial raises
-        `ObjectRejected` (usually 422, or 403) carrying the server's message."""
+        `ObjectRejected` (usually 422, or 403) carrying the server's message; an admitted
+        object comes with the answer's warnings (a Warn binding's failures)."""
         reply = await self._client.call(
             "POST", resource.path(namespace=namespace), verb="create", timeout_s=timeout_s,
             body=body, query={"dryRun": "All"})
         assert reply is not None
-        return reply.object
+        return Admitted(reply.object, reply.warnings)
+
+    async def metrics(self, *, timeout_s: float) -> bytes:
+        """The API server's `/metrics` (Prometheus text), within the response cap; reading
+        it needs RBAC `nonResourceURLs: ["/metrics"], verbs: ["get"]` (403 without)."""
+        return await self._client.text("/metrics", verb="metrics", timeout_s=timeout_s)
 
     async def served_resources(self, group: str, version: str, *,
                                timeout_s: float) -> frozenset[str] | None:

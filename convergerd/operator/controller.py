@@ -44,6 +44,14 @@ written when the figures did not change, except to refresh `auditedAt` every
 `probe_interval_s`. A change of only `status.audit` does not reconcile the
 Policy again.
 
+Admission counts (`convergerd.operator.admissioncounts`): the leader reads the API server's
+`/metrics` every `admission_read_s` (and soon after a Policy's revision is installed), and
+writes each Enforcing Policy's `status.admission` under its own field manager
+(`ADMISSION_FIELD_MANAGER`) only when a figure changed, or to refresh `readAt` every
+`probe_interval_s`. A new leader continues the figures its predecessor wrote for the same
+revision. Its own probes that the policy denied are taken out of the figures. A read that fails
+(403: the RBAC rule for `/metrics` is missing) is logged, throttled, and writes nothing.
+
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
 an upgrade. What to write is decided in `convergerd.operator.reconcile`; this module does the
@@ -60,7 +68,7 @@ import heapq
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -69,25 +77,39 @@ from convergerd.admission.render import (
     ProbeUnsatisfiable,
     RenderError,
     admission_name,
+    enforcement_of,
+    enforcement_of_spec,
     violating_pod,
 )
 from convergerd.admission.verdict import Judge
 from convergerd.config import DEFAULT_OPERATOR_CACHE_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
 from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
 from convergerd.core.exceptions import covers
-from convergerd.core.model import PolicyException, is_namespace_name, is_object_name
+from convergerd.core.model import (
+    Enforcement,
+    PolicyException,
+    is_namespace_name,
+    is_object_name,
+)
 from convergerd.core.shown import shown
-from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchApi
+from convergerd.kube.api import Admitted, KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
 from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
 from convergerd.logthrottle import LogThrottle
+from convergerd.operator.admissioncounts import (
+    AdmissionCounts,
+    MetricsError,
+    admission_differs,
+    parse_metrics,
+)
 from convergerd.operator.audit import audit, audit_differs, audit_status
 from convergerd.operator.cache import WorkloadCache
 from convergerd.operator.metrics import OperatorMetrics
 from convergerd.operator.reconcile import (
     ADMITTED,
     BOUNDARY_LABEL,
+    DENIED,
     ENFORCING,
     ERROR,
     FIELD_MANAGER,
@@ -136,6 +158,9 @@ CACHE_GRACE_S = 10.0
 # Boundary namespaces listed for the probe when the Policy has exceptions (it needs one that
 # does not except the probe pod); without exceptions the first one does.
 PROBE_NAMESPACES_LISTED = 100
+ADMISSION_FIELD_MANAGER = "stackship-operator-admission"
+# /metrics is read at most this often, however many revisions are installed at once.
+ADMISSION_MIN_INTERVAL_S = 1.0
 
 
 class OperatorApi(WatchApi, Protocol):
@@ -153,9 +178,10 @@ class OperatorApi(WatchApi, Protocol):
                     timeout_s: float, subresource: str | None = None) -> KubeObject: ...
     async def delete(self, resource: Resource, name: str, *, timeout_s: float) -> bool: ...
     async def dry_run_create(self, resource: Resource, body: KubeObject, *, timeout_s: float,
-                             namespace: str | None = None) -> KubeObject: ...
+                             namespace: str | None = None) -> Admitted: ...
     async def served_resources(self, group: str, version: str, *,
                                timeout_s: float) -> frozenset[str] | None: ...
+    async def metrics(self, *, timeout_s: float) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +190,7 @@ class Timing:
     recheck_s: float
     probe_interval_s: float
     probe_delay_s: float
+    admission_read_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +199,9 @@ class _Enforced:
     ready: Condition
     wrote: bool = False
     before: Condition | None = None  # the probe of drifted objects, before their repair
+    # The mode of the binding in force (`status.enforcementAction`): the one written, or, when
+    # the writes failed, the one read (the previous objects stay in force); None: no binding.
+    enforcement: Enforcement | None = None
 
 
 def _utcnow() -> dt.datetime:
@@ -259,6 +289,11 @@ class Operator:
         self._unsynced_since: float | None = None
         self._judges: dict[str, tuple[Mapping[str, Any], Judge]] = {}  # by Policy, with spec
         self._audit_failures: dict[str, int] = {}
+        # Admission counts: the leader's figures (None when not leading), and what of each
+        # Policy tells that a revision was installed (a change reads /metrics soon).
+        self._admission: AdmissionCounts | None = None
+        self._installed: dict[str, tuple[Any, ...]] = {}
+        self._admission_wake = asyncio.Event()
         self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
@@ -298,6 +333,13 @@ class Operator:
         if obj is None:
             self._sweep_at = self._clock()
             self._due.wake.set()
+        installed = _installed_key(obj) if obj is not None else None
+        if installed != self._installed.get(name):
+            self._admission_wake.set()
+        if installed is None:
+            self._installed.pop(name, None)
+        else:
+            self._installed[name] = installed
         old = self._specs.pop(name, None)
         self._inconclusive.pop(name, None)
         new = None
@@ -453,6 +495,85 @@ class Operator:
                  f" (incomplete: {new['incomplete']['skipped']} object(s) not judged)",
                  extra=self._extra(policy=name))
 
+    # -- admission counts ------------------------------------------------------------------
+
+    async def _admission_reads(self) -> None:
+        """The leader's reads of /metrics: every `admission_read_s`, and soon after a
+        revision is installed; figures start afresh each term (continued from the status)."""
+        await self.informer.synced.wait()
+        self._admission = AdmissionCounts()
+        while True:
+            self._admission_wake.clear()
+            await self._read_admission(self._admission)
+            spacing = min(ADMISSION_MIN_INTERVAL_S, self._t.admission_read_s)
+            await asyncio.sleep(spacing)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._t.admission_read_s - spacing):
+                    await self._admission_wake.wait()
+
+    def _counted(self, counts: AdmissionCounts) -> dict[str, tuple[str, PolicyObject]]:
+        """The Enforcing Policies whose admission objects are installed at their current
+        generation, by admission policy name: (revision, Policy)."""
+        now = self._wall()
+        found: dict[str, tuple[str, PolicyObject]] = {}
+        for obj in self.informer.objects.values():
+            key = _installed_key(obj)
+            if key is None:
+                continue
+            policy = PolicyObject.from_object(obj)
+            if policy.policy_id is None or not is_object_name(policy.name):
+                continue
+            name, revision = admission_name(str(policy.policy_id)), str(key[0])
+            found[name] = (revision, policy)
+            counts.carry(name, revision, policy.status.get("admission"), now=now)
+        return found
+
+    async def _read_admission(self, counts: AdmissionCounts) -> None:
+        if not self.supported:
+            return
+        counted = self._counted(counts)
+        if not counted:
+            return
+        try:
+            body = await self._api.metrics(timeout_s=self._t.request_timeout_s)
+            scrape = parse_metrics(body)
+        except (ClusterError, MetricsError) as exc:
+            hint = (" (the operator's ClusterRole needs nonResourceURLs [\"/metrics\"], verbs "
+                    "[\"get\"])" if isinstance(exc, ClusterApiError) and exc.status == 403
+                    else "")
+            self._throttle.log("admission_read", logging.WARNING,
+                               "cluster %s: reading /metrics for the admission counts failed: "
+                               "%s%s; status.admission is not updated", self.cluster,
+                               exc, hint, extra=self._extra())
+            return
+        now = self._wall()
+        counts.observe(scrape, now=now,
+                       revisions={name: revision for name, (revision, _) in counted.items()})
+        for name, (_, policy) in counted.items():
+            report = counts.report(name, now=now)
+            if report is None:
+                continue
+            new = report.as_status()
+            if not admission_differs(policy.status.get("admission"), new, now=now,
+                                     refresh_s=self._t.probe_interval_s):
+                continue
+            status = {"apiVersion": POLICIES.api_version, "kind": "Policy",
+                      "metadata": {"name": policy.name}, "status": {"admission": new}}
+            try:
+                await self._write(functools.partial(self._apply_admission, status),
+                                  "admission")
+            except Fenced:
+                raise
+            except ClusterError as exc:
+                log.warning("cluster %s: Policy %s: writing its admission counts failed: %s",
+                            self.cluster, policy.name, exc, extra=self._extra(policy=policy.name))
+                continue
+            self._metrics.wrote("admission")
+
+    async def _apply_admission(self, body: KubeObject, timeout_s: float) -> KubeObject:
+        return await self._api.apply(POLICIES, body, field_manager=ADMISSION_FIELD_MANAGER,
+                                     timeout_s=timeout_s, subresource="status")
+
     # -- discovery -------------------------------------------------------------------------
 
     async def _discovery(self) -> None:
@@ -489,14 +610,17 @@ class Operator:
             self._fence = self._leadership.fence(epoch)
             worker = asyncio.create_task(self._work(), name="reconcile worker")
             auditor = asyncio.create_task(self._audits(), name="audit")
+            counter = asyncio.create_task(self._admission_reads(), name="admission counts")
             lost = asyncio.create_task(self._leadership.wait_lost(epoch))
             try:
-                await asyncio.wait({worker, auditor, lost}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({worker, auditor, counter, lost},
+                                   return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (worker, auditor, lost):
+                for task in (worker, auditor, counter, lost):
                     task.cancel()
-                await asyncio.gather(worker, auditor, lost, return_exceptions=True)
-            for task in (worker, auditor):
+                await asyncio.gather(worker, auditor, counter, lost, return_exceptions=True)
+                self._admission = None
+            for task in (worker, auditor, counter):
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     exc = task.exception()
                     if not isinstance(exc, Fenced):
@@ -556,6 +680,7 @@ class Operator:
             self._failures.pop(name, None)
             self._mine.pop(name, None)
             self._metrics.set_phase(name, None)
+            self._metrics.set_enforcement(name, None)
             return
         if not is_object_name(name):
             # Its status path would be built from it: a real apiserver never names an object
@@ -598,8 +723,10 @@ class Operator:
             verified = verified_pending(phase, self._t.probe_delay_s)
         key = condition_key(verified)
         self._mine[policy.name] = (*self._mine.get(policy.name, ())[-1:], key)
-        status = new_status(policy, phase, [ready, verified], self._wall())
+        status = new_status(policy, phase, [ready, verified], self._wall(),
+                            enforcement=enforced.enforcement)
         self._metrics.set_phase(policy.name, phase)
+        self._metrics.set_enforcement(policy.name, enforced.enforcement)
         if phase != ERROR:
             self._failures.pop(policy.name, None)
         if not status_differs(policy.status, status):
@@ -610,8 +737,9 @@ class Operator:
                                                     timeout_s=t, subresource="status"),
                           "status")
         self._metrics.wrote("status")
-        log.info("cluster %s: Policy %s: %s (%s)", self.cluster, policy.name, phase,
-                 ready.reason, extra=self._extra(policy=policy.name, phase=phase))
+        mode = f", {enforced.enforcement.value}" if enforced.enforcement is not None else ""
+        log.info("cluster %s: Policy %s: %s (%s%s)", self.cluster, policy.name, phase,
+                 ready.reason, mode, extra=self._extra(policy=policy.name, phase=phase))
         return True
 
     async def _enforce(self, policy: PolicyObject, boundary: str) -> _Enforced:
@@ -629,6 +757,7 @@ class Operator:
             return _Enforced(UNSUPPORTED, ready_condition(UNSUPPORTED, name="",
                                                           boundary=boundary))
         name = admission_name(policy.policy_id)
+        existing_binding = None
         try:
             timeout = self._t.request_timeout_s
             existing_policy = await self._api.get(VAPS, name, timeout_s=timeout)
@@ -638,7 +767,8 @@ class Operator:
             self._honoured(policy.name, policy.spec)  # reconciled again when one lapses
         except RenderError as exc:
             return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
-                                                    detail=str(exc), reason=exc.reason))
+                                                    detail=str(exc), reason=exc.reason),
+                             enforcement=enforcement_of(existing_binding))
         except ClusterLevelError as exc:
             if exc.status == 404:
                 self._recheck.set()  # the API went away (a downgrade?): ask discovery again
@@ -661,9 +791,10 @@ class Operator:
             detail = (f"applying the admission objects {name} failed: {exc}; retried with "
                       "backoff (the previous admission policy, if any, stays in force)")
             return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
-                                                    detail=detail, reason="ApplyFailed"))
+                                                    detail=detail, reason="ApplyFailed"),
+                             enforcement=enforcement_of(existing_binding))
         return _Enforced(todo.phase, ready_condition(todo.phase, name=name, boundary=boundary),
-                         wrote, before)
+                         wrote, before, todo.enforcement)
 
     async def _apply(self, vap: KubeObject | None, binding: KubeObject | None,
                      delete_binding: bool, name: str) -> bool:
@@ -721,45 +852,13 @@ class Operator:
         """A dry-run create of a pod violating `policy` in a namespace of its boundary: the
         Verified condition from the answer."""
         name = admission_name(policy.policy_id or "")
-        timeout = self._t.request_timeout_s
-        excepted = self._honoured(policy.name, policy.spec)
-        namespaces = await self._api.list_objects(
-            NAMESPACES, label_selector=f"{BOUNDARY_LABEL}={boundary}", timeout_s=timeout,
-            limit=PROBE_NAMESPACES_LISTED if excepted else 1)
-        names = _names(namespaces.items)
-        namespace = names[0] if names else None
-        admitted, status, message = False, None, ""
-        result: Condition | None = None
-        if namespace is not None:
-            try:
-                pod = violating_pod(policy.spec, namespace=namespace, name=f"{name}-probe",
-                                    others=self._others(policy, boundary))
-            except ProbeUnsatisfiable as exc:
-                result = probe_inconclusive(name=name, namespace=namespace, why=str(exc),
-                                            now=self._wall())
-            else:
-                namespace = _not_excepted(names, pod, excepted)
-                if namespace is None:
-                    result = probe_inconclusive(
-                        name=name, namespace=names[0], now=self._wall(),
-                        why=f"an exception admits the probe pod in every namespace of "
-                            f"boundary {boundary} listed ({len(names)})")
-                else:
-                    pod["metadata"]["namespace"] = namespace
-        if result is None and namespace is not None:
-            try:
-                await self._api.dry_run_create(PODS, pod, namespace=namespace,
-                                               timeout_s=timeout)
-                admitted = True
-            except ClusterApiError as exc:
-                status, message = exc.status, str(exc)
-            except ClusterError as exc:
-                message = f"{exc.reason}: {exc}"
-        if result is None:
-            result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
-                                   admitted=admitted, status=status, message=message,
-                                   now=self._wall())
+        planned = await self._probe_pod(policy, boundary, name)
+        result = planned if isinstance(planned, Condition) else await self._dry_run(
+            name, boundary, *planned)
         self._metrics.probed(policy.name, result.reason)
+        if result.reason == DENIED and self._admission is not None:
+            # The API server counted our probe's denial: not a tenant's.
+            self._admission.expect_own(name, "deny", now=self._wall())
         if result.reason == ADMITTED:
             log.warning("ENFORCEMENT NOT WORKING: cluster %s: Policy %s: %s", self.cluster,
                         policy.name, result.message,
@@ -772,6 +871,60 @@ class Operator:
                         policy.name, result.message,
                         extra=self._extra(policy=policy.name, probe=result.reason))
         return result
+
+    async def _probe_pod(self, policy: PolicyObject, boundary: str, name: str
+                         ) -> Condition | tuple[dict[str, Any] | None, str | None, Enforcement]:
+        """The probe's pod, violating `policy` in a namespace of its boundary that none of its
+        exceptions covers, and the mode the Policy asks for (no pod when the boundary has no
+        namespace); or the inconclusive Verified condition when no such pod can be made."""
+        excepted = self._honoured(policy.name, policy.spec)
+        namespaces = await self._api.list_objects(
+            NAMESPACES, label_selector=f"{BOUNDARY_LABEL}={boundary}",
+            timeout_s=self._t.request_timeout_s,
+            limit=PROBE_NAMESPACES_LISTED if excepted else 1)
+        names = _names(namespaces.items)
+        if not names:
+            return None, None, Enforcement.DENY
+        try:
+            pod = violating_pod(policy.spec, namespace=names[0], name=f"{name}-probe",
+                                others=self._others(policy, boundary))
+            enforcement = enforcement_of_spec(policy.spec)
+        except ProbeUnsatisfiable as exc:
+            return probe_inconclusive(name=name, namespace=names[0], why=str(exc),
+                                      now=self._wall())
+        namespace = _not_excepted(names, pod, excepted)
+        if namespace is None:
+            return probe_inconclusive(
+                name=name, namespace=names[0], now=self._wall(),
+                why=f"an exception admits the probe pod in every namespace of boundary "
+                    f"{boundary} listed ({len(names)})")
+        pod["metadata"]["namespace"] = namespace
+        return pod, namespace, enforcement
+
+    async def _dry_run(self, name: str, boundary: str, pod: dict[str, Any] | None,
+                       namespace: str | None, enforcement: Enforcement) -> Condition:
+        """The Verified condition from a dry-run create of `pod` in `namespace` (none: the
+        boundary has no namespace to probe in)."""
+        admitted, status, message = False, None, ""
+        warnings: Sequence[str] = ()
+        installed: Enforcement | None = None
+        if pod is not None and namespace is not None:
+            try:
+                answer = await self._api.dry_run_create(
+                    PODS, pod, namespace=namespace, timeout_s=self._t.request_timeout_s)
+                admitted, warnings = True, answer.warnings
+            except ClusterApiError as exc:
+                status, message = exc.status, str(exc)
+            except ClusterError as exc:
+                message = f"{exc.reason}: {exc}"
+            if admitted and enforcement is Enforcement.AUDIT:
+                # Admitted with no word is also what no binding at all does: read back that
+                # ours is there with [Audit], over an admission policy still there.
+                installed = await self._installed_mode(name)
+        return probe_outcome(name=name, boundary=boundary, namespace=namespace,
+                             admitted=admitted, status=status, message=message,
+                             now=self._wall(), enforcement=enforcement,
+                             warnings=warnings, installed=installed)
 
     def _honoured(self, name: str, spec: Mapping[str, Any], *,
                   audit: bool = False) -> tuple[PolicyException, ...]:
@@ -787,6 +940,18 @@ class Operator:
             due = self._audit_due if audit else self._due
             due.at(name, self._clock() + max(0.0, (lapse - now).total_seconds()))
         return found
+
+    async def _installed_mode(self, name: str) -> Enforcement | None:
+        """The mode of binding `name` as the cluster holds it, when its admission policy is
+        there too; None otherwise."""
+        timeout = self._t.request_timeout_s
+        binding = await self._api.get(BINDINGS, name, timeout_s=timeout)
+        spec = binding.get("spec") if binding is not None else None
+        if not isinstance(spec, Mapping) or spec.get("policyName") != name:
+            return None
+        if await self._api.get(VAPS, name, timeout_s=timeout) is None:
+            return None
+        return enforcement_of(binding)
 
     def _others(self, policy: PolicyObject, boundary: str) -> list[Mapping[str, Any]]:
         """The specs of the other enabled Policies of `boundary` in the cache: what the probe
@@ -824,9 +989,22 @@ class Operator:
         return await self._api.delete(resource, name, timeout_s=timeout_s)
 
 
+def _installed_key(obj: KubeObject) -> tuple[Any, ...] | None:
+    """(revision, generation) of a Policy whose admission objects are installed (Enforcing at
+    its current generation), else None: its admission counts start again when this changes."""
+    meta, spec, status = (obj.get(k) for k in ("metadata", "spec", "status"))
+    if not (isinstance(meta, Mapping) and isinstance(spec, Mapping)
+            and isinstance(status, Mapping)):
+        return None
+    generation = meta.get("generation")
+    if status.get("phase") != ENFORCING or status.get("observedGeneration") != generation:
+        return None
+    return spec.get("revision"), generation
+
+
 def _reconcile_view(obj: KubeObject) -> Any:
-    """What reconciling reads of a Policy: all but its resourceVersion, managedFields and
-    status.audit (the audit's own writes)."""
+    """What reconciling reads of a Policy: all but its resourceVersion, managedFields,
+    status.audit and status.admission (the audit's and the counts' own writes)."""
     meta = obj.get("metadata")
     status = obj.get("status")
     view = dict(obj)
@@ -834,7 +1012,7 @@ def _reconcile_view(obj: KubeObject) -> Any:
         view["metadata"] = {k: v for k, v in meta.items()
                             if k not in ("resourceVersion", "managedFields")}
     if isinstance(status, Mapping):
-        view["status"] = {k: v for k, v in status.items() if k != "audit"}
+        view["status"] = {k: v for k, v in status.items() if k not in ("audit", "admission")}
     return view
 
 

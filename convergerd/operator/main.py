@@ -109,7 +109,8 @@ class OperatorProcess:
                 api, leadership=elector, metrics=self.metrics, cluster=home.cluster,
                 timing=Timing(request_timeout_s=s.clusters.request_timeout_s,
                               recheck_s=s.recheck_s, probe_interval_s=s.probe_interval_s,
-                              probe_delay_s=s.probe_delay_s),
+                              probe_delay_s=s.probe_delay_s,
+                              admission_read_s=s.admission_read_s),
                 cache_max_bytes=s.cache_max_bytes)
             runner = await serve(make_app(operator, self.metrics, self.health),
                                  s.http_host, s.http_port, s.http,

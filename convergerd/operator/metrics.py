@@ -6,16 +6,20 @@ No per-policy label: policies are counted per phase, and the policies a probe fo
 - `convergerd_operator_reconciles_total{result}`: `unchanged` (nothing written), `written`,
   `error`;
 - `convergerd_operator_policies{phase}`: Policies per phase last reported;
+- `convergerd_operator_policies_by_enforcement{enforcement}`: Policies per mode of their binding
+  in force (`status.enforcementAction`: Deny, Warn, Audit), so a Warn policy is never counted
+  as one that denies;
 - `convergerd_operator_watch_restarts_total{reason}`: `closed` (the server ended the watch),
   `expired` (410: re-listed), or an error reason;
-- `convergerd_operator_probes_total{result}`: Denied, Admitted, NoBoundaryNamespace,
-  ProbeFailed, ProbeInconclusive (no pod violates only this policy: not probed);
+- `convergerd_operator_probes_total{result}`: Denied, Warned, AuditOnly (the probe proved the
+  policy's mode), Admitted, WrongMode, NoBoundaryNamespace, ProbeFailed, ProbeInconclusive (no
+  pod violates only this policy: not probed);
 - `convergerd_operator_probe_admitted`: policies whose last probe was ADMITTED;
 - `convergerd_operator_vap_supported`: 1 when the cluster serves ValidatingAdmissionPolicy
   (absent until known);
 - `convergerd_operator_is_leader`: 1/0;
 - `convergerd_operator_writes_total{kind}`: `policy`, `binding`, `delete`, `status`, `audit`
-  (a Policy's `status.audit`);
+  (a Policy's `status.audit`), `admission` (its `status.admission`);
 - `convergerd_operator_workload_cache_objects`: objects in the workload cache;
 - `convergerd_operator_workload_cache_synced`: 1 when every kind is listed and every watch
   current (the audit's `cacheSynced`);
@@ -43,8 +47,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from convergerd import __version__
+from convergerd.core.model import ENFORCEMENTS, Enforcement
 from convergerd.operator.reconcile import (
     ADMITTED,
+    AUDIT_ONLY,
     DENIED,
     ENFORCING,
     ERROR,
@@ -53,13 +59,16 @@ from convergerd.operator.reconcile import (
     PROBE_FAILED,
     PROBE_INCONCLUSIVE,
     UNSUPPORTED,
+    WARNED,
+    WRONG_MODE,
 )
 from convergerd.status.metrics import HTTP_BOUNDS_REASONS
 
 PHASES = (ENFORCING, INERT, UNSUPPORTED, ERROR)
 RECONCILE_RESULTS = ("unchanged", "written", "error")
-PROBE_RESULTS = (DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED, PROBE_INCONCLUSIVE)
-WRITE_KINDS = ("policy", "binding", "delete", "status", "audit")
+PROBE_RESULTS = (DENIED, WARNED, AUDIT_ONLY, ADMITTED, WRONG_MODE, NO_NAMESPACE, PROBE_FAILED,
+                 PROBE_INCONCLUSIVE)
+WRITE_KINDS = ("policy", "binding", "delete", "status", "audit", "admission")
 
 
 class CacheFacts(Protocol):
@@ -87,6 +96,7 @@ class OperatorMetrics:
         self.writes = dict.fromkeys(WRITE_KINDS, 0.0)
         self.watch_restarts: dict[str, float] = {"closed": 0.0, "expired": 0.0}
         self.phases: dict[str, str] = {}  # policy name -> phase last reported
+        self.modes: dict[str, Enforcement] = {}  # policy name -> mode of its binding in force
         self.admitted: set[str] = set()  # policy names whose last probe was admitted
         self.supported: bool | None = None
         self.is_leader = False
@@ -137,6 +147,12 @@ class OperatorMetrics:
             if phase != ENFORCING:
                 self.admitted.discard(name)
 
+    def set_enforcement(self, name: str, mode: Enforcement | None) -> None:
+        if mode is None:
+            self.modes.pop(name, None)
+        else:
+            self.modes[name] = mode
+
     def set_leader(self, is_leader: bool, holder: str | None = None) -> None:
         self.is_leader = is_leader
 
@@ -158,6 +174,15 @@ class OperatorMetrics:
         for phase, count in sorted(counts.items()):
             phases.add_metric([phase], float(count))
         yield phases
+        modes = GaugeMetricFamily(p + "policies_by_enforcement", "Policies by the mode of "
+                                  "their binding in force (status.enforcementAction)",
+                                  labels=["enforcement"])
+        by_mode = dict.fromkeys(ENFORCEMENTS, 0)
+        for mode in self.modes.values():
+            by_mode[mode.value] += 1
+        for mode_name, count in by_mode.items():
+            modes.add_metric([mode_name], float(count))
+        yield modes
         yield GaugeMetricFamily(p + "probe_admitted", "Policies whose last enforcement probe "
                                 "was ADMITTED (not enforced)", value=float(len(self.admitted)))
         if self.supported is not None:

@@ -10,8 +10,10 @@ cluster, the writes to make and the status to report.
 - `ready_condition` / `verified_condition` / `new_status`: the status, with Kubernetes'
   condition rule (lastTransitionTime moves only when the condition's status changes), and
   `status_differs` so an unchanged status is never written.
-- `probe_outcome`: what a dry-run create of a violating pod proved; `probe_inconclusive`: no
-  pod violates only this policy (other policies of the boundary require what it forbids).
+- `probe_outcome`: what a dry-run create of a violating pod proved, for the policy's mode
+  (Deny: denied by it; Warn: admitted with its warning; Audit: admitted with neither, its
+  binding installed with `[Audit]`); `probe_inconclusive`: no pod violates only this policy
+  (other policies of the boundary require what it forbids).
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ from convergerd.core.decode import (
     in_the_future,
     rfc3339,
 )
-from convergerd.core.model import RuleError, check_boundary_id, check_policy_id
+from convergerd.core.model import (
+    DEFAULT_ENFORCEMENT,
+    Enforcement,
+    RuleError,
+    check_boundary_id,
+    check_policy_id,
+)
 
 KubeObject = dict[str, Any]
 
@@ -141,6 +149,8 @@ class OperatorWrites:
     apply_binding: KubeObject | None
     delete_binding: bool
     phase: str  # when every write succeeds: Enforcing or Inert
+    # The mode of the binding once written (`status.enforcementAction`); None: no binding.
+    enforcement: Enforcement | None = None
 
 
 def owned(body: Mapping[str, Any], policy: PolicyObject) -> KubeObject:
@@ -176,7 +186,7 @@ def render(policy: PolicyObject, now: dt.datetime | None = None) -> Admission:
         raise RenderError("InvalidSpec", "spec.policyId is missing: the Policy cannot be named")
     rendered = render_excepted(policy.spec, now)
     return Admission(policy=owned(rendered.policy, policy),
-                     binding=owned(rendered.binding, policy))
+                     binding=owned(rendered.binding, policy), enforcement=rendered.enforcement)
 
 
 def writes_for(policy: PolicyObject, *, existing_policy: Mapping[str, Any] | None,
@@ -193,7 +203,7 @@ def writes_for(policy: PolicyObject, *, existing_policy: Mapping[str, Any] | Non
         apply_binding = (None if contains(admission.binding, existing_binding)
                          else admission.binding)
         return OperatorWrites(name, apply_policy, apply_binding, delete_binding=False,
-                              phase=ENFORCING)
+                              phase=ENFORCING, enforcement=admission.enforcement)
     return OperatorWrites(name, apply_policy, None,
                           delete_binding=existing_binding is not None, phase=INERT)
 
@@ -325,22 +335,32 @@ def _condition_dict(cond: Condition, previous: Mapping[str, Any] | None,
     return out
 
 
+ENFORCEMENT_ACTION = "enforcementAction"
+
+
 def new_status(policy: PolicyObject, phase: str, conditions: Sequence[Condition],
-               now: dt.datetime) -> dict[str, Any]:
-    """The status to report: our conditions replace theirs by type, others are kept."""
+               now: dt.datetime, *, enforcement: Enforcement | None = None) -> dict[str, Any]:
+    """The status to report: our conditions replace theirs by type, others are kept;
+    `enforcementAction`, the mode of the binding in force (`enforcement`), when there is
+    one."""
     ours = {c.type for c in conditions}
     kept = [dict(c) for c in policy.conditions if c.get("type") not in ours]
     made = [_condition_dict(c, policy.condition(c.type), policy.generation, now)
             for c in conditions]
     status: dict[str, Any] = {"phase": phase, "conditions": made + kept}
+    if enforcement is not None:
+        status[ENFORCEMENT_ACTION] = enforcement.value
     if policy.generation is not None:
         status["observedGeneration"] = policy.generation
     return status
 
 
 def status_differs(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """True when `new` says something `current` does not: a write is needed."""
-    return not contains(dict(new), current)
+    """True when `new` says something `current` does not, or no longer says the mode
+    `current` shows (the binding is gone): a write is needed (the server-side apply drops
+    what we no longer send)."""
+    gone = ENFORCEMENT_ACTION in current and ENFORCEMENT_ACTION not in new
+    return gone or not contains(dict(new), current)
 
 
 # --- the enforcement probe ----------------------------------------------------------------
@@ -348,6 +368,10 @@ def status_differs(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 DENIED, ADMITTED, NO_NAMESPACE, PROBE_FAILED = "Denied", "Admitted", "NoBoundaryNamespace", \
     "ProbeFailed"
 PROBE_INCONCLUSIVE = "ProbeInconclusive"
+# The verdicts of the other modes: admitted with the policy's warning (Warn), admitted with
+# neither a denial nor a warning from an installed [Audit] binding (Audit), and the policy's
+# binding doing something other than its mode asks (denying under Warn, warning under Audit).
+WARNED, AUDIT_ONLY, WRONG_MODE = "Warned", "AuditOnly", "WrongMode"
 
 
 def _inconclusive(condition: Mapping[str, Any]) -> bool:
@@ -373,31 +397,81 @@ def denied_by(message: str, name: str) -> bool:
     return f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request" in message
 
 
+def warned_by(warnings: Sequence[str], name: str) -> str | None:
+    """The warning kube-apiserver's admission gave for ValidatingAdmissionPolicy `name` under
+    a Warn binding, if any (`Validation failed for ValidatingAdmissionPolicy '<p>' with binding
+    '<b>': ...`): on message text for the reason `denied_by` is."""
+    prefix = f"Validation failed for ValidatingAdmissionPolicy '{name}' with binding '{name}': "
+    return next((w for w in warnings if w.startswith(prefix)), None)
+
+
+def _check_objects(name: str) -> str:
+    return ("check the ValidatingAdmissionPolicy and binding (kubectl get "
+            f"validatingadmissionpolicy,validatingadmissionpolicybinding {name})")
+
+
 def probe_outcome(*, name: str, boundary: str, namespace: str | None, admitted: bool,
-                  status: int | None, message: str, now: dt.datetime) -> Condition:
+                  status: int | None, message: str, now: dt.datetime,
+                  enforcement: Enforcement = DEFAULT_ENFORCEMENT, warnings: Sequence[str] = (),
+                  installed: Enforcement | None = None) -> Condition:
     """The Verified condition from one probe: a dry-run create of a violating pod in
-    `namespace` (None: no namespace of the boundary exists) that was `admitted`, or refused
-    with `status` (None: no answer) and `message`."""
+    `namespace` (None: no namespace of the boundary exists) that was `admitted` (with the
+    answer's `warnings`), or refused with `status` (None: no answer) and `message`; judged
+    by the policy's mode, `enforcement`. For Audit, `installed` is the mode of the binding
+    read back with the probe (None: no binding, or its admission policy is gone)."""
     at = timestamp(now)
     if namespace is None:
         return Condition(VERIFIED, FALSE, NO_NAMESPACE,
                          f"no namespace is labelled {BOUNDARY_LABEL}={boundary}, so nothing was "
                          "probed (and nothing is checked in this cluster yet)", at)
-    if admitted:
-        return Condition(VERIFIED, FALSE, ADMITTED,
-                         f"a pod violating the policy was ADMITTED by a dry-run create in "
-                         f"namespace {namespace}: {name} does not enforce it; check the "
-                         "ValidatingAdmissionPolicy and binding (kubectl get "
-                         f"validatingadmissionpolicy,validatingadmissionpolicybinding {name})",
-                         at)
-    if status is not None and denied_by(message, name):
-        return Condition(VERIFIED, TRUE, DENIED,
-                         f"a pod violating the policy was denied by {name} in namespace "
-                         f"{namespace} (dry-run)", at)
+    denied = not admitted and status is not None and denied_by(message, name)
+    if admitted or denied:
+        warned = warned_by(warnings, name) if admitted else None
+        return _judged(name, namespace, enforcement, denied=denied, warned=warned,
+                       installed=installed, at=at)
     why = f"HTTP {status}: {message}" if status is not None else message
     return Condition(VERIFIED, FALSE, PROBE_FAILED,
                      f"the dry-run create of a violating pod in namespace {namespace} was not "
                      f"answered by {name}: {why}", at)
+
+
+def _judged(name: str, namespace: str, enforcement: Enforcement, *, denied: bool,
+            warned: str | None, installed: Enforcement | None, at: str) -> Condition:
+    """A probe answered by admission (`denied` by this policy, or admitted, `warned` by it or
+    not) against the mode it should show."""
+    if enforcement is not Enforcement.DENY and (denied or (
+            warned is not None and enforcement is Enforcement.AUDIT)):
+        did = "denied" if denied else "admitted with a warning"
+        return Condition(VERIFIED, FALSE, WRONG_MODE,
+                         f"a pod violating the policy was {did} by {name} in namespace "
+                         f"{namespace} (dry-run) although its mode is {enforcement.value}: its "
+                         "binding's validationActions are not the mode's "
+                         f"({_check_objects(name)})", at)
+    if denied:
+        return Condition(VERIFIED, TRUE, DENIED,
+                         f"a pod violating the policy was denied by {name} in namespace "
+                         f"{namespace} (dry-run)", at)
+    if enforcement is Enforcement.WARN and warned is not None:
+        return Condition(VERIFIED, TRUE, WARNED,
+                         f"a pod violating the policy was admitted with {name}'s warning in "
+                         f"namespace {namespace} (dry-run; mode Warn: nothing is denied): "
+                         f"{warned}", at)
+    if enforcement is Enforcement.AUDIT and installed is Enforcement.AUDIT:
+        return Condition(VERIFIED, TRUE, AUDIT_ONLY,
+                         f"{name} and its binding are installed with validationActions [Audit], "
+                         "and a pod violating the policy was admitted in namespace "
+                         f"{namespace} without a denial or a warning (dry-run; mode Audit: "
+                         "failures go to the API server's audit log, which no client sees)",
+                         at)
+    how, does = {
+        Enforcement.DENY: ("", "enforce"),
+        Enforcement.WARN: (" without its warning", "check"),
+        Enforcement.AUDIT: (" and its binding is not installed with [Audit]", "audit"),
+    }[enforcement]
+    return Condition(VERIFIED, FALSE, ADMITTED,
+                     f"a pod violating the policy was ADMITTED by a dry-run create in "
+                     f"namespace {namespace}{how}: {name} does not {does} it; "
+                     f"{_check_objects(name)}", at)
 
 
 def next_probe_in(policy: PolicyObject, *, now: dt.datetime, interval_s: float,

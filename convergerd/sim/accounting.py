@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +34,11 @@ class RequestRecord:
     duration_ms: float
     # The cluster whose bearer token the request carried ("" a token of none, None no token).
     token_of: str | None = None
+    # What admission put in the request's audit event (an `Audit` binding's failure).
+    annotations: Mapping[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "seq": self.seq,
             "time": self.time,
             "cluster": self.cluster,
@@ -48,6 +50,9 @@ class RequestRecord:
             "durationMs": round(self.duration_ms, 3),
             "tokenOf": self.token_of,
         }
+        if self.annotations:
+            out["auditAnnotations"] = dict(self.annotations)
+        return out
 
 
 class Accounting:
@@ -70,6 +75,7 @@ class Accounting:
         user_agent: str,
         duration_ms: float,
         token_of: str | None = None,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         counts = self._counts.get(cluster)
         if counts is None:
@@ -87,6 +93,7 @@ class Accounting:
                 user_agent=user_agent,
                 duration_ms=duration_ms,
                 token_of=token_of,
+                annotations=annotations or None,
             )
         )
 

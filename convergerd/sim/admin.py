@@ -8,6 +8,10 @@
         {"hostile": {"mode": "trickle", "bytesPerSecond": 10}},
         {"hostile": {"mode": "redirect", "status": 302, "location": "http://127.0.0.1:8080"}},
         {"hostile": null}
+    POST   /_sim/clusters/{id}/apiservers/restart   restart its API servers: their admission
+        counters start from zero with a new process_start_time_seconds; {} all of them,
+        {"replica": I} only the I-th (from 0), {"replicas": N} all, N of them from now on
+        (1 to 16: a Service with N API servers answering in turn)
     GET    /_sim/stats[?cluster=ID]        requests per cluster and verb
     DELETE /_sim/stats                     zero the counters and the request log
     GET    /_sim/requests[?cluster=&verb=&since=UNIX&after=SEQ&limit=N]   recent requests
@@ -26,7 +30,8 @@ from typing import Any
 from aiohttp import web
 
 from convergerd.sim.accounting import Accounting
-from convergerd.sim.faults import Faults, FaultsError
+from convergerd.sim.apimetrics import MAX_REPLICAS
+from convergerd.sim.faults import Faults, FaultsError, parse_json_object
 from convergerd.sim.server import Cluster
 
 CLUSTERS_KEY = web.AppKey("clusters", Mapping[str, Cluster])
@@ -41,6 +46,7 @@ def build_admin_app(clusters: Mapping[str, Cluster], accounting: Accounting) -> 
     app.router.add_get("/_sim/clusters", _list_clusters)
     app.router.add_post("/_sim/clusters/{id}/faults", _set_faults)
     app.router.add_delete("/_sim/clusters/{id}/faults", _clear_faults)
+    app.router.add_post("/_sim/clusters/{id}/apiservers/restart", _restart_apiservers)
     app.router.add_get("/_sim/stats", _stats)
     app.router.add_delete("/_sim/stats", _reset_stats)
     app.router.add_get("/_sim/requests", _requests)
@@ -54,6 +60,7 @@ def cluster_json(cluster: Cluster) -> dict[str, Any]:
         "caGroup": cluster.listener.name,
         "faults": cluster.faults.to_json(),
         "objects": cluster.store.object_count() if cluster.store is not None else 0,
+        "apiServers": cluster.apiservers.to_json(),
     }
 
 
@@ -93,6 +100,29 @@ async def _clear_faults(request: web.Request) -> web.Response:
     cluster = _cluster(request)
     cluster.faults = Faults()
     return web.json_response(cluster_json(cluster))
+
+
+async def _restart_apiservers(request: web.Request) -> web.Response:
+    cluster = _cluster(request)
+    try:
+        doc = parse_json_object(await request.read())
+    except FaultsError as e:
+        return _error(400, str(e))
+    unknown = sorted(str(k) for k in doc if k not in ("replica", "replicas"))
+    if unknown or len(doc) > 1:
+        return _error(400, "body: give {}, {\"replica\": I} or {\"replicas\": N}")
+    replica, replicas = doc.get("replica"), doc.get("replicas")
+    count = cluster.apiservers.replicas
+    if replica is not None and not _int_in(replica, 0, count - 1):
+        return _error(400, f"replica: must be an integer in [0, {count - 1}]")
+    if replicas is not None and not _int_in(replicas, 1, MAX_REPLICAS):
+        return _error(400, f"replicas: must be an integer in [1, {MAX_REPLICAS}]")
+    cluster.apiservers.restart(replica=replica, replicas=replicas)
+    return web.json_response(cluster_json(cluster))
+
+
+def _int_in(value: object, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
 
 async def _stats(request: web.Request) -> web.Response:

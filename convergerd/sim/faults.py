@@ -33,6 +33,7 @@ _JSON_FIELDS = {
     "readOnly": "read_only",
     "crd": "crd",
     "admission": "admission",
+    "metrics": "metrics",
     "hostile": "hostile",
 }
 # Fault `hostile` (convergerd.sim.hostile): its modes and, per mode, its parameters.
@@ -172,6 +173,8 @@ class Faults:
     # ValidatingAdmissionPolicies are enforced (false: the API is served but nothing is
     # evaluated, like an apiserver whose ValidatingAdmissionPolicy plugin is disabled)
     admission: bool = True
+    # the token may read /metrics (false: RBAC without nonResourceURLs ["/metrics"], 403)
+    metrics: bool = True
     hostile: Hostile | None = None  # answers with bytes a client must survive
 
     @functools.cached_property
@@ -386,5 +389,6 @@ _PARSERS: dict[str, Any] = {
     "readOnly": _bool,
     "crd": _bool,
     "admission": _bool,
+    "metrics": _bool,
     "hostile": _hostile,
 }

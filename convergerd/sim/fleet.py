@@ -18,7 +18,8 @@ A `FleetConfig` can also come from YAML (`--config FILE`):
       c0005: {hostile: {mode: oversized, bytes: 33554432}}
 
 Fault fields (admin API and config file alike): down, hang, latencyMs, errorRate, errorStatus,
-retryAfterSeconds, version, readOnly, crd (convergerd.sim.faults), and hostile: answers no
+retryAfterSeconds, version, readOnly, crd, admission, metrics (convergerd.sim.faults), and
+hostile: answers no
 well-behaved apiserver sends, `{"mode": M, ...}` with M one of controlChars, wrongTypes
 (`fields`), invalidJson, oversized (`bytes`), trickle (`bytesPerSecond`), amplification
 (`bytes`), deepNesting (`depth`), endlessContinue, overLimit (`factor`), redirect (`status`,
@@ -278,7 +279,8 @@ class Fleet:
             kwargs["now"] = self._now
         store = ClusterStore(**kwargs)
         store.admission = StoreAdmission(store, self._policy_evaluator,
-                                         enforcing=lambda: cluster.faults.admission)
+                                         enforcing=lambda: cluster.faults.admission,
+                                         counted=cluster.apiservers.record)
         for ns in EXTRA_NAMESPACES:
             body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
             store.create(NAMESPACES, None, body, manager=_NAMESPACE_MANAGER)

@@ -16,6 +16,7 @@ import yaml
 from aiohttp import web
 
 from convergerd.sim import status, tables, wire
+from convergerd.sim.notes import RequestNotes
 from convergerd.sim.routing import ResourceRoute
 from convergerd.sim.store import ClusterStore, Watcher
 
@@ -99,8 +100,10 @@ class ResourceHandlers:
         self._bookmark_interval_s = bookmark_interval_s
 
     async def serve(
-        self, request: web.BaseRequest, store: ClusterStore, route: ResourceRoute
+        self, request: web.BaseRequest, store: ClusterStore, route: ResourceRoute,
+        notes: RequestNotes | None = None,
     ) -> web.StreamResponse:
+        """`notes`: where admission puts this request's warnings and audit annotations."""
         query = request.query
         verb = resource_verb(request.method, route, query)
         name = route.name
@@ -121,16 +124,18 @@ class ResourceHandlers:
             )
         if verb == "watch":
             return await self._watch(request, store, route)
-        return await self._write(request, store, route, verb)
+        return await self._write(request, store, route, verb, notes)
 
     async def _write(
-        self, request: web.BaseRequest, store: ClusterStore, route: ResourceRoute, verb: str
+        self, request: web.BaseRequest, store: ClusterStore, route: ResourceRoute, verb: str,
+        notes: RequestNotes | None,
     ) -> web.Response:
         rt, ns, name = route.rt, route.namespace, route.name
         dry_run = request.query.get("dryRun") == "All"
         if verb == "create" and route.subresource is None:
             obj = _decode_object(await request.read(), _media_type(request))
-            created = store.create(rt, ns, obj, manager=self._manager(request), dry_run=dry_run)
+            created = store.create(rt, ns, obj, manager=self._manager(request), dry_run=dry_run,
+                                   notes=notes)
             return _respond(created, 201)
         if verb == "update" and name is not None:
             obj = _decode_object(await request.read(), _media_type(request))
@@ -142,12 +147,13 @@ class ResourceHandlers:
                 manager=self._manager(request),
                 subresource=route.subresource,
                 dry_run=dry_run,
+                notes=notes,
             )
             return _respond(updated, 201 if was_created else 200)
         if verb == "patch" and name is not None:
-            return await self._patch(request, store, route, dry_run)
+            return await self._patch(request, store, route, dry_run, notes)
         if verb == "delete" and name is not None and route.subresource is None:
-            return _respond(store.delete(rt, ns, name, dry_run=dry_run))
+            return _respond(store.delete(rt, ns, name, dry_run=dry_run, notes=notes))
         raise status.method_not_allowed(rt, verb)
 
     async def _patch(
@@ -156,6 +162,7 @@ class ResourceHandlers:
         store: ClusterStore,
         route: ResourceRoute,
         dry_run: bool,
+        notes: RequestNotes | None,
     ) -> web.Response:
         query = request.query
         media = _media_type(request)
@@ -174,6 +181,7 @@ class ResourceHandlers:
             force=None if force_param is None else force_param in _TRUE,
             subresource=route.subresource,
             dry_run=dry_run,
+            notes=notes,
         )
         return _respond(obj, 201 if created else 200)
 

@@ -31,6 +31,7 @@ class Endpoint(Enum):
     OPENAPI_V3 = "openapi_v3"
     OPENAPI_V3_GV = "openapi_v3_gv"  # /openapi/v3/api/v1, /openapi/v3/apis/<g>/<v>
     HEALTH = "health"  # /healthz, /livez, /readyz
+    METRICS = "metrics"  # /metrics (Prometheus text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ _SIMPLE: dict[str, NonResourceRoute] = {
     "/healthz": NonResourceRoute(Endpoint.HEALTH),
     "/livez": NonResourceRoute(Endpoint.HEALTH),
     "/readyz": NonResourceRoute(Endpoint.HEALTH),
+    "/metrics": NonResourceRoute(Endpoint.METRICS),
 }
 
 

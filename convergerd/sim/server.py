@@ -10,6 +10,13 @@ Order of checks (kube-apiserver `DefaultBuildHandlerChain`): authentication (401
 max-in-flight / APF (our injected 429 and 5xx) -> authorization (403) -> routing (404) ->
 the handler. Network faults (down, hang, latency) come first: they model the path to the host.
 Fault `hostile` (convergerd.sim.hostile) comes last: it rewrites the answer the chain built.
+
+Authorization: the cluster's token may do everything (a cluster-admin) but what faults take
+away (`readOnly`: writes; `metrics: false`: `/metrics`, as RBAC without `nonResourceURLs:
+["/metrics"]`); an anonymous request may only read `/version` and the health endpoints.
+Every request carries its `RequestNotes` (convergerd.sim.notes): the Warning headers admission
+added go on its answer, whatever the answer is, and its audit annotations to the request log.
+`/metrics` is answered by the cluster's API servers in turn (convergerd.sim.apimetrics).
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from convergerd.sim import discovery, hostile, status
+from convergerd.sim import apimetrics, discovery, hostile, status
 from convergerd.sim.accounting import NON_RESOURCE, Accounting
+from convergerd.sim.apimetrics import ApiServers
 from convergerd.sim.faults import Faults
 from convergerd.sim.handlers import ResourceHandlers, resource_verb
+from convergerd.sim.notes import RequestNotes
 from convergerd.sim.routing import Endpoint, NonResourceRoute, ResourceRoute, Route, Router
 from convergerd.sim.store import ClusterStore
 from convergerd.sim.tls import CertAuthority
@@ -70,6 +79,7 @@ class Cluster:
     listener: Listener
     faults: Faults = field(default_factory=Faults)
     store: ClusterStore | None = None
+    apiservers: ApiServers = field(default_factory=ApiServers)
 
     @property
     def base_url(self) -> str:
@@ -116,9 +126,10 @@ class ApiServer:
         )
         arrived, started = self._clock(), time.monotonic()
         code = 0  # stays 0 when the request gets no answer (down, hang, client gone)
+        notes = RequestNotes()
         try:
             response = await self._hostile_serve(request, cluster, route, rel,
-                                                 request.path_qs[prefix_len:])
+                                                 request.path_qs[prefix_len:], notes=notes)
             code = response.status
             return response
         finally:
@@ -132,22 +143,23 @@ class ApiServer:
                 user_agent=request.headers.get("User-Agent", ""),
                 duration_ms=(time.monotonic() - started) * 1000,
                 token_of=self._token_owner(request),
+                annotations=notes.annotations,
             )
 
     async def _hostile_serve(
         self, request: web.BaseRequest, cluster: Cluster, route: Route | None, rel: str,
-        rel_qs: str,
+        rel_qs: str, *, notes: RequestNotes,
     ) -> web.StreamResponse:
         """`_serve`, with fault `hostile` (if set) answering instead or rewriting the answer."""
         fault = cluster.faults.hostile
         if fault is None:
-            return await self._serve(request, cluster, route, rel)
+            return await self._serve(request, cluster, route, rel, notes)
         named = isinstance(route, ResourceRoute) and route.name is not None
         instead = await hostile.intercept(fault, request, rel_qs, named)
         if instead is not None:
             return instead
         response = await self._serve(hostile.served_request(fault, request), cluster, route,
-                                     rel)
+                                     rel, notes)
         if response.status == _NO_ANSWER:
             return response
         return await hostile.answer(fault, request, response)
@@ -163,7 +175,18 @@ class ApiServer:
         return owner.id if owner is not None else ""
 
     async def _serve(
-        self, request: web.BaseRequest, cluster: Cluster, route: Route | None, rel: str
+        self, request: web.BaseRequest, cluster: Cluster, route: Route | None, rel: str,
+        notes: RequestNotes,
+    ) -> web.StreamResponse:
+        response = await self._answer(request, cluster, route, rel, notes)
+        if notes.headers and not response.prepared:
+            for header in notes.headers:
+                response.headers.add("Warning", header)
+        return response
+
+    async def _answer(
+        self, request: web.BaseRequest, cluster: Cluster, route: Route | None, rel: str,
+        notes: RequestNotes,
     ) -> web.StreamResponse:
         faults = cluster.faults
         if faults.down:
@@ -185,7 +208,7 @@ class ApiServer:
             if not discovery.is_served(route.rt, faults.minor, faults.crd):
                 # A missing CRD or a type this version lacks: the apiserver has no route at all.
                 raise status.path_not_found()
-            return await self._resources.serve(request, self._store(cluster), route)
+            return await self._resources.serve(request, self._store(cluster), route, notes)
         except status.ApiError as e:
             return error_response(e)
 
@@ -240,6 +263,9 @@ class ApiServer:
             raise _forbidden(request, route, rel, user)
         if faults.read_only and request.method in _WRITE_METHODS:
             raise _forbidden(request, route, rel, user)
+        if (not faults.metrics and isinstance(route, NonResourceRoute)
+                and route.endpoint is Endpoint.METRICS):
+            raise _forbidden(request, route, rel, user)
 
     def _non_resource(self, route: NonResourceRoute, cluster: Cluster) -> web.Response:
         faults = cluster.faults
@@ -262,6 +288,9 @@ class ApiServer:
                 body = discovery.openapi_v3_gv_body(route.group, route.version, faults.version, crd)
             case Endpoint.HEALTH:
                 return web.Response(body=b"ok", content_type="text/plain")
+            case Endpoint.METRICS:
+                return web.Response(body=cluster.apiservers.scrape(),
+                                    headers={"Content-Type": apimetrics.CONTENT_TYPE})
             case _:
                 # /openapi/v2 is not served: kubectl only falls back to it when v3 fails.
                 body = None

@@ -151,13 +151,15 @@ def apply_conflict(conflicts: Sequence[tuple[str, str]]) -> ApiError:
 def field_error(
     field: str, kind: str, detail: str = "", value: str | None = None
 ) -> dict[str, str]:
-    """One `field.Error` as a cause; kind is Invalid/Required/Forbidden/NotSupported."""
+    """One `field.Error` as a cause; kind is Invalid/Required/Forbidden/NotSupported/
+    TooLong/Duplicate."""
     reasons = {
         "Invalid": ("FieldValueInvalid", "Invalid value"),
         "Required": ("FieldValueRequired", "Required value"),
         "Forbidden": ("FieldValueForbidden", "Forbidden"),
         "NotSupported": ("FieldValueNotSupported", "Unsupported value"),
         "TooLong": ("FieldValueTooLong", "Too long"),
+        "Duplicate": ("FieldValueDuplicate", "Duplicate value"),
     }
     reason, prefix = reasons[kind]
     body = prefix if value is None else f"{prefix}: {value}"

@@ -29,6 +29,7 @@ import yaml
 
 from convergerd.admission.labels import LabelSelector
 from convergerd.sim import patches, ssa, status, wire
+from convergerd.sim.notes import RequestNotes
 from convergerd.sim.resources import LEASES, NAMESPACES, PODS, ResourceType, served
 from convergerd.sim.selectors import (
     DNS_SUBDOMAIN_RE,
@@ -37,6 +38,7 @@ from convergerd.sim.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
+from convergerd.sim.validation import validate
 
 Key = tuple[str, str]  # (namespace or "", name)
 Obj = dict[str, Any]
@@ -94,7 +96,8 @@ def clone(value: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionRequest:
-    """What the admission hook sees (a ValidatingAdmissionPolicy evaluator, later)."""
+    """What the admission hook sees (`convergerd.sim.vap`): it raises the Status of a denial
+    and adds warnings and audit annotations to `notes`, the request's own."""
 
     operation: str  # CREATE, UPDATE or DELETE
     rt: ResourceType
@@ -104,6 +107,7 @@ class AdmissionRequest:
     old_object: Obj | None  # None on CREATE; read-only
     subresource: str | None = None
     dry_run: bool = False
+    notes: RequestNotes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,13 +374,15 @@ class ClusterStore:
         *,
         manager: str,
         dry_run: bool = False,
+        notes: RequestNotes | None = None,
     ) -> Obj:
+        """`notes`: where admission puts the request's warnings and audit annotations."""
         self._check_served(rt)
         obj = self._prepare_new(rt, namespace, body)
         outcome = ssa.update(
             None, obj, manager=manager, api_version=rt.api_version, subresource="", now=self._ts()
         )
-        return self._finish_create(rt, namespace, outcome.obj, dry_run=dry_run)
+        return self._finish_create(rt, namespace, outcome.obj, dry_run=dry_run, notes=notes)
 
     def _prepare_new(self, rt: ResourceType, namespace: str | None, body: Mapping[str, Any]) -> Obj:
         """Decode, validate and fill in a new object the way a create strategy does."""
@@ -398,13 +404,16 @@ class ClusterStore:
         return obj
 
     def _finish_create(
-        self, rt: ResourceType, namespace: str | None, obj: Obj, *, dry_run: bool
+        self, rt: ResourceType, namespace: str | None, obj: Obj, *, dry_run: bool,
+        notes: RequestNotes | None,
     ) -> Obj:
         name = obj["metadata"]["name"]
         key = self._key(rt, namespace, name)
         if rt.namespaced:
             self._require_namespace(key[0])
-        self._admit(AdmissionRequest("CREATE", rt, namespace, name, obj, None, None, dry_run))
+        validate(rt, obj)
+        self._admit(AdmissionRequest("CREATE", rt, namespace, name, obj, None, None, dry_run,
+                                     notes))
         if key in self._table(rt):
             raise status.already_exists(rt, name)
         if dry_run:
@@ -462,6 +471,7 @@ class ClusterStore:
         manager: str,
         subresource: str | None = None,
         dry_run: bool = False,
+        notes: RequestNotes | None = None,
     ) -> tuple[Obj, bool]:
         """PUT: (object, created). Strategy quirks per kube-apiserver."""
         self._check_served(rt, subresource)
@@ -480,7 +490,8 @@ class ClusterStore:
             named = clone(dict(body))
             named.setdefault("metadata", {})
             named["metadata"] = dict(named["metadata"]) | {"name": name}
-            return self.create(rt, namespace, named, manager=manager, dry_run=dry_run), True
+            return self.create(rt, namespace, named, manager=manager, dry_run=dry_run,
+                               notes=notes), True
         body_rv = (body.get("metadata") or {}).get("resourceVersion")
         if not body_rv:
             if not rt.allow_unconditional_update:
@@ -490,7 +501,8 @@ class ClusterStore:
         new = self._decode(rt, namespace, body)
         new["metadata"]["name"] = name
         return self._write_update(
-            rt, key, existing, new, manager=manager, subresource=subresource, dry_run=dry_run
+            rt, key, existing, new, manager=manager, subresource=subresource, dry_run=dry_run,
+            notes=notes,
         ), False
 
     def _write_update(
@@ -503,6 +515,7 @@ class ClusterStore:
         manager: str,
         subresource: str | None,
         dry_run: bool,
+        notes: RequestNotes | None,
     ) -> Obj:
         """The shared tail of PUT and non-apply PATCH: strategy, managedFields, persist."""
         new = _prepare_for_update(rt, existing, new, subresource)
@@ -515,7 +528,8 @@ class ClusterStore:
             now=self._ts(),
         )
         return self._persist_update(
-            rt, key, existing, outcome.obj, subresource=subresource, dry_run=dry_run
+            rt, key, existing, outcome.obj, subresource=subresource, dry_run=dry_run,
+            notes=notes,
         )
 
     def _persist_update(
@@ -527,10 +541,13 @@ class ClusterStore:
         *,
         subresource: str | None,
         dry_run: bool,
+        notes: RequestNotes | None,
     ) -> Obj:
         new = _move_apiversion_kind_first(new)
+        if subresource is None:
+            validate(rt, new)
         request = AdmissionRequest(
-            "UPDATE", rt, key[0] or None, key[1], new, existing, subresource, dry_run
+            "UPDATE", rt, key[0] or None, key[1], new, existing, subresource, dry_run, notes
         )
         self._admit(request)
         # etcd3 GuaranteedUpdate skips a write whose bytes equal the stored ones: no new RV
@@ -552,6 +569,7 @@ class ClusterStore:
         force: bool | None,
         subresource: str | None = None,
         dry_run: bool = False,
+        notes: RequestNotes | None = None,
     ) -> tuple[Obj, bool]:
         """PATCH in its four flavours: (object, created); only apply can create."""
         self._check_served(rt, subresource)
@@ -579,6 +597,7 @@ class ClusterStore:
                 force=bool(force),
                 subresource=subresource,
                 dry_run=dry_run,
+                notes=notes,
             )
         key = self._key(rt, namespace, name)
         existing = self._stored(rt, key)
@@ -594,7 +613,8 @@ class ClusterStore:
         new["metadata"]["name"] = name
         mgr = manager or "unknown"
         return self._write_update(
-            rt, key, existing, new, manager=mgr, subresource=subresource, dry_run=dry_run
+            rt, key, existing, new, manager=mgr, subresource=subresource, dry_run=dry_run,
+            notes=notes,
         ), False
 
     def _apply(
@@ -608,6 +628,7 @@ class ClusterStore:
         force: bool,
         subresource: str | None,
         dry_run: bool,
+        notes: RequestNotes | None,
     ) -> tuple[Obj, bool]:
         config = _decode_apply(rt, body)
         meta = config.get("metadata")
@@ -625,7 +646,7 @@ class ClusterStore:
             if subresource is not None or config_rv:
                 raise status.not_found(rt, name)
             return self._apply_create(
-                rt, namespace, name, config, manager=manager, dry_run=dry_run
+                rt, namespace, name, config, manager=manager, dry_run=dry_run, notes=notes
             ), True
         if config_rv and str(config_rv) != existing["metadata"]["resourceVersion"]:
             raise status.conflict(rt, name)
@@ -644,7 +665,7 @@ class ClusterStore:
         if not new["metadata"]["managedFields"]:
             del new["metadata"]["managedFields"]
         return self._persist_update(
-            rt, key, existing, new, subresource=subresource, dry_run=dry_run
+            rt, key, existing, new, subresource=subresource, dry_run=dry_run, notes=notes
         ), False
 
     def _apply_create(
@@ -656,6 +677,7 @@ class ClusterStore:
         *,
         manager: str,
         dry_run: bool,
+        notes: RequestNotes | None,
     ) -> Obj:
         """Apply to a missing object creates it, whatever AllowCreateOnUpdate says."""
         config["metadata"]["name"] = name
@@ -673,12 +695,13 @@ class ClusterStore:
         obj["metadata"]["managedFields"] = outcome.obj["metadata"].get("managedFields", [])
         if not obj["metadata"]["managedFields"]:
             del obj["metadata"]["managedFields"]
-        return self._finish_create(rt, namespace, obj, dry_run=dry_run)
+        return self._finish_create(rt, namespace, obj, dry_run=dry_run, notes=notes)
 
     # --- delete ----------------------------------------------------------------------------
 
     def delete(
-        self, rt: ResourceType, namespace: str | None, name: str, *, dry_run: bool = False
+        self, rt: ResourceType, namespace: str | None, name: str, *, dry_run: bool = False,
+        notes: RequestNotes | None = None,
     ) -> Obj:
         """DELETE: the response body. Pods and namespaces answer with the object
         (ReturnDeletedObject); leases, custom resources and VAP with a Success Status."""
@@ -688,7 +711,7 @@ class ClusterStore:
         if existing is None:
             raise status.not_found(rt, name)
         request = AdmissionRequest(
-            "DELETE", rt, key[0] or None, name, None, existing, None, dry_run
+            "DELETE", rt, key[0] or None, name, None, existing, None, dry_run, notes
         )
         self._admit(request)
         if dry_run:

@@ -4,15 +4,24 @@ On every write the store admits (`ClusterStore.admission`), `StoreAdmission` pas
 policies, bindings and the request's Namespace to the product's evaluator
 (`convergerd.admission.evaluate`, the same one `convergerd policy eval` uses), unless the
 cluster is below 1.30 (no admission policies served) or the `admission` fault turned
-enforcement off; a denial is answered with kube-apiserver's Status (`denied`).
+enforcement off. A denial is answered with kube-apiserver's Status (`denied`); the warnings
+and audit annotations of `Warn` and `Audit` bindings go to the request's notes (its Warning
+headers and request-log entry, `convergerd.sim.notes`), dry-runs too, and the counter's
+increments to the cluster's API servers (`convergerd.sim.apimetrics`), whatever the verdict.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from convergerd.admission.evaluate import Attributes, Denial, PolicyEvaluator, forbidden_message
+from convergerd.admission.evaluate import (
+    Attributes,
+    Check,
+    Denial,
+    PolicyEvaluator,
+    forbidden_message,
+)
 from convergerd.sim import status
 from convergerd.sim.resources import (
     NAMESPACES,
@@ -45,11 +54,14 @@ class StoreAdmission:
     def __init__(
         self, store: ClusterStore, evaluator: PolicyEvaluator,
         enforcing: Callable[[], bool] = lambda: True,
+        counted: Callable[[Iterable[Check]], None] = lambda _: None,
     ) -> None:
-        """`enforcing()`: read on every write (the `admission` fault turns enforcement off)."""
+        """`enforcing()`: read on every write (the `admission` fault turns enforcement off);
+        `counted`: given each request's counter increments."""
         self._store = store
         self._evaluator = evaluator
         self._enforcing = enforcing
+        self._counted = counted
 
     def __call__(self, request: AdmissionRequest) -> None:
         store = self._store
@@ -77,9 +89,17 @@ class StoreAdmission:
         namespace = (
             store.stored_object(NAMESPACES, None, attrs.namespace) if attrs.namespace else None
         )
-        denial = self._evaluator.first_denial(
+        outcome = self._evaluator.admit(
             store.stored_objects(VALIDATING_ADMISSION_POLICIES), bindings, attrs,
             namespace=namespace,
         )
-        if denial is not None:
-            raise denied(attrs, denial)
+        if outcome.checks:
+            self._counted(outcome.checks)
+        notes = request.notes
+        if notes is not None:
+            for text in outcome.warnings:
+                notes.warn(text)
+            for key, value in outcome.annotations:
+                notes.annotate(key, value)
+        if outcome.denial is not None:
+            raise denied(attrs, outcome.denial)

@@ -1,5 +1,7 @@
-"""Status: the one owner of what is known about the fleet (`state`), phases, the database sync, the
-prober, and the Prometheus views of it."""
+"""Status: the one owner of what is known about the fleet (`state`, closed: readers get its
+read-only face, `reader`), phases, the database sync, the prober, the `/status` document and the
+Prometheus views of it."""
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
-__all__ = ["listing", "metrics", "phases", "probe", "records", "state", "sync", "views"]
+__all__ = ["document", "listing", "metrics", "phases", "probe", "reader", "records", "state",
+           "sync", "views"]

@@ -3,8 +3,9 @@ default-registry globals).
 
 Every series is produced at scrape time by one collector, so derived values are true when
 Prometheus reads them. One owner per fact: the counters and histograms are kept here; every
-gauge of what this replica knows is read from `convergerd.status.state.StatusState` (nothing
-here keeps a copy of it, so a feeder writes each fact once, to the state):
+gauge of what this replica knows is read from the status state through its read-only face
+(`convergerd.status.reader.StatusReader`; nothing here keeps a copy of it, so a feeder writes
+each fact once, to the state):
 
 - `convergerd_cluster_lag_seconds{cluster}` is `now - last success` computed at scrape time: a
   cluster that has not converged for an hour shows ~3600 even when no round ran. A cluster that
@@ -79,6 +80,7 @@ from prometheus_client.utils import floatToGoString
 from convergerd import __version__
 from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
+from convergerd.status.cluster import ClusterFacts
 from convergerd.status.phases import (
     UNSUPPORTED,
     TallyCounts,
@@ -86,7 +88,8 @@ from convergerd.status.phases import (
     verification_results,
     verified_stale_after_s,
 )
-from convergerd.status.state import ClusterState, StatusState
+from convergerd.status.reader import StatusReader
+from convergerd.status.shards import last_rounds, orphans
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -147,13 +150,13 @@ class Metrics:
     def __init__(
         self,
         *,
-        state: StatusState,
+        state: StatusReader,
         version: str = __version__,
         process_collectors: bool = True,
     ) -> None:
         """Counters exist at zero for `state`'s clusters from the start; clusters that join
         later get theirs from `follow_clusters`. Counters exist only for the clusters `state`
-        tracks (`StatusState.tracks`: the database's, and the kept home cluster, whose Lease
+        tracks (`StatusReader.tracks`: the database's, and the kept home cluster, whose Lease
         requests are counted): a late observation of a removed cluster (a request in flight
         when it was deleted) is dropped instead of bringing its series back for good."""
         self.state = state
@@ -325,23 +328,24 @@ class Metrics:
         round ended as the database recorded it: the same answer from every replica, so an
         orphan shows wherever Prometheus scrapes."""
         state = self.state
-        now = state.clock()
+        now, shards = state.clock(), state.shards
         yield _gauge("convergerd_shards_held", "Shards (Leases) this replica holds",
-                     float(len(state.shards_held())))
+                     float(len(shards.held)))
         holder = _Family("convergerd_shard_holder",
                          "1 per shard for the holder seen in its Lease (holder=\"\" "
                          "when free or expired)", labels=("shard", "holder"))
-        holder.add_rows([((str(k), who), 1.0) for k, who in enumerate(state.shard_holders())])
+        holder.add_rows([((str(k), who), 1.0) for k, who in enumerate(shards.holders)])
         yield holder
         last = _Family("convergerd_shard_last_round_timestamp_seconds",
                        "When a round last finished on the shard's clusters (Unix "
                        "time, from the database records)", labels=("shard",))
         last.add_rows([((str(k),), at.timestamp())
-                       for k, at in sorted(state.shard_last_rounds().items())])
+                       for k, at in sorted(last_rounds(state.clusters.values(),
+                                                        shards).items())])
         yield last
         yield _gauge("convergerd_orphan_clusters",
                      "Clusters without a finished round for more than two intervals",
-                     float(len(state.orphans(now))))
+                     float(len(orphans(state.clusters.values(), now, state.interval_s))))
 
     def _counted_lines(self, name: str, counted: TallyCounts,
                        keep: bool) -> tuple[_Lines, _Lines]:
@@ -437,7 +441,7 @@ class Metrics:
         yield unsup
 
     def _audit_families(self, now: float,
-                        clusters: Sequence[tuple[str, ClusterState]]) -> Iterator[_Family]:
+                        clusters: Sequence[tuple[str, ClusterFacts]]) -> Iterator[_Family]:
         audit = _Family(
             "convergerd_audit_violations", "Existing objects on the cluster that its policies "
             "would deny, summed over the policies (the operator's audit, as last read)",
@@ -784,11 +788,11 @@ class ReadinessMetrics:
     """`convergerd_unready{reason}`: 1 while this replica is not ready for that reason, read at
     scrape time from the same checks as `/readyz` (`not_ready`: the supervisor's readiness
     checks, `supervise.HealthCheck.not_ready`), and `database` from the status state's last
-    database sync (`StatusState.sync_error`, every min(interval, 30 s)): a scrape does not ask
+    database sync (`StatusReader.sync_error`, every min(interval, 30 s)): a scrape does not ask
     the database."""
 
     def __init__(self, not_ready: Callable[[], Iterable[tuple[str, str]]],
-                 state: StatusState) -> None:
+                 state: StatusReader) -> None:
         self._not_ready = not_ready
         self._state = state
 

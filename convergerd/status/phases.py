@@ -233,9 +233,11 @@ class TallyCounts:
     """`tally_counts` at `since` under the given rules, and what they hold until: the oldest
     reading not stale yet and the oldest probe not aged yet (inf: none)."""
 
-    phases: dict[str, int]  # every one of `ALL_PHASES` and `Stale`
-    verification: dict[str, int]  # every one of `VERIFICATIONS`
-    shown: dict[str, int]  # the phases counted, by name (as `/status` shows them)
+    # Kept and shared (`ClusterState.counts`, the metrics' lines, `/status` summaries): read
+    # only, so typed as mappings.
+    phases: Mapping[str, int]  # every one of `ALL_PHASES` and `Stale`
+    verification: Mapping[str, int]  # every one of `VERIFICATIONS`
+    shown: Mapping[str, int]  # the phases counted, by name (as `/status` shows them)
     since: float
     rules: tuple[float, float]  # (interval_s, verified_stale_s)
     fresh_seen: float

@@ -53,7 +53,7 @@ from convergerd.core.errors import (
 from convergerd.core.report import utc_now
 from convergerd.kube.api import PolicyApi, RequestObserver
 from convergerd.slots import Aside, Held, Patience
-from convergerd.status.state import Clock
+from convergerd.status.reader import Clock
 
 log = logging.getLogger(__name__)
 

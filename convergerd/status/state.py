@@ -1,34 +1,38 @@
-"""The one keeper of this replica's live status of the fleet: the clusters the database knows,
-per cluster reachability, last error, last success, counts, Kubernetes version, whether it is
-reached insecurely, and the phases read back per policy; the last round; the leader (and how
-often it changed); the invalid policies; the pending deletions; whether the database answered
-the last sync. Written by the round loop (`observe_round`), the reachability prober
-(`observe_probe`), the elector (`set_leader`), the cluster registry (`set_insecure`) and the
-periodic database sync (`convergerd.status.sync`: the leader's records on standbys, and after
-a restart); the HTTP handlers and the metrics (at scrape time) only read it. Pure: no I/O,
-time is passed in.
+"""The one keeper of this replica's live status of the fleet (`StatusState`): the clusters the
+database knows, each with its live facts (`convergerd.status.cluster.ClusterState`: reachability,
+last error, last success, counts, Kubernetes version, and the per-policy records with the
+phases read back); which are reached insecurely; the last round; the leader (and how often it
+changed); the shards as the shard set last told; the invalid policies; the pending deletions;
+whether the database answered the last sync; the audit samples. Pure: no I/O, time is passed
+in.
+
+Closed: only the feeders' methods below write it: the round loop (`observing`, `observe_round`,
+`set_next_round`), the reachability prober (`observe_probe`), the shard set and its electors
+(`set_shards`, `set_leader`), the cluster registry (`set_insecure`), the wiring's follow of the
+database (`set_clusters`, `retain_policies`) and the periodic database sync
+(`convergerd.status.sync`: `absorb_*`, `set_pending_deletions`, `note_sync`; the leader's
+records on standbys, and after a restart). Every reader (the HTTP views, the `/status`
+document of `convergerd.status.document`, the metrics at scrape time) gets its read-only face
+(`convergerd.status.reader.StatusReader`): clusters as a read-only mapping of `ClusterFacts`,
+frozen or read-only facts, and query methods.
 
 Design decisions (the phase rules themselves are `convergerd.status.phases`, shared with the
 metrics):
 
-- **Worst first.** Clusters are ordered: unreached, never checked, failing (a cluster-level
-  error or failed policies), then the rest; within each group by lag, largest first.
-- **Unsupported roll-up.** A cluster whose fresh readings include `Unsupported` (the operator
-  found no ValidatingAdmissionPolicy API) is rolled up under its Kubernetes version.
 - **Newer fact wins.** A database row replaces what this replica saw only where it is newer.
 - **The database's clusters only.** Once the cluster set is known (`set_clusters`), a late
   observation of another cluster (a probe or round in flight when it was deleted) is dropped
   instead of bringing it back.
+- **A view stays true until `version` changes.** Every feeder that may change what a view
+  shows counts one up (`set_insecure` does not: it is not in the views).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
@@ -42,172 +46,28 @@ from convergerd.core.report import (
     utc_now,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
-from convergerd.core.shards import orphaned, shard_of
-from convergerd.status.listing import FleetTally, listing, worst_first_key
+from convergerd.status.cluster import ClusterFacts, ClusterState
 from convergerd.status.phases import (
-    NO_AUDITS,
-    AuditTally,
-    PhaseTally,
-    TallyCounts,
-    TallyGroup,
-    TallyKey,
-    age_s,
-    audit_stale_after_s,
-    audit_tally,
     audit_tally_grouped,
-    known_violations,
     phases_refreshed,
-    stale_after_s,
-    tally,
-    tally_counts,
     tally_grouped,
-    verified_stale_after_s,
 )
+from convergerd.status.reader import Clock, LeaderInfo, RoundSummary
 from convergerd.status.records import (
     PolicyRecord,
-    PolicyRecords,
     ReadBack,
     merge_records,
     newer,
     reading_part,
 )
 from convergerd.status.samples import AuditSamples
-from convergerd.status.views import (
-    AUDIT_POLICIES_LISTED,
-    DEFAULT_PROBE_PERIOD_S,
-    iso,
-    unsupported_of,
-    unsupported_rollup,
-)
-
-Clock = Callable[[], dt.datetime]
-
-
-
-# ---------------------------------------------------------------------------------------------
-# The live state
-
-
-@dataclass(slots=True)
-class ClusterState:
-    id: ClusterId
-    known_since: dt.datetime
-    reachable: bool | None = None  # None: never attempted
-    checked_at: dt.datetime | None = None  # last attempt to reach it (round or probe)
-    probe_error: str | None = None  # why the last reachability check failed
-    last_error: str | None = None  # the last round's cluster-level reason
-    last_reason: str | None = None
-    last_attempt_at: dt.datetime | None = None  # last round that worked on it
-    last_success_at: dt.datetime | None = None  # last round in which it fully converged
-    desired: int = 0
-    in_sync: int = 0
-    failed: int = 0
-    server_version: str | None = None
-    duration_s: float | None = None
-    # Filled in by `__post_init__` (it needs `id`): the per-policy records, compactly.
-    policies: PolicyRecords = field(init=False)
-    own_round_at: dt.datetime | None = None  # when this replica's own round last worked on it
-    stored_attempt_at: dt.datetime | None = None  # the database's last attempt, as last read
-    rows_read_for: dt.datetime | None = None  # the database attempt whose rows were absorbed
-    # The readings as status and the metrics count them, recounted whenever they change
-    # (`recount_phases`): a scrape then costs a few additions per cluster, not per policy.
-    # Replaced whole, never changed in place (`counts` keeps its answer for the same tally).
-    phase_tally: dict[TallyKey, TallyGroup] = field(default_factory=dict)
-    audit_tally: AuditTally = NO_AUDITS  # likewise, the audits (`phases.audit_tally`)
-    # `counts`' last answer, kept while it holds: (the tally counted, the counts).
-    _counted: tuple[PhaseTally, TallyCounts] | None = None
-
-    @property
-    def caught_up(self) -> bool:
-        """The last round that worked on it left it in sync."""
-        return (self.last_attempt_at is not None and self.last_error is None
-                and self.in_sync == self.desired)
-
-    def __post_init__(self) -> None:
-        self.policies = PolicyRecords(self.id)
-
-    def needs_rows(self) -> bool:
-        """Whether the database holds per-policy records newer than this replica has: a round
-        by another replica (this one is a standby) that was not read yet."""
-        stored = self.stored_attempt_at
-        return stored is not None and not (
-            (self.own_round_at is not None and self.own_round_at >= stored)
-            or (self.rows_read_for is not None and self.rows_read_for >= stored)
-        )
-
-    @property
-    def error(self) -> str | None:
-        """The readable reason shown in status: unreached now beats an older round error."""
-        if self.reachable is False and self.probe_error:
-            return self.probe_error
-        return self.last_error
-
-    @property
-    def failing(self) -> bool:
-        return self.error is not None or self.failed > 0
-
-    def lag_s(self, now: dt.datetime) -> float:
-        """Seconds since it last fully converged; before any success, since it became known."""
-        return age_s(self.last_success_at or self.known_since, now)
-
-    def readings(self) -> list[PhaseReading]:
-        return self.policies.readings()
-
-    def counts(self, now: float, interval_s: float, verified_stale_s: float) -> TallyCounts:
-        """The readings' counts at `now` (`phases.tally_counts`), counted again only when the
-        tally changed or a count did (a reading turned stale, a probe aged): status and every
-        scrape ask for each cluster's."""
-        kept = self._counted
-        if (kept is not None and kept[0] is self.phase_tally
-                and kept[1].hold_at(now, interval_s, verified_stale_s)):
-            return kept[1]
-        counted = tally_counts(self.phase_tally, now, interval_s,
-                               verified_stale_s=verified_stale_s)
-        self._counted = (self.phase_tally, counted)  # the tally held: `is` stays true to it
-        return counted
-
-    def recount_phases(self) -> None:
-        """Told after the readings changed."""
-        readings = self.readings()
-        self.phase_tally = tally(readings)
-        self.audit_tally = audit_tally(readings)
-
-
-@dataclass(frozen=True, slots=True)
-class RoundSummary:
-    started_at: dt.datetime
-    finished_at: dt.datetime | None
-    result: str | None
-    counts: Mapping[str, int]
-    leader: str | None  # who ran it (the epoch holder)
-    error: str | None = None
-
-    @classmethod
-    def from_report(cls, report: RoundReport) -> RoundSummary:
-        return cls(report.started_at, report.finished_at, report.result.value, report.counts(),
-                   report.epoch.holder if report.epoch else None, report.error)
-
-    @classmethod
-    def from_row(cls, row: RoundRow) -> RoundSummary:
-        leader = row.epoch.holder if row.epoch else row.identity
-        return cls(row.started_at, row.finished_at, str(row.result), dict(row.counts), leader,
-                   row.error)
-
-
-@dataclass(slots=True)
-class LeaderInfo:
-    is_leader: bool = False
-    holder: str | None = None
-    epoch: Epoch | None = None
-    since: dt.datetime | None = None
-    told: bool = False  # whether the elector has said anything yet
-    # Changes of (leading, holder) after the first one told: this replica gaining or losing
-    # it, or another holder taking over (`convergerd_leader_transitions_total`).
-    changes: int = 0
+from convergerd.status.shards import ShardsSeen
+from convergerd.status.views import DEFAULT_PROBE_PERIOD_S
 
 
 class StatusState:
-    """What this replica knows, updated in place by the round loop, the prober and the elector.
+    """What this replica knows, changed in place by its feeders only (a `StatusReader` to
+    everyone else).
 
     Not thread-safe: used from the event loop only.
     """
@@ -218,42 +78,114 @@ class StatusState:
         """`keep`: clusters this replica talks to outside the database's set (the home cluster
         holding the Lease), whose client facts (`insecure`) and counters stay (`tracks`).
         `shards`: `CONVERGERD_SHARDS` (with one, the leader holds shard 0)."""
-        self.identity = identity
-        self.shards = shards
-        self._shard_holders: tuple[str, ...] = ("",) * shards
-        self._shards_held: frozenset[int] = frozenset()
-        self.shard_members: tuple[str, ...] = (identity,)
-        self.shard_share: int | None = None
-        self.interval_s = interval_s
-        self.probe_period_s = probe_period_s  # the operators': a Verified probe's age limit
-        self.clock = clock
-        self.started_at = clock()
-        # Written only here, by the feeders' methods; readers get `clusters`, a read-only view.
+        self.identity: Final = identity
+        self.interval_s: Final = interval_s
+        self.probe_period_s: Final = probe_period_s  # the operators': a probe's age limit
+        self.clock: Final = clock
+        self._keep = frozenset(keep)
         self._clusters: dict[ClusterId, ClusterState] = {}
-        self._clusters_view: Mapping[ClusterId, ClusterState] = MappingProxyType(self._clusters)
-        self.fleet_known = False  # set_clusters was told the database's set
-        self.keep = frozenset(keep)
-        self.insecure: set[str] = set()  # clusters reached without TLS verification or http://
-        self.last_round: RoundSummary | None = None
-        self.next_round_at: dt.datetime | None = None
-        self._leader = LeaderInfo()
-        self.invalid: dict[str, str] = {}  # policy id -> reason
+        self._clusters_view: Mapping[ClusterId, ClusterFacts] = MappingProxyType(self._clusters)
+        self._fleet_known = False  # set_clusters was told the database's set
+        self._insecure: frozenset[str] = frozenset()  # replaced whole: readers get it as is
+        self._last_round: RoundSummary | None = None
+        self._next_round_at: dt.datetime | None = None
+        self._leader = LeaderInfo()  # frozen, replaced whole
+        # The shard set's last word (holders, held, members, share) and what readers see of
+        # it (`_seen_shards`: with one shard its holder is the leader).
+        self._shards_told: tuple[tuple[str, ...], frozenset[int], tuple[str, ...], int | None] = (
+            ("",) * shards, frozenset(), (identity,), None)
+        self._shards = self._seen_shards(shards)
+        self._invalid: Mapping[str, str] = MappingProxyType({})  # policy id -> reason
         # Exceptions per policy, as the database counted them (`delivery.lapse`, every pass).
-        self.exception_tally: tuple[ExceptionTally, ...] = ()
-        self.pending = PendingDeletions()  # deletions begun and not finished (database sync)
-        self.version = 0  # counts the updates: a status view built at one version stays true
-        self.synced_at: dt.datetime | None = None  # the last database sync that answered
-        self.sync_error: str | None = None  # why the last database sync failed, if it did
+        self._exception_tally: tuple[ExceptionTally, ...] = ()
+        self._pending = PendingDeletions()  # deletions begun and not finished (database sync)
+        self._version = 0
+        self._synced_at: dt.datetime | None = None
+        self._sync_error: str | None = None
         # Audit samples per policy (`status.samples`); a view shows those of clusters still
         # counting violations.
         self._samples = AuditSamples()
 
-    # -- queries ---------------------------------------------------------------------------
+    # -- what readers see (`StatusReader`) -------------------------------------------------
 
     @property
-    def clusters(self) -> Mapping[ClusterId, ClusterState]:
-        """Each cluster's live state, read-only: only the feeders' methods below change it."""
+    def clusters(self) -> Mapping[ClusterId, ClusterFacts]:
+        """Each cluster's live facts, read-only: only the feeders' methods below change them."""
         return self._clusters_view
+
+    @property
+    def version(self) -> int:
+        """Counts the updates: a status view built at one version stays true until the next."""
+        return self._version
+
+    @property
+    def insecure(self) -> frozenset[str]:
+        """The clusters reached without TLS verification or over http://."""
+        return self._insecure
+
+    @property
+    def invalid(self) -> Mapping[str, str]:
+        """The policies that cannot be delivered: id -> reason."""
+        return self._invalid
+
+    @property
+    def exception_tally(self) -> tuple[ExceptionTally, ...]:
+        """Exceptions per policy (in force, expiring soon, expired yet delivered)."""
+        return self._exception_tally
+
+    @property
+    def pending(self) -> PendingDeletions:
+        return self._pending
+
+    @property
+    def last_round(self) -> RoundSummary | None:
+        return self._last_round
+
+    @property
+    def next_round_at(self) -> dt.datetime | None:
+        return self._next_round_at
+
+    @property
+    def synced_at(self) -> dt.datetime | None:
+        """When the last database sync that answered did."""
+        return self._synced_at
+
+    @property
+    def sync_error(self) -> str | None:
+        """Why the last database sync failed (None: it answered)."""
+        return self._sync_error
+
+    @property
+    def shards(self) -> ShardsSeen:
+        return self._shards
+
+    def leader(self) -> LeaderInfo:
+        return self._leader
+
+    def cluster_ids(self) -> list[ClusterId]:
+        return sorted(self._clusters)
+
+    def member(self, cluster: str) -> bool:
+        """Whether `cluster` is one of the database's clusters (all are, until that is known)."""
+        return not self._fleet_known or ClusterId(cluster) in self._clusters
+
+    def tracks(self, cluster: str) -> bool:
+        """Whether facts and counters of `cluster` are kept: a member, or a kept cluster."""
+        return cluster in self._keep or self.member(cluster)
+
+    def cluster_or_new(self, cluster: str) -> ClusterFacts:
+        """The cluster's facts, or an empty one's (not kept) for a cluster only the database
+        knows yet."""
+        found = self._clusters.get(ClusterId(cluster))
+        return found if found is not None else ClusterState(ClusterId(cluster), self.clock())
+
+    def samples_of(self, policy: PolicyId) -> tuple[tuple[ClusterId, AuditSample], ...]:
+        """The policy's kept audit samples, each with its cluster (`AuditSamples.of`)."""
+        return self._samples.of(policy)
+
+    def pending_deletions(self) -> tuple[int, dt.datetime | None]:
+        """How many deletions are pending and when the oldest began (for the metrics)."""
+        return self._pending.total, self._pending.oldest_requested_at
 
     def suspects(self) -> list[ClusterId]:
         """The clusters last found unreachable (a round tries them last)."""
@@ -277,9 +209,9 @@ class StatusState:
         """How many (policy, cluster) records are kept."""
         return sum(len(c.policies) for c in self._clusters.values())
 
-    # -- updates ---------------------------------------------------------------------------
+    # -- the feeders ---------------------------------------------------------------------
 
-    def cluster(self, cluster: str) -> ClusterState:
+    def _cluster(self, cluster: str) -> ClusterState:
         cid = ClusterId(cluster)
         found = self._clusters.get(cid)
         if found is None:
@@ -289,37 +221,27 @@ class StatusState:
     def _observed(self, cluster: str) -> ClusterState | None:
         """The cluster's state for an observation, None when it is not one of the database's
         clusters (any cluster before that set is known)."""
-        return self.cluster(cluster) if self.member(cluster) else None
-
-    def member(self, cluster: str) -> bool:
-        """Whether `cluster` is one of the database's clusters (all are, until that is known)."""
-        return not self.fleet_known or ClusterId(cluster) in self._clusters
-
-    def tracks(self, cluster: str) -> bool:
-        """Whether facts and counters of `cluster` are kept: a member, or a kept cluster."""
-        return cluster in self.keep or self.member(cluster)
-
-    def cluster_ids(self) -> list[ClusterId]:
-        return sorted(self._clusters)
+        return self._cluster(cluster) if self.member(cluster) else None
 
     def set_clusters(self, clusters: Iterable[str]) -> None:
         """The clusters the database knows: new ones are added, removed ones forgotten."""
-        self.version += 1  # what status shows may have changed
-        self.fleet_known = True
+        self._version += 1  # what status shows may have changed
+        self._fleet_known = True
         wanted = {ClusterId(c) for c in clusters}
         for gone in set(self._clusters) - wanted:
             del self._clusters[gone]
         for cluster in wanted:
-            self.cluster(cluster)
-        self.insecure = {c for c in self.insecure if self.tracks(c)}
+            self._cluster(cluster)
+        self._insecure = frozenset(c for c in self._insecure if self.tracks(c))
 
     def set_insecure(self, cluster: str, insecure: bool) -> None:
         """From the cluster registry, for every client it opens (insecure ones only when
         CONVERGERD_ALLOW_INSECURE_CLUSTERS allows them). Not in the views: no new version."""
         if insecure and self.tracks(cluster):
-            self.insecure.add(cluster)
-        else:
-            self.insecure.discard(cluster)
+            if cluster not in self._insecure:
+                self._insecure = self._insecure | {cluster}
+        elif cluster in self._insecure:
+            self._insecure = self._insecure - {cluster}
 
     def retain_policies(self, policies: Iterable[str]) -> None:
         """The policies the database holds: a record of any other one is dropped unless its
@@ -343,13 +265,13 @@ class StatusState:
         before until the last step. Each step changes `version`."""
         at = report.finished_at or self.clock()
         for outcome in report.clusters:
-            self.version += 1  # what status shows may have changed
+            self._version += 1  # what status shows may have changed
             self._observe_outcome(outcome, at)
             yield
-        self.version += 1
+        self._version += 1
         if report.error is None:  # a round that ran saw every policy
-            self.invalid = {p.id: p.reason for p in report.invalid}
-        self.last_round = RoundSummary.from_report(report)
+            self._invalid = MappingProxyType({p.id: p.reason for p in report.invalid})
+        self._last_round = RoundSummary.from_report(report)
 
     def _observe_outcome(self, outcome: ClusterOutcome, at: dt.datetime) -> None:
         state = self._observed(outcome.cluster)
@@ -413,7 +335,7 @@ class StatusState:
         self, cluster: str, *, reachable: bool, error: str | None = None,
         server_version: str | None = None, at: dt.datetime | None = None,
     ) -> None:
-        self.version += 1  # what status shows may have changed
+        self._version += 1  # what status shows may have changed
         state = self._observed(cluster)
         if state is None:
             return
@@ -427,99 +349,49 @@ class StatusState:
         """Told by the elector (its `on_change` hook) whenever who leads changes."""
         leader = self._leader
         if (is_leader, holder, epoch) != (leader.is_leader, leader.holder, leader.epoch):
-            self.version += 1  # what status shows changed
+            self._version += 1  # what status shows changed
+        since, changes = leader.since, leader.changes
         if (is_leader, holder) != (leader.is_leader, leader.holder):
-            leader.since = self.clock()
+            since = self.clock()
             if leader.told:
-                leader.changes += 1
-        leader.is_leader, leader.holder, leader.epoch = is_leader, holder, epoch
-        leader.told = True
-
-    def leader(self) -> LeaderInfo:
-        return self._leader
+                changes += 1
+        self._leader = LeaderInfo(is_leader, holder, epoch, since, told=True, changes=changes)
+        self._shards = self._seen_shards(self._shards.count)
 
     def set_shards(self, *, holders: Sequence[str], held: Iterable[int],
                    members: Iterable[str], share: int | None) -> None:
         """Told by the shard set (`convergerd.leader.shards`) whenever what it sees changes:
         each shard's live holder ("" when free or expired), the shards held here."""
-        view = (tuple(holders), frozenset(held), tuple(members), share)
-        if view != (self._shard_holders, self._shards_held, self.shard_members,
-                    self.shard_share):
-            self.version += 1
-        self._shard_holders, self._shards_held, self.shard_members, self.shard_share = view
+        told = (tuple(holders), frozenset(held), tuple(members), share)
+        if told != self._shards_told:
+            self._version += 1
+        self._shards_told = told
+        self._shards = self._seen_shards(self._shards.count)
 
-    def shard_holders(self) -> tuple[str, ...]:
-        """Per shard, the holder this replica sees ("" when free or expired)."""
-        if self.shards == 1:
-            return (self._leader.holder or "",)
-        return self._shard_holders
-
-    def shards_held(self) -> frozenset[int]:
-        if self.shards == 1:
-            return frozenset({0}) if self._leader.is_leader else frozenset()
-        return self._shards_held
-
-    def shard_of(self, cluster: str) -> int:
-        return 0 if self.shards == 1 else shard_of(cluster, self.shards)
-
-    def since_round_s(self, state: ClusterState, now: dt.datetime) -> float:
-        """Seconds since a round last finished on the cluster (by any replica, as recorded),
-        or since it joined the fleet when none has."""
-        return age_s(state.last_attempt_at or state.known_since, now)
-
-    def orphans(self, now: dt.datetime) -> list[ClusterId]:
-        """The clusters without a finished round for more than two intervals."""
-        return [c.id for c in self._clusters.values()
-                if orphaned(self.since_round_s(c, now), self.interval_s)]
-
-    def shard_last_rounds(self) -> dict[int, dt.datetime]:
-        """Per shard with a recorded round, when its last round finished: the latest round
-        end on any of its clusters (from the database records, so the same on every
-        replica)."""
-        last: dict[int, dt.datetime] = {}
-        for c in self._clusters.values():
-            if c.last_attempt_at is None:
-                continue
-            k = self.shard_of(c.id)
-            if k not in last or c.last_attempt_at > last[k]:
-                last[k] = c.last_attempt_at
-        return last
-
-    def shards_view(self, now: dt.datetime) -> dict[str, Any]:
-        holders = self.shard_holders()
-        last = self.shard_last_rounds()
-        sizes = Counter(self.shard_of(c) for c in self._clusters)
-        orphans = Counter(self.shard_of(c) for c in self.orphans(now))
-        return {
-            "count": self.shards,
-            "held_here": sorted(self.shards_held()),
-            "members": list(self.shard_members),
-            "share": self.shard_share,
-            "orphan_clusters": sum(orphans.values()),
-            "shards": [
-                {"shard": k, "holder": holders[k] or None, "clusters": sizes.get(k, 0),
-                 "orphan_clusters": orphans.get(k, 0), "last_round_at": iso(last.get(k))}
-                for k in range(self.shards)],
-        }
+    def _seen_shards(self, count: int) -> ShardsSeen:
+        """The shards as readers see them: as told, but with one shard the leader holds it."""
+        holders, held, members, share = self._shards_told
+        if count == 1:
+            leader = self._leader
+            holders = (leader.holder or "",)
+            held = frozenset({0}) if leader.is_leader else frozenset()
+        return ShardsSeen(count, holders, held, members, share)
 
     def set_next_round(self, at: dt.datetime | None) -> None:
-        self.version += 1  # what status shows may have changed
-        self.next_round_at = at
+        self._version += 1  # what status shows may have changed
+        self._next_round_at = at
 
     def set_invalid(self, invalid: Iterable[tuple[str, str]]) -> None:
-        self.version += 1  # what status shows may have changed
-        self.invalid = dict(invalid)
+        self._version += 1  # what status shows may have changed
+        self._invalid = MappingProxyType(dict(invalid))
 
     def set_exception_tally(self, tally: Iterable[ExceptionTally]) -> None:
-        self.exception_tally = tuple(tally)
+        # Only the metrics show it: no status view changes, so `version` stays.
+        self._exception_tally = tuple(tally)
 
     def set_pending_deletions(self, pending: PendingDeletions) -> None:
-        self.version += 1  # what status shows may have changed
-        self.pending = pending
-
-    def pending_deletions(self) -> tuple[int, dt.datetime | None]:
-        """How many deletions are pending and when the oldest began (for the metrics)."""
-        return self.pending.total, self.pending.oldest_requested_at
+        self._version += 1  # what status shows may have changed
+        self._pending = pending
 
     def absorb_records(
         self, clusters: Iterable[ClusterStateRow], last_round: RoundRow | None,
@@ -528,24 +400,24 @@ class StatusState:
         """One database sync, after `set_clusters` was told the clusters of `clusters`: their
         recorded outcomes, the last recorded round, and the invalid policies that round
         recorded (taken unless this replica ran a newer round itself)."""
-        self.version += 1  # what status shows may have changed
+        self._version += 1  # what status shows may have changed
         self.absorb_cluster_rows(clusters)
-        mine = self.last_round
+        mine = self._last_round
         if last_round is not None and (mine is None or last_round.started_at >= mine.started_at):
-            self.invalid = {p.id: p.reason for p in invalid}
+            self._invalid = MappingProxyType({p.id: p.reason for p in invalid})
         self.absorb_round_row(last_round)
 
     def note_sync(self, error: str | None) -> None:
         """The outcome of a database sync: None when it answered, else why not."""
-        self.version += 1  # what status shows may have changed
-        self.sync_error = error
+        self._version += 1  # what status shows may have changed
+        self._sync_error = error
         if error is None:
-            self.synced_at = self.clock()
+            self._synced_at = self.clock()
 
     def absorb_cluster_rows(self, rows: Iterable[ClusterStateRow]) -> None:
         """Take what the database recorded where it is newer than what this replica saw itself
         (a standby, or a leader just after a restart)."""
-        self.version += 1  # what status shows may have changed
+        self._version += 1  # what status shows may have changed
         for row in rows:
             state = self._observed(row.cluster)
             if state is None:
@@ -565,18 +437,18 @@ class StatusState:
                 state.checked_at = row.last_attempt_at
 
     def absorb_round_row(self, row: RoundRow | None) -> None:
-        self.version += 1  # what status shows may have changed
+        self._version += 1  # what status shows may have changed
         if row is not None and (
-            self.last_round is None or row.started_at > self.last_round.started_at
+            self._last_round is None or row.started_at > self._last_round.started_at
         ):
-            self.last_round = RoundSummary.from_row(row)
+            self._last_round = RoundSummary.from_row(row)
 
     def absorb_delivery_rows(
         self, rows: Iterable[DeliveryRow], *, cluster: str | None = None
     ) -> None:
         """Phase readings and deliveries the database holds (recorded by whoever led); with
         `cluster`, these are all of that cluster's rows as of its stored attempt."""
-        self.version += 1  # what status shows may have changed
+        self._version += 1  # what status shows may have changed
         if cluster is not None and (whole := self._observed(cluster)) is not None:
             whole.rows_read_for = whole.stored_attempt_at
         changed: dict[ClusterId, tuple[ClusterState, dict[PolicyId, PolicyRecord]]] = {}
@@ -592,164 +464,3 @@ class StatusState:
         for state, records in changed.values():
             state.policies.repack(records)
             state.recount_phases()
-
-    # -- views -----------------------------------------------------------------------------
-
-    def merged_policies(
-        self, cluster: str, rows: Iterable[DeliveryRow] = ()
-    ) -> dict[PolicyId, PolicyRecord]:
-        """The cluster's per-policy records merged with `rows` just read from the database
-        (the newer fact winning), without changing what this replica keeps."""
-        live = self._clusters.get(ClusterId(cluster))
-        merged = dict(live.policies) if live is not None else {}
-        for row in rows:
-            pid = PolicyId(row.policy)
-            merged[pid] = merge_records(merged.get(pid), PolicyRecord.from_row(row))
-        return merged
-
-    def cluster_or_new(self, cluster: str) -> ClusterState:
-        """The cluster's state, or an empty one (not kept) for a cluster only the database
-        knows yet."""
-        found = self._clusters.get(ClusterId(cluster))
-        return found if found is not None else ClusterState(ClusterId(cluster), self.clock())
-
-    def sorted_clusters(self, now: dt.datetime) -> list[ClusterState]:
-        return sorted(
-            self._clusters.values(),
-            key=lambda c: worst_first_key(cluster=c.id, reachable=c.reachable,
-                                          failing=c.failing, lag_s=c.lag_s(now)),
-        )
-
-    def cluster_summary(self, state: ClusterState, now: dt.datetime) -> dict[str, Any]:
-        """The cluster as `/status` lists it. Its phase and verification counts are its
-        readings' tally (`ClusterState.phase_tally`, what the metrics count too), so a summary
-        costs a few numbers, not one per policy."""
-        counted = state.counts(now.timestamp(), self.interval_s,
-                               verified_stale_after_s(self.probe_period_s))
-        return {
-            "id": state.id,
-            "reachable": state.reachable,
-            "checked_at": iso(state.checked_at),
-            "lag_seconds": round(state.lag_s(now), 3),
-            "last_success_at": iso(state.last_success_at),
-            "last_attempt_at": iso(state.last_attempt_at),
-            "desired": state.desired,
-            "in_sync": state.in_sync,
-            "failed": state.failed,
-            # Shared with the next summaries while the counts hold: never changed.
-            "phases": counted.shown,
-            "verification": counted.verification,
-            "last_error": state.error,
-            "last_reason": state.last_reason if state.error == state.last_error else "unreachable",
-            "server_version": state.server_version,
-            "audit": self.cluster_audit_view(state, now),
-            "shard": (k := self.shard_of(state.id)),
-            "holder": self.shard_holders()[k] or None,
-            "orphaned": orphaned(self.since_round_s(state, now), self.interval_s),
-        }
-
-    def _audit_unsettled(self, tally: AuditTally, now: dt.datetime) -> bool:
-        return tally.unsettled(now.timestamp(), self.interval_s,
-                               audit_stale_after_s(self.probe_period_s))
-
-    def cluster_audit_view(self, state: ClusterState, now: dt.datetime) -> dict[str, Any] | None:
-        """A cluster's audits summed over its policies (None: none read there)."""
-        tally = state.audit_tally
-        if not tally.audited:
-            return None
-        return {"violations": tally.violations, "policies_with_violations": len(tally.by_policy),
-                "policies_audited": tally.audited, "unknown": tally.unknown,
-                "unsynced": self._audit_unsettled(tally, now)}
-
-    def audit_fleet_view(self, now: dt.datetime) -> dict[str, Any]:
-        """The audits over the fleet, and per policy its total (worst first, at most
-        `AUDIT_POLICIES_LISTED` listed): cost grows with the violating (cluster, policy) pairs,
-        not with the fleet's policies."""
-        totals: dict[PolicyId, list[int]] = {}
-        audited = violations = with_violations = unsynced = 0
-        for state in self._clusters.values():
-            tally = state.audit_tally
-            if not tally.audited:
-                continue
-            audited += 1
-            violations += tally.violations
-            with_violations += tally.violations > 0
-            unsynced += self._audit_unsettled(tally, now)
-            for pid, count in tally.by_policy.items():
-                entry = totals.setdefault(pid, [0, 0])
-                entry[0] += count
-                entry[1] += 1
-        worst = sorted(totals.items(), key=lambda kv: (-kv[1][0], kv[0]))
-        return {"violations": violations, "clusters_audited": audited,
-                "clusters_with_violations": with_violations, "unsynced_clusters": unsynced,
-                "policies_with_violations": len(worst),
-                "policies": [{"id": pid, "violations": v, "clusters": n}
-                             for pid, (v, n) in worst[:AUDIT_POLICIES_LISTED]]}
-
-    def audit_sample_view(self, policy: str) -> list[dict[str, Any]]:
-        """The policy's kept samples, of clusters whose current reading still counts
-        violations."""
-        pid = PolicyId(policy)
-        shown_samples = []
-        for cluster, sample in self._samples.of(pid):
-            live = self._clusters.get(cluster)
-            record = live.policies.get(pid) if live is not None else None
-            if record is None or record.phase is None or not known_violations(record.phase):
-                continue
-            shown_samples.append({"cluster": cluster, "kind": sample.kind,
-                                  "namespace": sample.namespace, "name": sample.name,
-                                  "message": sample.message})
-        return shown_samples
-
-    def pending_view(self, now: dt.datetime) -> dict[str, Any]:
-        return {
-            "count": self.pending.total,
-            "oldest_first": [
-                {"id": p.policy, "requested_at": iso(p.requested_at),
-                 "pending_seconds": round(age_s(p.requested_at, now), 3),
-                 "clusters_holding": p.holders, "held_by": list(p.held_by)}
-                for p in self.pending.oldest_first],
-        }
-
-    def round_view(self) -> dict[str, Any] | None:
-        r = self.last_round
-        if r is None:
-            return None
-        return {"started_at": iso(r.started_at), "finished_at": iso(r.finished_at),
-                "result": r.result, "counts": dict(r.counts), "leader": r.leader,
-                "error": r.error}
-
-    def snapshot(self, now: dt.datetime | None = None) -> dict[str, Any]:
-        """The `/status` document listing every cluster: `snapshot_head`, the fleet's counts
-        and the clusters' summaries, worst first (`convergerd.api.server` builds the same
-        document in slices, and past `Settings.status_max_clusters` a summary of it)."""
-        now = now or self.clock()
-        clusters = [self.cluster_summary(state, now) for state in self.sorted_clusters(now)]
-        tally = FleetTally(stale_after_s(self.interval_s))
-        tally.add(clusters)
-        return {**self.snapshot_head(now, unsupported_of(clusters)), "fleet": tally.counts,
-                "listing": listing(order="worst_first", listed=len(clusters), complete=True,
-                                   following=None),
-                "clusters": clusters}
-
-    def snapshot_head(self, now: dt.datetime,
-                      unsupported: Iterable[tuple[str, str | None]]) -> dict[str, Any]:
-        """The `/status` document but its clusters; `unsupported`: the Unsupported clusters
-        and their versions (`unsupported_of` the summaries)."""
-        leader = self.leader()
-        return {
-            "identity": self.identity,
-            "now": iso(now),
-            "leader": {"is_leader": leader.is_leader, "holder": leader.holder,
-                       "since": iso(leader.since)},
-            "interval_seconds": self.interval_s,
-            "stale_after_seconds": stale_after_s(self.interval_s),
-            "verified_stale_after_seconds": verified_stale_after_s(self.probe_period_s),
-            "last_round": self.round_view(),
-            "next_round_at": iso(self.next_round_at),
-            "invalid_policies": [{"id": k, "reason": v} for k, v in sorted(self.invalid.items())],
-            "pending_deletions": self.pending_view(now),
-            "shards": self.shards_view(now),
-            "unsupported_by_version": unsupported_rollup(unsupported),
-            "audit": self.audit_fleet_view(now),
-        }

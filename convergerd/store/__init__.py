@@ -4,4 +4,4 @@ the daemon reads and records through (`store`; a round's rows and how they are w
 `convergerd import` (`importer`)."""
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
-__all__ = ["exceptions", "importer", "notify", "schema", "store", "yamlfile"]
+__all__ = ["exceptions", "importer", "notify", "schema", "store", "tenants", "yamlfile"]

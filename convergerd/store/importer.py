@@ -4,20 +4,25 @@
     boundaries: [{id: team-a, clusters: [c0001, c0002]}]
     policies:
       - {id: p-latest, boundary: team-a, enabled: true, rule: {type: ForbidLatestTag}}
+      - {id: p-regs, boundary: team-a, enforcement: Warn,
+         rule: {type: AllowedRegistries, registries: [registry.example.com]}}
     exceptions:
       - {policy: p-latest, id: legacy-web, namespace: team-a-web, selector: {matchLabels:
          {app: legacy}}, reason: TICKET-123, requestedBy: dev@team-a, approvedBy: admin,
          expiresAt: 2027-01-31}
+
+A policy's `enforcement` is `Deny` (the default), `Warn` or `Audit` (docs/design.md, "Modes").
 
 The file is read with bounds (size, UTF-8, one YAML document, nesting, alias expansion: see
 `yamlfile`). Validation is pure (`parse_import`, `check_references`), applies the same rules
 as a converge round (`render.validate_policy`), and names the entry and field of every problem;
 a file with any problem changes nothing. The database part applies a valid file in one
 transaction. A boundary's cluster list replaces its previous one; a policy's revision increases
-only when its content (boundary, rule, enabled) changes, and new policies start at 1.
-An exception (`core.exceptions`: checked as the API checks a grant, its expiry in the future
-and within `CONVERGERD_EXCEPTION_MAX_DAYS`) is upserted by (policy, id); a new or changed one is
-a new revision of its policy and is recorded as an `import` change by its approver.
+only when its content (boundary, rule, enabled, enforcement) changes, and new policies start
+at 1. An exception (`core.exceptions`: checked as the API checks a grant, its expiry in the
+future and within `CONVERGERD_EXCEPTION_MAX_DAYS`) is upserted by (policy, id); a new or
+changed one is a new revision of its policy and is recorded as an `import` change by its
+approver.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from convergerd.config import IMPORT_MAX_BYTES_DEFAULT, SETTINGS_BY_KEY, default
 from convergerd.core.errors import BadFile, ConvergerdError
 from convergerd.core.exceptions import FIELDS, check_grant, parse_exception
 from convergerd.core.model import (
+    DEFAULT_ENFORCEMENT,
+    Enforcement,
     InvalidPolicy,
     PolicyException,
     PolicyRow,
@@ -43,6 +50,7 @@ from convergerd.core.model import (
     check_cluster_id,
     check_policy_id,
     field_names,
+    parse_enforcement,
     parse_rule,
 )
 from convergerd.core.render import validate_policy
@@ -56,7 +64,7 @@ from convergerd.store.yamlfile import load_yaml
 TOP_LEVEL_KEYS = ("clusters", "boundaries", "policies", "exceptions")
 CLUSTER_FIELDS = ("id",)
 BOUNDARY_FIELDS = ("id", "clusters")
-POLICY_FIELDS = ("id", "boundary", "enabled", "rule")
+POLICY_FIELDS = ("id", "boundary", "enabled", "rule", "enforcement")
 EXCEPTION_MAX_DAYS_DEFAULT: float = default_of("exception_max_days")
 # pg_advisory_xact_lock key serialising concurrent imports ("convergerd import").
 IMPORT_LOCK_KEY = 0x636F6E76_696D7072
@@ -102,6 +110,7 @@ class ImportedPolicy:
     boundary: str
     rule: Mapping[str, Any]  # normalised by model.parse_rule
     enabled: bool
+    enforcement: Enforcement = DEFAULT_ENFORCEMENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +301,12 @@ def _parse_policy(label: str, ident: str, entry: Mapping[str, Any], p: _Problems
     if not isinstance(enabled, bool):
         p.add(label, f"enabled: must be true or false, got {shown(enabled)}")
         ok = False
+    enforcement = DEFAULT_ENFORCEMENT
+    try:
+        enforcement = parse_enforcement(entry.get("enforcement", DEFAULT_ENFORCEMENT.value))
+    except RuleError as exc:
+        p.add(label, str(exc))
+        ok = False
     if "rule" not in entry:
         p.add(label, "rule: required")
         return None
@@ -303,11 +318,12 @@ def _parse_policy(label: str, ident: str, entry: Mapping[str, Any], p: _Problems
     if not ok or not isinstance(boundary, str):
         return None
     # The round's own check, for what only the whole policy shows (the rendered size).
-    result = validate_policy(PolicyRow(ident, boundary, entry["rule"], enabled, _REVISION_BOUND))
+    result = validate_policy(PolicyRow(ident, boundary, entry["rule"], enabled, _REVISION_BOUND,
+                                       enforcement.value))
     if isinstance(result, InvalidPolicy):
         p.add(label, result.reason)
         return None
-    return ImportedPolicy(ident, boundary, result.rule.as_dict(), enabled)
+    return ImportedPolicy(ident, boundary, result.rule.as_dict(), enabled, enforcement)
 
 
 def _parse_exceptions(data: Mapping[str, Any], problems: _Problems, *, now: dt.datetime,
@@ -435,18 +451,20 @@ def load_file(path: Path, *, max_bytes: int = IMPORT_MAX_BYTES_DEFAULT,
 # ---- the database part -------------------------------------------------------------------------
 
 _UPSERT_POLICIES = """
-INSERT INTO policies AS p (id, boundary_id, rule, enabled)
-SELECT u.id, u.boundary_id, u.rule::jsonb, u.enabled
-FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[]) AS u(id, boundary_id, rule, enabled)
+INSERT INTO policies AS p (id, boundary_id, rule, enabled, enforcement)
+SELECT u.id, u.boundary_id, u.rule::jsonb, u.enabled, u.enforcement
+FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::text[])
+     AS u(id, boundary_id, rule, enabled, enforcement)
 ON CONFLICT (id) DO UPDATE SET
     boundary_id = EXCLUDED.boundary_id,
     rule = EXCLUDED.rule,
     enabled = EXCLUDED.enabled,
+    enforcement = EXCLUDED.enforcement,
     revision = p.revision + 1,
     deleted_at = NULL,
     updated_at = now()
-WHERE (p.boundary_id, p.rule, p.enabled) IS DISTINCT FROM
-      (EXCLUDED.boundary_id, EXCLUDED.rule, EXCLUDED.enabled)
+WHERE (p.boundary_id, p.rule, p.enabled, p.enforcement) IS DISTINCT FROM
+      (EXCLUDED.boundary_id, EXCLUDED.rule, EXCLUDED.enabled, EXCLUDED.enforcement)
    OR p.deleted_at IS NOT NULL
 RETURNING p.id, (p.xmax = 0) AS inserted
 """
@@ -506,6 +524,7 @@ async def _apply_policies(conn: asyncpg.Connection, plan: ImportPlan, counts: Co
         [p.boundary for p in plan.policies],
         [json.dumps(p.rule) for p in plan.policies],
         [p.enabled for p in plan.policies],
+        [p.enforcement.value for p in plan.policies],
     )
     counts.created = sum(1 for r in rows if r["inserted"])
     counts.updated = len(rows) - counts.created

@@ -26,6 +26,7 @@ from convergerd.core.model import (
     BoundaryId,
     Cluster,
     ClusterId,
+    Enforcement,
     Fleet,
     InvalidPolicy,
     Policy,
@@ -45,6 +46,8 @@ from convergerd.core.report import (
     RoundResult,
 )
 from convergerd.core.rows import (
+    BoundaryPolicy,
+    BoundaryRows,
     ClusterStateRow,
     ClusterStatusRows,
     DeliveryRow,
@@ -54,7 +57,8 @@ from convergerd.core.rows import (
     RoundRow,
 )
 from convergerd.core.spread import Claimed, Part
-from convergerd.store import exceptions, parts
+from convergerd.core.tokens import TokenRecord
+from convergerd.store import exceptions, parts, tenants
 from convergerd.store.errors import (
     database_errors,
     is_transient,
@@ -72,6 +76,7 @@ from convergerd.store.records import (
     write_round_by_cluster,
 )
 from convergerd.store.schema import check_schema
+from convergerd.store.tenants import Refused
 from convergerd.store.values import json_column
 
 log = logging.getLogger(__name__)
@@ -120,7 +125,7 @@ _WITH_LISTING = "LEFT JOIN cluster_state cs ON cs.cluster_id = d.cluster_id"
 # known clusters the boundary covers (computed once), and its records on every cluster.
 _POLICY_STATUS = f"""
 WITH p AS (
-    SELECT id, boundary_id, {_rule_column()}, enabled, revision, deleted_at,
+    SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement, deleted_at,
            {exceptions_column("policies")} FROM policies
     WHERE id = $1
 ), s AS (
@@ -129,7 +134,8 @@ WITH p AS (
                  JOIN boundary_clusters bc ON bc.boundary_id = p.boundary_id
                  JOIN clusters c ON c.id = bc.cluster_id) AS scope
 )
-SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, p.deleted_at, p.exceptions,
+SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, p.enforcement, p.deleted_at,
+       p.exceptions,
        s.boundary_known,
        -- The scope once, on the first row: on every row it would cost clusters^2 elements
        -- (at 1,000 clusters, 1,000,000 array elements for the server to build and us to decode).
@@ -195,6 +201,7 @@ def _policy_row(r: asyncpg.Record) -> PolicyRow:
             f"larger than {MAX_RULE_BYTES} bytes"),
         enabled=r["enabled"],
         revision=r["revision"],
+        enforcement=r["enforcement"],
         exceptions=r.get("exceptions") or (),
     )
 
@@ -286,7 +293,7 @@ class Store:
                    GROUP BY b.id ORDER BY b.id"""
             )
             policy_rows = await conn.fetch(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision,
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
                            {exceptions_column("policies")}
                     FROM policies WHERE deleted_at IS NULL ORDER BY id"""  # noqa: S608
             )
@@ -314,12 +321,24 @@ class Store:
         """The stored row (not validated), or None if there is none or it is being deleted."""
         async with self._acquire() as conn:
             row = await conn.fetchrow(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision,
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
                            {exceptions_column("policies")}
                     FROM policies WHERE id = $1 AND deleted_at IS NULL""",  # noqa: S608
                 policy_id,
             )
         return _policy_row(row) if row is not None else None
+
+    async def set_enforcement(self, policy_id: str, enforcement: Enforcement) -> None:
+        """Store a policy's mode (the save endpoint's `enforcement`); a change is a new
+        revision (the trigger of migration 0008). Nothing is written, so nothing notified, when
+        the mode is already the one stored, or there is no such policy or its deletion has
+        begun: the save that follows answers those."""
+        async with self._acquire() as conn:
+            await conn.execute(
+                """UPDATE policies SET enforcement = $2
+                   WHERE id = $1 AND deleted_at IS NULL AND enforcement IS DISTINCT FROM $2""",
+                policy_id, enforcement.value,
+            )
 
     async def policy_scope(self, policy_id: str) -> frozenset[ClusterId]:
         """The known clusters the policy's boundary covers now (empty for an unknown policy)."""
@@ -352,6 +371,56 @@ class Store:
             deliveries=tuple(_delivery_row(r) for r in rows if r["policy_id"] is not None),
             deletion_requested_at=first["deleted_at"],
         )
+
+    async def boundary_status(self, boundary: str, most: int) -> BoundaryRows | None:
+        """Everything `/v1/boundaries/{boundary}` reads of one boundary, in one snapshot: the
+        known clusters it covers, its first `most` policies by id (each validated now) and how
+        many it has; None when there is no such boundary."""
+        async with self._acquire() as conn, conn.transaction(
+            isolation="repeatable_read", readonly=True
+        ):
+            if not await conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM boundaries WHERE id = $1)", boundary):
+                return None
+            clusters = await conn.fetch(
+                """SELECT bc.cluster_id FROM boundary_clusters bc
+                   JOIN clusters c ON c.id = bc.cluster_id
+                   WHERE bc.boundary_id = $1 ORDER BY bc.cluster_id""", boundary)
+            rows = await conn.fetch(
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
+                           deleted_at, count(*) OVER () AS total, {exceptions_column("policies")}
+                    FROM policies WHERE boundary_id = $1 ORDER BY id LIMIT $2""",  # noqa: S608
+                boundary, most)
+        policies = []
+        for r in rows:
+            row = _policy_row(r)
+            checked = deliverable_policy(row, boundary_exists=True)
+            policies.append(BoundaryPolicy(
+                row, checked.reason if isinstance(checked, InvalidPolicy) else None,
+                r["deleted_at"]))
+        return BoundaryRows(clusters=tuple(ClusterId(r["cluster_id"]) for r in clusters),
+                            policies=tuple(policies),
+                            policies_total=rows[0]["total"] if rows else 0)
+
+    # ---- read tokens (`store.tenants`) -------------------------------------------------------
+
+    async def create_token(self, *, name: str, boundary: str, digest: bytes, by: str,
+                           expires_at: dt.datetime | None) -> TokenRecord | Refused:
+        async with self._acquire() as conn:
+            return await tenants.create(conn, name=name, boundary=boundary, digest=digest,
+                                        by=by, expires_at=expires_at)
+
+    async def tokens(self, *, revoked: bool = False) -> list[TokenRecord]:
+        async with self._acquire() as conn:
+            return await tenants.listed(conn, revoked=revoked)
+
+    async def revoke_token(self, name: str, *, by: str) -> TokenRecord | None:
+        async with self._acquire() as conn:
+            return await tenants.revoke(conn, name=name, by=by)
+
+    async def live_tokens(self) -> list[tuple[bytes, TokenRecord]]:
+        async with self._acquire() as conn:
+            return await tenants.live(conn)
 
     async def pending_deletions(self) -> PendingDeletions:
         """Policies whose deletion began and has not finished: how many, and the oldest
@@ -568,7 +637,7 @@ class Store:
         round's write-time check)."""
         async with self._acquire() as conn:
             rows = await conn.fetch(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision,
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
                            deleted_at IS NOT NULL AS deleting, {exceptions_column("policies")}
                     FROM policies WHERE id = ANY($1::text[])""",  # noqa: S608
                 list(policy_ids),
@@ -652,7 +721,7 @@ class Store:
 async def _target(conn: asyncpg.Connection, policy_id: str) -> Target | None:
     row = await conn.fetchrow(
         f"""SELECT p.id, p.boundary_id, {_rule_column("p")}, p.enabled, p.revision,
-                  p.deleted_at IS NOT NULL AS deleting, {exceptions_column("p")},
+                  p.enforcement, p.deleted_at IS NOT NULL AS deleting, {exceptions_column("p")},
                   EXISTS (SELECT 1 FROM boundaries b WHERE b.id = p.boundary_id) AS boundary_exists,
                   ARRAY(SELECT bc.cluster_id FROM boundary_clusters bc
                         JOIN clusters c ON c.id = bc.cluster_id

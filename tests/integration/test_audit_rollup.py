@@ -16,6 +16,7 @@ from convergerd.core.model import PolicyId
 from convergerd.core.report import Audit, PhaseReading
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
+from convergerd.status.document import cluster_audit_view, snapshot
 from convergerd.status.records import PolicyRecord
 from convergerd.status.state import StatusState
 from convergerd.status.views import record_view
@@ -197,10 +198,10 @@ async def test_an_audit_is_recorded_when_it_changes_and_a_standby_shows_it(
              for p, r in standby.clusters[RECORDED_C1].policies.items()}
     assert views[P1] == {"violations": 3, "audited_at": "2026-01-01T12:05:40Z",
                          "cache_synced": True, "state": "current", "problem": None}
-    summary = standby.cluster_audit_view(standby.clusters[RECORDED_C1], at(360))
+    summary = cluster_audit_view(standby, standby.clusters[RECORDED_C1], at(360))
     assert summary is not None
     assert summary["violations"] == 3
-    assert standby.snapshot()["audit"]["policies"] == [
+    assert snapshot(standby)["audit"]["policies"] == [
         {"id": "p1", "violations": 3, "clusters": 1}]
 
     # A new count, an unsynced cache, an unreadable audit: each is written.

@@ -699,7 +699,8 @@ def test_operator_rbac_and_deployment() -> None:
     }
     discovery = [r for r in role["rules"] if "nonResourceURLs" in r]
     assert discovery == [{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version"],
-                          "verbs": ["get"]}]
+                          "verbs": ["get"]},
+                         {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]  # admission counts
     lease_role = one(objs, "Role", "convergerd-operator-lease")
     assert lease_role["metadata"]["namespace"] == NAMESPACE
     named = [r for r in lease_role["rules"] if r.get("resourceNames")]
@@ -748,6 +749,20 @@ def test_an_incomplete_audit_conforms_to_the_crd() -> None:
                                     now=dt.datetime(2026, 12, 3, tzinfo=dt.UTC))}
     _conforms(status, _schema()["properties"]["status"], "status")
     assert status["audit"]["incomplete"]["skipped"] == 12
+
+
+@pytest.mark.parametrize("mode", ["Deny", "Warn", "Audit"])
+def test_every_mode_fits_the_crd_and_the_crd_defaults_none(mode: str) -> None:
+    """A Warn or Audit Policy (and the operator's status.enforcementAction) is accepted, not
+    pruned; `spec.enforcement` has no default, so the API server never adds `Deny` to a Policy
+    convergerd wrote without it (which every round would then see as drift)."""
+    policy = validate_policy(PolicyRow("p-latest", "team-a", {"type": "ForbidLatestTag"}, True,
+                                       3, mode))
+    assert isinstance(policy, Policy), policy
+    schema = _schema()["properties"]
+    _conforms(render_policy(policy)["spec"], schema["spec"], "spec")
+    _conforms({"phase": "Enforcing", "enforcementAction": mode}, schema["status"], "status")
+    assert "default" not in schema["spec"]["properties"]["enforcement"]
 
 
 def test_member_cluster_includes_the_operator() -> None:

@@ -46,6 +46,7 @@ from convergerd.core.rows import (
     RoundRow,
 )
 from convergerd.delivery.fanout import FanoutEnv, Saver
+from convergerd.status.document import snapshot
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.status.sync import StatusSync
@@ -458,7 +459,7 @@ async def test_get_requests_only_read_and_ask_the_database_one_query_at_most(
 ) -> None:
     """/status never asks the database; a cluster or policy view asks exactly one query; none of
     them changes what this replica keeps (the round and the sync own that)."""
-    before = state.snapshot()
+    before = snapshot(state)
     assert (await client.get("/status")).status == 200
     assert store.calls == []
     assert (await client.get("/v1/clusters/c1")).status == 200
@@ -466,7 +467,7 @@ async def test_get_requests_only_read_and_ask_the_database_one_query_at_most(
     assert (await client.get("/v1/policies/p1/status")).status == 200
     assert store.calls == ["cluster_status", "policy_status"]
     assert state.clusters == {}
-    assert state.snapshot() == before
+    assert snapshot(state) == before
 
 
 class SlowStore(FakeStore):

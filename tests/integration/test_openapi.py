@@ -18,9 +18,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 
 from convergerd.api.app import make_app
+from convergerd.api.auth import TokenBook
 from convergerd.api.mutations import MAX_BODY_BYTES
 from convergerd.api.openapi import document
 from convergerd.api.server import server_options
+from convergerd.core.tokens import new_token, token_digest
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.status.metrics import Metrics
@@ -39,6 +41,9 @@ from tests.integration.savedelete_helpers import make_saver
 
 TOKEN = "openapi-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+READER = new_token()  # team-a's read token
+READ = {"Authorization": f"Bearer {READER}"}
+NOBODY = {"Authorization": "Bearer cvg_b_not-a-token"}
 BIG = b"{" + b" " * MAX_BODY_BYTES + b"}"
 Answer = tuple[str, str, int]  # method, route, status
 
@@ -90,13 +95,21 @@ async def world(fleet: Fleet, database_url: str) -> AsyncIterator[World]:
     store = await Store.connect(database_url.replace(
         f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}"))
     settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN,
-                            CONVERGERD_HTTP_BODY_TIMEOUT_SECONDS="0.5")
+                            CONVERGERD_HTTP_BODY_TIMEOUT_SECONDS="0.5",
+                            CONVERGERD_TOKEN_READS_PER_SECOND="50")
+    digest = token_digest(READER)
+    assert digest is not None
+    await store.create_token(name="reader", boundary="team-a", digest=digest, by="test",
+                             expires_at=None)
+    book = TokenBook(store)
+    await book.reload()
     rounds = Rounds(fleet, store, settings)
     health = HealthCheck()
     state = StatusState(identity="t", interval_s=300)
     app = make_app(metrics=Metrics(state=state), state=state,
                    store=store, settings=settings, health=health,
-                   saver=make_saver(rounds, store), status_db_timeout_s=2, exceptions=store)
+                   saver=make_saver(rounds, store), status_db_timeout_s=2,
+                   tenants=store, book=book, exceptions=store)
     seen: set[Answer] = set()
 
     async def record(request: web.Request, response: web.StreamResponse) -> None:
@@ -178,6 +191,19 @@ async def test_every_documented_answer_is_produced(
     assert await w.call("POST", "/v1/policies/p-latest/apply", headers=AUTH) == 409
     fleet.clear_faults("c0003")
 
+    for path in ("/metrics", "/status", "/v1/clusters/c0001", "/v1/policies/p-regs/status",
+                 "/v1/exceptions"):
+        assert await w.call("GET", path, headers=NOBODY) == 401, path
+        assert await w.call("GET", path, headers=READ) == 403, path
+    for method, path in (("POST", "/v1/policies/p-regs/apply"), ("DELETE", "/v1/policies/p-regs"),
+                         ("POST", "/v1/tokens"), ("GET", "/v1/tokens"),
+                         ("DELETE", "/v1/tokens/reader"),
+                         ("POST", "/v1/policies/p-regs/exceptions"),
+                         ("DELETE", "/v1/policies/p-regs/exceptions/x")):
+        assert await w.call(method, path, headers=READ) == 403, path
+        assert await w.call(method, path) == 401, path
+    await _tokens_and_boundaries(w)
+
     ended = asyncio.create_task(asyncio.sleep(0))
     await ended
     w.health.watch([ended])
@@ -186,18 +212,59 @@ async def test_every_documented_answer_is_produced(
     await w.proxy.down()  # the database goes away
     for method, path in (("GET", "/readyz"), ("GET", "/v1/policies/p-regs/status"),
                          ("POST", "/v1/policies/p-regs/apply"),
-                         ("DELETE", "/v1/policies/p-regs"), ("GET", "/v1/exceptions")):
+                         ("DELETE", "/v1/policies/p-regs"), ("GET", "/v1/tokens"),
+                         ("DELETE", "/v1/tokens/reader"),
+                         ("GET", "/v1/boundaries/team-a"),
+                         ("GET", "/v1/boundaries/team-a/policies/p-regs"),
+                         ("GET", "/v1/exceptions")):
         assert await w.call(method, path, headers=AUTH) == 503, path
+    assert await w.call("POST", "/v1/tokens", headers=AUTH,
+                        json={"boundary": "team-a", "name": "later"}) == 503
 
     assert await w.call("POST", grants.format("p-latest"), headers=AUTH, json=grant) == 503
     assert await w.call("DELETE", withdraw.format("legacy"), headers=AUTH, json=by) == 503
-    for path in ("/status", "/v1/clusters/c0001", "/v1/policies/p-regs/status",
-                 "/v1/exceptions"):
+    for path, headers in (("/status", {}), ("/v1/clusters/c0001", {}),
+                          ("/v1/policies/p-regs/status", {}), ("/v1/exceptions", {}),
+                          ("/v1/boundaries/team-a", READ),
+                          ("/v1/boundaries/team-a/policies/p-regs", READ),
+                          # Past this token's reads (100 at 50/s).
+                          ("/metrics", AUTH), ("/v1/tokens", AUTH)):
         for method in ("GET", "HEAD"):
             for _ in range(1000):  # past the budget's burst (40 at 20/s): 429, Retry-After
-                if await w.call(method, path, head_too=False) == 429:
+                if await w.call(method, path, head_too=False, headers=headers) == 429:
                     break
             else:
                 pytest.fail(f"{method} {path} was never shed")
 
     assert w.seen == documented()
+
+
+async def _tokens_and_boundaries(w: World) -> None:
+    """The read tokens' and the boundary views' answers (the database up)."""
+    made = {"boundary": "team-b", "name": "ci"}
+    assert await w.call("POST", "/v1/tokens", headers=AUTH, json=made) == 201
+    assert await w.call("POST", "/v1/tokens", headers=AUTH, json=made) == 409
+    assert await w.call("POST", "/v1/tokens", headers=AUTH,
+                        json={"boundary": "team-zz", "name": "x"}) == 422
+    assert await w.call("POST", "/v1/tokens", headers=AUTH,
+                        json={"boundary": "team-a", "name": "Bad_Name"}) == 400
+    assert await w.call("POST", "/v1/tokens", headers=AUTH, data=BIG) == 413
+    assert await w.late_body("POST", "/v1/tokens") == 408
+    assert await w.call("GET", "/v1/tokens", headers=AUTH) == 200
+    assert await w.call("GET", "/v1/tokens?revoked=maybe", headers=AUTH) == 400
+    assert await w.call("DELETE", "/v1/tokens/ci", headers=AUTH) == 200
+    assert await w.call("DELETE", "/v1/tokens/ci", headers=AUTH) == 404
+    assert await w.call("DELETE", "/v1/tokens/Bad_Name", headers=AUTH) == 400
+    assert await w.call("DELETE", "/v1/tokens/ci", headers=AUTH, data=BIG) == 413
+    assert await w.late_body("DELETE", "/v1/tokens/ci") == 408
+    for headers in (AUTH, READ):
+        assert await w.call("GET", "/v1/boundaries/team-a", headers=headers) == 200
+        # p-latest: its deletion was refused above, so it is still there.
+        assert await w.call("GET", "/v1/boundaries/team-a/policies/p-latest",
+                            headers=headers) == 200
+    assert await w.call("GET", "/v1/boundaries/team-b", headers=READ) == 404
+    assert await w.call("GET", "/v1/boundaries/team-a/policies/p-labels", headers=READ) == 404
+    assert await w.call("GET", "/v1/boundaries/team-a") == 401
+    assert await w.call("GET", "/v1/boundaries/team-a/policies/p-latest") == 401
+    assert await w.call("GET", "/v1/boundaries/team-a?limit=0", headers=AUTH) == 400
+    assert await w.call("GET", "/v1/boundaries/team-a/policies/Bad_Id", headers=AUTH) == 400

@@ -322,10 +322,14 @@ async def test_orphans_of_deleted_policies_are_removed_at_start(fleet: Fleet) ->
     """A Policy deleted while no operator ran: its admission objects go (no GC here)."""
     store = fleet.store(CLUSTER)
     labels = {"app.kubernetes.io/managed-by": "convergerd"}
-    for rt in (VALIDATING_ADMISSION_POLICIES, VALIDATING_ADMISSION_POLICY_BINDINGS):
+    # (a binding needs its validationActions: the API refuses one without)
+    specs = {VALIDATING_ADMISSION_POLICIES: {},
+             VALIDATING_ADMISSION_POLICY_BINDINGS: {"policyName": "stackship-gone",
+                                                    "validationActions": ["Deny"]}}
+    for rt, spec in specs.items():
         store.create(rt, None, {"apiVersion": rt.api_version, "kind": rt.kind,
                                 "metadata": {"name": "stackship-gone", "labels": labels},
-                                "spec": {}}, manager="stackship-operator")
+                                "spec": spec}, manager="stackship-operator")
     store.create(VALIDATING_ADMISSION_POLICIES, None, {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": "someone-elses"}, "spec": {}}, manager="kubectl")

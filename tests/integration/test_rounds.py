@@ -33,6 +33,7 @@ from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.sim.status import field_error, invalid_object
 from convergerd.sim.store import AdmissionRequest
+from convergerd.status.document import snapshot
 from convergerd.status.views import record_view
 from convergerd.store.store import Store
 from tests.fixtures.fleet import kube_http
@@ -802,7 +803,7 @@ async def test_a_verified_forged_into_the_future_is_not_counted_verified(
     report = await rounds.run()
     state = rounds.state
     state.observe_round(report)  # as the round loop does, with the counting below
-    summary = next(c for c in state.snapshot()["clusters"] if c["id"] == C1)
+    summary = next(c for c in snapshot(state)["clusters"] if c["id"] == C1)
     assert summary["verification"]["verified"] == 0
     assert summary["verification"]["not_verified"] == 1
     record = state.clusters[C1].policies[PolicyId(name.removeprefix("policy-"))]

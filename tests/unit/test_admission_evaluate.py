@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -112,3 +113,69 @@ def test_reason_sets_the_code() -> None:
         namespace=NS)
     assert denial is not None
     assert (denial.reason, denial.code) == ("Forbidden", 403)
+
+
+# --- validationActions and the counter (dispatcher.go, metrics.go) ------------------------------
+
+
+def outcome(policy: dict[str, Any], *bindings: dict[str, Any], **over: Any) -> Any:
+    return PolicyEvaluator().admit([policy], list(bindings) or [binding()], attrs(**over),
+                                   namespace=NS)
+
+
+def checks(result: Any) -> list[tuple[str, str, str, str]]:
+    return [(c.policy, c.binding, c.error_type, c.action) for c in result.checks]
+
+
+def test_warn_admits_with_one_warning_per_failed_validation() -> None:
+    two = vap([{"expression": "false", "message": "first"}, {"expression": "true"},
+               {"expression": "false", "message": "third"}])
+    result = outcome(two, binding(("Warn",)))
+    assert result.denial is None
+    assert result.warnings == (
+        "Validation failed for ValidatingAdmissionPolicy 'pol' with binding 'bind': first",
+        "Validation failed for ValidatingAdmissionPolicy 'pol' with binding 'bind': third")
+    # A failed validation is `invalid_error` (errors.go ErrorType: only an evaluation that
+    # admitted is `no_error`, and those are never counted); the passing one is not counted.
+    assert checks(result) == [("pol", "bind", "invalid_error", "warn")] * 2
+    assert result.annotations == ()
+
+
+def test_audit_admits_and_records_the_annotation() -> None:
+    result = outcome(vap([{"expression": "true"}, {"expression": "false", "message": "no"}]),
+                     binding(("Warn", "Audit")))
+    assert result.denial is None
+    assert len(result.warnings) == 1
+    key, value = result.annotations[0]
+    assert key == "validation.policy.admission.k8s.io/validation_failure"
+    assert json.loads(value) == [{"message": "no", "policy": "pol", "binding": "bind",
+                                  "expressionIndex": 1, "validationActions": ["Warn", "Audit"]}]
+    assert checks(result) == [("pol", "bind", "invalid_error", "warn"),
+                              ("pol", "bind", "invalid_error", "audit")]
+    silent = outcome(vap(DENY), binding(("Audit",)))
+    assert (silent.denial, silent.warnings) == (None, ())
+    assert checks(silent) == [("pol", "bind", "invalid_error", "audit")]
+
+
+def test_deny_counts_every_binding_and_reports_the_first() -> None:
+    second = {"metadata": {"name": "bind2"}, "spec": {"policyName": "pol",
+                                                       "validationActions": ["Deny"]}}
+    result = outcome(vap(DENY), second, binding())
+    assert result.denial is not None
+    assert result.denial.binding == "bind"
+    assert checks(result) == [("pol", "bind", "invalid_error", "deny"),
+                              ("pol", "bind2", "invalid_error", "deny")]
+    assert outcome(vap([{"expression": "true"}])).checks == ()
+
+
+def test_errors_are_counted_by_type_and_ignored_ones_as_allow() -> None:
+    broken = [{"expression": "object.nope.deeper == 1"}]
+    failing = outcome(vap(broken))
+    assert failing.denial is not None
+    assert failing.denial.evaluation == "error"
+    assert checks(failing) == [("pol", "bind", "invalid_error", "deny")]
+    ignored = outcome(vap(broken, failurePolicy="Ignore"))
+    assert ignored.denial is None
+    assert checks(ignored) == [("pol", "bind", "invalid_error", "allow")]
+    uncompiled = outcome(vap([{"expression": "1 +"}]))
+    assert checks(uncompiled) == [("pol", "bind", "compile_error", "deny")]

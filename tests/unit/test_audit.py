@@ -24,6 +24,7 @@ from convergerd.core.decode import (
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.plan import MAX_AUDIT_VIOLATIONS, ListedPolicy, audit
 from convergerd.core.report import Audit, AuditSample, ClusterOutcome, PhaseReading, RoundReport
+from convergerd.status.document import audit_sample_view, cluster_audit_view, snapshot
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.status.views import policy_audit_view, record_view
@@ -215,7 +216,7 @@ def fleet() -> tuple[StatusState, Clock]:
 
 def test_per_cluster_sums_and_fleet_totals_per_policy(fleet: tuple[StatusState, Clock]) -> None:
     state, _clock = fleet
-    doc = state.snapshot()
+    doc = snapshot(state)
     audits = {c["id"]: c["audit"] for c in doc["clusters"]}
     assert audits["c1"] == {"violations": 3, "policies_with_violations": 1,
                             "policies_audited": 2, "unknown": 0, "unsynced": False}
@@ -235,7 +236,7 @@ def test_samples_are_kept_per_policy_five_at_most_and_only_while_counted(
     fleet: tuple[StatusState, Clock],
 ) -> None:
     state, clock = fleet
-    sample = state.audit_sample_view("p1")
+    sample = audit_sample_view(state, "p1")
     assert len(sample) == 5
     assert [s["cluster"] for s in sample] == ["c2"] * 4 + ["c1"]  # the cluster read last first
     # No reading keeps its sample: per policy and cluster only the count is held.
@@ -243,9 +244,9 @@ def test_samples_are_kept_per_policy_five_at_most_and_only_while_counted(
                for c in state.clusters.values() for r in c.readings())
     clock.now = T0 + dt.timedelta(seconds=60)
     state.observe_round(_round(clock.now, c2=[_audited("c2", "p1", 0, at=clock.now)]))
-    assert [s["name"] for s in state.audit_sample_view("p1")] == ["a"]  # c1's, still counted
+    assert [s["name"] for s in audit_sample_view(state, "p1")] == ["a"]  # c1's, still counted
     state.retain_policies(["p2"])
-    assert state.audit_sample_view("p1") == []
+    assert audit_sample_view(state, "p1") == []
 
 
 def test_a_policy_view_gives_per_cluster_counts_and_a_total(
@@ -258,7 +259,7 @@ def test_a_policy_view_gives_per_cluster_counts_and_a_total(
     assert [v and v["violations"] for v in views] == [3, 4, None, None]
     assert views[2] is not None
     assert views[2]["state"] == "unknown"
-    total = policy_audit_view(views, state.audit_sample_view("p1"))
+    total = policy_audit_view(views, audit_sample_view(state, "p1"))
     assert {k: v for k, v in total.items() if k != "sample"} == {
         "violations": 7, "clusters_audited": 3, "clusters_with_violations": 2,
         "clusters_unknown": 1, "clusters_not_current": 1}
@@ -278,7 +279,7 @@ def test_an_audit_goes_stale_when_the_operator_stops_auditing(
                        INTERVAL, probe_period_s=PROBE)["audit"]
     assert view["state"] == "stale"
     assert view["violations"] == 3
-    summary = state.cluster_audit_view(state.clusters[ClusterId("c1")], clock.now)
+    summary = cluster_audit_view(state, state.clusters[ClusterId("c1")], clock.now)
     assert summary is not None
     assert summary["unsynced"] is True
 
@@ -311,7 +312,7 @@ def test_the_status_table_has_a_violations_column_and_per_policy_totals(
     fleet: tuple[StatusState, Clock],
 ) -> None:
     state, _clock = fleet
-    text = render_status(state.snapshot(), addr="http://x")
+    text = render_status(snapshot(state), addr="http://x")
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("CLUSTER"))
     assert "VIOLATIONS" in header

@@ -22,6 +22,7 @@ from convergerd.core.report import (
     Verification,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
+from convergerd.status.document import snapshot
 from convergerd.status.metrics import FanoutMetrics, Metrics, ReadinessMetrics
 from convergerd.status.state import StatusState
 from convergerd.supervise import HealthCheck
@@ -458,7 +459,7 @@ def test_the_gauges_agree_with_status(clock: WallClock) -> None:
         PhaseReading(ClusterId("c2"), PolicyId("p1"), "Enforcing", None, None, 1, old,
                      probed("True", "Denied", 1))])))
     for _ in range(2):
-        for cluster in m.state.snapshot()["clusters"]:
+        for cluster in snapshot(m.state)["clusters"]:
             name = cluster["id"]
             phases = {p: value(m, "convergerd_policy_phase", cluster=name, phase=p)
                       for p in ("Enforcing", "Inert", "Unsupported", "Error", "Unknown",
@@ -506,7 +507,7 @@ def test_shards_holders_last_rounds_and_orphans(clock: WallClock) -> None:
     assert value(m, "convergerd_orphan_clusters") == 0
     clock.now += 2 * INTERVAL + 1  # shard 1 never had a round; the others not since T0
     assert value(m, "convergerd_orphan_clusters") == len(clusters)
-    doc = state.snapshot()
+    doc = snapshot(state)
     assert doc["shards"]["orphan_clusters"] == len(clusters)
     by_id = {c["id"]: c for c in doc["clusters"]}
     assert all(by_id[c]["shard"] == shard_of(c, 3) and by_id[c]["orphaned"] for c in clusters)

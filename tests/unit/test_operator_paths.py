@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from yarl import URL
 
 from convergerd.core.model import check_policy_id
-from convergerd.kube.api import KubeObject, ObjectList, Resource, WatchEvent
+from convergerd.kube.api import Admitted, KubeObject, ObjectList, Resource, WatchEvent
 from convergerd.leader.elector import NoElection
 from convergerd.operator.controller import Operator, Timing
 from convergerd.operator.metrics import OperatorMetrics
@@ -76,9 +76,12 @@ class RecordingCluster:
         return False
 
     async def dry_run_create(self, resource: Resource, body: KubeObject, *, timeout_s: float,
-                             namespace: str | None = None) -> KubeObject:
+                             namespace: str | None = None) -> Admitted:
         self._sent(resource, namespace=namespace)
-        return body
+        return Admitted(body)
+
+    async def metrics(self, *, timeout_s: float) -> bytes:
+        return b""
 
     async def served_resources(self, group: str, version: str, *,
                                timeout_s: float) -> frozenset[str] | None:

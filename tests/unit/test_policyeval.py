@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from convergerd.cli import policyeval
 from convergerd.cli.main import main
 
 POD = """\
@@ -94,3 +96,27 @@ def test_a_missing_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
     missing = tmp_path / "nope.yaml"
     assert main(["policy", "eval", "--policy", str(policy), "--object", str(missing)]) == 2
     assert f"{missing}: cannot read" in capsys.readouterr().err
+
+
+def test_a_warn_binding_admits_with_the_warning_a_cluster_would_send(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The operator renders `validationActions` from the Policy's enforcement mode; the
+    # evaluator follows whatever the rendered binding says.
+    spec = yaml.safe_load(POLICY_OBJECT)["spec"]
+    evaluator = policyeval.PolicyEval(spec, None)
+    evaluator.admission.binding["spec"]["validationActions"] = ["Warn", "Audit"]
+    verdict = evaluator.verdict("pod.yaml#1", yaml.safe_load(POD))
+    warning = ("Validation failed for ValidatingAdmissionPolicy 'stackship-regs' with binding "
+               "'stackship-regs': image(s) 'nginx:1.27' not from an allowed registry: every "
+               "image must start with one of 'registry.example.com/', e.g. "
+               "registry.example.com/app:1.0")
+    assert verdict.allowed
+    assert verdict.warnings == (warning,)
+    assert verdict.as_dict()["warnings"] == [warning]
+    assert verdict.as_dict()["audited"] is True
+    policyeval._print(evaluator, [verdict], as_json=False, selector="s", out=sys.stdout,
+                      err=sys.stderr)
+    assert capsys.readouterr().out.splitlines() == [
+        "allowed  pod.yaml#1  Pod shop/web (audit annotation written)",
+        f"         Warning: {warning}"]

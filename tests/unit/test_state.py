@@ -19,6 +19,8 @@ from convergerd.core.report import (
     Verification,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
+from convergerd.status.cluster import ClusterState
+from convergerd.status.document import snapshot
 from convergerd.status.listing import worst_first_key
 from convergerd.status.phases import (
     STALE,
@@ -117,8 +119,7 @@ def test_cluster_counts_kept_between_asks_are_the_counts_made_anew(
             status, "Admitted" if i % 3 == 0 else "Denied", "m", probe, probe)
         readings.append(PhaseReading(ClusterId("c1"), PolicyId(f"p{i}"), phase, None, None, 1,
                                      at, verified))
-    state = StatusState(identity="r", interval_s=INTERVAL)
-    cluster = state.cluster("c1")
+    cluster = ClusterState(ClusterId("c1"), known_since=T0)
     cluster.phase_tally = tally(readings)
     for ask in asks:
         now = (T0 + dt.timedelta(seconds=ask)).timestamp()
@@ -160,7 +161,7 @@ def test_round_updates_clusters_and_lag_grows_without_rounds() -> None:
         outcome("c2", reached=False, in_sync=0, error="connect timeout"),
     ))
     clock.advance(3600)
-    doc = state.snapshot()
+    doc = snapshot(state)
     by_id = {c["id"]: c for c in doc["clusters"]}
     assert [c["id"] for c in doc["clusters"]] == ["c2", "c1"]  # unreached first
     assert by_id["c1"]["lag_seconds"] == 3600  # true now, though no round ran since
@@ -200,11 +201,11 @@ def test_probe_marks_a_cluster_down_between_rounds() -> None:
     state = StatusState(identity="r", interval_s=INTERVAL, clock=clock)
     state.observe_round(report(T0, outcome("c1")))
     state.observe_probe("c1", reachable=False, error="no answer within 5 s")
-    summary = state.snapshot()["clusters"][0]
+    summary = snapshot(state)["clusters"][0]
     assert summary["reachable"] is False
     assert summary["last_error"] == "no answer within 5 s"
     state.observe_probe("c1", reachable=True, server_version="v1.31.0")
-    summary = state.snapshot()["clusters"][0]
+    summary = snapshot(state)["clusters"][0]
     assert (summary["reachable"], summary["last_error"]) == (True, None)
     assert summary["server_version"] == "v1.31.0"
 
@@ -217,7 +218,7 @@ def test_unsupported_clusters_roll_up_by_version() -> None:
         outcome("old2", version="v1.29.2", phases=[reading("old2", "p", "Unsupported", T0)]),
         outcome("new", version="v1.31.0", phases=[reading("new", "p", "Enforcing", T0)]),
     ))
-    assert state.snapshot()["unsupported_by_version"] == {"v1.29.2": ["old1", "old2"]}
+    assert snapshot(state)["unsupported_by_version"] == {"v1.29.2": ["old1", "old2"]}
 
 
 def test_invalid_policies_come_from_the_round() -> None:
@@ -225,7 +226,7 @@ def test_invalid_policies_come_from_the_round() -> None:
     r = report(T0)
     r.invalid = [InvalidPolicy("Bad_Id", "team-a", 3, "id: not a DNS label")]
     state.observe_round(r)
-    assert state.snapshot()["invalid_policies"] == [
+    assert snapshot(state)["invalid_policies"] == [
         {"id": "Bad_Id", "reason": "id: not a DNS label"}]
 
 
@@ -233,7 +234,7 @@ def test_leader_as_the_elector_told_it_and_since_when() -> None:
     clock = Clock()
     state = StatusState(identity="rep-a", interval_s=INTERVAL, clock=clock)
     state.set_leader(False, "rep-b")
-    assert state.snapshot()["leader"] == {"is_leader": False, "holder": "rep-b",
+    assert snapshot(state)["leader"] == {"is_leader": False, "holder": "rep-b",
                                           "since": "2026-01-01T12:00:00Z"}
     version = state.version
     clock.now += dt.timedelta(seconds=30)
@@ -241,7 +242,7 @@ def test_leader_as_the_elector_told_it_and_since_when() -> None:
     assert state.version == version
     state.set_leader(True, "rep-a")
     assert state.version > version
-    assert state.snapshot()["leader"] == {"is_leader": True, "holder": "rep-a",
+    assert snapshot(state)["leader"] == {"is_leader": True, "holder": "rep-a",
                                           "since": "2026-01-01T12:00:30Z"}
 
 
@@ -264,7 +265,7 @@ def test_verified_per_policy_and_counted_per_cluster() -> None:
         checked("p4", Verification("Unknown", "Pending")),
         checked("p5", None),
     ])))
-    [c1] = state.snapshot()["clusters"]
+    [c1] = snapshot(state)["clusters"]
     assert c1["verification"] == {"verified": 1, "admitted": 1, "not_verified": 1, "stale": 0,
                                   "unknown": 2}
     record = state.clusters[ClusterId("c1")].policies[PolicyId("p2")]
@@ -275,7 +276,7 @@ def test_verified_per_policy_and_counted_per_cluster() -> None:
     assert record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p5")], clock.now,
                        INTERVAL)["verified"] is None
     clock.advance(2 * INTERVAL + 1)  # stale: nothing is known now
-    [c1] = state.snapshot()["clusters"]
+    [c1] = snapshot(state)["clusters"]
     assert c1["verification"] == {"verified": 0, "admitted": 0, "not_verified": 0, "stale": 0,
                                   "unknown": 5}
 
@@ -299,7 +300,7 @@ def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -
         ])))
 
     round_at(clock.now)
-    [c1] = state.snapshot()["clusters"]
+    [c1] = snapshot(state)["clusters"]
     assert (c1["verification"]["verified"], c1["verification"]["not_verified"]) == (1, 1)
     view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p1")], clock.now,
                        INTERVAL, probe_period_s=period)["verified"]
@@ -308,13 +309,13 @@ def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -
 
     clock.advance(2 * period + 1)
     round_at(clock.now)  # read again, fresh, but the operator has not probed since
-    [c1] = state.snapshot()["clusters"]
+    [c1] = snapshot(state)["clusters"]
     assert c1["verification"] == {"verified": 0, "admitted": 0, "not_verified": 1, "stale": 1,
                                   "unknown": 0}
     view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p2")], clock.now,
                        INTERVAL, probe_period_s=period)["verified"]
     assert (view["status"], view["verification"], view["stale"]) == ("True", "stale", True)
-    assert state.snapshot()["verified_stale_after_seconds"] == 2 * period
+    assert snapshot(state)["verified_stale_after_seconds"] == 2 * period
 
 
 def test_a_standby_shows_the_verified_condition_from_the_database_row() -> None:
@@ -323,7 +324,7 @@ def test_a_standby_shows_the_verified_condition_from_the_database_row() -> None:
         "p1", "c1", 1, ApplyResult.UNCHANGED, T0, T0, None, None, 0, 7, "Enforcing", None, None,
         1, T0, verified_status="False", verified_reason="Admitted", verified_message="m",
         verified_probed_at=T0, verified_since=None)])
-    [c1] = state.snapshot()["clusters"]
+    [c1] = snapshot(state)["clusters"]
     assert c1["verification"]["admitted"] == 1
     view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p1")], T0, INTERVAL)
     assert view["verified"]["probed_at"] == "2026-01-01T12:00:00Z"
@@ -337,7 +338,7 @@ def test_standby_takes_the_database_rows() -> None:
         ClusterStateRow(ClusterId("c2"), False, T0, None, None, "401 Unauthorized",
                         "unauthorized", 3, 0, 0, None, None),
     ])
-    doc = state.snapshot()
+    doc = snapshot(state)
     assert [c["id"] for c in doc["clusters"]] == ["c2", "c1"]
     c1 = doc["clusters"][1]
     assert (c1["lag_seconds"], c1["desired"], c1["in_sync"]) == (60, 3, 3)
@@ -397,7 +398,7 @@ def test_a_deleted_cluster_is_not_brought_back_by_a_late_observation() -> None:
     state.observe_round(report(T0, outcome("c2")))
     state.set_insecure("c2", True)
     assert state.cluster_ids() == ["c1"]
-    assert [c["id"] for c in state.snapshot()["clusters"]] == ["c1"]
+    assert [c["id"] for c in snapshot(state)["clusters"]] == ["c1"]
     assert state.insecure == set()
     # The home cluster (the Lease) is no member, but what its client is told stays.
     state.set_insecure("home", True)

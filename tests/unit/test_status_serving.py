@@ -19,6 +19,7 @@ from convergerd.config import StatusReadTuning, load_settings
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import ClusterOutcome, Epoch, PhaseReading, RoundReport
 from convergerd.core.rows import ClusterStatusRows, PolicyStatusRows
+from convergerd.status.document import snapshot
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.status.views import iso
@@ -116,7 +117,7 @@ async def test_the_sliced_body_is_the_snapshot() -> None:
     state = fleet(clocks, 9)
     probe(state, "c04", False)
     body = await get_status(views_of(state, clocks))
-    expected = json.loads(json.dumps(state.snapshot(T0 + dt.timedelta(seconds=clocks.now))))
+    expected = json.loads(json.dumps(snapshot(state, T0 + dt.timedelta(seconds=clocks.now))))
     assert body == {**expected, "version": __version__, "database": {
         "reachable": True, "error": None, "synced_at": None,
         "url": "postgresql://convergerd@db.example:5432/policies"}}
