@@ -123,7 +123,9 @@ _SCHEMAS: dict[str, Any] = {
             "cache_synced": {"type": "boolean", "nullable": True},
             "state": {"type": "string", "enum": ["current", "unsynced", "stale", "unknown"],
                       "description": "stale: the reading is stale, or the audit is older "
-                                     "than two of the operators' probe periods"},
+                                     "than five of the operators' probe periods (the "
+                                     "operator rewrites an unchanged audit's time every "
+                                     "three)"},
             "problem": _NULLABLE_STRING},
     },
     "AuditSample": {

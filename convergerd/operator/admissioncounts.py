@@ -331,21 +331,34 @@ class AdmissionCounts:
         return tuple(self._policies)
 
 
-_FIGURES = ("denied", "warned", "audited", "revision", "lastHour", "resets", "probesExcluded",
-            "note", "since")
+# What says which figures these are: any change is written at once.
+_IDENTITY = ("revision", "since", "resets", "probesExcluded", "note")
+_COUNTS = ("denied", "warned", "audited")
+
+
+def reporting_step(count: object) -> int:
+    """The reporting step a count is in: 0 for none, then 1, 2-3, 4-7, 8-15, ... (one step per
+    power of two). A count written at once when it enters a new step, so the first denial is
+    news within one read and a flood of them costs a write per doubling, not per read."""
+    return count.bit_length() if isinstance(count, int) and count > 0 else 0
 
 
 def admission_differs(current: Any, new: Mapping[str, Any], *, now: dt.datetime,
                       refresh_s: float) -> bool:
-    """A write is needed: a figure changed (the last hour's too, as reads leave it), or the
-    last write is older than `refresh_s` (`readAt` then says counting still runs)."""
+    """A write is needed: what the figures are of changed (revision, since, resets, probes left
+    out, the note), a count (since the revision, or in the last hour) entered another
+    reporting step, or the last write is older than `refresh_s` (the heartbeat: the figures as
+    they are then, and `readAt` saying counting still runs). Quiet when nothing changes, and
+    a steady trickle of admissions is written at the heartbeat."""
     if not isinstance(current, Mapping):
         return True
-    last_hour = {k: v for k, v in (current.get("lastHour") or {}).items() if k != "since"} \
-        if isinstance(current.get("lastHour"), Mapping) else None
-    new_hour = {k: v for k, v in new["lastHour"].items() if k != "since"}
-    if last_hour != new_hour or any(current.get(k) != new.get(k) for k in _FIGURES
-                                    if k != "lastHour"):
+    if any(current.get(k) != new.get(k) for k in _IDENTITY):
+        return True
+    last_hour = current.get("lastHour")
+    old_hour = last_hour if isinstance(last_hour, Mapping) else {}
+    if any(reporting_step(current.get(k)) != reporting_step(new.get(k))
+           or reporting_step(old_hour.get(k)) != reporting_step(new["lastHour"].get(k))
+           for k in _COUNTS):
         return True
     written = rfc3339(current.get("readAt"))
     return written is None or (now - written).total_seconds() >= refresh_s

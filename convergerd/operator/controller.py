@@ -5,20 +5,31 @@ warm cache; only the Lease holder reconciles and writes, each write checked agai
 fence. One worker reconciles one Policy at a time from a queue of due times:
 
 - a watch event (changed or deleted Policy) makes it due now; a failure, after a backoff;
+- a change of its admission objects by someone else (`guard`, the watch on them) makes it due
+  before everything else (`URGENT`);
 - when it is Enforcing, its next enforcement probe (first `probe_delay_s` after it became
   Enforcing, then every `probe_interval_s`, counted from the probe time recorded on it, so a
   restart does not probe again at once);
-- every `probe_interval_s` every Policy is reconciled again (drift in the admission objects is
-  found this way: they are read, not watched), and admission objects whose Policy is gone are
-  deleted (owner references let a real cluster's garbage collector do it too).
+- every `probe_interval_s` every Policy is reconciled again (drift the watch missed, while it
+  was down, is found this way), and admission objects whose Policy is gone are deleted (owner
+  references let a real cluster's garbage collector do it too).
 
 Drift is probed before it is repaired. When a Policy already reported Enforcing at its current
 generation would need a write (its binding deleted or edited by hand), the probe runs first,
 against what is enforced now: a violating pod admitted is `Verified` False `Admitted` (a
 WARNING and `convergerd_operator_probe_admitted`), written with the status. Then the objects
-are re-applied, and a follow-up probe `probe_delay_s` later sets `Verified` True again. So a
-binding removed by hand is always visible in the Policy's status (and to the daemon, which
-reads it back), never silently mended.
+are put back (counted: `convergerd_operator_repairs_total{kind}`), and a follow-up probe runs at
+once (again every `REPAIR_REPROBE_S` while ADMITTED, `REPAIR_REPROBES` times) and sets
+`Verified` True again. So a binding removed by hand is always visible in the Policy's status
+(and to the daemon, which reads it back), never silently mended.
+
+Quiet when nothing changes: a probe that confirms the verdict written keeps the condition as
+written (`reconcile.settled_verified`), so nothing is sent; the probe time, and an unchanged
+audit's `auditedAt`, are rewritten only at the heartbeat (`status.phases.heartbeat_after_s`,
+which the daemon ages them by). INFO lines only for transitions; heartbeats at DEBUG. The
+watch may still hold the version our last status write replaced: the reconcile then reads the
+object that write answered with (`_current`), so a probe confirming what was just written is
+never compared with the version before it.
 
 The probe is a dry-run create of `admission.violating_pod` in a namespace of the Policy's
 boundary, built against the other enabled Policies of that boundary in the watch cache, so that
@@ -40,17 +51,18 @@ boundary changes, when the cache's namespaces or sync state change, and every
 `probe_interval_s`; at most once per `AUDIT_MIN_INTERVAL_S` (changes in between are coalesced
 into one audit). A cache that is not synced gets `CACHE_GRACE_S` to catch up before an audit
 writes `cacheSynced: false` (so a restart or a quick re-list writes nothing). Nothing is
-written when the figures did not change, except to refresh `auditedAt` every
-`probe_interval_s`. A change of only `status.audit` does not reconcile the
-Policy again.
+written when the figures did not change, except to refresh `auditedAt` at the heartbeat. A
+change of only `status.audit` does not reconcile the Policy again.
 
 Admission counts (`convergerd.operator.admissioncounts`): the leader reads the API server's
 `/metrics` every `admission_read_s` (and soon after a Policy's revision is installed), and
 writes each Enforcing Policy's `status.admission` under its own field manager
-(`ADMISSION_FIELD_MANAGER`) only when a figure changed, or to refresh `readAt` every
-`probe_interval_s`. A new leader continues the figures its predecessor wrote for the same
-revision. Its own probes that the policy denied are taken out of the figures. A read that fails
-(403: the RBAC rule for `/metrics` is missing) is logged, throttled, and writes nothing.
+(`ADMISSION_FIELD_MANAGER`) only when what the figures are of changed or a count entered
+another reporting step (1, 2, 4, 8, ...: `admissioncounts.reporting_step`), else at the
+heartbeat with the figures as they are then. A new leader continues the figures its
+predecessor wrote for the same revision. Its own probes that the policy denied are taken out
+of the figures. A read that fails (403: the RBAC rule for `/metrics` is missing) is logged,
+throttled, and writes nothing.
 
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
@@ -105,6 +117,7 @@ from convergerd.operator.admissioncounts import (
 )
 from convergerd.operator.audit import audit, audit_differs, audit_status
 from convergerd.operator.cache import WorkloadCache
+from convergerd.operator.guard import BINDINGS, VAPS, AdmissionGuard
 from convergerd.operator.metrics import OperatorMetrics
 from convergerd.operator.reconcile import (
     ADMITTED,
@@ -123,23 +136,25 @@ from convergerd.operator.reconcile import (
     carried_verified,
     condition_key,
     drifted,
+    is_transition,
     new_status,
     next_probe_in,
     orphans,
     probe_inconclusive,
     probe_outcome,
     ready_condition,
+    repaired,
+    settled_verified,
     status_differs,
     verified_pending,
     writes_for,
 )
 from convergerd.retry import backoff_s, call_with_retries
+from convergerd.status.phases import heartbeat_after_s
 
 log = logging.getLogger(__name__)
 
 POLICIES = Resource("platform.stackship.se", "v1alpha1", "policies")
-VAPS = Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies")
-BINDINGS = Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings")
 NAMESPACES = Resource("", "v1", "namespaces")
 PODS = Resource("", "v1", "pods", namespaced=True)
 
@@ -161,6 +176,14 @@ PROBE_NAMESPACES_LISTED = 100
 ADMISSION_FIELD_MANAGER = "stackship-operator-admission"
 # /metrics is read at most this often, however many revisions are installed at once.
 ADMISSION_MIN_INTERVAL_S = 1.0
+# Due before everything already due: a Policy whose admission objects someone changed.
+URGENT = -math.inf
+# After a repair the follow-up probe runs at once; kube-apiserver's admission enforces a
+# changed policy or binding only once its own watch of them has caught up (not at once, unlike
+# the simulator), so an ADMITTED answer right after a repair is asked again this soon, this many
+# times (3 s in all), before it counts for a probe period.
+REPAIR_REPROBE_S = 0.5
+REPAIR_REPROBES = 6
 
 
 class OperatorApi(WatchApi, Protocol):
@@ -265,6 +288,7 @@ class Operator:
         self.supported: bool | None = None
         self._recheck = asyncio.Event()
         self._discovered = asyncio.Event()  # discovery has answered once
+        self._support_changed = asyncio.Event()  # set when `supported` changes
         self._due = _Due()
         self._probe_at: dict[str, float] = {}
         # From the watch: every Policy's spec (the probe's `others`; spec changes told apart
@@ -276,6 +300,16 @@ class Operator:
         # on a Policy (a previous leader's, or written by someone else, e.g. True with a
         # lastProbeTime of 9999-...) is not carried: the Policy is probed again at once.
         self._mine: dict[str, tuple[tuple[str, str, str | None], ...]] = {}
+        # Follow-up probes left after a repair (see REPAIR_REPROBES).
+        self._settling: dict[str, int] = {}
+        # Per Policy, the version the watch held when we wrote its status and the object the
+        # write answered: until the watch brings our write, the reconcile reads that answer
+        # (a probe that confirms what we just wrote must compare against it, not the version
+        # before).
+        self._written: dict[str, tuple[str | None, KubeObject]] = {}
+        # The admission objects' name (stackship-<id>) to their Policy's, and back.
+        self._policy_of: dict[str, str] = {}
+        self._admission_of: dict[str, str] = {}
         self._failures: dict[str, int] = {}
         # Lines the cluster's objects set off, one per event otherwise: a few a minute.
         self._throttle = LogThrottle(log)
@@ -303,6 +337,9 @@ class Operator:
                                        on_state=self._cache_state,
                                        on_restart=metrics.workload_watch_restarted)
         metrics.workload_cache = self.workloads
+        self.guard = AdmissionGuard(api, request_timeout_s=timing.request_timeout_s,
+                                    on_tampered=self._tampered,
+                                    on_restart=metrics.admission_watch_restarted)
 
     def _extra(self, **fields: str) -> dict[str, str]:
         return {"cluster": self.cluster, **fields}
@@ -318,6 +355,7 @@ class Operator:
             tg.create_task(self.workloads.run(), name="workload cache")
             tg.create_task(self._boundaries_when_listed(), name="boundaries")
             tg.create_task(self._discovery(), name="discovery")
+            tg.create_task(self._guard(), name="admission watch")
             tg.create_task(self._lead(), name="reconciler")
 
     # -- events ----------------------------------------------------------------------------
@@ -333,19 +371,25 @@ class Operator:
         if obj is None:
             self._sweep_at = self._clock()
             self._due.wake.set()
-        installed = _installed_key(obj) if obj is not None else None
-        if installed != self._installed.get(name):
-            self._admission_wake.set()
-        if installed is None:
-            self._installed.pop(name, None)
-        else:
-            self._installed[name] = installed
+            if name in self._specs and self.informer.synced.is_set():
+                self._metrics.policy_deleted()
+                log.info("cluster %s: Policy %s deleted: its admission objects go with it (if "
+                         "it was not deleted through convergerd, the daemon's next round puts "
+                         "it back)", self.cluster, name, extra=self._extra(policy=name))
+        admission = self._admission_of.pop(name, None)
+        if admission is not None and self._policy_of.get(admission) == name:
+            del self._policy_of[admission]
+        self._note_installed(name, obj)
         old = self._specs.pop(name, None)
         self._inconclusive.pop(name, None)
         new = None
         if obj is not None:
             policy = PolicyObject.from_object(obj)
             new = self._specs[name] = policy.spec
+            if policy.policy_id is not None:
+                admission = admission_name(policy.policy_id)
+                self._admission_of[name] = admission
+                self._policy_of[admission] = name
             verified = policy.condition(VERIFIED)
             if verified is not None and verified.get("reason") == PROBE_INCONCLUSIVE:
                 self._inconclusive[name] = str(new.get("boundary", ""))
@@ -355,6 +399,60 @@ class Operator:
             self._audit_soon(name)
             if self.informer.synced.is_set():
                 self._set_boundaries()
+
+    def _note_installed(self, name: str, obj: KubeObject | None) -> None:
+        """A Policy that tells of another installed revision wakes the admission counts'
+        read (its figures start again from that revision)."""
+        installed = _installed_key(obj) if obj is not None else None
+        if installed != self._installed.get(name):
+            self._admission_wake.set()
+        if installed is None:
+            self._installed.pop(name, None)
+        else:
+            self._installed[name] = installed
+
+    def _tampered(self, kind: str, admission: str) -> None:
+        """The guard saw our admission object `admission` deleted or changed by someone else:
+        its Policy is reconciled before anything else due."""
+        name = self._policy_of.get(admission)
+        if name is None:
+            return  # an orphan: the sweep's
+        log.debug("cluster %s: %s %s changed outside the operator: reconciling Policy %s now",
+                  self.cluster, kind, admission, name, extra=self._extra(policy=name))
+        self._due.at(name, URGENT)
+
+    async def _guard(self) -> None:
+        """The watch on our admission objects, while the cluster serves them (a cluster
+        without them would fail it every few seconds)."""
+        while True:
+            await self._discovered.wait()
+            flipped = asyncio.create_task(self._support_flips())
+            if not self.supported:
+                await flipped
+                continue
+            watches = asyncio.create_task(self._watch_admission())
+            done, _ = await asyncio.wait([watches, flipped],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in (watches, flipped):
+                task.cancel()
+            await asyncio.gather(watches, flipped, return_exceptions=True)
+            if watches in done:
+                watches.result()  # raises what ended it: the watches run forever
+                raise RuntimeError("the admission watch ended")
+            for informer in self.guard.informers.values():
+                informer.invalidate()  # listed afresh if the API comes back
+
+    async def _watch_admission(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for kind, informer in self.guard.informers.items():
+                tg.create_task(informer.run(), name=f"watch {kind}")
+
+    async def _support_flips(self) -> None:
+        """Until discovery's answer changes."""
+        before = self.supported
+        while self.supported == before:
+            self._support_changed.clear()
+            await self._support_changed.wait()
 
     def _reprobe_inconclusive(self, changed: str, boundaries: set[str]) -> None:
         """A Policy of these boundaries changed its spec (or came or went): the others whose
@@ -469,9 +567,12 @@ class Operator:
         incomplete = self.workloads.incomplete(namespaces, result.refused)
         new = audit_status(result, synced=synced, now=now, incomplete=incomplete)
         self._metrics.audited(name, result.violations)
+        # Written when the figures change, and at the heartbeat (`auditedAt` then says the
+        # audit still runs; status.phases ages an audit by the same rule).
         if not audit_differs(policy.status.get("audit"), new, now=now,
-                             refresh_s=self._t.probe_interval_s):
+                             refresh_s=heartbeat_after_s(self._t.probe_interval_s)):
             return
+        changed = audit_differs(policy.status.get("audit"), new, now=now, refresh_s=math.inf)
         body = {"apiVersion": POLICIES.api_version, "kind": "Policy",
                 "metadata": {"name": name}, "status": {"audit": new}}
         try:
@@ -489,11 +590,12 @@ class Operator:
             return
         self._audit_failures.pop(name, None)
         self._metrics.wrote("audit")
-        log.info("cluster %s: Policy %s: audit: %d violation(s)%s%s", self.cluster, name,
-                 result.violations, "" if synced else " (cache not synced: may be behind)",
-                 "" if incomplete is None else
-                 f" (incomplete: {new['incomplete']['skipped']} object(s) not judged)",
-                 extra=self._extra(policy=name))
+        log.log(logging.INFO if changed else logging.DEBUG,
+                "cluster %s: Policy %s: audit: %d violation(s)%s%s", self.cluster, name,
+                result.violations, "" if synced else " (cache not synced: may be behind)",
+                "" if incomplete is None else
+                f" (incomplete: {new['incomplete']['skipped']} object(s) not judged)",
+                extra=self._extra(policy=name))
 
     # -- admission counts ------------------------------------------------------------------
 
@@ -555,7 +657,7 @@ class Operator:
                 continue
             new = report.as_status()
             if not admission_differs(policy.status.get("admission"), new, now=now,
-                                     refresh_s=self._t.probe_interval_s):
+                                     refresh_s=heartbeat_after_s(self._t.probe_interval_s)):
                 continue
             status = {"apiVersion": POLICIES.api_version, "kind": "Policy",
                       "metadata": {"name": policy.name}, "status": {"admission": new}}
@@ -594,6 +696,7 @@ class Operator:
                              self.cluster, "serves" if supported else "does NOT serve",
                              extra=self._extra())
                     self.supported = supported
+                    self._support_changed.set()
                     self._metrics.supported = supported
                     self._discovered.set()
                     self._all_due()
@@ -634,6 +737,7 @@ class Operator:
         await self._discovered.wait()
         self._all_due()
         self._probe_at.clear()
+        self._settling.clear()
         self._mine.clear()  # a new term vouches for no condition written before it
         next_sweep = self._clock() + self._t.probe_interval_s
         while True:
@@ -673,10 +777,21 @@ class Operator:
 
     # -- one Policy ------------------------------------------------------------------------
 
-    async def _reconcile_one(self, name: str) -> None:
+    def _current(self, name: str) -> KubeObject | None:
+        """The Policy as the watch holds it, or as our last status write left it while the
+        watch still holds the version that write replaced."""
         obj = self.informer.objects.get(name)
+        written = self._written.pop(name, None)
+        if obj is not None and written is not None and _version(obj) == written[0]:
+            self._written[name] = written
+            return written[1]
+        return obj
+
+    async def _reconcile_one(self, name: str) -> None:
+        obj = self._current(name)
         if obj is None:
             self._probe_at.pop(name, None)
+            self._settling.pop(name, None)
             self._failures.pop(name, None)
             self._mine.pop(name, None)
             self._metrics.set_phase(name, None)
@@ -714,7 +829,7 @@ class Operator:
         enforced = await self._enforce(policy, boundary)
         phase, ready, wrote = enforced.phase, enforced.ready, enforced.wrote
         if phase == ENFORCING and enforced.before is not None:
-            verified = enforced.before
+            verified = self._settled(enforced.before, policy)
             self._probe_soon(policy.name)
         elif phase == ENFORCING:
             verified = await self._verified(policy, boundary)
@@ -733,14 +848,24 @@ class Operator:
             return wrote
         body = {"apiVersion": POLICIES.api_version, "kind": "Policy",
                 "metadata": {"name": policy.name}, "status": status}
-        await self._write(lambda t: self._api.apply(POLICIES, body, field_manager=FIELD_MANAGER,
-                                                    timeout_s=t, subresource="status"),
-                          "status")
+        answer = await self._write(lambda t: self._api.apply(
+            POLICIES, body, field_manager=FIELD_MANAGER, timeout_s=t, subresource="status"),
+            "status")
+        seen = self.informer.objects.get(policy.name)
+        if isinstance(answer, dict) and seen is not None:
+            self._written[policy.name] = (_version(seen), answer)
         self._metrics.wrote("status")
         mode = f", {enforced.enforcement.value}" if enforced.enforcement is not None else ""
-        log.info("cluster %s: Policy %s: %s (%s%s)", self.cluster, policy.name, phase,
-                 ready.reason, mode, extra=self._extra(policy=policy.name, phase=phase))
+        # INFO for a change; the heartbeat (only a probe time moved) at DEBUG.
+        log.log(logging.INFO if is_transition(policy.status, status) else logging.DEBUG,
+                "cluster %s: Policy %s: %s (%s%s), Verified %s (%s)", self.cluster,
+                policy.name, phase, ready.reason, mode, verified.status, verified.reason,
+                extra=self._extra(policy=policy.name, phase=phase))
         return True
+
+    def _settled(self, found: Condition, policy: PolicyObject) -> Condition:
+        return settled_verified(found, policy, now=self._wall(),
+                                heartbeat_s=heartbeat_after_s(self._t.probe_interval_s))
 
     async def _enforce(self, policy: PolicyObject, boundary: str) -> _Enforced:
         """The admission objects written; the phase, the Ready condition, whether it wrote, and
@@ -774,6 +899,8 @@ class Operator:
                 self._recheck.set()  # the API went away (a downgrade?): ask discovery again
             raise
         before = None
+        kinds = repaired(policy, todo, existing_policy=existing_policy,
+                         existing_binding=existing_binding)
         if drifted(policy, todo):
             # What is enforced now, before the repair: a binding deleted by hand shows as
             # Verified False Admitted instead of being mended unseen.
@@ -793,22 +920,30 @@ class Operator:
             return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
                                                     detail=detail, reason="ApplyFailed"),
                              enforcement=enforcement_of(existing_binding))
+        for kind in kinds:
+            self._metrics.repaired(kind)
+            log.warning("cluster %s: Policy %s: put back its %s %s, deleted or edited by "
+                        "someone else (admission does not guard these objects)", self.cluster,
+                        policy.name, "binding" if kind == "binding" else "admission policy",
+                        name, extra=self._extra(policy=policy.name, repaired=kind))
         return _Enforced(todo.phase, ready_condition(todo.phase, name=name, boundary=boundary),
                          wrote, before, todo.enforcement)
 
     async def _apply(self, vap: KubeObject | None, binding: KubeObject | None,
                      delete_binding: bool, name: str) -> bool:
         if vap is not None:
-            await self._write(lambda t: self._api.apply(VAPS, vap, field_manager=FIELD_MANAGER,
-                                                        timeout_s=t), name)
+            self.guard.wrote("policy", await self._write(
+                lambda t: self._api.apply(VAPS, vap, field_manager=FIELD_MANAGER,
+                                          timeout_s=t), name))
             self._metrics.wrote("policy")
         if binding is not None:
-            await self._write(lambda t: self._api.apply(BINDINGS, binding,
-                                                        field_manager=FIELD_MANAGER,
-                                                        timeout_s=t), name)
+            self.guard.wrote("binding", await self._write(
+                lambda t: self._api.apply(BINDINGS, binding, field_manager=FIELD_MANAGER,
+                                          timeout_s=t), name))
             self._metrics.wrote("binding")
         if delete_binding:
             await self._write(lambda t: self._api.delete(BINDINGS, name, timeout_s=t), name)
+            self.guard.deleted("binding", name)
             self._metrics.wrote("delete")
         return vap is not None or binding is not None or delete_binding
 
@@ -836,17 +971,22 @@ class Operator:
             self._due.at(policy.name, due)
             return carried
         result = await self.probe(policy, boundary)
-        self._probe_at[policy.name] = self._clock() + self._t.probe_interval_s
+        wait = self._t.probe_interval_s
+        settling = self._settling.pop(policy.name, 0)
+        if result.reason == ADMITTED and settling > 0:
+            # Just repaired: the API server may not enforce the objects put back yet.
+            self._settling[policy.name] = settling - 1
+            wait = REPAIR_REPROBE_S
+        self._probe_at[policy.name] = self._clock() + wait
         self._due.at(policy.name, self._probe_at[policy.name])
-        return result
+        return self._settled(result, policy)
 
     def _probe_soon(self, name: str) -> None:
-        """After a repair of drifted objects: the follow-up probe, `probe_delay_s` from now."""
-        when = self._clock() + self._t.probe_delay_s
-        self._probe_at[name] = when
-        self._due.at(name, when)
-        log.info("cluster %s: Policy %s: admission objects re-applied; probing again in %g s",
-                 self.cluster, name, self._t.probe_delay_s, extra=self._extra(policy=name))
+        """After a repair of drifted objects: the follow-up probe, at once (and again soon
+        while it is ADMITTED, `REPAIR_REPROBES`)."""
+        self._probe_at[name] = self._clock()
+        self._settling[name] = REPAIR_REPROBES
+        self._due.at(name, URGENT)
 
     async def probe(self, policy: PolicyObject, boundary: str) -> Condition:
         """A dry-run create of a pod violating `policy` in a namespace of its boundary: the
@@ -864,8 +1004,10 @@ class Operator:
                         policy.name, result.message,
                         extra=self._extra(policy=policy.name, probe=result.reason))
         elif result.reason == PROBE_INCONCLUSIVE:
-            log.info("cluster %s: Policy %s: enforcement probe: %s", self.cluster, policy.name,
-                     result.message, extra=self._extra(policy=policy.name, probe=result.reason))
+            known = policy.condition(VERIFIED) or {}
+            log.log(logging.DEBUG if known.get("reason") == PROBE_INCONCLUSIVE else logging.INFO,
+                    "cluster %s: Policy %s: enforcement probe: %s", self.cluster, policy.name,
+                    result.message, extra=self._extra(policy=policy.name, probe=result.reason))
         elif result.status != "True":
             log.warning("cluster %s: Policy %s: enforcement probe: %s", self.cluster,
                         policy.name, result.message,
@@ -975,6 +1117,7 @@ class Operator:
                     timeout_s=self._t.request_timeout_s)
                 for name in orphans(listed.items, policies):
                     if await self._write(functools.partial(self._delete, resource, name), name):
+                        self.guard.deleted("binding" if resource == BINDINGS else "policy", name)
                         self._metrics.wrote("delete")
                         log.info("cluster %s: deleted %s %s: its Policy is gone",
                                  self.cluster, resource, name,
@@ -1014,6 +1157,12 @@ def _reconcile_view(obj: KubeObject) -> Any:
     if isinstance(status, Mapping):
         view["status"] = {k: v for k, v in status.items() if k not in ("audit", "admission")}
     return view
+
+
+def _version(obj: KubeObject) -> str | None:
+    meta = obj.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return version if isinstance(version, str) else None
 
 
 def _names(items: Any) -> list[str]:

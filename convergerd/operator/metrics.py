@@ -20,6 +20,14 @@ No per-policy label: policies are counted per phase, and the policies a probe fo
 - `convergerd_operator_is_leader`: 1/0;
 - `convergerd_operator_writes_total{kind}`: `policy`, `binding`, `delete`, `status`, `audit`
   (a Policy's `status.audit`), `admission` (its `status.admission`);
+- `convergerd_operator_repairs_total{kind}`: admission objects (`policy`, `binding`) put back
+  after someone deleted or edited them (`guard`, `reconcile.repaired`); the alert
+  `ConvergerdOperatorRepairsRepeated` fires when someone keeps undoing them;
+- `convergerd_operator_policy_deletions_total`: Policies seen deleted in this cluster (by the
+  daemon's delete, or by hand: then nothing is enforced for that policy until the daemon's next
+  round puts it back);
+- `convergerd_operator_admission_watch_restarts_total{reason}`: as the Policy watch's, for the
+  watch on our admission objects (`guard`);
 - `convergerd_operator_workload_cache_objects`: objects in the workload cache;
 - `convergerd_operator_workload_cache_synced`: 1 when every kind is listed and every watch
   current (the audit's `cacheSynced`);
@@ -69,6 +77,7 @@ RECONCILE_RESULTS = ("unchanged", "written", "error")
 PROBE_RESULTS = (DENIED, WARNED, AUDIT_ONLY, ADMITTED, WRONG_MODE, NO_NAMESPACE, PROBE_FAILED,
                  PROBE_INCONCLUSIVE)
 WRITE_KINDS = ("policy", "binding", "delete", "status", "audit", "admission")
+REPAIR_KINDS = ("policy", "binding")
 
 
 class CacheFacts(Protocol):
@@ -95,6 +104,9 @@ class OperatorMetrics:
         self.probes = dict.fromkeys(PROBE_RESULTS, 0.0)
         self.writes = dict.fromkeys(WRITE_KINDS, 0.0)
         self.watch_restarts: dict[str, float] = {"closed": 0.0, "expired": 0.0}
+        self.repairs = dict.fromkeys(REPAIR_KINDS, 0.0)
+        self.policy_deletions = 0.0
+        self.admission_watch_restarts: dict[str, float] = {"closed": 0.0, "expired": 0.0}
         self.phases: dict[str, str] = {}  # policy name -> phase last reported
         self.modes: dict[str, Enforcement] = {}  # policy name -> mode of its binding in force
         self.admitted: set[str] = set()  # policy names whose last probe was admitted
@@ -117,6 +129,15 @@ class OperatorMetrics:
 
     def watch_restarted(self, reason: str) -> None:
         self.watch_restarts[reason] = self.watch_restarts.get(reason, 0.0) + 1
+
+    def repaired(self, kind: str) -> None:
+        self.repairs[kind] = self.repairs.get(kind, 0.0) + 1
+
+    def policy_deleted(self) -> None:
+        self.policy_deletions += 1
+
+    def admission_watch_restarted(self, reason: str) -> None:
+        self.admission_watch_restarts[reason] = self.admission_watch_restarts.get(reason, 0.0) + 1
 
     def workload_watch_restarted(self, reason: str) -> None:
         self.workload_watch_restarts[reason] = self.workload_watch_restarts.get(reason, 0.0) + 1
@@ -166,6 +187,14 @@ class OperatorMetrics:
         yield _counter(p + "watch_restarts", "Policy watch restarts by reason", "reason",
                        self.watch_restarts)
         yield _counter(p + "probes", "Enforcement probes by result", "result", self.probes)
+        yield _counter(p + "repairs", "Admission objects put back after someone deleted or "
+                       "edited them, by kind", "kind", self.repairs)
+        deletions = CounterMetricFamily(p + "policy_deletions", "Policies seen deleted in "
+                                        "this cluster")
+        deletions.add_metric([], self.policy_deletions)
+        yield deletions
+        yield _counter(p + "admission_watch_restarts", "Restarts of the watch on our admission "
+                       "objects, by reason", "reason", self.admission_watch_restarts)
         phases = GaugeMetricFamily(p + "policies", "Policies by the phase last reported",
                                    labels=["phase"])
         counts = dict.fromkeys(PHASES, 0)

@@ -9,11 +9,15 @@ cluster, the writes to make and the status to report.
   first).
 - `ready_condition` / `verified_condition` / `new_status`: the status, with Kubernetes'
   condition rule (lastTransitionTime moves only when the condition's status changes), and
-  `status_differs` so an unchanged status is never written.
+  `status_differs` so an unchanged status is never written; `settled_verified` keeps a
+  confirmed verdict as it was written (its probe time moves only at the heartbeat), and
+  `is_transition` tells a change from a heartbeat.
+- `repaired`: which admission objects a reconcile puts back after someone else deleted or
+  edited them (counted, `convergerd_operator_repairs_total{kind}`).
 - `probe_outcome`: what a dry-run create of a violating pod proved, for the policy's mode
   (Deny: denied by it; Warn: admitted with its warning; Audit: admitted with neither, its
-  binding installed with `[Audit]`); `probe_inconclusive`: no pod violates only this policy
-  (other policies of the boundary require what it forbids).
+  binding installed with `[Audit]`); `probe_inconclusive`: no
+  pod violates only this policy (other policies of the boundary require what it forbids).
 """
 
 from __future__ import annotations
@@ -226,6 +230,37 @@ def drifted(policy: PolicyObject, todo: OperatorWrites) -> bool:
             and (todo.apply_policy is not None or todo.apply_binding is not None))
 
 
+def repaired(policy: PolicyObject, todo: OperatorWrites, *,
+             existing_policy: Mapping[str, Any] | None,
+             existing_binding: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The admission objects (`policy`, `binding`) these writes put back after someone else
+    deleted or edited them: the Policy had already reported this phase at this generation (so
+    they were in place), and the object is gone, or another field manager changed it (a field
+    we set is theirs now). A new operator version rendering differently is no repair."""
+    if (policy.status.get("phase") != todo.phase or policy.generation is None
+            or policy.status.get("observedGeneration") != policy.generation):
+        return ()
+    kinds = []
+    if todo.apply_policy is not None and _tampered(existing_policy):
+        kinds.append("policy")
+    if todo.delete_binding or (todo.apply_binding is not None and _tampered(existing_binding)):
+        kinds.append("binding")
+    return tuple(kinds)
+
+
+def _tampered(existing: Mapping[str, Any] | None) -> bool:
+    """Gone, or written by a field manager other than ours (the status subresource is the API
+    server's own: a ValidatingAdmissionPolicy's type checking)."""
+    if existing is None:
+        return True
+    meta = existing.get("metadata")
+    entries = meta.get("managedFields") if isinstance(meta, Mapping) else None
+    if not isinstance(entries, list):
+        return False
+    return any(isinstance(e, Mapping) and e.get("manager") != FIELD_MANAGER
+               and not e.get("subresource") for e in entries)
+
+
 def orphans(existing: Iterable[Mapping[str, Any]],
             policies: Iterable[PolicyObject]) -> list[str]:
     """Names of our admission objects (prefix and label) whose Policy is gone: on a server
@@ -237,17 +272,20 @@ def orphans(existing: Iterable[Mapping[str, Any]],
         if not isinstance(meta, Mapping):
             continue
         name, labels = meta.get("name"), meta.get("labels")
-        if (isinstance(name, str) and name.startswith(NAME_PREFIX) and name not in wanted
-                and _is_policy_id(name.removeprefix(NAME_PREFIX))  # a name from the cluster
+        if (isinstance(name, str) and is_admission_name(name)
+                and name not in wanted  # a name from the cluster
                 # becomes a DELETE's path: only the names we make, `stackship-<policy id>`
                 and isinstance(labels, Mapping) and labels.get(MANAGED_BY_LABEL) == MANAGED_BY):
             found.append(name)
     return sorted(found)
 
 
-def _is_policy_id(value: str) -> bool:
+def is_admission_name(name: object) -> bool:
+    """Is `name` one we make, `stackship-<valid policy id>`?"""
+    if not isinstance(name, str) or not name.startswith(NAME_PREFIX):
+        return False
     try:
-        check_policy_id(value)
+        check_policy_id(name.removeprefix(NAME_PREFIX))
     except RuleError:
         return False
     return True
@@ -333,6 +371,37 @@ def _condition_dict(cond: Condition, previous: Mapping[str, Any] | None,
     if probe is not None:
         out["lastProbeTime"] = probe
     return out
+
+
+def settled_verified(found: Condition, policy: PolicyObject, *, now: dt.datetime,
+                     heartbeat_s: float) -> Condition:
+    """What a probe that found `found` reports: the Verified condition already on the Policy
+    when the probe only confirmed it (the same status, reason and message, at this generation)
+    and its probe time is younger than `heartbeat_s` (and not after `now`: the operator stamps
+    its own probes, a later time is forged or broken); `found` otherwise. So a probe that
+    confirms what was known writes nothing, and the probe time moves once a heartbeat."""
+    known = policy.condition(VERIFIED)
+    if known is None or found.last_probe_time is None:
+        return found
+    last = parse_timestamp(known.get("lastProbeTime"))
+    if (last is None or last > now or (now - last).total_seconds() >= heartbeat_s
+            or policy.generation is None
+            or known.get("observedGeneration") != policy.generation
+            or (known.get("status"), known.get("reason"), known.get("message"))
+            != (found.status, found.reason, found.message)):
+        return found
+    return Condition(VERIFIED, found.status, found.reason, found.message,
+                     known.get("lastProbeTime"))
+
+
+def is_transition(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Does `new` say something `current` does not, apart from a condition's lastProbeTime
+    (the heartbeat, see `settled_verified`)? A transition is logged at INFO, a heartbeat not."""
+    conditions = new.get("conditions")
+    if isinstance(conditions, list):
+        new = {**new, "conditions": [
+            {k: v for k, v in c.items() if k != "lastProbeTime"} for c in conditions]}
+    return status_differs(current, new)
 
 
 ENFORCEMENT_ACTION = "enforcementAction"

@@ -26,7 +26,7 @@ each fact once, to the state):
   back in the same listing: `verified` (a violating pod was denied), `admitted` (a violating pod
   was ADMITTED: the policy is not enforced there; alert `ConvergerdPolicyNotEnforced`),
   `unverified` (any other False, Unknown, no condition, a stale reading, or a condition no
-  probe accounts for: a lastProbeTime in the future), `stale` (the last probe is older than two
+  probe accounts for: a lastProbeTime in the future), `stale` (the last probe is older than five
   of the operators' probe periods, `CONVERGERD_OPERATOR_PROBE_MINUTES`). Every result of every
   cluster with readings is present (0 included), and they add up to the policy count there.
 - `convergerd_audit_violations{cluster}`: the operator's audit of what already runs (existing
@@ -462,7 +462,7 @@ class Metrics:
                      "that a policy would deny", float(with_violations))
         yield _gauge("convergerd_audit_unsynced_clusters",
                      "Clusters with an audit that is not current: the operator's "
-                     "cache not synced, unreadable, or older than two probe periods",
+                     "cache not synced, unreadable, or older than five probe periods",
                      float(unsynced))
 
     def _counter(self, name: str, doc: str, labels: Labels,

@@ -17,10 +17,11 @@ phase and counted per cluster (`verification_of`): `verified` (True: a violating
 denied), `admitted` (False, reason `Admitted`: a violating pod was ADMITTED, the policy is not
 enforced), `not_verified` (any other False: no namespace of the boundary, the probe failed, the
 policy is not Enforcing; or a condition no probe accounts for: a lastProbeTime in the future,
-True without one), `stale` (the last probe is older than two of the operators' probe periods:
-the operator stopped probing) and `unknown` (Unknown, no condition, or a stale reading). The
-metric `convergerd_policy_verification{cluster,result}` folds `not_verified` and `unknown` into
-`unverified`.
+True without one), `stale` (the last probe is older than `VERIFIED_STALE_PERIODS` of the
+operators' probe periods: the operator stopped probing; it rewrites an unchanged verdict's
+probe time only every `HEARTBEAT_PERIODS`) and `unknown` (Unknown, no condition, or a stale
+reading). The metric `convergerd_policy_verification{cluster,result}` folds `not_verified`
+and `unknown` into `unverified`.
 """
 
 from __future__ import annotations
@@ -77,9 +78,23 @@ VERIFICATIONS = (VERIFIED, ADMITTED, NOT_VERIFIED, STALE_VERIFICATION, UNKNOWN_V
 # The metric's results: `not_verified` and `unknown` are one there.
 UNVERIFIED = "unverified"
 VERIFICATION_RESULTS = (VERIFIED, ADMITTED, UNVERIFIED, STALE_VERIFICATION)
-# A probe is current for two of the operators' probe periods (one missed probe is not yet
-# news); a lastProbeTime in the future (`decode.in_the_future`) is one nobody probed.
-VERIFIED_STALE_PERIODS = 2.0
+# The operator probes every probe period but writes only what changed: a probe that confirms
+# the verdict it last wrote leaves the status alone, and the probe time (and an unchanged
+# audit's auditedAt) is rewritten once it is `HEARTBEAT_PERIODS` probe periods old (at the
+# first probe or audit past `heartbeat_after_s`: half a period of slack so a probe that comes
+# a moment early does not put it off by a whole period). So a live operator's probe time is
+# at most about HEARTBEAT_PERIODS + 1/2 periods old, plus the daemon's own reading lag.
+HEARTBEAT_PERIODS = 3
+# A probe is current for `HEARTBEAT_PERIODS` + 2 of the operators' probe periods (one missed
+# heartbeat is not yet news); a lastProbeTime in the future (`decode.in_the_future`) is one
+# nobody probed.
+VERIFIED_STALE_PERIODS = HEARTBEAT_PERIODS + 2.0
+
+
+def heartbeat_after_s(probe_period_s: float) -> float:
+    """The age at which the operator rewrites an unchanged verdict's probe time (and an
+    unchanged audit's auditedAt)."""
+    return (HEARTBEAT_PERIODS - 0.5) * probe_period_s
 
 
 def verified_stale_after_s(probe_period_s: float) -> float:
@@ -299,8 +314,9 @@ def phases_refreshed(outcome: ClusterOutcome) -> bool:
 AUDIT_CURRENT, AUDIT_UNSYNCED, AUDIT_STALE, AUDIT_UNKNOWN = (
     "current", "unsynced", "stale", "unknown")
 AUDIT_STATES = (AUDIT_CURRENT, AUDIT_UNSYNCED, AUDIT_STALE, AUDIT_UNKNOWN)
-# The operator audits at least once per probe pass: two missed passes is news.
-AUDIT_STALE_PERIODS = 2.0
+# The operator audits once per probe pass and rewrites an unchanged audit's auditedAt at the
+# heartbeat (`HEARTBEAT_PERIODS`): one missed heartbeat is not yet news.
+AUDIT_STALE_PERIODS = HEARTBEAT_PERIODS + 2.0
 
 
 def audit_stale_after_s(probe_period_s: float) -> float:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -208,42 +208,6 @@ async def test_rule_that_cannot_be_rendered_is_error_with_reason(fleet: Fleet) -
         assert await get(fleet, vap_path("bad")) is None
 
 
-async def test_restart_writes_nothing_but_a_fresh_probe(fleet: Fleet) -> None:
-    await put_namespace(fleet, "team-a", "b1")
-    await put_policy(fleet, "p1")
-    await put_policy(fleet, "p2", enabled=False)
-    async with running(operator_settings(fleet)):
-        await wait_for(lambda: phase_is(fleet, "p2", "Inert"))
-
-        async def probed() -> bool:
-            policy = await phase_is(fleet, "p1", "Enforcing")
-            verified = condition(policy, "Verified")
-            return verified is not None and "lastProbeTime" in verified
-
-        await wait_for(probed)
-
-        async def audited() -> bool:
-            for pid in ("p1", "p2"):
-                policy = await get(fleet, f"{POLICIES}/policy-{pid}")
-                if ((policy or {}).get("status") or {}).get("audit") is None:
-                    return False
-            return True
-
-        await wait_for(audited)
-    mark = fleet.accounting.requests()[-1].seq
-    async with running(operator_settings(fleet, identity="op-b")) as proc:
-        await wait_for(lambda: proc.metrics.reconciles["unchanged"]
-                       + proc.metrics.reconciles["written"] >= 2)
-        await wait_for(lambda: proc.operator is not None and proc.operator.ready)
-    # Nothing but the Verified of the Enforcing policy: a new leader cannot vouch for a probe
-    # result it did not write, so it probes once and records its own probe time.
-    assert {r.path.split("?")[0] for r in writes(fleet, mark)} <= {
-        f"{POLICIES}/policy-p1/status"}
-    probes = [r for r in fleet.accounting.requests(cluster=CLUSTER, after=mark)
-              if "dryRun" in r.path]
-    assert len(probes) == 1
-
-
 async def test_two_replicas_only_the_leader_writes(fleet: Fleet) -> None:
     await put_namespace(fleet, "team-a", "b1")
     mark = fleet.accounting.requests()[-1].seq
@@ -360,37 +324,6 @@ async def test_operator_metrics_and_health(fleet: Fleet) -> None:
         assert "convergerd_operator_is_leader 1.0" in text
         assert 'convergerd_operator_policies{phase="Enforcing"} 0.0' in text
         assert "convergerd_operator_vap_supported 1.0" in text
-
-
-async def test_binding_deleted_by_hand_is_seen_by_the_probe_then_repaired(fleet: Fleet) -> None:
-    """The periodic pass probes what is enforced before it repairs drift: a binding deleted by
-    hand shows as Verified False/Admitted, then is re-created, then the follow-up probe says
-    Verified True again."""
-    await put_namespace(fleet, "team-a", "b1")
-    # Every Policy is reconciled every 1.2 s (the probe period); the follow-up probe after a
-    # repair runs 1 s later, so the Admitted status is there to be seen for about a second.
-    settings = operator_settings(fleet, CONVERGERD_OPERATOR_PROBE_MINUTES="0.02",
-                                 CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS="1")
-    async with running(settings) as proc:
-        await put_policy(fleet, "p1")
-
-        def verified(status: str, reason: str) -> Awaitable[dict[str, Any] | None]:
-            return verified_when(fleet, "p1",
-                                 lambda v: (v["status"], v["reason"]) == (status, reason))
-
-        await wait_for(lambda: verified("True", "Denied"))
-        resp = await kube_http(fleet, CLUSTER, "DELETE", binding_path("p1"))
-        assert resp.status == 200, resp.body
-
-        found = await wait_for(lambda: verified("False", "Admitted"))
-        assert "ADMITTED" in found["message"]
-        assert proc.metrics.probes["Admitted"] >= 1
-        assert (await phase_is(fleet, "p1", "Enforcing")) is not None
-        # Repaired after the probe saw it, then verified again by the follow-up probe.
-        assert await wait_for(lambda: get(fleet, binding_path("p1"))) is not None
-        again = await wait_for(lambda: verified("True", "Denied"))
-        assert again["lastProbeTime"] >= found["lastProbeTime"]
-        assert not proc.metrics.admitted
 
 
 async def test_two_policies_in_one_boundary_are_each_verified_by_their_own_denial(

@@ -28,6 +28,7 @@ from convergerd.core.report import (
 )
 from convergerd.sim.fleet import HOME, Fleet
 from convergerd.status.metrics import Metrics
+from convergerd.status.phases import VERIFIED_STALE_PERIODS
 from convergerd.status.records import PolicyRecord
 from convergerd.status.state import StatusState
 from convergerd.status.sync import StatusSync
@@ -271,7 +272,7 @@ async def test_a_probe_moving_forward_is_not_written_and_its_age_still_shows(
     current = record_view(PolicyRecord.from_row(row), at(660), 3600,
                           probe_period_s=probe_period_s)
     assert current["verified"]["verification"] == "verified"
-    later = at(340 + 2 * probe_period_s + 1)
+    later = at(340 + VERIFIED_STALE_PERIODS * probe_period_s + 1)
     gone = record_view(PolicyRecord.from_row(row), later, 3600, probe_period_s=probe_period_s)
     assert (gone["verified"]["stale"], gone["verified"]["verification"]) == (True, "stale")
 

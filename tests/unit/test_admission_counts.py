@@ -247,5 +247,13 @@ def test_status_is_written_when_a_figure_changes_or_at_the_refresh() -> None:
                      "lastHour": status["lastHour"] | {"since": "x"}}
     assert not admission_differs(status, same, now=later, refresh_s=600)
     assert admission_differs(status, status | {"denied": 1}, now=later, refresh_s=600)
+    # Past the first, a count is written when it enters another power of two (or at the
+    # heartbeat): a flood of denials costs a write per doubling, not one per read.
+    three = status | {"denied": 3}
+    assert not admission_differs(status | {"denied": 2}, three, now=later, refresh_s=600)
+    assert admission_differs(three, status | {"denied": 4}, now=later, refresh_s=600)
+    assert admission_differs(status, status | {"lastHour": status["lastHour"] | {"warned": 1}},
+                             now=later, refresh_s=600)
+    assert admission_differs(status, status | {"resets": 1}, now=later, refresh_s=600)
     assert admission_differs(status, status, now=later + dt.timedelta(minutes=10),
                              refresh_s=600)

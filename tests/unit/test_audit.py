@@ -26,6 +26,7 @@ from convergerd.core.plan import MAX_AUDIT_VIOLATIONS, ListedPolicy, audit
 from convergerd.core.report import Audit, AuditSample, ClusterOutcome, PhaseReading, RoundReport
 from convergerd.status.document import audit_sample_view, cluster_audit_view, snapshot
 from convergerd.status.metrics import Metrics
+from convergerd.status.phases import AUDIT_STALE_PERIODS
 from convergerd.status.state import StatusState
 from convergerd.status.views import policy_audit_view, record_view
 from tests.strategies import JSON_VALUES
@@ -269,8 +270,10 @@ def test_an_audit_goes_stale_when_the_operator_stops_auditing(
     fleet: tuple[StatusState, Clock],
 ) -> None:
     state, clock = fleet
-    # Read every interval, but auditedAt never moves: two probe periods later it is stale.
-    for minutes in (5, 10, 15, 20, 25):
+    # Read every interval, but auditedAt never moves: AUDIT_STALE_PERIODS probe periods later
+    # (the operator rewrites an unchanged audit's time only at its heartbeat) it is stale.
+    last = int(AUDIT_STALE_PERIODS * PROBE / 60) + 5
+    for minutes in range(5, last + 1, 5):
         clock.now = T0 + dt.timedelta(minutes=minutes)
         state.observe_round(_round(clock.now, c1=[
             PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, clock.now,

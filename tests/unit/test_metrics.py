@@ -24,6 +24,7 @@ from convergerd.core.report import (
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
 from convergerd.status.document import snapshot
 from convergerd.status.metrics import FanoutMetrics, Metrics, ReadinessMetrics
+from convergerd.status.phases import VERIFIED_STALE_PERIODS
 from convergerd.status.state import StatusState
 from convergerd.supervise import HealthCheck
 
@@ -266,7 +267,7 @@ def test_verified_forged_in_the_future_is_unverified_and_an_old_probe_is_stale(
     clock: WallClock
 ) -> None:
     """Issue 17, item 9: a Verified True with lastProbeTime 9999-... is not counted verified,
-    and a probe older than two of the operators' probe periods (a dead operator) counts as
+    and a probe older than `VERIFIED_STALE_PERIODS` probe periods (a dead operator) counts as
     `stale`; an admitted probe stays admitted (nothing has shown enforcement since)."""
     probe_period = 600.0
     m = Replica(clock, ["c1"], probe_period_s=probe_period)
@@ -289,7 +290,7 @@ def test_verified_forged_in_the_future_is_unverified_and_an_old_probe_is_stale(
     round_with_probes_at(T0, T0)
     assert results() == {"verified": 1, "admitted": 1, "unverified": 1, "stale": 0}
     # The operator stops probing; rounds go on reading the same conditions.
-    seen = T0 + dt.timedelta(seconds=2 * probe_period + 1)
+    seen = T0 + dt.timedelta(seconds=VERIFIED_STALE_PERIODS * probe_period + 1)
     clock.now = seen.timestamp()
     round_with_probes_at(seen, T0)
     assert results() == {"verified": 0, "admitted": 1, "unverified": 1, "stale": 1}

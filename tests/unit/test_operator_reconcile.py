@@ -8,19 +8,25 @@ from typing import Any
 import pytest
 
 from convergerd.admission.render import RenderError
+from convergerd.operator.guard import slim
 from convergerd.operator.reconcile import (
     ENFORCING,
     INERT,
+    Condition,
     PolicyObject,
     carried_verified,
     contains,
     drifted,
+    is_admission_name,
+    is_transition,
     new_status,
     next_probe_in,
     orphans,
     probe_inconclusive,
     probe_outcome,
     ready_condition,
+    repaired,
+    settled_verified,
     status_differs,
     timestamp,
     writes_for,
@@ -196,3 +202,133 @@ def test_a_probe_time_in_the_future_is_no_probe() -> None:
          "lastProbeTime": "2026-01-01T00:00:30Z"}]})  # a clock 30 s ahead: believed ...
     # ... but the next probe is never more than one interval away.
     assert next_probe_in(skewed, now=now, interval_s=600.0, first_delay_s=10.0) == 600.0
+
+
+# -- quiet when nothing changes (issue 35, item 5) ---------------------------------------------
+
+HEARTBEAT_S = 1500.0
+
+
+READY = ready_condition(ENFORCING, name="stackship-p1", boundary="b1")
+
+
+def _condition(status: str, reason: str, message: str, at: dt.datetime) -> Condition:
+    return Condition("Verified", status, reason, message, timestamp(at))
+
+
+def verified_on(probed: dt.datetime, *, message: str = "denied in team-a",
+                generation: int = 2) -> PolicyObject:
+    """A Policy whose status the operator wrote with a probe at `probed` (Ready and Verified)."""
+    unwritten = policy(generation=generation)
+    status = new_status(unwritten, ENFORCING,
+                        [READY, _condition("True", "Denied", message, probed)], T0)
+    return policy(generation=2, status=status)
+
+
+def found(at: dt.datetime, *, message: str = "denied in team-a", status: str = "True",
+          reason: str = "Denied") -> Condition:
+    return _condition(status, reason, message, at)
+
+
+@pytest.mark.parametrize(("known", "probe", "kept"), [
+    # the same verdict, probed within the heartbeat: the known condition, as written
+    (verified_on(T0), found(T1), True),
+    # the heartbeat is due: the new probe time
+    (verified_on(T0), found(T0 + dt.timedelta(seconds=HEARTBEAT_S)), False),
+    # a different verdict, message, or generation: a transition
+    (verified_on(T0), found(T1, status="False", reason="Admitted"), False),
+    (verified_on(T0), found(T1, message="denied in team-b"), False),
+    (verified_on(T0, generation=1), found(T1), False),
+    # a probe time after now (forged, or a clock far off) is no probe
+    (verified_on(T1 + dt.timedelta(seconds=5)), found(T1), False),
+    # nothing known
+    (policy(), found(T1), False),
+])
+def test_a_probe_that_confirms_the_known_verdict_writes_nothing(
+    known: PolicyObject, probe: Condition, kept: bool
+) -> None:
+    now = dt.datetime.strptime(str(probe.last_probe_time),
+                               "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    settled = settled_verified(probe, known, now=now, heartbeat_s=HEARTBEAT_S)
+    assert (settled.status, settled.reason, settled.message) == (
+        probe.status, probe.reason, probe.message)
+    status = new_status(known, ENFORCING, [READY, settled], now)
+    assert status_differs(known.status, status) is not kept
+    if not kept:
+        assert settled.last_probe_time == probe.last_probe_time
+
+
+def test_a_heartbeat_is_no_transition_but_a_new_verdict_is() -> None:
+    ready = READY
+    known = verified_on(T0)
+    current = new_status(known, ENFORCING, [ready, _condition("True", "Denied",
+                                                              "denied in team-a", T0)], T0)
+    held = PolicyObject.from_object({**_raw(known), "status": current})
+    beat = new_status(held, ENFORCING, [ready, _condition("True", "Denied", "denied in team-a",
+                                                          T1)], T1)
+    assert status_differs(current, beat)
+    assert not is_transition(current, beat)
+    admitted = new_status(held, ENFORCING, [ready, _condition("False", "Admitted", "ADMITTED",
+                                                              T1)], T1)
+    assert is_transition(current, admitted)
+
+
+def _raw(p: PolicyObject) -> dict[str, Any]:
+    return {"metadata": {"name": p.name, "uid": p.uid, "generation": p.generation},
+            "spec": dict(p.spec)}
+
+
+# -- repairs (issue 35, item 4) ------------------------------------------------------------------
+
+
+def served(body: dict[str, Any], *managers: str) -> dict[str, Any]:
+    """`body` as the server holds it, written by these field managers."""
+    entries: list[dict[str, Any]] = [
+        {"manager": m, "operation": "Apply" if m == "stackship-operator" else "Update",
+         "apiVersion": "admissionregistration.k8s.io/v1", "fieldsType": "FieldsV1",
+         "fieldsV1": {}} for m in managers]
+    return {**body, "metadata": {**body["metadata"], "managedFields": entries}}
+
+
+def test_a_repair_is_an_object_gone_or_edited_by_someone_else() -> None:
+    settled = policy(status={"phase": ENFORCING, "observedGeneration": 2})
+    first = writes_for(settled, existing_policy=None, existing_binding=None)
+    assert first.apply_policy is not None
+    assert first.apply_binding is not None
+    vap = served(first.apply_policy, "stackship-operator")
+    # The binding deleted by hand: put back, a repair.
+    todo = writes_for(settled, existing_policy=vap, existing_binding=None)
+    assert repaired(settled, todo, existing_policy=vap, existing_binding=None) == ("binding",)
+    # Its validationActions edited with kubectl: a field of ours is kubectl-edit's now.
+    edited = served({**first.apply_binding, "spec": {**first.apply_binding["spec"],
+                                                     "validationActions": ["Warn"]}},
+                    "stackship-operator", "kubectl-edit")
+    todo = writes_for(settled, existing_policy=vap, existing_binding=edited)
+    assert repaired(settled, todo, existing_policy=vap, existing_binding=edited) == ("binding",)
+    # The API server's own status writer (a VAP's type checking) is no one else.
+    checked = served(first.apply_policy, "stackship-operator")
+    checked["metadata"]["managedFields"].append(
+        {"manager": "kube-apiserver", "operation": "Update", "subresource": "status"})
+    checked["spec"] = {**checked["spec"], "failurePolicy": "Ignore"}
+    todo = writes_for(settled, existing_policy=checked, existing_binding=first.apply_binding)
+    assert repaired(settled, todo, existing_policy=checked,
+                    existing_binding=first.apply_binding) == ()
+
+
+def test_first_writes_and_a_new_spec_are_no_repairs() -> None:
+    fresh = policy()
+    todo = writes_for(fresh, existing_policy=None, existing_binding=None)
+    assert repaired(fresh, todo, existing_policy=None, existing_binding=None) == ()
+    saved_again = policy(generation=3, status={"phase": ENFORCING, "observedGeneration": 2})
+    todo = writes_for(saved_again, existing_policy=None, existing_binding=None)
+    assert repaired(saved_again, todo, existing_policy=None, existing_binding=None) == ()
+
+
+def test_the_guard_keeps_a_name_and_a_version_of_our_objects_only() -> None:
+    big = {"metadata": {"name": "stackship-p1", "resourceVersion": "7",
+                        "annotations": {"x": "y" * 10_000}}, "spec": {"a": ["b"] * 1000}}
+    assert slim(big) == {"metadata": {"name": "stackship-p1", "resourceVersion": "7"}}
+    assert slim({"metadata": {"name": "stackship-../x"}}) is None
+    assert slim({"metadata": {"name": "someone-elses"}}) is None
+    assert is_admission_name("stackship-p1")
+    assert not is_admission_name("stackship-")

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.report import (
     ApplyResult,
+    Audit,
     ClusterOutcome,
     Delivery,
     Epoch,
@@ -24,10 +25,14 @@ from convergerd.status.document import snapshot
 from convergerd.status.listing import worst_first_key
 from convergerd.status.phases import (
     STALE,
+    VERIFIED_STALE_PERIODS,
+    audit_state,
+    heartbeat_after_s,
     is_stale,
     normalize_phase,
     tally,
     tally_counts,
+    verification_of,
 )
 from convergerd.status.records import PolicyRecord, merge_records
 from convergerd.status.state import StatusState
@@ -283,8 +288,9 @@ def test_verified_per_policy_and_counted_per_cluster() -> None:
 
 def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -> None:
     """Issue 17, item 9: Verified True with lastProbeTime 9999-... (forged) counts as
-    not_verified and says why; a probe older than two of the operators' probe periods (a dead
-    operator) is `stale` in the counts and the policy view, though rounds still read it."""
+    not_verified and says why; a probe older than `VERIFIED_STALE_PERIODS` of the operators'
+    probe periods (a dead operator) is `stale` in the counts and the policy view, though rounds
+    still read it."""
     clock = Clock()
     period = 600.0
     state = StatusState(identity="r", interval_s=INTERVAL, clock=clock, probe_period_s=period)
@@ -307,7 +313,7 @@ def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -
     assert view["verification"] == "not_verified"
     assert "in the future" in view["untrusted"]
 
-    clock.advance(2 * period + 1)
+    clock.advance(VERIFIED_STALE_PERIODS * period + 1)
     round_at(clock.now)  # read again, fresh, but the operator has not probed since
     [c1] = snapshot(state)["clusters"]
     assert c1["verification"] == {"verified": 0, "admitted": 0, "not_verified": 1, "stale": 1,
@@ -315,7 +321,7 @@ def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -
     view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p2")], clock.now,
                        INTERVAL, probe_period_s=period)["verified"]
     assert (view["status"], view["verification"], view["stale"]) == ("True", "stale", True)
-    assert snapshot(state)["verified_stale_after_seconds"] == 2 * period
+    assert snapshot(state)["verified_stale_after_seconds"] == VERIFIED_STALE_PERIODS * period
 
 
 def test_a_standby_shows_the_verified_condition_from_the_database_row() -> None:
@@ -435,3 +441,36 @@ def test_a_round_cut_before_a_cluster_answered_leaves_its_reachability_as_it_was
     assert c1.last_error == "round deadline reached before this cluster finished"
     assert not c1.caught_up  # its work is left: the next round starts it first
     assert c2.reachable is False
+
+
+@pytest.mark.parametrize(("probe_period", "interval"), [(600.0, 300.0), (60.0, 30.0)])
+def test_an_operator_that_probes_but_writes_only_its_heartbeat_is_never_stale(
+    probe_period: float, interval: float
+) -> None:
+    """Issue 35, item 5: the operator probes every period but rewrites an unchanged verdict's
+    probe time (and auditedAt) only at the heartbeat; read every round (the defaults, and the
+    demo's 1-minute probes and 30-second rounds), a live operator's policies stay `verified`
+    and their audits `current`, and one that stops is `stale` after VERIFIED_STALE_PERIODS."""
+    heartbeat = heartbeat_after_s(probe_period)
+    written = probe = last_round = T0
+    read = written  # the probe time the last round read
+    step_s = probe_period / 10 + 1  # probes come a little late, and drift
+    for step in range(400):  # about forty periods
+        now = T0 + dt.timedelta(seconds=step * step_s)
+        if now >= probe + dt.timedelta(seconds=probe_period):
+            probe = now
+            if (probe - written).total_seconds() >= heartbeat:
+                written = probe
+        if (now - last_round).total_seconds() >= interval:
+            last_round, read = now, written
+        r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1,
+                         last_round, Verification("True", "Denied", "m", read, T0),
+                         Audit(0, read, True))
+        assert verification_of(r, (now - last_round).total_seconds(), interval, now=now,
+                               probe_period_s=probe_period) == "verified", now
+        assert audit_state(r, now, interval, probe_period_s=probe_period) == "current", now
+    dead = written + dt.timedelta(seconds=VERIFIED_STALE_PERIODS * probe_period + 1)
+    r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, dead,
+                     Verification("True", "Denied", "m", written, T0), Audit(0, written, True))
+    assert verification_of(r, 0.0, interval, now=dead, probe_period_s=probe_period) == "stale"
+    assert audit_state(r, dead, interval, probe_period_s=probe_period) == "stale"
