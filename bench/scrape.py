@@ -33,6 +33,7 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
     Verification,
+    verified_fields,
 )
 from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
@@ -51,7 +52,7 @@ def round_of(clusters: int, policies: int, probe_times: str, at: dt.datetime) ->
             verified = (Verification("False", "Admitted", "m", probed, probed) if j == 7
                         else Verification("True", "Denied", "m", probed, probed))
             phases.append(PhaseReading(cid, pid, "Enforcing" if j % 50 else "Inert", "r", "m",
-                                       1, at, verified))
+                                       1, at, **verified_fields(verified)))
             deliveries.append(Delivery(cid, pid, 1, ApplyResult.UNCHANGED, at))
         outcomes.append(ClusterOutcome(cid, reached=True, desired=policies, in_sync=policies,
                                        server_version="v1.31.2", phases=phases,

@@ -39,6 +39,7 @@ from convergerd.core.report import (
     Epoch,
     PhaseReading,
     RoundReport,
+    verified_fields,
 )
 from convergerd.status.state import StatusState
 from convergerd.store.records import round_record
@@ -76,7 +77,7 @@ def cluster_outcome(cluster: int, policies: int, at: dt.datetime) -> ClusterOutc
         pid = PolicyId(sys.intern(o.name.removeprefix("policy-")))  # as `converge._phases`
         revision = 1 + int(pid[1:]) % 7
         phases.append(PhaseReading(cid, pid, o.phase, o.ready_reason, o.ready_message,
-                                   revision, at, o.verified))
+                                   revision, at, **verified_fields(o.verified)))
         deliveries.append(Delivery(cid, PolicyId(str(pid)), revision, ApplyResult.UNCHANGED, at))
     return ClusterOutcome(cid, reached=True, desired=policies, in_sync=policies,
                           server_version="v1.31.2", phases=phases, deliveries=deliveries)

@@ -16,23 +16,19 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from convergerd.core.errors import DEADLINE_REASON
 from convergerd.core.facts import (
     DELIVERY_KIND,
     DK_CLUSTER,
     DK_RESULT,
-    RK_AUDIT,
-    RK_CLUSTER,
-    RK_PHASE,
-    RK_READY_MESSAGE,
-    RK_READY_REASON,
-    RK_SEEN_AT,
-    RK_VERIFIED,
-    RK_VERIFIED_MESSAGE,
-    RK_VERIFIED_REASON,
-    RK_VERIFIED_STATUS,
+    READING_KIND,
+    READING_NAMES,
+    READING_OWN,
+    check_reading_fields,
+    joined,
+    reorder,
 )
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.save import Operation, SaveAction
@@ -137,7 +133,10 @@ class Audit:
 
 @dataclass(frozen=True, slots=True)
 class PhaseReading:
-    """A Policy's status as read back from a cluster, and when (wall clock, UTC)."""
+    """A Policy's status as read back from a cluster, and when (wall clock, UTC). Its fields
+    after `cluster` and `policy` are `core.facts.READING`'s, in its order and with its
+    defaults (checked at import): every other shape of a reading is made from that table.
+    Readers that want a Verified condition or an audit whole read `verified` and `audit`."""
 
     cluster: ClusterId
     policy: PolicyId
@@ -146,18 +145,87 @@ class PhaseReading:
     ready_message: str | None
     revision: int | None
     seen_at: dt.datetime
-    verified: Verification | None = None  # None: the Policy has no Verified condition
-    audit: Audit | None = None  # None: the Policy has no status.audit
+    verified_status: str | None = None  # None: the Policy has no Verified condition
+    verified_reason: str | None = None
+    verified_message: str | None = None
+    verified_probed_at: dt.datetime | None = None
+    verified_since: dt.datetime | None = None
+    audit_violations: int | None = None
+    audit_at: dt.datetime | None = None
+    audit_synced: bool | None = None  # None: the Policy has no status.audit
+    audit_problem: str | None = None
+    audit_sample: tuple[AuditSample, ...] = ()
+
+    @property
+    def verified(self) -> Verification | None:
+        """The Verified condition read (None: none)."""
+        if self.verified_status is None:
+            return None
+        return Verification(self.verified_status, self.verified_reason, self.verified_message,
+                            self.verified_probed_at, self.verified_since)
+
+    @property
+    def audit(self) -> Audit | None:
+        """`status.audit` as read (None: none); one without a count says why."""
+        if self.audit_synced is None:
+            return None
+        problem = self.audit_problem
+        if self.audit_violations is None and problem is None:
+            problem = "the recorded audit has no count"  # only a database row can lack both
+        return Audit(self.audit_violations, self.audit_at, self.audit_synced, problem,
+                     self.audit_sample)
+
+
+check_reading_fields([(f.name, f.default) for f in dataclasses.fields(PhaseReading)[2:]],
+                     dataclasses.MISSING)
+
+
+# The reading's fields a Verified condition and an audit are read into (`PhaseReading.verified`
+# and `audit` read them back whole).
+VERIFIED_FIELDS = ("verified_status", "verified_reason", "verified_message",
+                   "verified_probed_at", "verified_since")
+AUDIT_FIELDS = ("audit_violations", "audit_at", "audit_synced", "audit_problem", "audit_sample")
+_NO_VERIFIED = (None,) * len(VERIFIED_FIELDS)
+_NO_AUDIT = (None, None, None, None, ())
+
+
+def verified_values(found: Verification | None) -> tuple[Any, ...]:
+    """A Verified condition as the values of `VERIFIED_FIELDS` (none: their defaults)."""
+    if found is None:
+        return _NO_VERIFIED
+    return found.status, found.reason, found.message, found.probed_at, found.since
+
+
+def audit_values(found: Audit | None) -> tuple[Any, ...]:
+    """`status.audit` as the values of `AUDIT_FIELDS` (none: their defaults)."""
+    if found is None:
+        return _NO_AUDIT
+    return found.violations, found.audited_at, found.synced, found.problem, found.sample
+
+
+def verified_fields(found: Verification | None) -> dict[str, Any]:
+    """A Verified condition as a reading's fields by name."""
+    return dict(zip(VERIFIED_FIELDS, verified_values(found), strict=True))
+
+
+def audit_fields(found: Audit | None) -> dict[str, Any]:
+    """`status.audit` as a reading's fields by name."""
+    return dict(zip(AUDIT_FIELDS, audit_values(found), strict=True))
 
 
 # A delivery's values but its policy and revision, which most of a cluster's deliveries share
 # (an in-sync round: one per cluster): `facts.DELIVERY_KIND`.
 _DeliveryKind = tuple[ClusterId, ApplyResult, dt.datetime, str | None, str | None, int]
 _delivery_kind = operator.attrgetter(*DELIVERY_KIND)  # a tuple, made in C
-# A reading's values but its policy, revision and probe times, which most of a cluster's
-# readings share: `facts.READING_KIND`.
-_ReadingKind = tuple[ClusterId, str | None, str | None, str | None, dt.datetime, Audit | None,
-                     bool, str | None, str | None, str | None]
+# A reading's cluster and the fields a cluster's readings share (`facts.READING_KIND`), and
+# its own fields (`facts.READING_OWN`), each made in C; and back to `facts.READING`'s order.
+_ReadingKind = tuple[Any, ...]
+_reading_kind = operator.attrgetter(*READING_KIND)
+_reading_own = operator.attrgetter(*READING_OWN)
+_reading_values = reorder((*READING_KIND, *READING_OWN), READING_NAMES)
+_kind_of_values = reorder(READING_NAMES, READING_KIND[1:])
+_OWN_WIDTH = len(READING_OWN)
+_own_of_values = reorder(READING_NAMES, READING_OWN)
 
 
 class _Packed(Sequence[T]):
@@ -273,56 +341,48 @@ class Deliveries(_Packed[Delivery]):
 
 
 class Readings(_Packed[PhaseReading]):
-    """A cluster's phase readings of one round, packed: per reading its policy, its revision,
-    its Verified probe times and one shared tuple of everything else (one per distinct phase,
-    Ready and Verified verdict: most often one per cluster), a fraction of a `PhaseReading`
-    and its `Verification` (bench/RESULTS.md, "Figures once quoted in the code"). Each
-    reading is made again as it is read."""
+    """A cluster's phase readings of one round, packed: per reading its policy, its own
+    fields (`facts.READING_OWN`: its revision, its Verified probe times) and one shared tuple
+    of everything else (`facts.READING_KIND`: one per distinct phase, Ready, Verified verdict
+    and audit, most often one per cluster), a fraction of a `PhaseReading` (bench/RESULTS.md,
+    "Figures once quoted in the code"). Each reading is made again as it is read."""
 
-    __slots__ = ("_kinds", "_policies", "_probed", "_revisions", "_shared", "_since")
+    __slots__ = ("_kinds", "_own", "_policies", "_shared")
 
     def __init__(self, found: Iterable[PhaseReading] = ()) -> None:
         self._policies: list[PolicyId] = []
-        self._revisions: list[int | None] = []
-        self._probed: list[dt.datetime | None] = []
-        self._since: list[dt.datetime | None] = []
+        self._own: list[Any] = []  # each reading's own fields, one after the other
         self._kinds: list[_ReadingKind] = []
         self._shared: dict[_ReadingKind, _ReadingKind] = {}
         for p in found:
             self.append(p)
 
     def append(self, p: PhaseReading) -> None:
-        v = p.verified
-        kind: _ReadingKind
-        if v is None:  # in `facts.READING_KIND`'s order
-            kind = (p.cluster, p.phase, p.ready_reason, p.ready_message, p.seen_at, p.audit,
-                    False, None, None, None)
-            probed = since = None
-        else:
-            kind = (p.cluster, p.phase, p.ready_reason, p.ready_message, p.seen_at, p.audit,
-                    True, v.status, v.reason, v.message)
-            probed, since = v.probed_at, v.since
-            if since is not probed and since == probed and since is not None and (
-                    probed is not None and since.tzinfo is probed.tzinfo):
-                since = probed  # a first probe's two times: one object
+        self._add(p.policy, _reading_kind(p), _reading_own(p))
+
+    def add(self, cluster: ClusterId, policy: PolicyId, values: tuple[Any, ...]) -> None:
+        """A reading of `policy` on `cluster` given as its fields' values in `facts.READING`'s
+        order (`facts.reorder`), as `append` of the `PhaseReading` they make, without making
+        one (the round's edge: a reading per policy and cluster)."""
+        self._add(policy, (cluster, *_kind_of_values(values)), _own_of_values(values))
+
+    def _add(self, policy: PolicyId, kind: _ReadingKind, own: tuple[Any, ...]) -> None:
         # One object per policy id, however the reading's was made (`converge._phases`
         # interns them already: then this finds it).
-        self._policies.append(PolicyId(sys.intern(p.policy)))
-        self._revisions.append(p.revision)
-        self._probed.append(probed)
-        self._since.append(since)
+        self._policies.append(PolicyId(sys.intern(policy)))
+        self._own.extend(joined(own))
         self._kinds.append(self._shared.setdefault(kind, kind))
+
+    def _owns(self) -> Iterator[tuple[Any, ...]]:
+        """Each reading's own fields, as a tuple (made in C)."""
+        return zip(*[iter(self._own)] * _OWN_WIDTH, strict=True)
 
     def __len__(self) -> int:
         return len(self._policies)
 
     @staticmethod
-    def _reading(policy: PolicyId, revision: int | None, probed: dt.datetime | None,
-                 since: dt.datetime | None, k: _ReadingKind) -> PhaseReading:
-        verified = Verification(k[RK_VERIFIED_STATUS] or "", k[RK_VERIFIED_REASON],
-                                k[RK_VERIFIED_MESSAGE], probed, since) if k[RK_VERIFIED] else None
-        return PhaseReading(k[RK_CLUSTER], policy, k[RK_PHASE], k[RK_READY_REASON],
-                            k[RK_READY_MESSAGE], revision, k[RK_SEEN_AT], verified, k[RK_AUDIT])
+    def _reading(policy: PolicyId, own: tuple[Any, ...], k: _ReadingKind) -> PhaseReading:
+        return PhaseReading(k[0], policy, *_reading_values(k + own))
 
     @overload
     def __getitem__(self, index: int) -> PhaseReading: ...
@@ -332,38 +392,35 @@ class Readings(_Packed[PhaseReading]):
     def __getitem__(self, index: int | slice) -> PhaseReading | list[PhaseReading]:
         if isinstance(index, slice):
             return list(self)[index]
-        return self._reading(self._policies[index], self._revisions[index],
-                             self._probed[index], self._since[index], self._kinds[index])
+        i = range(len(self))[index]
+        own = tuple(self._own[i * _OWN_WIDTH:(i + 1) * _OWN_WIDTH])
+        return self._reading(self._policies[i], own, self._kinds[i])
 
-    def shared(self) -> Iterator[tuple[PolicyId, int | None, dt.datetime | None,
-                                       dt.datetime | None, PhaseReading]]:
-        """Each reading as its policy, its revision, its Verified probe times (`probed_at`,
-        `since`) and a reading standing for every one that agrees with it on all else (made
-        once per such group, with the group's first reading's own values): a reader works
-        once per group, not once per reading."""
+    def shared(self) -> Iterator[tuple[PolicyId, tuple[Any, ...], PhaseReading]]:
+        """Each reading as its policy, its own fields (`facts.READING_OWN`) and a reading
+        standing for every one that agrees with it on all else (made once per such group,
+        with the group's first reading's own values): a reader works once per group, not
+        once per reading."""
         made: dict[int, PhaseReading] = {}
-        for policy, revision, probed, since, k in zip(
-                self._policies, self._revisions, self._probed, self._since, self._kinds,
-                strict=True):
+        for policy, own, k in zip(self._policies, self._owns(), self._kinds, strict=True):
             stand_in = made.get(id(k))
             if stand_in is None:
-                stand_in = made[id(k)] = self._reading(policy, revision, probed, since, k)
-            yield policy, revision, probed, since, stand_in
+                stand_in = made[id(k)] = self._reading(policy, own, k)
+            yield policy, own, stand_in
 
     def __iter__(self) -> Iterator[PhaseReading]:
         reading = self._reading
-        for args in zip(self._policies, self._revisions, self._probed, self._since,
-                        self._kinds, strict=True):
-            yield reading(*args)
+        for policy, own, k in zip(self._policies, self._owns(), self._kinds, strict=True):
+            yield reading(policy, own, k)
 
-    def columns(self) -> tuple[Sequence[PolicyId], Sequence[int | None],
-                               Sequence[dt.datetime | None], Sequence[dt.datetime | None],
+    def columns(self) -> tuple[Sequence[PolicyId], tuple[Sequence[Any], ...],
                                Sequence[_ReadingKind]]:
         """What is held, read without making a `PhaseReading` (for the store's rows; not to
-        be changed): per reading its policy, its revision, its Verified probe times (None
-        without Verified) and its kind, (cluster, phase, ready_reason, ready_message, seen_at,
-        audit, verified?, verified status, reason, message), one object per distinct kind."""
-        return self._policies, self._revisions, self._probed, self._since, self._kinds
+        be changed): per reading its policy, per own field (`facts.READING_OWN`) a column of
+        its values, and per reading its kind (`facts.READING_KIND`), one object per distinct
+        kind."""
+        own = self._own
+        return self._policies, tuple(own[k::_OWN_WIDTH] for k in range(_OWN_WIDTH)), self._kinds
 
     def kinds(self) -> Collection[_ReadingKind]:
         """The distinct kinds of `columns`, in the order they first occur."""

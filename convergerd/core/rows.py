@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from convergerd.core.model import ClusterId, PolicyId, PolicyRow
-from convergerd.core.report import ApplyResult, Epoch, RoundResult
+from convergerd.core.report import ApplyResult, Epoch, PhaseReading, RoundResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class ClusterStateRow:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryRow:
-    """One policy on one cluster: the last delivery and the last phase read back, as shown. A
+    """One policy on one cluster: the last delivery and the last reading, as shown. A
     round does not rewrite a row it read unchanged: the times of such a row (and `unchanged`
     for an in-sync one) come from its cluster's last listing (`convergerd.store.store`)."""
 
@@ -62,22 +62,9 @@ class DeliveryRow:
     last_reason: str | None
     attempts: int  # consecutive failed attempts; 0 after a success
     round_id: int | None  # None when written by a save
-    phase: str | None
-    phase_reason: str | None
-    phase_message: str | None
-    phase_revision: int | None
-    phase_seen_at: dt.datetime | None
-    # The Verified condition read back with the phase (None: none was read).
-    verified_status: str | None = None
-    verified_reason: str | None = None
-    verified_message: str | None = None
-    verified_probed_at: dt.datetime | None = None
-    verified_since: dt.datetime | None = None
-    # The audit read back with the phase (`audit_synced` None: none was read).
-    audit_violations: int | None = None
-    audit_at: dt.datetime | None = None
-    audit_synced: bool | None = None
-    audit_problem: str | None = None
+    # The last reading recorded with it (None: none, or the last listing did not find the
+    # object), its fields read from their columns by `core.facts.READING`.
+    reading: PhaseReading | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,10 @@ may still write.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
+import operator
 import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -26,20 +28,23 @@ from typing import Protocol
 
 from convergerd.config import SlotTuning
 from convergerd.core.errors import ClusterError, DatabaseUnavailable, Fenced
+from convergerd.core.facts import READING_NAMES, reorder
 from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId
 from convergerd.core.plan import Apply, ListedPolicy, Why, plan_cluster, with_precondition
 from convergerd.core.removal import Current
 from convergerd.core.render import MANAGED_SELECTOR, object_name, policy_id_from_name, render_policy
 from convergerd.core.report import (
+    AUDIT_FIELDS,
+    VERIFIED_FIELDS,
     ApplyResult,
-    Audit,
     ClusterOutcome,
     Delivery,
     Epoch,
-    PhaseReading,
     Readings,
     RoundReport,
+    audit_values,
     named_clusters,
+    verified_values,
 )
 from convergerd.delivery.apply import (
     ClusterCalls,
@@ -413,37 +418,27 @@ async def _apply_one(writer: Writer, action: Apply) -> _Done:
     return _Done(action, written.delivery, written.applied)
 
 
-def _shared(audit: Audit | None, shared: dict[Audit, Audit]) -> Audit | None:
-    if audit is None or audit.sample:
-        return audit
-    return shared.setdefault(audit, audit)
+# A listed Policy's reading, in `facts.READING`'s order: the fields it holds under their own
+# names (passed on by name), its revision and when it was listed, its Verified condition and
+# audit (`report.verified_values`, `audit_values`); any other field its default.
+_LISTED = tuple(f.name for f in dataclasses.fields(ListedPolicy) if f.name in READING_NAMES)
+_listed = operator.attrgetter(*_LISTED)
+_reading = reorder((*_LISTED, "revision", "seen_at", *VERIFIED_FIELDS, *AUDIT_FIELDS),
+                   READING_NAMES)
 
 
 def _phases(
     cluster: ClusterId, observed: Mapping[str, ListedPolicy], seen_at: dt.datetime
 ) -> Readings:
     """What the in-cluster operator reports, read from the same list (no extra requests),
-    packed (`Readings`). Audits without a sample that agree (one pass of the operator: the
-    same count, time and flag, most often 0) are held as one object: the status state keeps
-    every reading."""
+    packed (`Readings`: readings that agree but for their policy, revision and probe times,
+    most often a cluster's all, are held as one)."""
     readings = Readings()
-    shared: dict[Audit, Audit] = {}
     for name, obj in observed.items():
         policy_id = policy_id_from_name(name)
         if policy_id is None or object_name(policy_id) != name:
             continue
-        revision = cluster_revision(obj)
-        readings.append(
-            PhaseReading(
-                cluster=cluster,
-                policy=PolicyId(sys.intern(policy_id)),  # one object per policy, not per reading
-                phase=obj.phase,
-                ready_reason=obj.ready_reason,
-                ready_message=obj.ready_message,
-                revision=revision,
-                seen_at=seen_at,
-                verified=obj.verified,
-                audit=_shared(obj.audit, shared),
-            )
-        )
+        readings.add(cluster, PolicyId(sys.intern(policy_id)), _reading(  # one id per policy
+            (*_listed(obj), cluster_revision(obj), seen_at, *verified_values(obj.verified),
+             *audit_values(obj.audit))))
     return readings

@@ -230,7 +230,7 @@ def tally_grouped(
             entry = entries.get(case)
             if entry is None:
                 reading = stand_in if found is None else replace(
-                    stand_in, verified=replace(found, probed_at=probed))
+                    stand_in, verified_probed_at=probed)
                 entry = entries[case] = tally_entry(reading)
             key = entry[:3]
             group = groups_out.get(key)

@@ -6,46 +6,37 @@ cluster, per policy only what differs from it). Pure.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import itertools
+import operator
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from convergerd.core.facts import (
-    ROW_AUDIT,
+    READING_NAMES,
+    READING_OWN,
+    RECORD_ROW,
     ROW_DELIVERED,
     ROW_DELIVERED_REVISION,
+    ROW_HEAD,
     ROW_LAST_ATTEMPT_AT,
     ROW_LAST_ERROR,
     ROW_LAST_REASON,
     ROW_LAST_RESULT,
     ROW_LAST_SUCCESS_AT,
-    ROW_PHASE,
-    ROW_PHASE_REVISION,
-    ROW_PROBED_AT,
+    ROW_OWN,
     ROW_READ,
-    ROW_READY_MESSAGE,
-    ROW_READY_REASON,
+    ROW_READ_NAMES,
     ROW_SEEN_AT,
-    ROW_SINCE,
-    ROW_VERIFIED_MESSAGE,
-    ROW_VERIFIED_REASON,
-    ROW_VERIFIED_STATUS,
     ROW_WIDTH,
+    joined,
+    reorder,
 )
 from convergerd.core.model import ClusterId, PolicyId
-from convergerd.core.report import (
-    ApplyResult,
-    Audit,
-    AuditSample,
-    Deliveries,
-    PhaseReading,
-    Verification,
-)
+from convergerd.core.report import ApplyResult, AuditSample, Deliveries, PhaseReading
 from convergerd.core.rows import DeliveryRow
 from convergerd.status.phases import known_violations
 
@@ -64,35 +55,12 @@ class PolicyRecord:
 
     @classmethod
     def from_row(cls, row: DeliveryRow) -> PolicyRecord:
-        phase = None
-        if row.phase_seen_at is not None:
-            phase = PhaseReading(
-                cluster=ClusterId(row.cluster), policy=PolicyId(row.policy), phase=row.phase,
-                ready_reason=row.phase_reason, ready_message=row.phase_message,
-                revision=row.phase_revision, seen_at=row.phase_seen_at,
-                verified=_verification_of_row(row), audit=_audit_of_row(row),
-            )
         return cls(
             delivered_revision=row.delivered_revision,
             last_result=str(row.last_result) if row.last_result is not None else None,
             last_attempt_at=row.last_attempt_at, last_success_at=row.last_success_at,
-            last_error=row.last_error, last_reason=row.last_reason, phase=phase,
+            last_error=row.last_error, last_reason=row.last_reason, phase=row.reading,
         )
-
-
-def _verification_of_row(row: DeliveryRow) -> Verification | None:
-    if row.verified_status is None:
-        return None
-    return Verification(row.verified_status, row.verified_reason, row.verified_message,
-                        row.verified_probed_at, row.verified_since)
-
-
-def _audit_of_row(row: DeliveryRow) -> Audit | None:
-    if row.audit_synced is None:
-        return None
-    if row.audit_violations is None:
-        return Audit(None, problem=row.audit_problem or "the recorded audit has no count")
-    return Audit(row.audit_violations, row.audit_at, row.audit_synced)
 
 
 def newer(a: dt.datetime | None, b: dt.datetime | None) -> bool:
@@ -134,11 +102,16 @@ def merge_records(mine: PolicyRecord | None, stored: PolicyRecord | None) -> Pol
 # The row's fields, their order and the parts a delivery and a reading write: `core.facts`.
 _NONE_ROW: tuple[Any, ...] = (None,) * ROW_WIDTH
 _NOT_READ: tuple[Any, ...] = _NONE_ROW[ROW_READ]
+_NOT_OWN: tuple[Any, ...] = _NONE_ROW[ROW_OWN]
 # Positions in a delivery's part of a row (`ROW_DELIVERED`).
 _D_AT = ROW_LAST_ATTEMPT_AT - ROW_DELIVERED.start
 _D_SUCCESS = ROW_LAST_SUCCESS_AT - ROW_DELIVERED.start
 _D_RESULT = ROW_LAST_RESULT - ROW_DELIVERED.start
 _SAME: tuple[int] = (0,)  # the entry of a record equal to its cluster's summary
+# A reading's fields as the row holds them, made in C; and the row back to a reading.
+_own_of = operator.attrgetter(*READING_OWN)
+_read_of = operator.attrgetter(*ROW_READ_NAMES)
+_reading_of_row = reorder(RECORD_ROW, READING_NAMES)
 
 
 def _shared(value: Any) -> Any:
@@ -148,45 +121,22 @@ def _shared(value: Any) -> Any:
 def record_row(record: PolicyRecord) -> tuple[Any, ...]:
     """A record's fields as one flat tuple, in `facts.RECORD_ROW`'s order; repeated strings
     interned."""
-    phase, found = record.phase, None
-    if phase is not None:
-        found = phase.verified
-    probed = since = None
-    if found is not None:
-        probed, since = found.probed_at, found.since
-        if since is not None and since == probed:
-            since = probed  # one object for both: the usual first probe
+    phase = record.phase
+    own, read = (_NOT_OWN, _NOT_READ) if phase is None else (
+        joined(_own_of(phase)), tuple(map(_shared, _read_of(phase))))
     success = record.last_success_at
     if success is not None and success == record.last_attempt_at:
         success = record.last_attempt_at
-    return (
-        probed, since, phase.revision if phase is not None else None,
-        record.delivered_revision, record.last_attempt_at, success, _shared(record.last_result),
-        _shared(record.last_error), _shared(record.last_reason),
-        _shared(phase.phase) if phase is not None else None,
-        _shared(phase.ready_reason) if phase is not None else None,
-        _shared(phase.ready_message) if phase is not None else None,
-        phase.seen_at if phase is not None else None,
-        _shared(found.status) if found is not None else None,
-        _shared(found.reason) if found is not None else None,
-        _shared(found.message) if found is not None else None,
-        phase.audit if phase is not None else None,  # shared by agreeing readings already
-    )
+    return (*own, record.delivered_revision, record.last_attempt_at, success,
+            _shared(record.last_result), _shared(record.last_error),
+            _shared(record.last_reason), *read)
 
 
 def reading_part(reading: PhaseReading) -> tuple[tuple[Any, ...], tuple[AuditSample, ...]]:
-    """The `ROW_READ` fields of `reading` (its audit without the sample; repeated strings
-    interned), and its audit's sample when the audit counts violations."""
-    found, verified = reading.audit, reading.verified
-    fresh = found.sample if found is not None and known_violations(reading) else ()
-    if found is not None and found.sample:
-        found = dataclasses.replace(found, sample=())
-    part = (_shared(reading.phase), _shared(reading.ready_reason),
-            _shared(reading.ready_message), reading.seen_at,
-            _shared(verified.status) if verified is not None else None,
-            _shared(verified.reason) if verified is not None else None,
-            _shared(verified.message) if verified is not None else None, found)
-    return part, fresh
+    """The `ROW_READ` fields of `reading` (repeated strings interned; its audit's sample is
+    not one), and its audit's sample when the audit counts violations."""
+    fresh = reading.audit_sample if known_violations(reading) else ()
+    return tuple(map(_shared, _read_of(reading))), fresh
 
 
 def row_record(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PolicyRecord:
@@ -234,16 +184,9 @@ def unpacked(entry: tuple[Any, ...], summary: tuple[Any, ...]) -> tuple[Any, ...
 
 def row_reading(row: tuple[Any, ...], cluster: ClusterId, policy: PolicyId) -> PhaseReading | None:
     """The phase reading of `row` alone (what `row_record` would hold), None without one."""
-    seen_at = row[ROW_SEEN_AT]
-    if seen_at is None:
+    if row[ROW_SEEN_AT] is None:
         return None
-    verified = None
-    if row[ROW_VERIFIED_STATUS] is not None:
-        verified = Verification(row[ROW_VERIFIED_STATUS], row[ROW_VERIFIED_REASON],
-                                row[ROW_VERIFIED_MESSAGE], row[ROW_PROBED_AT], row[ROW_SINCE])
-    return PhaseReading(cluster, policy, row[ROW_PHASE], row[ROW_READY_REASON],
-                        row[ROW_READY_MESSAGE], row[ROW_PHASE_REVISION], seen_at, verified,
-                        row[ROW_AUDIT])
+    return PhaseReading(cluster, policy, *_reading_of_row(row))
 
 
 def _most_common(values: Iterable[Any]) -> Any:
@@ -279,44 +222,53 @@ def _part_diff(part: tuple[Any, ...], summary: tuple[Any, ...],
     return mask, tuple(values)
 
 
+def _entry_function(width: int) -> Callable[
+        [tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], tuple[Any, ...]],
+        tuple[Any, ...]]:
+    """`entry(h, s, mask, d, r)`: a row's `packed` entry made of its head `h` (the first
+    `width` fields, compared with the summary's head `s`) and its other parts' mask bits and
+    values (`mask`, `d`, `r`). Written out for the head's width at import, as `dataclasses`
+    writes an `__init__`: a head is compared for every policy of every round, and a loop over
+    its fields took twice as long (bench/RESULTS.md, "issue 34 item 1")."""
+    lines = ["def entry(h, s, mask, d, r):", "    values = []"]
+    for i in range(width):
+        lines += [f"    if h[{i}] != s[{i}]:", f"        mask |= {1 << i}",
+                  f"        values.append(h[{i}])"]
+    lines.append("    return (mask, *values, *d, *r) if mask else same")
+    namespace: dict[str, Any] = {"same": _SAME}
+    exec("\n".join(lines), namespace)  # noqa: S102 - our own text, made of integers only
+    made: Callable[[tuple[Any, ...], tuple[Any, ...], int, tuple[Any, ...], tuple[Any, ...]],
+                   tuple[Any, ...]] = namespace["entry"]
+    return made
+
+
+_entry = _entry_function(ROW_HEAD)
+
+
 def _packed_parts(
     rows: Iterable[tuple[PolicyId, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]], *,
     head: tuple[Any, ...], part_d: tuple[Any, ...], part_r: tuple[Any, ...],
 ) -> dict[PolicyId, tuple[Any, ...]]:
     """`packed` of each row, given as its policy's head, delivered and read parts, against
     the summary's parts: a shared part's differences are worked out once."""
-    s0, s1, s2, s3 = head  # the `ROW_HEAD` fields, unrolled: compared for every policy
     diffs: dict[int, tuple[int, tuple[Any, ...]]] = {}
     entries: dict[PolicyId, tuple[Any, ...]] = {}
-    for policy, (h0, h1, h2, h3), d, r in rows:
+    entry = _entry
+    for policy, h, d, r in rows:
         dd = diffs.get(id(d))
         if dd is None:
             dd = diffs[id(d)] = _part_diff(d, part_d, ROW_DELIVERED.start)
         rd = diffs.get(id(r))
         if rd is None:
             rd = diffs[id(r)] = _part_diff(r, part_r, ROW_READ.start)
-        mask = dd[0] | rd[0]
-        values = []
-        if h0 != s0:
-            mask |= 1
-            values.append(h0)
-        if h1 != s1:
-            mask |= 2
-            values.append(h1)
-        if h2 != s2:
-            mask |= 4
-            values.append(h2)
-        if h3 != s3:
-            mask |= 8
-            values.append(h3)
-        entries[policy] = (mask, *values, *dd[1], *rd[1]) if mask else _SAME
+        entries[policy] = entry(h, head, dd[0] | rd[0], dd[1], rd[1])
     return entries
 
 
-# What a round's reading writes of a policy's row, as `StatusState._read_back` makes it:
-# (probed_at, since, phase_revision, the `ROW_READ` fields, the reading standing for its group).
-ReadBack = tuple[dt.datetime | None, dt.datetime | None, int | None, tuple[Any, ...],
-                 PhaseReading]
+# What a round's reading writes of a policy's row, as `StatusState._read_back` makes it: its
+# own fields (`facts.READING_OWN`, the head's first), the `ROW_READ` fields, and the reading
+# standing for its group.
+ReadBack = tuple[tuple[Any, ...], tuple[Any, ...], PhaseReading]
 
 
 class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
@@ -389,21 +341,20 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
             if (read is None or d is None) and (entry := old.get(policy)) is not None:
                 row = unpacked(entry, summary)
             if read is None:
-                probed, since = row[ROW_PROBED_AT], row[ROW_SINCE]
-                revision = row[ROW_PHASE_REVISION]
+                own = row[ROW_OWN]
                 was_read = row[ROW_READ]
                 readback.append(shared.setdefault(was_read, was_read))
             elif r is None:  # no longer in the cluster
-                probed = since = revision = None
+                own = _NOT_OWN
                 readback.append(_NOT_READ)
             else:
-                probed, since, revision, was_read, _ = r
+                own, was_read, _ = r
                 readback.append(was_read)
             if d is None:
                 was_delivered = row[ROW_DELIVERED]
                 d = (row[ROW_DELIVERED_REVISION], shared.setdefault(was_delivered, was_delivered))
             delivered_revision, was_delivered = d
-            heads.append((probed, since, revision, delivered_revision))  # `ROW_HEAD` fields
+            heads.append((*own, delivered_revision))  # the `ROW_HEAD` fields
             delivered.append(was_delivered)
         if not keys:
             self._summary, self._entries = _NONE_ROW, {}

@@ -35,6 +35,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from convergerd.core.exceptions import ExceptionTally
+from convergerd.core.facts import OWN_PROBED_AT
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.report import (
     AuditSample,
@@ -301,11 +302,11 @@ class StatusState:
             # Counted per group of readings that agree but for their policy, revision and
             # probe times (most often one per cluster).
             groups: dict[int, tuple[PhaseReading, list[dt.datetime | None], list[PolicyId]]] = {}
-            for policy, (probed, _, _, _, stand_in) in read.items():
+            for policy, (own, _, stand_in) in read.items():
                 group = groups.get(id(stand_in))
                 if group is None:
                     group = groups[id(stand_in)] = (stand_in, [], [])
-                group[1].append(probed)
+                group[1].append(own[OWN_PROBED_AT])
                 group[2].append(policy)
             state.phase_tally = tally_grouped((r, probes) for r, probes, _ in groups.values())
             state.audit_tally = audit_tally_grouped(
@@ -319,16 +320,14 @@ class StatusState:
         parts: dict[int, tuple[tuple[Any, ...], tuple[AuditSample, ...]]] = {}
         samples = self._samples
         sampled = samples.policies()
-        for policy, revision, probed, since, r in readings.shared():
+        for policy, own, r in readings.shared():
             part = parts.get(id(r))
             if part is None:
                 part = parts[id(r)] = reading_part(r)
             was_read, fresh = part
             if fresh or policy in sampled:
                 samples.keep(policy, cluster, fresh)
-            # One object for both times when they are equal, as `record_row` keeps them.
-            kept_since = probed if since is not None and since == probed else since
-            read[policy] = (probed, kept_since, revision, was_read, r)
+            read[policy] = (own, was_read, r)
         return read
 
     def observe_probe(

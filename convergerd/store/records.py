@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import operator
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -29,13 +30,21 @@ from convergerd.core.facts import (
     COL_POLICY,
     COLUMN_NAMES,
     COLUMNS,
+    DELIVERY_COLUMNS,
     DK_AT,
+    KIND_AUDIT_AT,
+    KIND_SEEN_AT,
     NOT_READ,
+    OWN_PROBED_AT,
     READ_COLUMNS,
     READ_NAMES,
-    RK_AUDIT,
-    RK_SEEN_AT,
+    READING,
+    READING_KIND,
+    RECORDED,
+    SEEN_COLUMN,
     Change,
+    Clean,
+    Field,
 )
 from convergerd.core.report import (
     ApplyResult,
@@ -296,6 +305,20 @@ class _Cleaner:
             self.note(cluster, policy, column, value, "out of range, clamped")
         return cleaned
 
+    def field(self, f: Field, value: Any, cluster: str, policy: str) -> Any:
+        """A reading's field `f` as its column holds it (`Field.clean`)."""
+        if value is None:
+            return None
+        if f.clean is Clean.TEXT:
+            return self.text(value, cluster, policy, f.column or f.name)
+        if f.clean is Clean.REVISION:
+            return self.revision(value, cluster, policy, f.column or f.name)
+        if f.clean is Clean.COUNT:
+            return self.count(value, cluster, policy, f.column or f.name)
+        if f.change is Change.SEEN:
+            return _utc(value)  # which reading is newer is decided on it
+        return value
+
     def bad_id(self, cluster: str | None, policy: str | None) -> bool:
         """Ids are keys: one that is not clean cannot be cleaned (it would name another row);
         its row is dropped."""
@@ -359,45 +382,72 @@ def _delivery_kinds(c: ClusterOutcome) -> dict[int, tuple[Any, ...]] | None:
     return parts
 
 
+def _fits(f: Field, values: Sequence[Any]) -> bool:
+    """Whether the record writes every one of `values` of field `f` as it is (`_Cleaner`
+    would change or refuse none)."""
+    if f.clean is Clean.TEXT:
+        return _kept(*values)
+    if f.clean is Clean.REVISION:
+        return _bigints(values)
+    if f.clean is Clean.COUNT:
+        return all(v is None or (type(v) is int and pg_count(v) == v) for v in values)
+    if f.change is Change.SEEN:
+        return all(v.tzinfo is not None for v in values)
+    return True
+
+
+# A reading's recorded fields as the record's columns hold them (`facts.RECORDED`): its
+# shared ones, read from its kind, then its own.
+_SHARED_RECORDED = tuple(f for f in RECORDED if f.shared)
+_OWN_RECORDED = tuple(f for f in RECORDED if not f.shared)
+_kind_recorded = operator.itemgetter(*(READING_KIND.index(f.name) for f in _SHARED_RECORDED))
+# A created object's first reading (see `_delivery_records`): its revision and seen time.
+_READ_REVISION = READ_NAMES.index(next(f.column for f in READING if f.name == "revision"))
+_READ_SEEN = READ_NAMES.index(SEEN_COLUMN)
+
+
+def _first_reading(revision: int | None, at: dt.datetime) -> tuple[Any, ...]:
+    """A row's reading columns for a created object not read since: its revision, seen as it
+    was created, nothing else."""
+    values = list(NOT_READ)
+    values[_READ_REVISION], values[_READ_SEEN] = revision, at
+    return tuple(values)
+
+
 def _reading_kinds(c: ClusterOutcome) -> dict[int, tuple[Any, ...]] | None:
-    """Per reading kind of `c` (by id): its phase, reason, message, seen at, Verified status,
-    reason, message, and its audit's four columns; None if any of them would be cleaned or
-    checked (`_packed_rows`)."""
+    """Per reading kind of `c` (by id): its shared recorded fields, in the record's order;
+    None if any of them would be cleaned or checked (`_packed_rows`)."""
     parts: dict[int, tuple[Any, ...]] = {}
     for k in c.phases.kinds():
-        (cluster, phase, ready_reason, ready_message, seen, audit,
-         verified, v_status, v_reason, v_message) = k
-        if verified:
-            v_status = v_status or ""  # as `Readings` makes its `Verification`
-        if (cluster != c.cluster or seen.tzinfo is None
-                or not _kept(phase, ready_reason, ready_message, v_status, v_reason, v_message)
-                or (audit is not None and (pg_revision(audit.violations) is not audit.violations
-                                           or not _kept(audit.problem)))):
+        part = _kind_recorded(k)
+        if k[0] != c.cluster or not all(
+                _fits(f, (v,)) for f, v in zip(_SHARED_RECORDED, part, strict=True)):
             return None
-        audited = (None, None, None, None) if audit is None else (
-            audit.violations, audit.audited_at, audit.synced, audit.problem)
-        parts[id(k)] = (phase, ready_reason, ready_message, seen, v_status, v_reason,
-                        v_message, *audited)
+        parts[id(k)] = part
     return parts
 
 
 def _packed_rows(c: ClusterOutcome, clean: _Cleaner) -> list[tuple[Any, ...]] | None:
     """What `_delivery_records(c.deliveries, c.phases, clean)` makes, without making a
     `Delivery` or `PhaseReading`: each distinct kind (most often one per cluster) is checked
-    and taken apart once, each row is one tuple. None (nothing noted) when any of the values
-    would be cleaned, a key dropped, a time naive, or a policy is there twice: the careful way
-    then makes the same rows and notes what it cleans."""
+    and taken apart once, each row is one tuple (a reading's columns: its kind's part, then
+    its own values, `facts.RECORDED`). None (nothing noted) when any of the values would be
+    cleaned, a key dropped, a time naive, or a policy is there twice: the careful way then
+    makes the same rows and notes what it cleans."""
     cluster = c.cluster
     d_policies, d_revisions, d_kinds = c.deliveries.columns()
-    r_policies, r_revisions, r_probed, r_since, r_kinds = c.phases.columns()
+    r_policies, r_own, r_kinds = c.phases.columns()
     delivered, read = set(d_policies), set(r_policies)
     if (len(delivered) != len(d_policies) or len(read) != len(r_policies)
             or not clean.all_good({cluster} | delivered | read)
-            or not _bigints(d_revisions) or not _bigints(r_revisions)):
+            or not _bigints(d_revisions)
+            or not all(_fits(f, values) for f, values in zip(_OWN_RECORDED, r_own,
+                                                              strict=True))):
         return None
     d_parts, r_parts = _delivery_kinds(c), _reading_kinds(c)
     if d_parts is None or r_parts is None:
         return None
+    owns = list(zip(*r_own, strict=True))
     reading_of = dict(zip(r_policies, range(len(r_policies)), strict=True))
     rows: list[tuple[Any, ...]] = []
     append = rows.append
@@ -408,26 +458,21 @@ def _packed_rows(c: ClusterOutcome, clean: _Cleaner) -> list[tuple[Any, ...]] | 
             result, at, error, reason, attempts, created = d_parts[id(k)]
         j = reading_of.pop(policy, None)
         if j is not None:
-            rk = r_kinds[j]
-            ph, ph_reason, ph_message, seen, vs, vr, vm, av, aa, asy, ap = r_parts[id(rk)]
+            part = r_parts[id(r_kinds[j])]
             # A created object's first reading (see `_delivery_records`) unless read later.
-            if not created or at <= seen:
+            if not created or at <= part[_READ_SEEN]:
                 append((policy, cluster, revision, result, at, error, reason, attempts,
-                        ph, ph_reason, ph_message, r_revisions[j], seen, vs, vr, vm,
-                        r_probed[j], r_since[j], av, aa, asy, ap))
+                        *part, *owns[j]))
                 continue
         if created:
             append((policy, cluster, revision, result, at, error, reason, attempts,
-                    None, None, None, revision, at, None, None, None, None, None,
-                    None, None, None, None))
+                    *_first_reading(revision, at)))
         else:
             append((policy, cluster, revision, result, at, error, reason, attempts,
                     *NOT_READ))
     for j in reading_of.values():  # read, not delivered: in the readings' order
-        ph, ph_reason, ph_message, seen, vs, vr, vm, av, aa, asy, ap = r_parts[id(r_kinds[j])]
         append((r_policies[j], cluster, None, None, None, None, None, None,
-                ph, ph_reason, ph_message, r_revisions[j], seen, vs, vr, vm,
-                r_probed[j], r_since[j], av, aa, asy, ap))
+                *r_parts[id(r_kinds[j])], *owns[j]))
     return rows
 
 
@@ -441,14 +486,13 @@ def _delivery_records(
     index: dict[tuple[str, str], int] = {}
     named: dict[str, list[Any]] = {name: [] for name in COLUMN_NAMES}  # in `COLUMNS` order
     cols = list(named.values())
-    (policy, cluster, revision, result, attempt_at, error, reason, attempts,
-     phase, phase_reason, phase_message, phase_revision, phase_seen_at,
-     v_status, v_reason, v_message, v_probed_at, v_since,
-     a_violations, a_at, a_synced, a_problem) = (named[name] for name in (  # picked by name
-        "policy_id", "cluster_id", "revision", "result", "at", "error", "reason", "attempts",
-        "phase", "phase_reason", "phase_message", "phase_revision", "phase_seen_at",
-        "verified_status", "verified_reason", "verified_message", "verified_probed_at",
-        "verified_since", "audit_violations", "audit_at", "audit_synced", "audit_problem"))
+    (policy, cluster, revision, result, attempt_at, error, reason, attempts) = (
+        named[c.name] for c in DELIVERY_COLUMNS)
+    read_cols = [named[c.name] for c in READ_COLUMNS]
+    # A reading's recorded fields and their columns, cleaned in `facts.READING`'s order.
+    fields = [f for f in READING if f.column is not None]
+    field_cols = [named[column] for f in READING if (column := f.column) is not None]
+    phase_seen_at = named[SEEN_COLUMN]
     values = [col for name, col in named.items() if name not in {"policy_id", "cluster_id"}]
 
     def row(policy_id: str, cluster_id: str) -> tuple[int, bool]:
@@ -479,42 +523,22 @@ def _delivery_records(
         if d.result is ApplyResult.CREATED:
             # A created object has no status yet: its first reading, so that the round that
             # first lists it finds nothing changed (a reading from that listing, newer, wins).
-            phase[i] = phase_reason[i] = phase_message[i] = None
-            v_status[i] = v_reason[i] = v_message[i] = v_probed_at[i] = v_since[i] = None
-            a_violations[i] = a_at[i] = a_synced[i] = a_problem[i] = None
-            phase_revision[i], phase_seen_at[i] = revision[i], attempt_at[i]
+            _set_row(read_cols, i, _first_reading(revision[i], attempt_at[i]))
     for p in phases:
         if clean.bad_id(p.cluster, p.policy):
             continue
         i, new = row(p.policy, p.cluster)
         if not new and phase_seen_at[i] is not None and phase_seen_at[i] > p.seen_at:
             continue
-        phase[i] = clean.text(p.phase, p.cluster, p.policy, "phase")
-        phase_reason[i] = clean.text(p.ready_reason, p.cluster, p.policy, "phase_reason")
-        phase_message[i] = clean.text(p.ready_message, p.cluster, p.policy, "phase_message")
-        phase_revision[i] = clean.revision(p.revision, p.cluster, p.policy, "phase_revision")
-        phase_seen_at[i] = _utc(p.seen_at)
-        v = p.verified
-        if v is not None:
-            v_status[i] = clean.text(v.status, p.cluster, p.policy, "verified_status")
-            v_reason[i] = clean.text(v.reason, p.cluster, p.policy, "verified_reason")
-            v_message[i] = clean.text(v.message, p.cluster, p.policy, "verified_message")
-            v_probed_at[i], v_since[i] = v.probed_at, v.since
-        else:
-            v_status[i] = v_reason[i] = v_message[i] = v_probed_at[i] = v_since[i] = None
-        a_violations[i], a_at[i], a_synced[i], a_problem[i] = _audit_values(p, clean)
+        _set_row(field_cols, i, [clean.field(f, getattr(p, f.name), p.cluster, p.policy)
+                                 for f in fields])
     return list(zip(*cols, strict=True))
 
 
-def _audit_values(
-    p: PhaseReading, clean: _Cleaner
-) -> tuple[int | None, dt.datetime | None, bool | None, str | None]:
-    """The audit columns of a reading: all None when it carries no audit."""
-    a = p.audit
-    if a is None:
-        return None, None, None, None
-    return (clean.revision(a.violations, p.cluster, p.policy, "audit_violations"),
-            a.audited_at, a.synced, clean.text(a.problem, p.cluster, p.policy, "audit_problem"))
+def _set_row(columns: Sequence[list[Any]], i: int, values: Iterable[Any]) -> None:
+    """Row `i` of `columns` set to `values`, one per column."""
+    for column, value in zip(columns, values, strict=True):
+        column[i] = value
 
 
 async def _upsert_deliveries(
@@ -639,13 +663,11 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
         # From the packed readings: a reading's seen and audit times are its kind's, its
         # probe time (None without Verified) its own.
         kinds = c.phases.kinds()
-        listed_at = max((_utc(k[RK_SEEN_AT]) for k in kinds), default=None)
-        _, _, probed, _, _ = c.phases.columns()
-        listed_probed_at = min((t for t in probed if t is not None), default=None)
-        audits = (k[RK_AUDIT] for k in kinds)
-        listed_audited_at = min((a.audited_at for a in audits
-                                 if a is not None and a.audited_at is not None),
-                                default=None)
+        listed_at = max((_utc(k[KIND_SEEN_AT]) for k in kinds), default=None)
+        _, own, _ = c.phases.columns()
+        listed_probed_at = min((t for t in own[OWN_PROBED_AT] if t is not None), default=None)
+        listed_audited_at = min((k[KIND_AUDIT_AT] for k in kinds
+                                 if k[KIND_AUDIT_AT] is not None), default=None)
         if listed_at is None:
             # An empty listing: no later than the round's first write (what the round
             # created afterwards is newer than what the listing did not find).

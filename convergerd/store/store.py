@@ -21,6 +21,7 @@ from convergerd.config import MAX_IDENTITY_CHARS, redact_dsn
 from convergerd.core.decode import clean_text
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable
 from convergerd.core.exceptions import ExceptionTally
+from convergerd.core.facts import READ_NAMES, READING_NAMES, RECORDED, SEEN_COLUMN, Field, reorder
 from convergerd.core.model import (
     Boundary,
     BoundaryId,
@@ -42,6 +43,7 @@ from convergerd.core.report import (
     ClusterResult,
     Delivery,
     Epoch,
+    PhaseReading,
     RoundReport,
     RoundResult,
 )
@@ -95,6 +97,16 @@ def _rule_column(table: str = "") -> str:
     return f"CASE WHEN octet_length({rule}::text) <= {MAX_RULE_BYTES} THEN {rule} END AS rule"
 
 
+def _shown_column(f: Field) -> str:
+    """A reading's column as status shows it: a time the row is not rewritten for is at
+    least what its cluster's last listing bounds it with (`Field.listed`)."""
+    column = f"d.{f.column}"
+    if f.listed is None:
+        return column
+    return (f"GREATEST({column}, CASE WHEN {column} IS NOT NULL THEN cs.{f.listed} END)"
+            f" AS {f.column}")
+
+
 # A delivery row as status shows it. Rows are written when their facts change
 # (`convergerd.store.records`); what the last listing of the cluster (`cluster_state cs`)
 # confirmed is derived: a phase still recorded was seen then, and with it a success still held
@@ -106,18 +118,8 @@ _D_COLUMNS = f"""
     CASE WHEN {_CONFIRMED} THEN 'unchanged' ELSE d.last_result END AS last_result,
     CASE WHEN {_CONFIRMED} THEN cs.listed_at ELSE d.last_attempt_at END AS last_attempt_at,
     CASE WHEN {_CONFIRMED} THEN cs.listed_at ELSE d.last_success_at END AS last_success_at,
-    d.last_error, d.last_reason, d.attempts, d.round_id, d.phase, d.phase_reason,
-    d.phase_message, d.phase_revision,
-    GREATEST(d.phase_seen_at, CASE WHEN d.phase_seen_at IS NOT NULL THEN cs.listed_at END)
-        AS phase_seen_at,
-    d.verified_status, d.verified_reason, d.verified_message,
-    GREATEST(d.verified_probed_at,
-             CASE WHEN d.verified_probed_at IS NOT NULL THEN cs.listed_probed_at END)
-        AS verified_probed_at,
-    d.verified_since, d.audit_violations,
-    GREATEST(d.audit_at, CASE WHEN d.audit_at IS NOT NULL THEN cs.listed_audited_at END)
-        AS audit_at,
-    d.audit_synced, d.audit_problem
+    d.last_error, d.last_reason, d.attempts, d.round_id,
+    {", ".join(map(_shown_column, RECORDED))}
 """
 _WITH_LISTING = "LEFT JOIN cluster_state cs ON cs.cluster_id = d.cluster_id"
 
@@ -164,7 +166,15 @@ ORDER BY w.policy_id
 """  # noqa: S608 (no value is formatted in: column names only)
 
 
+# A row's reading columns (`facts.READ_NAMES`) in `PhaseReading`'s order.
+_reading_of_columns = reorder(tuple(f.name for f in RECORDED), READING_NAMES)
+
+
 def _delivery_row(r: asyncpg.Record) -> DeliveryRow:
+    reading = None  # a row without a reading time has no reading
+    if r[SEEN_COLUMN] is not None:
+        reading = PhaseReading(ClusterId(r["cluster_id"]), PolicyId(r["policy_id"]),
+                               *_reading_of_columns(tuple(map(r.__getitem__, READ_NAMES))))
     return DeliveryRow(
         policy=r["policy_id"],
         cluster=r["cluster_id"],
@@ -176,20 +186,7 @@ def _delivery_row(r: asyncpg.Record) -> DeliveryRow:
         last_reason=r["last_reason"],
         attempts=r["attempts"],
         round_id=r["round_id"],
-        phase=r["phase"],
-        phase_reason=r["phase_reason"],
-        phase_message=r["phase_message"],
-        phase_revision=r["phase_revision"],
-        phase_seen_at=r["phase_seen_at"],
-        verified_status=r["verified_status"],
-        verified_reason=r["verified_reason"],
-        verified_message=r["verified_message"],
-        verified_probed_at=r["verified_probed_at"],
-        verified_since=r["verified_since"],
-        audit_violations=r["audit_violations"],
-        audit_at=r["audit_at"],
-        audit_synced=r["audit_synced"],
-        audit_problem=r["audit_problem"],
+        reading=reading,
     )
 
 

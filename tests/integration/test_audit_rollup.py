@@ -13,7 +13,8 @@ import re
 from typing import Any
 
 from convergerd.core.model import PolicyId
-from convergerd.core.report import Audit, PhaseReading
+from convergerd.core.report import Audit, PhaseReading, audit_fields
+from convergerd.core.rows import DeliveryRow
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.status.document import cluster_audit_view, snapshot
@@ -42,6 +43,12 @@ from tests.integration.test_record_changes import (
 )
 
 MANAGER = "convergerd-operator"
+
+def read(row: DeliveryRow) -> PhaseReading:
+    """The reading recorded with `row` (there must be one)."""
+    assert row.reading is not None
+    return row.reading
+
 
 
 def now_rfc3339() -> str:
@@ -171,7 +178,7 @@ def audited(policy: PolicyId, seen: float, violations: int | None, audited_s: fl
             synced: bool = True) -> PhaseReading:
     found = (Audit(violations, at(audited_s), synced, None, ())
              if violations is not None else Audit(None, problem="status.audit.violations: bad"))
-    return dataclasses.replace(reading(policy, seen), audit=found)
+    return dataclasses.replace(reading(policy, seen), **audit_fields(found))
 
 
 async def test_an_audit_is_recorded_when_it_changes_and_a_standby_shows_it(
@@ -187,8 +194,8 @@ async def test_an_audit_is_recorded_when_it_changes_and_a_standby_shows_it(
     assert "deliveries" not in await written(database_url)
     rows = {r.policy: r for r in await store.deliveries_for_cluster(RECORDED_C1)}
     # At least the listing's oldest audit (p1's 340), never later than its own.
-    assert (rows["p1"].audit_violations, rows["p1"].audit_at) == (3, at(340))
-    assert rows["p2"].audit_at == at(340)
+    assert (read(rows["p1"]).audit_violations, read(rows["p1"]).audit_at) == (3, at(340))
+    assert read(rows["p2"]).audit_at == at(340)
 
     # A standby's status, from those rows alone.
     standby = StatusState(identity="standby", interval_s=300, clock=lambda: at(360))
@@ -209,9 +216,9 @@ async def test_an_audit_is_recorded_when_it_changes_and_a_standby_shows_it(
                                     audited(P2, 650, None, 0)), identity="r")
     assert (await written(database_url))["deliveries"] == 2
     rows = {r.policy: r for r in await store.deliveries_for_cluster(RECORDED_C1)}
-    assert rows["p1"].audit_violations == 1
-    assert (rows["p2"].audit_violations, rows["p2"].audit_synced) == (None, False)
-    assert rows["p2"].audit_problem == "status.audit.violations: bad"
+    assert read(rows["p1"]).audit_violations == 1
+    assert (read(rows["p2"]).audit_violations, read(rows["p2"]).audit_synced) == (None, False)
+    assert read(rows["p2"]).audit_problem == "status.audit.violations: bad"
     view = record_view(PolicyRecord.from_row(rows["p2"]), at(660), 300)["audit"]
     assert (view["violations"], view["state"]) == (None, "unknown")
     await store.record_round(listed(950, audited(P1, 950, 1, 940, synced=False),

@@ -109,12 +109,15 @@ class FakeStore:
         self.scope = {"p1": frozenset({ClusterId("c1"), ClusterId("c2"), ClusterId("c3")})}
         self.deliveries = [
             DeliveryRow("p1", "c1", 3, ApplyResult.UPDATED, T0, T0, None, None, 0, 7,
-                        "Enforcing", "Installed", "bound", 3, T0, verified_status="False",
-                        verified_reason="Admitted", verified_message="a pod was ADMITTED",
-                        verified_probed_at=T0 - dt.timedelta(seconds=20)),
+                        PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", "Installed",
+                                     "bound", 3, T0, verified_status="False",
+                                     verified_reason="Admitted",
+                                     verified_message="a pod was ADMITTED",
+                                     verified_probed_at=T0 - dt.timedelta(seconds=20))),
             DeliveryRow("p1", "c2", 2, ApplyResult.FAILED, T0, T0 - dt.timedelta(hours=1),
-                        "connect timeout", "unreachable", 1, 7, "Enforcing", None, None, 2,
-                        T0 - dt.timedelta(hours=1)),
+                        "connect timeout", "unreachable", 1, 7,
+                        PhaseReading(ClusterId("c2"), PolicyId("p1"), "Enforcing", None, None,
+                                     2, T0 - dt.timedelta(hours=1))),
         ]
 
     def _check(self, call: str) -> None:

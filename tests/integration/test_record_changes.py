@@ -25,7 +25,9 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
     Verification,
+    verified_fields,
 )
+from convergerd.core.rows import DeliveryRow
 from convergerd.sim.fleet import HOME, Fleet
 from convergerd.status.metrics import Metrics
 from convergerd.status.phases import VERIFIED_STALE_PERIODS
@@ -64,6 +66,12 @@ CREATE TRIGGER test_count AFTER INSERT OR UPDATE OR DELETE ON invalid_policies
 
 # What moves with time alone: left out when views are compared (ages may move).
 TIMES = {"now", "since", "age_seconds", "lag_seconds", "pending_seconds"}
+
+def read(row: DeliveryRow) -> PhaseReading:
+    """The reading recorded with `row` (there must be one)."""
+    assert row.reading is not None
+    return row.reading
+
 
 
 async def written(dsn: str) -> dict[str, int]:
@@ -227,7 +235,7 @@ async def counting(dsn: str) -> None:
 def reading(policy: PolicyId, seen: float, verified: Verification | None = None,
             phase: str = "Enforcing") -> PhaseReading:
     return PhaseReading(C1, policy, phase, "Enforcing", "ok", 3 if policy == P1 else 5,
-                        at(seen), verified)
+                        at(seen), **verified_fields(verified))
 
 
 def listed(seen: float, *readings: PhaseReading, deliveries: bool = True) -> RoundReport:
@@ -259,9 +267,9 @@ async def test_a_probe_moving_forward_is_not_written_and_its_age_still_shows(
     assert "deliveries" not in await written(database_url)
     rows = {r.policy: r for r in await store.deliveries_for_cluster(C1)}
     # At least the listing's oldest probe (p1's 340), never later than its own.
-    assert rows["p1"].verified_probed_at == at(340)
-    assert rows["p2"].verified_probed_at == at(340)
-    assert rows["p1"].phase_seen_at == at(350)
+    assert read(rows["p1"]).verified_probed_at == at(340)
+    assert read(rows["p2"]).verified_probed_at == at(340)
+    assert read(rows["p1"]).seen_at == at(350)
 
     # The operator stops probing; the listings go on.
     await store.record_round(listed(650, reading(P1, 650, probed(340)),
@@ -282,7 +290,8 @@ async def test_a_probe_moving_forward_is_not_written_and_its_age_still_shows(
                                     reading(P2, 950, probed(345))), identity="r")
     assert (await written(database_url))["deliveries"] == 1
     rows = {r.policy: r for r in await store.deliveries_for_cluster(C1)}
-    assert (rows["p1"].verified_reason, rows["p1"].verified_probed_at) == ("Admitted", at(900))
+    r1 = read(rows["p1"])
+    assert (r1.verified_reason, r1.verified_probed_at) == ("Admitted", at(900))
 
 
 async def test_a_policy_the_listing_no_longer_finds_loses_its_phase(
@@ -298,8 +307,8 @@ async def test_a_policy_the_listing_no_longer_finds_loses_its_phase(
     await store.record_round(listed(350, reading(P1, 350)), identity="r")
     assert (await written(database_url))["deliveries"] == 1  # p2 cleared, p1 unchanged
     rows = {r.policy: r for r in await store.deliveries_for_cluster(C1)}
-    assert (rows["p1"].phase, rows["p1"].phase_seen_at) == ("Enforcing", at(350))
-    assert (rows["p2"].phase, rows["p2"].phase_seen_at) == (None, None)
+    assert (read(rows["p1"]).phase, read(rows["p1"]).seen_at) == ("Enforcing", at(350))
+    assert rows["p2"].reading is None
     # p2's delivery is no longer confirmed by a listing: its own times stay.
     assert (rows["p2"].last_result, rows["p2"].last_attempt_at) == (
         ApplyResult.UNCHANGED, at(50.1))
@@ -308,7 +317,7 @@ async def test_a_policy_the_listing_no_longer_finds_loses_its_phase(
     await store.record_round(both, identity="r")  # late: the listing at 50 again
     assert "deliveries" not in await written(database_url)
     rows = {r.policy: r for r in await store.deliveries_for_cluster(C1)}
-    assert (rows["p1"].phase_seen_at, rows["p2"].phase_seen_at) == (at(350), None)
+    assert (read(rows["p1"]).seen_at, rows["p2"].reading) == (at(350), None)
 
 
 async def test_an_unreached_cluster_s_rows_age_from_its_last_listing(
@@ -325,7 +334,7 @@ async def test_an_unreached_cluster_s_rows_age_from_its_last_listing(
     await store.record_round(down, identity="r")
     assert "deliveries" not in await written(database_url)
     [row] = await store.deliveries_for_cluster(C1)
-    assert (row.phase_seen_at, row.last_success_at) == (at(350), at(350))
+    assert (read(row).seen_at, row.last_success_at) == (at(350), at(350))
     view = record_view(PolicyRecord.from_row(row), at(350 + 600 + 1), 300)
     assert view["stale"] is True
 
@@ -367,7 +376,7 @@ async def test_a_database_recorded_before_0004_is_carried_over(
     store = await Store.connect(empty_database_url)
     try:
         [row] = await store.deliveries_for_cluster(C1)
-        assert (row.last_attempt_at, row.phase_seen_at, row.last_result) == (
+        assert (row.last_attempt_at, read(row).seen_at, row.last_result) == (
             at(50), at(50), ApplyResult.UNCHANGED)
         await store.record_round(listed(350, PhaseReading(
             C1, P1, "Enforcing", None, None, 3, at(350))), identity="r")
@@ -375,7 +384,7 @@ async def test_a_database_recorded_before_0004_is_carried_over(
         [row] = await store.deliveries_for_cluster(C1)
     finally:
         await store.close()
-    assert (row.last_attempt_at, row.last_success_at, row.phase_seen_at) == (
+    assert (row.last_attempt_at, row.last_success_at, read(row).seen_at) == (
         at(350), at(350), at(350))
 
 
@@ -409,4 +418,4 @@ async def test_a_cluster_recorded_row_by_row_is_not_taken_as_listed(
     assert state is not None
     assert (state["last_attempt_at"], state["listed_at"]) == (at(351), at(50))
     rows = {r.policy: r for r in await store.deliveries_for_cluster(C1)}
-    assert (rows["p1"].phase_seen_at, rows["p2"].phase) == (at(50), "Enforcing")
+    assert (read(rows["p1"]).seen_at, read(rows["p2"]).phase) == (at(50), "Enforcing")

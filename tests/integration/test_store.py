@@ -22,13 +22,20 @@ from convergerd.core.report import (
     RoundReport,
     RoundResult,
     Verification,
+    verified_fields,
 )
-from convergerd.core.rows import ClusterStateRow
+from convergerd.core.rows import ClusterStateRow, DeliveryRow
 from convergerd.demo.pgserver import free_port
 from convergerd.store.errors import is_transient
 from convergerd.store.store import Store
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+def read(row: DeliveryRow) -> PhaseReading:
+    """The reading recorded with `row` (there must be one)."""
+    assert row.reading is not None
+    return row.reading
+
 
 
 def at(seconds: float) -> dt.datetime:
@@ -193,8 +200,9 @@ async def test_record_round_keeps_the_last_success_across_failures(
     )
     assert row.round_id == round2 + 1
     # Read unchanged at 60: not rewritten, seen then (the cluster's listing).
-    assert (row.phase, row.phase_reason, row.phase_message, row.phase_revision,
-            row.phase_seen_at) == ("Enforcing", "Installed", "bound", 3, at(60))
+    r = read(row)
+    assert (r.phase, r.ready_reason, r.ready_message, r.revision, r.seen_at) == (
+        "Enforcing", "Installed", "bound", 3, at(60))
 
     fixed = ClusterOutcome(
         ClusterId("c1"), reached=True, desired=1, in_sync=1,
@@ -243,7 +251,8 @@ async def test_older_facts_never_overwrite_newer_ones(database_url: str, store: 
     # The save at 100 stands (round_id None), confirmed in sync by the listing at 150.
     assert (row.delivered_revision, row.last_result, row.last_error, row.round_id,
             row.last_attempt_at) == (4, ApplyResult.UNCHANGED, None, None, at(150))
-    assert (row.phase, row.phase_revision, row.phase_seen_at) == ("Enforcing", 4, at(150))
+    r = read(row)
+    assert (r.phase, r.revision, r.seen_at) == ("Enforcing", 4, at(150))
 
 
 async def test_the_verified_condition_is_recorded_with_the_phase_newest_wins(
@@ -255,7 +264,7 @@ async def test_the_verified_condition_is_recorded_with_the_phase_newest_wins(
 
     def reading(verified: Verification | None, seen: float) -> PhaseReading:
         return PhaseReading(ClusterId("c1"), PolicyId("p-latest"), "Enforcing", "Enforcing",
-                            "ok", 3, at(seen), verified)
+                            "ok", 3, at(seen), **verified_fields(verified))
 
     def round_with(verified: Verification | None, seen: float) -> RoundReport:
         return RoundReport(started_at=at(seen - 1), finished_at=at(seen + 1), clusters=[
@@ -263,17 +272,20 @@ async def test_the_verified_condition_is_recorded_with_the_phase_newest_wins(
 
     await store.record_round(round_with(admitted, 50), identity="r")
     [row] = await store.deliveries_for_cluster("c1")
-    assert (row.verified_status, row.verified_reason, row.verified_message,
-            row.verified_probed_at, row.verified_since) == (
+    r = read(row)
+    assert (r.verified_status, r.verified_reason, r.verified_message, r.verified_probed_at,
+            r.verified_since) == (
         "False", "Admitted", "a violating pod was ADMITTED", at(40), at(30))
     await store.record_round(round_with(denied, 150), identity="r")
     await store.record_round(round_with(admitted, 50), identity="r")  # late: older
     [row] = await store.deliveries_for_policy("p-latest")
-    assert (row.verified_status, row.verified_reason, row.verified_probed_at) == (
+    r = read(row)
+    assert (r.verified_status, r.verified_reason, r.verified_probed_at) == (
         "True", "Denied", at(140))
     await store.record_round(round_with(None, 250), identity="r")  # the condition is gone
     [row] = await store.deliveries_for_cluster("c1")
-    assert (row.verified_status, row.verified_reason, row.verified_probed_at) == (
+    r = read(row)
+    assert (r.verified_status, r.verified_reason, r.verified_probed_at) == (
         None, None, None)
 
 

@@ -23,7 +23,14 @@ from convergerd.core.decode import (
 )
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.plan import MAX_AUDIT_VIOLATIONS, ListedPolicy, audit
-from convergerd.core.report import Audit, AuditSample, ClusterOutcome, PhaseReading, RoundReport
+from convergerd.core.report import (
+    Audit,
+    AuditSample,
+    ClusterOutcome,
+    PhaseReading,
+    RoundReport,
+    audit_fields,
+)
 from convergerd.status.document import audit_sample_view, cluster_audit_view, snapshot
 from convergerd.status.metrics import Metrics
 from convergerd.status.phases import AUDIT_STALE_PERIODS
@@ -156,7 +163,8 @@ def test_any_audit_body_is_a_bounded_audit_or_unknown_never_an_exception(body: A
         assert safe(s.kind)
         assert safe(s.name)
     # What the status API makes of it is JSON of bounded parts, whatever came in.
-    r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0, None, a)
+    r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
+                     **audit_fields(a))
     view = record_view(_record(r), T0, INTERVAL)["audit"]
     assert view["state"] in ("current", "unsynced", "stale", "unknown")
 
@@ -177,7 +185,7 @@ def _audited(cluster: str, policy: str, violations: int | None, *, at: dt.dateti
     found = (Audit(violations, at - dt.timedelta(seconds=30), synced, None, sample)
              if violations is not None else Audit(None, problem="status.audit: expected ..."))
     return PhaseReading(ClusterId(cluster), PolicyId(policy), "Enforcing", None, None, 1, at,
-                        None, found)
+                        **audit_fields(found))
 
 
 def _round(at: dt.datetime, **clusters: list[PhaseReading]) -> RoundReport:
@@ -277,7 +285,7 @@ def test_an_audit_goes_stale_when_the_operator_stops_auditing(
         clock.now = T0 + dt.timedelta(minutes=minutes)
         state.observe_round(_round(clock.now, c1=[
             PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, clock.now,
-                         None, Audit(3, T0, True))]))
+                         **audit_fields(Audit(3, T0, True)))]))
     view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p1")], clock.now,
                        INTERVAL, probe_period_s=PROBE)["audit"]
     assert view["state"] == "stale"
@@ -289,8 +297,8 @@ def test_an_audit_goes_stale_when_the_operator_stops_auditing(
 
 def test_an_audit_dated_after_its_reading_is_not_believed() -> None:
     future = T0 + dt.timedelta(hours=1)
-    r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0, None,
-                     Audit(5, future, True))
+    r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
+                     **audit_fields(Audit(5, future, True)))
     view = record_view(_record(r), T0, INTERVAL)["audit"]
     assert view["violations"] is None
     assert view["state"] == "unknown"

@@ -25,6 +25,7 @@ from convergerd.core.report import (
     Delivery,
     PhaseReading,
     RoundReport,
+    audit_fields,
 )
 from convergerd.operator.metrics import OperatorMetrics
 from convergerd.status.metrics import Metrics, ReadinessMetrics
@@ -115,7 +116,7 @@ def exported_series() -> set[str]:
                 cluster=c1, reached=True, desired=1, in_sync=1, server_version="v1.29.4",
                 deliveries=[Delivery(c1, pid, 3, ApplyResult.CREATED, t0)],
                 phases=[PhaseReading(c1, pid, "Unsupported", None, None, 3, t0,
-                                     audit=Audit(2, t0, synced=True))],
+                                     **audit_fields(Audit(2, t0, synced=True)))],
             ),
             ClusterOutcome(cluster=ClusterId("c0002"), error="connect timeout",
                            reason="unreachable"),

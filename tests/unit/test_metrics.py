@@ -20,6 +20,7 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
     Verification,
+    verified_fields,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
 from convergerd.status.document import snapshot
@@ -246,7 +247,7 @@ def test_verification_per_cluster_admitted_counted_and_stale_unverified(
 
     def reading(pid: str, verified: Verification | None) -> PhaseReading:
         return PhaseReading(ClusterId("c1"), PolicyId(pid), "Enforcing", None, None, 1, T0,
-                            verified)
+                            **verified_fields(verified))
 
     m.observe_round(round_at(T0, outcome("c1", reached=True, desired=5, in_sync=5, phases=[
         reading("p1", Verification("True", "Denied", None, T0)),
@@ -280,11 +281,14 @@ def test_verified_forged_in_the_future_is_unverified_and_an_old_probe_is_stale(
     def round_with_probes_at(seen: dt.datetime, probed: dt.datetime) -> None:
         m.observe_round(round_at(seen, outcome("c1", reached=True, desired=3, in_sync=3, phases=[
             PhaseReading(ClusterId("c1"), PolicyId("forged"), "Enforcing", None, None, 1, seen,
-                         Verification("True", "Denied", "denied", forged, forged)),
+                         **verified_fields(Verification("True", "Denied", "denied", forged,
+                                                          forged))),
             PhaseReading(ClusterId("c1"), PolicyId("ok"), "Enforcing", None, None, 1, seen,
-                         Verification("True", "Denied", "denied", probed, probed)),
+                         **verified_fields(Verification("True", "Denied", "denied", probed,
+                                                          probed))),
             PhaseReading(ClusterId("c1"), PolicyId("bad"), "Enforcing", None, None, 1, seen,
-                         Verification("False", "Admitted", "ADMITTED", probed, probed)),
+                         **verified_fields(Verification("False", "Admitted", "ADMITTED", probed,
+                                                          probed))),
         ])))
 
     round_with_probes_at(T0, T0)
@@ -424,9 +428,10 @@ def test_a_standby_exports_what_its_status_shows_from_the_database(clock: WallCl
         last_reached_at=None, last_error="down", last_reason="timeout", desired=3, in_sync=1,
         failed=0, server_version="v1.30.1", round_id=7)])
     m.state.absorb_delivery_rows([DeliveryRow(
-        "p1", "c1", 1, ApplyResult.UNCHANGED, T0, T0, None, None, 0, 7, "Enforcing", None,
-        None, 1, T0, verified_status="False", verified_reason="Admitted", verified_message="m",
-        verified_probed_at=T0)], cluster="c1")
+        "p1", "c1", 1, ApplyResult.UNCHANGED, T0, T0, None, None, 0, 7, PhaseReading(
+            ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
+            verified_status="False", verified_reason="Admitted", verified_message="m",
+            verified_probed_at=T0))], cluster="c1")
     m.state.set_leader(False, "rep-b")
     assert value(m, "convergerd_cluster_up", cluster="c1") == 0
     assert value(m, "convergerd_cluster_out_of_sync_policies", cluster="c1") == 2
@@ -448,17 +453,17 @@ def test_the_gauges_agree_with_status(clock: WallClock) -> None:
     old = T0 - dt.timedelta(seconds=3 * INTERVAL)
     m.observe_round(round_at(T0, outcome("c1", reached=True, desired=5, in_sync=5, phases=[
         PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
-                     probed("True", "Denied", 1)),
+                     **verified_fields(probed("True", "Denied", 1))),
         PhaseReading(ClusterId("c1"), PolicyId("p2"), "Enforcing", None, None, 1, T0,
-                     probed("True", "Denied", 30)),
+                     **verified_fields(probed("True", "Denied", 30))),
         PhaseReading(ClusterId("c1"), PolicyId("p3"), "Inert", None, None, 1, T0,
-                     probed("False", "Admitted", 1)),
-        PhaseReading(ClusterId("c1"), PolicyId("p4"), "Weird", None, None, 1, T0, None),
+                     **verified_fields(probed("False", "Admitted", 1))),
+        PhaseReading(ClusterId("c1"), PolicyId("p4"), "Weird", None, None, 1, T0),
         PhaseReading(ClusterId("c1"), PolicyId("p5"), "Error", None, None, 1, T0,
-                     probed("Unknown", "Pending", 1)),
+                     **verified_fields(probed("Unknown", "Pending", 1))),
     ]), outcome("c2", reached=True, desired=1, in_sync=1, phases=[
         PhaseReading(ClusterId("c2"), PolicyId("p1"), "Enforcing", None, None, 1, old,
-                     probed("True", "Denied", 1))])))
+                     **verified_fields(probed("True", "Denied", 1)))])))
     for _ in range(2):
         for cluster in snapshot(m.state)["clusters"]:
             name = cluster["id"]
@@ -540,9 +545,9 @@ def test_the_exposition_is_prometheus_clients_as_the_state_and_counters_change(
         "c1", reached=True, desired=3, in_sync=2, server_version="v1.29.0", phases=[
             PhaseReading(ClusterId("c1"), PolicyId("p1"), "Unsupported", None, None, 1, T0),
             PhaseReading(ClusterId("c1"), PolicyId("p2"), "Enforcing", None, None, 1, T0,
-                         Verification("True", "Denied", "m", T0, T0)),
+                         **verified_fields(Verification("True", "Denied", "m", T0, T0))),
             PhaseReading(ClusterId("c1"), PolicyId("p3"), "Enforcing", None, None, 1, T0,
-                         Verification("False", "Admitted", "m", T0, T0))],
+                         **verified_fields(Verification("False", "Admitted", "m", T0, T0)))],
         deliveries=[delivery("c1", "p1", ApplyResult.CREATED),
                     delivery("c1", "p3", ApplyResult.FAILED, "odd reason")])))
     m.metrics.request_done("c1", "apply", 200, 0.3)

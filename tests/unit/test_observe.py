@@ -11,6 +11,7 @@ import datetime as dt
 
 import pytest
 
+from convergerd.core.facts import OWN_PROBED_AT
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import (
     ApplyResult,
@@ -22,6 +23,8 @@ from convergerd.core.report import (
     Readings,
     RoundReport,
     Verification,
+    audit_fields,
+    verified_fields,
 )
 from convergerd.delivery.rounds import observe_round
 from convergerd.status.document import snapshot
@@ -44,7 +47,8 @@ def in_sync_round(at: dt.datetime) -> RoundReport:
             deliveries=[Delivery(cid, PolicyId(f"p{j}"), 1, ApplyResult.UNCHANGED, at)
                         for j in range(POLICIES)],
             phases=[PhaseReading(cid, PolicyId(f"p{j}"), "Enforcing", "Reconciled", "ok", 1, at,
-                                 Verification("True", "Denied", "denied", probed, probed))
+                                 **verified_fields(Verification("True", "Denied", "denied",
+                                                                probed, probed)))
                     for j in range(POLICIES)]))
     return RoundReport(started_at=at - dt.timedelta(seconds=30), finished_at=at,
                        epoch=Epoch("test", 1), clusters=outcomes)
@@ -150,11 +154,12 @@ def test_grouped_readings_count_as_each_reading_counts(found: Verification | Non
             v = Verification(v.status, v.reason, v.message, at, at)
         for phase in ("Enforcing", "Error"):
             readings.append(PhaseReading(ClusterId("c"), PolicyId(f"p{j}-{phase}"), phase,
-                                         None, None, 1, T0, v, audit))
+                                         None, None, 1, T0, **verified_fields(v),
+                                         **audit_fields(audit)))
     groups: dict[int, tuple[PhaseReading, list[dt.datetime | None], list[PolicyId]]] = {}
-    for policy, _, probed, _, stand_in in readings.shared():
+    for policy, own, stand_in in readings.shared():
         group = groups.setdefault(id(stand_in), (stand_in, [], []))
-        group[1].append(probed)
+        group[1].append(own[OWN_PROBED_AT])
         group[2].append(policy)
     assert len(groups) == 2  # one per phase
     assert tally_grouped((r, p) for r, p, _ in groups.values()) == tally(readings)

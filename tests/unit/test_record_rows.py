@@ -27,6 +27,8 @@ from convergerd.core.report import (
     Delivery,
     PhaseReading,
     Verification,
+    audit_fields,
+    verified_fields,
 )
 from convergerd.store.records import (
     _Cleaner,
@@ -64,7 +66,8 @@ def readings(draw: st.DrawFn, cluster: ClusterId) -> PhaseReading:
     audit = draw(st.none() | st.builds(
         Audit, st.none() | st.sampled_from([0, 2, 2**70]), maybe_times, st.booleans(), texts))
     return PhaseReading(cluster, draw(policies), draw(texts), draw(texts), draw(texts),
-                        draw(st.none() | revisions), draw(times), verified, audit)
+                        draw(st.none() | revisions), draw(times), **verified_fields(verified),
+                        **audit_fields(audit))
 
 
 @st.composite
@@ -80,10 +83,11 @@ def outcomes(draw: st.DrawFn) -> ClusterOutcome:
         found = [Delivery(cluster, PolicyId(p), revision, result, at) for p in draw(ids)]
         read = [PhaseReading(cluster, PolicyId(p), "Enforcing", "Reconciled", "ok", revision,
                              seen,
-                             # No status: `Readings` makes it "" (typed str, read defensively).
-                             Verification(draw(st.sampled_from(["True", None])),  # type: ignore[arg-type]
-                                          "Denied", "denied", draw(maybe_times), at),
-                             draw(st.none() | st.just(Audit(2, at, True))))
+                             # No status with the rest of a condition: none the edge makes.
+                             verified_status=draw(st.sampled_from(["True", None])),
+                             verified_reason="Denied", verified_message="denied",
+                             verified_probed_at=draw(maybe_times), verified_since=at,
+                             **audit_fields(draw(st.none() | st.just(Audit(2, at, True)))))
                 for p in draw(ids)]
         if draw(st.booleans()) and found:  # delivered again (a later or an earlier attempt)
             found.append(Delivery(cluster, found[0].policy, 4, result, draw(times)))
@@ -117,7 +121,7 @@ def test_a_clean_cluster_in_step_takes_the_fast_way() -> None:
     c = ClusterOutcome(C1, reached=True, deliveries=[
         Delivery(C1, PolicyId(f"p{i}"), 3, ApplyResult.UNCHANGED, at) for i in range(50)],
         phases=[PhaseReading(C1, PolicyId(f"p{i}"), "Enforcing", "Reconciled", "ok", 3, at,
-                             Verification("True", "Denied", "denied", T0, T0))
+                             **verified_fields(Verification("True", "Denied", "denied", T0, T0)))
                 for i in range(50)])
     rows = _packed_rows(c, _Cleaner())
     assert rows is not None
@@ -137,10 +141,8 @@ def test_a_listing_s_times_are_read_from_the_packed_readings(
     listed_at = max((p.seen_at for p in c.phases), default=None)
     if listed_at is None:
         listed_at = min((d.at for d in c.deliveries), default=at)
-    probed = [p.verified.probed_at for p in c.phases
-              if p.verified is not None and p.verified.probed_at is not None]
-    audited = [p.audit.audited_at for p in c.phases
-               if p.audit is not None and p.audit.audited_at is not None]
+    probed = [p.verified_probed_at for p in c.phases if p.verified_probed_at is not None]
+    audited = [p.audit_at for p in c.phases if p.audit_at is not None]
     assert _state_row(c, at, _Cleaner())[10:] == (
         listed_at, min(probed, default=None), min(audited, default=None))
 

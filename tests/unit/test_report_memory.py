@@ -22,6 +22,8 @@ from convergerd.core.report import (
     PhaseReading,
     Readings,
     Verification,
+    audit_fields,
+    verified_fields,
 )
 from convergerd.store.records import round_record
 from tests.unit.test_state_memory import CLUSTERS, POLICIES, T0, in_sync_round, traced
@@ -41,15 +43,18 @@ DELIVERIES = [
 PROBED = T0 - dt.timedelta(minutes=1)
 READINGS = [
     PhaseReading(C1, PolicyId("p1"), "Enforcing", "Reconciled", "in place", 3, T0,
-                 Verification("True", "Denied", "denied", PROBED, PROBED)),
+                 **verified_fields(Verification("True", "Denied", "denied", PROBED, PROBED))),
     PhaseReading(C1, PolicyId("p2"), "Enforcing", "Reconciled", "in place", 3, T0,
-                 Verification("True", "Denied", "denied", PROBED, T0 - dt.timedelta(days=1))),
+                 **verified_fields(Verification("True", "Denied", "denied", PROBED,
+                                                T0 - dt.timedelta(days=1)))),
     PhaseReading(C1, PolicyId("p3"), "Pending", None, None, None, T0),
-    PhaseReading(C1, PolicyId("p4"), None, None, None, None, T0, Verification("Unknown")),
-    PhaseReading(C1, PolicyId("p5"), "Enforcing", "Reconciled", "in place", 3, T0, None,
-                 Audit(2, T0, True, None, (AuditSample("Pod", "ns", "web", "latest"),))),
-    PhaseReading(C1, PolicyId("p6"), "Enforcing", "Reconciled", "in place", 3, T0, None,
-                 Audit(None, problem="violations: not an integer")),
+    PhaseReading(C1, PolicyId("p4"), None, None, None, None, T0,
+                 **verified_fields(Verification("Unknown"))),
+    PhaseReading(C1, PolicyId("p5"), "Enforcing", "Reconciled", "in place", 3, T0,
+                 **audit_fields(Audit(2, T0, True, None,
+                                      (AuditSample("Pod", "ns", "web", "latest"),)))),
+    PhaseReading(C1, PolicyId("p6"), "Enforcing", "Reconciled", "in place", 3, T0,
+                 **audit_fields(Audit(None, problem="violations: not an integer"))),
 ]
 
 

@@ -18,6 +18,8 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
     Verification,
+    audit_fields,
+    verified_fields,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
 from convergerd.status.cluster import ClusterState
@@ -123,7 +125,7 @@ def test_cluster_counts_kept_between_asks_are_the_counts_made_anew(
         verified = None if status is None else Verification(
             status, "Admitted" if i % 3 == 0 else "Denied", "m", probe, probe)
         readings.append(PhaseReading(ClusterId("c1"), PolicyId(f"p{i}"), phase, None, None, 1,
-                                     at, verified))
+                                     at, **verified_fields(verified)))
     cluster = ClusterState(ClusterId("c1"), known_since=T0)
     cluster.phase_tally = tally(readings)
     for ask in asks:
@@ -261,7 +263,7 @@ def test_verified_per_policy_and_counted_per_cluster() -> None:
 
     def checked(policy: str, verified: Verification | None) -> PhaseReading:
         return PhaseReading(ClusterId("c1"), PolicyId(policy), "Enforcing", None, None, 1, T0,
-                            verified)
+                            **verified_fields(verified))
 
     state.observe_round(report(T0, outcome("c1", desired=5, in_sync=5, phases=[
         checked("p1", Verification("True", "Denied", "denied", probed, probed)),
@@ -300,9 +302,11 @@ def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -
     def round_at(seen: dt.datetime) -> None:
         state.observe_round(report(seen, outcome("c1", desired=2, in_sync=2, phases=[
             PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, seen,
-                         Verification("True", "Denied", "denied", forged, probed)),
+                         **verified_fields(Verification("True", "Denied", "denied", forged,
+                                                          probed))),
             PhaseReading(ClusterId("c1"), PolicyId("p2"), "Enforcing", None, None, 1, seen,
-                         Verification("True", "Denied", "denied", probed, probed)),
+                         **verified_fields(Verification("True", "Denied", "denied", probed,
+                                                          probed))),
         ])))
 
     round_at(clock.now)
@@ -327,9 +331,10 @@ def test_a_verified_from_the_future_is_not_trusted_and_an_old_probe_is_stale() -
 def test_a_standby_shows_the_verified_condition_from_the_database_row() -> None:
     state = StatusState(identity="standby", interval_s=INTERVAL, clock=Clock())
     state.absorb_delivery_rows([DeliveryRow(
-        "p1", "c1", 1, ApplyResult.UNCHANGED, T0, T0, None, None, 0, 7, "Enforcing", None, None,
-        1, T0, verified_status="False", verified_reason="Admitted", verified_message="m",
-        verified_probed_at=T0, verified_since=None)])
+        "p1", "c1", 1, ApplyResult.UNCHANGED, T0, T0, None, None, 0, 7, PhaseReading(
+            ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
+            verified_status="False", verified_reason="Admitted", verified_message="m",
+            verified_probed_at=T0, verified_since=None))])
     [c1] = snapshot(state)["clusters"]
     assert c1["verification"]["admitted"] == 1
     view = record_view(state.clusters[ClusterId("c1")].policies[PolicyId("p1")], T0, INTERVAL)
@@ -464,13 +469,15 @@ def test_an_operator_that_probes_but_writes_only_its_heartbeat_is_never_stale(
         if (now - last_round).total_seconds() >= interval:
             last_round, read = now, written
         r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1,
-                         last_round, Verification("True", "Denied", "m", read, T0),
-                         Audit(0, read, True))
+                         last_round,
+                         **verified_fields(Verification("True", "Denied", "m", read, T0)),
+                         **audit_fields(Audit(0, read, True)))
         assert verification_of(r, (now - last_round).total_seconds(), interval, now=now,
                                probe_period_s=probe_period) == "verified", now
         assert audit_state(r, now, interval, probe_period_s=probe_period) == "current", now
     dead = written + dt.timedelta(seconds=VERIFIED_STALE_PERIODS * probe_period + 1)
     r = PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, dead,
-                     Verification("True", "Denied", "m", written, T0), Audit(0, written, True))
+                     **verified_fields(Verification("True", "Denied", "m", written, T0)),
+                     **audit_fields(Audit(0, written, True)))
     assert verification_of(r, 0.0, interval, now=dead, probe_period_s=probe_period) == "stale"
     assert audit_state(r, dead, interval, probe_period_s=probe_period) == "stale"

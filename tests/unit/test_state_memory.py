@@ -5,6 +5,7 @@ measured with tracemalloc, not a timing."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import gc
 import tracemalloc
@@ -21,6 +22,8 @@ from convergerd.core.report import (
     PhaseReading,
     RoundReport,
     Verification,
+    audit_fields,
+    verified_fields,
 )
 from convergerd.status.records import PolicyRecord, PolicyRecords
 from convergerd.status.state import StatusState
@@ -33,7 +36,7 @@ def reading(policy: str, *, phase: str | None = "Enforcing", revision: int | Non
             seen: dt.datetime = T0, verified: Verification | None = None,
             audit: Audit | None = None) -> PhaseReading:
     return PhaseReading(C, PolicyId(policy), phase, "Reconciled", "in place", revision, seen,
-                        verified, audit)
+                        **verified_fields(verified), **audit_fields(audit))
 
 
 def probe(seconds: float, status: str = "True") -> Verification:
@@ -76,9 +79,7 @@ def expected(policy: str, record: PolicyRecord) -> PolicyRecord:
         return record
     return PolicyRecord(record.delivered_revision, record.last_result, record.last_attempt_at,
                         record.last_success_at, record.last_error, record.last_reason,
-                        PhaseReading(C, PolicyId(policy), phase.phase, phase.ready_reason,
-                                     phase.ready_message, phase.revision, phase.seen_at,
-                                     phase.verified, phase.audit))
+                        dataclasses.replace(phase, policy=PolicyId(policy)))
 
 
 def test_every_record_reads_back_as_told_whatever_it_shares_with_the_others() -> None:
@@ -144,7 +145,7 @@ def in_sync_round(at: dt.datetime) -> RoundReport:
                                     probed + dt.timedelta(0))
             phases.append(PhaseReading(cid, PolicyId(fresh(pid)), fresh("Enforcing"),
                                        fresh("Reconciled"), fresh("in place"), revision, at,
-                                       verified))
+                                       **verified_fields(verified)))
             deliveries.append(Delivery(cid, pid, revision, ApplyResult.UNCHANGED, at))
         outcomes.append(ClusterOutcome(cid, reached=True, desired=POLICIES, in_sync=POLICIES,
                                        server_version="v1.31.2", phases=phases,
