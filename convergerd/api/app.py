@@ -23,6 +23,7 @@ passes `auth.Guard` first: its route's scope (`scopes.ROUTE_SCOPES`) says which 
 | `POST /v1/policies/{id}/exceptions` | grant one, then save: the admin token |
 | `DELETE /v1/policies/{id}/exceptions/{eid}` | withdraw one, then save: the admin token |
 | `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.api.openapi`) |
+| `/ui/...` | the web page (`ui.UiPages`): sign in with a token, the fleet or a boundary, a policy |
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from convergerd.api.server import (
     middlewares,
 )
 from convergerd.api.tokens import TokenHandlers, TokenStore
+from convergerd.api.ui import UiPages
 from convergerd.config import Settings
 from convergerd.delivery.fanout import Saver
 from convergerd.status.metrics import Metrics
@@ -89,6 +91,7 @@ def make_app(
     boundaries = BoundaryViews(views, tenants)
     granting = ExceptionHandlers(exceptions, saver, body_timeout_s=body_timeout_s,
                                  max_days=settings.exception_max_days)
+    ui = UiPages(guard, views, boundaries, body_timeout_s=body_timeout_s)
     app = web.Application(middlewares=[*middlewares(settings), guard.middleware()])
     # `Expect: 100-continue` is answered by each route's expect handler before any
     # middleware: the guard checks the route's scope first, none quotes the header.
@@ -112,5 +115,12 @@ def make_app(
         web.delete("/v1/policies/{id}/exceptions/{eid}", granting.withdraw,
                    expect_handler=checked),
         web.get("/openapi.json", views.openapi, expect_handler=checked),
+        web.get("/ui", ui.to_home, expect_handler=checked),
+        web.get("/ui/", ui.home, expect_handler=checked),
+        web.post("/ui/login", ui.login, expect_handler=checked),
+        web.post("/ui/logout", ui.logout, expect_handler=checked),
+        web.get("/ui/boundaries/{boundary}", ui.boundary, expect_handler=checked),
+        web.get("/ui/policies/{id}", ui.policy, expect_handler=checked),
+        web.get("/ui/static/{name}", ui.static, expect_handler=checked),
     ])
     return app

@@ -192,7 +192,7 @@ class Guard:
         if resource is None:  # no route: aiohttp's own 404 or 405
             return None
         scope = scope_of(request.method, resource.canonical) or Scope.ADMIN
-        if scope is Scope.PUBLIC:
+        if scope in (Scope.PUBLIC, Scope.PAGE):  # the page reads its cookie itself
             return None
         who = self.principal(request)
         boundary = request.match_info.get("boundary")
@@ -213,6 +213,19 @@ class Guard:
         return None
 
     def _limited(self, who: Principal) -> web.Response | None:
+        retry_after = self.read_wait(who)
+        if retry_after == 0:
+            return None
+        response = error_response(
+            429, f"too many reads with this token: {self._rate:g} per second "
+            f"(CONVERGERD_TOKEN_READS_PER_SECOND); retry after {retry_after} s",
+            retry_after_seconds=retry_after)
+        response.headers["Retry-After"] = str(retry_after)
+        return response
+
+    def read_wait(self, who: Principal) -> int:
+        """A read by `who` taken from its token's budget: 0, or when over it the whole
+        seconds to wait (nothing taken). The page charges its reads here too."""
         key = who.name if who.kind is Kind.READER and who.name else "admin"
         bucket = self._buckets.get(key)
         if bucket is None:
@@ -222,15 +235,7 @@ class Guard:
                 self._buckets.popitem(last=False)
         self._buckets.move_to_end(key)
         wait = bucket.try_take()
-        if wait <= 0:
-            return None
-        retry_after = max(1, math.ceil(wait))
-        response = error_response(
-            429, f"too many reads with this token: {self._rate:g} per second "
-            f"(CONVERGERD_TOKEN_READS_PER_SECOND); retry after {retry_after} s",
-            retry_after_seconds=retry_after)
-        response.headers["Retry-After"] = str(retry_after)
-        return response
+        return 0 if wait <= 0 else max(1, math.ceil(wait))
 
     def middleware(self) -> Any:
         @web.middleware

@@ -139,12 +139,19 @@ class BoundaryViews:
             page = page_request(request.query, most) or Page(most, None)
         except RuleError as exc:
             return error_response(400, str(exc), reason="query")
+        found = await self.document(boundary, page)
+        return found if isinstance(found, web.Response) else web.json_response(found)
+
+    async def document(self, boundary: str, page: Page) -> dict[str, Any] | web.Response:
+        """The view of `boundary` listing the clusters of `page`, or the error answer (the
+        404 of `unknown_boundary` when there is no such boundary); what the JSON view and the
+        web page show."""
         rows = await self._rows(boundary)
         if isinstance(rows, web.Response):
             return rows
         if rows is None:
             return _unknown(boundary)
-        return web.json_response(await self._document(boundary, rows, page))
+        return await self._document(boundary, rows, page)
 
     async def _document(self, boundary: str, rows: BoundaryRows,
                         page: Page) -> dict[str, Any]:

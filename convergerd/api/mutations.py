@@ -76,6 +76,12 @@ async def read_body(
 ) -> dict[str, Any]:
     """The body's fields: read whole (however many segments it comes in) within `timeout_s`
     and `MAX_BODY_BYTES`, then `parse_body`."""
+    return parse_body(await read_raw(request, timeout_s=timeout_s), allowed)
+
+
+async def read_raw(request: web.Request, *, timeout_s: float) -> bytes:
+    """The whole body, within `timeout_s` and `MAX_BODY_BYTES`, or `BadRequest` (408, 413,
+    400) saying why not."""
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise BadRequest(f"body: {request.content_length} bytes, at most {MAX_BODY_BYTES}", 413)
     try:
@@ -87,7 +93,7 @@ async def read_body(
     except ConnectionError:
         raise BadRequest("body: the client closed the connection before sending it all",
                          400) from None
-    return parse_body(raw, allowed)
+    return raw
 
 
 async def _read_capped(content: StreamReader) -> bytes:

@@ -723,6 +723,8 @@ _SECURITY: dict[Scope, list[dict[str, list[str]]]] = {
 _PER_TOKEN = _answer("over this token's reads (CONVERGERD_TOKEN_READS_PER_SECOND), or over "
                      "the replica's status budget: retry after `Retry-After` seconds")
 for (_method, _path), _scope in ROUTE_SCOPES.items():
+    if _scope is Scope.PAGE:  # the web page (HTML for a browser) is not this API
+        continue
     _operation = _PATHS[_path][_method.lower()]
     _operation["responses"] = {**_SCOPE_ANSWERS[_scope], **_operation["responses"]}
     if _scope is not Scope.PUBLIC:

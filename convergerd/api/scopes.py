@@ -13,6 +13,10 @@ missing from `ROUTE_SCOPES` fails that test (and is served as `ADMIN` meanwhile:
 - `BOUNDARY`: the admin token, or the read token of the path's `{boundary}`; none or one that
   opens nothing 401; another boundary's read token gets the 404 of a boundary that does not
   exist (`unknown_boundary`), so it learns nothing of other boundaries.
+- `PAGE`: the web page (`/ui/...`, `convergerd.api.ui`): the `Authorization` header is not
+  read; the page decides from the token kept in its cookie, by the same rules (the fleet for
+  the admin token, one boundary for its read token, another boundary's as unknown as one that
+  does not exist). Its POSTs (sign in, sign out) change nothing but the cookie.
 
 A read token is never accepted by a route that changes anything or shows more than one
 boundary: those are `ADMIN` or `FLEET`.
@@ -33,6 +37,7 @@ class Scope(enum.StrEnum):
     FLEET = "fleet"
     ADMIN = "admin"
     BOUNDARY = "boundary"
+    PAGE = "page"
 
 
 # Every route the app serves, by method and path as aiohttp writes it (HEAD goes with GET).
@@ -55,6 +60,13 @@ ROUTE_SCOPES: Mapping[tuple[str, str], Scope] = {
     ("DELETE", "/v1/tokens/{name}"): Scope.ADMIN,
     ("GET", "/v1/boundaries/{boundary}"): Scope.BOUNDARY,
     ("GET", "/v1/boundaries/{boundary}/policies/{id}"): Scope.BOUNDARY,
+    ("GET", "/ui"): Scope.PAGE,
+    ("GET", "/ui/"): Scope.PAGE,
+    ("POST", "/ui/login"): Scope.PAGE,
+    ("POST", "/ui/logout"): Scope.PAGE,
+    ("GET", "/ui/boundaries/{boundary}"): Scope.PAGE,
+    ("GET", "/ui/policies/{id}"): Scope.PAGE,
+    ("GET", "/ui/static/{name}"): Scope.PAGE,
 }
 
 
@@ -107,7 +119,7 @@ class Verdict(enum.Enum):
 def decide(scope: Scope, who: Principal, *, boundary: str | None, admin_configured: bool,
            fleet_open: bool) -> Verdict:
     """Whether `who` is served a route of `scope`; `boundary`: the path's `{boundary}`."""
-    if scope is Scope.PUBLIC or (who.kind is Kind.ADMIN and (
+    if scope in (Scope.PUBLIC, Scope.PAGE) or (who.kind is Kind.ADMIN and (
             admin_configured or scope is not Scope.ADMIN)):
         return Verdict.SERVE
     if scope is Scope.ADMIN and not admin_configured:
@@ -120,7 +132,8 @@ def _always(verdict: Verdict) -> Callable[[bool, bool], Verdict]:
 
 
 # (scope, kind) -> the verdict, given whether the principal sees the path's boundary and
-# whether the fleet views are open. The admin and the public routes are decided above.
+# whether the fleet views are open. The admin, the public routes and the page are decided
+# above.
 _DECISIONS: Mapping[tuple[Scope, Kind], Callable[[bool, bool], Verdict]] = {
     (Scope.FLEET, Kind.ANONYMOUS): lambda _sees, fleet_open: (
         Verdict.SERVE if fleet_open else Verdict.UNAUTHENTICATED),

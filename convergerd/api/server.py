@@ -720,11 +720,14 @@ class Built:
 @dataclass(frozen=True, slots=True)
 class StatusBuilt(Built):
     """A `/status` body, and what its pages reuse: the document but its listing and clusters
-    (`head`, an unclosed JSON object), the state's time it was built at, every id in order."""
+    (`head`, an unclosed JSON object; `summary`, the same as data, never changed), the state's
+    time it was built at, every id in order and in the body's order (`worst`, worst first)."""
 
     head: bytes
     now: dt.datetime
     ids: Sequence[ClusterId]
+    summary: Mapping[str, Any]
+    worst: Sequence[ClusterId]
 
 
 def _status_body(head: bytes, shown_listing: Mapping[str, Any], pieces: list[bytes]) -> bytes:
@@ -861,6 +864,14 @@ class Views:
             page = page_request(request.query, self.settings.status_max_clusters)
         except RuleError as exc:
             return error_response(400, str(exc), reason="query")
+        built = await self.status_built()
+        body = built.body if page is None else await self._status_page(built, page)
+        return web.Response(body=body, content_type="application/json")
+
+    async def status_built(self) -> StatusBuilt:
+        """The `/status` document last built, or a new one when it is no longer fresh (one
+        build at a time: a request arriving during one waits for it); what `/status` and the
+        web page's fleet show."""
         built = self._status_built
         if built is None or not built.fresh(self.clock(), self.state.version, self.tuning):
             if self._status_building is None:
@@ -870,8 +881,7 @@ class Views:
             # Requests arriving during a build wait for that one; a request that goes away
             # does not stop it.
             built = await asyncio.shield(self._status_building)
-        body = built.body if page is None else await self._status_page(built, page)
-        return web.Response(body=body, content_type="application/json")
+        return built
 
     async def _status_page(self, built: StatusBuilt, page: Page) -> bytes:
         """`page` of the clusters in id order, under the head of `built` (its `now`, counts,
@@ -942,7 +952,8 @@ class Views:
                                 following=None if complete else page_url(most))
         body = _status_body(head_bytes, shown_listing, pieces)
         return StatusBuilt(version, began, clock() - sliced + cost, body,
-                           head=head_bytes, now=now, ids=ids)
+                           head=head_bytes, now=now, ids=ids, summary=head,
+                           worst=[c.id for c in order])
 
     async def cluster(self, request: web.Request) -> web.Response:
         cluster = cluster_id_of(request)

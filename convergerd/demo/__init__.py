@@ -15,7 +15,10 @@ record/replay pair of `convergerd policy eval` commands against one of the simul
 (a policy file for them is written to the workdir).
 
 The demo listens on 127.0.0.1 (unless CONVERGERD_HTTP_ADDR / --http-addr says otherwise) and,
-unless an API token is given, makes a random one and prints it once, with how to use it.
+unless an API token is given, makes a random one and prints it once, with how to use it. It
+also makes a read token for one boundary (`TENANT_BOUNDARY`, or the first one imported) and
+prints it with the web page's address: signed in with it, `/ui/` shows exactly what that
+tenant may see.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ DEMO_FAULTS = {
     "c0007": Faults(version="v1.29.4"),
     "c0010": Faults(crd=False),
 }
+
+
+# The boundary whose read token the banner prints (when the tenants file has it).
+TENANT_BOUNDARY = "team-a"
 
 
 # Loopback only: the demo's API token is printed on the terminal, and its fleet is fake.
@@ -166,7 +173,8 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         tenants = _tenants_file(args, workdir)
         summary = await import_file(dsn, tenants)
         log.info("imported sample tenants: %s", summary)
-        made = create_boundary_namespaces(fleet, load_file(tenants))
+        plan = load_file(tenants)
+        made = create_boundary_namespaces(fleet, plan)
         log.info("created %d namespaces labelled with the tenants' boundaries", made)
         legacy = create_legacy_workloads(fleet)
         log.info("created %d workloads that predate the policies (the operators audit them)",
@@ -176,6 +184,10 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         (workdir / WARN_POD_FILE).write_text(WARN_POD)
         operators = operated(fleet.member_ids, DEMO_FAULTS)
         token = settings.api_token or secrets.token_urlsafe(24)
+        boundaries = [b.id for b in plan.boundaries]
+        tenant = await _tenant_token(
+            dsn, TENANT_BOUNDARY if TENANT_BOUNDARY in boundaries else boundaries[0]
+        ) if boundaries else None
         flags = {
             "database_url": dsn,
             "kubeconfig": str(fleet.kubeconfig_path),
@@ -192,16 +204,40 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         print(  # noqa: T201 - the demo's banner is for the person who started it
             banner(settings, clusters=args.clusters, admin_url=fleet.admin_url,
                    kubeconfig=fleet.kubeconfig_path, token=token, operators=operators,
-                   eval_policy=eval_policy),
+                   eval_policy=eval_policy, tenant=tenant),
             flush=True,
         )
         async with running_operators(operators, kubeconfig=fleet.kubeconfig_path, env=env):
             return await Daemon(daemon_settings).main()
 
 
+async def _tenant_token(dsn: str, boundary: str) -> tuple[str, str] | None:
+    """A new read token of `boundary` (named for this run), and the boundary; None (logged)
+    when the database refuses it."""
+    from convergerd.core.tokens import new_token, token_digest
+    from convergerd.store.store import Store
+    from convergerd.store.tenants import Refused
+
+    token = new_token()
+    digest = token_digest(token)
+    assert digest is not None  # one of ours
+    store = await Store.connect(dsn)
+    try:
+        made = await store.create_token(
+            name=f"demo-{boundary}-{secrets.token_hex(3)}"[:63], boundary=boundary,
+            digest=digest, by="convergerd demo", expires_at=None)
+    finally:
+        await store.close()
+    if isinstance(made, Refused):
+        log.warning("no read token for the web page's tenant %s: %s", boundary, made.value)
+        return None
+    return token, boundary
+
+
 def banner(
     settings: Settings, *, clusters: int, admin_url: str, kubeconfig: Path, token: str,
     operators: Sequence[str] = (), eval_policy: Path = Path(EVAL_POLICY_FILE),
+    tenant: tuple[str, str] | None = None,
 ) -> str:
     """What the person who started the demo reads: where to look, and the API token (shown
     here once when it was made for this run; never when they chose it)."""
@@ -221,10 +257,18 @@ def banner(
         "down or has no Policy CRD), each leading on its own cluster's Lease"
         if operators else "none")
     session = eval_policy.with_name(EVAL_SESSION_FILE)
+    page = ""
+    if tenant is not None:
+        tenant_token, boundary = tenant
+        page = f"""  web page:      {http}/ui/   sign in with {boundary}'s read token to see exactly
+                 what that tenant may see (its policies by its clusters, a page per policy):
+                 {tenant_token}
+                 (the API token below shows the whole fleet there)
+"""
     warn_pod = eval_policy.with_name(WARN_POD_FILE)
     return f"""
 convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
-  status:        {http}/status      or: convergerd status --addr {http}
+{page}  status:        {http}/status      or: convergerd status --addr {http}
   metrics:       {http}/metrics
   a policy:      {http}/v1/policies/no-latest/status
   simulator:     {admin_url}/_sim/clusters   (inject faults: POST .../faults)

@@ -91,6 +91,17 @@ async def test_the_demo_shows_real_phases_and_verified_policies(
 
         await wait_for(phases_shown, timeout_s=SEEN_S,
                        what=f"Enforcing, Inert, Unsupported and verified in /status ({seen})")
+        # The web page's address and team-a's read token: what that tenant may see.
+        assert f"web page:      {base}/ui/   sign in with team-a's read token" in text
+        tenant = re.search(r"^ +(cvg_b_\S+)$", text, re.M)
+        assert tenant, text
+        request = urllib.request.Request(  # noqa: S310 - loopback
+            f"{base}/v1/boundaries/team-a", headers={"Authorization": f"Bearer {tenant[1]}"})
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 - loopback
+            assert {p["id"] for p in json.loads(response.read())["policies"]} == {
+                "team-a-registries", "team-a-labels"}
+        with urllib.request.urlopen(f"{base}/ui/", timeout=5) as response:  # noqa: S310
+            assert 'action="/ui/login"' in response.read().decode()
         policy = await asyncio.to_thread(_get, f"{base}/v1/policies/no-latest/status")
         verdicts = {c["cluster"]: c["verified"] for c in policy["clusters"]}
         assert any(v and v["status"] == "True" and v["reason"] == "Denied"

@@ -49,5 +49,7 @@ def test_the_wheel_built_from_the_sdist_installs_and_runs_in_a_clean_venv(
     # `sim` extra: the daemon's install does not pull it in.
     probe = ("import importlib.resources as r, importlib.util as u; "
              "print(sorted(p.name for p in (r.files('convergerd.store') / 'migrations')"
-             ".iterdir() if p.name.endswith('.sql'))[:1], u.find_spec('cryptography') is None)")
-    assert run(bin_dir / "python", "-c", probe).stdout.strip() == "['0001_initial.sql'] True"
+             ".iterdir() if p.name.endswith('.sql'))[:1], u.find_spec('cryptography') is None,"
+             " (r.files('convergerd.api') / 'ui_static' / 'ui.css').is_file())")
+    assert run(bin_dir / "python", "-c", probe).stdout.strip() == (
+        "['0001_initial.sql'] True True")
