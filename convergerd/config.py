@@ -87,6 +87,13 @@ def _days(value: str) -> float:
     return number
 
 
+def _exception_days(value: str) -> float:
+    number = float(value)
+    if not math.isfinite(number) or not 1 <= number <= 366:
+        raise ValueError("expected a number of days from 1 to 366")
+    return number
+
+
 def _share(value: str) -> float:
     number = float(value)
     if not math.isfinite(number) or not 0 <= number <= 1:
@@ -349,6 +356,10 @@ SETTINGS: tuple[Setting, ...] = (
             "--revision-retention-days", _days, "0",
             "also delete revisions saved more than this many days ago, except what each "
             "policy holds now (a deleted policy's history goes whole); 0: no age limit"),
+    Setting("exception_max_days", "CONVERGERD_EXCEPTION_MAX_DAYS", "--exception-max-days",
+            _exception_days, "90",
+            "the furthest an exception to a policy may expire, in days from its grant (API and "
+            "import refuse a later expiresAt; 1 to 366)"),
     Setting("import_max_bytes", "CONVERGERD_IMPORT_MAX_BYTES", "--import-max-bytes",
             _positive_int, str(IMPORT_MAX_BYTES_DEFAULT),
             "largest file `convergerd import` reads, in bytes (checked before parsing)"),
@@ -505,6 +516,7 @@ class Settings:
     log_format: str
     import_max_bytes: int
     saves: SaveSettings = field(default_factory=SaveSettings)
+    exception_max_days: float = default_of("exception_max_days")
     status_reads_per_s: float = default_of("status_reads_per_s")
     status_max_clusters: int = STATUS_MAX_CLUSTERS_DEFAULT
     token_reads_per_s: float = default_of("token_reads_per_s")
@@ -635,6 +647,7 @@ def load_settings(
         saves=SaveSettings(deadline_s=v["save_deadline_s"],
                     removal_guard_share=v["removal_guard_share"]),
         import_max_bytes=v["import_max_bytes"],
+        exception_max_days=v["exception_max_days"],
         status_reads_per_s=v["status_reads_per_s"],
         status_max_clusters=v["status_max_clusters"],
         token_reads_per_s=v["token_reads_per_s"],

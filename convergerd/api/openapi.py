@@ -339,6 +339,51 @@ _SCHEMAS: dict[str, Any] = {
                                            "request asked for one)"},
         },
     },
+    "Exception": {
+        "type": "object", "required": ["namespace", "reason", "requestedBy", "approvedBy",
+                                       "expiresAt"],
+        "description": "an exception to a policy, as the Policy CR's spec.exceptions carries "
+                       "it: the objects of `namespace` (all, the one named `name`, or those "
+                       "whose labels carry every pair of `selector.matchLabels`) are admitted "
+                       "until `expiresAt`; `name` and `selector` exclude each other",
+        "properties": {
+            "id": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 40,
+                   "description": "chosen by the daemon when a grant has none"},
+            "namespace": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63},
+            "name": {"type": "string", "maxLength": 253},
+            "selector": {"type": "object", "required": ["matchLabels"], "properties": {
+                "matchLabels": {"type": "object",
+                                "additionalProperties": {"type": "string"}}}},
+            "reason": {"type": "string", "maxLength": 512},
+            "requestedBy": {"type": "string", "maxLength": 128},
+            "approvedBy": {"type": "string", "maxLength": 128},
+            "expiresAt": {"type": "string", "description": "ISO 8601: a date (00:00 UTC) or "
+                          "a time with its zone; in the future, at most "
+                          "CONVERGERD_EXCEPTION_MAX_DAYS (default 90) days away"}}},
+    "Exceptions": {
+        "type": "object", "required": ["exceptions"], "properties": {"exceptions": {
+            "type": "array", "description": "soonest expiry first, at most 1000",
+            "items": {"allOf": [_ref("Exception"), {"type": "object", "properties": {
+                "policy": {"type": "string"},
+                "state": {"type": "string", "enum": ["active", "expired"]},
+                "grantedAt": {"type": "string", "format": "date-time"},
+                "grantedRevision": {"type": "integer"},
+                "lapsedRevision": {"type": "integer", "nullable": True}}}]}}}},
+    "ExceptionChange": {
+        "type": "object", "required": ["policy", "revision", "save"],
+        "description": "the change stored (a new revision of the policy), then saved to its "
+                       "clusters at once",
+        "properties": {
+            "policy": {"type": "string"},
+            "granted": _ref("Exception"), "withdrawn": _ref("Exception"),
+            "revision": {"type": "integer"},
+            "save": {"type": "object", "description": "the save's answer (as POST "
+                     "/v1/policies/{id}/apply answers), or `status: failed` with `error` "
+                     "when the database went away after the change"}}},
+    "WithdrawRequest": {
+        "type": "object", "additionalProperties": False, "required": ["by"],
+        "properties": {"by": {"type": "string", "maxLength": 128,
+                              "description": "who withdraws it (recorded)"}}},
     "DeleteRequest": {
         "type": "object", "additionalProperties": False, "properties": {},
         "description": "no fields: an empty object, or no body at all"},
@@ -549,6 +594,42 @@ _PATHS: dict[str, Any] = {
         {"409": _answer("its deletion has begun: DELETE it again to finish", "Report"),
          "422": _answer("the policy is invalid: nothing written", "Report")},
         body={"required": False, "content": {JSON: {"schema": _ref("SaveRequest")}}})},
+    "/v1/exceptions": {"get": {
+        "summary": "every exception to a policy (or one policy's), with its expiry",
+        "parameters": [{"name": "policy", "in": "query", "required": False,
+                        "description": "only this policy's",
+                        "schema": {"type": "string", "pattern": _DNS_LABEL,
+                                   "maxLength": POLICY_ID_MAX_LEN}}],
+        "responses": {"200": _answer("the exceptions", "Exceptions"),
+                      "400": _answer("`policy` is not a policy id"), "429": _SHED,
+                      "503": _answer("the database is unavailable")}}},
+    "/v1/policies/{id}/exceptions": {"post": {
+        "summary": "grant an exception, then save the policy to its clusters",
+        "description": "Checked first: every field (the message names the field and the "
+                       "value), the expiry in the future and within "
+                       "CONVERGERD_EXCEPTION_MAX_DAYS. Stored with a new revision of the "
+                       "policy and recorded (who: `approvedBy`), then saved at once.",
+        "parameters": [_POLICY_ID],
+        "requestBody": {"required": True, "content": {JSON: {"schema": _ref("Exception")}}},
+        "responses": {
+            "201": _answer("granted and saved", "ExceptionChange"),
+            "400": _answer("bad id, body, field or expiry (the message names it)"),
+            "404": _answer("no such policy"), "408": _BODY_LATE,
+            "409": _answer("the id is taken, 64 are in force, or the policy is being deleted"),
+            "413": _TOO_BIG, "503": _NO_TOKEN_OR_DB}}},
+    "/v1/policies/{id}/exceptions/{eid}": {"delete": {
+        "summary": "withdraw an exception, then save the policy to its clusters",
+        "parameters": [_POLICY_ID, {
+            "name": "eid", "in": "path", "required": True, "description": "the exception id",
+            "schema": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 40}}],
+        "requestBody": {"required": True,
+                        "content": {JSON: {"schema": _ref("WithdrawRequest")}}},
+        "responses": {
+            "200": _answer("withdrawn and saved", "ExceptionChange"),
+            "400": _answer("bad id or body; `by` missing"),
+            "404": _answer("no such exception"), "408": _BODY_LATE,
+            "409": _answer("the policy is being deleted"), "413": _TOO_BIG,
+            "503": _NO_TOKEN_OR_DB}}},
     "/v1/policies/{id}": {"delete": _mutation(
         "delete: remove the policy from every cluster, then from the database",
         "The policy is marked first (rounds stop delivering it); the row goes only when every "

@@ -61,7 +61,8 @@ writes each Enforcing Policy's `status.admission` under its own field manager
 another reporting step (1, 2, 4, 8, ...: `admissioncounts.reporting_step`), else at the
 heartbeat with the figures as they are then. A new leader continues the figures its
 predecessor wrote for the same revision. Its own probes that the policy denied are taken out
-of the figures. A read that fails (403: the RBAC rule for `/metrics` is missing) is logged, throttled, and writes nothing.
+of the figures. A read that fails (403: the RBAC rule for `/metrics` is missing) is logged,
+throttled, and writes nothing.
 
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
@@ -83,6 +84,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from convergerd.admission.exceptions import honoured, next_change
 from convergerd.admission.render import (
     ProbeUnsatisfiable,
     RenderError,
@@ -94,7 +96,13 @@ from convergerd.admission.render import (
 from convergerd.admission.verdict import Judge
 from convergerd.config import DEFAULT_OPERATOR_CACHE_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
 from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
-from convergerd.core.model import Enforcement, is_namespace_name, is_object_name
+from convergerd.core.exceptions import covers
+from convergerd.core.model import (
+    Enforcement,
+    PolicyException,
+    is_namespace_name,
+    is_object_name,
+)
 from convergerd.core.shown import shown
 from convergerd.kube.api import Admitted, KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
@@ -162,6 +170,9 @@ AUDIT_FIELD_MANAGER = "stackship-operator-audit"
 # catch up before an audit says `cacheSynced: false`: a restart or a quick re-list then writes
 # nothing, and a cache that stays behind is still said to be.
 CACHE_GRACE_S = 10.0
+# Boundary namespaces listed for the probe when the Policy has exceptions (it needs one that
+# does not except the probe pod); without exceptions the first one does.
+PROBE_NAMESPACES_LISTED = 100
 ADMISSION_FIELD_MANAGER = "stackship-operator-admission"
 # /metrics is read at most this often, however many revisions are installed at once.
 ADMISSION_MIN_INTERVAL_S = 1.0
@@ -550,9 +561,10 @@ class Operator:
                 self._audit_due.at(name, self._unsynced_since + CACHE_GRACE_S)
                 return
         namespaces = self.workloads.namespaces_of(policy.boundary)
-        result = audit(judge, self.workloads.objects_in(namespaces))
-        incomplete = self.workloads.incomplete(namespaces, result.refused)
         now = self._wall()
+        excepted = self._honoured(name, policy.spec, audit=True)
+        result = audit(judge, self.workloads.objects_in(namespaces), exceptions=excepted)
+        incomplete = self.workloads.incomplete(namespaces, result.refused)
         new = audit_status(result, synced=synced, now=now, incomplete=incomplete)
         self._metrics.audited(name, result.violations)
         # Written when the figures change, and at the heartbeat (`auditedAt` then says the
@@ -876,7 +888,8 @@ class Operator:
             existing_policy = await self._api.get(VAPS, name, timeout_s=timeout)
             existing_binding = await self._api.get(BINDINGS, name, timeout_s=timeout)
             todo = writes_for(policy, existing_policy=existing_policy,
-                              existing_binding=existing_binding)
+                              existing_binding=existing_binding, now=self._wall())
+            self._honoured(policy.name, policy.spec)  # reconciled again when one lapses
         except RenderError as exc:
             return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
                                                     detail=str(exc), reason=exc.reason),
@@ -979,42 +992,9 @@ class Operator:
         """A dry-run create of a pod violating `policy` in a namespace of its boundary: the
         Verified condition from the answer."""
         name = admission_name(policy.policy_id or "")
-        timeout = self._t.request_timeout_s
-        namespaces = await self._api.list_objects(
-            NAMESPACES, label_selector=f"{BOUNDARY_LABEL}={boundary}", timeout_s=timeout,
-            limit=1)
-        namespace = _first_name(namespaces.items)
-        admitted, status, message = False, None, ""
-        warnings: Sequence[str] = ()
-        installed: Enforcement | None = None
-        enforcement = Enforcement.DENY
-        result: Condition | None = None
-        if namespace is not None:
-            try:
-                pod = violating_pod(policy.spec, namespace=namespace, name=f"{name}-probe",
-                                    others=self._others(policy, boundary))
-                enforcement = enforcement_of_spec(policy.spec)
-            except ProbeUnsatisfiable as exc:
-                result = probe_inconclusive(name=name, namespace=namespace, why=str(exc),
-                                            now=self._wall())
-            else:
-                try:
-                    answer = await self._api.dry_run_create(PODS, pod, namespace=namespace,
-                                                            timeout_s=timeout)
-                    admitted, warnings = True, answer.warnings
-                except ClusterApiError as exc:
-                    status, message = exc.status, str(exc)
-                except ClusterError as exc:
-                    message = f"{exc.reason}: {exc}"
-                if admitted and enforcement is Enforcement.AUDIT:
-                    # Admitted with no word is also what no binding at all does: read back
-                    # that ours is there with [Audit], over an admission policy still there.
-                    installed = await self._installed_mode(name)
-        if result is None:
-            result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
-                                   admitted=admitted, status=status, message=message,
-                                   now=self._wall(), enforcement=enforcement,
-                                   warnings=warnings, installed=installed)
+        planned = await self._probe_pod(policy, boundary, name)
+        result = planned if isinstance(planned, Condition) else await self._dry_run(
+            name, boundary, *planned)
         self._metrics.probed(policy.name, result.reason)
         if result.reason == DENIED and self._admission is not None:
             # The API server counted our probe's denial: not a tenant's.
@@ -1033,6 +1013,75 @@ class Operator:
                         policy.name, result.message,
                         extra=self._extra(policy=policy.name, probe=result.reason))
         return result
+
+    async def _probe_pod(self, policy: PolicyObject, boundary: str, name: str
+                         ) -> Condition | tuple[dict[str, Any] | None, str | None, Enforcement]:
+        """The probe's pod, violating `policy` in a namespace of its boundary that none of its
+        exceptions covers, and the mode the Policy asks for (no pod when the boundary has no
+        namespace); or the inconclusive Verified condition when no such pod can be made."""
+        excepted = self._honoured(policy.name, policy.spec)
+        namespaces = await self._api.list_objects(
+            NAMESPACES, label_selector=f"{BOUNDARY_LABEL}={boundary}",
+            timeout_s=self._t.request_timeout_s,
+            limit=PROBE_NAMESPACES_LISTED if excepted else 1)
+        names = _names(namespaces.items)
+        if not names:
+            return None, None, Enforcement.DENY
+        try:
+            pod = violating_pod(policy.spec, namespace=names[0], name=f"{name}-probe",
+                                others=self._others(policy, boundary))
+            enforcement = enforcement_of_spec(policy.spec)
+        except ProbeUnsatisfiable as exc:
+            return probe_inconclusive(name=name, namespace=names[0], why=str(exc),
+                                      now=self._wall())
+        namespace = _not_excepted(names, pod, excepted)
+        if namespace is None:
+            return probe_inconclusive(
+                name=name, namespace=names[0], now=self._wall(),
+                why=f"an exception admits the probe pod in every namespace of boundary "
+                    f"{boundary} listed ({len(names)})")
+        pod["metadata"]["namespace"] = namespace
+        return pod, namespace, enforcement
+
+    async def _dry_run(self, name: str, boundary: str, pod: dict[str, Any] | None,
+                       namespace: str | None, enforcement: Enforcement) -> Condition:
+        """The Verified condition from a dry-run create of `pod` in `namespace` (none: the
+        boundary has no namespace to probe in)."""
+        admitted, status, message = False, None, ""
+        warnings: Sequence[str] = ()
+        installed: Enforcement | None = None
+        if pod is not None and namespace is not None:
+            try:
+                answer = await self._api.dry_run_create(
+                    PODS, pod, namespace=namespace, timeout_s=self._t.request_timeout_s)
+                admitted, warnings = True, answer.warnings
+            except ClusterApiError as exc:
+                status, message = exc.status, str(exc)
+            except ClusterError as exc:
+                message = f"{exc.reason}: {exc}"
+            if admitted and enforcement is Enforcement.AUDIT:
+                # Admitted with no word is also what no binding at all does: read back that
+                # ours is there with [Audit], over an admission policy still there.
+                installed = await self._installed_mode(name)
+        return probe_outcome(name=name, boundary=boundary, namespace=namespace,
+                             admitted=admitted, status=status, message=message,
+                             now=self._wall(), enforcement=enforcement,
+                             warnings=warnings, installed=installed)
+
+    def _honoured(self, name: str, spec: Mapping[str, Any], *,
+                  audit: bool = False) -> tuple[PolicyException, ...]:
+        """The Policy's exceptions honoured now; the Policy is due again (its reconcile, or
+        with `audit` its audit) when the next one lapses, so expiry needs nothing from the
+        hub. () for a spec whose exceptions cannot be read (its Ready condition says why)."""
+        now = self._wall()
+        try:
+            found, lapse = honoured(spec, now), next_change(spec, now)
+        except RenderError:
+            return ()
+        if lapse is not None:
+            due = self._audit_due if audit else self._due
+            due.at(name, self._clock() + max(0.0, (lapse - now).total_seconds()))
+        return found
 
     async def _installed_mode(self, name: str) -> Enforcement | None:
         """The mode of binding `name` as the cluster holds it, when its admission policy is
@@ -1116,11 +1165,21 @@ def _version(obj: KubeObject) -> str | None:
     return version if isinstance(version, str) else None
 
 
-def _first_name(items: Any) -> str | None:
-    """The first namespace listed whose name can stand in the probe's request path."""
+def _names(items: Any) -> list[str]:
+    """The namespaces listed whose names can stand in the probe's request path, in order."""
+    names = []
     for item in items:
         meta = item.get("metadata") if isinstance(item, Mapping) else None
         name = meta.get("name") if isinstance(meta, Mapping) else None
         if is_namespace_name(name):
-            return str(name)
-    return None
+            names.append(str(name))
+    return names
+
+
+def _not_excepted(names: list[str], pod: Mapping[str, Any],
+                  excepted: tuple[PolicyException, ...]) -> str | None:
+    """The first of `names` where no exception admits the probe `pod` (an admitted probe
+    would prove nothing), None when there is none."""
+    meta = pod["metadata"]
+    return next((ns for ns in names if not any(
+        covers(e, ns, meta.get("name"), meta.get("labels")) for e in excepted)), None)

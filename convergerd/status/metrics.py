@@ -79,6 +79,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from convergerd import __version__
+from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.status.cluster import ClusterFacts
 from convergerd.status.phases import (
@@ -526,6 +527,7 @@ class Metrics:
         yield _gauge("convergerd_invalid_policies",
                      "Policies that cannot be delivered (bad id, type or params)",
                      float(len(state.invalid)))
+        yield from _exception_families(state.exception_tally)
         count, age = pending_deletion_values(self.state.pending_deletions(), now)
         yield _gauge("convergerd_pending_deletions",
                      "Policy deletions begun and not finished: some cluster did not "
@@ -671,6 +673,21 @@ class _HistogramFamily(_Family):
         for values, hist in self.histograms:
             family.add_metric(values, hist.buckets(), hist.sum)
         return family
+
+
+def _exception_families(tally: Sequence[ExceptionTally]) -> Iterator[_Family]:
+    """Per policy (a fleet total, never per cluster), the policies that have exceptions."""
+    for name, doc, field in (
+            ("convergerd_policy_exceptions", "Exceptions in force per policy", "in_force"),
+            ("convergerd_policy_exceptions_expiring_7d",
+             "Exceptions in force per policy that expire within 7 days", "expiring_soon"),
+            ("convergerd_policy_exceptions_expired_delivered",
+             "Expired exceptions per policy that some cluster is still recorded with (a "
+             "revision of the policy that carried them, or not lapsed yet)",
+             "expired_delivered")):
+        family = _Family(name, doc, labels=("policy",))
+        family.add_rows([((t.policy,), float(getattr(t, field))) for t in tally])
+        yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> _Family:

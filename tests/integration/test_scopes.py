@@ -52,7 +52,7 @@ FLEET = {
 # What each placeholder of a route is filled with: ids that exist where that matters (the
 # boundary view of team-a, its policy), none where an admin's request would change anything
 # (a save or deletion of a policy that does not exist, a token that does not exist).
-FILL = {"boundary": "team-a", "name": "no-such-token"}
+FILL = {"boundary": "team-a", "name": "no-such-token", "eid": "no-such-exception"}
 FILL_ID = {"/v1/clusters/{id}": "c1", "/v1/boundaries/{boundary}/policies/{id}": "pa",
            "/v1/policies/{id}/status": "pa", "/v1/policies/{id}/revisions": "pa",
            "/v1/boundaries/{boundary}/policies/{id}/revisions": "pa"}
@@ -113,7 +113,8 @@ async def world(database_url: str, store: Store) -> AsyncIterator[World]:
     app = make_app(metrics=Metrics(state=state), state=state, store=store, settings=settings,
                    health=HealthCheck(), saver=Saver(store=store, env=_no_clusters,
                                                      guard_share=0.5),
-                   tenants=store, book=book, revisions=store)
+                   tenants=store, book=book, revisions=store,
+                   exceptions=store)
     async with TestClient(TestServer(app, **server_options())) as client:
         yield World(client, app, tokens, store, book)
 
