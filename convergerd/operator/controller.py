@@ -60,9 +60,12 @@ writes each Enforcing Policy's `status.admission` under its own field manager
 (`ADMISSION_FIELD_MANAGER`) only when what the figures are of changed or a count entered
 another reporting step (1, 2, 4, 8, ...: `admissioncounts.reporting_step`), else at the
 heartbeat with the figures as they are then. A new leader continues the figures its
-predecessor wrote for the same revision. Its own probes that the policy denied are taken out
-of the figures. A read that fails (403: the RBAC rule for `/metrics` is missing) is logged,
-throttled, and writes nothing.
+predecessor wrote for the same revision, and writes nothing for that alone (the note saying
+counting paused goes out with its next figures). Its own probes are taken out of the figures,
+under the actions their verdict shows (`reconcile.probe_counted`: a Warn probe is a warning
+and an audit); a read answered while a probe ran is not used (`_Probes`), since the probe is
+counted before its verdict is known. A read that fails (403: the RBAC rule for `/metrics` is
+missing) is logged, throttled, and writes nothing.
 
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
@@ -80,7 +83,7 @@ import heapq
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -122,7 +125,6 @@ from convergerd.operator.metrics import OperatorMetrics
 from convergerd.operator.reconcile import (
     ADMITTED,
     BOUNDARY_LABEL,
-    DENIED,
     ENFORCING,
     ERROR,
     FIELD_MANAGER,
@@ -140,6 +142,7 @@ from convergerd.operator.reconcile import (
     new_status,
     next_probe_in,
     orphans,
+    probe_counted,
     probe_inconclusive,
     probe_outcome,
     ready_condition,
@@ -176,6 +179,8 @@ PROBE_NAMESPACES_LISTED = 100
 ADMISSION_FIELD_MANAGER = "stackship-operator-admission"
 # /metrics is read at most this often, however many revisions are installed at once.
 ADMISSION_MIN_INTERVAL_S = 1.0
+# A read of /metrics overlapped by a probe is read again, at most this many times in all.
+ADMISSION_READ_TRIES = 3
 # Due before everything already due: a Policy whose admission objects someone changed.
 URGENT = -math.inf
 # After a repair the follow-up probe runs at once; kube-apiserver's admission enforces a
@@ -229,6 +234,34 @@ class _Enforced:
 
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+class _Probes:
+    """The enforcement probes in flight. The API server counts a probe when it answers it,
+    before the operator knows the verdict and so what to take out of the admission counts
+    (`AdmissionCounts.expect_own`): a `/metrics` answer read while a probe ran is not used."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.finished = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[None]:
+        self.running += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self.finished += 1
+            if not self.running:
+                self.idle.set()
+
+    def none_since(self, finished: int) -> bool:
+        """No probe ran since `finished` was read off `self.finished` (at idle)."""
+        return self.running == 0 and self.finished == finished
 
 
 class _Due:
@@ -328,6 +361,7 @@ class Operator:
         self._admission: AdmissionCounts | None = None
         self._installed: dict[str, tuple[Any, ...]] = {}
         self._admission_wake = asyncio.Event()
+        self._probes = _Probes()
         self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
@@ -637,7 +671,9 @@ class Operator:
         if not counted:
             return
         try:
-            body = await self._api.metrics(timeout_s=self._t.request_timeout_s)
+            body = await self._metrics_between_probes()
+            if body is None:
+                return  # probes kept overlapping: the next read adds what this one would have
             scrape = parse_metrics(body)
         except (ClusterError, MetricsError) as exc:
             hint = (" (the operator's ClusterRole needs nonResourceURLs [\"/metrics\"], verbs "
@@ -671,6 +707,20 @@ class Operator:
                             self.cluster, policy.name, exc, extra=self._extra(policy=policy.name))
                 continue
             self._metrics.wrote("admission")
+
+    async def _metrics_between_probes(self) -> bytes | None:
+        """The API server's `/metrics`, read while no probe ran (so every probe it counted has
+        been told to the counts); None when probes overlapped each of `ADMISSION_READ_TRIES`.
+        Skipping a read loses nothing: each read adds what was counted since the last used."""
+        for _ in range(ADMISSION_READ_TRIES):
+            await self._probes.idle.wait()
+            finished = self._probes.finished
+            body = await self._api.metrics(timeout_s=self._t.request_timeout_s)
+            if self._probes.none_since(finished):
+                return body
+        log.debug("cluster %s: /metrics read while probes ran, %d times: read again later",
+                  self.cluster, ADMISSION_READ_TRIES, extra=self._extra())
+        return None
 
     async def _apply_admission(self, body: KubeObject, timeout_s: float) -> KubeObject:
         return await self._api.apply(POLICIES, body, field_manager=ADMISSION_FIELD_MANAGER,
@@ -991,14 +1041,15 @@ class Operator:
     async def probe(self, policy: PolicyObject, boundary: str) -> Condition:
         """A dry-run create of a pod violating `policy` in a namespace of its boundary: the
         Verified condition from the answer."""
+        with self._probes.one():
+            return await self._probe(policy, boundary)
+
+    async def _probe(self, policy: PolicyObject, boundary: str) -> Condition:
         name = admission_name(policy.policy_id or "")
         planned = await self._probe_pod(policy, boundary, name)
         result = planned if isinstance(planned, Condition) else await self._dry_run(
             name, boundary, *planned)
         self._metrics.probed(policy.name, result.reason)
-        if result.reason == DENIED and self._admission is not None:
-            # The API server counted our probe's denial: not a tenant's.
-            self._admission.expect_own(name, "deny", now=self._wall())
         if result.reason == ADMITTED:
             log.warning("ENFORCEMENT NOT WORKING: cluster %s: Policy %s: %s", self.cluster,
                         policy.name, result.message,
@@ -1063,10 +1114,16 @@ class Operator:
                 # Admitted with no word is also what no binding at all does: read back that
                 # ours is there with [Audit], over an admission policy still there.
                 installed = await self._installed_mode(name)
-        return probe_outcome(name=name, boundary=boundary, namespace=namespace,
-                             admitted=admitted, status=status, message=message,
-                             now=self._wall(), enforcement=enforcement,
-                             warnings=warnings, installed=installed)
+        result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
+                               admitted=admitted, status=status, message=message,
+                               now=self._wall(), enforcement=enforcement,
+                               warnings=warnings, installed=installed)
+        if self._admission is not None and pod is not None and namespace is not None:
+            # The API server counted our probe (a denial, a warning, an audit): not a tenant's.
+            self._admission.expect_own(name, probe_counted(
+                result, enforcement, name=name, message=message, warnings=warnings),
+                now=self._wall())
+        return result
 
     def _honoured(self, name: str, spec: Mapping[str, Any], *,
                   audit: bool = False) -> tuple[PolicyException, ...]:

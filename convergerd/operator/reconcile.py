@@ -29,6 +29,7 @@ from typing import Any
 
 from convergerd.admission.exceptions import render_excepted
 from convergerd.admission.render import (
+    VALIDATION_ACTIONS,
     Admission,
     RenderError,
     admission_name,
@@ -541,6 +542,21 @@ def _judged(name: str, namespace: str, enforcement: Enforcement, *, denied: bool
                      f"a pod violating the policy was ADMITTED by a dry-run create in "
                      f"namespace {namespace}{how}: {name} does not {does} it; "
                      f"{_check_objects(name)}", at)
+
+
+def probe_counted(verified: Condition, enforcement: Enforcement, *, name: str, message: str,
+                  warnings: Sequence[str]) -> tuple[str, ...]:
+    """The `enforcement_action`s under which kube-apiserver's check_total counted one probe of
+    ValidatingAdmissionPolicy `name` (its answer: the refusal's `message`, the `warnings`).
+
+    A probe that proved its mode (`Denied`, `Warned`, `AuditOnly`) failed the binding as it is
+    rendered for `enforcement`, once under each of its validationActions (Warn comes with
+    Audit). Any other verdict proves only what the answer shows: a denial by `name` was counted
+    `deny`, its warning `warn`; an `audit` no client sees is not known, so not taken out."""
+    if verified.status == TRUE and verified.reason in (DENIED, WARNED, AUDIT_ONLY):
+        return tuple(action.lower() for action in VALIDATION_ACTIONS[enforcement])
+    return (*(("deny",) if denied_by(message, name) else ()),
+            *(("warn",) if warned_by(warnings, name) is not None else ()))
 
 
 def next_probe_in(policy: PolicyObject, *, now: dt.datetime, interval_s: float,
