@@ -34,13 +34,15 @@ from convergerd.cli.policy import (
     EXIT_USAGE,
     Answer,
     Failed,
+    add_daemon_arguments,
     api_token,
     call,
     cell,
+    daemon_answered,
     exit_code,
     render,
+    table,
 )
-from convergerd.cli.status import DEFAULT_ADDR
 from convergerd.config import SETTINGS_BY_KEY
 from convergerd.core.exceptions import parse_exception, parse_expiry, selector_from_text
 from convergerd.core.model import RuleError, check_policy_id
@@ -72,12 +74,7 @@ def add_arguments(sub: Any) -> None:
                             help="file holding the API token [default: CONVERGERD_API_TOKEN, "
                                  "else the file in CONVERGERD_API_TOKEN_FILE; for the list, "
                                  "none when neither is set]")
-        action.add_argument("--addr", default=DEFAULT_ADDR,
-                            help=f"the daemon's HTTP address (default {DEFAULT_ADDR})")
-        action.add_argument("--timeout", type=float, default=60.0,
-                            help="seconds to wait for the answer (default 60)")
-        action.add_argument("--json", action="store_true",
-                            help="print the daemon's JSON answer as is")
+        add_daemon_arguments(action)
 
 
 def _fleet_token(flag_file: Path | None, env: Mapping[str, str]) -> str | None:
@@ -146,9 +143,7 @@ def render_list(body: Mapping[str, Any], now: dt.datetime) -> str:
                      cell(e.get("reason"), 60)])
     if len(rows) == 1:
         return "no exceptions\n"
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n"
-                   for r in rows)
+    return "".join(line + "\n" for line in table(rows))
 
 
 def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
@@ -180,8 +175,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     if args.json:
         out.write(json.dumps(answer.body, indent=2) + "\n")
     if answer.status not in (200, 201):
-        err.write(f"convergerd policy {action}: the daemon answered {answer.status}: "
-                  f"{cell(answer.body.get('error'), 400)}\n")
+        err.write(f"convergerd policy {action}: {daemon_answered(answer)}\n")
         return EXIT_USAGE
     if action == "exceptions":
         if not args.json:

@@ -62,13 +62,20 @@ def add_arguments(sub: Any) -> None:
                             "database (refused while some cluster still holds it)")
     for action in (apply, delete):
         action.add_argument("id", help="the policy id")
-        action.add_argument("--addr", default=DEFAULT_ADDR,
-                            help=f"the daemon's HTTP address (default {DEFAULT_ADDR})")
         action.add_argument("--api-token-file", type=Path, metavar="PATH",
                             help="file holding the API token [default: CONVERGERD_API_TOKEN, "
                                  "else the file in CONVERGERD_API_TOKEN_FILE]")
-        action.add_argument("--timeout", type=float, default=60.0,
-                            help="seconds to wait for the answer (default 60)")
+        add_daemon_arguments(action)
+
+
+def add_daemon_arguments(action: Any, *, timeout_s: int = 60, with_json: bool = True) -> None:
+    """`--addr`, `--timeout` and (`with_json`) `--json`: the flags of every subcommand that
+    asks a running daemon (`action`, an argparse parser)."""
+    action.add_argument("--addr", default=DEFAULT_ADDR,
+                        help=f"the daemon's HTTP address (default {DEFAULT_ADDR})")
+    action.add_argument("--timeout", type=float, default=float(timeout_s),
+                        help=f"seconds to wait for the answer (default {timeout_s})")
+    if with_json:
         action.add_argument("--json", action="store_true",
                             help="print the daemon's JSON answer as is")
 
@@ -156,6 +163,17 @@ def cell(value: object, limit: int = _MAX_CELL) -> str:
     return shown(value, limit, style="prose")
 
 
+def table(rows: list[list[str]]) -> list[str]:
+    """`rows` (the first one the header) as lines of left-aligned columns two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def daemon_answered(answer: Answer) -> str:
+    """The error line for an answer that is not a success: its status and the daemon's error."""
+    return f"the daemon answered {answer.status}: {cell(answer.body.get('error'), 400)}"
+
+
 def exit_code(answer: Answer) -> int:
     if answer.status == 200:
         return EXIT_OK if answer.body.get("status") == "ok" else EXIT_NOT_DONE
@@ -181,10 +199,8 @@ def render(answer: Answer) -> str:
     if body.get("skipped_reason"):
         lines.append(f"removals skipped: {cell(body['skipped_reason'], 400)}")
     if len(rows) > 1:
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines.append("")
-        lines.extend("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
+        lines.extend(table(rows))
         failed = sum(r[2] == "failed" for r in rows[1:])
         lines.append("")
         lines.append(f"{len(rows) - 1} cluster(s), {failed} failed")
@@ -228,6 +244,5 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     elif "operation" in answer.body:
         out.write(render(answer))
     if code == EXIT_USAGE or (args.json and answer.status != 200):
-        err.write(f"convergerd policy {action}: the daemon answered {answer.status}: "
-                  f"{cell(answer.body.get('error'), 400)}\n")
+        err.write(f"convergerd policy {action}: {daemon_answered(answer)}\n")
     return code

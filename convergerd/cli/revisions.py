@@ -34,13 +34,15 @@ from typing import Any, TextIO
 from convergerd.cli.policy import (
     Answer,
     Failed,
+    add_daemon_arguments,
     api_token,
     call,
     cell,
+    daemon_answered,
     exit_code,
     render,
+    table,
 )
-from convergerd.cli.status import DEFAULT_ADDR
 from convergerd.cli.token import who
 from convergerd.config import read_secret_file
 from convergerd.core.errors import ConfigError
@@ -82,12 +84,7 @@ def add_arguments(sub: Any) -> None:
                                "else the file in CONVERGERD_API_TOKEN_FILE]")
     for action in (history, rollback):
         action.add_argument("id", help="the policy id")
-        action.add_argument("--addr", default=DEFAULT_ADDR,
-                            help=f"the daemon's HTTP address (default {DEFAULT_ADDR})")
-        action.add_argument("--timeout", type=float, default=60.0,
-                            help="seconds to wait for the answer (default 60)")
-        action.add_argument("--json", action="store_true",
-                            help="print the daemon's JSON answer as is")
+        add_daemon_arguments(action)
 
 
 def _read_token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
@@ -125,10 +122,8 @@ def render_history(body: Mapping[str, Any]) -> str:
     lines = [f"policy {cell(body.get('policy'))} (boundary {cell(body.get('boundary'))}): "
              f"{len(rows) - 1} revision(s) listed, the last {cell(kept)} of each policy kept"]
     if len(rows) > 1:
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines.append("")
-        lines.extend("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+        lines.extend(table(rows))
     listing = body.get("listing")
     if isinstance(listing, Mapping) and listing.get("next") and len(rows) > 1:
         lines.append("")
@@ -174,8 +169,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     if args.json:
         out.write(json.dumps(answer.body, indent=2) + "\n")
     if answer.status != 200:
-        err.write(f"convergerd policy {action}: the daemon answered {answer.status}: "
-                  f"{cell(answer.body.get('error'), 400)}\n")
+        err.write(f"convergerd policy {action}: {daemon_answered(answer)}\n")
         return EXIT_NOT_DONE if answer.status in _REFUSED else EXIT_USAGE
     if not args.json:
         out.write(render_history(answer.body) if action == "history"

@@ -24,8 +24,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from convergerd.cli.policy import Answer, Failed, api_token, call, cell
-from convergerd.cli.status import DEFAULT_ADDR
+from convergerd.cli.policy import (
+    Answer,
+    Failed,
+    add_daemon_arguments,
+    api_token,
+    call,
+    cell,
+    daemon_answered,
+    table,
+)
 from convergerd.core.model import RuleError
 from convergerd.core.report import utc_now
 from convergerd.core.tokens import check_boundary, check_token_name, parse_time
@@ -50,14 +58,11 @@ def add_arguments(sub: Any) -> None:
     revoke = sub.add_parser("revoke", help="revoke a read token: it stops working at once")
     revoke.add_argument("name", help="the token's name")
     for action in (create, listing, revoke):
-        action.add_argument("--addr", default=DEFAULT_ADDR,
-                            help=f"the daemon's HTTP address (default {DEFAULT_ADDR})")
         action.add_argument("--api-token-file", type=Path, metavar="PATH",
                             help="file holding the admin token [default: "
                                  "CONVERGERD_API_TOKEN, else the file in "
                                  "CONVERGERD_API_TOKEN_FILE]")
-        action.add_argument("--timeout", type=float, default=30.0,
-                            help="seconds to wait for the answer (default 30)")
+        add_daemon_arguments(action, timeout_s=30, with_json=False)
     for action in (create, revoke):
         action.add_argument("--by", help="who asks, recorded with the change (default: "
                             "user@host)")
@@ -110,9 +115,7 @@ def render_list(tokens: list[Any]) -> str:
                      cell(t.get("created_by"), 40), cell(t.get("expires_at")), state])
     if len(rows) == 1:
         return "no read tokens\n"
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows) + "\n"
+    return "\n".join(table(rows)) + "\n"
 
 
 def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
@@ -127,8 +130,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
         err.write(f"convergerd token {command}: {exc}\n")
         return EXIT_USAGE
     if answer.status not in (200, 201):
-        err.write(f"convergerd token {command}: the daemon answered {answer.status}: "
-                  f"{cell(answer.body.get('error'), 400)}\n")
+        err.write(f"convergerd token {command}: {daemon_answered(answer)}\n")
         return EXIT_REFUSED if answer.status in _REFUSED else EXIT_USAGE
     body = answer.body
     if command == "create":
