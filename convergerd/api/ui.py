@@ -33,7 +33,7 @@ import math
 import sys
 import urllib.parse
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -153,6 +153,11 @@ def next_page_of(value: str | None) -> str:
             and "\\" not in value and not value.startswith("/ui//"):
         return value
     return "/ui/"
+
+
+def _unavailable(viewer: Viewer, status: int) -> web.Response:
+    return html_response(message_page(
+        "Not available", "The database did not answer: try again shortly.", viewer), status)
 
 
 def viewer_of(who: Principal) -> Viewer:
@@ -344,26 +349,36 @@ class UiPages:
             return Pager(text, links)
         return Pager(f"{text} {columns.text}", [*links, *columns.links])
 
-    async def boundary(self, request: web.Request) -> web.StreamResponse:
+    def _asked(self, request: web.Request, key: str, check: Callable[[str], object],
+               not_found: Callable[[str, Viewer], str],
+               ) -> tuple[Principal, Viewer, str] | web.Response:
+        """Who asks, as whom the page shows them, and the id in the path (`key`, checked by
+        `check`); else the answer already due: the sign-in form, a 429, or `not_found`'s
+        page (404) for an id that is not one."""
         who = self._who(request)
         refused = self._refused(request, who)
         if refused is not None:
             return refused
         viewer = viewer_of(who)
-        boundary = request.match_info["boundary"]
+        value = request.match_info[key]
         try:
-            check_boundary_id(boundary)
+            check(value)
         except RuleError:
-            return html_response(not_found_boundary(boundary, viewer), 404)
+            return html_response(not_found(value, viewer), 404)
+        return who, viewer, value
+
+    async def boundary(self, request: web.Request) -> web.StreamResponse:
+        asked = self._asked(request, "boundary", check_boundary_id, not_found_boundary)
+        if isinstance(asked, web.Response):
+            return asked
+        who, viewer, boundary = asked
         if not who.sees(boundary):  # another boundary: as unknown as one that is not
             return html_response(not_found_boundary(boundary, viewer), 404)
         doc = await self._boundary_document(boundary)
         if isinstance(doc, web.Response):
             if doc.status == 404:
                 return html_response(not_found_boundary(boundary, viewer), 404)
-            return html_response(message_page(
-                "Not available", "The database did not answer: try again shortly.", viewer),
-                doc.status)
+            return _unavailable(viewer, doc.status)
         return html_response(self._boundary_page(request, viewer, doc))
 
     async def _boundary_document(self, boundary: str) -> dict[str, Any] | web.Response:
@@ -409,24 +424,16 @@ class UiPages:
                              total_unreached=len(unreached))
 
     async def policy(self, request: web.Request) -> web.StreamResponse:
-        who = self._who(request)
-        refused = self._refused(request, who)
-        if refused is not None:
-            return refused
-        viewer = viewer_of(who)
-        value = request.match_info["id"]
-        try:
-            check_policy_id(value)
-        except RuleError:
-            return html_response(not_found_policy(value, viewer), 404)
+        asked = self._asked(request, "id", check_policy_id, not_found_policy)
+        if isinstance(asked, web.Response):
+            return asked
+        who, viewer, value = asked
         pid = PolicyId(value)
         views = self._views
         try:
             found = await views.read(lambda: views.store.policy_status(pid))
         except (TimeoutError, ConvergerdError, OSError):
-            return html_response(message_page(
-                "Not available", "The database did not answer: try again shortly.", viewer),
-                503)
+            return _unavailable(viewer, 503)
         # Another boundary's policy is not there: the same page as a policy that is not.
         if found is None or not who.sees(found.policy.boundary):
             return html_response(not_found_policy(pid, viewer), 404)
