@@ -27,16 +27,18 @@ from typing import Any
 
 from convergerd import eventloop
 from convergerd.sim.fleet import Fleet
-from convergerd.sim.resources import NAMESPACES, PODS, POLICIES
+from convergerd.sim.resources import PODS, POLICIES
 
 # Run as a script, bench/ (not the repository) is on sys.path: reuse the benchmarks' pieces.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.daemon import clean_env
-from bench.rounds import _free_port, fmt, log, proc_status_mb
-
-CLUSTER = "c0001"
-BOUNDARY_LABEL = "platform.stackship.se/boundary"
-READY_TIMEOUT_S = 300.0
+from bench.operator_run import (
+    BOUNDARY_LABEL,
+    CLUSTER,
+    create_namespaces,
+    operator_env,
+    settled_operator,
+)
+from bench.rounds import fmt, log, proc_status_mb
 
 
 def policy(pid: str, boundary: str) -> dict[str, Any]:
@@ -73,46 +75,26 @@ def settled(fleet: Fleet, policies: int) -> bool:
 async def point(args: argparse.Namespace, pods: int, work: Path) -> dict[str, Any]:
     async with Fleet(clusters=1, kubeconfig_path=work / f"kubeconfig-{pods}",
                      rng=random.Random(7)) as fleet:
+        create_namespaces(fleet, args.boundaries)
         store = fleet.store(CLUSTER)
-        for b in range(args.boundaries):
-            store.create(NAMESPACES, None, {"metadata": {
-                "name": f"team-{b}", "labels": {BOUNDARY_LABEL: f"b{b}"}}}, manager="bench")
         for i in range(pods):
             store.create(PODS, f"team-{i % args.boundaries}", pod(i), manager="bench")
         for i in range(args.policies):
             store.create(POLICIES, None, policy(f"p{i:03d}", f"b{i % args.boundaries}"),
                          manager="bench")
         log(f"== {pods} pods, {args.policies} policies: starting convergerd operator")
-        env = clean_env({"CONVERGERD_KUBECONFIG": str(fleet.kubeconfig_path),
-                         "CONVERGERD_OPERATOR_CONTEXT": CLUSTER,
-                         "CONVERGERD_OPERATOR_HTTP_ADDR": f"127.0.0.1:{_free_port()}",
-                         "CONVERGERD_IDENTITY": "bench-operator"})
+        env = operator_env(fleet, {})
         for setting in args.env:
             name, _, value = setting.partition("=")
             env[name] = value
-        with (work / f"operator-{pods}.log").open("wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "convergerd", "operator", env=env,
-                stdout=out, stderr=out)
-            try:
-                began = time.monotonic()
-                while not settled(fleet, args.policies):
-                    if proc.returncode is not None:
-                        raise RuntimeError(f"the operator exited {proc.returncode}")
-                    if time.monotonic() - began > READY_TIMEOUT_S:
-                        raise RuntimeError("the operator did not settle")
-                    await asyncio.sleep(0.5)
-                ready_s = time.monotonic() - began
-                samples = []
-                until = time.monotonic() + args.steady_s
-                while time.monotonic() < until:
-                    samples.append(proc_status_mb(proc.pid, "VmRSS"))
-                    await asyncio.sleep(0.5)
-                peak = proc_status_mb(proc.pid, "VmHWM")
-            finally:
-                if proc.returncode is None:
-                    proc.terminate()
-                await asyncio.wait_for(proc.wait(), 60)
+        async with settled_operator(env, work / f"operator-{pods}.log",
+                                    lambda: settled(fleet, args.policies)) as (proc, ready_s):
+            samples = []
+            until = time.monotonic() + args.steady_s
+            while time.monotonic() < until:
+                samples.append(proc_status_mb(proc.pid, "VmRSS"))
+                await asyncio.sleep(0.5)
+            peak = proc_status_mb(proc.pid, "VmHWM")
     result = {"pods": pods, "policies": args.policies, "boundaries": args.boundaries,
               "settled_s": round(ready_s, 1), "rss_mb": round(max(samples), 1),
               "rss_min_mb": round(min(samples), 1), "peak_rss_mb": round(peak, 1)}

@@ -32,16 +32,12 @@ from typing import Any
 
 from convergerd import eventloop
 from convergerd.sim.fleet import Fleet
-from convergerd.sim.resources import (
-    NAMESPACES,
-    POLICIES,
-    VALIDATING_ADMISSION_POLICY_BINDINGS,
-)
+from convergerd.sim.resources import POLICIES, VALIDATING_ADMISSION_POLICY_BINDINGS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.daemon import clean_env
-from bench.operator_writes import CLUSTER, READY_TIMEOUT_S, last_seq, policy, settled
-from bench.rounds import _free_port, log
+from bench.operator_run import CLUSTER, create_namespaces, operator_env, settled_operator
+from bench.operator_writes import last_seq, policy, settled
+from bench.rounds import log
 
 TRY_TIMEOUT_S = 30.0
 
@@ -97,49 +93,28 @@ async def one_try(fleet: Fleet, kind: str, pid: str) -> tuple[float, float]:
 async def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     async with Fleet(clusters=1, kubeconfig_path=work / "kubeconfig",
                      rng=random.Random(7)) as fleet:
+        create_namespaces(fleet, args.boundaries)
         store = fleet.store(CLUSTER)
-        for b in range(args.boundaries):
-            store.create(NAMESPACES, None, {"metadata": {
-                "name": f"team-{b}", "labels": {"platform.stackship.se/boundary": f"b{b}"}}},
-                manager="bench")
         for i in range(args.policies):
             store.create(POLICIES, None, policy(i, args.boundaries), manager="bench")
-        env = clean_env({"CONVERGERD_KUBECONFIG": str(fleet.kubeconfig_path),
-                         "CONVERGERD_OPERATOR_CONTEXT": CLUSTER,
-                         "CONVERGERD_OPERATOR_HTTP_ADDR": f"127.0.0.1:{_free_port()}",
-                         "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS": "1",
-                         "CONVERGERD_IDENTITY": "bench-operator"})
+        env = operator_env(fleet, {"CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS": "1"})
         results = []
-        with (work / "operator.log").open("wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "convergerd", "operator", env=env, stdout=out,
-                stderr=out)
-            try:
-                began = time.monotonic()
-                while not settled(fleet, args.policies):
-                    if proc.returncode is not None:
-                        raise RuntimeError(f"the operator exited {proc.returncode}")
-                    if time.monotonic() - began > READY_TIMEOUT_S:
-                        raise RuntimeError("the operator did not settle")
-                    await asyncio.sleep(0.5)
-                await asyncio.sleep(2.0)  # the audits' first writes done
-                for kind in ("delete", "edit"):
-                    times = [await one_try(fleet, kind, f"p{i % args.policies:03d}")
-                             for i in range(args.tries)]
-                    repaired = [t[0] * 1000 for t in times]
-                    again = [t[1] * 1000 for t in times]
-                    result = {"change": kind, "policies": args.policies, "tries": args.tries,
-                              "repaired_ms_median": round(statistics.median(repaired), 1),
-                              "repaired_ms_max": round(max(repaired), 1),
-                              "verified_ms_median": round(statistics.median(again), 1),
-                              "verified_ms_max": round(max(again), 1)}
-                    print(json.dumps(result), flush=True)
-                    results.append(result)
-                    log(f"{kind}: done")
-            finally:
-                if proc.returncode is None:
-                    proc.terminate()
-                await asyncio.wait_for(proc.wait(), 60)
+        async with settled_operator(env, work / "operator.log",
+                                    lambda: settled(fleet, args.policies)):
+            await asyncio.sleep(2.0)  # the audits' first writes done
+            for kind in ("delete", "edit"):
+                times = [await one_try(fleet, kind, f"p{i % args.policies:03d}")
+                         for i in range(args.tries)]
+                repaired = [t[0] * 1000 for t in times]
+                again = [t[1] * 1000 for t in times]
+                result = {"change": kind, "policies": args.policies, "tries": args.tries,
+                          "repaired_ms_median": round(statistics.median(repaired), 1),
+                          "repaired_ms_max": round(max(repaired), 1),
+                          "verified_ms_median": round(statistics.median(again), 1),
+                          "verified_ms_max": round(max(again), 1)}
+                print(json.dumps(result), flush=True)
+                results.append(result)
+                log(f"{kind}: done")
     print("\n| change | policies | tries | repaired ms (median / max) | Verified True again ms "
           "(median / max) |")
     print("|---|---|---|---|---|")

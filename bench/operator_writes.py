@@ -33,15 +33,18 @@ from typing import Any
 
 from convergerd import eventloop
 from convergerd.sim.fleet import Fleet
-from convergerd.sim.resources import NAMESPACES, POLICIES
+from convergerd.sim.resources import POLICIES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.daemon import clean_env
-from bench.rounds import _free_port, log
+from bench.operator_run import (
+    BOUNDARY_LABEL,
+    CLUSTER,
+    create_namespaces,
+    operator_env,
+    settled_operator,
+)
+from bench.rounds import log
 
-CLUSTER = "c0001"
-BOUNDARY_LABEL = "platform.stackship.se/boundary"
-READY_TIMEOUT_S = 300.0
 DEFAULT_PROBE_MINUTES = 10.0
 # Rules whose probes do not get in each other's way within a boundary (each probe pod violates
 # only its own policy): one of each per boundary.
@@ -85,45 +88,25 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         raise SystemExit("--boundaries too few: at most 3 policies per boundary")
     async with Fleet(clusters=1, kubeconfig_path=work / "kubeconfig",
                      rng=random.Random(7)) as fleet:
+        create_namespaces(fleet, args.boundaries)
         store = fleet.store(CLUSTER)
-        for b in range(args.boundaries):
-            store.create(NAMESPACES, None, {"metadata": {
-                "name": f"team-{b}", "labels": {BOUNDARY_LABEL: f"b{b}"}}}, manager="bench")
         for i in range(args.policies):
             store.create(POLICIES, None, policy(i, args.boundaries), manager="bench")
-        env = clean_env({"CONVERGERD_KUBECONFIG": str(fleet.kubeconfig_path),
-                         "CONVERGERD_OPERATOR_CONTEXT": CLUSTER,
-                         "CONVERGERD_OPERATOR_HTTP_ADDR": f"127.0.0.1:{_free_port()}",
-                         "CONVERGERD_OPERATOR_PROBE_MINUTES": str(args.probe_minutes),
-                         "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS": "1",
-                         "CONVERGERD_IDENTITY": "bench-operator",
-                         "PYTHONPATH": str(code)})
+        env = operator_env(fleet, {
+            "CONVERGERD_OPERATOR_PROBE_MINUTES": str(args.probe_minutes),
+            "CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS": "1", "PYTHONPATH": str(code)})
         log_path = work / "operator.log"
         period_s = args.probe_minutes * 60
         log(f"== {code}: {args.policies} policies, probe period {period_s:g} s")
-        with log_path.open("wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "convergerd", "operator", env=env, cwd=code,
-                stdout=out, stderr=out)
-            try:
-                began = time.monotonic()
-                while not settled(fleet, args.policies):
-                    if proc.returncode is not None:
-                        raise RuntimeError(f"the operator exited {proc.returncode}")
-                    if time.monotonic() - began > READY_TIMEOUT_S:
-                        raise RuntimeError("the operator did not settle")
-                    await asyncio.sleep(0.5)
-                log(f"settled in {time.monotonic() - began:.1f} s; one more period")
-                await asyncio.sleep(period_s)
-                offset = log_path.stat().st_size
-                counts = await count_requests(fleet, args.periods * period_s)
-                with log_path.open("rb") as f:
-                    f.seek(offset)
-                    counts["info_lines"] = sum(1 for line in f if INFO_LINE.search(line))
-            finally:
-                if proc.returncode is None:
-                    proc.terminate()
-                await asyncio.wait_for(proc.wait(), 60)
+        async with settled_operator(env, log_path, lambda: settled(fleet, args.policies),
+                                    cwd=code) as (_, ready_s):
+            log(f"settled in {ready_s:.1f} s; one more period")
+            await asyncio.sleep(period_s)
+            offset = log_path.stat().st_size
+            counts = await count_requests(fleet, args.periods * period_s)
+            with log_path.open("rb") as f:
+                f.seek(offset)
+                counts["info_lines"] = sum(1 for line in f if INFO_LINE.search(line))
     per = args.policies * args.periods * DEFAULT_PROBE_MINUTES / 60  # policy x scaled hours
     result: dict[str, Any] = {"code": str(code), "policies": args.policies,
                               "periods": args.periods, "probe_period_s": period_s, **counts}
