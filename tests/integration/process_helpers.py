@@ -1,5 +1,6 @@
-"""The real `convergerd` process as a user starts it: a clean environment and `convergerd demo`
-with its banner read (shared by the CLI and demo tests)."""
+"""The real `convergerd` process as a user starts it: a clean environment, a command against a
+test client's server, and `convergerd demo` with its banner read (shared by the CLI and demo
+tests)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
 CONVERGERD = (sys.executable, "-m", "convergerd")
 STARTUP_S = 60.0  # a cold start, 12 simulated clusters and a migration on a busy machine
 
@@ -20,6 +24,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("CONVERGERD_") and not k.startswith("Policies__")}
     return {**env, **extra}
+
+
+async def cli(client: TestClient[web.Request, web.Application], *args: str,
+              token: str | None, **env: str) -> tuple[int, str, str]:
+    """`convergerd ARGS --addr` the test server of `client`, in a clean environment plus `env`
+    with `token` as CONVERGERD_API_TOKEN (None: no token): its exit code, stdout and stderr."""
+    if token is not None:
+        env = {"CONVERGERD_API_TOKEN": token, **env}
+    proc = await asyncio.create_subprocess_exec(
+        *CONVERGERD, *args, "--addr", f"127.0.0.1:{client.server.port}",
+        env=clean_env(**env), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 @contextlib.asynccontextmanager

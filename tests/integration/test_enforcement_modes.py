@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from convergerd.status.state import StatusState
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 from tests.fixtures.fleet import kube_http
+from tests.integration.process_helpers import cli
 from tests.integration.rounds_helpers import (
     FLEET_DOC,
     Rounds,
@@ -147,25 +146,14 @@ async def test_asking_a_mode_of_an_unknown_policy_is_404(client: Client) -> None
     assert status == 404
 
 
-async def policy_cli(client: Client, *args: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGERD_")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "convergerd", "policy", *args,
-        "--addr", f"127.0.0.1:{client.server.port}",
-        env={**env, "CONVERGERD_API_TOKEN": TOKEN},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_policy_apply_enforcement_from_the_command_line(client: Client) -> None:
-    code, out, _ = await policy_cli(client, "apply", PID, "--enforcement", "Audit")
+    code, out, _ = await cli(client, "policy", "apply", PID, "--enforcement", "Audit", token=TOKEN)
     assert code == 0
     assert out.startswith(f"save {PID} (revision 2, enforcement Audit): ok\n"), out
-    code, out, _ = await policy_cli(client, "apply", PID, "--enforcement", "Audit", "--json")
+    code, out, _ = await cli(client, "policy", "apply", PID, "--enforcement", "Audit", "--json",
+                             token=TOKEN)
     assert json.loads(out)["enforcement"] == "Audit"
-    code, _, err = await policy_cli(client, "apply", PID, "--enforcement", "audit")
+    code, _, err = await cli(client, "policy", "apply", PID, "--enforcement", "audit", token=TOKEN)
     assert code == 2
     assert "invalid choice: 'audit' (choose from" in err
 

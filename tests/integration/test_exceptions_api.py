@@ -18,9 +18,10 @@ from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
+from tests.integration.process_helpers import cli
 from tests.integration.rounds_helpers import FLEET_DOC, Rounds, import_doc, objects, settings_for
 from tests.integration.savedelete_helpers import make_saver
-from tests.integration.test_saveapi_http import AUTH, TOKEN, Client, call, policy_cli
+from tests.integration.test_saveapi_http import AUTH, TOKEN, Client, call
 
 NOW = dt.datetime.now(dt.UTC)
 
@@ -117,29 +118,29 @@ async def test_grant_list_withdraw(client: Client, fleet: Fleet) -> None:
 
 
 async def test_policy_cli_except_and_exceptions(client: Client, fleet: Fleet) -> None:
-    code, out, err = await policy_cli(
-        client, "except", "p-regs", "--namespace", "team-a-web", "--name", "api",
+    code, out, err = await cli(
+        client, "policy", "except", "p-regs", "--namespace", "team-a-web", "--name", "api",
         "--reason", "TICKET-36", "--expires", day(10)[:10], "--id", "api-fix",
-        "--requested-by", "dev@team-a", "--approved-by", "admin@platform")
+        "--requested-by", "dev@team-a", "--approved-by", "admin@platform", token=TOKEN)
     assert code == 0, err
     assert "exception api-fix granted to policy p-regs" in out
     assert "3 cluster(s), 0 failed" in out
     assert carried(fleet, "p-regs")["c0002"][0]["name"] == "api"
 
-    code, out, _ = await policy_cli(client, "exceptions", "p-regs", token=None)
+    code, out, _ = await cli(client, "policy", "exceptions", "p-regs", token=None)
     assert code == 0
     [header, row] = out.splitlines()
     assert header.split()[:5] == ["POLICY", "ID", "NAMESPACE", "WHICH", "EXPIRES"]
     assert row.split()[:4] == ["p-regs", "api-fix", "team-a-web", "name=api"]
     assert "active" in row
 
-    code, _, err = await policy_cli(
-        client, "except", "p-regs", "--namespace", "team-a-web", "--name", "api",
-        "--selector", "app=x", "--reason", "r", "--expires", day(10))
+    code, _, err = await cli(
+        client, "policy", "except", "p-regs", "--namespace", "team-a-web", "--name", "api",
+        "--selector", "app=x", "--reason", "r", "--expires", day(10), token=TOKEN)
     assert code == 2
     assert "not allowed with argument" in err
-    code, _, err = await policy_cli(
-        client, "except", "p-regs", "--namespace", "team-a-web", "--reason", "r",
-        "--expires", day(400))
+    code, _, err = await cli(
+        client, "policy", "except", "p-regs", "--namespace", "team-a-web", "--reason", "r",
+        "--expires", day(400), token=TOKEN)
     assert code == 2
     assert "is more than 60 days away" in err

@@ -7,11 +7,8 @@ boundary's revisions; `convergerd policy history|rollback`."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import re
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,6 +28,7 @@ from convergerd.status.state import StatusState
 from convergerd.store.revisions import Pruner
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
+from tests.integration.process_helpers import cli
 from tests.integration.rounds_helpers import Rounds, objects, settings_for, sql
 from tests.integration.savedelete_helpers import make_saver
 
@@ -279,30 +277,19 @@ async def test_history_pages_newest_first(client: Client, database_url: str) -> 
 # `convergerd policy history|rollback`: the real command (a process) against this app
 
 
-async def policy_cli(client: Client, *args: str) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGERD_")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "convergerd", "policy", *args,
-        "--addr", f"127.0.0.1:{client.server.port}",
-        env={**env, "CONVERGERD_API_TOKEN": TOKEN},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_policy_cli_history_and_rollback(
     client: Client, saver: Saver, fleet: Fleet, database_url: str
 ) -> None:
     role = (await sql(database_url, "SELECT current_user AS r"))[0]["r"]
     await sql(database_url, """UPDATE policies SET rule = '{"type": "AllowedRegistries",
               "registries": ["typo.example.com"]}' WHERE id = 'p-regs'""")
-    code, out, err = await policy_cli(client, "rollback", "p-regs", "--to", "1", "--by", "bob")
+    code, out, err = await cli(client, "policy", "rollback", "p-regs", "--to", "1", "--by", "bob",
+                               token=TOKEN)
     assert code == 0, err
     assert out.startswith("policy p-regs: revision 1's content is revision 3 now\n"
                           "save p-regs (revision 3")
     assert "3 cluster(s), 0 failed" in out
-    code, out, err = await policy_cli(client, "history", "p-regs")
+    code, out, err = await cli(client, "policy", "history", "p-regs", token=TOKEN)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == ("policy p-regs (boundary team-a): 3 revision(s) listed, the last 100 "
@@ -313,9 +300,9 @@ async def test_policy_cli_history_and_rollback(
         ["3", "bob (rollback to 1)", "rule: registries"],
         ["2", f"{role} (SQL)", "rule: registries"],
         ["1", "convergerd import", "created"]]
-    code, _, err = await policy_cli(client, "rollback", "p-regs", "--to", "99")
+    code, _, err = await cli(client, "policy", "rollback", "p-regs", "--to", "99", token=TOKEN)
     assert code == 1
     assert "has no revision 99 (revisions 1 to 3 are kept" in err
-    code, _, err = await policy_cli(client, "history", "Bad_Id")
+    code, _, err = await cli(client, "policy", "history", "Bad_Id", token=TOKEN)
     assert code == 2
     assert "Bad_Id" in err

@@ -29,6 +29,7 @@ from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
+from tests.integration.process_helpers import cli
 from tests.integration.rounds_helpers import FLEET_DOC, Rounds, import_doc, objects, settings_for
 from tests.integration.savedelete_helpers import make_saver
 from tests.strategies import HOSTILE_BODIES
@@ -181,31 +182,17 @@ async def test_delete_takes_no_fields(client: Client, fleet: Fleet) -> None:
 # `convergerd policy apply|delete`: the real command (a process) against this app on its port
 
 
-async def policy_cli(client: Client, *args: str, token: str | None = TOKEN,
-                     **env: str) -> tuple[int, str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGERD_")}
-    if token is not None:
-        base["CONVERGERD_API_TOKEN"] = token
-    addr = f"127.0.0.1:{client.server.port}"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "convergerd", "policy", *args, "--addr", addr,
-        env={**base, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_policy_cli_apply_prints_the_clusters_and_exits_by_outcome(
     client: Client, fleet: Fleet
 ) -> None:
-    code, out, _ = await policy_cli(client, "apply", "p-regs")
+    code, out, _ = await cli(client, "policy", "apply", "p-regs", token=TOKEN)
     assert code == 0
     rows = {line.split()[0]: line.split()[2] for line in out.splitlines()
             if line.startswith("c000")}
     assert rows == dict.fromkeys(fleet.member_ids, "created")
 
     fleet.set_faults("c0002", Faults(down=True))
-    code, out, _ = await policy_cli(client, "apply", "p-latest", "--json")
+    code, out, _ = await cli(client, "policy", "apply", "p-latest", "--json", token=TOKEN)
     assert code == 1
     doc = json.loads(out)
     assert doc["status"] == "partial"
@@ -215,15 +202,15 @@ async def test_policy_cli_apply_prints_the_clusters_and_exits_by_outcome(
 async def test_policy_cli_delete_refused_then_done(
     client: Client, fleet: Fleet, tmp_path: Path
 ) -> None:
-    await policy_cli(client, "apply", "p-latest")
+    await cli(client, "policy", "apply", "p-latest", token=TOKEN)
     fleet.set_faults("c0003", Faults(down=True))
-    code, out, _ = await policy_cli(client, "delete", "p-latest")
+    code, out, _ = await cli(client, "policy", "delete", "p-latest", token=TOKEN)
     assert code == 1
     assert "c0003" in out
     fleet.clear_faults("c0003")
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    code, out, _ = await policy_cli(client, "delete", "p-latest", token=None,
+    code, out, _ = await cli(client, "policy", "delete", "p-latest", token=None,
                                     CONVERGERD_API_TOKEN_FILE=str(token_file))
     assert code == 0
     assert nothing_written(fleet)
@@ -242,7 +229,7 @@ async def test_policy_cli_delete_refused_then_done(
 async def test_policy_cli_usage_and_auth_errors_exit_2(
     client: Client, fleet: Fleet, args: tuple[str, ...], token: str | None, names: str
 ) -> None:
-    code, _, err = await policy_cli(client, *args, token=token)
+    code, _, err = await cli(client, "policy", *args, token=token)
     assert code == 2
     assert names in err
     assert nothing_written(fleet)

@@ -5,10 +5,7 @@ of another boundary shows: not its policies' names, not their counts on a shared
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +20,7 @@ from convergerd.sim.fleet import Fleet
 from convergerd.status.metrics import Metrics
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
+from tests.integration.process_helpers import cli
 from tests.integration.rounds_helpers import FLEET_DOC, Rounds, import_doc, settings_for
 from tests.integration.savedelete_helpers import make_saver
 
@@ -47,19 +45,6 @@ async def client(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator
         await rounds.close()
 
 
-async def cli(client: Client, *args: str, admin: bool = True) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVERGERD_")}
-    if admin:
-        env["CONVERGERD_API_TOKEN"] = ADMIN
-    addr = f"127.0.0.1:{client.server.port}"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "convergerd", *args, "--addr", addr, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def get(client: Client, path: str, token: str) -> tuple[int, Any]:
     async with client.get(path, headers={"Authorization": f"Bearer {token}"}) as resp:
         return resp.status, await resp.json()
@@ -69,7 +54,7 @@ async def test_an_admin_hands_out_a_token_and_the_tenant_sees_only_its_boundary(
     client: Client,
 ) -> None:
     code, out, err = await cli(client, "token", "create", "--boundary", "team-b",
-                               "--name", "team-b-ci", "--expires", "2999-12-31")
+                               "--name", "team-b-ci", "--expires", "2999-12-31", token=ADMIN)
     assert code == 0, err
     token = out.splitlines()[-1]
     assert token.startswith("cvg_b_")
@@ -92,35 +77,36 @@ async def test_an_admin_hands_out_a_token_and_the_tenant_sees_only_its_boundary(
     assert view["clusters"][0]["delivered_revision"] == 1
 
     code, out, err = await cli(client, "status", "--boundary", "team-b", "--token", token,
-                               admin=False)
+                               token=None)
     assert code == 0, err
     assert "p-labels" in out
     assert "c0001" in out
     assert "p-latest" not in out
     code, _, err = await cli(client, "status", "--boundary", "team-a", "--token", token,
-                             admin=False)
+                             token=None)
     assert code == 2
     assert "404" in err
 
-    code, out, _ = await cli(client, "token", "list")
+    code, out, _ = await cli(client, "token", "list", token=ADMIN)
     assert code == 0
     assert "team-b-ci" in out
     assert token not in out
-    code, out, _ = await cli(client, "token", "revoke", "team-b-ci")
+    code, out, _ = await cli(client, "token", "revoke", "team-b-ci", token=ADMIN)
     assert code == 0
     assert (await get(client, "/v1/boundaries/team-b", token))[0] == 401
-    code, _, _ = await cli(client, "token", "revoke", "team-b-ci")
+    code, _, _ = await cli(client, "token", "revoke", "team-b-ci", token=ADMIN)
     assert code == 1
 
 
 async def test_token_create_refusals_exit_1_or_2(client: Client) -> None:
-    code, _, err = await cli(client, "token", "create", "--boundary", "team-zz", "--name", "x")
+    code, _, err = await cli(client, "token", "create", "--boundary", "team-zz", "--name", "x",
+                             token=ADMIN)
     assert code == 1, err
     code, _, err = await cli(client, "token", "create", "--boundary", "team-a", "--name", "x",
-                             "--expires", "2001-01-01")
+                             "--expires", "2001-01-01", token=ADMIN)
     assert code == 2
     assert "not in the future" in err
     code, _, err = await cli(client, "token", "create", "--boundary", "team-a", "--name", "x",
-                             admin=False)
+                             token=None)
     assert code == 2
     assert "no API token" in err
