@@ -1,21 +1,30 @@
 """Shared pieces of the save/delete tests: a `Saver` wired as the daemon wires it (the real
-registry on the simulator's kubeconfig, `fanout.fanout_env`, the store), and a cluster source
-that runs a hook between a round's list and its writes (to inject a save or a delete there)."""
+registry on the simulator's kubeconfig, `fanout.fanout_env`, the store), the daemon's app over
+it served to a test client, and a cluster source that runs a hook between a round's list and
+its writes (to inject a save or a delete there)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from convergerd.api.app import make_app
 from convergerd.core.model import ClusterId
 from convergerd.delivery.apply import Unfenced
 from convergerd.delivery.fanout import Saver, fanout_env
 from convergerd.kube.api import Applied, KubeObject, ObjectList, PolicyApi
 from convergerd.kube.registry import ClusterRegistry
-from convergerd.status.metrics import FanoutMetrics
+from convergerd.sim.fleet import Fleet
+from convergerd.status.metrics import FanoutMetrics, Metrics
+from convergerd.status.state import StatusState
 from convergerd.store.store import Store
-from tests.integration.rounds_helpers import Rounds
+from convergerd.supervise import HealthCheck
+from tests.integration.rounds_helpers import FLEET_DOC, Rounds, import_doc, settings_for
 
 Hook = Callable[[], Awaitable[None]]
 
@@ -30,6 +39,25 @@ def make_saver(rounds: Rounds, store: Store, *, guard_share: float = 0.5,
         guard_share=guard_share,
         observer=metrics,
     )
+
+
+@asynccontextmanager
+async def daemon_client(fleet: Fleet, database_url: str, store: Store, env: dict[str, str],
+                        **parts: Any) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    """The daemon's app over the real `store` (the fleet document imported) and the simulator,
+    its settings from `env`, saving with `make_saver`; `parts`: the optional pieces of
+    `make_app` the test needs (`modes=store`, `exceptions=store`)."""
+    await import_doc(database_url, FLEET_DOC)
+    settings = settings_for(fleet.kubeconfig_path, database_url, **env)
+    rounds = Rounds(fleet, store, settings)
+    state = StatusState(identity="t", interval_s=300)
+    app = make_app(metrics=Metrics(state=state), state=state, store=store, settings=settings,
+                   health=HealthCheck(), saver=make_saver(rounds, store), **parts)
+    try:
+        async with TestClient(TestServer(app)) as c:
+            yield c
+    finally:
+        await rounds.close()
 
 
 @dataclass

@@ -15,25 +15,18 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from convergerd.api.app import make_app
 from convergerd.sim.fleet import Fleet
-from convergerd.status.metrics import Metrics
-from convergerd.status.state import StatusState
 from convergerd.store.store import Store
-from convergerd.supervise import HealthCheck
 from tests.fixtures.fleet import kube_http
 from tests.integration.process_helpers import cli
 from tests.integration.rounds_helpers import (
-    FLEET_DOC,
     Rounds,
-    import_doc,
     objects,
-    settings_for,
     sql,
 )
-from tests.integration.savedelete_helpers import make_saver
+from tests.integration.savedelete_helpers import daemon_client
 from tests.integration.test_operator import (
     CLUSTER,
     POLICIES,
@@ -67,17 +60,9 @@ WARNING = (f"Validation failed for ValidatingAdmissionPolicy 'stackship-{PID}' w
 @pytest.fixture
 async def client(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[Client]:
     """The daemon's app over the real store (which stores the modes) and the simulator."""
-    await import_doc(database_url, FLEET_DOC)
-    settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN)
-    rounds = Rounds(fleet, store, settings)
-    state = StatusState(identity="t", interval_s=300)
-    app = make_app(metrics=Metrics(state=state), state=state, store=store, settings=settings,
-                   health=HealthCheck(), saver=make_saver(rounds, store), modes=store)
-    try:
-        async with TestClient(TestServer(app)) as c:
-            yield c
-    finally:
-        await rounds.close()
+    async with daemon_client(fleet, database_url, store, {"CONVERGERD_API_TOKEN": TOKEN},
+                             modes=store) as c:
+        yield c
 
 
 async def save(client: Client, pid: str = PID, **body: Any) -> tuple[int, dict[str, Any]]:

@@ -10,17 +10,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from convergerd.api.app import make_app
 from convergerd.sim.fleet import Fleet
-from convergerd.status.metrics import Metrics
-from convergerd.status.state import StatusState
 from convergerd.store.store import Store
-from convergerd.supervise import HealthCheck
 from tests.integration.process_helpers import cli
-from tests.integration.rounds_helpers import FLEET_DOC, Rounds, import_doc, objects, settings_for
-from tests.integration.savedelete_helpers import make_saver
+from tests.integration.rounds_helpers import objects
+from tests.integration.savedelete_helpers import daemon_client
 from tests.integration.test_saveapi_http import AUTH, TOKEN, Client, call
 
 NOW = dt.datetime.now(dt.UTC)
@@ -38,18 +33,9 @@ GRANT: dict[str, Any] = {"id": "legacy", "namespace": "team-a-web",
 
 @pytest.fixture
 async def client(fleet: Fleet, database_url: str, store: Store) -> AsyncIterator[Client]:
-    await import_doc(database_url, FLEET_DOC)
-    settings = settings_for(fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN,
-                            CONVERGERD_EXCEPTION_MAX_DAYS="60")
-    rounds = Rounds(fleet, store, settings)
-    state = StatusState(identity="t", interval_s=300)
-    app = make_app(metrics=Metrics(state=state), state=state, store=store, settings=settings,
-                   health=HealthCheck(), saver=make_saver(rounds, store), exceptions=store)
-    try:
-        async with TestClient(TestServer(app)) as c:
-            yield c
-    finally:
-        await rounds.close()
+    env = {"CONVERGERD_API_TOKEN": TOKEN, "CONVERGERD_EXCEPTION_MAX_DAYS": "60"}
+    async with daemon_client(fleet, database_url, store, env, exceptions=store) as c:
+        yield c
 
 
 def carried(fleet: Fleet, policy: str = "p-latest") -> dict[str, list[Any]]:
