@@ -23,7 +23,7 @@ import asyncio
 import datetime as dt
 import urllib.parse
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ from aiohttp import web
 from convergerd.api.scopes import unknown_boundary
 from convergerd.api.server import Views, error_response, policy_id_from_request
 from convergerd.core.errors import ConvergerdError
+from convergerd.core.facts import RECORD_ROW, ROW_DELIVERED_REVISION, ROW_HEAD
 from convergerd.core.model import ClusterId, PolicyId, RuleError, check_boundary_id
 from convergerd.core.rows import BOUNDARY_POLICIES_LISTED, BoundaryPolicy, BoundaryRows
 from convergerd.core.shown import shown
@@ -45,10 +46,11 @@ from convergerd.status.phases import (
     is_stale,
     known_violations,
     normalize_phase,
+    probe_age_class,
     verification_of,
 )
 from convergerd.status.reader import ClusterFacts
-from convergerd.status.records import PolicyRecord
+from convergerd.status.records import PolicyRecord, row_record
 from convergerd.status.views import audit_view, iso, policy_audit_view, unsupported_rollup
 
 # Clusters read between two turns of the loop while the roll-up is built.
@@ -77,6 +79,17 @@ def _unknown(boundary: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
+# A (cluster, policy) record as the roll-up counts it: in sync with the policy's revision,
+# failed, the phase it counts under (None: no reading, nothing else counted), its
+# verification, its known violations.
+Judgment = tuple[bool, bool, str | None, str | None, int]
+# What a record is judged by: in sync, the probe's age class (`phases.probe_age_class`), and
+# its row but the reading's own fields (`facts.ROW_OWN`: its observed revision and probe times,
+# which no judgment reads but through that class).
+_JUDGED_FIELDS = slice(ROW_HEAD, None)
+_ROW_PROBED_AT = RECORD_ROW.index("verified_probed_at")
+
+
 @dataclass(slots=True)
 class Tally:
     """Readings of some (cluster, policy) pairs counted as `/status` counts a cluster's."""
@@ -87,21 +100,22 @@ class Tally:
     failed: int = 0
     violations: int = 0
 
-    def add(self, record: PolicyRecord | None, revision: int, now: dt.datetime, *,
-            interval_s: float, probe_period_s: float) -> None:
-        if record is None:
-            return
-        delivered = record.delivered_revision
-        self.in_sync += delivered == revision
-        self.failed += record.last_result == "failed"
-        reading = record.phase
-        if reading is None:
-            return
-        stale = is_stale(reading.seen_at, now, interval_s)
-        self.phases[STALE if stale else normalize_phase(reading.phase)] += 1
-        self.verification[verification_of(reading, age_s(reading.seen_at, now), interval_s,
-                                          now=now, probe_period_s=probe_period_s)] += 1
-        self.violations += known_violations(reading) or 0
+    @classmethod
+    def of(cls, counted: Mapping[Judgment | None, int]) -> Tally:
+        """The tally of records judged `counted` (judgment: how many; None: no record)."""
+        tally = cls()
+        for judged, n in counted.items():
+            if judged is None:
+                continue
+            in_sync, failed, phase, verification, violations = judged
+            tally.in_sync += in_sync * n
+            tally.failed += failed * n
+            if phase is None:
+                continue
+            tally.phases[phase] += n
+            tally.verification[verification or UNKNOWN_VERIFICATION] += n
+            tally.violations += violations * n
+        return tally
 
     def view(self) -> dict[str, Any]:
         verification = dict(self.verification)
@@ -109,6 +123,60 @@ class Tally:
         return {"phases": dict(sorted(self.phases.items())),
                 "verification": dict(sorted(verification.items())),
                 "in_sync": self.in_sync, "failed": self.failed, "violations": self.violations}
+
+
+def judged(record: PolicyRecord, revision: int, now: dt.datetime, *, interval_s: float,
+           probe_period_s: float) -> tuple[Judgment, dict[str, Any] | None]:
+    """How the roll-up counts `record` of a policy at `revision`, and its audit as
+    `/v1/policies/{id}/status` shows it (None: none read)."""
+    in_sync = record.delivered_revision == revision
+    failed = record.last_result == "failed"
+    reading = record.phase
+    if reading is None:
+        return (in_sync, failed, None, None, 0), None
+    stale = is_stale(reading.seen_at, now, interval_s)
+    verification = verification_of(reading, age_s(reading.seen_at, now), interval_s, now=now,
+                                   probe_period_s=probe_period_s)
+    return ((in_sync, failed, STALE if stale else normalize_phase(reading.phase), verification,
+             known_violations(reading) or 0),
+            audit_view(reading, now, interval_s, probe_period_s=probe_period_s))
+
+
+class _Judge:
+    """The records of one cluster judged at `now` (`judged`), each once: records that agree on
+    all a judgment reads (most of a cluster's: one round, one listing) are judged as one."""
+
+    def __init__(self, now: dt.datetime, interval_s: float, probe_period_s: float) -> None:
+        self._now, self._interval_s, self._probe_s = now, interval_s, probe_period_s
+        # The cluster's judgments so far: records of other clusters seldom agree (each is
+        # listed at its own time), so it is emptied per cluster and holds at most its policies.
+        self._seen: dict[tuple[Any, ...], tuple[Judgment, dict[str, Any] | None]] = {}
+
+    def cluster(self, cid: ClusterId, live: ClusterFacts, policies: Sequence[PolicyId],
+                revisions: Sequence[int],
+                ) -> tuple[list[Judgment | None], list[dict[str, Any] | None]]:
+        """Per policy of `policies` (at `revisions`) its record's judgment on `live`, and its
+        audit (None: no record, no audit read)."""
+        seen = self._seen
+        seen.clear()
+        now, probe_s = self._now, self._probe_s
+        judgments: list[Judgment | None] = []
+        audits: list[dict[str, Any] | None] = []
+        for pid, revision, row in zip(policies, revisions, live.record_rows(policies),
+                                      strict=True):
+            if row is None:
+                judgments.append(None)
+                audits.append(None)
+                continue
+            key = (row[ROW_DELIVERED_REVISION] == revision,
+                   probe_age_class(row[_ROW_PROBED_AT], now, probe_s), row[_JUDGED_FIELDS])
+            found = seen.get(key)
+            if found is None:
+                found = seen[key] = judged(row_record(row, cid, pid), revision, now,
+                                           interval_s=self._interval_s, probe_period_s=probe_s)
+            judgments.append(found[0])
+            audits.append(found[1])
+        return judgments, audits
 
 
 class BoundaryViews:
@@ -160,28 +228,40 @@ class BoundaryViews:
         now = state.clock()
         interval_s, probe_s = state.interval_s, state.probe_period_s
         policies = rows.policies
-        totals = {p.policy.id: Tally() for p in policies}
-        audits: dict[str, list[dict[str, Any] | None]] = {p.policy.id: [] for p in policies}
+        pids = [PolicyId(p.policy.id) for p in policies]
+        revisions = [p.policy.revision for p in policies]
+        judge = _Judge(now, interval_s, probe_s)
+        counted: list[Counter[Judgment | None]] = [Counter() for _ in policies]
+        audits: list[list[dict[str, Any] | None]] = [[] for _ in policies]
         listed_ids, more = page_ids(rows.clusters, page)
         listed = set(listed_ids)
         clusters: list[dict[str, Any]] = []
         unsupported: list[tuple[str, str | None]] = []
+        nothing = (None,) * len(policies)
         for start in range(0, len(rows.clusters), SLICE_CLUSTERS):
             await asyncio.sleep(0)
+            judged_slice: list[Sequence[Judgment | None]] = []
+            audits_slice: list[Sequence[dict[str, Any] | None]] = []
             for cid in rows.clusters[start:start + SLICE_CLUSTERS]:
                 live = state.clusters.get(cid)
-                here = Tally()
-                for bp in policies:
-                    pid = PolicyId(bp.policy.id)
-                    record = live.policies.get(pid) if live is not None else None
-                    for tally in (here, totals[pid]):
-                        tally.add(record, bp.policy.revision, now, interval_s=interval_s,
-                                  probe_period_s=probe_s)
-                    audits[pid].append(_audit(record, now, interval_s, probe_s))
+                judgments: Sequence[Judgment | None]
+                cluster_audits: Sequence[dict[str, Any] | None]
+                if live is None:
+                    judgments, cluster_audits = nothing, nothing
+                else:
+                    judgments, cluster_audits = judge.cluster(cid, live, pids, revisions)
+                judged_slice.append(judgments)
+                audits_slice.append(cluster_audits)
+                here = Tally.of(Counter(judgments))
                 if here.phases.get(UNSUPPORTED):
                     unsupported.append((cid, live.server_version if live else None))
                 if cid in listed:
                     clusters.append(_cluster_view(cid, live, here, now))
+            # Per policy, its column of the slice (`zip(*...)`: counted in C).
+            for i, column in enumerate(zip(*judged_slice, strict=True)):
+                counted[i].update(column)
+            for i, column in enumerate(zip(*audits_slice, strict=True)):
+                audits[i].extend(column)
         views.charge(len(rows.clusters) * max(1, len(policies)))
         following = None
         if more:
@@ -193,9 +273,9 @@ class BoundaryViews:
             "identity": state.identity,
             "interval_seconds": interval_s,
             "policies_total": rows.policies_total,
-            "policies": [_policy_summary(bp, totals[bp.policy.id], audits[bp.policy.id],
+            "policies": [_policy_summary(bp, Tally.of(counted[i]), audits[i],
                                          audit_sample_view(state, bp.policy.id), len(rows.clusters))
-                         for bp in policies],
+                         for i, bp in enumerate(policies)],
             "unsupported_by_version": unsupported_rollup(unsupported),
             "listing": listing(order="id", listed=len(clusters), after=page.after,
                                complete=page.after is None and not more, following=following),
@@ -222,15 +302,6 @@ class BoundaryViews:
         view = views.policy_view(found)
         views.charge(len(view["clusters"]))
         return web.json_response({"boundary": boundary, **view})
-
-
-def _audit(record: PolicyRecord | None, now: dt.datetime, interval_s: float,
-           probe_period_s: float) -> dict[str, Any] | None:
-    """One reading's audit as `/v1/policies/{id}/status` shows it (None: none read)."""
-    reading = record.phase if record is not None else None
-    if reading is None:
-        return None
-    return audit_view(reading, now, interval_s, probe_period_s=probe_period_s)
 
 
 def _cluster_view(cid: ClusterId, live: ClusterFacts | None, here: Tally,

@@ -7,9 +7,9 @@ field or changes a record. Pure: time is passed in.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import PhaseReading
@@ -71,6 +71,8 @@ class ClusterFacts(Protocol):
     def lag_s(self, now: dt.datetime) -> float: ...
     def since_round_s(self, now: dt.datetime) -> float: ...
     def readings(self) -> list[PhaseReading]: ...
+    def record_rows(self, policies: Iterable[PolicyId]) -> Iterator[tuple[Any, ...] | None]:
+        """`PolicyRecords.rows`: each of `policies`' record as its row, None where none."""
     def counts(self, now: float, interval_s: float, verified_stale_s: float) -> TallyCounts: ...
 
 
@@ -143,6 +145,9 @@ class ClusterState:
 
     def readings(self) -> list[PhaseReading]:
         return self.policies.readings()
+
+    def record_rows(self, policies: Iterable[PolicyId]) -> Iterator[tuple[Any, ...] | None]:
+        return self.policies.rows(policies)
 
     def counts(self, now: float, interval_s: float, verified_stale_s: float) -> TallyCounts:
         """The readings' counts at `now` (`phases.tally_counts`), counted again only when the

@@ -133,6 +133,18 @@ def verification_of(reading: PhaseReading, age: float, interval_s: float, *,
     return {"True": VERIFIED, "False": NOT_VERIFIED}.get(found.status, UNKNOWN_VERIFICATION)
 
 
+def probe_age_class(probed_at: dt.datetime | None, now: dt.datetime,
+                    probe_period_s: float) -> int:
+    """All that `verification_of` reads of a Verified probe time at `now`: 0 none, 1 in the
+    future (`in_the_future`), 2 older than `verified_stale_after_s`, 3 neither. Readings that
+    agree on all else and on this are verified alike: a reader verifying many judges one."""
+    if probed_at is None:
+        return 0
+    if in_the_future(probed_at, now):
+        return 1
+    return 2 if age_s(probed_at, now) > verified_stale_after_s(probe_period_s) else 3
+
+
 def verification_result(verification: str) -> str:
     """The metric's result (one of `VERIFICATION_RESULTS`) for one of `VERIFICATIONS`."""
     return verification if verification in VERIFICATION_RESULTS else UNVERIFIED

@@ -301,6 +301,15 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
     def __delitem__(self, policy: PolicyId) -> None:
         del self._entries[policy]
 
+    def rows(self, policies: Iterable[PolicyId]) -> Iterator[tuple[Any, ...] | None]:
+        """Each of `policies`' row (`facts.RECORD_ROW`'s order), None where it has no record:
+        what a reader judging many records by a few fields reads instead of building each
+        (`row_record` builds one from its row)."""
+        entries, summary = self._entries, self._summary
+        for policy in policies:
+            entry = entries.get(policy)
+            yield None if entry is None else unpacked(entry, summary)
+
     def whole(self) -> dict[PolicyId, PolicyRecord]:
         """Every record, as new objects to change and `repack`."""
         return {p: self[p] for p in self._entries}
