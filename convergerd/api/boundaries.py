@@ -32,7 +32,7 @@ from aiohttp import web
 from convergerd.api.scopes import unknown_boundary
 from convergerd.api.server import Views, error_response, policy_id_from_request
 from convergerd.core.errors import ConvergerdError
-from convergerd.core.facts import RECORD_ROW, ROW_DELIVERED_REVISION, ROW_HEAD
+from convergerd.core.facts import RECORD_ROW, ROW_DELIVERED_REVISION
 from convergerd.core.model import ClusterId, PolicyId, RuleError, check_boundary_id
 from convergerd.core.rows import BOUNDARY_POLICIES_LISTED, BoundaryPolicy, BoundaryRows
 from convergerd.core.shown import shown
@@ -46,7 +46,7 @@ from convergerd.status.phases import (
     is_stale,
     known_violations,
     normalize_phase,
-    probe_age_class,
+    probe_age_classes,
     verification_of,
 )
 from convergerd.status.reader import ClusterFacts
@@ -83,10 +83,9 @@ def _unknown(boundary: str) -> web.Response:
 # failed, the phase it counts under (None: no reading, nothing else counted), its
 # verification, its known violations.
 Judgment = tuple[bool, bool, str | None, str | None, int]
-# What a record is judged by: in sync, the probe's age class (`phases.probe_age_class`), and
-# its row but the reading's own fields (`facts.ROW_OWN`: its observed revision and probe times,
-# which no judgment reads but through that class).
-_JUDGED_FIELDS = slice(ROW_HEAD, None)
+# What a record is judged by: its row but the reading's own fields, read only through whether
+# it is in sync with the policy's revision and the probe's age class
+# (`phases.probe_age_classes`); its observed revision and probe times are read no other way.
 _ROW_PROBED_AT = RECORD_ROW.index("verified_probed_at")
 
 
@@ -148,9 +147,13 @@ class _Judge:
 
     def __init__(self, now: dt.datetime, interval_s: float, probe_period_s: float) -> None:
         self._now, self._interval_s, self._probe_s = now, interval_s, probe_period_s
-        # The cluster's judgments so far: records of other clusters seldom agree (each is
-        # listed at its own time), so it is emptied per cluster and holds at most its policies.
-        self._seen: dict[tuple[Any, ...], tuple[Judgment, dict[str, Any] | None]] = {}
+        self._probe_class = probe_age_classes(now, probe_period_s)
+        # The cluster's judgments so far, by the rest of the row (`records.RecordRow`), then
+        # in sync and the probe's age class: records of other clusters seldom agree (each is
+        # listed at its own time), so it is emptied per cluster and holds at most its
+        # policies.
+        self._seen: dict[tuple[Any, ...],
+                         dict[tuple[bool, int], tuple[Judgment, dict[str, Any] | None]]] = {}
 
     def cluster(self, cid: ClusterId, live: ClusterFacts, policies: Sequence[PolicyId],
                 revisions: Sequence[int],
@@ -159,21 +162,26 @@ class _Judge:
         audit (None: no record, no audit read)."""
         seen = self._seen
         seen.clear()
-        now, probe_s = self._now, self._probe_s
+        probe_class = self._probe_class
         judgments: list[Judgment | None] = []
         audits: list[dict[str, Any] | None] = []
+        last_rest: tuple[Any, ...] | None = None
+        by_head: dict[tuple[bool, int], tuple[Judgment, dict[str, Any] | None]] = {}
         for pid, revision, row in zip(policies, revisions, live.record_rows(policies),
                                       strict=True):
             if row is None:
                 judgments.append(None)
                 audits.append(None)
                 continue
-            key = (row[ROW_DELIVERED_REVISION] == revision,
-                   probe_age_class(row[_ROW_PROBED_AT], now, probe_s), row[_JUDGED_FIELDS])
-            found = seen.get(key)
+            head, rest = row
+            if rest is not last_rest:  # most often the same object: hashed when it changes
+                last_rest, by_head = rest, seen.setdefault(rest, {})
+            key = (head[ROW_DELIVERED_REVISION] == revision, probe_class(head[_ROW_PROBED_AT]))
+            found = by_head.get(key)
             if found is None:
-                found = seen[key] = judged(row_record(row, cid, pid), revision, now,
-                                           interval_s=self._interval_s, probe_period_s=probe_s)
+                found = by_head[key] = judged(row_record(head + rest, cid, pid), revision,
+                                              self._now, interval_s=self._interval_s,
+                                              probe_period_s=self._probe_s)
             judgments.append(found[0])
             audits.append(found[1])
         return judgments, audits
