@@ -20,6 +20,8 @@ read, as the other views do.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import collections
 import datetime as dt
 import urllib.parse
 from collections import Counter
@@ -30,7 +32,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from convergerd.api.scopes import unknown_boundary
-from convergerd.api.server import Views, error_response, policy_id_from_request
+from convergerd.api.server import Built, Views, error_response, policy_id_from_request
 from convergerd.core.errors import ConvergerdError
 from convergerd.core.facts import RECORD_ROW, ROW_DELIVERED_REVISION
 from convergerd.core.model import ClusterId, PolicyId, RuleError, check_boundary_id
@@ -55,6 +57,12 @@ from convergerd.status.views import audit_view, iso, policy_audit_view, unsuppor
 
 # Clusters read between two turns of the loop while the roll-up is built.
 SLICE_CLUSTERS = 200
+# The boundaries' views kept for reuse: at most this many, listing at most this many clusters
+# together (the least recently shown go first; the last built is kept whatever its size). A
+# view keeps ~1.2 KB a cluster and at most ~0.3 MB of policies (bench/RESULTS.md, "The web
+# page"): ~60 MB at most, or one boundary's view when that is more.
+KEPT_VIEWS = 64
+KEPT_CLUSTERS = 40_000
 
 
 class BoundarySource(Protocol):
@@ -72,11 +80,6 @@ def boundary_of(request: web.Request) -> str | web.Response:
         return error_response(400, f"bad boundary id: {exc}",
                               boundary=shown(value, style="text"))
     return value
-
-
-def _unknown(boundary: str) -> web.Response:
-    status, body = unknown_boundary(boundary)
-    return web.json_response(body, status=status)
 
 
 # A (cluster, policy) record as the roll-up counts it: in sync with the policy's revision,
@@ -187,6 +190,20 @@ class _Judge:
         return judgments, audits
 
 
+# An error answer's status and JSON body (`server.error_response`'s), made into a response by
+# each request it answers.
+Refusal = tuple[int, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryBuilt(Built):
+    """A boundary's view listing every cluster (`document`, never changed: shared by every
+    request it answers), and its clusters' ids in the order it lists them (`ids`)."""
+
+    ids: Sequence[ClusterId]
+    document: Mapping[str, Any]
+
+
 class BoundaryViews:
     """The two views, over the server's `views` (its state, database gate and read budget)
     and `source` (None: no database, the views answer 503)."""
@@ -194,17 +211,20 @@ class BoundaryViews:
     def __init__(self, views: Views, source: BoundarySource | None) -> None:
         self._views = views
         self._source = source
+        # boundary -> its last view, the least recently shown first (`_keep`).
+        self._kept: collections.OrderedDict[str, BoundaryBuilt] = collections.OrderedDict()
+        self._building: dict[str, asyncio.Task[BoundaryBuilt | Refusal]] = {}
 
-    async def _rows(self, boundary: str) -> BoundaryRows | web.Response | None:
+    async def _rows(self, boundary: str) -> BoundaryRows | Refusal | None:
         source = self._source
         if source is None:
-            return error_response(503, "boundary views need the database", reason="database")
+            return 503, {"error": "boundary views need the database", "reason": "database"}
         try:
             return await self._views.read(
                 lambda: source.boundary_status(boundary, BOUNDARY_POLICIES_LISTED))
         except (TimeoutError, ConvergerdError, OSError) as exc:
-            return error_response(503, f"database unavailable: {self._views.read_error(exc)}",
-                                  reason="database")
+            return 503, {"error": f"database unavailable: {self._views.read_error(exc)}",
+                         "reason": "database"}
 
     async def boundary(self, request: web.Request) -> web.StreamResponse:
         boundary = boundary_of(request)
@@ -220,18 +240,77 @@ class BoundaryViews:
 
     async def document(self, boundary: str, page: Page) -> dict[str, Any] | web.Response:
         """The view of `boundary` listing the clusters of `page`, or the error answer (the
-        404 of `unknown_boundary` when there is no such boundary); what the JSON view and the
-        web page show."""
-        rows = await self._rows(boundary)
-        if isinstance(rows, web.Response):
-            return rows
-        if rows is None:
-            return _unknown(boundary)
-        return await self._document(boundary, rows, page)
+        404 of `unknown_boundary` when there is no such boundary): `whole`'s, paged."""
+        found = await self.whole(boundary)
+        if isinstance(found, web.Response):
+            return found
+        ids, whole = found.ids, found.document
+        listed, more = page_ids(ids, page)
+        start = bisect.bisect_left(ids, listed[0]) if listed else 0
+        self._views.charge(len(listed))
+        following = None
+        if more:
+            query = urllib.parse.urlencode({"limit": page.limit, "after": listed[-1]})
+            following = f"/v1/boundaries/{boundary}?{query}"
+        return {**whole,
+                "listing": listing(order="id", listed=len(listed), after=page.after,
+                                   complete=page.after is None and not more,
+                                   following=following),
+                "clusters": whole["clusters"][start:start + len(listed)]}
 
-    async def _document(self, boundary: str, rows: BoundaryRows,
-                        page: Page) -> dict[str, Any]:
+    async def whole(self, boundary: str) -> BoundaryBuilt | web.Response:
+        """The view of `boundary` listing every cluster (what the JSON view pages and the web
+        page shows), or the error answer: the one kept while fresh (`Built.fresh`, as `/status`
+        reuses its body), else built anew (one build per boundary at a time: a request
+        arriving during one waits for it)."""
         views = self._views
+        kept = self._kept.get(boundary)
+        if kept is not None and kept.fresh(views.clock(), views.state.version, views.tuning):
+            self._kept.move_to_end(boundary)
+            return kept
+        building = self._building.get(boundary)
+        if building is None:
+            building = self._building[boundary] = asyncio.create_task(
+                self._build(boundary), name="boundary view build")
+        # A request that goes away does not stop the build the others wait for.
+        found = await asyncio.shield(building)
+        if isinstance(found, BoundaryBuilt):
+            return found
+        status, body = found  # each waiting request answers with its own response
+        return web.json_response(body, status=status)
+
+    async def _build(self, boundary: str) -> BoundaryBuilt | Refusal:
+        try:
+            views = self._views
+            began, version = views.clock(), views.state.version
+            rows = await self._rows(boundary)
+            if isinstance(rows, tuple):
+                return rows
+            if rows is None:
+                return unknown_boundary(boundary)
+            document, cost_s = await self._document(boundary, rows)
+            built = BoundaryBuilt(version, began, cost_s, b"", ids=rows.clusters,
+                                  document=document)
+            self._keep(boundary, built)
+            return built
+        finally:
+            del self._building[boundary]
+
+    def _keep(self, boundary: str, built: BoundaryBuilt) -> None:
+        """`built` kept, and the least recently shown views dropped while past the bounds."""
+        kept = self._kept
+        kept[boundary] = built
+        kept.move_to_end(boundary)
+        clusters = sum(len(k.ids) for k in kept.values())
+        while len(kept) > 1 and (len(kept) > KEPT_VIEWS or clusters > KEPT_CLUSTERS):
+            clusters -= len(kept.popitem(last=False)[1].ids)
+
+    async def _document(self, boundary: str,
+                        rows: BoundaryRows) -> tuple[dict[str, Any], float]:
+        """The view listing every cluster of `rows`, and the loop time its build took."""
+        views = self._views
+        clock = views.clock
+        sliced = clock()
         state = views.state
         now = state.clock()
         interval_s, probe_s = state.interval_s, state.probe_period_s
@@ -241,13 +320,14 @@ class BoundaryViews:
         judge = _Judge(now, interval_s, probe_s)
         counted: list[Counter[Judgment | None]] = [Counter() for _ in policies]
         audits: list[list[dict[str, Any] | None]] = [[] for _ in policies]
-        listed_ids, more = page_ids(rows.clusters, page)
-        listed = set(listed_ids)
         clusters: list[dict[str, Any]] = []
         unsupported: list[tuple[str, str | None]] = []
         nothing = (None,) * len(policies)
+        cost_s = 0.0
         for start in range(0, len(rows.clusters), SLICE_CLUSTERS):
+            cost_s += clock() - sliced
             await asyncio.sleep(0)
+            sliced = clock()
             judged_slice: list[Sequence[Judgment | None]] = []
             audits_slice: list[Sequence[dict[str, Any] | None]] = []
             for cid in rows.clusters[start:start + SLICE_CLUSTERS]:
@@ -263,19 +343,14 @@ class BoundaryViews:
                 here = Tally.of(Counter(judgments))
                 if here.phases.get(UNSUPPORTED):
                     unsupported.append((cid, live.server_version if live else None))
-                if cid in listed:
-                    clusters.append(_cluster_view(cid, live, here, now))
+                clusters.append(_cluster_view(cid, live, here, now))
             # Per policy, its column of the slice (`zip(*...)`: counted in C).
             for i, column in enumerate(zip(*judged_slice, strict=True)):
                 counted[i].update(column)
             for i, column in enumerate(zip(*audits_slice, strict=True)):
                 audits[i].extend(column)
         views.charge(len(rows.clusters) * max(1, len(policies)))
-        following = None
-        if more:
-            query = urllib.parse.urlencode({"limit": page.limit, "after": listed_ids[-1]})
-            following = f"/v1/boundaries/{boundary}?{query}"
-        return {
+        document = {
             "boundary": boundary,
             "now": iso(now),
             "identity": state.identity,
@@ -285,10 +360,11 @@ class BoundaryViews:
                                          audit_sample_view(state, bp.policy.id), len(rows.clusters))
                          for i, bp in enumerate(policies)],
             "unsupported_by_version": unsupported_rollup(unsupported),
-            "listing": listing(order="id", listed=len(clusters), after=page.after,
-                               complete=page.after is None and not more, following=following),
+            "listing": listing(order="id", listed=len(clusters), after=None, complete=True,
+                               following=None),
             "clusters": clusters,
         }
+        return document, cost_s + clock() - sliced
 
     async def policy(self, request: web.Request) -> web.StreamResponse:
         boundary = boundary_of(request)
