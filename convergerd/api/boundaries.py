@@ -208,9 +208,11 @@ class BoundaryViews:
     """The two views, over the server's `views` (its state, database gate and read budget)
     and `source` (None: no database, the views answer 503)."""
 
-    def __init__(self, views: Views, source: BoundarySource | None) -> None:
+    def __init__(self, views: Views, source: BoundarySource | None, *,
+                 kept_views: int = KEPT_VIEWS, kept_clusters: int = KEPT_CLUSTERS) -> None:
         self._views = views
         self._source = source
+        self._kept_views, self._kept_clusters = kept_views, kept_clusters
         # boundary -> its last view, the least recently shown first (`_keep`).
         self._kept: collections.OrderedDict[str, BoundaryBuilt] = collections.OrderedDict()
         self._building: dict[str, asyncio.Task[BoundaryBuilt | Refusal]] = {}
@@ -302,7 +304,8 @@ class BoundaryViews:
         kept[boundary] = built
         kept.move_to_end(boundary)
         clusters = sum(len(k.ids) for k in kept.values())
-        while len(kept) > 1 and (len(kept) > KEPT_VIEWS or clusters > KEPT_CLUSTERS):
+        while len(kept) > 1 and (len(kept) > self._kept_views
+                                 or clusters > self._kept_clusters):
             clusters -= len(kept.popitem(last=False)[1].ids)
 
     async def _document(self, boundary: str,
