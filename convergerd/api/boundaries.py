@@ -14,7 +14,12 @@ Bounded like `/status`: up to `CONVERGERD_STATUS_MAX_CLUSTERS` clusters listed, 
 in id order (`?limit=&after=`, `listing.next`); at most `rows.BOUNDARY_POLICIES_LISTED` policies
 (the count of all in `policies_total`). The roll-up reads every (cluster, policy) record of the
 boundary in slices with the loop free between them, and costs the status budget by the rows it
-read, as the other views do.
+read, as the other views do. It judges each record once, from its packed row, and a cluster's
+records that agree on all a judgment reads (most of them: one round, one listing) as one
+(`_Judge`). The view listing every cluster is kept per boundary and reused while fresh, by the
+rule `/status` reuses its body by (`Built.fresh`): the JSON view's pages are cut from it and the
+web page shows it; one build per boundary at a time; at most `KEPT_VIEWS` views listing at most
+`KEPT_CLUSTERS` clusters together are kept (bench/RESULTS.md, "The web page").
 """
 
 from __future__ import annotations
