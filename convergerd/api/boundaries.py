@@ -64,8 +64,8 @@ from convergerd.status.views import audit_view, iso, policy_audit_view, unsuppor
 SLICE_CLUSTERS = 200
 # The boundaries' views kept for reuse: at most this many, listing at most this many clusters
 # together (the least recently shown go first; the last built is kept whatever its size). A
-# view keeps ~1.2 KB a cluster and at most ~0.3 MB of policies (bench/RESULTS.md, "The web
-# page"): ~60 MB at most, or one boundary's view when that is more.
+# view keeps ~0.9 KB a cluster and at most ~0.35 MB for its policies (bench/RESULTS.md, "The
+# web page"): ~60 MB at most, or one boundary's view when that is more.
 KEPT_VIEWS = 64
 KEPT_CLUSTERS = 40_000
 
