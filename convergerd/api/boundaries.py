@@ -39,7 +39,7 @@ from aiohttp import web
 from convergerd.api.scopes import unknown_boundary
 from convergerd.api.server import Built, Views, error_response, policy_id_from_request
 from convergerd.core.errors import ConvergerdError
-from convergerd.core.facts import RECORD_ROW, ROW_DELIVERED_REVISION
+from convergerd.core.facts import READING_OWN, RECORD_ROW, ROW_DELIVERED_REVISION
 from convergerd.core.model import ClusterId, PolicyId, RuleError, check_boundary_id
 from convergerd.core.rows import BOUNDARY_POLICIES_LISTED, BoundaryPolicy, BoundaryRows
 from convergerd.core.shown import shown
@@ -95,6 +95,12 @@ Judgment = tuple[bool, bool, str | None, str | None, int]
 # it is in sync with the policy's revision and the probe's age class
 # (`phases.probe_age_classes`); its observed revision and probe times are read no other way.
 _ROW_PROBED_AT = RECORD_ROW.index("verified_probed_at")
+# The own fields that key leaves out, checked at import: a reading field held per reading and
+# added since (`facts.Field.shared`) may be one a judgment reads, and must be looked at here.
+_LEFT_OUT = ("revision", "verified_probed_at", "verified_since")
+if READING_OWN != _LEFT_OUT:
+    raise RuntimeError(f"api.boundaries: the reading's own fields are {READING_OWN}, the "
+                       f"judgments' key was written for {_LEFT_OUT}")
 
 
 @dataclass(slots=True)
