@@ -38,6 +38,9 @@ HTTP_MAX_CONNECTIONS_DEFAULT = 256
 # A /status listing every cluster costs ~0.5 KB per cluster (bench/RESULTS.md): up to this many
 # it stays a body a terminal, jq or a dashboard reads whole; past it, a summary and pages.
 STATUS_MAX_CLUSTERS_DEFAULT = 1000
+# Revisions kept per policy at most: a policy's history is read a page at a time, but pruning
+# ranks every revision kept.
+REVISIONS_KEPT_MAX = 100_000
 
 
 def _bool(value: str) -> bool:
@@ -67,6 +70,27 @@ def _cache_bytes(value: str) -> int:
     number = int(value)
     if number < OPERATOR_CACHE_MIN_BYTES:
         raise ValueError(f"expected a whole number of at least {OPERATOR_CACHE_MIN_BYTES}")
+    return number
+
+
+def _revisions_kept(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= REVISIONS_KEPT_MAX:
+        raise ValueError(f"expected a whole number from 1 to {REVISIONS_KEPT_MAX}")
+    return number
+
+
+def _days(value: str) -> float:
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError("expected a number of days, 0 or more (0: no age limit)")
+    return number
+
+
+def _exception_days(value: str) -> float:
+    number = float(value)
+    if not math.isfinite(number) or not 1 <= number <= 366:
+        raise ValueError("expected a number of days from 1 to 366")
     return number
 
 
@@ -324,6 +348,18 @@ SETTINGS: tuple[Setting, ...] = (
             _share, "0.5",
             "a save whose scope read came back empty removes nothing when that would remove "
             "the policy from more than this share of the clusters holding it (0 to 1)"),
+    Setting("revision_retention", "CONVERGERD_REVISION_RETENTION", "--revision-retention",
+            _revisions_kept, "100",
+            "revisions kept per policy: the leader deletes older ones (logged and counted in "
+            "convergerd_policy_revisions_pruned_total); 1 to 100000"),
+    Setting("revision_retention_days", "CONVERGERD_REVISION_RETENTION_DAYS",
+            "--revision-retention-days", _days, "0",
+            "also delete revisions saved more than this many days ago, except what each "
+            "policy holds now (a deleted policy's history goes whole); 0: no age limit"),
+    Setting("exception_max_days", "CONVERGERD_EXCEPTION_MAX_DAYS", "--exception-max-days",
+            _exception_days, "90",
+            "the furthest an exception to a policy may expire, in days from its grant (API and "
+            "import refuse a later expiresAt; 1 to 366)"),
     Setting("import_max_bytes", "CONVERGERD_IMPORT_MAX_BYTES", "--import-max-bytes",
             _positive_int, str(IMPORT_MAX_BYTES_DEFAULT),
             "largest file `convergerd import` reads, in bytes (checked before parsing)"),
@@ -442,6 +478,14 @@ class SaveSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RevisionRetention:
+    """How much of the policies' history is kept (`convergerd.store.revisions.Pruner`)."""
+
+    keep_last: int = default_of("revision_retention")  # revisions per policy
+    max_age_days: float = default_of("revision_retention_days")  # 0: no age limit
+
+
+@dataclass(frozen=True, slots=True)
 class HttpLimits:
     """What one HTTP client may hold of the server (convergerd.api.server.serve)."""
 
@@ -472,6 +516,7 @@ class Settings:
     log_format: str
     import_max_bytes: int
     saves: SaveSettings = field(default_factory=SaveSettings)
+    exception_max_days: float = default_of("exception_max_days")
     status_reads_per_s: float = default_of("status_reads_per_s")
     status_max_clusters: int = STATUS_MAX_CLUSTERS_DEFAULT
     token_reads_per_s: float = default_of("token_reads_per_s")
@@ -480,6 +525,7 @@ class Settings:
     # The operators' enforcement probe period.
     operator_probe_period_s: float = default_of("operator_probe_minutes") * 60.0
     http: HttpLimits = field(default_factory=HttpLimits)
+    revisions: RevisionRetention = field(default_factory=RevisionRetention)
     # What shapes the scheduling at scale; defined at the end of the file, so looked up late.
     tuning: Tuning = field(default_factory=lambda: Tuning())  # noqa: PLW0108
 
@@ -601,6 +647,7 @@ def load_settings(
         saves=SaveSettings(deadline_s=v["save_deadline_s"],
                     removal_guard_share=v["removal_guard_share"]),
         import_max_bytes=v["import_max_bytes"],
+        exception_max_days=v["exception_max_days"],
         status_reads_per_s=v["status_reads_per_s"],
         status_max_clusters=v["status_max_clusters"],
         token_reads_per_s=v["token_reads_per_s"],
@@ -608,6 +655,8 @@ def load_settings(
         probe_period_s=v["probe_period_s"],
         operator_probe_period_s=v["operator_probe_minutes"] * 60.0,
         http=_http_limits(v),
+        revisions=RevisionRetention(keep_last=v["revision_retention"],
+                                    max_age_days=v["revision_retention_days"]),
     )
     check_settings(settings)
     return settings

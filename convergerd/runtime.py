@@ -42,6 +42,7 @@ from convergerd.core.report import RoundReport, RoundResult
 from convergerd.core.shown import describe
 from convergerd.delivery.apply import StopFence, Unfenced
 from convergerd.delivery.fanout import FanoutEnv, Saver, fanout_env
+from convergerd.delivery.lapse import Lapses
 from convergerd.delivery.listener import Listener
 from convergerd.delivery.rounds import RoundLoop, database_retrying
 from convergerd.delivery.spread import Peers
@@ -53,6 +54,7 @@ from convergerd.status.probe import Answers, Prober
 from convergerd.status.state import StatusState
 from convergerd.status.sync import StatusSync
 from convergerd.store.notify import PgNotifications
+from convergerd.store.revisions import Pruner
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck, first
 
@@ -209,6 +211,11 @@ class Daemon:
                         self._listener(saver, shardset).run(), name="notify listener"))
                     supervised.append(tg.create_task(
                         book.run(self._notifications()), name="read tokens"))
+                    supervised.append(tg.create_task(Pruner(
+                        store, s.revisions, leading=shardset.leader.elector.is_leader,
+                        observer=self.metrics).run(), name="revision retention"))
+                    supervised.append(tg.create_task(
+                        Lapses(store, self.state).run(), name="exception lapses"))
                     if peers is not None:
                         supervised.append(tg.create_task(peers.run(), name="save parts"))
                 self.health.watch(supervised)
@@ -357,7 +364,8 @@ class Daemon:
         s = self.settings
         app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
                        health=self.health, saver=saver, tenants=store, book=book,
-                       modes=store)
+                       modes=store, revisions=store,
+                       exceptions=store)
         runner = await serve(app, s.http_host, s.http_port, s.http, observer=self.metrics)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",

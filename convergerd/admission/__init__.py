@@ -5,4 +5,4 @@ operator, `convergerd policy eval` and the simulator's admission all use it (see
 docs/design.md)."""
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
-__all__ = ["evaluate", "labels", "render", "verdict"]
+__all__ = ["evaluate", "exceptions", "labels", "render", "verdict"]

@@ -46,7 +46,8 @@ POLICY_LABEL = "platform.stackship.se/policy"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "convergerd"
 # The Policy fields a spec may carry (the custom resource's schema).
-_SPEC_FIELDS = frozenset({"policyId", "boundary", "enabled", "revision", "rule", "enforcement"})
+_SPEC_FIELDS = frozenset({"policyId", "boundary", "enabled", "revision", "rule", "enforcement",
+                          "exceptions"})  # exceptions: rendered by `admission.exceptions`
 # A mode as the binding's `validationActions`. kube-apiserver refuses Deny with Warn (the
 # failure would be reported twice); Warn comes with Audit so a warned request is in the audit
 # log too.

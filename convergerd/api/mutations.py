@@ -148,8 +148,10 @@ def asked_enforcement(fields: Mapping[str, Any]) -> Enforcement | None:
         raise BadRequest(f"body.{exc}") from None
 
 
-def _answer(report: FanoutReport, enforcement: Enforcement | None = None) -> web.Response:
-    body = report_json(report)
+def answer(report: FanoutReport, enforcement: Enforcement | None = None,
+           **extra: Any) -> web.Response:
+    """A save's or a deletion's answer: its status from the report's, `extra` in the body."""
+    body = report_json(report) | extra
     if enforcement is not None:
         body["enforcement"] = enforcement.value
     if report.status in (FanoutStatus.OK, FanoutStatus.PARTIAL):
@@ -232,4 +234,4 @@ async def _answered(work: Awaitable[FanoutReport],
         report = await work
     except DatabaseUnavailable as exc:
         return error_response(503, f"database unavailable: {exc}", reason="database")
-    return _answer(report, enforcement)
+    return answer(report, enforcement)

@@ -12,6 +12,8 @@ from convergerd import __version__
 from convergerd.api.scopes import ROUTE_SCOPES, Scope
 from convergerd.core.model import ENFORCEMENTS, POLICY_ID_MAX_LEN
 from convergerd.core.report import FanoutResult, FanoutStatus
+from convergerd.core.revisions import KEYS_LISTED, PAGE_DEFAULT, PAGE_MAX, Kind
+from convergerd.core.revisions import Operation as RevisionOperation
 from convergerd.core.rows import BOUNDARY_POLICIES_LISTED
 from convergerd.core.save import Operation, SaveAction
 from convergerd.core.tokens import BY_MAX_CHARS, NAME_MAX_CHARS
@@ -337,6 +339,51 @@ _SCHEMAS: dict[str, Any] = {
                                            "request asked for one)"},
         },
     },
+    "Exception": {
+        "type": "object", "required": ["namespace", "reason", "requestedBy", "approvedBy",
+                                       "expiresAt"],
+        "description": "an exception to a policy, as the Policy CR's spec.exceptions carries "
+                       "it: the objects of `namespace` (all, the one named `name`, or those "
+                       "whose labels carry every pair of `selector.matchLabels`) are admitted "
+                       "until `expiresAt`; `name` and `selector` exclude each other",
+        "properties": {
+            "id": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 40,
+                   "description": "chosen by the daemon when a grant has none"},
+            "namespace": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63},
+            "name": {"type": "string", "maxLength": 253},
+            "selector": {"type": "object", "required": ["matchLabels"], "properties": {
+                "matchLabels": {"type": "object",
+                                "additionalProperties": {"type": "string"}}}},
+            "reason": {"type": "string", "maxLength": 512},
+            "requestedBy": {"type": "string", "maxLength": 128},
+            "approvedBy": {"type": "string", "maxLength": 128},
+            "expiresAt": {"type": "string", "description": "ISO 8601: a date (00:00 UTC) or "
+                          "a time with its zone; in the future, at most "
+                          "CONVERGERD_EXCEPTION_MAX_DAYS (default 90) days away"}}},
+    "Exceptions": {
+        "type": "object", "required": ["exceptions"], "properties": {"exceptions": {
+            "type": "array", "description": "soonest expiry first, at most 1000",
+            "items": {"allOf": [_ref("Exception"), {"type": "object", "properties": {
+                "policy": {"type": "string"},
+                "state": {"type": "string", "enum": ["active", "expired"]},
+                "grantedAt": {"type": "string", "format": "date-time"},
+                "grantedRevision": {"type": "integer"},
+                "lapsedRevision": {"type": "integer", "nullable": True}}}]}}}},
+    "ExceptionChange": {
+        "type": "object", "required": ["policy", "revision", "save"],
+        "description": "the change stored (a new revision of the policy), then saved to its "
+                       "clusters at once",
+        "properties": {
+            "policy": {"type": "string"},
+            "granted": _ref("Exception"), "withdrawn": _ref("Exception"),
+            "revision": {"type": "integer"},
+            "save": {"type": "object", "description": "the save's answer (as POST "
+                     "/v1/policies/{id}/apply answers), or `status: failed` with `error` "
+                     "when the database went away after the change"}}},
+    "WithdrawRequest": {
+        "type": "object", "additionalProperties": False, "required": ["by"],
+        "properties": {"by": {"type": "string", "maxLength": 128,
+                              "description": "who withdraws it (recorded)"}}},
     "DeleteRequest": {
         "type": "object", "additionalProperties": False, "properties": {},
         "description": "no fields: an empty object, or no body at all"},
@@ -547,6 +594,42 @@ _PATHS: dict[str, Any] = {
         {"409": _answer("its deletion has begun: DELETE it again to finish", "Report"),
          "422": _answer("the policy is invalid: nothing written", "Report")},
         body={"required": False, "content": {JSON: {"schema": _ref("SaveRequest")}}})},
+    "/v1/exceptions": {"get": {
+        "summary": "every exception to a policy (or one policy's), with its expiry",
+        "parameters": [{"name": "policy", "in": "query", "required": False,
+                        "description": "only this policy's",
+                        "schema": {"type": "string", "pattern": _DNS_LABEL,
+                                   "maxLength": POLICY_ID_MAX_LEN}}],
+        "responses": {"200": _answer("the exceptions", "Exceptions"),
+                      "400": _answer("`policy` is not a policy id"), "429": _SHED,
+                      "503": _answer("the database is unavailable")}}},
+    "/v1/policies/{id}/exceptions": {"post": {
+        "summary": "grant an exception, then save the policy to its clusters",
+        "description": "Checked first: every field (the message names the field and the "
+                       "value), the expiry in the future and within "
+                       "CONVERGERD_EXCEPTION_MAX_DAYS. Stored with a new revision of the "
+                       "policy and recorded (who: `approvedBy`), then saved at once.",
+        "parameters": [_POLICY_ID],
+        "requestBody": {"required": True, "content": {JSON: {"schema": _ref("Exception")}}},
+        "responses": {
+            "201": _answer("granted and saved", "ExceptionChange"),
+            "400": _answer("bad id, body, field or expiry (the message names it)"),
+            "404": _answer("no such policy"), "408": _BODY_LATE,
+            "409": _answer("the id is taken, 64 are in force, or the policy is being deleted"),
+            "413": _TOO_BIG, "503": _NO_TOKEN_OR_DB}}},
+    "/v1/policies/{id}/exceptions/{eid}": {"delete": {
+        "summary": "withdraw an exception, then save the policy to its clusters",
+        "parameters": [_POLICY_ID, {
+            "name": "eid", "in": "path", "required": True, "description": "the exception id",
+            "schema": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 40}}],
+        "requestBody": {"required": True,
+                        "content": {JSON: {"schema": _ref("WithdrawRequest")}}},
+        "responses": {
+            "200": _answer("withdrawn and saved", "ExceptionChange"),
+            "400": _answer("bad id or body; `by` missing"),
+            "404": _answer("no such exception"), "408": _BODY_LATE,
+            "409": _answer("the policy is being deleted"), "413": _TOO_BIG,
+            "503": _NO_TOKEN_OR_DB}}},
     "/v1/policies/{id}": {"delete": _mutation(
         "delete: remove the policy from every cluster, then from the database",
         "The policy is marked first (rounds stop delivering it); the row goes only when every "
@@ -627,6 +710,131 @@ _PATHS.update({
                       "429": _SHED, "503": _DB_DOWN}}},
 })
 
+_SCHEMAS.update({
+    "RevisionChange": {
+        "type": "object", "required": ["field"],
+        "properties": {
+            "field": {"type": "string", "description": "a column of the policy's row: "
+                      "`boundary_id`, `enabled`, `enforcement`, `rule`, ..."},
+            "keys": {"type": "array", "items": {"type": "string"},
+                     "maxItems": KEYS_LISTED,
+                     "description": "a mapping's keys that changed (`rule`: e.g. "
+                                    "`registries`)"},
+            "before": {"nullable": True, "description": "a plain value before (a larger one "
+                       "as its shortened JSON text)"},
+            "after": {"nullable": True, "description": "and after"}},
+    },
+    "Revision": {
+        "type": "object",
+        "required": ["revision", "operation", "saved_at", "saved_by", "deleted", "readable",
+                     "content", "what_changed"],
+        "properties": {
+            "revision": {"type": "integer", "minimum": 1},
+            "operation": {"type": "string", "enum": [o.value for o in RevisionOperation],
+                          "description": "baseline: the content when revisions began to be "
+                                         "kept; delete: a tombstone, without content"},
+            "saved_at": {"type": "string", "format": "date-time"},
+            "saved_by": {**_NULLABLE_STRING,
+                         "description": "who or what saved it: `<by> (rollback to N)`, "
+                                        "`convergerd import`, `<role> (SQL)` for a plain SQL "
+                                        "write (null: from another boundary)"},
+            "deleted": {"type": "boolean"},
+            "readable": {"type": "boolean",
+                         "description": "false: its content cannot be read back"},
+            "content": {"type": "object", "nullable": True, "additionalProperties": True,
+                        "description": "the policy's row without its bookkeeping (null: a "
+                                       "deletion, unreadable, or from another boundary)"},
+            "what_changed": {
+                "type": "object", "required": ["kind", "changes", "summary"],
+                "properties": {
+                    "kind": {"type": "string", "enum": [k.value for k in Kind]},
+                    "changes": {"type": "array", "items": _ref("RevisionChange")},
+                    "summary": {"type": "string", "description": "in one line"}}}},
+    },
+    "RevisionList": {
+        "type": "object", "required": ["policy", "boundary", "retention", "revisions",
+                                       "listing"],
+        "properties": {
+            "policy": {"type": "string"}, "boundary": _NULLABLE_STRING,
+            "retention": {"type": "object", "properties": {
+                "keep_last": {"type": "integer"},
+                "max_age_days": {"type": "number", "nullable": True}}},
+            "revisions": {"type": "array", "items": _ref("Revision"), "maxItems": PAGE_MAX},
+            "listing": {"type": "object", "properties": {
+                "complete": {"type": "boolean"},
+                "next": {**_NULLABLE_STRING, "description": "the next page's path"}}}},
+    },
+    "RollbackRequest": {
+        "type": "object", "additionalProperties": False, "required": ["to"],
+        "properties": {
+            "to": {"type": "integer", "minimum": 1,
+                   "description": "the revision whose content becomes the new revision"},
+            "now": {"type": "boolean", "default": False,
+                    "description": "skip a rollout's waves; today every save reaches every "
+                                   "cluster at once, so it changes nothing"},
+            "by": {"type": "string", "maxLength": BY_MAX_CHARS,
+                   "description": "who asks, recorded with the revision (default: "
+                                  "`admin token`)"}},
+    },
+    "RollbackReport": {"allOf": [_ref("Report"), {
+        "type": "object", "required": ["rolled_back_to", "changed"],
+        "properties": {
+            "rolled_back_to": {"type": "integer"},
+            "changed": {"type": "boolean", "description": "false: the policy already had that "
+                        "content (no new revision; saved again)"},
+            "now": {"type": "boolean"}}}]},
+})
+_HISTORY_PAGE = [
+    {"name": "limit", "in": "query", "required": False,
+     "description": f"revisions listed, newest first (default {PAGE_DEFAULT}, at most "
+                    f"{PAGE_MAX})",
+     "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX}},
+    {"name": "before", "in": "query", "required": False,
+     "description": "only revisions older than this one (`listing.next`)",
+     "schema": {"type": "integer", "minimum": 1}}]
+_HISTORY_ANSWERS = {"400": _answer("a bad id, `limit` or `before`"), "429": _SHED,
+                    "503": _DB_DOWN}
+_PATHS.update({
+    "/v1/policies/{id}/revisions": {"get": {
+        "summary": "the policy's kept revisions, newest first: when, by whom, what changed",
+        "description": "Every save of the policy's row, by any writer (a trigger records "
+                       "them), kept up to CONVERGERD_REVISION_RETENTION per policy; a deleted "
+                       "policy's history stays (its last revision is the deletion).",
+        "parameters": [_POLICY_ID, *_HISTORY_PAGE],
+        "responses": {"200": _answer("a page of the history", "RevisionList"),
+                      "404": _answer("no such policy, and no revision of it kept"),
+                      **_HISTORY_ANSWERS}}},
+    "/v1/boundaries/{boundary}/policies/{id}/revisions": {"get": {
+        "summary": "the history of one of the boundary's policies (revisions from when it was "
+                   "in another boundary show no content, author nor change)",
+        "parameters": [_BOUNDARY, _POLICY_ID, *_HISTORY_PAGE],
+        "responses": {"200": _answer("a page of the history", "RevisionList"),
+                      "404": _answer("no such boundary, or no such policy in it"),
+                      **_HISTORY_ANSWERS}}},
+    "/v1/policies/{id}/rollback": {"post": {
+        "summary": "roll back: an old revision's content as the new revision, saved at once",
+        "description": "The content of revision `to` is written as the policy's new revision "
+                       "(a deleted policy is created again), recorded with `by`, then saved "
+                       "like `POST /v1/policies/{id}/apply`: every cluster in scope at once.",
+        "parameters": [_POLICY_ID], "security": [{"bearerAuth": []}],
+        "requestBody": {"required": True,
+                        "content": {JSON: {"schema": _ref("RollbackRequest")}}},
+        "responses": {
+            "200": _answer("rolled back and saved: `status` `ok`, or `partial`",
+                           "RollbackReport"),
+            "400": _answer("a bad id, a body that is not a JSON object, an unknown field, "
+                           "a field of the wrong type, no `to`"),
+            "404": _answer("no such policy, or that revision is not kept (the message says "
+                           "which are)"),
+            "408": _BODY_LATE,
+            "409": _answer("that revision is a deletion, or the policy's deletion has begun: "
+                           "nothing written"),
+            "413": _TOO_BIG,
+            "422": _answer("that revision's content is not a valid policy now (its boundary "
+                           "is gone, ...): nothing written"),
+            "503": _NO_TOKEN_OR_DB}}},
+})
+
 # Each route's answers to its token, from its scope (`scopes.ROUTE_SCOPES`).
 _SCOPE_ANSWERS: dict[Scope, dict[str, Any]] = {
     Scope.PUBLIC: {},
@@ -689,8 +897,9 @@ def document() -> dict[str, Any]:
         "info": {
             "title": "convergerd",
             "version": __version__,
-            "description": "Health, metrics, status, saving and deleting policies, read "
-                           "tokens and what one boundary's token may read. "
+            "description": "Health, metrics, status, saving and deleting policies, their "
+                           "revisions and rollback, read tokens and what one boundary's "
+                           "token may read. "
                            + _SERVER_ANSWERS,
         },
         "paths": _PATHS,

@@ -52,6 +52,9 @@ ROUTE_SCOPES: Mapping[tuple[str, str], Scope] = {
     ("GET", "/v1/policies/{id}/status"): Scope.FLEET,
     ("POST", "/v1/policies/{id}/apply"): Scope.ADMIN,
     ("DELETE", "/v1/policies/{id}"): Scope.ADMIN,
+    ("GET", "/v1/exceptions"): Scope.FLEET,  # every boundary's policies' exceptions
+    ("POST", "/v1/policies/{id}/exceptions"): Scope.ADMIN,
+    ("DELETE", "/v1/policies/{id}/exceptions/{eid}"): Scope.ADMIN,
     ("POST", "/v1/tokens"): Scope.ADMIN,
     ("GET", "/v1/tokens"): Scope.ADMIN,
     ("DELETE", "/v1/tokens/{name}"): Scope.ADMIN,
@@ -64,6 +67,9 @@ ROUTE_SCOPES: Mapping[tuple[str, str], Scope] = {
     ("GET", "/ui/boundaries/{boundary}"): Scope.PAGE,
     ("GET", "/ui/policies/{id}"): Scope.PAGE,
     ("GET", "/ui/static/{name}"): Scope.PAGE,
+    ("GET", "/v1/policies/{id}/revisions"): Scope.FLEET,
+    ("POST", "/v1/policies/{id}/rollback"): Scope.ADMIN,
+    ("GET", "/v1/boundaries/{boundary}/policies/{id}/revisions"): Scope.BOUNDARY,
 }
 
 

@@ -162,23 +162,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(migrate, db_keys)
     imp = sub.add_parser("import", help="upsert clusters, boundaries and policies from YAML")
     imp.add_argument("file", type=Path, help="YAML with clusters, boundaries and policies")
-    _add_settings(imp, (*db_keys, "import_max_bytes"))
+    _add_settings(imp, (*db_keys, "import_max_bytes", "exception_max_days"))
 
     from convergerd.cli import status as statuscli
 
     status = sub.add_parser("status", help="a running daemon's status as a table")
     statuscli.add_arguments(status)
 
+    from convergerd.cli import exceptions as exceptionscli
     from convergerd.cli import policy as policycli
     from convergerd.cli import policyeval
+    from convergerd.cli import revisions as revisionscli
 
     policy = sub.add_parser(
-        "policy", help="one policy: apply or delete it now through a running daemon, or eval "
-        "it on objects, a live cluster or a recorded session", description=policycli.__doc__,
+        "policy", help="one policy: apply or delete it now through a running daemon, grant and "
+        "list its exceptions, list its revisions or roll it back, or eval it on objects, a live "
+        "cluster or a recorded session", description=policycli.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
     policycli.add_arguments(policy_sub)
+    revisionscli.add_arguments(policy_sub)
+    exceptionscli.add_arguments(policy_sub)
     policyeval.add_arguments(policy_sub.add_parser(
         "eval", help="evaluate a policy as the operator renders it: on objects (--object), a "
         "live cluster (--context, --record) or a recorded session (--replay)",
@@ -245,6 +250,8 @@ def _command_name(args: argparse.Namespace) -> str:
 # Commands that call a running daemon or work offline: their own output, no daemon settings.
 _TOOLS = {"status": "cli.status", "policy eval": "cli.policyeval",
           "policy apply": "cli.policy", "policy delete": "cli.policy",
+          "policy history": "cli.revisions", "policy rollback": "cli.revisions",
+          "policy except": "cli.exceptions", "policy exceptions": "cli.exceptions",
           "token create": "cli.token", "token list": "cli.token", "token revoke": "cli.token"}
 
 
@@ -298,7 +305,8 @@ def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per com
         from convergerd.store.importer import import_file
 
         summary = eventloop.run(
-            import_file(settings.database_url, args.file, max_bytes=settings.import_max_bytes)
+            import_file(settings.database_url, args.file, max_bytes=settings.import_max_bytes,
+                        exception_max_days=settings.exception_max_days)
         )
         print(summary)
         return EXIT_OK

@@ -108,17 +108,18 @@ def _base(addr: str) -> str:
     return base
 
 
-def call(addr: str, method: str, path: str, *, token: str, body: dict[str, Any] | None,
-         timeout_s: float) -> Answer:
-    """One request; any HTTP answer with a JSON object body is an `Answer`. A redirect is an
-    error naming its status and (shortened) `Location`, never followed: it would carry the
-    token."""
+def call(addr: str, method: str, path: str, *, token: str | None,
+         body: dict[str, Any] | None, timeout_s: float) -> Answer:
+    """One request (`token`: the bearer token, None: none sent); any HTTP answer with a JSON
+    object body is an `Answer`. A redirect is an error naming its status and (shortened)
+    `Location`, never followed: it would carry the token."""
     base = _base(addr)
     data = json.dumps(body).encode() if body is not None else None
+    headers = {"Accept": "application/json", "Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(  # noqa: S310 - the scheme is checked by _base
-        base + path, data=data, method=method,
-        headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
-                 "Content-Type": "application/json"})
+        base + path, data=data, method=method, headers=headers)
     try:
         opener = urllib.request.build_opener(NoRedirects)
         with opener.open(request, timeout=timeout_s) as response:

@@ -13,6 +13,9 @@ The token (`--token`, `--token-file`) is sent as a bearer token: a boundary's re
 the admin token (needed for the fleet when the daemon sets CONVERGERD_FLEET_READS_NEED_TOKEN).
 With a token no redirect is followed (it would carry the token on).
 
+Under the table, per policy with exceptions in force (`GET /v1/exceptions`, read with the same
+token): how many, and the first to expire with its time left.
+
 Exit codes: 0 status shown; 2 the daemon could not be reached or did not answer with status
 (a token refused included).
 """
@@ -20,6 +23,7 @@ Exit codes: 0 status shown; 2 the daemon could not be reached or did not answer 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
 import time
@@ -43,6 +47,10 @@ _MAX_ERROR = 60
 # The status of 10,000 clusters is a few MB; an answer over this is not a status (a wrong
 # --addr, or a peer that never stops sending) and is not read further.
 MAX_STATUS_BYTES = 64 * 2**20
+# The exceptions' list (at most 64 in force per policy, and the expired ones kept a while).
+MAX_EXCEPTIONS_BYTES = 16 * 2**20
+# Policies with exceptions shown under the table; `convergerd policy exceptions` lists them all.
+EXCEPTION_LINES = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,8 +108,21 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     elif boundary is not None:
         out.write(render_boundary(doc, addr=addr))
     else:
-        out.write(render_status(doc, addr=addr))
+        exceptions = fetch_exceptions(addr, timeout_s=float(args.timeout), token=token)
+        out.write(render_status(doc, addr=addr, exceptions=exceptions))
     return EXIT_OK
+
+
+def fetch_exceptions(addr: str, *, timeout_s: float, token: str | None) -> list[Any] | str:
+    """The daemon's exceptions (`GET /v1/exceptions`, the same fleet view as `/status`), or
+    why they could not be read."""
+    try:
+        doc = fetch_status(addr, timeout_s=timeout_s, path="/v1/exceptions", token=token,
+                           max_bytes=MAX_EXCEPTIONS_BYTES)
+    except StatusUnavailable as exc:
+        return str(exc)
+    found = doc.get("exceptions")
+    return found if isinstance(found, list) else "the answer lists no exceptions"
 
 
 class StatusUnavailable(Exception):
@@ -441,7 +462,10 @@ def _pending_lines(pending: object) -> list[str]:
     return lines
 
 
-def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
+def render_status(doc: Mapping[str, Any], *, addr: str | None = None,
+                  exceptions: Sequence[Any] | str | None = None) -> str:
+    """`doc` (`/status`) as the table; with `exceptions` (`GET /v1/exceptions`' list, or why
+    it could not be read), a line per policy with exceptions in force."""
     lines = _header(doc, addr)
     clusters = sort_clusters(doc.get("clusters") or [])
     lines.append("")
@@ -474,7 +498,37 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
     lines.append("")
     lines.extend(_fleet_lines(doc, clusters))
     lines.extend(_audit_lines(doc.get("audit")))
+    lines.extend(_exception_lines(exceptions, rfc3339(doc.get("now"))))
     return "\n".join(lines) + "\n"
+
+
+def _exception_lines(exceptions: Sequence[Any] | str | None,
+                     now: dt.datetime | None) -> list[str]:
+    """Per policy, its exceptions in force and the soonest to expire (the list comes soonest
+    first); nothing when there are none."""
+    if exceptions is None:
+        return []
+    if isinstance(exceptions, str):
+        return [f"exceptions: not read ({shown(exceptions, 120, style='prose')})"]
+    by_policy: dict[str, list[Mapping[str, Any]]] = {}
+    for e in exceptions:
+        if isinstance(e, Mapping) and e.get("state") == "active":
+            by_policy.setdefault(shown(e.get("policy"), style="text"), []).append(e)
+    if not by_policy:
+        return []
+    lines = ["exceptions in force (`convergerd policy exceptions` lists them):"]
+    for policy, found in list(by_policy.items())[:EXCEPTION_LINES]:
+        first = found[0]
+        expires = rfc3339(first.get("expiresAt"))
+        left = (f", in {format_duration((expires - now).total_seconds())}"
+                if expires is not None and now is not None else "")
+        lines.append(f"  {policy}: {len(found)}, the first to expire "
+                     f"{shown(first.get('id'), style='text')} (namespace "
+                     f"{shown(first.get('namespace'), style='text')}) at "
+                     f"{_when(first.get('expiresAt'))}{left}")
+    if len(by_policy) > EXCEPTION_LINES:
+        lines.append(f"  and {len(by_policy) - EXCEPTION_LINES} more policies")
+    return lines
 
 
 def _fleet_lines(doc: Mapping[str, Any], clusters: Sequence[Mapping[str, Any]]) -> list[str]:

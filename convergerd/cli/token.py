@@ -63,7 +63,8 @@ def add_arguments(sub: Any) -> None:
                             "user@host)")
 
 
-def _who(given: str | None) -> str:
+def who(given: str | None) -> str:
+    """`--by`, or user@host: who asks, as the admin's client says it."""
     if given:
         return given
     try:
@@ -78,7 +79,7 @@ def _request(args: argparse.Namespace, token: str) -> Answer:
     timeout_s = float(args.timeout)
     if command == "create":
         body: dict[str, Any] = {"boundary": check_boundary(args.boundary),
-                                "name": check_token_name(args.name), "by": _who(args.by)}
+                                "name": check_token_name(args.name), "by": who(args.by)}
         if args.expires is not None:
             parse_time(args.expires, now=utc_now())  # said here, before asking
             body["expires_at"] = args.expires
@@ -89,7 +90,7 @@ def _request(args: argparse.Namespace, token: str) -> Answer:
         return call(args.addr, "GET", path, token=token, body=None, timeout_s=timeout_s)
     name = check_token_name(args.name)
     return call(args.addr, "DELETE", f"/v1/tokens/{name}", token=token,
-                body={"by": _who(args.by)}, timeout_s=timeout_s)
+                body={"by": who(args.by)}, timeout_s=timeout_s)
 
 
 def render_record(record: Mapping[str, Any]) -> list[str]:

@@ -6,6 +6,7 @@ Pure: no I/O. A policy row from the database is validated here into either a `Po
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +89,22 @@ class Rule:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyException:
+    """An exception to one policy, as granted (checked by `convergerd.core.exceptions`): the
+    objects of `namespace` (all of them, or the one named `name`, or those whose labels carry
+    every pair of `selector`) are admitted until `expires_at`."""
+
+    id: str
+    namespace: str
+    reason: str
+    requested_by: str
+    approved_by: str
+    expires_at: dt.datetime  # in UTC
+    name: str | None = None
+    selector: tuple[tuple[str, str], ...] | None = None  # matchLabels, sorted by key
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     id: PolicyId
     boundary: BoundaryId
@@ -95,6 +112,8 @@ class Policy:
     enabled: bool
     revision: int
     enforcement: Enforcement = DEFAULT_ENFORCEMENT
+    # In force when read (unexpired), by id; delivered in the Policy's `spec.exceptions`.
+    exceptions: tuple[PolicyException, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +135,8 @@ class PolicyRow:
     enabled: bool
     revision: int
     enforcement: str = DEFAULT_ENFORCEMENT.value
+    # The unexpired exceptions as stored (`spec.exceptions` entries), checked with the row.
+    exceptions: Sequence[Any] | UnreadableJson = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +194,12 @@ def is_object_name(value: object) -> bool:
             and _DNS_SUBDOMAIN.fullmatch(value) is not None)
 
 
+def is_label_value(value: object) -> bool:
+    """A non-empty label value (at most 63 characters, alphanumerics plus -_. inside)."""
+    return (isinstance(value, str) and len(value) <= 63
+            and _LABEL_VALUE.fullmatch(value) is not None)
+
+
 def is_namespace_name(value: object) -> bool:
     """A namespace name (a DNS label of at most 63 characters)."""
     return isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.fullmatch(value) is not None
@@ -221,7 +248,7 @@ def _string_list(params: Mapping[str, Any], key: str, rule_type: str) -> list[st
     return list(value)
 
 
-def _label_key_problem(key: str) -> str | None:
+def label_key_problem(key: str) -> str | None:
     """Kubernetes' rule for a label key (a qualified name): an optional DNS-subdomain prefix
     of at most 253 characters and '/', then a name of at most 63 characters."""
     prefix, slash, name = key.rpartition("/")
@@ -256,7 +283,7 @@ def _registry_problem(prefix: str) -> str | None:
 
 
 def _check_label_key(key: str) -> None:
-    problem = _label_key_problem(key)
+    problem = label_key_problem(key)
     if problem:
         raise RuleError(f"rule.labels: {shown(key)} {problem}")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from convergerd.core.exceptions import as_spec, stored_exceptions
 from convergerd.core.model import (
     DEFAULT_ENFORCEMENT,
     BoundaryId,
@@ -63,6 +64,8 @@ def render_policy(policy: Policy) -> dict[str, Any]:
     }
     if policy.enforcement is not DEFAULT_ENFORCEMENT:
         spec["enforcement"] = policy.enforcement.value
+    if policy.exceptions:  # only with some: a policy without exceptions renders as it always did
+        spec["exceptions"] = [as_spec(e) for e in policy.exceptions]
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -107,6 +110,7 @@ def validate_policy(row: PolicyRow) -> Policy | InvalidPolicy:
             enabled=row.enabled,
             revision=row.revision,
             enforcement=parse_enforcement(row.enforcement),
+            exceptions=stored_exceptions(row.exceptions),
         )
         check_object_size(policy)
     except RuleError as exc:

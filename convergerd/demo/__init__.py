@@ -9,8 +9,10 @@ server up: `/status` shows the phases the operators report (Enforcing, Inert, Un
 the 1.29 cluster) and whether their enforcement probes verified the policies. Some workloads
 are created before the policies are delivered (`convergerd.demo.operators.LEGACY_WORKLOADS`):
 the operators' audit counts those the policies would deny, and `convergerd status` shows them
-(VIOLATIONS). The banner prints a record/replay pair of `convergerd policy eval` commands
-against one of the simulated clusters (a policy file for them is written to the workdir).
+(VIOLATIONS). The sample tenants get one exception at import, expiring 30 days later
+(`sample_exception`): `convergerd status` shows it with its expiry. The banner prints a
+record/replay pair of `convergerd policy eval` commands against one of the simulated clusters
+(a policy file for them is written to the workdir).
 
 The demo listens on 127.0.0.1 (unless CONVERGERD_HTTP_ADDR / --http-addr says otherwise) and,
 unless an API token is given, makes a random one and prints it once, with how to use it. It
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import importlib.resources
 import logging
 import os
@@ -90,6 +93,12 @@ spec:
   containers: [{name: app, image: registry.team-b.example.com/app}]
 """
 WARN_POD_FILE = "unpinned-pod.yaml"
+# The sample tenants' exception (added at import, `sample_exception`): team-b-registries admits
+# the pod `vendor-agent` in namespace team-b until it expires. It covers none of the workloads
+# the audit counts, nor the probe's pod.
+EXCEPTED_POLICY = "team-b-registries"
+EXCEPTION_ID = "vendor-agent"
+EXCEPTION_DAYS = 30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,13 +127,23 @@ async def _database(settings: Settings, workdir: Path) -> AsyncIterator[str]:
         yield dsn
 
 
+def sample_exception(now: dt.datetime) -> str:
+    """The sample tenants' exception, as an import file's `exceptions:` section: it expires
+    `EXCEPTION_DAYS` after `now` (an expiry written in the file would pass, and then be
+    refused)."""
+    expires = (now + dt.timedelta(days=EXCEPTION_DAYS)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (f"exceptions:\n  - {{policy: {EXCEPTED_POLICY}, id: {EXCEPTION_ID}, "
+            f"namespace: team-b, name: vendor-agent, reason: 'the vendor ships it from Docker "
+            f"Hub only, TICKET-42', requestedBy: dev@team-b, approvedBy: admin@platform, "
+            f"expiresAt: '{expires}'}}\n")
+
+
 def _tenants_file(args: argparse.Namespace, workdir: Path) -> Path:
     if args.tenants is not None:
         return Path(args.tenants)
     path = workdir / "tenants.yaml"
-    path.write_text(
-        importlib.resources.files("convergerd.demo").joinpath("tenants.yaml").read_text()
-    )
+    sample = importlib.resources.files("convergerd.demo").joinpath("tenants.yaml").read_text()
+    path.write_text(sample + sample_exception(dt.datetime.now(dt.UTC)))
     return path
 
 
@@ -274,6 +293,10 @@ convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
                  ({WARN_POLICY} is in mode Warn: the pod without an image tag is admitted
                  and kubectl prints the policy's warning; `convergerd policy apply
                  {WARN_POLICY} --enforcement Deny` with the token makes the next one denied)
+  exceptions:    {EXCEPTED_POLICY} admits the pod vendor-agent in namespace team-b for
+                 {EXCEPTION_DAYS} days (id {EXCEPTION_ID}): convergerd status shows when it
+                 expires, `convergerd policy exceptions` lists it; the operators stop honouring
+                 it by themselves at its expiry
   try:           kubectl --kubeconfig {kubeconfig} --context c0001 delete \\
                    validatingadmissionpolicybinding stackship-no-latest
                  (the operator's next pass, within a minute, probes first: Verified False

@@ -26,8 +26,10 @@ figures since its current revision was installed (`since`: the first read at whi
 operator saw that revision installed; what is read then is attributed to the revision before)
 and over the last hour (`WINDOW_S`; a read's increase is placed at the read, so the window's
 edge is as sharp as the read interval). The operator's own enforcement probes are counted by
-the API server like any request; those it knows were judged (`expect_own`) are taken out of
-the next increases of that action and reported as `probesExcluded`.
+the API server like any request, once under each action of the binding that judged them (a
+Warn probe is `warn` and `audit`); those it knows were judged (`expect_own`) are taken out of
+the next increases that show them whole, and reported as `probesExcluded` (probes, not
+increments).
 
 The status this gives (`as_status`), on `status.admission` of each Policy:
 
@@ -165,9 +167,10 @@ class _Policy:
     window: deque[tuple[dt.datetime, Counts]] = field(
         default_factory=lambda: deque(maxlen=_MAX_WINDOW_ENTRIES))
     window_since: dt.datetime | None = None  # when this operator began counting it
+    hour_since: dt.datetime | None = None  # the last hour's start, when carried from before
     read_at: dt.datetime | None = None
     resets: int = 0
-    own: deque[tuple[dt.datetime, str]] = field(
+    own: deque[tuple[dt.datetime, Counts]] = field(
         default_factory=lambda: deque(maxlen=_MAX_OWN_PENDING))
     probes_excluded: int = 0
     note: str | None = None
@@ -202,6 +205,14 @@ class Report:
         return status
 
 
+def _carried_counts(figures: Mapping[str, Any]) -> Counts | None:
+    """`denied`, `warned` and `audited` of figures written before (untrusted: a status anyone
+    may have edited), or None when any is not a count."""
+    values = [v for v in (figures.get(k) for k in ("denied", "warned", "audited"))
+              if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_VALUE]
+    return Counts(*values) if len(values) == len(ACTIONS) else None
+
+
 class AdmissionCounts:
     """Per-process counter values and per-Policy figures, from successive `/metrics` reads."""
 
@@ -221,25 +232,35 @@ class AdmissionCounts:
         since, read_at = rfc3339(status.get("since")), rfc3339(status.get("readAt"))
         if str(status.get("revision")) != revision or since is None or read_at is None:
             return
-        values = [v for v in (status.get(k) for k in ("denied", "warned", "audited"))
-                  if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_VALUE]
-        if len(values) != len(ACTIONS):
+        totals = _carried_counts(status)
+        if totals is None:
             return
         resets, excluded = status.get("resets"), status.get("probesExcluded")
-        self._policies[name] = _Policy(
-            revision, since, Counts(*values), window_since=now,
+        policy = self._policies[name] = _Policy(
+            revision, since, totals, window_since=now,
             resets=resets if isinstance(resets, int) and 0 <= resets <= MAX_VALUE else 0,
             probes_excluded=(excluded if isinstance(excluded, int)
                              and 0 <= excluded <= MAX_VALUE else 0),
             note=(f"counting paused from {timestamp(read_at)} to {timestamp(now)} (a new "
                   "operator leader): what was admitted in between is not included"))
+        # The last hour goes on too, its figures placed at its start (the earliest they can
+        # be): they leave the window no later than they would have, never counted too long.
+        hour = status.get("lastHour")
+        hour_counts = _carried_counts(hour) if isinstance(hour, Mapping) else None
+        hour_since = rfc3339(hour.get("since")) if isinstance(hour, Mapping) else None
+        if hour_counts is not None and hour_since is not None and hour_since <= read_at <= now:
+            policy.hour_since = hour_since
+            if hour_counts:
+                policy.window.append((hour_since, hour_counts))
 
-    def expect_own(self, name: str, action: str, *, now: dt.datetime) -> None:
-        """The operator's own probe was judged by `name` under `action`: the API server
-        counted it; take it out of the figures when its increase is read."""
+    def expect_own(self, name: str, actions: Iterable[str], *, now: dt.datetime) -> None:
+        """The operator's own probe was judged by `name`, which counted it once under each of
+        `actions` (a Warn binding's [Warn, Audit]: `warn` and `audit`): take it out of the
+        figures when its increase is read."""
         policy = self._policies.get(name)
-        if policy is not None and action in ACTIONS:
-            policy.own.append((now, action))
+        counted = Counts.of({a: 1 for a in actions if a in ACTIONS})
+        if policy is not None and counted:
+            policy.own.append((now, counted))
 
     def observe(self, scrape: Scrape, *, now: dt.datetime,
                 revisions: Mapping[str, str]) -> None:
@@ -294,13 +315,16 @@ class AdmissionCounts:
         return Counts(), False, not fresh and bool(raw)
 
     def _take_own(self, policy: _Policy, delta: Counts, now: dt.datetime) -> Counts:
+        """`delta` less the own probes it shows. One request's increments are counted by one
+        API server at once, so a probe is taken out whole, when all of them are in `delta`."""
         while policy.own and (now - policy.own[0][0]).total_seconds() > self._own_ttl_s:
             policy.own.popleft()
         values = {a: delta.get(a) for a in ACTIONS}
         for pending in list(policy.own):
-            action = pending[1]
-            if values[action] > 0:
-                values[action] -= 1
+            counted = pending[1]
+            if all(values[a] >= counted.get(a) for a in ACTIONS):
+                for a in ACTIONS:
+                    values[a] -= counted.get(a)
                 policy.probes_excluded += 1
                 policy.own.remove(pending)
         return Counts.of(values)
@@ -323,7 +347,7 @@ class AdmissionCounts:
         last_hour = Counts()
         for _, delta in policy.window:
             last_hour = last_hour.plus(delta)
-        window_since = max(horizon, policy.window_since or horizon)
+        window_since = max(horizon, policy.hour_since or policy.window_since or horizon)
         return Report(policy.revision, policy.since, policy.read_at, policy.totals, last_hour,
                       window_since, policy.resets, policy.probes_excluded, policy.note)
 
@@ -332,8 +356,11 @@ class AdmissionCounts:
 
 
 # What says which figures these are: any change is written at once.
-_IDENTITY = ("revision", "since", "resets", "probesExcluded", "note")
+_IDENTITY = ("revision", "since", "resets")
+# Written when one enters another reporting step: the counts (since the revision and in the
+# last hour) and the own probes left out (one more every probe period).
 _COUNTS = ("denied", "warned", "audited")
+_STEPPED = (*_COUNTS, "probesExcluded")
 
 
 def reporting_step(count: object) -> int:
@@ -345,20 +372,25 @@ def reporting_step(count: object) -> int:
 
 def admission_differs(current: Any, new: Mapping[str, Any], *, now: dt.datetime,
                       refresh_s: float) -> bool:
-    """A write is needed: what the figures are of changed (revision, since, resets, probes left
-    out, the note), a count (since the revision, or in the last hour) entered another
+    """A write is needed: what the figures are of changed (revision, since, resets), a count
+    (since the revision, or in the last hour; or the own probes left out) entered another
     reporting step, or the last write is older than `refresh_s` (the heartbeat: the figures as
     they are then, and `readAt` saying counting still runs). Quiet when nothing changes, and
-    a steady trickle of admissions is written at the heartbeat."""
+    a steady trickle of admissions is written at the heartbeat.
+
+    The note alone is never a write: it says what the figures read since lack (a new leader's
+    pause, a server first read late), and the figures already written lack nothing up to
+    their `readAt`; it goes out with the next figures. So a new leader, which notes its pause
+    at its first read, writes nothing until a count moves a step or the heartbeat is due."""
     if not isinstance(current, Mapping):
         return True
     if any(current.get(k) != new.get(k) for k in _IDENTITY):
         return True
     last_hour = current.get("lastHour")
     old_hour = last_hour if isinstance(last_hour, Mapping) else {}
-    if any(reporting_step(current.get(k)) != reporting_step(new.get(k))
-           or reporting_step(old_hour.get(k)) != reporting_step(new["lastHour"].get(k))
-           for k in _COUNTS):
+    if any(reporting_step(current.get(k)) != reporting_step(new.get(k)) for k in _STEPPED) \
+            or any(reporting_step(old_hour.get(k)) != reporting_step(new["lastHour"].get(k))
+                   for k in _COUNTS):
         return True
     written = rfc3339(current.get("readAt"))
     return written is None or (now - written).total_seconds() >= refresh_s

@@ -20,6 +20,10 @@ the rule). A stub the cache kept for want of room (`refused`) is not judged but 
 the status then says `incomplete` (`Incomplete`): how many objects of the boundary were not
 judged, why, the objects too large to read, and the namespaces holding the most of the cache.
 Without `incomplete`, every object of the boundary was judged.
+
+Objects an exception in force admits are judged all the same, and those the rule would deny are
+counted apart, as `excepted` (present only while the Policy has exceptions in force): not in
+`violations` nor in `sample`, and not hidden either, so the debt stays visible.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import Any
 
 from convergerd.admission.verdict import Judge, denial, denied
 from convergerd.core.decode import clean_text
+from convergerd.core.exceptions import covers
+from convergerd.core.model import PolicyException
 from convergerd.operator.reconcile import timestamp
 
 SAMPLE_SIZE = 5
@@ -58,6 +64,7 @@ class AuditResult:
     violations: int
     sample: tuple[Violation, ...]
     refused: int = 0  # objects the cache had no room for: not judged
+    excepted: int | None = None  # denied but admitted by an exception; None: none in force
 
 
 def _order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -65,22 +72,33 @@ def _order(obj: Mapping[str, Any]) -> tuple[str, str, str]:
     return str(meta.get("namespace") or ""), str(obj.get("kind", "")), str(meta.get("name", ""))
 
 
-def audit(judge: Judge, objects: Iterable[Mapping[str, Any]]) -> AuditResult:
+def _excepted(obj: Mapping[str, Any], exceptions: tuple[PolicyException, ...]) -> bool:
+    meta = obj["metadata"]
+    return any(covers(e, meta.get("namespace"), meta.get("name"), meta.get("labels"))
+               for e in exceptions)
+
+
+def audit(judge: Judge, objects: Iterable[Mapping[str, Any]],
+          exceptions: tuple[PolicyException, ...] = ()) -> AuditResult:
     """The objects `judge` denies: how many, and the first `SAMPLE_SIZE` (by namespace, kind,
-    name) with admission's message."""
+    name) with admission's message; those `exceptions` admit counted apart."""
     found = []
-    refused = 0
+    refused = excepted = 0
     for obj in objects:
         if obj.get("refused"):
             refused += 1
         elif denied(judge, obj):
-            found.append(obj)
+            if exceptions and _excepted(obj, exceptions):
+                excepted += 1
+            else:
+                found.append(obj)
     sample = []
     for obj in heapq.nsmallest(SAMPLE_SIZE, found, key=_order):
         message = denial(judge, obj)
         assert message is not None  # `denied` and `denial` agree (tested)
         sample.append(Violation(*_order(obj), message))
-    return AuditResult(len(found), tuple(sample), refused)
+    return AuditResult(len(found), tuple(sample), refused,
+                       excepted if exceptions else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +144,8 @@ def audit_status(result: AuditResult, *, synced: bool, now: dt.datetime,
               "cacheSynced": synced, "sample": [v.as_status() for v in result.sample]}
     if incomplete is not None:
         status["incomplete"] = incomplete.as_status()
+    if result.excepted is not None:
+        status["excepted"] = result.excepted
     return status
 
 
@@ -136,7 +156,7 @@ def audit_differs(current: Any, new: Mapping[str, Any], *, now: dt.datetime,
     if not isinstance(current, Mapping):
         return True
     if any(current.get(k) != new.get(k)
-           for k in ("violations", "cacheSynced", "sample", "incomplete")):
+           for k in ("violations", "cacheSynced", "sample", "incomplete", "excepted")):
         return True
     at = current.get("auditedAt")
     try:

@@ -60,8 +60,12 @@ writes each Enforcing Policy's `status.admission` under its own field manager
 (`ADMISSION_FIELD_MANAGER`) only when what the figures are of changed or a count entered
 another reporting step (1, 2, 4, 8, ...: `admissioncounts.reporting_step`), else at the
 heartbeat with the figures as they are then. A new leader continues the figures its
-predecessor wrote for the same revision. Its own probes that the policy denied are taken out
-of the figures. A read that fails (403: the RBAC rule for `/metrics` is missing) is logged, throttled, and writes nothing.
+predecessor wrote for the same revision, and writes nothing for that alone (the note saying
+counting paused goes out with its next figures). Its own probes are taken out of the figures,
+under the actions their verdict shows (`reconcile.probe_counted`: a Warn probe is a warning
+and an audit); a read answered while a probe ran is not used (`_Probes`), since the probe is
+counted before its verdict is known. A read that fails (403: the RBAC rule for `/metrics` is
+missing) is logged, throttled, and writes nothing.
 
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
@@ -79,10 +83,11 @@ import heapq
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from convergerd.admission.exceptions import honoured, next_change
 from convergerd.admission.render import (
     ProbeUnsatisfiable,
     RenderError,
@@ -94,7 +99,13 @@ from convergerd.admission.render import (
 from convergerd.admission.verdict import Judge
 from convergerd.config import DEFAULT_OPERATOR_CACHE_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
 from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
-from convergerd.core.model import Enforcement, is_namespace_name, is_object_name
+from convergerd.core.exceptions import covers
+from convergerd.core.model import (
+    Enforcement,
+    PolicyException,
+    is_namespace_name,
+    is_object_name,
+)
 from convergerd.core.shown import shown
 from convergerd.kube.api import Admitted, KubeObject, ObjectList, Resource, WatchApi
 from convergerd.kube.watch import Informer
@@ -114,7 +125,6 @@ from convergerd.operator.metrics import OperatorMetrics
 from convergerd.operator.reconcile import (
     ADMITTED,
     BOUNDARY_LABEL,
-    DENIED,
     ENFORCING,
     ERROR,
     FIELD_MANAGER,
@@ -132,6 +142,7 @@ from convergerd.operator.reconcile import (
     new_status,
     next_probe_in,
     orphans,
+    probe_counted,
     probe_inconclusive,
     probe_outcome,
     ready_condition,
@@ -162,9 +173,14 @@ AUDIT_FIELD_MANAGER = "stackship-operator-audit"
 # catch up before an audit says `cacheSynced: false`: a restart or a quick re-list then writes
 # nothing, and a cache that stays behind is still said to be.
 CACHE_GRACE_S = 10.0
+# Boundary namespaces listed for the probe when the Policy has exceptions (it needs one that
+# does not except the probe pod); without exceptions the first one does.
+PROBE_NAMESPACES_LISTED = 100
 ADMISSION_FIELD_MANAGER = "stackship-operator-admission"
 # /metrics is read at most this often, however many revisions are installed at once.
 ADMISSION_MIN_INTERVAL_S = 1.0
+# A read of /metrics overlapped by a probe is read again, at most this many times in all.
+ADMISSION_READ_TRIES = 3
 # Due before everything already due: a Policy whose admission objects someone changed.
 URGENT = -math.inf
 # After a repair the follow-up probe runs at once; kube-apiserver's admission enforces a
@@ -218,6 +234,34 @@ class _Enforced:
 
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+class _Probes:
+    """The enforcement probes in flight. The API server counts a probe when it answers it,
+    before the operator knows the verdict and so what to take out of the admission counts
+    (`AdmissionCounts.expect_own`): a `/metrics` answer read while a probe ran is not used."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.finished = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[None]:
+        self.running += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self.finished += 1
+            if not self.running:
+                self.idle.set()
+
+    def none_since(self, finished: int) -> bool:
+        """No probe ran since `finished` was read off `self.finished` (at idle)."""
+        return self.running == 0 and self.finished == finished
 
 
 class _Due:
@@ -317,6 +361,7 @@ class Operator:
         self._admission: AdmissionCounts | None = None
         self._installed: dict[str, tuple[Any, ...]] = {}
         self._admission_wake = asyncio.Event()
+        self._probes = _Probes()
         self.informer = Informer(api, POLICIES, request_timeout_s=timing.request_timeout_s,
                                  on_change=self._on_change,
                                  on_restart=metrics.watch_restarted)
@@ -550,9 +595,10 @@ class Operator:
                 self._audit_due.at(name, self._unsynced_since + CACHE_GRACE_S)
                 return
         namespaces = self.workloads.namespaces_of(policy.boundary)
-        result = audit(judge, self.workloads.objects_in(namespaces))
-        incomplete = self.workloads.incomplete(namespaces, result.refused)
         now = self._wall()
+        excepted = self._honoured(name, policy.spec, audit=True)
+        result = audit(judge, self.workloads.objects_in(namespaces), exceptions=excepted)
+        incomplete = self.workloads.incomplete(namespaces, result.refused)
         new = audit_status(result, synced=synced, now=now, incomplete=incomplete)
         self._metrics.audited(name, result.violations)
         # Written when the figures change, and at the heartbeat (`auditedAt` then says the
@@ -625,7 +671,9 @@ class Operator:
         if not counted:
             return
         try:
-            body = await self._api.metrics(timeout_s=self._t.request_timeout_s)
+            body = await self._metrics_between_probes()
+            if body is None:
+                return  # probes kept overlapping: the next read adds what this one would have
             scrape = parse_metrics(body)
         except (ClusterError, MetricsError) as exc:
             hint = (" (the operator's ClusterRole needs nonResourceURLs [\"/metrics\"], verbs "
@@ -659,6 +707,20 @@ class Operator:
                             self.cluster, policy.name, exc, extra=self._extra(policy=policy.name))
                 continue
             self._metrics.wrote("admission")
+
+    async def _metrics_between_probes(self) -> bytes | None:
+        """The API server's `/metrics`, read while no probe ran (so every probe it counted has
+        been told to the counts); None when probes overlapped each of `ADMISSION_READ_TRIES`.
+        Skipping a read loses nothing: each read adds what was counted since the last used."""
+        for _ in range(ADMISSION_READ_TRIES):
+            await self._probes.idle.wait()
+            finished = self._probes.finished
+            body = await self._api.metrics(timeout_s=self._t.request_timeout_s)
+            if self._probes.none_since(finished):
+                return body
+        log.debug("cluster %s: /metrics read while probes ran, %d times: read again later",
+                  self.cluster, ADMISSION_READ_TRIES, extra=self._extra())
+        return None
 
     async def _apply_admission(self, body: KubeObject, timeout_s: float) -> KubeObject:
         return await self._api.apply(POLICIES, body, field_manager=ADMISSION_FIELD_MANAGER,
@@ -876,7 +938,8 @@ class Operator:
             existing_policy = await self._api.get(VAPS, name, timeout_s=timeout)
             existing_binding = await self._api.get(BINDINGS, name, timeout_s=timeout)
             todo = writes_for(policy, existing_policy=existing_policy,
-                              existing_binding=existing_binding)
+                              existing_binding=existing_binding, now=self._wall())
+            self._honoured(policy.name, policy.spec)  # reconciled again when one lapses
         except RenderError as exc:
             return _Enforced(ERROR, ready_condition(ERROR, name=name, boundary=boundary,
                                                     detail=str(exc), reason=exc.reason),
@@ -978,47 +1041,15 @@ class Operator:
     async def probe(self, policy: PolicyObject, boundary: str) -> Condition:
         """A dry-run create of a pod violating `policy` in a namespace of its boundary: the
         Verified condition from the answer."""
+        with self._probes.one():
+            return await self._probe(policy, boundary)
+
+    async def _probe(self, policy: PolicyObject, boundary: str) -> Condition:
         name = admission_name(policy.policy_id or "")
-        timeout = self._t.request_timeout_s
-        namespaces = await self._api.list_objects(
-            NAMESPACES, label_selector=f"{BOUNDARY_LABEL}={boundary}", timeout_s=timeout,
-            limit=1)
-        namespace = _first_name(namespaces.items)
-        admitted, status, message = False, None, ""
-        warnings: Sequence[str] = ()
-        installed: Enforcement | None = None
-        enforcement = Enforcement.DENY
-        result: Condition | None = None
-        if namespace is not None:
-            try:
-                pod = violating_pod(policy.spec, namespace=namespace, name=f"{name}-probe",
-                                    others=self._others(policy, boundary))
-                enforcement = enforcement_of_spec(policy.spec)
-            except ProbeUnsatisfiable as exc:
-                result = probe_inconclusive(name=name, namespace=namespace, why=str(exc),
-                                            now=self._wall())
-            else:
-                try:
-                    answer = await self._api.dry_run_create(PODS, pod, namespace=namespace,
-                                                            timeout_s=timeout)
-                    admitted, warnings = True, answer.warnings
-                except ClusterApiError as exc:
-                    status, message = exc.status, str(exc)
-                except ClusterError as exc:
-                    message = f"{exc.reason}: {exc}"
-                if admitted and enforcement is Enforcement.AUDIT:
-                    # Admitted with no word is also what no binding at all does: read back
-                    # that ours is there with [Audit], over an admission policy still there.
-                    installed = await self._installed_mode(name)
-        if result is None:
-            result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
-                                   admitted=admitted, status=status, message=message,
-                                   now=self._wall(), enforcement=enforcement,
-                                   warnings=warnings, installed=installed)
+        planned = await self._probe_pod(policy, boundary, name)
+        result = planned if isinstance(planned, Condition) else await self._dry_run(
+            name, boundary, *planned)
         self._metrics.probed(policy.name, result.reason)
-        if result.reason == DENIED and self._admission is not None:
-            # The API server counted our probe's denial: not a tenant's.
-            self._admission.expect_own(name, "deny", now=self._wall())
         if result.reason == ADMITTED:
             log.warning("ENFORCEMENT NOT WORKING: cluster %s: Policy %s: %s", self.cluster,
                         policy.name, result.message,
@@ -1033,6 +1064,81 @@ class Operator:
                         policy.name, result.message,
                         extra=self._extra(policy=policy.name, probe=result.reason))
         return result
+
+    async def _probe_pod(self, policy: PolicyObject, boundary: str, name: str
+                         ) -> Condition | tuple[dict[str, Any] | None, str | None, Enforcement]:
+        """The probe's pod, violating `policy` in a namespace of its boundary that none of its
+        exceptions covers, and the mode the Policy asks for (no pod when the boundary has no
+        namespace); or the inconclusive Verified condition when no such pod can be made."""
+        excepted = self._honoured(policy.name, policy.spec)
+        namespaces = await self._api.list_objects(
+            NAMESPACES, label_selector=f"{BOUNDARY_LABEL}={boundary}",
+            timeout_s=self._t.request_timeout_s,
+            limit=PROBE_NAMESPACES_LISTED if excepted else 1)
+        names = _names(namespaces.items)
+        if not names:
+            return None, None, Enforcement.DENY
+        try:
+            pod = violating_pod(policy.spec, namespace=names[0], name=f"{name}-probe",
+                                others=self._others(policy, boundary))
+            enforcement = enforcement_of_spec(policy.spec)
+        except ProbeUnsatisfiable as exc:
+            return probe_inconclusive(name=name, namespace=names[0], why=str(exc),
+                                      now=self._wall())
+        namespace = _not_excepted(names, pod, excepted)
+        if namespace is None:
+            return probe_inconclusive(
+                name=name, namespace=names[0], now=self._wall(),
+                why=f"an exception admits the probe pod in every namespace of boundary "
+                    f"{boundary} listed ({len(names)})")
+        pod["metadata"]["namespace"] = namespace
+        return pod, namespace, enforcement
+
+    async def _dry_run(self, name: str, boundary: str, pod: dict[str, Any] | None,
+                       namespace: str | None, enforcement: Enforcement) -> Condition:
+        """The Verified condition from a dry-run create of `pod` in `namespace` (none: the
+        boundary has no namespace to probe in)."""
+        admitted, status, message = False, None, ""
+        warnings: Sequence[str] = ()
+        installed: Enforcement | None = None
+        if pod is not None and namespace is not None:
+            try:
+                answer = await self._api.dry_run_create(
+                    PODS, pod, namespace=namespace, timeout_s=self._t.request_timeout_s)
+                admitted, warnings = True, answer.warnings
+            except ClusterApiError as exc:
+                status, message = exc.status, str(exc)
+            except ClusterError as exc:
+                message = f"{exc.reason}: {exc}"
+            if admitted and enforcement is Enforcement.AUDIT:
+                # Admitted with no word is also what no binding at all does: read back that
+                # ours is there with [Audit], over an admission policy still there.
+                installed = await self._installed_mode(name)
+        result = probe_outcome(name=name, boundary=boundary, namespace=namespace,
+                               admitted=admitted, status=status, message=message,
+                               now=self._wall(), enforcement=enforcement,
+                               warnings=warnings, installed=installed)
+        if self._admission is not None and pod is not None and namespace is not None:
+            # The API server counted our probe (a denial, a warning, an audit): not a tenant's.
+            self._admission.expect_own(name, probe_counted(
+                result, enforcement, name=name, message=message, warnings=warnings),
+                now=self._wall())
+        return result
+
+    def _honoured(self, name: str, spec: Mapping[str, Any], *,
+                  audit: bool = False) -> tuple[PolicyException, ...]:
+        """The Policy's exceptions honoured now; the Policy is due again (its reconcile, or
+        with `audit` its audit) when the next one lapses, so expiry needs nothing from the
+        hub. () for a spec whose exceptions cannot be read (its Ready condition says why)."""
+        now = self._wall()
+        try:
+            found, lapse = honoured(spec, now), next_change(spec, now)
+        except RenderError:
+            return ()
+        if lapse is not None:
+            due = self._audit_due if audit else self._due
+            due.at(name, self._clock() + max(0.0, (lapse - now).total_seconds()))
+        return found
 
     async def _installed_mode(self, name: str) -> Enforcement | None:
         """The mode of binding `name` as the cluster holds it, when its admission policy is
@@ -1116,11 +1222,21 @@ def _version(obj: KubeObject) -> str | None:
     return version if isinstance(version, str) else None
 
 
-def _first_name(items: Any) -> str | None:
-    """The first namespace listed whose name can stand in the probe's request path."""
+def _names(items: Any) -> list[str]:
+    """The namespaces listed whose names can stand in the probe's request path, in order."""
+    names = []
     for item in items:
         meta = item.get("metadata") if isinstance(item, Mapping) else None
         name = meta.get("name") if isinstance(meta, Mapping) else None
         if is_namespace_name(name):
-            return str(name)
-    return None
+            names.append(str(name))
+    return names
+
+
+def _not_excepted(names: list[str], pod: Mapping[str, Any],
+                  excepted: tuple[PolicyException, ...]) -> str | None:
+    """The first of `names` where no exception admits the probe `pod` (an admitted probe
+    would prove nothing), None when there is none."""
+    meta = pod["metadata"]
+    return next((ns for ns in names if not any(
+        covers(e, ns, meta.get("name"), meta.get("labels")) for e in excepted)), None)

@@ -27,11 +27,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from convergerd.admission.exceptions import render_excepted
 from convergerd.admission.render import (
+    VALIDATION_ACTIONS,
     Admission,
     RenderError,
     admission_name,
-    render_admission,
 )
 from convergerd.core.decode import (
     MAX_MESSAGE_CHARS,
@@ -183,21 +184,26 @@ def contains(want: object, have: object) -> bool:
     return want == have and type(want) is type(have)
 
 
-def render(policy: PolicyObject) -> Admission:
-    """The admission objects for `policy`, owned by it; `RenderError` when it cannot be."""
+def render(policy: PolicyObject, now: dt.datetime | None = None) -> Admission:
+    """The admission objects for `policy`, owned by it, with the exceptions honoured at `now`
+    (None: none, the strict reading); `RenderError` when it cannot be."""
     if policy.policy_id is None:
         raise RenderError("InvalidSpec", "spec.policyId is missing: the Policy cannot be named")
-    rendered = render_admission(policy.spec)
+    rendered = render_excepted(policy.spec, now)
     return Admission(policy=owned(rendered.policy, policy),
                      binding=owned(rendered.binding, policy), enforcement=rendered.enforcement)
 
 
 def writes_for(policy: PolicyObject, *, existing_policy: Mapping[str, Any] | None,
-               existing_binding: Mapping[str, Any] | None) -> OperatorWrites:
-    """The writes that bring the cluster to `policy`; raises `RenderError`."""
-    admission = render(policy)
+               existing_binding: Mapping[str, Any] | None,
+               now: dt.datetime | None = None) -> OperatorWrites:
+    """The writes that bring the cluster to `policy`, its exceptions honoured at `now`
+    (`render`); raises `RenderError`."""
+    admission = render(policy, now)
     name = admission_name(policy.policy_id or "")
-    apply_policy = None if contains(admission.policy, existing_policy) else admission.policy
+    apply_policy = None if (contains(admission.policy, existing_policy)
+                            and not _lapsed_conditions(admission.policy, existing_policy)
+                            ) else admission.policy
     if policy.enabled:
         apply_binding = (None if contains(admission.binding, existing_binding)
                          else admission.binding)
@@ -205,6 +211,14 @@ def writes_for(policy: PolicyObject, *, existing_policy: Mapping[str, Any] | Non
                               phase=ENFORCING, enforcement=admission.enforcement)
     return OperatorWrites(name, apply_policy, None,
                           delete_binding=existing_binding is not None, phase=INERT)
+
+
+def _lapsed_conditions(want: Mapping[str, Any], have: Mapping[str, Any] | None) -> bool:
+    """`have` holds matchConditions (exceptions) that `want` no longer has: `contains` cannot
+    see a field we stopped setting, and the apply without it is what removes it."""
+    spec = have.get("spec") if isinstance(have, Mapping) else None
+    return (isinstance(spec, Mapping) and bool(spec.get("matchConditions"))
+            and "matchConditions" not in want["spec"])
 
 
 def drifted(policy: PolicyObject, todo: OperatorWrites) -> bool:
@@ -528,6 +542,21 @@ def _judged(name: str, namespace: str, enforcement: Enforcement, *, denied: bool
                      f"a pod violating the policy was ADMITTED by a dry-run create in "
                      f"namespace {namespace}{how}: {name} does not {does} it; "
                      f"{_check_objects(name)}", at)
+
+
+def probe_counted(verified: Condition, enforcement: Enforcement, *, name: str, message: str,
+                  warnings: Sequence[str]) -> tuple[str, ...]:
+    """The `enforcement_action`s under which kube-apiserver's check_total counted one probe of
+    ValidatingAdmissionPolicy `name` (its answer: the refusal's `message`, the `warnings`).
+
+    A probe that proved its mode (`Denied`, `Warned`, `AuditOnly`) failed the binding as it is
+    rendered for `enforcement`, once under each of its validationActions (Warn comes with
+    Audit). Any other verdict proves only what the answer shows: a denial by `name` was counted
+    `deny`, its warning `warn`; an `audit` no client sees is not known, so not taken out."""
+    if verified.status == TRUE and verified.reason in (DENIED, WARNED, AUDIT_ONLY):
+        return tuple(action.lower() for action in VALIDATION_ACTIONS[enforcement])
+    return (*(("deny",) if denied_by(message, name) else ()),
+            *(("warn",) if warned_by(warnings, name) is not None else ()))
 
 
 def next_probe_in(policy: PolicyObject, *, now: dt.datetime, interval_s: float,

@@ -52,7 +52,8 @@ dropped: a cluster's rows of a round, or a whole round; reason from the SQLSTATE
 `convergerd_cluster_insecure{cluster}` (1 for a cluster reached without TLS verification or over
 http://, allowed by CONVERGERD_ALLOW_INSECURE_CLUSTERS; absent for the others),
 `convergerd_http_connections_refused_total{reason}` (what the HTTP server's bounds did:
-`HTTP_BOUNDS_REASONS`), `convergerd_pending_deletions` and
+`HTTP_BOUNDS_REASONS`), `convergerd_policy_revisions_pruned_total` (kept revisions the
+retention deleted, on the leader), `convergerd_pending_deletions` and
 `convergerd_pending_deletion_oldest_seconds` (deletions some cluster did not confirm, from
 the database on every replica; alert `ConvergerdDeletionPending`), plus the standard
 `process_*` and `python_gc_*` collectors.
@@ -78,6 +79,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from convergerd import __version__
+from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
 from convergerd.status.cluster import ClusterFacts
 from convergerd.status.phases import (
@@ -173,6 +175,7 @@ class Metrics:
             (r,): 0.0 for r in RECORD_FAILURE_REASONS}
         self._status_shed: dict[Labels, float] = {}
         self._http_refused: dict[Labels, float] = {(r,): 0.0 for r in HTTP_BOUNDS_REASONS}
+        self._revisions_pruned = 0.0
         # What the exposition keeps between scrapes: counter families' lines by what they
         # were written for, a cluster's phase and verification lines by its counts; and how
         # often series were dropped (`_forget`), which counters' lines are kept by too.
@@ -273,6 +276,10 @@ class Metrics:
     def http_connection_refused(self, reason: str) -> None:
         """What the HTTP server's bounds did (`convergerd.api.server.BoundsObserver`)."""
         self._http_refused[(reason,)] = self._http_refused.get((reason,), 0.0) + 1
+
+    def revisions_pruned(self, revisions: int) -> None:
+        """Kept policy revisions the retention deleted (`store.revisions.Pruner`)."""
+        self._revisions_pruned += revisions
 
     def set_loop_lag(self, seconds: float) -> None:
         self._loop_lag_s = max(0.0, seconds)
@@ -504,6 +511,10 @@ class Metrics:
         yield _counter("convergerd_http_connections_refused", "What the HTTP server's bounds "
                        "did to a connection or request, by reason", ("reason",),
                        self._http_refused)
+        yield _counter("convergerd_policy_revisions_pruned", "Kept policy revisions deleted by "
+                       "the retention (CONVERGERD_REVISION_RETENTION, "
+                       "CONVERGERD_REVISION_RETENTION_DAYS)", (),
+                       {(): self._revisions_pruned})
 
         yield _histograms("convergerd_apply_duration_seconds",
                           "Latency of apply requests per cluster", ("cluster",),
@@ -516,6 +527,7 @@ class Metrics:
         yield _gauge("convergerd_invalid_policies",
                      "Policies that cannot be delivered (bad id, type or params)",
                      float(len(state.invalid)))
+        yield from _exception_families(state.exception_tally)
         count, age = pending_deletion_values(self.state.pending_deletions(), now)
         yield _gauge("convergerd_pending_deletions",
                      "Policy deletions begun and not finished: some cluster did not "
@@ -661,6 +673,21 @@ class _HistogramFamily(_Family):
         for values, hist in self.histograms:
             family.add_metric(values, hist.buckets(), hist.sum)
         return family
+
+
+def _exception_families(tally: Sequence[ExceptionTally]) -> Iterator[_Family]:
+    """Per policy (a fleet total, never per cluster), the policies that have exceptions."""
+    for name, doc, field in (
+            ("convergerd_policy_exceptions", "Exceptions in force per policy", "in_force"),
+            ("convergerd_policy_exceptions_expiring_7d",
+             "Exceptions in force per policy that expire within 7 days", "expiring_soon"),
+            ("convergerd_policy_exceptions_expired_delivered",
+             "Expired exceptions per policy that some cluster is still recorded with (a "
+             "revision of the policy that carried them, or not lapsed yet)",
+             "expired_delivered")):
+        family = _Family(name, doc, labels=("policy",))
+        family.add_rows([((t.policy,), float(getattr(t, field))) for t in tally])
+        yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> _Family:

@@ -7,10 +7,11 @@ assign a fact, change a cluster or call a feeder: mypy refuses it. Pure.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol
 
+from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import AuditSample, Epoch, RoundReport
 from convergerd.core.rows import PendingDeletions, RoundRow
@@ -80,6 +81,9 @@ class StatusReader(Protocol):
     @property
     def invalid(self) -> Mapping[str, str]:
         """The policies that cannot be delivered: id -> reason."""
+    @property
+    def exception_tally(self) -> Sequence[ExceptionTally]:
+        """Exceptions per policy, as the database last counted them."""
     @property
     def pending(self) -> PendingDeletions: ...
     @property

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
+from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.facts import OWN_PROBED_AT
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.report import (
@@ -96,6 +97,8 @@ class StatusState:
             ("",) * shards, frozenset(), (identity,), None)
         self._shards = self._seen_shards(shards)
         self._invalid: Mapping[str, str] = MappingProxyType({})  # policy id -> reason
+        # Exceptions per policy, as the database counted them (`delivery.lapse`, every pass).
+        self._exception_tally: tuple[ExceptionTally, ...] = ()
         self._pending = PendingDeletions()  # deletions begun and not finished (database sync)
         self._version = 0
         self._synced_at: dt.datetime | None = None
@@ -125,6 +128,11 @@ class StatusState:
     def invalid(self) -> Mapping[str, str]:
         """The policies that cannot be delivered: id -> reason."""
         return self._invalid
+
+    @property
+    def exception_tally(self) -> tuple[ExceptionTally, ...]:
+        """Exceptions per policy (in force, expiring soon, expired yet delivered)."""
+        return self._exception_tally
 
     @property
     def pending(self) -> PendingDeletions:
@@ -375,6 +383,10 @@ class StatusState:
     def set_invalid(self, invalid: Iterable[tuple[str, str]]) -> None:
         self._version += 1  # what status shows may have changed
         self._invalid = MappingProxyType(dict(invalid))
+
+    def set_exception_tally(self, tally: Iterable[ExceptionTally]) -> None:
+        # Only the metrics show it: no status view changes, so `version` stays.
+        self._exception_tally = tuple(tally)
 
     def set_pending_deletions(self, pending: PendingDeletions) -> None:
         self._version += 1  # what status shows may have changed

@@ -4,4 +4,5 @@ the daemon reads and records through (`store`; a round's rows and how they are w
 `convergerd import` (`importer`)."""
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
-__all__ = ["importer", "notify", "schema", "store", "tenants", "yamlfile"]
+__all__ = ["exceptions", "importer", "notify", "revisions", "schema", "store", "tenants",
+           "yamlfile"]

@@ -6,6 +6,10 @@
       - {id: p-latest, boundary: team-a, enabled: true, rule: {type: ForbidLatestTag}}
       - {id: p-regs, boundary: team-a, enforcement: Warn,
          rule: {type: AllowedRegistries, registries: [registry.example.com]}}
+    exceptions:
+      - {policy: p-latest, id: legacy-web, namespace: team-a-web, selector: {matchLabels:
+         {app: legacy}}, reason: TICKET-123, requestedBy: dev@team-a, approvedBy: admin,
+         expiresAt: 2027-01-31}
 
 A policy's `enforcement` is `Deny` (the default), `Warn` or `Audit` (docs/design.md, "Modes").
 
@@ -15,11 +19,15 @@ as a converge round (`render.validate_policy`), and names the entry and field of
 a file with any problem changes nothing. The database part applies a valid file in one
 transaction. A boundary's cluster list replaces its previous one; a policy's revision increases
 only when its content (boundary, rule, enabled, enforcement) changes, and new policies start
-at 1.
+at 1. An exception (`core.exceptions`: checked as the API checks a grant, its expiry in the
+future and within `CONVERGERD_EXCEPTION_MAX_DAYS`) is upserted by (policy, id); a new or
+changed one is a new revision of its policy and is recorded as an `import` change by its
+approver.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -28,12 +36,14 @@ from typing import Any
 
 import asyncpg
 
-from convergerd.config import IMPORT_MAX_BYTES_DEFAULT, SETTINGS_BY_KEY
+from convergerd.config import IMPORT_MAX_BYTES_DEFAULT, SETTINGS_BY_KEY, default_of
 from convergerd.core.errors import BadFile, ConvergerdError
+from convergerd.core.exceptions import FIELDS, check_grant, parse_exception
 from convergerd.core.model import (
     DEFAULT_ENFORCEMENT,
     Enforcement,
     InvalidPolicy,
+    PolicyException,
     PolicyRow,
     RuleError,
     check_boundary_id,
@@ -47,13 +57,16 @@ from convergerd.core.render import validate_policy
 from convergerd.core.shown import shown
 from convergerd.files import read_bounded
 from convergerd.store.errors import database_errors
+from convergerd.store.exceptions import upsert as upsert_exception
+from convergerd.store.revisions import set_actor
 from convergerd.store.schema import check_schema
 from convergerd.store.yamlfile import load_yaml
 
-TOP_LEVEL_KEYS = ("clusters", "boundaries", "policies")
+TOP_LEVEL_KEYS = ("clusters", "boundaries", "policies", "exceptions")
 CLUSTER_FIELDS = ("id",)
 BOUNDARY_FIELDS = ("id", "clusters")
 POLICY_FIELDS = ("id", "boundary", "enabled", "rule", "enforcement")
+EXCEPTION_MAX_DAYS_DEFAULT: float = default_of("exception_max_days")
 # pg_advisory_xact_lock key serialising concurrent imports ("convergerd import").
 IMPORT_LOCK_KEY = 0x636F6E76_696D7072
 # A file with thousands of bad entries is reported by its first ones and a count.
@@ -106,6 +119,7 @@ class ImportPlan:
     clusters: tuple[str, ...] = ()
     boundaries: tuple[ImportedBoundary, ...] = ()
     policies: tuple[ImportedPolicy, ...] = ()
+    exceptions: tuple[tuple[str, PolicyException], ...] = ()  # (policy id, exception)
 
 
 @dataclass(slots=True)
@@ -123,11 +137,13 @@ class ImportSummary:
     clusters: Counts = field(default_factory=Counts)
     boundaries: Counts = field(default_factory=Counts)
     policies: Counts = field(default_factory=Counts)
+    exceptions: Counts = field(default_factory=Counts)
 
     def __str__(self) -> str:
-        return "\n".join(
-            f"{kind}: {getattr(self, kind)}" for kind in ("clusters", "boundaries", "policies")
-        )
+        kinds = ("clusters", "boundaries", "policies") + (
+            ("exceptions",) if self.exceptions.created or self.exceptions.updated
+            or self.exceptions.unchanged else ())
+        return "\n".join(f"{kind}: {getattr(self, kind)}" for kind in kinds)
 
 
 # ---- pure validation ---------------------------------------------------------------------------
@@ -311,9 +327,46 @@ def _parse_policy(label: str, ident: str, entry: Mapping[str, Any], p: _Problems
     return ImportedPolicy(ident, boundary, result.rule.as_dict(), enabled, enforcement)
 
 
-def parse_import(data: Any) -> ImportPlan:
+def _parse_exceptions(data: Mapping[str, Any], problems: _Problems, *, now: dt.datetime,
+                      max_days: float) -> list[tuple[str, PolicyException]]:
+    found: list[tuple[str, PolicyException]] = []
+    seen: set[tuple[str, str]] = set()
+    for where, entry in _entries(data, "exceptions", problems):
+        if not isinstance(entry, Mapping):
+            problems.add(where, f"must be a mapping with policy, {', '.join(FIELDS)}, got "
+                         f"{shown(entry)}")
+            continue
+        label = f"{where} (id {shown(entry.get('id'), 60)})"
+        policy = entry.get("policy")
+        if not isinstance(policy, str):
+            problems.add(label, f"policy: required, a policy id (got {shown(policy)})")
+            continue
+        try:
+            check_policy_id(policy)
+        except RuleError as exc:
+            problems.add(label, _renamed(exc, "policy"))
+            continue
+        try:
+            exception = parse_exception({k: v for k, v in entry.items() if k != "policy"},
+                                        "exception")
+            check_grant(exception, now=now, max_days=max_days, where="expiresAt")
+        except RuleError as exc:
+            problems.add(label, str(exc).removeprefix("exception."))
+            continue
+        if (policy, exception.id) in seen:
+            problems.add(label, f"id: duplicate exception {shown(exception.id)} of policy "
+                         f"{shown(policy)}")
+            continue
+        seen.add((policy, exception.id))
+        found.append((policy, exception))
+    return found
+
+
+def parse_import(data: Any, *, now: dt.datetime | None = None,
+                 exception_max_days: float = EXCEPTION_MAX_DAYS_DEFAULT) -> ImportPlan:
     """Validate a loaded YAML document into an `ImportPlan`; `ImportFileError` lists every
-    problem, each naming the entry and field."""
+    problem, each naming the entry and field. Exceptions' expiries are checked against `now`
+    (the current time when None) and `exception_max_days`."""
     problems = _Problems()
     if not isinstance(data, Mapping):
         shown = "an empty file" if data is None else type(data).__name__
@@ -336,12 +389,15 @@ def parse_import(data: Any) -> ImportPlan:
         policy = _parse_policy(label, ident, entry, problems)
         if _check_duplicate(label, "policy", ident, seen, problems) and policy is not None:
             policies.append(policy)
+    exceptions = _parse_exceptions(data, problems, now=now or dt.datetime.now(dt.UTC),
+                                   max_days=exception_max_days)
     problems.raise_any()
-    return ImportPlan(tuple(clusters), tuple(boundaries), tuple(policies))
+    return ImportPlan(tuple(clusters), tuple(boundaries), tuple(policies), tuple(exceptions))
 
 
 def check_references(
-    plan: ImportPlan, *, known_clusters: Set[str], known_boundaries: Set[str]
+    plan: ImportPlan, *, known_clusters: Set[str], known_boundaries: Set[str],
+    known_policies: Set[str] = frozenset(),
 ) -> None:
     """Every boundary's clusters and every policy's boundary must exist, in the file or in the
     database (`known_*`)."""
@@ -356,6 +412,11 @@ def check_references(
                     f"clusters[{j}]: unknown cluster {shown(cluster)} (not in the file nor the "
                     "database)",
                 )
+    for i, (policy_id, exception) in enumerate(plan.exceptions):
+        if policy_id not in {p.id for p in plan.policies} | set(known_policies):
+            problems.add(f"exceptions[{i}] (id {shown(exception.id)})",
+                         f"policy: unknown policy {shown(policy_id)} (not in the file nor the "
+                         "database)")
     for i, policy in enumerate(plan.policies):
         if policy.boundary not in boundaries:
             problems.add(
@@ -366,20 +427,22 @@ def check_references(
     problems.raise_any()
 
 
-def parse_file_bytes(data: bytes) -> ImportPlan:
+def parse_file_bytes(data: bytes, *,
+                     exception_max_days: float = EXCEPTION_MAX_DAYS_DEFAULT) -> ImportPlan:
     """Validate a file's bytes: one bounded YAML document, then `parse_import`."""
     try:
         document = load_yaml(data)
     except BadFile as exc:
         raise ImportFileError("file", [str(exc)]) from None
-    return parse_import(document)
+    return parse_import(document, exception_max_days=exception_max_days)
 
 
-def load_file(path: Path, *, max_bytes: int = IMPORT_MAX_BYTES_DEFAULT) -> ImportPlan:
+def load_file(path: Path, *, max_bytes: int = IMPORT_MAX_BYTES_DEFAULT,
+              exception_max_days: float = EXCEPTION_MAX_DAYS_DEFAULT) -> ImportPlan:
     """Read (at most `max_bytes`) and validate a file; `ImportFileError` names the file."""
     try:
         data = read_bounded(path, max_bytes, setting=SETTINGS_BY_KEY["import_max_bytes"].env)
-        return parse_file_bytes(data)
+        return parse_file_bytes(data, exception_max_days=exception_max_days)
     except BadFile as exc:
         raise ImportFileError(str(path), [str(exc)]) from None
     except ImportFileError as exc:
@@ -474,21 +537,29 @@ async def apply_plan(conn: asyncpg.Connection, plan: ImportPlan) -> ImportSummar
     summary = ImportSummary()
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", IMPORT_LOCK_KEY)
+        await set_actor(conn, "convergerd import")  # the revisions' `saved_by`
         known_clusters = {r["id"] for r in await conn.fetch("SELECT id FROM clusters")}
         known_boundaries = {r["id"] for r in await conn.fetch("SELECT id FROM boundaries")}
-        check_references(plan, known_clusters=known_clusters, known_boundaries=known_boundaries)
+        known_policies = {r["id"] for r in await conn.fetch(
+            "SELECT id FROM policies WHERE deleted_at IS NULL")}
+        check_references(plan, known_clusters=known_clusters, known_boundaries=known_boundaries,
+                         known_policies=known_policies)
         await _apply_clusters(conn, plan, summary.clusters)
         await _apply_boundaries(conn, plan, summary.boundaries)
         await _apply_policies(conn, plan, summary.policies)
+        for policy_id, exception in plan.exceptions:
+            done = await upsert_exception(conn, policy_id, exception)
+            setattr(summary.exceptions, done, getattr(summary.exceptions, done) + 1)
     return summary
 
 
 async def import_file(
-    dsn: str, path: Path, *, max_bytes: int = IMPORT_MAX_BYTES_DEFAULT
+    dsn: str, path: Path, *, max_bytes: int = IMPORT_MAX_BYTES_DEFAULT,
+    exception_max_days: float = EXCEPTION_MAX_DAYS_DEFAULT,
 ) -> ImportSummary:
     """`convergerd import FILE`: read at most `max_bytes`, validate, then upsert everything in
     one transaction."""
-    plan = load_file(path, max_bytes=max_bytes)
+    plan = load_file(path, max_bytes=max_bytes, exception_max_days=exception_max_days)
     with database_errors(dsn, connecting=True):
         conn = await asyncpg.connect(dsn, timeout=10)
     try:

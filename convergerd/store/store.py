@@ -20,6 +20,7 @@ import asyncpg
 from convergerd.config import MAX_IDENTITY_CHARS, redact_dsn
 from convergerd.core.decode import clean_text
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable
+from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.facts import READ_NAMES, READING_NAMES, RECORDED, SEEN_COLUMN, Field, reorder
 from convergerd.core.model import (
     Boundary,
@@ -30,6 +31,7 @@ from convergerd.core.model import (
     Fleet,
     InvalidPolicy,
     Policy,
+    PolicyException,
     PolicyId,
     PolicyRow,
     UnreadableJson,
@@ -45,6 +47,7 @@ from convergerd.core.report import (
     RoundReport,
     RoundResult,
 )
+from convergerd.core.revisions import History, Rollback
 from convergerd.core.rows import (
     BoundaryPolicy,
     BoundaryRows,
@@ -58,7 +61,7 @@ from convergerd.core.rows import (
 )
 from convergerd.core.spread import Claimed, Part
 from convergerd.core.tokens import TokenRecord
-from convergerd.store import parts, tenants
+from convergerd.store import exceptions, parts, revisions, tenants
 from convergerd.store.errors import (
     database_errors,
     is_transient,
@@ -66,6 +69,7 @@ from convergerd.store.errors import (
     rejection_reason,
     unavailable,
 )
+from convergerd.store.exceptions import StoredException, exceptions_column
 from convergerd.store.records import (
     RecordObserver,
     confirmed_by_listing,
@@ -74,6 +78,7 @@ from convergerd.store.records import (
     write_round,
     write_round_by_cluster,
 )
+from convergerd.store.revisions import Pruned
 from convergerd.store.schema import check_schema
 from convergerd.store.tenants import Refused
 from convergerd.store.values import json_column
@@ -124,8 +129,8 @@ _WITH_LISTING = "LEFT JOIN cluster_state cs ON cs.cluster_id = d.cluster_id"
 # known clusters the boundary covers (computed once), and its records on every cluster.
 _POLICY_STATUS = f"""
 WITH p AS (
-    SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement, deleted_at
-    FROM policies
+    SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement, deleted_at,
+           {exceptions_column("policies")} FROM policies
     WHERE id = $1
 ), s AS (
     SELECT EXISTS (SELECT 1 FROM boundaries b JOIN p ON b.id = p.boundary_id) AS boundary_known,
@@ -134,6 +139,7 @@ WITH p AS (
                  JOIN clusters c ON c.id = bc.cluster_id) AS scope
 )
 SELECT p.id, p.boundary_id, p.rule, p.enabled, p.revision, p.enforcement, p.deleted_at,
+       p.exceptions,
        s.boundary_known,
        -- The scope once, on the first row: on every row it would cost clusters^2 elements
        -- (at 1,000 clusters, 1,000,000 array elements for the server to build and us to decode).
@@ -195,6 +201,7 @@ def _policy_row(r: asyncpg.Record) -> PolicyRow:
         enabled=r["enabled"],
         revision=r["revision"],
         enforcement=r["enforcement"],
+        exceptions=r.get("exceptions") or (),
     )
 
 
@@ -285,7 +292,8 @@ class Store:
                    GROUP BY b.id ORDER BY b.id"""
             )
             policy_rows = await conn.fetch(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
+                           {exceptions_column("policies")}
                     FROM policies WHERE deleted_at IS NULL ORDER BY id"""  # noqa: S608
             )
         boundaries = {
@@ -312,7 +320,8 @@ class Store:
         """The stored row (not validated), or None if there is none or it is being deleted."""
         async with self._acquire() as conn:
             row = await conn.fetchrow(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
+                           {exceptions_column("policies")}
                     FROM policies WHERE id = $1 AND deleted_at IS NULL""",  # noqa: S608
                 policy_id,
             )
@@ -323,7 +332,8 @@ class Store:
         revision (the trigger of migration 0008). Nothing is written, so nothing notified, when
         the mode is already the one stored, or there is no such policy or its deletion has
         begun: the save that follows answers those."""
-        async with self._acquire() as conn:
+        async with self._acquire() as conn, conn.transaction():
+            await revisions.set_actor(conn, "admin token (POST /v1/policies/{id}/apply)")
             await conn.execute(
                 """UPDATE policies SET enforcement = $2
                    WHERE id = $1 AND deleted_at IS NULL AND enforcement IS DISTINCT FROM $2""",
@@ -378,7 +388,7 @@ class Store:
                    WHERE bc.boundary_id = $1 ORDER BY bc.cluster_id""", boundary)
             rows = await conn.fetch(
                 f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
-                           deleted_at, count(*) OVER () AS total
+                           deleted_at, count(*) OVER () AS total, {exceptions_column("policies")}
                     FROM policies WHERE boundary_id = $1 ORDER BY id LIMIT $2""",  # noqa: S608
                 boundary, most)
         policies = []
@@ -411,6 +421,34 @@ class Store:
     async def live_tokens(self) -> list[tuple[bytes, TokenRecord]]:
         async with self._acquire() as conn:
             return await tenants.live(conn)
+
+    # ---- revisions (`store.revisions`) --------------------------------------------------------
+
+    async def revision_history(self, policy_id: str, *, before: int | None,
+                               limit: int) -> History | None:
+        async with self._acquire() as conn:
+            return await revisions.history(conn, policy_id, before=before, limit=limit)
+
+    async def rollback(self, policy_id: str, to: int, *, actor: str) -> Rollback:
+        """The content of revision `to` as the policy's new revision (see
+        `revisions.rollback`), refused (nothing written) when that is not a valid policy now,
+        as a save would find it."""
+
+        async def check(conn: asyncpg.Connection) -> str | None:
+            target = await _target(conn, policy_id)
+            if target is None:
+                return "the row is gone"
+            found = deliverable_policy(target.row, boundary_exists=target.boundary_exists)
+            return found.reason if isinstance(found, InvalidPolicy) else None
+
+        async with self._acquire() as conn:
+            return await revisions.rollback(conn, policy_id, to, actor=actor, check=check)
+
+    async def prune_revisions(self, *, keep_last: int, max_age_days: float,
+                              batches: int) -> Pruned:
+        async with self._acquire() as conn:
+            return await revisions.prune(conn, keep_last=keep_last, max_age_days=max_age_days,
+                                         batches=batches)
 
     async def pending_deletions(self) -> PendingDeletions:
         """Policies whose deletion began and has not finished: how many, and the oldest
@@ -602,6 +640,7 @@ class Store:
         `0003`): `DatabaseRejected` (reason `constraint`) when a cluster not in `removed_from`
         holds it, and nothing changes."""
         async with self._acquire() as conn, conn.transaction():
+            await revisions.set_actor(conn, "convergerd (DELETE /v1/policies/{id})")
             await conn.execute(
                 "DELETE FROM deliveries WHERE policy_id = $1 AND cluster_id = ANY($2::text[])",
                 policy_id, list(removed_from),
@@ -628,7 +667,7 @@ class Store:
         async with self._acquire() as conn:
             rows = await conn.fetch(
                 f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
-                           deleted_at IS NOT NULL AS deleting
+                           deleted_at IS NOT NULL AS deleting, {exceptions_column("policies")}
                     FROM policies WHERE id = ANY($1::text[])""",  # noqa: S608
                 list(policy_ids),
             )
@@ -640,6 +679,30 @@ class Store:
                 policy=valid if isinstance(valid, Policy) else None,
             )
         return found
+
+    # ---- exceptions (`convergerd.store.exceptions`) -------------------------------------------
+
+    async def grant_exception(self, policy_id: str, exception: PolicyException) -> int:
+        """Store a checked exception; the policy's new revision (`exceptions.grant`)."""
+        async with self._acquire() as conn:
+            return await exceptions.grant(conn, policy_id, exception)
+
+    async def withdraw_exception(self, policy_id: str, exception_id: str,
+                                 actor: str) -> tuple[dict[str, Any], int] | None:
+        async with self._acquire() as conn:
+            return await exceptions.withdraw(conn, policy_id, exception_id, actor)
+
+    async def list_exceptions(self, policy_id: str | None = None) -> list[StoredException]:
+        async with self._acquire() as conn:
+            return await exceptions.listed(conn, policy_id)
+
+    async def lapse_exceptions(self) -> tuple[list[tuple[str, str, int]], dt.datetime | None]:
+        async with self._acquire() as conn:
+            return await exceptions.lapse(conn)
+
+    async def exception_tally(self, soon_s: float) -> list[ExceptionTally]:
+        async with self._acquire() as conn:
+            return await exceptions.tally(conn, soon_s)
 
     # ---- a save spread over the shard holders (`convergerd.store.parts`) ---------------------
 
@@ -687,7 +750,7 @@ class Store:
 async def _target(conn: asyncpg.Connection, policy_id: str) -> Target | None:
     row = await conn.fetchrow(
         f"""SELECT p.id, p.boundary_id, {_rule_column("p")}, p.enabled, p.revision,
-                  p.enforcement, p.deleted_at IS NOT NULL AS deleting,
+                  p.enforcement, p.deleted_at IS NOT NULL AS deleting, {exceptions_column("p")},
                   EXISTS (SELECT 1 FROM boundaries b WHERE b.id = p.boundary_id) AS boundary_exists,
                   ARRAY(SELECT bc.cluster_id FROM boundary_clusters bc
                         JOIN clusters c ON c.id = bc.cluster_id

@@ -178,3 +178,8 @@ async def test_the_demo_shows_violations_of_workloads_that_predate_the_policies(
         table = (await out.communicate())[0].decode()
         assert "VIOLATIONS" in table
         assert "  no-latest: 2 on 2 clusters" in table.splitlines(), table
+        # The sample tenants' exception, with when it expires (30 days: "in 29d23h").
+        [excepted] = [line for line in table.splitlines()
+                      if line.startswith("  team-b-registries: 1, ")]
+        assert re.search(r"first to expire vendor-agent \(namespace team-b\) at "
+                         r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, in (29d|30d)", excepted), excepted

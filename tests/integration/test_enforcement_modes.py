@@ -39,6 +39,7 @@ from tests.integration.test_operator import (
     CLUSTER,
     POLICIES,
     binding_path,
+    condition,
     get,
     operator_settings,
     put_namespace,
@@ -46,6 +47,7 @@ from tests.integration.test_operator import (
     verified_when,
     wait_for,
 )
+from tests.integration.test_operator_repair import status_writes
 
 TOKEN = "modes-token-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -236,25 +238,53 @@ async def test_warn_admits_with_the_warning_deny_denies_audit_admits_and_verifie
         assert "pod/audited created" in out
 
 
+async def verified_seen(fleet: Fleet, pid: str, after: str) -> list[dict[str, Any]]:
+    """Every Verified condition the Policy held after resourceVersion `after`, as a watch
+    (`kubectl get -w`) saw them, however briefly each one stood."""
+    resp = await kube_http(fleet, CLUSTER, "GET",
+                           f"{POLICIES}?watch=true&resourceVersion={after}&timeoutSeconds=1")
+    assert resp.status == 200, resp.body
+    seen: list[dict[str, Any]] = []
+    for line in resp.body.splitlines():
+        event = json.loads(line)
+        obj = event["object"]
+        if event["type"] == "MODIFIED" and obj["metadata"]["name"] == f"policy-{pid}":
+            found = condition(obj, "Verified")
+            if found is not None and (not seen or seen[-1] != found):
+                seen.append(found)
+    return seen
+
+
 async def test_an_audit_binding_deleted_by_hand_is_not_verified(
     client: Client, fleet: Fleet
 ) -> None:
     """Admitted in silence is also what no binding at all does: the Audit probe reads its
-    binding back, so a binding removed by hand is `Admitted`, not `AuditOnly`."""
+    binding back, so a binding removed by hand is `Admitted`, not `AuditOnly`. The watch on
+    the binding sees the deletion at once: that verdict is probed and written before the
+    binding is put back, then the probe after the repair verifies the mode again."""
     await put_namespace(fleet, "team-a", "team-a")
-    settings = operator_settings(fleet, CONVERGERD_OPERATOR_PROBE_MINUTES="0.02",
-                                 CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS="1")
-    async with running(settings) as proc:
+    async with running(operator_settings(fleet)) as proc:
         assert (await save(client, enforcement="Audit"))[0] == 200
-        await verified_in_mode(fleet, "Audit", "AuditOnly")
+        before = await verified_in_mode(fleet, "Audit", "AuditOnly")
+        assert proc.operator is not None
+        guard = proc.operator.guard
+        await wait_for(lambda: guard.synced)  # a change before its first list is not one
+        since = fleet.accounting.requests()[-1].seq
         resp = await kube_http(fleet, CLUSTER, "DELETE", binding_path(PID))
         assert resp.status == 200, resp.body
-        found = await wait_for(lambda: verified_when(fleet, PID, lambda v: (
-            v["status"], v["reason"]) == ("False", "Admitted")))
-        assert "not installed with [Audit]" in found["message"]
-        assert proc.metrics.probes["Admitted"] >= 1
-        await verified_in_mode(fleet, "Audit", "AuditOnly")  # repaired, then verified again
 
+        await wait_for(lambda: proc.metrics.repairs["binding"] == 1)
+        assert await get(fleet, binding_path(PID)) is not None
+        assert proc.metrics.probes["Admitted"] == 1
+        await verified_in_mode(fleet, "Audit", "AuditOnly")
+        # Both verdicts were written: the daemon, and anyone watching, saw the gap.
+        await wait_for(lambda: len(status_writes(fleet, since)) == 2)
+        seen = await verified_seen(fleet, PID, before["metadata"]["resourceVersion"])
+        verdicts = [(v["status"], v["reason"]) for v in seen]
+        gap = verdicts.index(("False", "Admitted"))
+        assert verdicts[gap:] == [("False", "Admitted"), ("True", "AuditOnly")]
+        assert "its binding is not installed with [Audit]" in seen[gap]["message"]
+        assert proc.metrics.repairs == {"policy": 0, "binding": 1}
 
 
 async def test_rounds_deliver_the_mode_and_put_it_back(

@@ -6,6 +6,7 @@ simulator. The document validates as OpenAPI 3."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -109,7 +110,8 @@ async def world(fleet: Fleet, database_url: str) -> AsyncIterator[World]:
     app = make_app(metrics=Metrics(state=state), state=state,
                    store=store, settings=settings, health=health,
                    saver=make_saver(rounds, store), status_db_timeout_s=2,
-                   tenants=store, book=book)
+                   tenants=store, book=book, revisions=store,
+                   exceptions=store)
     seen: set[Answer] = set()
 
     async def record(request: web.Request, response: web.StreamResponse) -> None:
@@ -164,22 +166,48 @@ async def test_every_documented_answer_is_produced(
         await w.call(method, path.format("p-none"), headers=AUTH)  # 404
         await w.call(method, path.format("p-latest"), headers=AUTH, data=BIG)  # 413
         assert await w.late_body(method, path.format("p-latest")) == 408
+    grant = {"id": "legacy", "namespace": "team-a-web", "reason": "r", "requestedBy": "a",
+             "approvedBy": "b", "expiresAt": "2099-01-01T00:00:00Z"}
+    grants, withdraw = "/v1/policies/{}/exceptions", "/v1/policies/p-latest/exceptions/{}"
+    await w.call("GET", "/v1/exceptions?policy=Bad_Id")  # 400
+    await w.call("POST", grants.format("p-latest"), headers=AUTH, json=grant)  # 400: too far
+    grant["expiresAt"] = (dt.datetime.now(dt.UTC) + dt.timedelta(days=9)).isoformat()
+    assert await w.call("POST", grants.format("p-latest"), headers=AUTH, json=grant) == 201
+    assert await w.call("POST", grants.format("p-latest"), headers=AUTH, json=grant) == 409
+    await w.call("GET", "/v1/exceptions")  # 200
+    await w.call("POST", grants.format("p-latest"), json=grant)  # 401
+    await w.call("POST", grants.format("p-none"), headers=AUTH, json=grant)  # 404
+    await w.call("POST", grants.format("p-latest"), headers=AUTH, data=BIG)  # 413
+    assert await w.late_body("POST", grants.format("p-latest")) == 408
+    by = {"by": "lead"}
+    await w.call("DELETE", withdraw.format("Bad!"), headers=AUTH, json=by)  # 400
+    await w.call("DELETE", withdraw.format("legacy"), json=by)  # 401
+    assert await w.call("DELETE", withdraw.format("legacy"), headers=AUTH, json=by) == 200
+    assert await w.call("DELETE", withdraw.format("legacy"), headers=AUTH, json=by) == 404
+    await w.call("DELETE", withdraw.format("legacy"), headers=AUTH, data=BIG)  # 413
+    assert await w.late_body("DELETE", withdraw.format("legacy")) == 408
     await sql(database_url, "UPDATE policies SET rule = '[]' WHERE id = 'p-labels'")
     assert await w.call("POST", "/v1/policies/p-labels/apply", headers=AUTH) == 422
     fleet.set_faults("c0003", Faults(down=True))
     assert await w.call("DELETE", "/v1/policies/p-latest", headers=AUTH) == 409
+    assert await w.call("DELETE", "/v1/policies/p-latest/exceptions/x", headers=AUTH,
+                        json=by) == 409
     assert await w.call("POST", "/v1/policies/p-latest/apply", headers=AUTH) == 409
     fleet.clear_faults("c0003")
 
-    for path in ("/metrics", "/status", "/v1/clusters/c0001", "/v1/policies/p-regs/status"):
+    for path in ("/metrics", "/status", "/v1/clusters/c0001", "/v1/policies/p-regs/status",
+                 "/v1/exceptions"):
         assert await w.call("GET", path, headers=NOBODY) == 401, path
         assert await w.call("GET", path, headers=READ) == 403, path
     for method, path in (("POST", "/v1/policies/p-regs/apply"), ("DELETE", "/v1/policies/p-regs"),
                          ("POST", "/v1/tokens"), ("GET", "/v1/tokens"),
-                         ("DELETE", "/v1/tokens/reader")):
+                         ("DELETE", "/v1/tokens/reader"),
+                         ("POST", "/v1/policies/p-regs/exceptions"),
+                         ("DELETE", "/v1/policies/p-regs/exceptions/x")):
         assert await w.call(method, path, headers=READ) == 403, path
         assert await w.call(method, path) == 401, path
     await _tokens_and_boundaries(w)
+    await _revisions(w, database_url)
 
     ended = asyncio.create_task(asyncio.sleep(0))
     await ended
@@ -194,15 +222,24 @@ async def test_every_documented_answer_is_produced(
                          ("DELETE", "/v1/policies/p-regs"), ("GET", "/v1/tokens"),
                          ("DELETE", "/v1/tokens/reader"),
                          ("GET", "/v1/boundaries/team-b"),
-                         ("GET", "/v1/boundaries/team-a/policies/p-regs")):
+                         ("GET", "/v1/boundaries/team-a/policies/p-regs"),
+                         ("GET", "/v1/policies/p-regs/revisions"),
+                         ("GET", "/v1/boundaries/team-a/policies/p-regs/revisions"),
+                         ("GET", "/v1/exceptions")):
         assert await w.call(method, path, headers=AUTH) == 503, path
+    assert await w.call("POST", "/v1/policies/p-regs/rollback", headers=AUTH,
+                        json={"to": 1}) == 503
     assert await w.call("POST", "/v1/tokens", headers=AUTH,
                         json={"boundary": "team-a", "name": "later"}) == 503
 
+    assert await w.call("POST", grants.format("p-latest"), headers=AUTH, json=grant) == 503
+    assert await w.call("DELETE", withdraw.format("legacy"), headers=AUTH, json=by) == 503
     for path, headers in (("/status", {}), ("/v1/clusters/c0001", {}),
-                          ("/v1/policies/p-regs/status", {}),
+                          ("/v1/policies/p-regs/status", {}), ("/v1/exceptions", {}),
                           ("/v1/boundaries/team-a", READ),
                           ("/v1/boundaries/team-a/policies/p-regs", READ),
+                          ("/v1/policies/p-regs/revisions", {}),
+                          ("/v1/boundaries/team-a/policies/p-regs/revisions", READ),
                           # Past this token's reads (100 at 50/s).
                           ("/metrics", AUTH), ("/v1/tokens", AUTH)):
         for method in ("GET", "HEAD"):
@@ -244,3 +281,34 @@ async def _tokens_and_boundaries(w: World) -> None:
     assert await w.call("GET", "/v1/boundaries/team-a/policies/p-latest") == 401
     assert await w.call("GET", "/v1/boundaries/team-a?limit=0", headers=AUTH) == 400
     assert await w.call("GET", "/v1/boundaries/team-a/policies/Bad_Id", headers=AUTH) == 400
+
+
+async def _revisions(w: World, database_url: str) -> None:
+    """The revisions' and the rollback's answers (the database up). By now p-regs has its
+    revision 1, p-labels an invalid rule (revision 2), p-latest its deletion begun."""
+    await sql(database_url, """UPDATE policies SET rule = '{"type": "ForbidLatestTag"}'
+              WHERE id = 'p-labels'""")  # revision 3: valid again, 2 is not
+    for path in ("/v1/policies/p-regs/revisions", "/v1/policies/Bad_Id/revisions",
+                 "/v1/policies/p-regs/revisions?limit=0", "/v1/policies/p-none/revisions"):
+        await w.call("GET", path)
+    for headers in (AUTH, READ):
+        assert await w.call("GET", "/v1/boundaries/team-a/policies/p-regs/revisions",
+                            headers=headers) == 200
+    assert await w.call("GET", "/v1/boundaries/team-a/policies/p-labels/revisions",
+                        headers=READ) == 404
+    assert await w.call("GET", "/v1/boundaries/team-a/policies/Bad_Id/revisions",
+                        headers=READ) == 400
+    assert await w.call("GET", "/v1/boundaries/team-a/policies/p-regs/revisions") == 401
+    assert await w.call("GET", "/v1/policies/p-regs/revisions", headers=NOBODY) == 401
+    assert await w.call("GET", "/v1/policies/p-regs/revisions", headers=READ) == 403
+
+    rollback = "/v1/policies/{}/rollback"
+    for policy, body, status in (("p-regs", {"to": 1}, 200), ("Bad_Id", {"to": 1}, 400),
+                                 ("p-regs", {"to": 99}, 404), ("p-latest", {"to": 1}, 409),
+                                 ("p-labels", {"to": 2}, 422)):
+        assert await w.call("POST", rollback.format(policy), headers=AUTH,
+                            json=body) == status, (policy, body)
+    assert await w.call("POST", rollback.format("p-regs"), json={"to": 1}) == 401
+    assert await w.call("POST", rollback.format("p-regs"), headers=READ, json={"to": 1}) == 403
+    assert await w.call("POST", rollback.format("p-regs"), headers=AUTH, data=BIG) == 413
+    assert await w.late_body("POST", rollback.format("p-regs")) == 408

@@ -73,14 +73,19 @@ async def put_namespace(fleet: Fleet, name: str, boundary: str) -> None:
 
 
 async def put_policy(fleet: Fleet, pid: str, *, enabled: bool = True, boundary: str = "b1",
-                     rule: dict[str, Any] | None = None) -> None:
+                     rule: dict[str, Any] | None = None, revision: int = 1,
+                     enforcement: str | None = None) -> None:
+    """Apply a Policy as the daemon's save does (`enforcement`: its mode, absent for Deny)."""
+    spec: dict[str, Any] = {"policyId": pid, "boundary": boundary, "enabled": enabled,
+                            "revision": revision, "rule": rule or {"type": "ForbidLatestTag"}}
+    if enforcement is not None:
+        spec["enforcement"] = enforcement
     body = {
         "apiVersion": "platform.stackship.se/v1alpha1", "kind": "Policy",
         "metadata": {"name": f"policy-{pid}", "labels": {
             "platform.stackship.se/boundary": boundary,
             "app.kubernetes.io/managed-by": "convergerd"}},
-        "spec": {"policyId": pid, "boundary": boundary, "enabled": enabled, "revision": 1,
-                 "rule": rule or {"type": "ForbidLatestTag"}},
+        "spec": spec,
     }
     resp = await kube_http(
         fleet, CLUSTER, "PATCH",

@@ -198,6 +198,9 @@ async def test_a_restart_writes_nothing(fleet: Fleet) -> None:
         await wait_for(lambda: verified_when(fleet, "p2", lambda v: v["reason"] == "NotEnforcing"))
         await wait_for(lambda: len(status_writes(fleet, 0, manager="stackship-operator-audit"))
                        >= 2)
+        # The Enforcing policy's first admission counts (a loaded machine may take a while).
+        await wait_for(lambda: len(status_writes(fleet, 0,
+                                                 manager="stackship-operator-admission")) >= 1)
     since = mark(fleet)
     async with running(operator_settings(fleet, identity="op-b")) as proc:
         await wait_for(lambda: proc.metrics.probes["Denied"] == 1)

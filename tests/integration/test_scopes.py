@@ -52,9 +52,10 @@ FLEET = {
 # What each placeholder of a route is filled with: ids that exist where that matters (the
 # boundary view of team-a, its policy), none where an admin's request would change anything
 # (a save or deletion of a policy that does not exist, a token that does not exist).
-FILL = {"boundary": "team-a", "name": "no-such-token"}
+FILL = {"boundary": "team-a", "name": "no-such-token", "eid": "no-such-exception"}
 FILL_ID = {"/v1/clusters/{id}": "c1", "/v1/boundaries/{boundary}/policies/{id}": "pa",
-           "/v1/policies/{id}/status": "pa"}
+           "/v1/policies/{id}/status": "pa", "/v1/policies/{id}/revisions": "pa",
+           "/v1/boundaries/{boundary}/policies/{id}/revisions": "pa"}
 PUBLIC_PATHS = ("/healthz", "/readyz", "/openapi.json")
 KINDS = ("admin", "this", "other", "revoked", "expired", "none")
 
@@ -112,7 +113,8 @@ async def world(database_url: str, store: Store) -> AsyncIterator[World]:
     app = make_app(metrics=Metrics(state=state), state=state, store=store, settings=settings,
                    health=HealthCheck(), saver=Saver(store=store, env=_no_clusters,
                                                      guard_share=0.5),
-                   tenants=store, book=book)
+                   tenants=store, book=book, revisions=store,
+                   exceptions=store)
     async with TestClient(TestServer(app, **server_options())) as client:
         yield World(client, app, tokens, store, book)
 
@@ -218,9 +220,11 @@ async def test_fleet_views_closed_need_the_admin_token(database_url: str, store:
     state = StatusState(identity="rep-a", interval_s=300)
     app = make_app(metrics=Metrics(state=state), state=state, store=store, settings=settings,
                    health=HealthCheck(), saver=Saver(store=store, env=_no_clusters,
-                                                     guard_share=0.5), tenants=store)
+                                                     guard_share=0.5), tenants=store,
+                   revisions=store)
     async with TestClient(TestServer(app, **server_options())) as client:
-        for path in ("/status", "/metrics", "/v1/clusters/c1", "/v1/policies/pa/status"):
+        for path in ("/status", "/metrics", "/v1/clusters/c1", "/v1/policies/pa/status",
+                     "/v1/policies/pa/revisions"):
             async with client.get(path) as resp:
                 assert resp.status == 401, path
             async with client.get(path, headers={"Authorization": f"Bearer {ADMIN}"}) as resp:
@@ -326,11 +330,12 @@ async def until(condition: Any, within_s: float = 10.0) -> None:
 @settings(max_examples=60, suppress_health_check=[Checks.function_scoped_fixture],
           deadline=None)
 @given(body=HOSTILE_BODIES)
-async def test_any_token_request_body_is_a_4xx_never_a_500(world: World, body: bytes) -> None:
-    for method, path in (("POST", "/v1/tokens"), ("DELETE", "/v1/tokens/no-such-token")):
+async def test_any_token_or_rollback_body_is_a_4xx_never_a_500(world: World, body: bytes) -> None:
+    for method, path in (("POST", "/v1/tokens"), ("DELETE", "/v1/tokens/no-such-token"),
+                         ("POST", "/v1/policies/p-none/rollback")):
         status, raw = await world.ask(method, path, "admin", data=body)
-        assert status in (400, 404, 409, 422) or (status == 201 and method == "POST"), (status,
-                                                                                      raw)
+        assert status in (400, 404, 409, 422) or (status == 201 and path == "/v1/tokens"), (
+            status, raw)
         assert json.loads(raw)["error" if status >= 400 else "token"]
 
 
@@ -343,7 +348,7 @@ async def test_any_boundary_path_and_token_is_a_4xx_never_a_500(
     path = "/v1/boundaries/" + urllib.parse.quote(segment, safe="")
     world.tokens["fuzzed"] = token
     for kind in ("this", "admin", "fuzzed"):
-        for target in (path, path + "/policies/pa"):
+        for target in (path, path + "/policies/pa", path + "/policies/pa/revisions"):
             try:
                 status, raw = await world.ask("GET", target, kind)
             except (ValueError, aiohttp.ClientError):

@@ -104,7 +104,7 @@ class World:
                 self.truth[action] += n
         elif kind == "own":  # the operator's probe, judged under `action`, told to the tracker
             process.counts[action] += 1
-            self.tracker.expect_own(P, action, now=self.now)
+            self.tracker.expect_own(P, (action,), now=self.now)
         elif kind == "restart":
             self.processes[i % len(self.processes)] = Process(start=self.now.timestamp())
             self.lost = True  # what it counted since its last read is gone
@@ -257,3 +257,66 @@ def test_status_is_written_when_a_figure_changes_or_at_the_refresh() -> None:
     assert admission_differs(status, status | {"resets": 1}, now=later, refresh_s=600)
     assert admission_differs(status, status, now=later + dt.timedelta(minutes=10),
                              refresh_s=600)
+
+
+def test_a_warn_probe_is_one_probe_taken_out_of_warned_and_audited() -> None:
+    """A Warn binding is [Warn, Audit]: its probe is counted under both, and taken out whole
+    only when a read shows both (one request is counted by one API server at once)."""
+    world = World([Process(start=START)])
+    world.read(world.processes[0])
+    world.tracker.expect_own(P, ("warn", "audit"), now=world.now)
+    world.step(("eval", 0, "warn", 1))  # a tenant's warning alone does not match the probe
+    world.read(world.processes[0])
+    world.processes[0].counts["warn"] += 1  # the probe, counted under both
+    world.processes[0].counts["audit"] += 1
+    world.step(("eval", 0, "audit", 1))
+    world.read(world.processes[0])
+    report = world.tracker.report(P, now=world.now)
+    assert report is not None
+    assert (report.totals, report.probes_excluded) == (Counts(warned=1, audited=1), 1)
+
+
+def test_a_new_leader_s_note_alone_is_not_written_the_next_figures_carry_it() -> None:
+    world = World([Process(start=START)])
+    world.read(world.processes[0])
+    world.step(("eval", 0, "deny", 2))
+    world.read(world.processes[0])
+    written = world.tracker.report(P, now=world.now)
+    assert written is not None
+    status = written.as_status()
+    successor = AdmissionCounts()
+    later = world.now + dt.timedelta(seconds=30)
+    successor.carry(P, "1", status, now=later)
+    world.tracker = successor
+    world.t += 30
+    world.read(world.processes[0])
+    first = successor.report(P, now=world.now)
+    assert first is not None
+    assert first.note is not None
+    assert first.totals == Counts(denied=2)
+    # The last hour goes on too (dropping it would be news no admission made).
+    assert (first.last_hour, first.last_hour_since) == (written.last_hour,
+                                                         written.last_hour_since)
+    # Quiet: nothing but the note and readAt changed.
+    assert not admission_differs(status, first.as_status(), now=world.now, refresh_s=600)
+    # The next figures that are written (a step, or the heartbeat) carry it.
+    world.step(("eval", 0, "deny", 2))
+    world.read(world.processes[0])
+    stepped = successor.report(P, now=world.now)
+    assert stepped is not None
+    assert admission_differs(status, stepped.as_status(), now=world.now, refresh_s=600)
+    assert "new operator leader" in stepped.as_status()["note"]
+    # The carried hour leaves the window an hour after its start, the new leader's reads later.
+    gone = successor.report(P, now=written.last_hour_since + dt.timedelta(hours=1))
+    assert gone is not None
+    assert gone.last_hour == Counts(denied=2)  # the two read by the new leader
+
+
+def test_own_probes_left_out_are_written_by_reporting_step_not_each_probe() -> None:
+    status = {"denied": 0, "warned": 0, "audited": 0, "since": "s", "readAt":
+              "2026-01-01T00:00:00Z", "lastHour": {"denied": 0, "warned": 0, "audited": 0},
+              "resets": 0, "probesExcluded": 2, "revision": 1}
+    now = EPOCH + dt.timedelta(seconds=60)
+    assert not admission_differs(status, status | {"probesExcluded": 3}, now=now,
+                                 refresh_s=600)
+    assert admission_differs(status, status | {"probesExcluded": 4}, now=now, refresh_s=600)

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import (
     ApplyResult,
@@ -123,6 +124,7 @@ def exported_series() -> set[str]:
     )
     metrics.observe_round(report)  # as the round loop does: counted, and into the status
     state.observe_round(report)
+    state.set_exception_tally([ExceptionTally("p-regs", 2, 1, 1)])
     text = metrics.render().decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 

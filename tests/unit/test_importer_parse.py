@@ -29,6 +29,8 @@ from convergerd.store.importer import (
 )
 from convergerd.store.yamlfile import YAML_MAX_DEPTH, YAML_MAX_NODES
 
+MAPPING = "file: must be a mapping with clusters, boundaries, policies, exceptions, got "
+
 GOOD = """
 clusters:   [{id: c0001}, {id: c0002}]
 boundaries: [{id: team-a, clusters: [c0001, c0002]}]
@@ -76,9 +78,10 @@ def test_a_boundary_without_clusters_covers_none() -> None:
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        (None, "file: must be a mapping with clusters, boundaries, policies, got an empty file"),
-        ([1], "file: must be a mapping with clusters, boundaries, policies, got list"),
-        ({"tenants": []}, "file: unknown key(s) tenants; known: clusters, boundaries, policies"),
+        (None, MAPPING + "an empty file"),
+        ([1], MAPPING + "list"),
+        ({"tenants": []}, "file: unknown key(s) tenants; known: clusters, boundaries, policies, "
+                           "exceptions"),
         ({"clusters": {"id": "c1"}}, "clusters: must be a list, got dict"),
         ({"clusters": ["c1"]}, "clusters[0]: must be a mapping with id, got 'c1'"),
         ({"clusters": [{}]}, "clusters[0]: id: required"),
@@ -277,9 +280,9 @@ def test_nesting_up_to_the_limit_is_parsed() -> None:
         (b"\x7fELF\x02\x01\x01\x00\x00", "character #x007f at line 1, column 1"),
         (b"clusters: []\n---\nclusters: []\n", "more than one YAML document (the second "
                                               "starts at line 2, column 1); put everything in one"),
-        (b"- {id: c1}\n", "file: must be a mapping with clusters, boundaries, policies, got list"),
-        (b"just text\n", "file: must be a mapping with clusters, boundaries, policies, got str"),
-        (b"", "file: must be a mapping with clusters, boundaries, policies, got an empty file"),
+        (b"- {id: c1}\n", MAPPING + "list"),
+        (b"just text\n", MAPPING + "str"),
+        (b"", MAPPING + "an empty file"),
         (b"clusters: [{id: c1}\n", "not valid YAML at line 2, column 1: expected ',' or ']', "
                                    "but got '<stream end>'"),
         (b"a: !!python/object:os.system x\n", "not valid YAML at line 1, column 4: could not "

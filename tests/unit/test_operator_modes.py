@@ -23,6 +23,7 @@ from convergerd.operator.reconcile import (
     INERT,
     PolicyObject,
     new_status,
+    probe_counted,
     probe_outcome,
     ready_condition,
     status_differs,
@@ -176,6 +177,33 @@ def outcome(mode: str, *, admitted: bool = True, warnings: tuple[str, ...] = (),
 def test_the_probe_proves_each_mode(mode: str, answer: dict[str, Any],
                                     verdict: tuple[str, str]) -> None:
     assert outcome(mode, **answer) == verdict
+
+
+@pytest.mark.parametrize(("mode", "answer", "counted"), [
+    # A verdict that proves the mode: the binding as rendered judged it, under each action.
+    ("Deny", {"admitted": False, "denial": DENIAL}, ("deny",)),
+    ("Warn", {"warnings": (WARNING,)}, ("warn", "audit")),  # Warn comes with Audit
+    ("Audit", {"installed": Enforcement.AUDIT}, ("audit",)),
+    # Any other: only what the answer shows (an audit no client sees is not known).
+    ("Deny", {}, ()),
+    ("Deny", {"warnings": (WARNING,)}, ("warn",)),  # binding edited to Warn
+    ("Warn", {"admitted": False, "denial": DENIAL}, ("deny",)),
+    ("Warn", {"warnings": (OTHER_WARNING,)}, ()),
+    ("Audit", {"installed": None}, ()),
+    ("Audit", {"installed": Enforcement.WARN, "warnings": (WARNING,)}, ("warn",)),
+    ("Deny", {"admitted": False, "denial": "quota exceeded"}, ()),
+])
+def test_a_probe_is_taken_out_of_the_admission_counts_under_what_counted_it(
+        mode: str, answer: dict[str, Any], counted: tuple[str, ...]) -> None:
+    admitted = answer.get("admitted", True)
+    message = answer.get("denial") or ""
+    warnings = answer.get("warnings", ())
+    found = probe_outcome(name=NAME, boundary="b1", namespace="team-a", admitted=admitted,
+                          status=None if admitted else 422, message=message, now=T0,
+                          enforcement=Enforcement(mode), warnings=warnings,
+                          installed=answer.get("installed"))
+    assert probe_counted(found, Enforcement(mode), name=NAME, message=message,
+                         warnings=warnings) == counted
 
 
 def test_a_warned_probe_says_what_the_warning_said() -> None:

@@ -113,6 +113,27 @@ def test_pending_deletions_are_listed_with_the_clusters_holding_them() -> None:
     assert "pending deletions" not in render_status(STATUS)  # none: not a line
 
 
+def test_exceptions_in_force_are_a_line_per_policy_with_the_first_to_expire() -> None:
+    listed = [
+        {"policy": "regs", "id": "soon", "namespace": "team-a", "state": "active",
+         "expiresAt": "2026-01-03T12:00:00Z"},
+        {"policy": "labels", "id": "gone", "namespace": "team-b", "state": "expired",
+         "expiresAt": "2025-12-31T00:00:00Z"},
+        {"policy": "regs", "id": "later", "namespace": "team-a", "state": "active",
+         "expiresAt": "2026-02-01T00:00:00Z"},
+    ]
+    text = render_status({**STATUS, "now": "2026-01-01T12:00:00Z"}, exceptions=listed)
+    assert text.splitlines()[-2:] == [
+        "exceptions in force (`convergerd policy exceptions` lists them):",
+        "  regs: 2, the first to expire soon (namespace team-a) at 2026-01-03 12:00:00 UTC, "
+        "in 2d00h"]
+    assert "exceptions" not in render_status(STATUS, exceptions=listed[1:2])
+    assert "exceptions" not in render_status(STATUS)
+    unread = render_status(STATUS, exceptions="http://x/v1/exceptions answered 503")
+    assert unread.splitlines()[-1] == (
+        "exceptions: not read (http://x/v1/exceptions answered 503)")
+
+
 def test_durations() -> None:
     assert [format_duration(s) for s in (None, 5, 119, 125, 7300, 200000)] == [
         "-", "5s", "119s", "2m05s", "2h01m", "2d07h"]
