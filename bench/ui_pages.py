@@ -2,10 +2,14 @@
 one boundary's page and one policy's page, rendered by the daemon's handlers
 (`convergerd.api.ui.UiPages`) over a `StatusState` fed one in-sync round of CLUSTERS x
 POLICIES (`bench/serving.py`'s state) and a stand-in database that answers at once (the
-boundary covers every cluster and holds every policy: the worst case of one tenant). Printed:
-wall milliseconds of each page's first render and the median of the `--renders` after it
-(the first fleet render includes the `/status` build the next ones reuse; the first boundary
-render, the boundary's view the next ones reuse while fresh), and its size.
+boundary covers every cluster and holds every policy: the worst case of one tenant); and the
+boundary's JSON view (`GET /v1/boundaries/{b}`, its first page of
+`CONVERGERD_STATUS_MAX_CLUSTERS` clusters, then 100 clusters further on) from views of its
+own. Printed: wall milliseconds of each answer's first render and the median of the
+`--renders` after it (the first fleet render includes the `/status` build the next ones
+reuse; the first boundary render, JSON or page, the boundary's view the next ones reuse while
+fresh), the CPU milliseconds of the first (this process's: less swayed by other work on a
+shared machine), and its size.
 
     .venv/bin/python bench/ui_pages.py                         # 10,000 x 100
     .venv/bin/python bench/ui_pages.py --clusters 3000
@@ -66,19 +70,20 @@ def pages_of(state: StatusState, views: Views, rows: Rows) -> UiPages:
 
 async def render(handler: Any, path: str, match: dict[str, str], renders: int
                  ) -> dict[str, Any]:
-    spent, size = [], 0
+    spent, cpu, size = [], [], 0
     for _ in range(renders):
         request = make_mocked_request(
             "GET", path, headers={"Cookie": f"{COOKIE}={urllib.parse.quote(ADMIN)}"},
             match_info=match)
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         response: web.Response = await handler(request)
         spent.append((time.perf_counter() - started) * 1000)
+        cpu.append((time.process_time() - started_cpu) * 1000)
         assert response.status == 200, (path, response.status, response.text)
         assert isinstance(response.body, bytes)
         size = len(response.body)
     return {"ms_first": round(spent[0]), "ms_median_after": round(statistics.median(spent[1:])),
-            "kb": round(size / 1000)}
+            "cpu_ms_first": round(cpu[0]), "kb": round(size / 1000)}
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -92,8 +97,14 @@ async def main_async(args: argparse.Namespace) -> None:
     views = Views(metrics=metrics, state=state, store=rows, settings=settings,
                   health=HealthCheck())
     pages = pages_of(state, views, rows)
+    json_views = BoundaryViews(views, rows)  # its own: its first answer builds the view
     print(json.dumps({
         "clusters": args.clusters, "policies": args.policies,
+        "boundary_json": await render(json_views.boundary, "/v1/boundaries/team-a",
+                                      {"boundary": "team-a"}, args.renders),
+        "boundary_json_page_3": await render(
+            json_views.boundary, "/v1/boundaries/team-a?limit=100&after=" + rows.clusters[199],
+            {"boundary": "team-a"}, args.renders),
         "fleet": await render(pages.home, "/ui/", {}, args.renders),
         "fleet_page_3": await render(pages.home, "/ui/?page=3&policies=2", {}, args.renders),
         "boundary": await render(pages.boundary, "/ui/boundaries/team-a",

@@ -3,7 +3,7 @@ admin token and one boundary for its read token: a policies-by-clusters grid col
 with `Verified` and violations, a page per policy, the unreached and Unsupported clusters, and
 when the data was read. Server-rendered (`convergerd.api.pages`) from the JSON views' own
 documents: `/status`'s (`server.Views.status_built`), a boundary's
-(`boundaries.BoundaryViews.document`), a policy's (`server.Views.policy_view`) and
+(`boundaries.BoundaryViews.whole`), a policy's (`server.Views.policy_view`) and
 `status.views.record_view` per cell; nothing is read another way.
 
 Who: the routes are `scopes.Scope.PAGE` (no `Authorization` header read); the page asks
@@ -27,10 +27,8 @@ first), `UNREACHED_LISTED` unreached clusters named.
 
 from __future__ import annotations
 
-import collections
 import importlib.resources
 import math
-import sys
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -60,7 +58,7 @@ from convergerd.api.pages import (
     url,
 )
 from convergerd.api.scopes import ANONYMOUS, Kind, Principal
-from convergerd.api.server import Built, Views
+from convergerd.api.server import Views
 from convergerd.core.errors import ConvergerdError
 from convergerd.core.model import (
     ClusterId,
@@ -72,7 +70,6 @@ from convergerd.core.model import (
 from convergerd.status.document import cluster_summary
 from convergerd.status.listing import (
     UNSUPPORTED_LISTED,
-    Page,
     bounded_unsupported,
     worst_first_key,
 )
@@ -100,8 +97,6 @@ UNREACHED_LISTED = 100
 TOKEN_FORM_MAX_CHARS = 1000
 # The page numbers a query may ask for.
 MAX_PAGE = 1_000_000
-# Boundaries whose last view the page keeps for reuse (the least recently shown goes first).
-KEPT_BOUNDARIES = 8
 # The package's static files: name -> content type.
 STATIC: Mapping[str, str] = {"ui.css": "text/css; charset=utf-8"}
 
@@ -180,9 +175,6 @@ class UiPages:
         self._body_timeout_s = body_timeout_s
         self._clusters = clusters_per_page
         self._policies = policies_per_page
-        # boundary -> its last view, reused as `/status` reuses its body (`Built.fresh`).
-        self._kept: collections.OrderedDict[str, tuple[Built, dict[str, Any]]] = \
-            collections.OrderedDict()
         files = importlib.resources.files("convergerd.api").joinpath("ui_static")
         self._static = {name: (files.joinpath(name).read_bytes(), kind)
                         for name, kind in STATIC.items()}
@@ -374,31 +366,15 @@ class UiPages:
         who, viewer, boundary = asked
         if not who.sees(boundary):  # another boundary: as unknown as one that is not
             return html_response(not_found_boundary(boundary, viewer), 404)
-        doc = await self._boundary_document(boundary)
-        if isinstance(doc, web.Response):
-            if doc.status == 404:
+        # The boundary's view listing every cluster (the page sorts and pages them), kept
+        # while fresh: its roll-up reads every (cluster, policy) record of the boundary
+        # (bench/RESULTS.md, "The web page"), and people reload pages.
+        found = await self._boundaries.whole(boundary)
+        if isinstance(found, web.Response):
+            if found.status == 404:
                 return html_response(not_found_boundary(boundary, viewer), 404)
-            return _unavailable(viewer, doc.status)
-        return html_response(self._boundary_page(request, viewer, doc))
-
-    async def _boundary_document(self, boundary: str) -> dict[str, Any] | web.Response:
-        """The boundary's view listing every cluster (the page sorts and pages them), reused
-        while fresh: its roll-up reads every (cluster, policy) record of the boundary
-        (bench/RESULTS.md, "The web page"), and people reload pages."""
-        views = self._views
-        kept = self._kept.get(boundary)
-        now = views.clock()
-        if kept is not None and kept[0].fresh(now, views.state.version, views.tuning):
-            self._kept.move_to_end(boundary)
-            return kept[1]
-        version = views.state.version
-        doc = await self._boundaries.document(boundary, Page(sys.maxsize, None))
-        if isinstance(doc, dict):
-            self._kept[boundary] = (Built(version, now, views.clock() - now, b""), doc)
-            self._kept.move_to_end(boundary)
-            if len(self._kept) > KEPT_BOUNDARIES:
-                self._kept.popitem(last=False)
-        return doc
+            return _unavailable(viewer, found.status)
+        return html_response(self._boundary_page(request, viewer, found.document))
 
     def _boundary_page(self, request: web.Request, viewer: Viewer,
                        doc: Mapping[str, Any]) -> str:

@@ -7,7 +7,7 @@ field or changes a record. Pure: time is passed in.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,7 +25,7 @@ from convergerd.status.phases import (
     tally,
     tally_counts,
 )
-from convergerd.status.records import PolicyRecord, PolicyRecords
+from convergerd.status.records import PolicyRecord, PolicyRecords, RecordRow
 
 
 class ClusterFacts(Protocol):
@@ -71,6 +71,9 @@ class ClusterFacts(Protocol):
     def lag_s(self, now: dt.datetime) -> float: ...
     def since_round_s(self, now: dt.datetime) -> float: ...
     def readings(self) -> list[PhaseReading]: ...
+    def record_rows(self, policies: Iterable[PolicyId]) -> list[RecordRow | None]:
+        """`PolicyRecords.record_rows`: each of `policies`' record as its row, None where
+        none."""
     def counts(self, now: float, interval_s: float, verified_stale_s: float) -> TallyCounts: ...
 
 
@@ -143,6 +146,9 @@ class ClusterState:
 
     def readings(self) -> list[PhaseReading]:
         return self.policies.readings()
+
+    def record_rows(self, policies: Iterable[PolicyId]) -> list[RecordRow | None]:
+        return self.policies.record_rows(policies)
 
     def counts(self, now: float, interval_s: float, verified_stale_s: float) -> TallyCounts:
         """The readings' counts at `now` (`phases.tally_counts`), counted again only when the

@@ -30,10 +30,10 @@ import bisect
 import datetime as dt
 import math
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from convergerd.core.decode import in_the_future
+from convergerd.core.decode import CLOCK_SKEW_S, in_the_future
 from convergerd.core.model import PolicyId
 from convergerd.core.report import Audit, ClusterOutcome, PhaseReading, Verification
 
@@ -131,6 +131,28 @@ def verification_of(reading: PhaseReading, age: float, interval_s: float, *,
     if at is not None and age_s(at, now) > verified_stale_after_s(probe_period_s):
         return STALE_VERIFICATION
     return {"True": VERIFIED, "False": NOT_VERIFIED}.get(found.status, UNKNOWN_VERIFICATION)
+
+
+def probe_age_classes(now: dt.datetime,
+                      probe_period_s: float) -> Callable[[dt.datetime | None], int]:
+    """All that `verification_of` reads of a Verified probe time at `now`, as a function of
+    it: 0 none, 1 in the future (`in_the_future`), 2 older than `verified_stale_after_s`, 3
+    neither. Readings that agree on all else and on this are verified alike: a reader
+    verifying many records judges one of each such kind."""
+    stale_s = verified_stale_after_s(probe_period_s)
+
+    def probe_age_class(probed_at: dt.datetime | None) -> int:
+        if probed_at is None:
+            return 0
+        # `in_the_future`'s test and, negated (exactly: a timedelta's seconds are a
+        # correctly rounded quotient), `age_s`'s (its floor at 0 changes no test against a
+        # positive `stale_s`): one subtraction per record.
+        ahead = (probed_at - now).total_seconds()
+        if ahead > CLOCK_SKEW_S:
+            return 1
+        return 2 if -ahead > stale_s else 3
+
+    return probe_age_class
 
 
 def verification_result(verification: str) -> str:

@@ -245,6 +245,25 @@ def _entry_function(width: int) -> Callable[
 _entry = _entry_function(ROW_HEAD)
 
 
+def _head_function(width: int) -> Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]]:
+    """`head(e, s)`: the first `width` fields of the row of entry `e`, whose mask has no bit
+    past them, against the summary's first `width` fields `s` (`unpacked` of the head alone).
+    Written out at import as `_entry_function` is: a reader judging a boundary's records
+    unpacks a head per record (bench/RESULTS.md, "The web page")."""
+    lines = ["def head(e, s):", "    m = e[0]", "    if not m:", "        return s", "    k = 1"]
+    for i in range(width):
+        lines += [f"    if m & {1 << i}:", f"        v{i} = e[k]", "        k += 1",
+                  "    else:", f"        v{i} = s[{i}]"]
+    lines.append(f"    return ({', '.join(f'v{i}' for i in range(width))},)")
+    namespace: dict[str, Any] = {}
+    exec("\n".join(lines), namespace)  # noqa: S102 - our own text, made of integers only
+    made: Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]] = namespace["head"]
+    return made
+
+
+_head = _head_function(ROW_HEAD)
+
+
 def _packed_parts(
     rows: Iterable[tuple[PolicyId, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]], *,
     head: tuple[Any, ...], part_d: tuple[Any, ...], part_r: tuple[Any, ...],
@@ -263,6 +282,14 @@ def _packed_parts(
             rd = diffs[id(r)] = _part_diff(r, part_r, ROW_READ.start)
         entries[policy] = entry(h, head, dd[0] | rd[0], dd[1], rd[1])
     return entries
+
+
+# A record's row (`facts.RECORD_ROW`'s order) in two: its head (`facts.ROW_HEAD`: a reading's
+# own fields and the delivered revision, most often different per policy) and the rest, which
+# is its cluster summary's own object where they are equal (most of a cluster's records: one
+# round, one listing): a reader judging many records by the rest compares one object.
+RecordRow = tuple[tuple[Any, ...], tuple[Any, ...]]
+_AFTER_HEAD = 1 << ROW_HEAD  # an entry's mask below it: only head fields differ
 
 
 # What a round's reading writes of a policy's row, as `StatusState._read_back` makes it: its
@@ -300,6 +327,24 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
 
     def __delitem__(self, policy: PolicyId) -> None:
         del self._entries[policy]
+
+    def record_rows(self, policies: Iterable[PolicyId]) -> list[RecordRow | None]:
+        """Each of `policies`' record as its row (`RecordRow`), None where it has none: what a
+        reader judging many records by their fields reads instead of building each
+        (`row_record` builds one of `head + rest`)."""
+        entries, summary = self._entries, self._summary
+        head, rest = summary[:ROW_HEAD], summary[ROW_HEAD:]
+        rows: list[RecordRow | None] = []
+        for policy in policies:
+            entry = entries.get(policy)
+            if entry is None:
+                rows.append(None)
+            elif entry[0] < _AFTER_HEAD:  # differs from the summary in its head alone
+                rows.append((_head(entry, head), rest))
+            else:
+                row = unpacked(entry, summary)
+                rows.append((row[:ROW_HEAD], row[ROW_HEAD:]))
+        return rows
 
     def whole(self) -> dict[PolicyId, PolicyRecord]:
         """Every record, as new objects to change and `repack`."""

@@ -25,7 +25,7 @@ from convergerd.core.report import (
     audit_fields,
     verified_fields,
 )
-from convergerd.status.records import PolicyRecord, PolicyRecords
+from convergerd.status.records import PolicyRecord, PolicyRecords, row_record
 from convergerd.status.state import StatusState
 
 T0 = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
@@ -101,6 +101,22 @@ def test_a_record_told_alone_reads_back_as_told(policy: str) -> None:
     assert records[pid] == replacement
     del records[pid]
     assert pid not in records
+
+
+def test_every_record_reads_back_as_its_row_the_rest_shared_where_it_is_the_summarys() -> None:
+    records = PolicyRecords(C)
+    told = {PolicyId(p): expected(p, r) for p, r in RECORDS.items()}
+    records.repack(told)
+    *rows, missing = records.record_rows([*told, PolicyId("never-told")])
+    assert missing is None
+    split = dict(zip(told, rows, strict=True))
+    assert {p: row_record(row[0] + row[1], C, p) if row else None
+            for p, row in split.items()} == told
+    # A record differing from the others in its head alone (its probe time) shares their
+    # rest: a reader judging records by it compares one object.
+    rests = {p: row[1] if row else None for p, row in split.items()}
+    assert rests[PolicyId("own-probe-time")] is rests[PolicyId("same-1")]
+    assert rests[PolicyId("failed")] != rests[PolicyId("same-1")]
 
 
 def test_a_record_read_is_a_copy_changing_it_changes_nothing_kept() -> None:
