@@ -194,12 +194,6 @@ def is_object_name(value: object) -> bool:
             and _DNS_SUBDOMAIN.fullmatch(value) is not None)
 
 
-def is_label_value(value: object) -> bool:
-    """A non-empty label value (at most 63 characters, alphanumerics plus -_. inside)."""
-    return (isinstance(value, str) and len(value) <= 63
-            and _LABEL_VALUE.fullmatch(value) is not None)
-
-
 def is_namespace_name(value: object) -> bool:
     """A namespace name (a DNS label of at most 63 characters)."""
     return isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.fullmatch(value) is not None
@@ -248,7 +242,7 @@ def _string_list(params: Mapping[str, Any], key: str, rule_type: str) -> list[st
     return list(value)
 
 
-def label_key_problem(key: str) -> str | None:
+def _label_key_problem(key: str) -> str | None:
     """Kubernetes' rule for a label key (a qualified name): an optional DNS-subdomain prefix
     of at most 253 characters and '/', then a name of at most 63 characters."""
     prefix, slash, name = key.rpartition("/")
@@ -264,6 +258,20 @@ def label_key_problem(key: str) -> str | None:
             "with a letter or digit, after an optional 'prefix/')"
         )
     return None
+
+
+def label_key_problem(key: str) -> str | None:
+    """What is wrong with a label key (None: nothing), for callers outside rules (a cluster's
+    labels, a wave's selector)."""
+    return _label_key_problem(key) if len(key) <= LABEL_KEY_MAX_LEN else (
+        f"is {len(key)} characters, at most {LABEL_KEY_MAX_LEN}")
+
+
+def is_label_value(value: object) -> bool:
+    """A Kubernetes label value: empty, or at most 63 characters of letters, digits, '-', '_'
+    and '.', starting and ending with a letter or digit."""
+    return isinstance(value, str) and (value == "" or (
+        len(value) <= 63 and _LABEL_VALUE.fullmatch(value) is not None))
 
 
 def _registry_problem(prefix: str) -> str | None:
@@ -335,16 +343,27 @@ class Fleet:
     boundaries: Mapping[BoundaryId, Boundary]
     policies: Sequence[Policy]
     invalid: Sequence[InvalidPolicy]
+    # The policies delivered per cluster (a rollout, `core.rollout`): each cluster's due Policy,
+    # None (or no entry) where nothing is written this round. Every other policy goes
+    # everywhere in its scope, as it is.
+    staged: Mapping[PolicyId, Mapping[ClusterId, Policy | None]] = field(default_factory=dict)
 
     def desired_by_cluster(self) -> dict[ClusterId, list[Policy]]:
         """Per known cluster, the delivered policies its boundaries cover (control-plane rules
-        never leave: they are not in the result)."""
+        never leave: they are not in the result), each as `staged` says for that cluster."""
         result: dict[ClusterId, list[Policy]] = {c.id: [] for c in self.clusters}
         for policy in self.policies:
             if not policy.rule.delivered:
                 continue
             boundary = self.boundaries.get(policy.boundary)
             if boundary is None:
+                continue
+            due = self.staged.get(policy.id)
+            if due is not None:
+                for cluster_id in boundary.clusters:
+                    found = due.get(cluster_id)
+                    if found is not None and cluster_id in result:
+                        result[cluster_id].append(found)
                 continue
             for cluster_id in boundary.clusters:
                 if cluster_id in result:

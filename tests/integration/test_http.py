@@ -37,6 +37,7 @@ from convergerd.core.report import (
     RoundReport,
     RoundResult,
 )
+from convergerd.core.rollout import Staged, Start
 from convergerd.core.rows import (
     ClusterStateRow,
     ClusterStatusRows,
@@ -88,6 +89,13 @@ class NoPolicies:
 
     async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]:
         raise AssertionError("nothing is saved here")
+
+    async def start_rollout(self, policy_id: str, revision: int, *, by: str,
+                            already_delivered: bool, now: bool = False) -> Start:
+        return Start()  # no rollout strategies here: every save goes everywhere at once
+
+    async def staged_rollout(self, policy_id: str, /) -> Staged | None:
+        return None
 
 
 def _no_clusters() -> FanoutEnv:
