@@ -148,8 +148,8 @@ OWN_PROBED_AT: Final = READING_OWN.index("verified_probed_at")
 # after the listing's own time (`LISTED_AT`). Each with where a reading holds it: (True, its
 # position in a kind) for a shared one, (False, its position in the own values) else.
 FORWARD: Final = tuple(f for f in READING if f.change is Change.FORWARD)
-LISTED_AT: Final = next(f.listed for f in READING if f.change is Change.SEEN)
-LISTED_COLUMNS: Final = (LISTED_AT, *(f.listed for f in FORWARD))
+LISTED_AT: Final = next(f.listed or "" for f in READING if f.change is Change.SEEN)
+LISTED_COLUMNS: Final = (LISTED_AT, *(f.listed or "" for f in FORWARD))  # each has one
 FORWARD_HELD: Final = tuple((True, READING_KIND.index(f.name)) if f.shared
                             else (False, READING_OWN.index(f.name)) for f in FORWARD)
 

@@ -234,7 +234,7 @@ _ADMISSION_COUNTS = (("admission_denied", "denied"), ("admission_warned", "warne
 _ADMISSION_LAST_HOUR = (("admission_last_hour_denied", "denied"),
                         ("admission_last_hour_warned", "warned"),
                         ("admission_last_hour_audited", "audited"))
-NO_ADMISSION: Final[Mapping[str, None]] = MappingProxyType(dict.fromkeys((
+NO_ADMISSION: Final[Mapping[str, Any]] = MappingProxyType(dict.fromkeys((
     *(n for n, _ in (*_ADMISSION_COUNTS, *_ADMISSION_LAST_HOUR)), "admission_since",
     "admission_read_at", "admission_revision", "admission_resets", "admission_note",
     "admission_problem")))
