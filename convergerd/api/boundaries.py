@@ -35,6 +35,7 @@ from convergerd.core.errors import ConvergerdError
 from convergerd.core.model import ClusterId, PolicyId, RuleError, check_boundary_id
 from convergerd.core.rows import BOUNDARY_POLICIES_LISTED, BoundaryPolicy, BoundaryRows
 from convergerd.core.shown import shown
+from convergerd.status.admissions import enforcement_label, known_admissions
 from convergerd.status.document import audit_sample_view
 from convergerd.status.listing import Page, listing, page_ids, page_request
 from convergerd.status.phases import (
@@ -86,6 +87,8 @@ class Tally:
     in_sync: int = 0
     failed: int = 0
     violations: int = 0
+    enforcement: Counter[str] = field(default_factory=Counter)  # modes in force, by name
+    admissions: list[int] | None = None  # the six counts summed (None: none read)
 
     def add(self, record: PolicyRecord | None, revision: int, now: dt.datetime, *,
             interval_s: float, probe_period_s: float) -> None:
@@ -102,13 +105,29 @@ class Tally:
         self.verification[verification_of(reading, age_s(reading.seen_at, now), interval_s,
                                           now=now, probe_period_s=probe_period_s)] += 1
         self.violations += known_violations(reading) or 0
+        mode = enforcement_label(reading.enforcement_action)
+        if mode is not None:
+            self.enforcement[mode] += 1
+        counts = known_admissions(reading)
+        if counts is not None:
+            self.admissions = [a + b for a, b in zip(self.admissions or [0] * 6, counts,
+                                                     strict=True)]
 
     def view(self) -> dict[str, Any]:
         verification = dict(self.verification)
         verification.pop(UNKNOWN_VERIFICATION, None)
         return {"phases": dict(sorted(self.phases.items())),
                 "verification": dict(sorted(verification.items())),
-                "in_sync": self.in_sync, "failed": self.failed, "violations": self.violations}
+                "in_sync": self.in_sync, "failed": self.failed, "violations": self.violations,
+                "enforcement": dict(sorted(self.enforcement.items())),
+                "admission": None if self.admissions is None else _admission(self.admissions)}
+
+
+def _admission(counts: Sequence[int]) -> dict[str, Any]:
+    """Six counts summed (since each cluster's revision, then the last hour's) as shown."""
+    d, w, a, hd, hw, ha = counts
+    return {"denied": d, "warned": w, "audited": a,
+            "last_hour": {"denied": hd, "warned": hw, "audited": ha}}
 
 
 class BoundaryViews:

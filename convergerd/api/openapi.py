@@ -496,7 +496,16 @@ _SCHEMAS.update({
                                        "violations"],
         "properties": {"phases": _COUNTS, "verification": _COUNTS,
                        "in_sync": {"type": "integer"}, "failed": {"type": "integer"},
-                       "violations": {"type": "integer"}},
+                       "violations": {"type": "integer"},
+                       "enforcement": {**_MODE_COUNTS, "description": "readings per mode "
+                                       "of the binding in force, beside `phases`"},
+                       "admission": {
+                           "type": "object", "nullable": True,
+                           "description": "admission's counts summed over the readings that "
+                                          "can say them (null: none), each since its "
+                                          "cluster's revision",
+                           "properties": {**_FIGURES, "last_hour": {
+                               "type": "object", "properties": _FIGURES}}}},
     },
     "BoundaryCluster": {"allOf": [_ref("BoundaryCounts"), {
         "type": "object",

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from convergerd.cli.status import render_policy, render_status
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.plan import MAX_ADMISSIONS, ListedPolicy
 from convergerd.core.report import ClusterOutcome, Epoch, PhaseReading, RoundReport
@@ -302,3 +303,35 @@ def test_a_reading_read_back_from_the_database_carries_every_field() -> None:
     s.observe_round(round_of(("c1", [r])))
     kept = s.clusters[ClusterId("c1")].policies[PolicyId("p")].phase
     assert kept == dataclasses.replace(r)
+
+
+# --- convergerd status -----------------------------------------------------------------------
+
+
+def test_convergerd_status_shows_the_modes_beside_the_phases_and_the_policies_counts(
+        state: StatusState) -> None:
+    text = render_status(snapshot(state, T0))
+    header = next(line for line in text.splitlines() if line.startswith("CLUSTER"))
+    assert header.split()[header.split().index("PHASES") + 1] == "MODES"
+    c1 = next(line for line in text.splitlines() if line.startswith("c1 "))
+    assert "Enforcing=2  Deny=1 Warn=1" in c1
+    assert ("  warned: warned=8 audited=8 (last hour warned=1 audited=1); in force as "
+            "Deny=1 Warn=2; excepted 2") in text.splitlines()
+
+
+def test_convergerd_status_policy_shows_each_cluster_s_phase_mode_and_counts(
+        state: StatusState) -> None:
+    clusters = [{"cluster": c, **v} for c, v in zip(("c1", "c2", "c3"), views(state, "warned"),
+                                                    strict=True)]
+    doc = {"policy": {"id": "warned", "boundary": "team-b", "revision": 4,
+                      "enforcement": "Warn", "enabled": True},
+           "admission": policy_admission_view(clusters), "clusters": clusters}
+    lines = render_policy(doc).splitlines()
+    assert lines[0].startswith("policy warned of boundary team-b at ?: revision 4, saved as "
+                               "Warn, enabled")
+    assert lines[1] == ("admission over 2 clusters counting (since each one's revision): "
+                        "warned=8 audited=8; last hour warned=1 audited=1; in force as "
+                        "Deny=1 Warn=2; 1 UNREADABLE")
+    rows = {line.split()[0]: line.split() for line in lines[3:]}
+    assert rows["c1"][:6] == ["c1", "4", "Enforcing", "Warn", "-", "warned=3"]
+    assert rows["c3"][:6] == ["c3", "4", "Enforcing", "Deny", "-", "?"]
