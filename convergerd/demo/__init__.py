@@ -229,7 +229,10 @@ convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
                    create --dry-run=server -f {warn_pod}
                  ({WARN_POLICY} is in mode Warn: the pod without an image tag is admitted
                  and kubectl prints the policy's warning; `convergerd policy apply
-                 {WARN_POLICY} --enforcement Deny` with the token makes the next one denied)
+                 {WARN_POLICY} --enforcement Deny` with the token makes the next one denied);
+                 the MODES column of convergerd status shows it in force as Warn, and
+                 convergerd status --addr {http} --policy {WARN_POLICY} its mode and the
+                 warnings counted per cluster (ADMISSIONS)
   try:           kubectl --kubeconfig {kubeconfig} --context c0001 delete \\
                    validatingadmissionpolicybinding stackship-no-latest
                  (the operator's next pass, within a minute, probes first: Verified False

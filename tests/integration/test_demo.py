@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from convergerd.demo import WARN_POLICY
 from tests.fixtures.fleet import free_port
 from tests.integration.process_helpers import CONVERGERD, clean_env, run_demo
 from tests.integration.rounds_helpers import wait_for
@@ -167,3 +168,7 @@ async def test_the_demo_shows_violations_of_workloads_that_predate_the_policies(
         table = (await out.communicate())[0].decode()
         assert "VIOLATIONS" in table
         assert "  no-latest: 2 on 2 clusters" in table.splitlines(), table
+        # The Warn policy's mode beside the phases, and on its line of admission's counts.
+        assert "MODES" in table
+        assert any(line.startswith(f"  {WARN_POLICY}: ") and "in force as" in line
+                   and "Warn=" in line for line in table.splitlines()), table
