@@ -118,7 +118,10 @@ READING: Final = (
     Field("admission_last_hour_warned", "admission_last_hour_warned", "bigint", Clean.REVISION),
     Field("admission_last_hour_audited", "admission_last_hour_audited", "bigint",
           Clean.REVISION),
-    Field("admission_since", "admission_since", "timestamptz", Clean.TIME),
+    # When the revision was installed: a cluster's policies saved together share it, the
+    # others not, so held per reading (a shared field that differs costs its entry a large
+    # mask).
+    Field("admission_since", "admission_since", "timestamptz", Clean.TIME, shared=False),
     # Rewritten by the operator at its heartbeat with the same figures: counting still runs.
     # Each policy's at its own time, so held per reading.
     Field("admission_read_at", "admission_read_at", "timestamptz", Clean.TIME, Change.FORWARD,
