@@ -8,6 +8,7 @@ policy. A save switching it to Deny shows the new mode and counts from the new r
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,8 +18,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from convergerd.api.app import make_app
+from convergerd.core.model import PolicyId
+from convergerd.core.report import PhaseReading
 from convergerd.sim.fleet import Fleet
 from convergerd.status.document import snapshot
+from convergerd.status.state import StatusState
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
 from tests.fixtures.fleet import kube_http
@@ -33,6 +37,16 @@ from tests.integration.test_operator import (
     put_namespace,
     running,
     wait_for,
+)
+from tests.integration.test_record_changes import C1 as RECORDED_C1
+from tests.integration.test_record_changes import (
+    P1,
+    P2,
+    at,
+    counting,
+    listed,
+    reading,
+    written,
 )
 
 Client = TestClient[web.Request, web.Application]
@@ -162,3 +176,62 @@ async def test_a_warn_policy_s_counts_are_read_back_per_cluster_and_in_the_fleet
         assert metric(rounds, "convergerd_policy_admissions", policy=PID, action="warn") == 0
         assert metric(rounds, "convergerd_policy_admissions", policy=PID,
                       action="deny") == wrote["denied"]
+
+
+# --- recorded with the phase ------------------------------------------------------------------
+
+
+def admitted(policy: PolicyId, seen: float, warned: int, read_s: float, *,
+             mode: str = "Warn") -> PhaseReading:
+    """A reading with the mode and admission's counts, read at `read_s`."""
+    return dataclasses.replace(
+        reading(policy, seen), enforcement_action=mode, admission_denied=0,
+        admission_warned=warned, admission_audited=warned, admission_last_hour_denied=0,
+        admission_last_hour_warned=warned, admission_last_hour_audited=warned,
+        admission_since=at(0), admission_read_at=at(read_s), admission_revision=3,
+        admission_resets=0)
+
+
+async def test_counts_are_recorded_when_they_change_and_a_standby_shows_them(
+    database_url: str, store: Store
+) -> None:
+    await counting(database_url)
+    await store.record_round(listed(50, admitted(P1, 50, 2, 40), admitted(P2, 50, 0, 45)),
+                             identity="r")
+    assert (await written(database_url))["deliveries"] == 2
+    # The operator's heartbeat: readAt moving forward alone is no change (not rewritten).
+    await store.record_round(listed(350, admitted(P1, 350, 2, 340),
+                                    admitted(P2, 350, 0, 345)), identity="r")
+    assert "deliveries" not in await written(database_url)
+    rows = {r.policy: r.reading for r in await store.deliveries_for_cluster(RECORDED_C1)}
+    # At least the listing's oldest readAt (p1's 340).
+    assert rows["p1"] is not None
+    assert rows["p2"] is not None
+    assert (rows["p1"].admission_warned, rows["p1"].admission_read_at) == (2, at(340))
+    assert rows["p2"].admission_read_at == at(340)
+    assert (rows["p1"].enforcement_action, rows["p1"].admission_revision) == ("Warn", 3)
+
+    # A standby shows them from those rows alone.
+    standby = StatusState(identity="standby", interval_s=300, clock=lambda: at(360))
+    standby.set_clusters([RECORDED_C1])
+    standby.absorb_delivery_rows(await store.deliveries_for_cluster(RECORDED_C1),
+                                 cluster=RECORDED_C1)
+    totals = standby.admission_totals[P1]
+    assert (totals.warned, totals.clusters_by_enforcement["Warn"]) == (2, 1)
+    assert standby.clusters[RECORDED_C1].admission_tally.mode_counts() == {"Warn": 2}
+
+    # A new count, a new mode, unreadable counts: each is written.
+    await store.record_round(listed(650, admitted(P1, 650, 3, 640),
+                                    admitted(P2, 650, 0, 645, mode="Deny")), identity="r")
+    assert (await written(database_url))["deliveries"] == 2
+    unreadable = dataclasses.replace(reading(P1, 950), enforcement_action="Warn",
+                                     admission_problem="status.admission.warned: bad")
+    await store.record_round(listed(950, unreadable, admitted(P2, 950, 0, 945, mode="Deny")),
+                             identity="r")
+    assert (await written(database_url))["deliveries"] == 1
+    rows = {r.policy: r.reading for r in await store.deliveries_for_cluster(RECORDED_C1)}
+    assert rows["p1"] is not None
+    assert rows["p2"] is not None
+    assert (rows["p1"].admission_warned, rows["p1"].admission_problem) == (
+        None, "status.admission.warned: bad")
+    assert rows["p2"].enforcement_action == "Deny"
