@@ -29,6 +29,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import (
@@ -45,7 +46,7 @@ from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 
 
-def operator_status(j: int, at: dt.datetime) -> dict[str, object]:
+def operator_status(j: int, at: dt.datetime) -> dict[str, Any]:
     """What an operator of issue 35 writes beside the phase of the `j`th policy."""
     warned = j % 7 if j % 10 == 0 else 0
     return {"enforcement_action": "Warn" if j % 10 == 0 else "Deny",
