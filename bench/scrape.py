@@ -11,7 +11,13 @@ the same load.
 precounted readings, `ClusterState.phase_tally`); `seconds` spreads them over a few seconds
 at the second resolution a lastProbeTime has, as one probe pass of an operator does.
 
+`--operator-status` adds what an operator writes beside the phase (issue 35): the mode in
+force (a tenth of the policies in Warn) and admission's counts (the Warn ones counting
+warnings), which the state tallies per cluster and per policy over the fleet as it observes
+the round, and the scrape writes as per-policy series.
+
     .venv/bin/python bench/scrape.py                                  # 10,000 x 100
+    .venv/bin/python bench/scrape.py --operator-status
     .venv/bin/python bench/scrape.py --clusters 1000 --probe-times seconds
 """
 
@@ -23,6 +29,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import (
@@ -39,7 +46,18 @@ from convergerd.status.metrics import Metrics
 from convergerd.status.state import StatusState
 
 
-def round_of(clusters: int, policies: int, probe_times: str, at: dt.datetime) -> RoundReport:
+def operator_status(j: int, at: dt.datetime) -> dict[str, Any]:
+    """What an operator of issue 35 writes beside the phase of the `j`th policy."""
+    warned = j % 7 if j % 10 == 0 else 0
+    return {"enforcement_action": "Warn" if j % 10 == 0 else "Deny",
+            "admission_denied": 0, "admission_warned": warned, "admission_audited": warned,
+            "admission_last_hour_denied": 0, "admission_last_hour_warned": 0,
+            "admission_last_hour_audited": 0, "admission_since": at, "admission_read_at": at,
+            "admission_revision": 1, "admission_resets": 0}
+
+
+def round_of(clusters: int, policies: int, probe_times: str, at: dt.datetime, *,
+             status: bool = False) -> RoundReport:
     outcomes = []
     for i in range(clusters):
         cid = ClusterId(f"c{i:05d}")
@@ -52,7 +70,8 @@ def round_of(clusters: int, policies: int, probe_times: str, at: dt.datetime) ->
             verified = (Verification("False", "Admitted", "m", probed, probed) if j == 7
                         else Verification("True", "Denied", "m", probed, probed))
             phases.append(PhaseReading(cid, pid, "Enforcing" if j % 50 else "Inert", "r", "m",
-                                       1, at, **verified_fields(verified)))
+                                       1, at, **verified_fields(verified),
+                                       **(operator_status(j, at) if status else {})))
             deliveries.append(Delivery(cid, pid, 1, ApplyResult.UNCHANGED, at))
         outcomes.append(ClusterOutcome(cid, reached=True, desired=policies, in_sync=policies,
                                        server_version="v1.31.2", phases=phases,
@@ -76,9 +95,12 @@ def main() -> None:
     parser.add_argument("--policies", type=int, default=100)
     parser.add_argument("--scrapes", type=int, default=5)
     parser.add_argument("--probe-times", choices=["distinct", "seconds"], default="distinct")
+    parser.add_argument("--operator-status", action="store_true",
+                        help="the mode and admission counts beside the phase")
     args = parser.parse_args()
     at = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    report = round_of(args.clusters, args.policies, args.probe_times, at)
+    report = round_of(args.clusters, args.policies, args.probe_times, at,
+                      status=args.operator_status)
     state = StatusState(identity="bench", interval_s=300.0)
     state.set_clusters(c.cluster for c in report.clusters)
     metrics = Metrics(state=state, process_collectors=False)
@@ -92,7 +114,8 @@ def main() -> None:
     size = len(metrics.render())
     render = cpu_s(metrics.render, args.scrapes)
     print(f"{args.clusters} clusters x {args.policies} policies, {args.probe_times} probe "
-          f"times: round observed in {observed:.2f} s CPU; per scrape ({size / 1e6:.1f} MB), "
+          f"times{', operator status' if args.operator_status else ''}: round observed in "
+          f"{observed:.2f} s CPU; per scrape ({size / 1e6:.1f} MB), "
           f"collect() median {statistics.median(collect):.2f} s (min {min(collect):.2f}), "
           f"render() median {statistics.median(render):.2f} s (min {min(render):.2f})")
 

@@ -16,13 +16,21 @@ and measures with tracemalloc:
   made as a writing makes them (cluster by cluster, as they are copied; alive with the
   report while it is written).
 
+`--operator-status` gives every Policy what an operator of issue 35 writes beside the phase:
+`status.enforcementAction` (a tenth in Warn), `status.audit` (a few violating; `auditedAt` at
+each policy's own heartbeat) and `status.admission` (most counts 0, the Warn ones with
+warnings; `since` shared by groups of policies saved together, `readAt` at one of the last
+hour's 30-second reads, each policy's own).
+
     .venv/bin/python bench/status_memory.py --clusters 2000 --policies 50
+    .venv/bin/python bench/status_memory.py --clusters 2000 --policies 100 --operator-status
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import gc
 import json
@@ -30,6 +38,7 @@ import sys
 import tracemalloc
 
 from convergerd.core.decode import parse_json
+from convergerd.core.facts import READING_NAMES
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.plan import ListedPolicy
 from convergerd.core.report import (
@@ -39,6 +48,7 @@ from convergerd.core.report import (
     Epoch,
     PhaseReading,
     RoundReport,
+    audit_fields,
     verified_fields,
 )
 from convergerd.status.state import StatusState
@@ -47,9 +57,34 @@ from convergerd.store.records import round_record
 MB = 1e6
 
 
-def policy_object(policy: str, revision: int, probed: dt.datetime) -> dict[str, object]:
-    """A managed Policy as the operator leaves it: Enforcing, Ready, Verified."""
-    stamp = probed.isoformat().replace("+00:00", "Z")
+def stamp_of(moment: dt.datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def operator_status(j: int, revision: int, at: dt.datetime, cluster: int) -> dict[str, object]:
+    """What an operator writes beside the phase of the `j`th policy (see the module's doc):
+    each cluster's operator at its own times."""
+    warn = j % 10 == 0
+    warned = j % 7 if warn else 0
+    at = at.replace(second=0) - dt.timedelta(seconds=cluster % 997)
+    since = stamp_of(at - dt.timedelta(days=1, hours=j // 20))
+    return {
+        "enforcementAction": "Warn" if warn else "Deny",
+        "audit": {"violations": 2 if j % 25 == 0 else 0, "cacheSynced": True,
+                  "auditedAt": stamp_of(at - dt.timedelta(seconds=j * 17 % 1800))},
+        "admission": {"denied": 0, "warned": warned, "audited": warned, "since": since,
+                      "readAt": stamp_of(at - dt.timedelta(seconds=30 * (j % 60))),
+                      "revision": revision,
+                      "lastHour": {"denied": 0, "warned": 0, "audited": 0, "since": since},
+                      "resets": 0, "probesExcluded": 0},
+    }
+
+
+def policy_object(policy: str, revision: int, probed: dt.datetime, *,
+                  extra: dict[str, object] | None = None) -> dict[str, object]:
+    """A managed Policy as the operator leaves it: Enforcing, Ready, Verified (and `extra` in
+    its status)."""
+    stamp = stamp_of(probed)
     return {
         "metadata": {"name": f"policy-{policy}", "resourceVersion": "12345", "generation": 1,
                      "labels": {"app.kubernetes.io/managed-by": "convergerd",
@@ -60,15 +95,23 @@ def policy_object(policy: str, revision: int, probed: dt.datetime) -> dict[str, 
              "message": "ValidatingAdmissionPolicy and binding in place"},
             {"type": "Verified", "status": "True", "reason": "Denied",
              "message": "the probe object was denied", "lastProbeTime": stamp,
-             "lastTransitionTime": stamp}]},
+             "lastTransitionTime": stamp}], **(extra or {})},
     }
 
 
-def cluster_outcome(cluster: int, policies: int, at: dt.datetime) -> ClusterOutcome:
+# The listed Policy's fields a reading takes by name (as `converge._phases` passes them on).
+_BY_NAME = tuple(f.name for f in dataclasses.fields(ListedPolicy)
+                 if f.name in READING_NAMES and f.name not in (
+                     "phase", "ready_reason", "ready_message"))
+
+
+def cluster_outcome(cluster: int, policies: int, at: dt.datetime, *,
+                    status: bool = False) -> ClusterOutcome:
     cid = ClusterId(f"c{cluster:05d}")
     page = json.dumps({"items": [
         policy_object(f"p{j:03d}", 1 + j % 7,
-                      at - dt.timedelta(seconds=60 + j * 0.731 + cluster % 1000 / 1000))
+                      at - dt.timedelta(seconds=60 + j * 0.731 + cluster % 1000 / 1000),
+                      extra=operator_status(j, 1 + j % 7, at, cluster) if status else None)
         for j in range(policies)]}).encode()
     observed = [ListedPolicy.from_object(o) for o in parse_json(page, "a list")["items"]]
     phases = []
@@ -77,16 +120,20 @@ def cluster_outcome(cluster: int, policies: int, at: dt.datetime) -> ClusterOutc
         pid = PolicyId(sys.intern(o.name.removeprefix("policy-")))  # as `converge._phases`
         revision = 1 + int(pid[1:]) % 7
         phases.append(PhaseReading(cid, pid, o.phase, o.ready_reason, o.ready_message,
-                                   revision, at, **verified_fields(o.verified)))
+                                   revision, at, **verified_fields(o.verified),
+                                   **audit_fields(o.audit),
+                                   **{n: getattr(o, n) for n in _BY_NAME}))
         deliveries.append(Delivery(cid, PolicyId(str(pid)), revision, ApplyResult.UNCHANGED, at))
     return ClusterOutcome(cid, reached=True, desired=policies, in_sync=policies,
                           server_version="v1.31.2", phases=phases, deliveries=deliveries)
 
 
-def round_of(clusters: int, policies: int, at: dt.datetime) -> RoundReport:
+def round_of(clusters: int, policies: int, at: dt.datetime, *,
+             status: bool = False) -> RoundReport:
     return RoundReport(started_at=at - dt.timedelta(seconds=30), finished_at=at,
                        epoch=Epoch("bench", 1),
-                       clusters=[cluster_outcome(i, policies, at) for i in range(clusters)])
+                       clusters=[cluster_outcome(i, policies, at, status=status)
+                                 for i in range(clusters)])
 
 
 def traced() -> int:
@@ -109,6 +156,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clusters", type=int, default=2000)
     parser.add_argument("--policies", type=int, default=50)
+    parser.add_argument("--operator-status", action="store_true",
+                        help="the mode, audit and admission counts beside the phase")
     args = parser.parse_args()
     deliveries = args.clusters * args.policies
     at = dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -116,7 +165,7 @@ def main() -> None:
     state = StatusState(identity="bench", interval_s=300.0, clock=lambda: at)
     state.set_clusters(f"c{i:05d}" for i in range(args.clusters))
     base = traced()
-    first = round_of(args.clusters, args.policies, at)
+    first = round_of(args.clusters, args.policies, at, status=args.operator_status)
     report_bytes = traced() - base
     state.observe_round(first)
     both = traced()
@@ -125,7 +174,8 @@ def main() -> None:
     kept_1 = traced() - base
     tracemalloc.reset_peak()
     start_2 = traced()
-    second = round_of(args.clusters, args.policies, at + dt.timedelta(seconds=300))
+    second = round_of(args.clusters, args.policies, at + dt.timedelta(seconds=300),
+                      status=args.operator_status)
     state.observe_round(second)
     peak_2 = tracemalloc.get_traced_memory()[1] - start_2
     del second
@@ -134,6 +184,7 @@ def main() -> None:
     per = 1 / deliveries
     print(json.dumps({
         "clusters": args.clusters, "policies": args.policies,
+        "operator_status": args.operator_status,
         "report_mb": round(report_bytes / MB, 1),
         "report_bytes_per_delivery": round(report_bytes * per),
         "record_mb": round(record_bytes / MB, 1),

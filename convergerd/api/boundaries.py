@@ -43,6 +43,7 @@ from convergerd.core.facts import READING_OWN, RECORD_ROW, ROW_DELIVERED_REVISIO
 from convergerd.core.model import ClusterId, PolicyId, RuleError, check_boundary_id
 from convergerd.core.rows import BOUNDARY_POLICIES_LISTED, BoundaryPolicy, BoundaryRows
 from convergerd.core.shown import shown
+from convergerd.status.admissions import enforcement_label, known_admissions
 from convergerd.status.document import audit_sample_view
 from convergerd.status.listing import Page, listing, page_ids, page_request
 from convergerd.status.phases import (
@@ -89,15 +90,18 @@ def boundary_of(request: web.Request) -> str | web.Response:
 
 # A (cluster, policy) record as the roll-up counts it: in sync with the policy's revision,
 # failed, the phase it counts under (None: no reading, nothing else counted), its
-# verification, its known violations.
-Judgment = tuple[bool, bool, str | None, str | None, int]
+# verification, its known violations, the mode in force (`enforcement_label`) and its six
+# admission counts (`known_admissions`; None: none read).
+Judgment = tuple[bool, bool, str | None, str | None, int, str | None,
+                 tuple[int, int, int, int, int, int] | None]
 # What a record is judged by: its row but the reading's own fields, read only through whether
 # it is in sync with the policy's revision and the probe's age class
 # (`phases.probe_age_classes`); its observed revision and probe times are read no other way.
 _ROW_PROBED_AT = RECORD_ROW.index("verified_probed_at")
 # The own fields that key leaves out, checked at import: a reading field held per reading and
 # added since (`facts.Field.shared`) may be one a judgment reads, and must be looked at here.
-_LEFT_OUT = ("revision", "verified_probed_at", "verified_since")
+_LEFT_OUT = ("revision", "verified_probed_at", "verified_since", "admission_since",
+             "admission_read_at", "admission_revision")
 if READING_OWN != _LEFT_OUT:
     raise RuntimeError(f"api.boundaries: the reading's own fields are {READING_OWN}, the "
                        f"judgments' key was written for {_LEFT_OUT}")
@@ -112,6 +116,8 @@ class Tally:
     in_sync: int = 0
     failed: int = 0
     violations: int = 0
+    enforcement: Counter[str] = field(default_factory=Counter)  # modes in force, by name
+    admissions: list[int] | None = None  # the six counts summed (None: none read)
 
     @classmethod
     def of(cls, counted: Mapping[Judgment | None, int]) -> Tally:
@@ -120,7 +126,7 @@ class Tally:
         for judged, n in counted.items():
             if judged is None:
                 continue
-            in_sync, failed, phase, verification, violations = judged
+            in_sync, failed, phase, verification, violations, mode, counts = judged
             tally.in_sync += in_sync * n
             tally.failed += failed * n
             if phase is None:
@@ -128,6 +134,11 @@ class Tally:
             tally.phases[phase] += n
             tally.verification[verification or UNKNOWN_VERIFICATION] += n
             tally.violations += violations * n
+            if mode is not None:
+                tally.enforcement[mode] += n
+            if counts is not None:
+                tally.admissions = [a + b * n for a, b in zip(
+                    tally.admissions or [0] * len(counts), counts, strict=True)]
         return tally
 
     def view(self) -> dict[str, Any]:
@@ -135,7 +146,16 @@ class Tally:
         verification.pop(UNKNOWN_VERIFICATION, None)
         return {"phases": dict(sorted(self.phases.items())),
                 "verification": dict(sorted(verification.items())),
-                "in_sync": self.in_sync, "failed": self.failed, "violations": self.violations}
+                "in_sync": self.in_sync, "failed": self.failed, "violations": self.violations,
+                "enforcement": dict(sorted(self.enforcement.items())),
+                "admission": None if self.admissions is None else _admission(self.admissions)}
+
+
+def _admission(counts: Sequence[int]) -> dict[str, Any]:
+    """Six counts summed (since each cluster's revision, then the last hour's) as shown."""
+    d, w, a, hd, hw, ha = counts
+    return {"denied": d, "warned": w, "audited": a,
+            "last_hour": {"denied": hd, "warned": hw, "audited": ha}}
 
 
 def judged(record: PolicyRecord, revision: int, now: dt.datetime, *, interval_s: float,
@@ -146,12 +166,13 @@ def judged(record: PolicyRecord, revision: int, now: dt.datetime, *, interval_s:
     failed = record.last_result == "failed"
     reading = record.phase
     if reading is None:
-        return (in_sync, failed, None, None, 0), None
+        return (in_sync, failed, None, None, 0, None, None), None
     stale = is_stale(reading.seen_at, now, interval_s)
     verification = verification_of(reading, age_s(reading.seen_at, now), interval_s, now=now,
                                    probe_period_s=probe_period_s)
     return ((in_sync, failed, STALE if stale else normalize_phase(reading.phase), verification,
-             known_violations(reading) or 0),
+             known_violations(reading) or 0, enforcement_label(reading.enforcement_action),
+             known_admissions(reading)),
             audit_view(reading, now, interval_s, probe_period_s=probe_period_s))
 
 

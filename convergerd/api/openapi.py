@@ -48,6 +48,82 @@ def _id(kind: str, max_length: int) -> dict[str, Any]:
 _POLICY_ID = _id("policy", POLICY_ID_MAX_LEN)
 _CLUSTER_ID = _id("cluster", 63)
 
+_MODE_COUNTS = {"type": "object", "additionalProperties": {"type": "integer"},
+                "description": "per mode of the binding in force: Deny, Warn, Audit (other: a "
+                               "mode this version does not know)"}
+_FIGURES = {"denied": {"type": "integer", "minimum": 0},
+            "warned": {"type": "integer", "minimum": 0},
+            "audited": {"type": "integer", "minimum": 0}}
+_NULLABLE_FIGURES = {k: {**v, "nullable": True} for k, v in _FIGURES.items()}
+_ADMISSION_SCHEMAS: dict[str, Any] = {
+    "Admission": {
+        "type": "object", "nullable": True,
+        "description": "`status.admission` as the operator wrote it (null: none): the API "
+                       "server's counts of failed validations of the policy, by what "
+                       "admission did, since `revision` was installed (`since`) and over the "
+                       "hour before `read_at`",
+        "properties": {
+            **_NULLABLE_FIGURES,
+            "last_hour": {"type": "object", "properties": _NULLABLE_FIGURES},
+            "revision": {"type": "integer", "nullable": True,
+                         "description": "the revision whose installation the counts start at"},
+            "since": _NULLABLE_TIME, "read_at": _NULLABLE_TIME,
+            "stale": {"type": "boolean",
+                      "description": "read_at is older than five of the operators' probe "
+                                     "periods (the operator rewrites unchanged counts every "
+                                     "three): counting stopped"},
+            "resets": {"type": "integer", "nullable": True,
+                       "description": "API server counters that started again (restarts): "
+                                      "the counts are a lower bound"},
+            "note": {**_NULLABLE_STRING, "description": "what the counts cannot say"},
+            "problem": {**_NULLABLE_STRING,
+                        "description": "why the counts cannot be read (they are null); the "
+                                       "phase is unaffected"}},
+    },
+    "ClusterAdmission": {
+        "type": "object", "nullable": True,
+        "description": "admission's counts on the cluster summed over its policies (null: "
+                       "none read there)",
+        "properties": {**_FIGURES, "last_hour": {"type": "object", "properties": _FIGURES},
+                       "policies_counted": {"type": "integer"},
+                       "unknown": {"type": "integer",
+                                   "description": "policies whose counts cannot be read"},
+                       "excepted": {"type": "integer", "nullable": True}},
+    },
+    "PolicyAdmission": {
+        "type": "object",
+        "description": "what admission did with the policy over its clusters (per cluster: "
+                       "`admission`, `enforcement_action`): the counts summed over the "
+                       "clusters that can say them, each since its installed revision",
+        "properties": {
+            **_FIGURES, "last_hour": {"type": "object", "properties": _FIGURES},
+            "clusters_counted": {"type": "integer"},
+            "clusters_unknown": {"type": "integer",
+                                 "description": "clusters whose counts cannot be read"},
+            "clusters_stale": {"type": "integer"},
+            "clusters_with_resets": {"type": "integer"},
+            "clusters_by_enforcement": {
+                **_MODE_COUNTS,
+                "description": "clusters per mode of the policy's binding in force: a policy "
+                               "saved as Deny and still Warn somewhere shows here"}},
+    },
+    "FleetAdmission": {
+        "type": "object",
+        "description": "admission over the fleet, and per policy its totals: the policies "
+                       "admission counted, or in force in a mode other than Deny somewhere "
+                       "(the most denied, warned, audited first; at most 100 listed)",
+        "properties": {
+            **_FIGURES, "last_hour": {"type": "object", "properties": _FIGURES},
+            "policies_total": {"type": "integer"},
+            "policies": {"type": "array", "items": {
+                "type": "object", "properties": {
+                    "id": {"type": "string"}, **_FIGURES,
+                    "last_hour": {"type": "object", "properties": _FIGURES},
+                    "clusters_by_enforcement": _MODE_COUNTS,
+                    "excepted": {"type": "integer", "nullable": True}}}}},
+    },
+}
+
 _SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object", "required": ["error"], "additionalProperties": True,
@@ -89,6 +165,10 @@ _SCHEMAS: dict[str, Any] = {
             "last_error": _NULLABLE_STRING, "last_reason": _NULLABLE_STRING,
             "server_version": _NULLABLE_STRING,
             "audit": _ref("ClusterAudit"),
+            "enforcement": {**_MODE_COUNTS,
+                            "description": "its policies per mode of the binding in force "
+                                           "(`status.enforcementAction`), beside `phases`"},
+            "admission": _ref("ClusterAdmission"),
             "shard": {"type": "integer", "description": "its shard (0 with one shard)"},
             "holder": {**_NULLABLE_STRING,
                        "description": "the replica holding its shard's Lease, as this "
@@ -123,6 +203,11 @@ _SCHEMAS: dict[str, Any] = {
                                           "(`problem` says why)"},
             "audited_at": _NULLABLE_TIME,
             "cache_synced": {"type": "boolean", "nullable": True},
+            "excepted": {"type": "integer", "minimum": 0, "nullable": True,
+                         "description": "`status.audit.excepted`: existing objects the rule "
+                                        "would deny that an exception admits, counted apart "
+                                        "(null: not said, as while no exception is in "
+                                        "force)"},
             "state": {"type": "string", "enum": ["current", "unsynced", "stale", "unknown"],
                       "description": "stale: the reading is stale, or the audit is older "
                                      "than five of the operators' probe periods (the "
@@ -203,6 +288,7 @@ _SCHEMAS: dict[str, Any] = {
                                f"{UNSUPPORTED_LISTED} named in all (`fleet.unsupported` "
                                "counts them)",
                 "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+            "admission": _ref("FleetAdmission"),
             "audit": {
                 "type": "object",
                 "description": "the operators' audits over the fleet, and the policies whose "
@@ -260,6 +346,12 @@ _SCHEMAS: dict[str, Any] = {
                                                             "believed (a lastProbeTime in "
                                                             "the future)"}}},
             "audit": _ref("Audit"),
+            "enforcement_action": {
+                **_NULLABLE_STRING,
+                "description": "`status.enforcementAction`: the mode of the binding in force "
+                               "(Deny, Warn, Audit) beside the phase; null: no binding (Inert) "
+                               "or none said"},
+            "admission": _ref("Admission"),
         },
     },
     "ClusterView": {
@@ -304,7 +396,11 @@ _SCHEMAS: dict[str, Any] = {
                     "clusters_not_current": {"type": "integer"},
                     "sample": {"type": "array", "maxItems": 5, "items": _ref("AuditSample"),
                                "description": "at most five, from clusters still counting "
-                                              "violations (the cluster read last first)"}}},
+                                              "violations (the cluster read last first)"},
+                    "excepted": {"type": "integer", "nullable": True,
+                                 "description": "the audits' excepted objects summed (null: "
+                                                "no audit says any)"}}},
+            "admission": _ref("PolicyAdmission"),
             "clusters": {"type": "array", "items": {"allOf": [_ref("PolicyRecord"), {
                 "type": "object", "properties": {
                     "cluster": {"type": "string"}, "in_scope": {"type": "boolean"},
@@ -416,6 +512,7 @@ _SCHEMAS: dict[str, Any] = {
 }
 
 _COUNTS = {"type": "object", "additionalProperties": {"type": "integer"}}
+_SCHEMAS.update(_ADMISSION_SCHEMAS)
 _SCHEMAS.update({
     "TokenRequest": {
         "type": "object", "additionalProperties": False, "required": ["boundary", "name"],
@@ -459,7 +556,16 @@ _SCHEMAS.update({
                                        "violations"],
         "properties": {"phases": _COUNTS, "verification": _COUNTS,
                        "in_sync": {"type": "integer"}, "failed": {"type": "integer"},
-                       "violations": {"type": "integer"}},
+                       "violations": {"type": "integer"},
+                       "enforcement": {**_MODE_COUNTS, "description": "readings per mode "
+                                       "of the binding in force, beside `phases`"},
+                       "admission": {
+                           "type": "object", "nullable": True,
+                           "description": "admission's counts summed over the readings that "
+                                          "can say them (null: none), each since its "
+                                          "cluster's revision",
+                           "properties": {**_FIGURES, "last_hour": {
+                               "type": "object", "properties": _FIGURES}}}},
     },
     "BoundaryCluster": {"allOf": [_ref("BoundaryCounts"), {
         "type": "object",

@@ -121,7 +121,13 @@ from convergerd.status.metrics import CONTENT_TYPE, HTTP_BOUNDS_REASONS, Metrics
 from convergerd.status.phases import age_s, stale_after_s
 from convergerd.status.reader import StatusReader
 from convergerd.status.records import PolicyRecord, merge_records
-from convergerd.status.views import iso, policy_audit_view, record_view, unsupported_of
+from convergerd.status.views import (
+    iso,
+    policy_admission_view,
+    policy_audit_view,
+    record_view,
+    unsupported_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -1044,6 +1050,8 @@ class Views:
             },
             "audit": policy_audit_view((c["audit"] for c in clusters),
                                        audit_sample_view(self.state, pid)),
+            # Beside the audit: what admission did, summed over the clusters below.
+            "admission": policy_admission_view(clusters),
             "clusters": clusters,
         }
 

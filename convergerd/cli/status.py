@@ -1,6 +1,14 @@
 """`convergerd status [--addr URL]`: a running daemon's `/status` as a table in the terminal;
 `convergerd status --boundary B --token T`: what one boundary's tenant sees
 (`/v1/boundaries/{boundary}`): its clusters and its policies, nothing of other boundaries.
+`convergerd status --policy ID`: one policy per cluster (`/v1/policies/{id}/status`; with
+`--boundary`, `/v1/boundaries/{boundary}/policies/{id}`): its phase with the mode in force
+beside it, the probe, what admission counted and the audit, and its totals over the fleet.
+
+Wherever a phase is shown, the mode of the binding in force (`status.enforcementAction`:
+Deny, Warn, Audit) is shown beside it, so a Warn policy is never taken for one that denies;
+the admission counts (the API server's failed validations denied, warned, audited, since each
+cluster's installed revision) are shown per policy.
 
 Clusters are listed worst first (unreached, never checked, failing, then by lag), under a header
 saying which replica answered, who leads, and the last and next round. Any replica can answer:
@@ -36,7 +44,7 @@ from typing import Any, TextIO
 from convergerd.config import read_secret_file
 from convergerd.core.decode import bounded_json, rfc3339
 from convergerd.core.errors import ConfigError, NotJSON
-from convergerd.core.model import RuleError, check_boundary_id
+from convergerd.core.model import RuleError, check_boundary_id, check_policy_id
 from convergerd.core.shown import shown
 from convergerd.status.listing import worst_first_key
 
@@ -65,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--boundary", metavar="B",
                         help="only this boundary, as its tenant sees it (with its read token "
                              "or the admin token)")
+    parser.add_argument("--policy", metavar="ID",
+                        help="one policy on each cluster: phase and mode, probe, admission "
+                             "counts, audit")
     parser.add_argument("--token", metavar="TOKEN",
                         help="bearer token to send (a boundary's read token, or the admin "
                              "token); `ps` shows it: prefer --token-file")
@@ -86,9 +97,17 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     if "://" not in addr:
         addr = f"http://{addr}"
     boundary: str | None = getattr(args, "boundary", None)
+    policy: str | None = getattr(args, "policy", None)
     try:
         token = _token(args)
-        if boundary is not None:
+        if policy is not None:
+            check_policy_id(policy)
+            if boundary is not None:
+                check_boundary_id(boundary)
+            path = (f"/v1/boundaries/{boundary}/policies/{policy}" if boundary is not None
+                    else f"/v1/policies/{policy}/status")
+            doc = fetch_status(addr, timeout_s=float(args.timeout), path=path, token=token)
+        elif boundary is not None:
             check_boundary_id(boundary)
             path = f"/v1/boundaries/{boundary}"
             doc = with_every_cluster(fetch_status(addr, timeout_s=float(args.timeout),
@@ -105,6 +124,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         return EXIT_UNREACHABLE
     if args.json:
         out.write(json.dumps(doc, indent=2) + "\n")
+    elif policy is not None:
+        out.write(render_policy(doc, addr=addr))
     elif boundary is not None:
         out.write(render_boundary(doc, addr=addr))
     else:
@@ -474,7 +495,8 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None,
         return "\n".join(lines) + "\n"
     sharded = _sharded(doc)
     rows = [["CLUSTER", *(["SHARD", "HOLDER"] if sharded else []), "REACHED", "LAG", "DESIRED",
-             "IN-SYNC", "FAILED", "PHASES", "VERIFIED", "VIOLATIONS", "VERSION", "LAST ERROR"]]
+             "IN-SYNC", "FAILED", "PHASES", "MODES", "VERIFIED", "VIOLATIONS", "VERSION",
+             "LAST ERROR"]]
     rows.extend(
         [
             str(c.get("id", "?")),
@@ -487,6 +509,7 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None,
             str(c.get("in_sync", 0)),
             str(c.get("failed", 0)),
             _phases(c.get("phases")),
+            _phases(c.get("enforcement")),
             _verified(c.get("verification")),
             _violations(c.get("audit")),
             str(c.get("server_version") or "-"),
@@ -498,6 +521,7 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None,
     lines.append("")
     lines.extend(_fleet_lines(doc, clusters))
     lines.extend(_audit_lines(doc.get("audit")))
+    lines.extend(_admission_lines(doc.get("admission")))
     lines.extend(_exception_lines(exceptions, rfc3339(doc.get("now"))))
     return "\n".join(lines) + "\n"
 
@@ -551,6 +575,105 @@ def _fleet_lines(doc: Mapping[str, Any], clusters: Sequence[Mapping[str, Any]]) 
     return [f"{len(clusters)} clusters: {down} unreached, {failing} reached but failing"]
 
 
+_ACTIONS = ("denied", "warned", "audited")
+
+
+def _admissions(figures: object) -> str:
+    """Admission's counts (`denied`, `warned`, `audited`): the ones above 0 by name, `0` when
+    none is, `?` when they cannot be read, `-` when none were read."""
+    if not isinstance(figures, Mapping):
+        return "-"
+    counts = [(k, figures.get(k)) for k in _ACTIONS]
+    if not all(_is_count(n) for _, n in counts):
+        return "?"
+    return " ".join(f"{k}={n}" for k, n in counts if n) or "0"
+
+
+def _admission_lines(admission: object) -> list[str]:
+    """Per policy admission counted or in force in a mode other than Deny somewhere, over the
+    fleet: its counts since each cluster's revision, the last hour's, its clusters per mode."""
+    if not isinstance(admission, Mapping):
+        return []
+    listed = [p for p in admission.get("policies") or [] if isinstance(p, Mapping)]
+    if not listed:
+        return []
+    lines = [f"admission (the API server's counts since each cluster's revision): "
+             f"{_admissions(admission)}; last hour {_admissions(admission.get('last_hour'))}"]
+    lines.extend(
+        f"  {shown(p.get('id'), style='text')}: {_admissions(p)} (last hour "
+        f"{_admissions(p.get('last_hour'))}); in force as "
+        f"{_phases(p.get('clusters_by_enforcement'))}"
+        + (f"; excepted {p['excepted']}" if _is_count(p.get("excepted")) else "")
+        for p in listed[:_POLICIES_SHOWN])
+    total = admission.get("policies_total")
+    if isinstance(total, int) and total > min(len(listed), _POLICIES_SHOWN):
+        lines.append(f"  and {total - min(len(listed), _POLICIES_SHOWN)} more policies "
+                     "(convergerd status --policy ID for one)")
+    return lines
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def render_policy(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
+    """`/v1/policies/{id}/status` as a table: per cluster its phase with the mode in force
+    beside it, the probe, admission's counts and the audit; the totals over the fleet."""
+    policy = _mapping(doc.get("policy"))
+    lines = [f"policy {shown(policy.get('id'), style='text')} of boundary "
+             f"{shown(policy.get('boundary'), style='text')} at {addr or '?'}: revision "
+             f"{policy.get('revision', '?')}, saved as "
+             f"{shown(policy.get('enforcement'), style='text')}, "
+             + ("enabled" if policy.get("enabled") else "DISABLED")
+             + (f", INVALID: {shown(policy['invalid'], _MAX_ERROR, style='prose')}"
+                if policy.get("invalid") else "")]
+    admission = doc.get("admission")
+    if isinstance(admission, Mapping):
+        lines.append(f"admission over {admission.get('clusters_counted', '?')} clusters "
+                     f"counting (since each one's revision): {_admissions(admission)}; last "
+                     f"hour {_admissions(admission.get('last_hour'))}; in force as "
+                     f"{_phases(admission.get('clusters_by_enforcement'))}"
+                     + (f"; {admission['clusters_unknown']} UNREADABLE"
+                        if admission.get("clusters_unknown") else "")
+                     + (f"; {admission['clusters_stale']} STALE"
+                        if admission.get("clusters_stale") else ""))
+    audit = doc.get("audit")
+    if isinstance(audit, Mapping) and audit.get("clusters_audited"):
+        lines.append(f"existing workloads it would deny (operator audit): "
+                     f"{audit.get('violations', '?')} on "
+                     f"{audit.get('clusters_with_violations', '?')} of "
+                     f"{audit.get('clusters_audited', '?')} audited clusters"
+                     + (f"; {audit['excepted']} excepted" if _is_count(audit.get("excepted"))
+                        else ""))
+    clusters = [c for c in doc.get("clusters") or [] if isinstance(c, Mapping)]
+    lines.append("")
+    if not clusters:
+        lines.append("no clusters")
+        return "\n".join(lines) + "\n"
+    rows = [["CLUSTER", "REVISION", "PHASE", "MODE", "VERIFIED", "ADMISSIONS", "LAST HOUR",
+             "EXCEPTED", "VIOLATIONS", "LAST ERROR"]]
+    for c in clusters:
+        audit_c = _mapping(c.get("audit"))
+        verified = _mapping(c.get("verified"))
+        found = c.get("admission") if isinstance(c.get("admission"), Mapping) else None
+        rows.append([
+            shown(c.get("cluster"), style="text"),
+            str(c.get("delivered_revision") if c.get("delivered_revision") is not None
+                else "-"),
+            shown(c.get("phase") or "-", 20, style="text") + (" STALE" if c.get("stale")
+                                                               else ""),
+            shown(c.get("enforcement_action") or "-", 20, style="text"),
+            shown(verified.get("verification") or "-", 20, style="text"),
+            _admissions(found) + (" STALE" if found and found.get("stale") else ""),
+            _admissions(found.get("last_hour")) if found else "-",
+            str(audit_c.get("excepted")) if _is_count(audit_c.get("excepted")) else "-",
+            str(audit_c.get("violations")) if _is_count(audit_c.get("violations")) else "-",
+            shown(c.get("last_error") or "", _MAX_ERROR, style="prose"),
+        ])
+    lines.extend(_table(rows))
+    return "\n".join(lines) + "\n"
+
+
 def render_boundary(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
     """`/v1/boundaries/{boundary}` as tables: its policies, then its clusters."""
     lines = [f"boundary {shown(doc.get('boundary'), style='text')} at {addr or '?'}, as of "
@@ -559,11 +682,12 @@ def render_boundary(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
     lines.append("")
     if policies:
         rows = [["POLICY", "REVISION", "ENABLED", "CLUSTERS", "IN-SYNC", "FAILED", "PHASES",
-                 "VERIFIED", "VIOLATIONS", "INVALID"]]
+                 "MODES", "VERIFIED", "ADMISSIONS", "VIOLATIONS", "INVALID"]]
         rows.extend([shown(p.get("id"), style="text"), str(p.get("revision", "?")),
                      "yes" if p.get("enabled") else "no", str(p.get("clusters", "?")),
                      str(p.get("in_sync", 0)), str(p.get("failed", 0)),
-                     _phases(p.get("phases")), _verified(p.get("verification")),
+                     _phases(p.get("phases")), _phases(p.get("enforcement")),
+                     _verified(p.get("verification")), _admissions(p.get("admission")),
                      str(p.get("violations", 0)),
                      shown(p.get("invalid") or "", _MAX_ERROR, style="prose")]
                     for p in policies)
@@ -592,11 +716,12 @@ def render_boundary(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
     if not clusters:
         lines.append("no clusters")
         return "\n".join(lines) + "\n"
-    rows = [["CLUSTER", "REACHED", "LAG", "IN-SYNC", "FAILED", "PHASES", "VERIFIED",
+    rows = [["CLUSTER", "REACHED", "LAG", "IN-SYNC", "FAILED", "PHASES", "MODES", "VERIFIED",
              "VIOLATIONS", "VERSION", "FAILURE"]]
     rows.extend([shown(c.get("id"), style="text"), _reachable(c.get("reachable")),
                  format_duration(c.get("lag_seconds")), str(c.get("in_sync", 0)),
                  str(c.get("failed", 0)), _phases(c.get("phases")),
+                 _phases(c.get("enforcement")),
                  _verified(c.get("verification")), str(c.get("violations", 0)),
                  shown(c.get("server_version") or "-", 40, style="text"),
                  shown(c.get("failure") or "", _MAX_ERROR, style="prose")]

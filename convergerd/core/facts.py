@@ -105,6 +105,35 @@ READING: Final = (
     # Travels with a round's readings only: the status state keeps samples per policy
     # (`status.samples`), not per policy and cluster.
     Field("audit_sample", None, default=()),
+    # `status.enforcementAction`: the mode of the binding in force (None: no binding).
+    Field("enforcement_action", "enforcement_action", "text", Clean.TEXT),
+    # `status.admission`: the API server's counts since the revision `admission_revision` was
+    # installed (`admission_since`) and over the hour before `admission_read_at`
+    # (`admission_read_at` and `admission_problem` None: none was read; figures None and a
+    # problem: unreadable). Most are 0 on most policies: shared.
+    Field("admission_denied", "admission_denied", "bigint", Clean.REVISION),
+    Field("admission_warned", "admission_warned", "bigint", Clean.REVISION),
+    Field("admission_audited", "admission_audited", "bigint", Clean.REVISION),
+    Field("admission_last_hour_denied", "admission_last_hour_denied", "bigint", Clean.REVISION),
+    Field("admission_last_hour_warned", "admission_last_hour_warned", "bigint", Clean.REVISION),
+    Field("admission_last_hour_audited", "admission_last_hour_audited", "bigint",
+          Clean.REVISION),
+    # When the revision was installed: a cluster's policies saved together share it, the
+    # others not, so held per reading (a shared field that differs costs its entry a large
+    # mask).
+    Field("admission_since", "admission_since", "timestamptz", Clean.TIME, shared=False),
+    # Rewritten by the operator at its heartbeat with the same figures: counting still runs.
+    # Each policy's at its own time, so held per reading.
+    Field("admission_read_at", "admission_read_at", "timestamptz", Clean.TIME, Change.FORWARD,
+          shared=False, listed="listed_admission_read_at"),
+    Field("admission_revision", "admission_revision", "bigint", Clean.REVISION, shared=False,
+          same_as="revision"),
+    Field("admission_resets", "admission_resets", "bigint", Clean.REVISION),
+    Field("admission_note", "admission_note", "text", Clean.TEXT),
+    Field("admission_problem", "admission_problem", "text", Clean.TEXT),
+    # `status.audit.excepted`: objects the rule would deny that an exception admits (None:
+    # not said, as while no exception is in force).
+    Field("audit_excepted", "audit_excepted", "bigint", Clean.REVISION),
 )
 READING_NAMES: Final = tuple(f.name for f in READING)  # `PhaseReading`'s, after its keys
 _SHARED = tuple(f for f in READING if f.shared)
@@ -116,8 +145,16 @@ _KEPT = tuple(f for f in _SHARED if f.column is not None)  # shared, recorded an
 READING_KIND: Final = ("cluster", *(f.name for f in _SHARED))
 READING_OWN: Final = tuple(f.name for f in _OWN)
 KIND_SEEN_AT: Final = READING_KIND.index("seen_at")
-KIND_AUDIT_AT: Final = READING_KIND.index("audit_at")
 OWN_PROBED_AT: Final = READING_OWN.index("verified_probed_at")
+# The times a reading's row is not rewritten for (`Change.FORWARD`): what a cluster's listing
+# bounds them with is the oldest it read of each, a `cluster_state` column (`Field.listed`),
+# after the listing's own time (`LISTED_AT`). Each with where a reading holds it: (True, its
+# position in a kind) for a shared one, (False, its position in the own values) else.
+FORWARD: Final = tuple(f for f in READING if f.change is Change.FORWARD)
+LISTED_AT: Final = next(f.listed or "" for f in READING if f.change is Change.SEEN)
+LISTED_COLUMNS: Final = (LISTED_AT, *(f.listed or "" for f in FORWARD))  # each has one
+FORWARD_HELD: Final = tuple((True, READING_KIND.index(f.name)) if f.shared
+                            else (False, READING_OWN.index(f.name)) for f in FORWARD)
 
 
 def joined(own: tuple[Any, ...]) -> tuple[Any, ...]:

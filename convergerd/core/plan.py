@@ -11,7 +11,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from convergerd.core.decode import (
     MAX_LABEL_VALUE_CHARS,
@@ -33,6 +34,9 @@ CONDITION_STATUSES = ("True", "False", "Unknown")
 # or more than five samples is not what our operator writes.
 MAX_AUDIT_VIOLATIONS = 10**9
 MAX_AUDIT_SAMPLE = 5
+# Bound of `status.admission`'s counts: failed validations an API server counted, far past
+# what one policy sees in the life of a cluster.
+MAX_ADMISSIONS = 10**12
 
 
 class Why(StrEnum):
@@ -56,6 +60,22 @@ class ListedPolicy:
     ready_message: str | None = None
     verified: Verification | None = None
     audit: Audit | None = None
+    # What the operator reports beside the phase, under the reading's names
+    # (`facts.READING`): the mode in force, the admission counts, the audit's excepted.
+    enforcement_action: str | None = None
+    admission_denied: int | None = None
+    admission_warned: int | None = None
+    admission_audited: int | None = None
+    admission_last_hour_denied: int | None = None
+    admission_last_hour_warned: int | None = None
+    admission_last_hour_audited: int | None = None
+    admission_since: dt.datetime | None = None
+    admission_read_at: dt.datetime | None = None
+    admission_revision: int | None = None
+    admission_resets: int | None = None
+    admission_note: str | None = None
+    admission_problem: str | None = None
+    audit_excepted: int | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> ListedPolicy:
@@ -94,14 +114,23 @@ class ListedPolicy:
             ready_message=interned(r.message(ready, "message", f"{where}.message")),
             verified=verification(verified) if verified is not None else None,
             # Decoded on its own: a bad audit is an unknown audit, never a bad phase.
-            audit=audit(status["audit"]) if status.get("audit") is not None else None,
+            audit=(audited := audit(status["audit"]) if status.get("audit") is not None
+                   else None),
+            enforcement_action=interned(r.text(status, "enforcementAction",
+                                               "status.enforcementAction", MAX_REASON_CHARS)),
+            # Decoded on its own, likewise: bad counts are unknown counts, the problem said.
+            **(admission(status["admission"]) if status.get("admission") is not None
+               else {}),
+            audit_excepted=excepted(status["audit"]) if audited is not None
+            and audited.violations is not None else None,
         )
         problem = r.problem
         if problem is None:
             return observed
         return dataclasses.replace(observed, phase=UNKNOWN_PHASE, ready_status=None,
                                    ready_reason=MALFORMED_REASON, ready_message=problem,
-                                   verified=None, audit=None)
+                                   verified=None, audit=None, enforcement_action=None,
+                                   audit_excepted=None, **NO_ADMISSION)
 
 
 def interned(text: str | None) -> str | None:
@@ -165,6 +194,11 @@ def audit(value: object) -> Audit:
     for key, field in (("violations", "violations"), ("auditedAt", "auditedAt")):
         if value.get(key) is None:
             r.problems.append(f"{where}.{field}: missing")
+    excepted_count = value.get("excepted")
+    if excepted_count is not None and not _excepted_ok(excepted_count):
+        r.problems.append(expected(f"{where}.excepted",
+                                   f"an integer from 0 to {MAX_AUDIT_VIOLATIONS}",
+                                   excepted_count))
     raw_sample = r.sequence(value, "sample", f"{where}.sample")
     if len(raw_sample) > MAX_AUDIT_SAMPLE:
         r.problems.append(f"{where}.sample: expected at most {MAX_AUDIT_SAMPLE} entries, "
@@ -191,6 +225,77 @@ def _audit_sample(r: FieldReader, entry: object, where: str) -> AuditSample | No
         r.problems.append(f"{where}: kind and name are required")
         return None
     return AuditSample(kind, namespace, name, message)
+
+
+# `status.admission`'s figures, as the reading names them (`facts.READING`), where each is
+# in the object, and none read.
+_ADMISSION_COUNTS = (("admission_denied", "denied"), ("admission_warned", "warned"),
+                     ("admission_audited", "audited"))
+_ADMISSION_LAST_HOUR = (("admission_last_hour_denied", "denied"),
+                        ("admission_last_hour_warned", "warned"),
+                        ("admission_last_hour_audited", "audited"))
+NO_ADMISSION: Final[Mapping[str, Any]] = MappingProxyType(dict.fromkeys((
+    *(n for n, _ in (*_ADMISSION_COUNTS, *_ADMISSION_LAST_HOUR)), "admission_since",
+    "admission_read_at", "admission_revision", "admission_resets", "admission_note",
+    "admission_problem")))
+
+
+def admission(value: object) -> dict[str, Any]:
+    """`status.admission`, decoded on its own, as the reading's fields by name: `denied`,
+    `warned`, `audited` and `lastHour`'s three integers from 0 to `MAX_ADMISSIONS`, `since`
+    and `readAt` RFC 3339 times (all required), `revision` and `resets` such integers too,
+    `note` a string (cleaned and capped). Anything else leaves every figure unknown with the
+    field and value as `admission_problem`: never a bad phase. `probesExcluded` is not read
+    (the operator's own probes, already left out of the figures), nor `lastHour.since` (the
+    later of `since` and an hour before `readAt`)."""
+    where = "status.admission"
+    r = FieldReader()
+    if not isinstance(value, Mapping):
+        r.problems.append(expected(where, "an object", value))
+        return {**NO_ADMISSION, "admission_problem": r.problem}
+    last_hour = r.mapping(value, "lastHour", f"{where}.lastHour")
+    found: dict[str, Any] = {}
+    for source, prefix, names in ((value, where, _ADMISSION_COUNTS),
+                                  (last_hour, f"{where}.lastHour", _ADMISSION_LAST_HOUR)):
+        for name, key in names:
+            found[name] = _admission_count(r, source, key, f"{prefix}.{key}", required=True)
+    found["admission_revision"] = _admission_count(r, value, "revision", f"{where}.revision")
+    found["admission_resets"] = _admission_count(r, value, "resets", f"{where}.resets")
+    found["admission_since"] = r.time(value, "since", f"{where}.since")
+    found["admission_read_at"] = r.time(value, "readAt", f"{where}.readAt")
+    for key, name in (("since", "admission_since"), ("readAt", "admission_read_at")):
+        if found[name] is None and value.get(key) is None:
+            r.problems.append(f"{where}.{key}: missing")
+    found["admission_note"] = interned(r.message(value, "note", f"{where}.note"))
+    problem = r.problem
+    if problem is not None:
+        return {**NO_ADMISSION, "admission_problem": problem}
+    return {**found, "admission_problem": None}
+
+
+def _admission_count(r: FieldReader, value: Mapping[str, Any], key: str, where: str, *,
+                     required: bool = False) -> int | None:
+    count = r.integer(value, key, where)
+    if count is None:
+        if required and value.get(key) is None:
+            r.problems.append(f"{where}: missing")
+        return None
+    if not 0 <= count <= MAX_ADMISSIONS:
+        r.problems.append(expected(where, f"an integer from 0 to {MAX_ADMISSIONS}", count))
+        return None
+    return count
+
+
+def excepted(value: Mapping[str, Any]) -> int | None:
+    """`status.audit.excepted` of an audit `audit` could read: an integer from 0 to
+    `MAX_AUDIT_VIOLATIONS`, absent while no exception is in force (None); any other value
+    made the audit unknown (`audit`)."""
+    count = value.get("excepted")
+    return count if count is None or _excepted_ok(count) else None
+
+
+def _excepted_ok(count: object) -> bool:
+    return (type(count) is int and 0 <= count <= MAX_AUDIT_VIOLATIONS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,6 +155,20 @@ class PhaseReading:
     audit_synced: bool | None = None  # None: the Policy has no status.audit
     audit_problem: str | None = None
     audit_sample: tuple[AuditSample, ...] = ()
+    enforcement_action: str | None = None  # None: no binding in force (or none said)
+    admission_denied: int | None = None
+    admission_warned: int | None = None
+    admission_audited: int | None = None
+    admission_last_hour_denied: int | None = None
+    admission_last_hour_warned: int | None = None
+    admission_last_hour_audited: int | None = None
+    admission_since: dt.datetime | None = None
+    admission_read_at: dt.datetime | None = None  # with `admission_problem` None: none read
+    admission_revision: int | None = None
+    admission_resets: int | None = None
+    admission_note: str | None = None
+    admission_problem: str | None = None
+    audit_excepted: int | None = None
 
     @property
     def verified(self) -> Verification | None:

@@ -292,7 +292,10 @@ convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
                    create --dry-run=server -f {warn_pod}
                  ({WARN_POLICY} is in mode Warn: the pod without an image tag is admitted
                  and kubectl prints the policy's warning; `convergerd policy apply
-                 {WARN_POLICY} --enforcement Deny` with the token makes the next one denied)
+                 {WARN_POLICY} --enforcement Deny` with the token makes the next one denied);
+                 the MODES column of convergerd status shows it in force as Warn, and
+                 convergerd status --addr {http} --policy {WARN_POLICY} its mode and the
+                 warnings counted per cluster (ADMISSIONS)
   exceptions:    {EXCEPTED_POLICY} admits the pod vendor-agent in namespace team-b for
                  {EXCEPTION_DAYS} days (id {EXCEPTION_ID}): convergerd status shows when it
                  expires, `convergerd policy exceptions` lists it; the operators stop honouring

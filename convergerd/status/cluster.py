@@ -13,6 +13,7 @@ from typing import Protocol
 
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import PhaseReading
+from convergerd.status.admissions import NO_ADMISSIONS, AdmissionTally, admission_tally
 from convergerd.status.phases import (
     NO_AUDITS,
     AuditTally,
@@ -63,6 +64,8 @@ class ClusterFacts(Protocol):
     @property
     def audit_tally(self) -> AuditTally: ...
     @property
+    def admission_tally(self) -> AdmissionTally: ...
+    @property
     def caught_up(self) -> bool: ...
     @property
     def error(self) -> str | None: ...
@@ -103,6 +106,7 @@ class ClusterState:
     # Replaced whole, never changed in place (`counts` keeps its answer for the same tally).
     phase_tally: dict[TallyKey, TallyGroup] = field(default_factory=dict)
     audit_tally: AuditTally = NO_AUDITS  # likewise, the audits (`phases.audit_tally`)
+    admission_tally: AdmissionTally = NO_ADMISSIONS  # and modes and admission counts
     # `counts`' last answer, kept while it holds: (the tally counted, the counts).
     _counted: tuple[PhaseTally, TallyCounts] | None = None
 
@@ -168,3 +172,4 @@ class ClusterState:
         readings = self.readings()
         self.phase_tally = tally(readings)
         self.audit_tally = audit_tally(readings)
+        self.admission_tally = admission_tally(readings)

@@ -17,6 +17,7 @@ from typing import Any
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.rows import DeliveryRow
 from convergerd.core.shards import orphaned
+from convergerd.status.admissions import AdmissionTally, PolicyTotals
 from convergerd.status.cluster import ClusterFacts
 from convergerd.status.listing import FleetTally, listing, worst_first_key
 from convergerd.status.phases import (
@@ -71,6 +72,7 @@ def snapshot_head(state: StatusReader, now: dt.datetime,
         "shards": shards_view(state, now),
         "unsupported_by_version": unsupported_rollup(unsupported),
         "audit": audit_fleet_view(state, now),
+        "admission": admission_fleet_view(state),
     }
 
 
@@ -109,6 +111,9 @@ def cluster_summary(state: StatusReader, cluster: ClusterFacts,
                         else "unreachable"),
         "server_version": cluster.server_version,
         "audit": cluster_audit_view(state, cluster, now),
+        # The modes in force beside the phases, and admission's counts, over its policies.
+        "enforcement": cluster.admission_tally.mode_counts(),
+        "admission": cluster_admission_view(cluster.admission_tally),
         "shard": (k := shards.of(cluster.id)),
         "holder": shards.holders[k] or None,
         "orphaned": orphaned(cluster.since_round_s(now), state.interval_s),
@@ -155,6 +160,48 @@ def audit_fleet_view(state: StatusReader, now: dt.datetime) -> dict[str, Any]:
             "policies_with_violations": len(worst),
             "policies": [{"id": pid, "violations": v, "clusters": n}
                          for pid, (v, n) in worst[:AUDIT_POLICIES_LISTED]]}
+
+
+def cluster_admission_view(tally: AdmissionTally) -> dict[str, Any] | None:
+    """A cluster's admission counts summed over its policies (None: none read there)."""
+    if not tally.read:
+        return None
+    (d, w, a, hd, hw, ha), excepted = tally.totals
+    return {"denied": d, "warned": w, "audited": a,
+            "last_hour": {"denied": hd, "warned": hw, "audited": ha},
+            "policies_counted": tally.read - tally.unknown, "unknown": tally.unknown,
+            "excepted": excepted}
+
+
+def admission_fleet_view(state: StatusReader) -> dict[str, Any]:
+    """Admission over the fleet, and per policy its totals (those admission counted or that
+    are in force in a mode other than Deny somewhere; the most denied, warned and audited
+    first, at most `AUDIT_POLICIES_LISTED`): cost grows with the policies, not the clusters
+    (`StatusReader.admission_totals`)."""
+    totals = state.admission_totals
+    listed = [(pid, t) for pid, t in totals.items()
+              if t.denied or t.warned or t.audited or t.last_hour_denied
+              or t.last_hour_warned or t.last_hour_audited or t.excepted
+              or any(n for mode, n in t.clusters_by_enforcement.items() if mode != "Deny")]
+    listed.sort(key=lambda kv: (-kv[1].denied, -kv[1].warned, -kv[1].audited, kv[0]))
+    sums = [sum(getattr(t, f) for t in totals.values()) for f in _FIGURES]
+    return {"denied": sums[0], "warned": sums[1], "audited": sums[2],
+            "last_hour": {"denied": sums[3], "warned": sums[4], "audited": sums[5]},
+            "policies_total": len(listed),
+            "policies": [_policy_totals_view(pid, t) for pid, t in
+                         listed[:AUDIT_POLICIES_LISTED]]}
+
+
+_FIGURES = ("denied", "warned", "audited", "last_hour_denied", "last_hour_warned",
+            "last_hour_audited")
+
+
+def _policy_totals_view(policy: PolicyId, t: PolicyTotals) -> dict[str, Any]:
+    return {"id": policy, "denied": t.denied, "warned": t.warned, "audited": t.audited,
+            "last_hour": {"denied": t.last_hour_denied, "warned": t.last_hour_warned,
+                          "audited": t.last_hour_audited},
+            "clusters_by_enforcement": dict(t.clusters_by_enforcement),
+            "excepted": t.excepted}
 
 
 def audit_sample_view(state: StatusReader, policy: str) -> list[dict[str, Any]]:

@@ -39,7 +39,15 @@ each fact once, to the state):
 - Counters of every known cluster exist from the start at zero (applies by result, failures
   and retries by the known reasons), so `rate()`/`increase()` see the first failure.
 
-No metric has a per-policy label. Beyond the contract's set, for on-call:
+- Per policy (fleet totals, never per policy and cluster; `StatusReader.admission_totals`):
+  `convergerd_policy_admissions{policy,action}` (failed validations denied, warned, audited,
+  summed over the clusters, each since its installed revision),
+  `convergerd_policy_admissions_last_hour{policy,action}`,
+  `convergerd_policy_clusters_by_enforcement{policy,enforcement}` (clusters whose binding in
+  force has that mode: a policy saved as Deny still Warn somewhere shows here),
+  `convergerd_policy_audit_excepted{policy}`.
+
+No other metric has a per-policy label. Beyond the contract's set, for on-call:
 `convergerd_apply_duration_seconds{cluster}` (apply request latency, few buckets),
 `convergerd_retries_total{cluster,reason}`,
 `convergerd_cluster_requests_total{cluster,verb,code}` (code `none`: no HTTP answer),
@@ -80,7 +88,9 @@ from prometheus_client.utils import floatToGoString
 
 from convergerd import __version__
 from convergerd.core.exceptions import ExceptionTally
+from convergerd.core.model import PolicyId
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
+from convergerd.status.admissions import ENFORCEMENT_ACTIONS, PolicyTotals
 from convergerd.status.cluster import ClusterFacts
 from convergerd.status.phases import (
     UNSUPPORTED,
@@ -328,6 +338,7 @@ class Metrics:
         yield from self._cluster_families(now, keep=keep)
         yield from self._fleet_families(now, keep=keep)
         yield from self._shard_families()
+        yield from _admission_families(self.state.admission_totals)
 
     def _shard_families(self) -> Iterator[_Family]:
         """Who holds which shard, as this replica sees the Leases, and when each shard's last
@@ -546,6 +557,43 @@ class Metrics:
         build = _Family("convergerd_build_info", "convergerd version", labels=("version",))
         build.add_rows([((self.version,), 1.0)])
         yield build
+
+
+def _admission_families(totals: Mapping[PolicyId, PolicyTotals]) -> Iterator[_Family]:
+    """Per policy, fleet totals (never per policy and cluster): what admission did
+    (`StatusReader.admission_totals`, kept up to date as clusters' readings change, so a
+    scrape costs a few lines per policy). Every policy counted somewhere has all its
+    series (0 included); excepted only where some cluster says it."""
+    admissions = _Family(
+        "convergerd_policy_admissions", "Failed validations of the policy by what admission "
+        "did (action: deny, warn, audit), summed over the clusters, each since its installed "
+        "revision (the API server's counts, as the operators report them)",
+        labels=("policy", "action"))
+    last_hour = _Family(
+        "convergerd_policy_admissions_last_hour", "The same over the last hour of each "
+        "cluster's last read", labels=("policy", "action"))
+    modes = _Family(
+        "convergerd_policy_clusters_by_enforcement", "Clusters where the policy's binding in "
+        "force has this mode (Deny, Warn, Audit; other: a mode this version does not know)",
+        labels=("policy", "enforcement"))
+    excepted = _Family(
+        "convergerd_policy_audit_excepted", "Existing objects the policy would deny that an "
+        "exception admits, summed over the clusters whose audit says it",
+        labels=("policy",))
+    rows: tuple[list[Row], list[Row], list[Row], list[Row]] = ([], [], [], [])
+    for policy, t in sorted(totals.items()):
+        for action, since, hour in (("deny", t.denied, t.last_hour_denied),
+                                    ("warn", t.warned, t.last_hour_warned),
+                                    ("audit", t.audited, t.last_hour_audited)):
+            rows[0].append(((policy, action), float(since)))
+            rows[1].append(((policy, action), float(hour)))
+        rows[2].extend(((policy, mode), float(n)) for mode, n in t.clusters_by_enforcement.items()
+                       if n or mode in ENFORCEMENT_ACTIONS)
+        if t.excepted is not None:
+            rows[3].append(((policy,), float(t.excepted)))
+    for family, family_rows in zip((admissions, last_hour, modes, excepted), rows, strict=True):
+        family.add_rows(family_rows)
+        yield family
 
 
 def pending_deletion_values(

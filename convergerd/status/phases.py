@@ -345,6 +345,19 @@ def audit_stale_after_s(probe_period_s: float) -> float:
     return AUDIT_STALE_PERIODS * probe_period_s
 
 
+# `status.admission` is written when its figures change and at the heartbeat otherwise, with
+# `readAt` saying counting still runs: as old as an audit's, it is stale.
+ADMISSION_STALE_PERIODS = AUDIT_STALE_PERIODS
+
+
+def admission_stale(read_at: dt.datetime | None, now: dt.datetime, *,
+                    probe_period_s: float) -> bool:
+    """Whether admission figures read at `read_at` are too old to be current at `now`: the
+    operator stopped counting (or reading the API server's counters)."""
+    return (read_at is not None
+            and age_s(read_at, now) > ADMISSION_STALE_PERIODS * probe_period_s)
+
+
 def audit_time_problem(audit: Audit, seen_at: dt.datetime) -> str | None:
     """Why an audit's time cannot be believed (None: it can): after the reading of it."""
     at = audit.audited_at

@@ -15,6 +15,7 @@ from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import AuditSample, Epoch, RoundReport
 from convergerd.core.rows import PendingDeletions, RoundRow
+from convergerd.status.admissions import PolicyTotals
 from convergerd.status.cluster import ClusterFacts
 from convergerd.status.shards import ShardsSeen
 
@@ -98,6 +99,9 @@ class StatusReader(Protocol):
         """Why the last database sync failed (None: it answered)."""
     @property
     def shards(self) -> ShardsSeen: ...
+    @property
+    def admission_totals(self) -> Mapping[PolicyId, PolicyTotals]:
+        """Per policy, what admission did over the fleet (`status.admissions`)."""
 
     def leader(self) -> LeaderInfo: ...
     def cluster_ids(self) -> list[ClusterId]: ...

@@ -47,6 +47,13 @@ from convergerd.core.report import (
     utc_now,
 )
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
+from convergerd.status.admissions import (
+    NO_ADMISSIONS,
+    AdmissionTally,
+    PolicyAdmissions,
+    PolicyTotals,
+    admission_tally_grouped,
+)
 from convergerd.status.cluster import ClusterFacts, ClusterState
 from convergerd.status.phases import (
     audit_tally_grouped,
@@ -106,6 +113,9 @@ class StatusState:
         # Audit samples per policy (`status.samples`); a view shows those of clusters still
         # counting violations.
         self._samples = AuditSamples()
+        # Per policy, its clusters' admission tallies summed (`status.admissions`), kept up
+        # to date wherever a cluster's tally is replaced (`_retally`).
+        self._admissions = PolicyAdmissions()
 
     # -- what readers see (`StatusReader`) -------------------------------------------------
 
@@ -159,6 +169,11 @@ class StatusState:
     @property
     def shards(self) -> ShardsSeen:
         return self._shards
+
+    @property
+    def admission_totals(self) -> Mapping[PolicyId, PolicyTotals]:
+        """Per policy, what admission did over the fleet: read-only (`PolicyAdmissions`)."""
+        return self._admissions
 
     def leader(self) -> LeaderInfo:
         return self._leader
@@ -230,7 +245,7 @@ class StatusState:
         self._fleet_known = True
         wanted = {ClusterId(c) for c in clusters}
         for gone in set(self._clusters) - wanted:
-            del self._clusters[gone]
+            self._admissions.change(self._clusters.pop(gone).admission_tally, NO_ADMISSIONS)
         for cluster in wanted:
             self._cluster(cluster)
         self._insecure = frozenset(c for c in self._insecure if self.tracks(c))
@@ -311,6 +326,17 @@ class StatusState:
             state.phase_tally = tally_grouped((r, probes) for r, probes, _ in groups.values())
             state.audit_tally = audit_tally_grouped(
                 (r, policies) for r, _, policies in groups.values())
+            self._retally(state, admission_tally_grouped(
+                (r, policies) for r, _, policies in groups.values()))
+
+    def _retally(self, state: ClusterState, tally: AdmissionTally) -> None:
+        """The cluster's admission tally replaced (the old object kept when equal), and the
+        fleet's totals per policy with it."""
+        old = state.admission_tally
+        if tally == old:
+            return
+        state.admission_tally = tally
+        self._admissions.change(old, tally)
 
     def _read_back(self, cluster: ClusterId, readings: Readings) -> dict[PolicyId, ReadBack]:
         """What each reading writes of its policy's row, per policy (the last reading of a
@@ -462,4 +488,7 @@ class StatusState:
             records[pid] = merge_records(records.get(pid), PolicyRecord.from_row(row))
         for state, records in changed.values():
             state.policies.repack(records)
+            old = state.admission_tally
             state.recount_phases()
+            fresh, state.admission_tally = state.admission_tally, old
+            self._retally(state, fresh)

@@ -8,14 +8,22 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from convergerd.config import default_of
 from convergerd.core.report import PhaseReading
+from convergerd.status.admissions import (
+    ACTIONS,
+    ENFORCEMENT_LABELS,
+    admission_read,
+    enforcement_label,
+    known_admissions,
+)
 from convergerd.status.phases import (
     AUDIT_CURRENT,
     UNSUPPORTED,
+    admission_stale,
     age_s,
     audit_state,
     audit_time_problem,
@@ -60,7 +68,7 @@ def phase_view(
     if reading is None:
         return {"phase": None, "ready_reason": None, "ready_message": None,
                 "observed_revision": None, "seen_at": None, "age_seconds": None, "stale": None,
-                "verified": None, "audit": None}
+                "verified": None, "audit": None, "enforcement_action": None, "admission": None}
     return {
         "phase": normalize_phase(reading.phase),
         "ready_reason": reading.ready_reason,
@@ -71,7 +79,30 @@ def phase_view(
         "stale": is_stale(reading.seen_at, now, interval_s),
         "verified": verified_view(reading, now, interval_s, probe_period_s=probe_period_s),
         "audit": audit_view(reading, now, interval_s, probe_period_s=probe_period_s),
+        "enforcement_action": reading.enforcement_action,
+        "admission": admission_view(reading, now, probe_period_s=probe_period_s),
     }
+
+
+def admission_view(reading: PhaseReading, now: dt.datetime, *,
+                   probe_period_s: float) -> dict[str, Any] | None:
+    """What admission did with the policy there, as the API server counted it (None: the
+    Policy carries no `status.admission`): failed validations denied, warned and audited
+    since `revision` was installed (`since`) and over the hour before `read_at`; null counts
+    when they cannot be read (`problem` says why); `stale` when counting stopped; `resets` and
+    `note` as the operator says them (counters that started again, what cannot be counted)."""
+    if not admission_read(reading):
+        return None
+    counts = known_admissions(reading)
+    d, w, a, hd, hw, ha = counts if counts is not None else (None,) * 6
+    at = reading.admission_read_at
+    return {"denied": d, "warned": w, "audited": a,
+            "last_hour": {"denied": hd, "warned": hw, "audited": ha},
+            "revision": reading.admission_revision, "since": iso(reading.admission_since),
+            "read_at": iso(at),
+            "stale": admission_stale(at, now, probe_period_s=probe_period_s),
+            "resets": reading.admission_resets, "note": reading.admission_note,
+            "problem": reading.admission_problem}
 
 
 def audit_view(reading: PhaseReading, now: dt.datetime, interval_s: float, *,
@@ -84,6 +115,7 @@ def audit_view(reading: PhaseReading, now: dt.datetime, interval_s: float, *,
         return None
     return {"violations": known_violations(reading), "audited_at": iso(found.audited_at),
             "cache_synced": found.synced if found.violations is not None else None,
+            "excepted": reading.audit_excepted,
             "state": audit_state(reading, now, interval_s, probe_period_s=probe_period_s),
             "problem": found.problem or audit_time_problem(found, reading.seen_at)}
 
@@ -135,7 +167,41 @@ def policy_audit_view(audits: Iterable[Mapping[str, Any] | None],
             "clusters_with_violations": sum(n > 0 for n in known),
             "clusters_unknown": len(read) - len(known),
             "clusters_not_current": sum(a["state"] != AUDIT_CURRENT for a in read),
-            "sample": sample}
+            "sample": sample,
+            # Where an audit says it: objects an exception admits that the rule would deny.
+            "excepted": _sum_said(a.get("excepted") for a in read)}
+
+
+def _sum_said(values: Iterable[int | None]) -> int | None:
+    """The sum of the values said (None: none)."""
+    said = [v for v in values if v is not None]
+    return sum(said) if said else None
+
+
+def policy_admission_view(clusters: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One policy's admission over its clusters (each a `phase_view`): the counts summed over
+    the clusters that can say them (each since its installed revision), the last hour's, how
+    many clusters count, cannot be read or are stale, and the clusters per mode in force."""
+    counted = [c["admission"] for c in clusters if c.get("admission") is not None]
+    modes = dict.fromkeys(ENFORCEMENT_LABELS, 0)
+    for c in clusters:
+        label = enforcement_label(c.get("enforcement_action"))
+        if label is not None:
+            modes[label] += 1
+    known = [a for a in counted if a["problem"] is None and a["denied"] is not None]
+    return {
+        **{_SINCE[action]: sum(a[_SINCE[action]] for a in known) for action in ACTIONS},
+        "last_hour": {_SINCE[action]: sum(a["last_hour"][_SINCE[action]] for a in known)
+                      for action in ACTIONS},
+        "clusters_counted": len(known), "clusters_unknown": len(counted) - len(known),
+        "clusters_stale": sum(bool(a["stale"]) for a in known),
+        "clusters_with_resets": sum(bool(a["resets"]) for a in known),
+        "clusters_by_enforcement": modes,
+    }
+
+
+# A figure's key in the views, by the API server's action.
+_SINCE = {"deny": "denied", "warn": "warned", "audit": "audited"}
 
 
 def unsupported_of(summaries: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, str | None]]:

@@ -32,10 +32,10 @@ from convergerd.core.facts import (
     COLUMNS,
     DELIVERY_COLUMNS,
     DK_AT,
-    KIND_AUDIT_AT,
+    FORWARD_HELD,
     KIND_SEEN_AT,
+    LISTED_COLUMNS,
     NOT_READ,
-    OWN_PROBED_AT,
     READ_COLUMNS,
     READ_NAMES,
     READING,
@@ -185,29 +185,31 @@ WHERE d.cluster_id = l.cluster_id
 """  # noqa: S608 (no value is formatted in: column names only)
 
 # A round recorded late (kept while the database was down) must not overwrite the outcome of a
-# newer one: only a later success or reach time is taken from it.
-_UPSERT_CLUSTER_STATE = """
+# newer one: only a later success or reach time is taken from it. The listing's columns
+# (`facts.LISTED_COLUMNS`: its time, then the oldest of each time a row is not rewritten for)
+# are taken together from the newer listing.
+_LISTED_LIST = ", ".join(LISTED_COLUMNS)
+_UPSERT_CLUSTER_STATE = f"""
 INSERT INTO cluster_state AS s (
     cluster_id, last_attempt_at, last_success_at, last_reached_at, reachable, last_error,
-    last_reason, desired, in_sync, failed, server_version, duration_s, round_id, listed_at,
-    listed_probed_at, listed_audited_at)
+    last_reason, desired, in_sync, failed, server_version, duration_s, round_id,
+    {_LISTED_LIST})
 SELECT u.cluster_id, $2::timestamptz,
        CASE WHEN u.converged THEN $2::timestamptz END,
        CASE WHEN u.reached THEN $2::timestamptz END,
        u.reached, u.error, u.reason, u.desired, u.in_sync, u.failed, u.server_version,
-       u.duration_s, $1::bigint, u.listed_at, u.listed_probed_at, u.listed_audited_at
+       u.duration_s, $1::bigint, {", ".join(f"u.{c}" for c in LISTED_COLUMNS)}
 FROM unnest($3::text[], $4::boolean[], $5::boolean[], $6::text[], $7::text[], $8::int[],
-            $9::int[], $10::int[], $11::text[], $12::float8[], $13::timestamptz[],
-            $14::timestamptz[], $15::timestamptz[])
+            $9::int[], $10::int[], $11::text[], $12::float8[],
+            {", ".join(f"${13 + i}::timestamptz[]" for i in range(len(LISTED_COLUMNS)))})
      AS u(cluster_id, reached, converged, error, reason, desired, in_sync, failed,
-          server_version, duration_s, listed_at, listed_probed_at, listed_audited_at)
+          server_version, duration_s, {_LISTED_LIST})
 ON CONFLICT (cluster_id) DO UPDATE SET
     last_success_at = GREATEST(EXCLUDED.last_success_at, s.last_success_at),
     last_reached_at = GREATEST(EXCLUDED.last_reached_at, s.last_reached_at),
-    (listed_at, listed_probed_at, listed_audited_at) =
-    (SELECT CASE WHEN newer THEN EXCLUDED.listed_at ELSE s.listed_at END,
-            CASE WHEN newer THEN EXCLUDED.listed_probed_at ELSE s.listed_probed_at END,
-            CASE WHEN newer THEN EXCLUDED.listed_audited_at ELSE s.listed_audited_at END
+    ({_LISTED_LIST}) =
+    (SELECT {", ".join(f"CASE WHEN newer THEN EXCLUDED.{c} ELSE s.{c} END"
+                       for c in LISTED_COLUMNS)}
      FROM (SELECT EXCLUDED.listed_at IS NOT NULL
                   AND (s.listed_at IS NULL OR s.listed_at < EXCLUDED.listed_at) AS newer) AS l),
     (last_attempt_at, reachable, last_error, last_reason, desired, in_sync, failed,
@@ -226,7 +228,7 @@ ON CONFLICT (cluster_id) DO UPDATE SET
             CASE WHEN fresh THEN EXCLUDED.round_id ELSE s.round_id END
      FROM (SELECT s.last_attempt_at IS NULL
                   OR s.last_attempt_at <= EXCLUDED.last_attempt_at AS fresh) AS f)
-"""
+"""  # noqa: S608 (no value is formatted in: column names and placeholders only)
 
 _REPLACE_INVALID = """
 WITH gone AS (
@@ -655,23 +657,25 @@ class RoundRecord:
 
 
 def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any, ...]:
-    """A cluster's outcome as a row of `_UPSERT_CLUSTER_STATE`'s unnest; its last three
-    values, the listing's time (at `_LISTED_AT`), oldest probe and oldest audit, are None
-    unless the round listed it."""
-    listed_at = listed_probed_at = listed_audited_at = None
+    """A cluster's outcome as a row of `_UPSERT_CLUSTER_STATE`'s unnest; its last values, the
+    listing's (`facts.LISTED_COLUMNS`: its time, at `_LISTED_AT`, then the oldest of each time
+    a row is not rewritten for), are None unless the round listed it."""
+    listed: tuple[Any, ...] = _NOT_LISTED
     if c.listed:
-        # From the packed readings: a reading's seen and audit times are its kind's, its
-        # probe time (None without Verified) its own.
+        # From the packed readings: a reading's shared fields are its kind's, the others
+        # its own.
         kinds = c.phases.kinds()
         listed_at = max((_utc(k[KIND_SEEN_AT]) for k in kinds), default=None)
         _, own, _ = c.phases.columns()
-        listed_probed_at = min((t for t in own[OWN_PROBED_AT] if t is not None), default=None)
-        listed_audited_at = min((k[KIND_AUDIT_AT] for k in kinds
-                                 if k[KIND_AUDIT_AT] is not None), default=None)
+        oldest = tuple(
+            min((t for t in ((k[i] for k in kinds) if shared else own[i]) if t is not None),
+                default=None)
+            for shared, i in FORWARD_HELD)
         if listed_at is None:
             # An empty listing: no later than the round's first write (what the round
             # created afterwards is newer than what the listing did not find).
             listed_at = min((_utc(k[DK_AT]) for k in c.deliveries.kinds()), default=at)
+        listed = (listed_at, *oldest)
     return (
         # NULL: cut by the round's deadline unanswered; the reachability recorded stands.
         c.cluster, None if c.cut_unanswered else c.reached, c.converged,
@@ -682,20 +686,17 @@ def _state_row(c: ClusterOutcome, at: dt.datetime, clean: _Cleaner) -> tuple[Any
         clean.count(c.failed, c.cluster, None, "failed"),
         clean.text(c.server_version, c.cluster, None, "server_version"),
         float(c.duration_s),
-        listed_at,
-        listed_probed_at,
-        listed_audited_at,
+        *listed,
     )
 
 
 # A state row's values, as `_UPSERT_CLUSTER_STATE`'s unnest names them.
 _STATE_ROW = ("cluster_id", "reached", "converged", "error", "reason", "desired", "in_sync",
-              "failed", "server_version", "duration_s", "listed_at", "listed_probed_at",
-              "listed_audited_at")
+              "failed", "server_version", "duration_s", *LISTED_COLUMNS)
 _STATE_CLUSTER = _STATE_ROW.index("cluster_id")
 # The state row's listing time: the cluster's readings are all in the part.
 _LISTED_AT = _STATE_ROW.index("listed_at")
-_NOT_LISTED = (None,) * (len(_STATE_ROW) - _LISTED_AT)  # the listing's three values
+_NOT_LISTED = (None,) * (len(_STATE_ROW) - _LISTED_AT)  # the listing's values
 
 
 def _unlisted(state: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -129,7 +129,8 @@ async def test_audits_roll_up_per_cluster_per_policy_in_status_cli_and_metrics(
         assert "\u0000" not in regs_by[C2]["audit"]["problem"]
         assert regs["audit"] == {"violations": 0, "clusters_audited": 2,
                                  "clusters_with_violations": 0, "clusters_unknown": 1,
-                                 "clusters_not_current": 1, "sample": []}
+                                 "clusters_not_current": 1, "sample": [],
+                                 "excepted": None}
 
         status = await run.status()
         assert status["audit"]["policies"] == [{"id": "p-latest", "violations": 5, "clusters": 2}]
@@ -204,7 +205,8 @@ async def test_an_audit_is_recorded_when_it_changes_and_a_standby_shows_it(
     views = {p: record_view(r, at(360), 300)["audit"]
              for p, r in standby.clusters[RECORDED_C1].policies.items()}
     assert views[P1] == {"violations": 3, "audited_at": "2026-01-01T12:05:40Z",
-                         "cache_synced": True, "state": "current", "problem": None}
+                         "cache_synced": True, "excepted": None, "state": "current",
+                         "problem": None}
     summary = cluster_audit_view(standby, standby.clusters[RECORDED_C1], at(360))
     assert summary is not None
     assert summary["violations"] == 3

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from convergerd.demo import WARN_POLICY
 from tests.fixtures.fleet import free_port
 from tests.integration.process_helpers import CONVERGERD, clean_env, run_demo
 from tests.integration.rounds_helpers import wait_for
@@ -183,3 +184,7 @@ async def test_the_demo_shows_violations_of_workloads_that_predate_the_policies(
                       if line.startswith("  team-b-registries: 1, ")]
         assert re.search(r"first to expire vendor-agent \(namespace team-b\) at "
                          r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, in (29d|30d)", excepted), excepted
+        # The Warn policy's mode beside the phases, and on its line of admission's counts.
+        assert "MODES" in table
+        assert any(line.startswith(f"  {WARN_POLICY}: ") and "in force as" in line
+                   and "Warn=" in line for line in table.splitlines()), table

@@ -271,7 +271,7 @@ def test_a_policy_view_gives_per_cluster_counts_and_a_total(
     total = policy_audit_view(views, audit_sample_view(state, "p1"))
     assert {k: v for k, v in total.items() if k != "sample"} == {
         "violations": 7, "clusters_audited": 3, "clusters_with_violations": 2,
-        "clusters_unknown": 1, "clusters_not_current": 1}
+        "clusters_unknown": 1, "clusters_not_current": 1, "excepted": None}
 
 
 def test_an_audit_goes_stale_when_the_operator_stops_auditing(

@@ -243,7 +243,8 @@ def each_record_alone(state: StatusState, rows: BoundaryRows) -> dict[str, Any]:
 
 
 def shown(doc: dict[str, Any]) -> dict[str, Any]:
-    keys = ("phases", "verification", "in_sync", "failed", "violations")
+    keys = ("phases", "verification", "in_sync", "failed", "violations", "enforcement",
+            "admission")
     return {"policies": {p["id"]: {**{k: p[k] for k in keys},
                                    "audit": {**p["audit"], "sample": []}}
                          for p in doc["policies"]},

@@ -123,7 +123,8 @@ def metrics(clock: WallClock) -> Replica:
     m.state.observe_probe("c2", reachable=False)
     m.observe_round(round_at(T0, outcome(
         "c1", reached=True, desired=2, in_sync=2,
-        phases=[PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0)],
+        phases=[PhaseReading(ClusterId("c1"), PolicyId("p1"), "Enforcing", None, None, 1, T0,
+                             enforcement_action="Deny", audit_excepted=0)],
         deliveries=[delivery("c1", "p1", ApplyResult.CREATED),
                     delivery("c1", "p2", ApplyResult.UNCHANGED)],
     )))
@@ -149,9 +150,20 @@ def test_counters_are_exposed_with_total_and_without_created(metrics: Replica) -
     assert "_created" not in text
 
 
-def test_no_per_policy_label(metrics: Replica) -> None:
-    for _kind, samples in parse(metrics).values():
+# Fleet totals per policy (allowed: never per policy and cluster).
+PER_POLICY = {"convergerd_policy_admissions", "convergerd_policy_admissions_last_hour",
+              "convergerd_policy_clusters_by_enforcement", "convergerd_policy_audit_excepted"}
+
+
+def test_no_per_policy_label_but_fleet_totals_and_never_policy_by_cluster(
+        metrics: Replica) -> None:
+    families = parse(metrics)
+    assert set(families) >= PER_POLICY  # p1 is read back in a mode
+    for name, (_kind, samples) in families.items():
         for sample in samples:
+            if name in PER_POLICY:
+                assert "cluster" not in sample.labels, sample
+                continue
             assert not {"policy", "policy_id", "name"} & set(sample.labels), sample
             assert "p1" not in sample.labels.values()
 

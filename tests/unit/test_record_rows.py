@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from convergerd.core.facts import FORWARD
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import (
     ApplyResult,
@@ -141,10 +142,10 @@ def test_a_listing_s_times_are_read_from_the_packed_readings(
     listed_at = max((p.seen_at for p in c.phases), default=None)
     if listed_at is None:
         listed_at = min((d.at for d in c.deliveries), default=at)
-    probed = [p.verified_probed_at for p in c.phases if p.verified_probed_at is not None]
-    audited = [p.audit_at for p in c.phases if p.audit_at is not None]
-    assert _state_row(c, at, _Cleaner())[10:] == (
-        listed_at, min(probed, default=None), min(audited, default=None))
+    # Then the oldest of each time a row is not rewritten for (a probe's, an audit's, ...).
+    oldest = tuple(min((t for p in c.phases if (t := getattr(p, f.name)) is not None),
+                       default=None) for f in FORWARD)
+    assert _state_row(c, at, _Cleaner())[10:] == (listed_at, *oldest)
 
 
 async def test_rows_made_for_copy_let_another_task_run() -> None:
