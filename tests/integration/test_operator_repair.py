@@ -11,7 +11,9 @@ import aiohttp
 import pytest
 
 from convergerd.operator.main import OperatorProcess
+from convergerd.sim import resources
 from convergerd.sim.fleet import Fleet
+from convergerd.sim.store import Watcher
 from tests.fixtures.fleet import kube_http
 from tests.integration.test_operator import (
     CLUSTER,
@@ -35,6 +37,25 @@ def status_writes(fleet: Fleet, after: int, *, manager: str = "stackship-operato
     audit's `stackship-operator-audit`) since request `after`."""
     return [r for r in writes(fleet, after)
             if "/status?" in r.path and f"fieldManager={manager}&" in r.path + "&"]
+
+
+def watch_policy(fleet: Fleet, pid: str) -> Watcher:
+    """Every version of the Policy from now on, in the simulator (a status that changes and
+    changes back within a second is seen, which polling and the condition's times miss)."""
+    store = fleet.store(CLUSTER)
+    return store.watch(resources.POLICIES, None, resource_version=str(store.resource_version),
+                       field_selector=f"metadata.name=policy-{pid}")
+
+
+async def verified_seen(watcher: Watcher) -> list[tuple[str, str]]:
+    """The (status, reason) of `Verified` in each version the watch has had so far, each change
+    once."""
+    seen: list[tuple[str, str]] = []
+    while (event := await watcher.next(0)) is not None:
+        found = condition(event["object"], "Verified")
+        if found is not None and (not seen or seen[-1] != (found["status"], found["reason"])):
+            seen.append((found["status"], found["reason"]))
+    return seen
 
 
 def mark(fleet: Fleet) -> int:
@@ -85,6 +106,7 @@ async def test_validation_actions_edited_by_hand_are_put_back(fleet: Fleet) -> N
     await put_namespace(fleet, "team-a", "b1")
     async with running(operator_settings(fleet)) as proc:
         await enforcing_and_verified(fleet, proc, "p1")
+        since, watcher = mark(fleet), watch_policy(fleet, "p1")
         # As `kubectl edit`: an update by another field manager, Deny turned into Warn.
         resp = await kube_http(
             fleet, CLUSTER, "PATCH", binding_path("p1") + "?fieldManager=kubectl-edit",
@@ -99,6 +121,14 @@ async def test_validation_actions_edited_by_hand_are_put_back(fleet: Fleet) -> N
         await wait_for(deny_again)
         await wait_for(lambda: proc.metrics.repairs["binding"] == 1)
         await wait_for(lambda: verified_true(fleet, "p1"))
+        # What a user sees: the probe before the repair was admitted (with the policy's warning,
+        # which under Deny is not enforcing it), written as Verified False Admitted; then True
+        # Denied again. Two writes, so the gap is in the status and the daemon reads it back.
+        assert proc.metrics.probes["Admitted"] == 1
+        await wait_for(lambda: len(status_writes(fleet, since)) == 2)
+        seen = await verified_seen(watcher)
+        assert seen[-2:] == [("False", "Admitted"), ("True", "Denied")], seen
+        watcher.close()
 
         # And the admission policy itself, deleted: put back, counted apart.
         resp = await kube_http(fleet, CLUSTER, "DELETE", vap_path("p1"))
