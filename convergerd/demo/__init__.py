@@ -302,8 +302,9 @@ convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
                  it by themselves at its expiry
   try:           kubectl --kubeconfig {kubeconfig} --context c0001 delete \\
                    validatingadmissionpolicybinding stackship-no-latest
-                 (the operator's next pass, within a minute, probes first: Verified False
-                 Admitted; then it re-creates the binding and verifies it again)
+                 (the operator's watch sees it at once, probes first: Verified False
+                 Admitted; then it re-creates the binding within a second, verifies it again
+                 and counts the repair in convergerd_operator_repairs_total)
   API token:     {token_line}
                  the save/delete API (POST /v1/policies/ID/apply, DELETE /v1/policies/ID)
                  needs it: curl -X DELETE -H "Authorization: Bearer $TOKEN" {http}/v1/policies/ID
