@@ -1,0 +1,190 @@
+"""A rollout's gates (`core.gates.decide`), by table: every gate that fails, holds or lets a
+wave pass, the bake, the warn step, approval waves, and the halt's revert or pause."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass
+
+import pytest
+
+from convergerd.core.gates import (
+    ClusterGate,
+    Decision,
+    Gate,
+    GateView,
+    Step,
+    decide,
+)
+from convergerd.core.model import ClusterId
+
+NOW = dt.datetime(2027, 1, 1, 12, 0, tzinfo=dt.UTC)
+TO = 7
+
+
+@dataclass(frozen=True)
+class W:
+    name: str
+    warn_first: bool = False
+
+
+@dataclass(frozen=True)
+class G:
+    max_new_violations: int = 0
+    max_denials: int = 0
+    max_warnings: int | None = None
+    max_error_clusters: int = 0
+    max_unreached_share: float = 0.1
+
+
+@dataclass(frozen=True)
+class S:
+    waves: tuple[W, ...] = (W("canary"), W("half"), W("rest"))
+    bake_s: float = 60.0
+    gates: G = G()
+    on_halt: str = "revert"
+    approval: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class P:
+    to_revision: int = TO
+    state: str = "progressing"
+    wave: int = 0
+    wave_ready_at: dt.datetime | None = None
+    warn_step: bool = False
+
+
+def ok(name: str, **kw: object) -> ClusterGate:
+    """A cluster that reports the new revision, enforcing and verified, nothing found."""
+    fields: dict[str, object] = {"revision": TO, "phase": "Enforcing", "verified": "True",
+                                 "violations": 0, "denied": 0, "warned": 0,
+                                 "admission_revision": TO}
+    fields.update(kw)
+    return ClusterGate(ClusterId(name), **fields)  # type: ignore[arg-type]
+
+
+def fleet(n: int, **kw: object) -> list[ClusterGate]:
+    return [ok(f"c{i:04d}", **kw) for i in range(n)]
+
+
+def look(clusters: list[ClusterGate], position: P = P(), strategy: S = S(), *,
+         enabled: bool = True, mode: str = "Deny", now: dt.datetime = NOW) -> Decision:
+    return decide(position, strategy, GateView(clusters, enabled=enabled, mode=mode), now)
+
+
+BAKED = P(wave_ready_at=NOW - dt.timedelta(seconds=61))
+BAKING = P(wave_ready_at=NOW - dt.timedelta(seconds=10))
+
+
+@pytest.mark.parametrize(("clusters", "position", "strategy", "step", "gate"), [
+    # every cluster reported: the bake starts, then runs, then the next wave
+    (fleet(3), P(), S(), Step.READY, Gate.BAKE),
+    (fleet(3), BAKING, S(), Step.WAIT, Gate.BAKE),
+    (fleet(3), BAKED, S(), Step.ADVANCE, Gate.DELIVERING),
+    # the last wave passed: complete
+    (fleet(3), dataclasses.replace(BAKED, wave=2), S(), Step.COMPLETE, Gate.DONE),
+    # Error phases: more than tolerated halts, during the bake too; at another revision not
+    ([*fleet(2), ok("bad", phase="Error")], BAKING, S(), Step.HALT, Gate.ERROR_PHASES),
+    ([*fleet(2), ok("bad", phase="Error")], BAKING, S(gates=G(max_error_clusters=1)),
+     Step.WAIT, Gate.BAKE),
+    ([*fleet(2), ok("old", phase="Error", revision=TO - 1)], P(), S(),
+     Step.WAIT, Gate.DELIVERING),
+    # new violations: the audit at the new revision; the old revision's do not count
+    ([*fleet(2), ok("v", violations=1)], P(), S(), Step.HALT, Gate.NEW_VIOLATIONS),
+    ([*fleet(2), ok("v", violations=3)], BAKED, S(gates=G(max_new_violations=3)),
+     Step.ADVANCE, Gate.DELIVERING),
+    ([*fleet(2), ok("v", violations=9, revision=TO - 1)], P(), S(), Step.WAIT, Gate.DELIVERING),
+    # denials since the new revision was installed (counts of an older one do not count)
+    ([*fleet(2), ok("d", denied=2)], BAKING, S(gates=G(max_denials=1)), Step.HALT, Gate.DENIALS),
+    ([*fleet(2), ok("d", denied=2, admission_revision=TO - 1)], BAKING, S(gates=G()),
+     Step.WAIT, Gate.BAKE),
+    # warnings: only in a warn step, and only when the strategy sets a limit
+    ([*fleet(2, mode="Warn"), ok("w", warned=5, mode="Warn")],
+     dataclasses.replace(BAKING, warn_step=True), S(gates=G(max_warnings=4)),
+     Step.HALT, Gate.WARNINGS),
+    ([*fleet(2, mode="Warn"), ok("w", warned=5, mode="Warn")],
+     dataclasses.replace(BAKING, warn_step=True), S(), Step.WAIT, Gate.BAKE),
+    ([*fleet(2), ok("w", warned=5)], BAKING, S(gates=G(max_warnings=0)), Step.WAIT, Gate.BAKE),
+    # unreached: within the share the wave is ready without them; beyond it the wave waits
+    ([*fleet(9), ok("down", reached=False, revision=None)], P(), S(), Step.READY, Gate.BAKE),
+    ([*fleet(8), ok("d1", reached=False), ok("d2", reached=False)], P(), S(),
+     Step.WAIT, Gate.UNREACHED),
+    ([*fleet(2), ok("d1", reached=False)], P(), S(gates=G(max_unreached_share=0.5)),
+     Step.READY, Gate.BAKE),
+    # not reported yet: the old revision, no phase, not verified, the wrong mode
+    ([*fleet(2), ok("slow", revision=TO - 1)], P(), S(), Step.WAIT, Gate.DELIVERING),
+    ([*fleet(2), ok("new", phase=None, verified=None)], P(), S(), Step.WAIT, Gate.DELIVERING),
+    ([*fleet(2), ok("unverified", verified="False")], P(), S(), Step.WAIT, Gate.DELIVERING),
+    ([*fleet(2), ok("still-warn", mode="Warn")], P(), S(), Step.WAIT, Gate.DELIVERING),
+    # Unsupported holds the revision and cannot enforce any: it does not hold the wave
+    ([*fleet(2), ok("old-k8s", phase="Unsupported", verified=None)], P(), S(),
+     Step.READY, Gate.BAKE),
+    # a wave no cluster falls in passes at once
+    ([], P(), S(), Step.ADVANCE, Gate.DELIVERING),
+])
+def test_gates(clusters: list[ClusterGate], position: P, strategy: S, step: Step,
+               gate: Gate) -> None:
+    decision = look(clusters, position, strategy)
+    assert (decision.step, decision.gate) == (step, gate), decision.reason
+
+
+def test_a_halt_reverts_or_pauses_as_the_strategy_says() -> None:
+    bad = [*fleet(2), ok("c-bad", violations=4)]
+    revert = look(bad, P(), S(on_halt="revert"))
+    pause = look(bad, P(), S(on_halt="pause"))
+    assert revert.step is Step.HALT
+    assert revert.revert
+    assert pause.step is Step.HALT
+    assert not pause.revert
+    assert revert.wave == 0
+    assert revert.reason == ("new_violations: 1 cluster(s) with more than 0 audit violation(s) "
+                             "at revision 7: c-bad (4)")
+
+
+def test_the_reason_names_a_few_clusters_worst_first_and_counts_the_rest() -> None:
+    bad = [ok(f"c{i}", violations=i + 1) for i in range(6)]
+    decision = look(bad)
+    assert decision.detail.endswith("c5 (6), c4 (5), c3 (4) and 3 more")
+    waiting = look([ok(f"s{i}", revision=None) for i in range(5)])
+    assert waiting.detail == ("0 of 5 cluster(s) report revision 7; waiting for s0, s1, s2 "
+                              "and 2 more")
+
+
+def test_an_approval_wave_is_entered_waiting() -> None:
+    decision = look(fleet(3), BAKED, S(approval=frozenset({"half"})))
+    assert (decision.step, decision.gate, decision.wave, decision.approval) == (
+        Step.ADVANCE, Gate.APPROVAL, 1, True)
+    # once approved the rollout is progressing again at that wave: its clusters are gated
+    assert look(fleet(3), P(wave=1), S(approval=frozenset({"half"}))).step is Step.READY
+
+
+def test_held_states_only_say_what_holds_them() -> None:
+    bad = [ok("c", violations=100)]
+    for state, gate in (("paused", Gate.PAUSED), ("halted", Gate.HALTED),
+                        ("waiting_approval", Gate.APPROVAL), ("completed", Gate.DONE)):
+        decision = look(bad, P(state=state))
+        assert (decision.step, decision.gate) == (Step.WAIT, gate)
+
+
+def test_warn_first_wave_then_the_policys_own_mode() -> None:
+    strategy = S(waves=(W("canary"), W("half", warn_first=True), W("rest")))
+    into = look(fleet(2), BAKED, strategy)
+    assert (into.step, into.wave, into.warn_step) == (Step.ADVANCE, 1, True)
+    # in the warn step a cluster in Warn reports; one still in Deny does not
+    warn = P(wave=1, warn_step=True)
+    assert look(fleet(2, mode="Warn"), warn, strategy).step is Step.READY
+    assert look(fleet(2, mode="Deny"), warn, strategy).step is Step.WAIT
+    # after its bake, the same wave in the policy's mode, then its own bake and the next wave
+    baked = dataclasses.replace(warn, wave_ready_at=NOW - dt.timedelta(seconds=61))
+    enforce = look(fleet(2, mode="Warn"), baked, strategy)
+    assert (enforce.step, enforce.wave, enforce.warn_step) == (Step.ENFORCE, 1, False)
+    later = look(fleet(2, mode="Deny"), P(wave=1, wave_ready_at=baked.wave_ready_at), strategy)
+    assert (later.step, later.wave, later.warn_step) == (Step.ADVANCE, 2, False)
+
+
+def test_a_disabled_policy_is_reported_inert_without_a_probe() -> None:
+    inert = fleet(2, phase="Inert", verified=None)
+    assert look(inert, enabled=False).step is Step.READY
+    assert look(fleet(2), enabled=False).step is Step.WAIT  # still Enforcing there
