@@ -32,7 +32,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -189,11 +189,13 @@ def _writer(cluster: ClusterId, api: SaveApi, env: FanoutEnv, deadline: float) -
 
 async def _apply_to(
     cluster: ClusterId, policy: Policy, body: dict[str, Any], env: FanoutEnv, deadline: float,
-    *, read: bool,
+    *, read: bool, due: bool = False,
 ) -> ClusterResult:
     """Write `body` (the rendered `policy`) to one cluster: at once (`read` False: one request,
     the usual case), or after reading the live object (`read` True: the cluster is recorded
-    with this revision or a newer one, see `removal.read_first`)."""
+    with this revision or a newer one, see `removal.read_first`). `due`: the revision a
+    rollout makes the cluster's due one (`Saver.deliver`), written over a newer one too (a
+    revert sends a wave back)."""
     api = env.clusters.get(cluster)
     writer = _writer(cluster, api, env, deadline)
     if not read:
@@ -208,7 +210,7 @@ async def _apply_to(
         if live is not None:
             observed = ListedPolicy.from_object(live)
             revision = cluster_revision(observed)
-            if revision is not None and revision > policy.revision:
+            if not due and revision is not None and revision > policy.revision:
                 return ClusterResult(cluster, SaveAction.APPLY, FanoutResult.SUPERSEDED, None,
                                      f"the cluster holds revision {revision}")
             if not differs(body, observed):
@@ -429,7 +431,8 @@ class Saver:
         else:
             fan = await _fan_out(save_jobs(policy, work, env), env, answer_early=True)
         if fan.rest is not None:
-            self._finish_later(policy_id, revision, fan, env, trigger)
+            self._finish_later(policy_id, f"revision {revision}", fan, trigger,
+                               functools.partial(self._record, policy_id, revision, env=env))
         results = fan.results
         if plan.apply_to - read and await self._overtaken(policy_id, revision):
             # A newer revision was saved while this one was written without reading first:
@@ -443,7 +446,7 @@ class Saver:
             return await self._save(policy_id, allow_mass_removal, trigger, read_all=True)
         results += [ClusterResult(c, SaveAction.REMOVE, FanoutResult.SKIPPED, "guard",
                                   plan.skipped_reason) for c in sorted(plan.skipped)]
-        await self._record(policy_id, revision, results, env)
+        await self._record(policy_id, revision, results, env=env)
         report = FanoutReport(Operation.SAVE, policy_id, FanoutStatus.OK, revision, results,
                         skipped_reason=plan.skipped_reason)
         if report.failed or fan.pending:
@@ -457,10 +460,12 @@ class Saver:
         return report
 
     def _finish_later(
-        self, policy_id: str, revision: int, fan: FanOut, env: FanoutEnv, trigger: str
+        self, policy_id: str, what: str, fan: FanOut, trigger: str,
+        record: Callable[[Sequence[ClusterResult]], Awaitable[None]],
     ) -> None:
-        """Record the pending clusters' results when their writes end (by the save's
-        deadline): what they did is recorded as if the save had waited for them."""
+        """Record (`record`) the pending clusters' results when their writes end (by the
+        save's deadline): what they did is recorded as if the save had waited for them.
+        `what`: the revision(s) written, for the log."""
         assert fan.rest is not None
         rest, pending = fan.rest, {_key(r) for r in fan.pending}
 
@@ -471,13 +476,13 @@ class Saver:
                 # A newer save or the deletion of the policy: it writes those clusters itself.
                 rest.cancel()
                 await asyncio.gather(rest, return_exceptions=True)
-                log.info("policy %s revision %d: the writes to its %d pending cluster(s) "
-                         "stopped: the policy is saved or deleted again", policy_id, revision,
-                         len(pending), extra={"policy": policy_id})
+                log.info("policy %s %s: the writes to its %d pending cluster(s) stopped: the "
+                         "policy is saved or deleted again", policy_id, what, len(pending),
+                         extra={"policy": policy_id})
                 raise
-            await self._record(policy_id, revision, done, env)
-            log.info("policy %s revision %d (%s): the %d cluster(s) pending when it answered: "
-                     "%s", policy_id, revision, trigger, len(done), summary(done),
+            await record(done)
+            log.info("policy %s %s (%s): the %d cluster(s) pending when it answered: %s",
+                     policy_id, what, trigger, len(done), summary(done),
                      extra={"policy": policy_id, "trigger": trigger,
                             "fanout_counts": counts(done)})
 
@@ -497,6 +502,46 @@ class Saver:
         save's deadline, so a stopping daemon waits at most that)."""
         while self._late:
             await asyncio.gather(*self._late.values(), return_exceptions=True)
+
+    async def deliver(self, policy_id: str, due: Mapping[ClusterId, Policy], *,
+                      trigger: str = "rollout") -> list[ClusterResult]:
+        """Write to each cluster of `due` the content a rollout makes its due one (a wave
+        advanced, reverted or aborted: `delivery.rollouts`), at once, each cluster read first
+        (`unchanged` is not written; a write carries the live resourceVersion), even where it
+        holds a newer revision. Recorded like a save; the hung clusters' writes go on until
+        the save deadline, recorded then. Every result, sorted."""
+        await self._stop_late(policy_id)  # an older write of the policy must not land after
+        if not due:
+            return []
+        env = self._env()
+        bodies: dict[int, tuple[Policy, dict[str, Any]]] = {}
+        jobs: list[Job] = []
+        for cluster in sorted(due):
+            policy = due[cluster]
+            # Most clusters are due the same content: rendered once per content.
+            policy, body = bodies.setdefault(id(policy), (policy, render_policy(policy)))
+            jobs.append((cluster, SaveAction.APPLY, functools.partial(
+                _apply_to, cluster, policy, body, env, read=True, due=True)))
+        fan = await _fan_out(jobs, env, answer_early=True)
+        record = functools.partial(self._record_due, policy_id,
+                                   {c: p.revision for c, p in due.items()}, env=env)
+        await record(fan.results)
+        if fan.rest is not None:
+            self._finish_later(policy_id, "due revisions", fan, trigger, record)
+        log.info("policy %s: %d cluster(s) given their due revision (%s): %s", policy_id,
+                 len(due), trigger, summary(fan.results),
+                 extra={"policy": policy_id, "trigger": trigger,
+                        "fanout_counts": counts(fan.results)})
+        return fan.results
+
+    async def _record_due(self, policy_id: str, revisions: Mapping[ClusterId, int],
+                          results: Sequence[ClusterResult], *, env: FanoutEnv) -> None:
+        """`deliver`'s results recorded, each cluster with the revision it was due."""
+        by_revision: dict[int, list[ClusterResult]] = {}
+        for r in results:
+            by_revision.setdefault(revisions[r.cluster], []).append(r)
+        for revision, part in sorted(by_revision.items()):
+            await self._record(policy_id, revision, part, env=env)
 
     async def _overtaken(self, policy_id: str, revision: int) -> bool:
         """Whether the database holds a newer revision than `revision` now. Every writer
@@ -534,7 +579,7 @@ class Saver:
                               results)
         if report.failed:
             report.status = FanoutStatus.REFUSED
-            await self._record(policy_id, target.row.revision, results, env)
+            await self._record(policy_id, target.row.revision, results, env=env)
             log.warning("policy %s not deleted: %d cluster(s) still hold it: %s", policy_id,
                         len(report.failed), named_failures(report.failed),
                         extra={"policy": policy_id, "fanout_counts": counts(results)})
@@ -547,7 +592,7 @@ class Saver:
             # clusters that did remove it are forgotten still.
             log.warning("policy %s: removed from %d cluster(s), but the database keeps the row:"
                         " %s", policy_id, len(results), exc, extra={"policy": policy_id})
-            await self._record(policy_id, target.row.revision, results, env)
+            await self._record(policy_id, target.row.revision, results, env=env)
             report.status = FanoutStatus.REFUSED
             report.error = str(exc)
             return report
@@ -556,7 +601,8 @@ class Saver:
         return report
 
     async def _record(
-        self, policy_id: str, revision: int, results: Sequence[ClusterResult], env: FanoutEnv
+        self, policy_id: str, revision: int, results: Sequence[ClusterResult], *,
+        env: FanoutEnv,
     ) -> None:
         try:
             await self._store.record_deliveries(
