@@ -239,6 +239,20 @@ def _label_key_problem(key: str) -> str | None:
     return None
 
 
+def label_key_problem(key: str) -> str | None:
+    """What is wrong with a label key (None: nothing), for callers outside rules (a cluster's
+    labels, a wave's selector)."""
+    return _label_key_problem(key) if len(key) <= LABEL_KEY_MAX_LEN else (
+        f"is {len(key)} characters, at most {LABEL_KEY_MAX_LEN}")
+
+
+def is_label_value(value: object) -> bool:
+    """A Kubernetes label value: empty, or at most 63 characters of letters, digits, '-', '_'
+    and '.', starting and ending with a letter or digit."""
+    return isinstance(value, str) and (value == "" or (
+        len(value) <= 63 and _LABEL_VALUE.fullmatch(value) is not None))
+
+
 def _registry_problem(prefix: str) -> str | None:
     """What is wrong with a registry prefix (its length is checked with the list)."""
     if any(c.isspace() or not c.isprintable() for c in prefix):
