@@ -33,9 +33,9 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from convergerd.core.model import ClusterId
+from convergerd.core.rollout import OnHalt, Rollout, State, Strategy
 
 ENFORCING = "Enforcing"
 INERT = "Inert"
@@ -71,60 +71,6 @@ class Step(enum.StrEnum):
     ADVANCE = "advance"  # the next wave (progressing, or waiting for approval)
     COMPLETE = "complete"
     HALT = "halt"
-
-
-class WaveSpec(Protocol):
-    """A wave as the gates read it (`core.rollout.Wave`)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def warn_first(self) -> bool: ...
-
-
-class GateLimits(Protocol):
-    """A strategy's gates (`core.rollout.Gates`)."""
-
-    @property
-    def max_new_violations(self) -> int: ...
-    @property
-    def max_denials(self) -> int: ...
-    @property
-    def max_warnings(self) -> int | None: ...
-    @property
-    def max_error_clusters(self) -> int: ...
-    @property
-    def max_unreached_share(self) -> float: ...
-
-
-class StrategySpec(Protocol):
-    """A strategy as the gates read it (`core.rollout.Strategy`)."""
-
-    @property
-    def waves(self) -> Sequence[WaveSpec]: ...
-    @property
-    def bake_s(self) -> float: ...
-    @property
-    def gates(self) -> GateLimits: ...
-    @property
-    def on_halt(self) -> str: ...
-    @property
-    def approval(self) -> frozenset[str]: ...
-
-
-class Position(Protocol):
-    """Where a rollout is (a `rollouts` row, `core.rollout.Rollout`)."""
-
-    @property
-    def to_revision(self) -> int: ...
-    @property
-    def state(self) -> str: ...
-    @property
-    def wave(self) -> int: ...
-    @property
-    def wave_ready_at(self) -> dt.datetime | None: ...
-    @property
-    def warn_step(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,12 +139,11 @@ def _over(clusters: Sequence[ClusterGate], value: str,
     return found
 
 
-def failed_gate(position: Position, strategy: StrategySpec,
-                view: GateView) -> tuple[Gate, str] | None:
+def failed_gate(position: Rollout, view: GateView) -> tuple[Gate, str] | None:
     """The first failing gate over the clusters reporting the new revision, with what failed
     (bounded: at most `NAMED` clusters named); None when every one holds."""
     to = position.to_revision
-    g = strategy.gates
+    g = position.strategy.gates
     current = [c for c in view.clusters if c.revision == to]
     errors = [c.cluster for c in current if c.phase == ERROR]
     if len(errors) > g.max_error_clusters:
@@ -238,28 +183,28 @@ def reported(c: ClusterGate, to: int, view: GateView, *, warn_step: bool) -> boo
     return c.mode is None or c.mode == wanted
 
 
-def decide(position: Position, strategy: StrategySpec, view: GateView,
-           now: dt.datetime) -> Decision:
-    """One look at a rollout and its current wave (`view`): see the module's doc. A rollout
-    that is not progressing only says what holds it."""
-    wave, warn = position.wave, position.warn_step
-    if position.state != "progressing":
+def decide(position: Rollout, view: GateView, now: dt.datetime) -> Decision:
+    """One look at a rollout (its strategy is its snapshot) and its current wave (`view`): see
+    the module's doc. A rollout that is not progressing only says what holds it."""
+    wave, warn, strategy = position.wave, position.warn_step, position.strategy
+    if position.state is not State.PROGRESSING:
         gate = _HELD.get(position.state, Gate.DONE)
-        return Decision(Step.WAIT, gate, str(position.state), wave, warn)
-    failed = failed_gate(position, strategy, view)
+        return Decision(Step.WAIT, gate, position.state.value, wave, warn)
+    failed = failed_gate(position, view)
     if failed is not None:
         gate, detail = failed
         return Decision(Step.HALT, gate, detail, wave, warn,
-                        revert=strategy.on_halt == "revert")
+                        revert=strategy.on_halt is OnHalt.REVERT)
     if not view.clusters:  # a wave no cluster falls in (no canary labelled): nothing to bake
         return advance(strategy, wave)
-    return _holding(position, strategy, view) or _baked(position, strategy, now)
+    return _holding(position, view) or _baked(position, now)
 
 
-_HELD = {"paused": Gate.PAUSED, "halted": Gate.HALTED, "waiting_approval": Gate.APPROVAL}
+_HELD = {State.PAUSED: Gate.PAUSED, State.HALTED: Gate.HALTED,
+         State.WAITING_APPROVAL: Gate.APPROVAL}
 
 
-def _holding(position: Position, strategy: StrategySpec, view: GateView) -> Decision | None:
+def _holding(position: Rollout, view: GateView) -> Decision | None:
     """A wait while clusters have not reported (or too many are unreached); None when every
     cluster reported or is tolerated."""
     to, wave, warn = position.to_revision, position.wave, position.warn_step
@@ -269,7 +214,7 @@ def _holding(position: Position, strategy: StrategySpec, view: GateView) -> Deci
     waiting = [c.cluster for c in clusters
                if c.reached and not reported(c, to, view, warn_step=warn)
                and not (c.revision == to and c.phase == ERROR)]
-    tolerated = math.floor(strategy.gates.max_unreached_share * len(clusters) + 1e-9)
+    tolerated = math.floor(position.strategy.gates.max_unreached_share * len(clusters) + 1e-9)
     if waiting:
         return Decision(Step.WAIT, Gate.DELIVERING,
                         f"{len(clusters) - len(waiting) - len(unreached)} of {len(clusters)} "
@@ -282,10 +227,11 @@ def _holding(position: Position, strategy: StrategySpec, view: GateView) -> Deci
     return None
 
 
-def _baked(position: Position, strategy: StrategySpec, now: dt.datetime) -> Decision:
+def _baked(position: Rollout, now: dt.datetime) -> Decision:
     """Every cluster reported: the bake starts, runs, then the warn step ends or the wave
     passes."""
     wave, warn, ready = position.wave, position.warn_step, position.wave_ready_at
+    strategy = position.strategy
     if ready is None:
         return Decision(Step.READY, Gate.BAKE,
                         f"every cluster reported; baking {strategy.bake_s:g} s", wave, warn)
@@ -298,7 +244,7 @@ def _baked(position: Position, strategy: StrategySpec, now: dt.datetime) -> Deci
     return advance(strategy, wave)
 
 
-def advance(strategy: StrategySpec, wave: int) -> Decision:
+def advance(strategy: Strategy, wave: int) -> Decision:
     """After wave `wave` passed: the next wave (in its warn step if it has one; waiting for
     approval if the strategy names it), or complete after the last."""
     nxt = wave + 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from dataclasses import dataclass
 
 import pytest
 
@@ -17,43 +16,30 @@ from convergerd.core.gates import (
     Step,
     decide,
 )
-from convergerd.core.model import ClusterId
+from convergerd.core.model import ClusterId, PolicyId
+from convergerd.core.rollout import Gates, OnHalt, Rollout, State, Strategy, Wave
 
 NOW = dt.datetime(2027, 1, 1, 12, 0, tzinfo=dt.UTC)
 TO = 7
 
 
-@dataclass(frozen=True)
-class W:
-    name: str
-    warn_first: bool = False
+def wave(name: str, warn_first: bool = False) -> Wave:
+    return Wave(name, fraction=1.0, warn_first=warn_first)
 
 
-@dataclass(frozen=True)
-class G:
-    max_new_violations: int = 0
-    max_denials: int = 0
-    max_warnings: int | None = None
-    max_error_clusters: int = 0
-    max_unreached_share: float = 0.1
+THREE = (wave("canary"), wave("half"), wave("rest"))
 
 
-@dataclass(frozen=True)
-class S:
-    waves: tuple[W, ...] = (W("canary"), W("half"), W("rest"))
-    bake_s: float = 60.0
-    gates: G = G()
-    on_halt: str = "revert"
-    approval: frozenset[str] = frozenset()
+def strat(*, waves: tuple[Wave, ...] = THREE, bake_s: float = 60.0,
+          gates: Gates | None = None, on_halt: str = "revert",
+          approval: frozenset[str] = frozenset()) -> Strategy:
+    return Strategy("careful", waves, bake_s, gates or Gates(), OnHalt(on_halt), approval)
 
 
-@dataclass(frozen=True)
-class P:
-    to_revision: int = TO
-    state: str = "progressing"
-    wave: int = 0
-    wave_ready_at: dt.datetime | None = None
-    warn_step: bool = False
+def pos(*, state: str = "progressing", wave: int = 0, wave_ready_at: dt.datetime | None = None,
+      warn_step: bool = False, strategy: Strategy | None = None) -> Rollout:
+    return Rollout(1, PolicyId("regs"), TO, TO - 1, strategy or strat(), State(state), wave=wave,
+                   warn_step=warn_step, wave_ready_at=wave_ready_at)
 
 
 def ok(name: str, **kw: object) -> ClusterGate:
@@ -69,62 +55,69 @@ def fleet(n: int, **kw: object) -> list[ClusterGate]:
     return [ok(f"c{i:04d}", **kw) for i in range(n)]
 
 
-def look(clusters: list[ClusterGate], position: P = P(), strategy: S = S(), *,
-         enabled: bool = True, mode: str = "Deny", now: dt.datetime = NOW) -> Decision:
-    return decide(position, strategy, GateView(clusters, enabled=enabled, mode=mode), now)
+def look(clusters: list[ClusterGate], position: Rollout | None = None,
+         strategy: Strategy | None = None, *, enabled: bool = True, mode: str = "Deny",
+         now: dt.datetime = NOW) -> Decision:
+    position = position or pos()
+    if strategy is not None:
+        position = dataclasses.replace(position, strategy=strategy)
+    return decide(position, GateView(clusters, enabled=enabled, mode=mode), now)
 
 
-BAKED = P(wave_ready_at=NOW - dt.timedelta(seconds=61))
-BAKING = P(wave_ready_at=NOW - dt.timedelta(seconds=10))
+BAKED = pos(wave_ready_at=NOW - dt.timedelta(seconds=61))
+BAKING = pos(wave_ready_at=NOW - dt.timedelta(seconds=10))
 
 
 @pytest.mark.parametrize(("clusters", "position", "strategy", "step", "gate"), [
     # every cluster reported: the bake starts, then runs, then the next wave
-    (fleet(3), P(), S(), Step.READY, Gate.BAKE),
-    (fleet(3), BAKING, S(), Step.WAIT, Gate.BAKE),
-    (fleet(3), BAKED, S(), Step.ADVANCE, Gate.DELIVERING),
+    (fleet(3), pos(), strat(), Step.READY, Gate.BAKE),
+    (fleet(3), BAKING, strat(), Step.WAIT, Gate.BAKE),
+    (fleet(3), BAKED, strat(), Step.ADVANCE, Gate.DELIVERING),
     # the last wave passed: complete
-    (fleet(3), dataclasses.replace(BAKED, wave=2), S(), Step.COMPLETE, Gate.DONE),
+    (fleet(3), dataclasses.replace(BAKED, wave=2), strat(), Step.COMPLETE, Gate.DONE),
     # Error phases: more than tolerated halts, during the bake too; at another revision not
-    ([*fleet(2), ok("bad", phase="Error")], BAKING, S(), Step.HALT, Gate.ERROR_PHASES),
-    ([*fleet(2), ok("bad", phase="Error")], BAKING, S(gates=G(max_error_clusters=1)),
+    ([*fleet(2), ok("bad", phase="Error")], BAKING, strat(), Step.HALT, Gate.ERROR_PHASES),
+    ([*fleet(2), ok("bad", phase="Error")], BAKING, strat(gates=Gates(max_error_clusters=1)),
      Step.WAIT, Gate.BAKE),
-    ([*fleet(2), ok("old", phase="Error", revision=TO - 1)], P(), S(),
+    ([*fleet(2), ok("old", phase="Error", revision=TO - 1)], pos(), strat(),
      Step.WAIT, Gate.DELIVERING),
     # new violations: the audit at the new revision; the old revision's do not count
-    ([*fleet(2), ok("v", violations=1)], P(), S(), Step.HALT, Gate.NEW_VIOLATIONS),
-    ([*fleet(2), ok("v", violations=3)], BAKED, S(gates=G(max_new_violations=3)),
+    ([*fleet(2), ok("v", violations=1)], pos(), strat(), Step.HALT, Gate.NEW_VIOLATIONS),
+    ([*fleet(2), ok("v", violations=3)], BAKED, strat(gates=Gates(max_new_violations=3)),
      Step.ADVANCE, Gate.DELIVERING),
-    ([*fleet(2), ok("v", violations=9, revision=TO - 1)], P(), S(), Step.WAIT, Gate.DELIVERING),
+    ([*fleet(2), ok("v", violations=9, revision=TO - 1)], pos(), strat(),
+     Step.WAIT, Gate.DELIVERING),
     # denials since the new revision was installed (counts of an older one do not count)
-    ([*fleet(2), ok("d", denied=2)], BAKING, S(gates=G(max_denials=1)), Step.HALT, Gate.DENIALS),
-    ([*fleet(2), ok("d", denied=2, admission_revision=TO - 1)], BAKING, S(gates=G()),
+    ([*fleet(2), ok("d", denied=2)], BAKING, strat(gates=Gates(max_denials=1)),
+     Step.HALT, Gate.DENIALS),
+    ([*fleet(2), ok("d", denied=2, admission_revision=TO - 1)], BAKING, strat(gates=Gates()),
      Step.WAIT, Gate.BAKE),
     # warnings: only in a warn step, and only when the strategy sets a limit
     ([*fleet(2, mode="Warn"), ok("w", warned=5, mode="Warn")],
-     dataclasses.replace(BAKING, warn_step=True), S(gates=G(max_warnings=4)),
+     dataclasses.replace(BAKING, warn_step=True), strat(gates=Gates(max_warnings=4)),
      Step.HALT, Gate.WARNINGS),
     ([*fleet(2, mode="Warn"), ok("w", warned=5, mode="Warn")],
-     dataclasses.replace(BAKING, warn_step=True), S(), Step.WAIT, Gate.BAKE),
-    ([*fleet(2), ok("w", warned=5)], BAKING, S(gates=G(max_warnings=0)), Step.WAIT, Gate.BAKE),
+     dataclasses.replace(BAKING, warn_step=True), strat(), Step.WAIT, Gate.BAKE),
+    ([*fleet(2), ok("w", warned=5)], BAKING, strat(gates=Gates(max_warnings=0)),
+     Step.WAIT, Gate.BAKE),
     # unreached: within the share the wave is ready without them; beyond it the wave waits
-    ([*fleet(9), ok("down", reached=False, revision=None)], P(), S(), Step.READY, Gate.BAKE),
-    ([*fleet(8), ok("d1", reached=False), ok("d2", reached=False)], P(), S(),
+    ([*fleet(9), ok("down", reached=False, revision=None)], pos(), strat(), Step.READY, Gate.BAKE),
+    ([*fleet(8), ok("d1", reached=False), ok("d2", reached=False)], pos(), strat(),
      Step.WAIT, Gate.UNREACHED),
-    ([*fleet(2), ok("d1", reached=False)], P(), S(gates=G(max_unreached_share=0.5)),
+    ([*fleet(2), ok("d1", reached=False)], pos(), strat(gates=Gates(max_unreached_share=0.5)),
      Step.READY, Gate.BAKE),
     # not reported yet: the old revision, no phase, not verified, the wrong mode
-    ([*fleet(2), ok("slow", revision=TO - 1)], P(), S(), Step.WAIT, Gate.DELIVERING),
-    ([*fleet(2), ok("new", phase=None, verified=None)], P(), S(), Step.WAIT, Gate.DELIVERING),
-    ([*fleet(2), ok("unverified", verified="False")], P(), S(), Step.WAIT, Gate.DELIVERING),
-    ([*fleet(2), ok("still-warn", mode="Warn")], P(), S(), Step.WAIT, Gate.DELIVERING),
+    ([*fleet(2), ok("slow", revision=TO - 1)], pos(), strat(), Step.WAIT, Gate.DELIVERING),
+    ([*fleet(2), ok("new", phase=None, verified=None)], pos(), strat(), Step.WAIT, Gate.DELIVERING),
+    ([*fleet(2), ok("unverified", verified="False")], pos(), strat(), Step.WAIT, Gate.DELIVERING),
+    ([*fleet(2), ok("still-warn", mode="Warn")], pos(), strat(), Step.WAIT, Gate.DELIVERING),
     # Unsupported holds the revision and cannot enforce any: it does not hold the wave
-    ([*fleet(2), ok("old-k8s", phase="Unsupported", verified=None)], P(), S(),
+    ([*fleet(2), ok("old-k8s", phase="Unsupported", verified=None)], pos(), strat(),
      Step.READY, Gate.BAKE),
     # a wave no cluster falls in passes at once
-    ([], P(), S(), Step.ADVANCE, Gate.DELIVERING),
+    ([], pos(), strat(), Step.ADVANCE, Gate.DELIVERING),
 ])
-def test_gates(clusters: list[ClusterGate], position: P, strategy: S, step: Step,
+def test_gates(clusters: list[ClusterGate], position: Rollout, strategy: Strategy, step: Step,
                gate: Gate) -> None:
     decision = look(clusters, position, strategy)
     assert (decision.step, decision.gate) == (step, gate), decision.reason
@@ -132,8 +125,8 @@ def test_gates(clusters: list[ClusterGate], position: P, strategy: S, step: Step
 
 def test_a_halt_reverts_or_pauses_as_the_strategy_says() -> None:
     bad = [*fleet(2), ok("c-bad", violations=4)]
-    revert = look(bad, P(), S(on_halt="revert"))
-    pause = look(bad, P(), S(on_halt="pause"))
+    revert = look(bad, pos(), strat(on_halt="revert"))
+    pause = look(bad, pos(), strat(on_halt="pause"))
     assert revert.step is Step.HALT
     assert revert.revert
     assert pause.step is Step.HALT
@@ -153,34 +146,35 @@ def test_the_reason_names_a_few_clusters_worst_first_and_counts_the_rest() -> No
 
 
 def test_an_approval_wave_is_entered_waiting() -> None:
-    decision = look(fleet(3), BAKED, S(approval=frozenset({"half"})))
+    decision = look(fleet(3), BAKED, strat(approval=frozenset({"half"})))
     assert (decision.step, decision.gate, decision.wave, decision.approval) == (
         Step.ADVANCE, Gate.APPROVAL, 1, True)
     # once approved the rollout is progressing again at that wave: its clusters are gated
-    assert look(fleet(3), P(wave=1), S(approval=frozenset({"half"}))).step is Step.READY
+    assert look(fleet(3), pos(wave=1), strat(approval=frozenset({"half"}))).step is Step.READY
 
 
 def test_held_states_only_say_what_holds_them() -> None:
     bad = [ok("c", violations=100)]
     for state, gate in (("paused", Gate.PAUSED), ("halted", Gate.HALTED),
                         ("waiting_approval", Gate.APPROVAL), ("completed", Gate.DONE)):
-        decision = look(bad, P(state=state))
+        decision = look(bad, pos(state=state))
         assert (decision.step, decision.gate) == (Step.WAIT, gate)
 
 
 def test_warn_first_wave_then_the_policys_own_mode() -> None:
-    strategy = S(waves=(W("canary"), W("half", warn_first=True), W("rest")))
+    strategy = strat(waves=(wave("canary"), wave("half", warn_first=True), wave("rest")))
     into = look(fleet(2), BAKED, strategy)
     assert (into.step, into.wave, into.warn_step) == (Step.ADVANCE, 1, True)
     # in the warn step a cluster in Warn reports; one still in Deny does not
-    warn = P(wave=1, warn_step=True)
+    warn = pos(wave=1, warn_step=True)
     assert look(fleet(2, mode="Warn"), warn, strategy).step is Step.READY
     assert look(fleet(2, mode="Deny"), warn, strategy).step is Step.WAIT
     # after its bake, the same wave in the policy's mode, then its own bake and the next wave
     baked = dataclasses.replace(warn, wave_ready_at=NOW - dt.timedelta(seconds=61))
     enforce = look(fleet(2, mode="Warn"), baked, strategy)
     assert (enforce.step, enforce.wave, enforce.warn_step) == (Step.ENFORCE, 1, False)
-    later = look(fleet(2, mode="Deny"), P(wave=1, wave_ready_at=baked.wave_ready_at), strategy)
+    later = look(fleet(2, mode="Deny"), pos(wave=1, wave_ready_at=baked.wave_ready_at),
+                 strategy)
     assert (later.step, later.wave, later.warn_step) == (Step.ADVANCE, 2, False)
 
 
