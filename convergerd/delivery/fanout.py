@@ -503,28 +503,34 @@ class Saver:
         while self._late:
             await asyncio.gather(*self._late.values(), return_exceptions=True)
 
-    async def deliver(self, policy_id: str, due: Mapping[ClusterId, Policy], *,
+    async def deliver(self, policy_id: str, due: Mapping[ClusterId, Policy | None], *,
                       trigger: str = "rollout") -> list[ClusterResult]:
         """Write to each cluster of `due` the content a rollout makes its due one (a wave
         advanced, reverted or aborted: `delivery.rollouts`), at once, each cluster read first
         (`unchanged` is not written; a write carries the live resourceVersion), even where it
-        holds a newer revision. Recorded like a save; the hung clusters' writes go on until
-        the save deadline, recorded then. Every result, sorted."""
+        holds a newer revision; None: the cluster is due no copy, the one it holds is
+        removed. Recorded like a save; the hung clusters' writes go on until the save
+        deadline, recorded then. Every result, sorted."""
         await self._stop_late(policy_id)  # an older write of the policy must not land after
         if not due:
             return []
         env = self._env()
         bodies: dict[int, tuple[Policy, dict[str, Any]]] = {}
         jobs: list[Job] = []
+        revisions: dict[ClusterId, int] = {}
         for cluster in sorted(due):
             policy = due[cluster]
+            if policy is None:
+                jobs.append((cluster, SaveAction.REMOVE, functools.partial(
+                    _remove_from, cluster, policy_id, env)))
+                continue
             # Most clusters are due the same content: rendered once per content.
             policy, body = bodies.setdefault(id(policy), (policy, render_policy(policy)))
+            revisions[cluster] = policy.revision
             jobs.append((cluster, SaveAction.APPLY, functools.partial(
                 _apply_to, cluster, policy, body, env, read=True, due=True)))
         fan = await _fan_out(jobs, env, answer_early=True)
-        record = functools.partial(self._record_due, policy_id,
-                                   {c: p.revision for c, p in due.items()}, env=env)
+        record = functools.partial(self._record_due, policy_id, revisions, env=env)
         await record(fan.results)
         if fan.rest is not None:
             self._finish_later(policy_id, "due revisions", fan, trigger, record)
@@ -536,12 +542,19 @@ class Saver:
 
     async def _record_due(self, policy_id: str, revisions: Mapping[ClusterId, int],
                           results: Sequence[ClusterResult], *, env: FanoutEnv) -> None:
-        """`deliver`'s results recorded, each cluster with the revision it was due."""
+        """`deliver`'s results recorded, each cluster with the revision it was due (a removal
+        is forgotten, a failed one recorded with the policy's newest revision there: the
+        cluster still holds a copy)."""
         by_revision: dict[int, list[ClusterResult]] = {}
         for r in results:
-            by_revision.setdefault(revisions[r.cluster], []).append(r)
+            revision = revisions.get(r.cluster)
+            by_revision.setdefault(revision if revision is not None else -1, []).append(r)
+        removals = by_revision.pop(-1, [])
         for revision, part in sorted(by_revision.items()):
             await self._record(policy_id, revision, part, env=env)
+        if removals:
+            newest = max(revisions.values(), default=0)
+            await self._record(policy_id, newest, removals, env=env)
 
     async def _overtaken(self, policy_id: str, revision: int) -> bool:
         """Whether the database holds a newer revision than `revision` now. Every writer
