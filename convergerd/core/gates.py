@@ -28,14 +28,15 @@ What a gate cannot see is said in docs/design.md ("Rollouts").
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from convergerd.core.model import ClusterId
-from convergerd.core.rollout import OnHalt, Rollout, State, Strategy
+from convergerd.core.rollout import LIVE_STATES, OnHalt, Rollout, State, Strategy
 
 ENFORCING = "Enforcing"
 INERT = "Inert"
@@ -257,3 +258,80 @@ def advance(strategy: Strategy, wave: int) -> Decision:
                         approval=True)
     return Decision(Step.ADVANCE, Gate.DELIVERING, f"wave {spec.name} started", nxt,
                     spec.warn_first)
+
+
+def moved(rollout: Rollout, decision: Decision, now: dt.datetime) -> Rollout | None:
+    """The rollout `decision` moves it to (its reason the decision's), None when there is
+    nothing to write: a wait whose gate is already the one the rollout's reason names (the
+    detail, counts of clusters, changes every look and is not written)."""
+    step = decision.step
+    if step is Step.WAIT and held_by(rollout) == decision.gate:
+        return None
+    changes: dict[str, object] = {"reason": decision.reason}
+    if step is Step.READY:
+        changes["wave_ready_at"] = now
+    elif step is Step.ENFORCE:
+        changes.update(warn_step=False, wave_ready_at=None)
+    elif step is Step.ADVANCE:
+        changes.update(state=State.WAITING_APPROVAL if decision.approval else State.PROGRESSING,
+                       wave=decision.wave, warn_step=decision.warn_step, wave_ready_at=None)
+    elif step is Step.COMPLETE:
+        changes["state"] = State.COMPLETED
+    elif step is Step.HALT:
+        changes["state"] = State.REVERTED if decision.revert else State.HALTED
+    return dataclasses.replace(rollout, **changes)  # type: ignore[arg-type]
+
+
+def held_by(rollout: Rollout) -> Gate | None:
+    """The gate a rollout's `reason` names (`Decision.reason`: `gate: detail`); None for a
+    reason of another kind (a command's)."""
+    head, sep, _ = (rollout.reason or "").partition(":")
+    if not sep:
+        return None
+    try:
+        return Gate(head)
+    except ValueError:
+        return None
+
+
+class Command(enum.StrEnum):
+    """What an operator asks of a policy's rollout (`POST /v1/policies/{id}/rollout/{...}`,
+    `convergerd rollout ...`)."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    APPROVE = "approve"
+    ABORT = "abort"
+
+
+# The states each command moves a rollout from.
+COMMAND_FROM: Mapping[Command, frozenset[State]] = {
+    Command.PAUSE: frozenset({State.PROGRESSING}),
+    Command.RESUME: frozenset({State.PAUSED, State.HALTED}),
+    Command.APPROVE: frozenset({State.WAITING_APPROVAL}),
+    Command.ABORT: LIVE_STATES,
+}
+_DONE_BY = {Command.PAUSE: "paused", Command.RESUME: "resumed", Command.APPROVE: "approved",
+            Command.ABORT: "aborted"}
+
+
+def commanded(rollout: Rollout, command: Command, by: str) -> Rollout | str:
+    """Where `command` takes `rollout`, or why it cannot (a sentence). Pausing a rollout that
+    waits for approval is refused: its wave is not delivered, and a pause would make it due.
+    A resumed rollout is judged again where it stopped (a gate that still fails halts it
+    again); an approved wave starts (in its warn step, if it has one); an abort sends every
+    cluster back to its previous revision."""
+    if rollout.state not in COMMAND_FROM[command]:
+        allowed = " or ".join(sorted(s.value for s in COMMAND_FROM[command]))
+        return (f"rollout {rollout.id} of policy {rollout.policy} is {rollout.state.value}; "
+                f"{command.value} applies to a rollout that is {allowed}")
+    reason = f"{_DONE_BY[command]} by {by}"
+    if command is Command.PAUSE:
+        return dataclasses.replace(rollout, state=State.PAUSED, reason=reason)
+    if command is Command.RESUME:
+        return dataclasses.replace(rollout, state=State.PROGRESSING, reason=reason)
+    if command is Command.APPROVE:
+        warn = rollout.strategy.waves[rollout.wave].warn_first
+        return dataclasses.replace(rollout, state=State.PROGRESSING, warn_step=warn,
+                                   wave_ready_at=None, reason=reason)
+    return dataclasses.replace(rollout, state=State.ABORTED, warn_step=False, reason=reason)

@@ -10,11 +10,15 @@ import pytest
 
 from convergerd.core.gates import (
     ClusterGate,
+    Command,
     Decision,
     Gate,
     GateView,
     Step,
+    commanded,
     decide,
+    held_by,
+    moved,
 )
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.rollout import Gates, OnHalt, Rollout, State, Strategy, Wave
@@ -182,3 +186,59 @@ def test_a_disabled_policy_is_reported_inert_without_a_probe() -> None:
     inert = fleet(2, phase="Inert", verified=None)
     assert look(inert, enabled=False).step is Step.READY
     assert look(fleet(2), enabled=False).step is Step.WAIT  # still Enforcing there
+
+
+def test_a_decision_moves_the_rollout_once_and_a_held_gate_is_written_once() -> None:
+    ready = look(fleet(2))
+    after = moved(pos(), ready, NOW)
+    assert after is not None
+    assert (after.wave_ready_at, after.reason) == (NOW, ready.reason)
+    # the same gate holding it again (other counts): nothing to write
+    waiting = look([ok("slow", revision=None)])
+    held = moved(pos(), waiting, NOW)
+    assert held is not None
+    assert held_by(held) is Gate.DELIVERING
+    assert moved(held, look([ok("slow", revision=None), ok("other", revision=None)]),
+                 NOW) is None
+    halted = moved(pos(), look([ok("bad", violations=2)], strategy=strat(on_halt="pause")), NOW)
+    reverted = moved(pos(), look([ok("bad", violations=2)]), NOW)
+    assert halted is not None
+    assert reverted is not None
+    assert (halted.state, reverted.state) == (State.HALTED, State.REVERTED)
+    into = moved(pos(), look(fleet(1), BAKED, strat(approval=frozenset({"half"}))), NOW)
+    assert into is not None
+    assert (into.state, into.wave, into.wave_ready_at) == (State.WAITING_APPROVAL, 1, None)
+
+
+@pytest.mark.parametrize(("state", "command", "to"), [
+    ("progressing", Command.PAUSE, State.PAUSED),
+    ("paused", Command.RESUME, State.PROGRESSING),
+    ("halted", Command.RESUME, State.PROGRESSING),
+    ("waiting_approval", Command.APPROVE, State.PROGRESSING),
+    ("waiting_approval", Command.ABORT, State.ABORTED),
+    ("halted", Command.ABORT, State.ABORTED),
+    ("waiting_approval", Command.PAUSE, None),  # its wave would become due
+    ("progressing", Command.APPROVE, None),
+    ("reverted", Command.ABORT, None),
+    ("completed", Command.RESUME, None),
+])
+def test_commands(state: str, command: Command, to: State | None) -> None:
+    after = commanded(pos(state=state, wave=1), command, "admin token")
+    if to is None:
+        assert isinstance(after, str)
+        assert f"is {state}" in after
+        return
+    assert not isinstance(after, str)
+    assert after.state is to
+    assert after.reason is not None
+    assert after.reason.endswith(" by admin token")
+
+
+def test_an_approved_wave_starts_in_its_warn_step_when_it_has_one() -> None:
+    strategy = strat(waves=(wave("canary"), wave("half", warn_first=True)),
+                     approval=frozenset({"half"}))
+    after = commanded(pos(state="waiting_approval", wave=1, strategy=strategy), Command.APPROVE,
+                      "admin token")
+    assert not isinstance(after, str)
+    assert (after.state, after.wave, after.warn_step) == (State.PROGRESSING, 1, True)
+    assert after.reason == "approved by admin token"
