@@ -14,6 +14,9 @@ and delete paths are handled by `mutations.SaveHandlers` (over the `Saver`), the
 | `GET /v1/policies/{id}/status` | that policy per cluster: revisions, error, phase; its deletion |
 | `GET /v1/policies/{id}/revisions` | its kept revisions, newest first, with what each changed |
 | `POST /v1/policies/{id}/rollback` | an old revision's content as a new one, saved: admin token |
+| `GET /v1/rollouts` | every live rollout: its wave, state and the gate that holds it |
+| `GET /v1/policies/{id}/rollout` | its rollout: waves, clusters per revision, the gate, events |
+| `POST /v1/policies/{id}/rollout/{pause,resume,approve,abort}` | operate it: the admin token |
 | `POST /v1/policies/{id}/apply` | save (a new `enforcement` if asked): the admin token |
 | `DELETE /v1/policies/{id}` | delete: the admin token |
 | `POST /v1/tokens` | a boundary's read token, created (shown once): the admin token |
@@ -36,6 +39,7 @@ from convergerd.api.auth import Guard, TokenBook, TokenSource
 from convergerd.api.boundaries import BoundarySource, BoundaryViews
 from convergerd.api.mutations import ModeStore, SaveHandlers
 from convergerd.api.revisions import RevisionHandlers, RevisionSource
+from convergerd.api.rollouts import RolloutHandlers, RolloutSource
 from convergerd.api.server import (
     STATUS_VIEWS,
     Health,
@@ -46,6 +50,7 @@ from convergerd.api.server import (
 from convergerd.api.tokens import TokenHandlers, TokenStore
 from convergerd.api.ui import UiPages
 from convergerd.config import Settings
+from convergerd.core.gates import Command
 from convergerd.delivery.fanout import Saver
 from convergerd.status.metrics import Metrics
 from convergerd.status.reader import StatusReader
@@ -69,6 +74,7 @@ def make_app(
     tenants: TenantSource | None = None,
     book: TokenBook | None = None,
     revisions: RevisionSource | None = None,
+    rollouts: RolloutSource | None = None,
 ) -> web.Application:
     """The aiohttp application. `saver` does the saves and deletions (`mutations.SaveHandlers`),
     `modes` stores the enforcement a save asks for (the daemon's `Store`);
@@ -76,7 +82,8 @@ def make_app(
     default `StatusReadTuning.db_timeout_s`); `tenants`: the read tokens and the boundaries
     (None: those endpoints answer 503); `book`: the live read tokens (the daemon runs it, to
     follow the database; by default one read only when a token is created or revoked here);
-    `revisions`: the policies' kept revisions (None: those endpoints answer 503)."""
+    `revisions`: the policies' kept revisions, `rollouts` the rollouts (None: those endpoints
+    answer 503)."""
     views = Views(metrics=metrics, state=state, store=store, settings=settings, health=health)
     if status_db_timeout_s is not None:
         views.db_timeout_s = status_db_timeout_s
@@ -91,12 +98,14 @@ def make_app(
     ui = UiPages(guard, views, boundaries, body_timeout_s=body_timeout_s)
     history = RevisionHandlers(views, revisions, saver, retention=settings.revisions,
                                body_timeout_s=body_timeout_s)
+    waves = RolloutHandlers(views, rollouts, saver, body_timeout_s=body_timeout_s)
     app = web.Application(middlewares=[*middlewares(settings), guard.middleware()])
     # `Expect: 100-continue` is answered by each route's expect handler before any
     # middleware: the guard checks the route's scope first, none quotes the header.
     checked = guard.expect
     status_views = (views.status, views.cluster, views.policy, boundaries.boundary,
-                    boundaries.policy, history.history, history.boundary_history)
+                    boundaries.policy, history.history, history.boundary_history, waves.list,
+                    waves.policy)
     app.add_routes([
         web.get("/healthz", views.healthz, expect_handler=checked),
         web.get("/readyz", views.readyz, expect_handler=checked),
@@ -106,6 +115,8 @@ def make_app(
         web.post("/v1/policies/{id}/apply", saves.apply, expect_handler=checked),
         web.delete("/v1/policies/{id}", saves.delete, expect_handler=checked),
         web.post("/v1/policies/{id}/rollback", history.rollback, expect_handler=checked),
+        *(web.post(f"/v1/policies/{{id}}/rollout/{command.value}", waves.command(command),
+                   expect_handler=checked) for command in Command),
         web.post("/v1/tokens", tokens.create, expect_handler=checked),
         web.get("/v1/tokens", tokens.list, expect_handler=checked),
         web.delete("/v1/tokens/{name}", tokens.revoke, expect_handler=checked),

@@ -1,0 +1,244 @@
+"""The gate job: every `CONVERGERD_ROLLOUT_GATE_SECONDS`, on the leader (the holder of shard 0;
+with one shard, of the Lease), each rollout in progress is judged (`core.gates.decide`) from
+what the status state knows of its current wave's clusters, and what the decision moves is
+written with a compare-and-set under the leader's fence, then fanned out at once: the clusters
+whose due revision the move changed get it (`fanout.Saver.deliver`).
+
+Why a failover neither repeats nor skips a wave: the rollout's state, wave and step are in
+PostgreSQL, and a transition is written only where the row still is as it was read (id,
+state, wave, step), inside a transaction that asks the fence before writing and again before
+committing (`Store.transition_rollout`). An old leader that lost its Lease cannot commit; a
+new leader reads the wave the last commit left and judges it from there, so each wave is
+entered exactly once. A transition committed whose fan-out did not happen (the leader died in
+between) is delivered by the next round, which keeps every cluster at its due revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from convergerd.core.errors import ConvergerdError, Fenced
+from convergerd.core.gates import ClusterGate, Decision, GateView, Step, decide, moved
+from convergerd.core.model import ClusterId, Policy, PolicyId
+from convergerd.core.report import ClusterResult, utc_now
+from convergerd.core.rollout import (
+    Rollout,
+    Staged,
+    State,
+    due_policies,
+    newly_due,
+)
+from convergerd.leader.elector import Leadership
+from convergerd.status.reader import StatusReader
+
+log = logging.getLogger(__name__)
+
+# A rollout's placements and revision contents are read again at most this often (clusters
+# that joined its scope since are placed then); always after a transition.
+STAGED_REFRESH_S = 60.0
+
+
+class GateStore(Protocol):
+    """What the gate job reads and writes (`convergerd.store.store.Store`)."""
+
+    async def live_rollouts(self) -> list[Rollout]: ...
+    async def staged_rollout(self, policy_id: str, /) -> Staged | None: ...
+    async def transition_rollout(self, before: Rollout, after: Rollout, *, by: str, what: str,
+                                 detail: str | None = None,
+                                 remaining_s: Callable[[], float]) -> Rollout | None: ...
+
+
+class DueSaver(Protocol):
+    """Writes clusters their due revision (`convergerd.delivery.fanout.Saver`)."""
+
+    async def deliver(self, policy_id: str, due: Mapping[ClusterId, Policy | None], *,
+                      trigger: str = ...) -> list[ClusterResult]: ...
+
+
+def cluster_gate(state: StatusReader, policy: PolicyId, cluster: ClusterId) -> ClusterGate:
+    """One cluster of a wave as the status state knows it: reached (its last round or probe
+    answered, no cluster-level error, its last delivery of the policy not refused), and what
+    its operator reported of the policy with the phase (revision, phase, Verified, the
+    audit's violations; the mode in force and the admission counts when read back)."""
+    facts = state.clusters.get(cluster)
+    if facts is None:
+        return ClusterGate(cluster, reached=False)
+    record = facts.policies.get(policy)
+    reached = facts.reachable is not False and facts.last_error is None and not (
+        record is not None and record.last_result == "failed")
+    reading = record.phase if record is not None else None
+    if reading is None:
+        return ClusterGate(cluster, reached=reached)
+    # HOOK (wt/readback): the mode in force and the admission counts are reading fields once
+    # `enforcement_action` and `admission_*` are on main; until then they read as not known,
+    # and the denial and warning gates see nothing.
+    return ClusterGate(
+        cluster, reached=reached, revision=reading.revision, phase=reading.phase,
+        verified=reading.verified_status, violations=reading.audit_violations,
+        mode=getattr(reading, "enforcement_action", None),
+        denied=getattr(reading, "admission_denied", None),
+        warned=getattr(reading, "admission_warned", None),
+        admission_revision=getattr(reading, "admission_revision", None))
+
+
+def gate_view(state: StatusReader, staged: Staged) -> GateView:
+    """The rollout's current wave, cluster by cluster, and what its new revision asks."""
+    rollout = staged.rollout
+    wave = [c for c, p in staged.placements.items() if p.wave == rollout.wave]
+    policy = staged.contents.get(rollout.to_revision)
+    return GateView(
+        [cluster_gate(state, rollout.policy, c) for c in sorted(wave)],
+        enabled=policy.enabled if policy is not None else True,
+        mode=policy.enforcement.value if policy is not None else "Deny")
+
+
+def due_contents(before: Rollout, after: Rollout,
+                 staged: Staged) -> dict[ClusterId, Policy | None]:
+    """The clusters a move from `before` to `after` makes due something else, with what: a
+    Policy, or None where the cluster is due no copy (the one it got is removed). A cluster due
+    a revision that cannot be delivered now (not kept, or of another boundary) is left out:
+    it keeps what it holds."""
+    dues = newly_due(before, after, staged.placements)
+    policies = due_policies(after, dues, staged.contents)
+    out: dict[ClusterId, Policy | None] = {}
+    for cluster, d in dues.items():
+        if d.revision is None:
+            out[cluster] = None
+        elif policies[cluster] is not None:
+            out[cluster] = policies[cluster]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """One rollout judged in a pass: what was decided and, if it moved, where to."""
+
+    rollout: Rollout
+    decision: Decision
+    moved_to: Rollout | None = None
+
+
+class RolloutGates:
+    """The gate job (see the module's doc). `leader`: the elector of the leader's shard."""
+
+    def __init__(self, *, store: GateStore, state: StatusReader, saver: DueSaver,
+                 leader: Leadership, period_s: float, identity: str,
+                 clock: Callable[[], dt.datetime] = utc_now) -> None:
+        self._store = store
+        self._state = state
+        self._saver = saver
+        self._leader = leader
+        self._period_s = period_s
+        self._by = f"convergerd gate job ({identity})"
+        self._clock = clock
+        # Per policy: its rollout's placements and contents, and when they were read.
+        self._staged: dict[PolicyId, tuple[Staged, float]] = {}
+        self.cpu_s = 0.0  # CPU time spent judging (the benchmark reads it)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._period_s)
+            epoch = self._leader.epoch
+            if epoch is None or not self._leader.is_leader():
+                self._staged.clear()  # a later term reads everything again
+                continue
+            try:
+                await self.once(self._leader.fence(epoch).remaining_s)
+            except Fenced as exc:
+                log.info("rollout gates: no longer leading, pass stopped (%s)", exc)
+            except ConvergerdError as exc:
+                log.warning("rollout gates: pass failed, tried again in %g s: %s",
+                            self._period_s, exc)
+
+    async def once(self, remaining_s: Callable[[], float]) -> list[Look]:
+        """One look at every rollout in progress; `remaining_s` is the leader's fence (asked
+        before and while each transition is written: raises `Fenced`)."""
+        looks: list[Look] = []
+        rollouts = await self._store.live_rollouts()
+        live = {r.policy for r in rollouts}
+        for gone in [p for p in self._staged if p not in live]:
+            del self._staged[gone]
+        for rollout in rollouts:
+            if rollout.state is not State.PROGRESSING:
+                continue  # held by a command or a halt: only a command moves it
+            staged = await self._staged_of(rollout)
+            if staged is None:
+                continue
+            started = time.process_time()
+            decision = decide(rollout, gate_view(self._state, staged), self._clock())
+            self.cpu_s += time.process_time() - started
+            after = moved(rollout, decision, self._clock())
+            look = Look(rollout, decision)
+            if after is not None:
+                look = Look(rollout, decision, await self._move(staged, after, decision,
+                                                                remaining_s))
+            looks.append(look)
+        return looks
+
+    async def _staged_of(self, rollout: Rollout) -> Staged | None:
+        """The rollout's placements and contents (cached, see `STAGED_REFRESH_S`), with the
+        rollout as just read."""
+        kept = self._staged.get(rollout.policy)
+        now = time.monotonic()
+        if (kept is None or kept[0].rollout.id != rollout.id
+                or now - kept[1] > STAGED_REFRESH_S):
+            staged = await self._store.staged_rollout(rollout.policy)
+            if staged is None or staged.rollout.id != rollout.id:
+                self._staged.pop(rollout.policy, None)
+                return None
+            kept = self._staged[rollout.policy] = (staged, now)
+        return Staged(rollout, kept[0].placements, kept[0].contents)
+
+    async def _move(self, staged: Staged, after: Rollout, decision: Decision,
+                    remaining_s: Callable[[], float]) -> Rollout | None:
+        before = staged.rollout
+        written = await self._store.transition_rollout(
+            before, after, by=self._by, what=decision.step.value, detail=decision.detail,
+            remaining_s=remaining_s)
+        if written is None:
+            log.info("rollout %d of policy %s: moved by another writer meanwhile; judged "
+                     "again next pass", before.id, before.policy)
+            self._staged.pop(before.policy, None)
+            return None
+        if decision.step is not Step.WAIT:
+            log.info("rollout %d of policy %s (revision %d): %s at wave %d -> %s, wave %d%s: "
+                     "%s", before.id, before.policy, before.to_revision, decision.step.value,
+                     before.wave, written.state.value, written.wave,
+                     " (warn step)" if written.warn_step else "", decision.detail,
+                     extra={"policy": before.policy, "rollout": before.id,
+                            "rollout_step": decision.step.value})
+        due = due_contents(before, written, staged)
+        if due:
+            await self.deliver(before.policy, due, f"rollout {decision.step.value}")
+        return written
+
+    async def deliver(self, policy: PolicyId, due: Mapping[ClusterId, Policy | None],
+                      trigger: str) -> None:
+        """The newly due clusters written at once; a failure is logged (rounds deliver what
+        is due within an interval)."""
+        try:
+            await self._saver.deliver(policy, due, trigger=trigger)
+        except ConvergerdError as exc:
+            log.warning("policy %s: %d newly due cluster(s) not written now (%s); the next "
+                        "round delivers them", policy, len(due), exc)
+
+
+def revisions_held(state: StatusReader, policy: PolicyId,
+                   clusters: Collection[ClusterId]) -> dict[int | None, int]:
+    """How many of `clusters` report each revision of `policy` (None: none read)."""
+    held: dict[int | None, int] = {}
+    for c in clusters:
+        facts = state.clusters.get(c)
+        record = facts.policies.get(policy) if facts is not None else None
+        revision = None
+        if record is not None:
+            revision = (record.phase.revision if record.phase is not None
+                        else record.delivered_revision)
+        held[revision] = held.get(revision, 0) + 1
+    return held
