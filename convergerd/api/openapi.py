@@ -157,6 +157,22 @@ _SCHEMAS: dict[str, Any] = {
             "invalid_policies": {"type": "array", "items": {
                 "type": "object", "properties": {"id": {"type": "string"},
                                                  "reason": {"type": "string"}}}},
+            "rollouts": {
+                "type": "array", "description": "each live rollout, as of the last database "
+                "sync: its wave, state, the gate that holds it, clusters reporting its new "
+                "revision and another one (`GET /v1/policies/{id}/rollout` for more)",
+                "items": {"type": "object", "properties": {
+                    "policy": {"type": "string"}, "id": {"type": "integer"},
+                    "to_revision": {"type": "integer"},
+                    "from_revision": {"type": "integer", "nullable": True},
+                    "strategy": {"type": "string"}, "state": {"type": "string"},
+                    "wave": {"type": "object", "properties": {
+                        "index": {"type": "integer"}, "name": {"type": "string"},
+                        "of": {"type": "integer"}, "warn_step": {"type": "boolean"}}},
+                    "gate": _NULLABLE_STRING, "reason": _NULLABLE_STRING,
+                    "since": _NULLABLE_TIME,
+                    "clusters": {"type": "object", "properties": {
+                        "new": {"type": "integer"}, "old": {"type": "integer"}}}}}},
             "pending_deletions": {
                 "type": "object",
                 "description": "deletions some cluster did not confirm (oldest first, at most "

@@ -32,7 +32,7 @@ from convergerd.api.auth import principal_of_request
 from convergerd.api.mutations import BadRequest, read_body, refusal_of
 from convergerd.api.server import Views, error_response, policy_id_from_request
 from convergerd.core.errors import ConvergerdError, DatabaseUnavailable
-from convergerd.core.gates import Command, Gate, commanded, decide, held_by
+from convergerd.core.gates import Command, commanded, decide
 from convergerd.core.model import ClusterId, PolicyId, RuleError
 from convergerd.core.report import ClusterResult, utc_now
 from convergerd.core.rollout import Rollout, Staged, State
@@ -41,6 +41,7 @@ from convergerd.core.tokens import check_by
 from convergerd.delivery.fanout import Saver
 from convergerd.delivery.rollouts import due_contents, gate_view, revisions_held
 from convergerd.status.reader import StatusReader
+from convergerd.status.rollouts import gate_of
 from convergerd.status.views import iso
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def rollout_json(rollout: Rollout) -> dict[str, Any]:
     says which: `gate: detail`)."""
     strategy = rollout.strategy
     wave = strategy.waves[rollout.wave]
-    gate = held_by(rollout)
+    gate = gate_of(rollout)
     return {
         "id": rollout.id,
         "policy": rollout.policy,
@@ -80,19 +81,12 @@ def rollout_json(rollout: Rollout) -> dict[str, Any]:
         "wave": {"index": rollout.wave, "name": wave.name, "of": len(strategy.waves),
                  "warn_step": rollout.warn_step, "started_at": iso(rollout.wave_started_at),
                  "ready_at": iso(rollout.wave_ready_at)},
-        "gate": gate.value if gate is not None else _state_gate(rollout.state),
+        "gate": gate.value if gate is not None else None,
         "reason": rollout.reason,
         "created_at": iso(rollout.created_at),
         "updated_at": iso(rollout.updated_at),
         "updated_by": rollout.updated_by,
     }
-
-
-def _state_gate(state: State) -> str | None:
-    held = {State.PAUSED: Gate.PAUSED, State.HALTED: Gate.HALTED,
-            State.WAITING_APPROVAL: Gate.APPROVAL}
-    gate = held.get(state)
-    return gate.value if gate is not None else None
 
 
 def staged_json(staged: Staged, state: StatusReader) -> dict[str, Any]:

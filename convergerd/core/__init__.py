@@ -3,6 +3,6 @@ error classes, decoding of what comes from outside, row types. Imports no I/O li
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
 __all__ = [
-    "decode", "errors", "facts", "gates", "model", "plan", "removal", "render", "report", "revisions",
-    "rows", "save", "shards", "shown", "spread", "tokens",
+    "decode", "errors", "facts", "gates", "model", "plan", "removal", "render", "report",
+    "revisions", "rows", "save", "shards", "shown", "spread", "tokens",
 ]

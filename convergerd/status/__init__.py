@@ -3,5 +3,5 @@ read-only face, `reader`), phases, the database sync, the prober, the `/status` 
 Prometheus views of it."""
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
-__all__ = ["document", "listing", "metrics", "phases", "probe", "reader", "records", "state",
-           "sync", "views"]
+__all__ = ["document", "listing", "metrics", "phases", "probe", "reader", "records", "rollouts",
+           "state", "sync", "views"]

@@ -15,6 +15,7 @@ from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import AuditSample, Epoch, RoundReport
 from convergerd.core.rows import PendingDeletions, RoundRow
 from convergerd.status.cluster import ClusterFacts
+from convergerd.status.rollouts import RolloutFacts
 from convergerd.status.shards import ShardsSeen
 
 # Readers type a cluster's facts by `ClusterFacts`, from here (its module is the state's own).
@@ -94,6 +95,9 @@ class StatusReader(Protocol):
         """Why the last database sync failed (None: it answered)."""
     @property
     def shards(self) -> ShardsSeen: ...
+    @property
+    def rollouts(self) -> tuple[RolloutFacts, ...]:
+        """The live rollouts, as the last database sync found them."""
 
     def leader(self) -> LeaderInfo: ...
     def cluster_ids(self) -> list[ClusterId]: ...

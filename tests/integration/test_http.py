@@ -28,6 +28,7 @@ from convergerd.config import Settings, StatusReadTuning, load_settings
 from convergerd.core.errors import DatabaseUnavailable
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
 from convergerd.core.removal import Current, Target
+from convergerd.core.rollout import Rollout
 from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
@@ -157,6 +158,10 @@ class FakeStore:
     async def recorded_invalid(self) -> list[InvalidPolicy]:
         self._check("recorded_invalid")
         return [InvalidPolicy("Bad", "team-a", 1, "id: 'Bad' is not a DNS label")]
+
+    async def live_rollouts(self) -> list[Rollout]:
+        self._check("live_rollouts")
+        return []
 
     async def cluster_status(
         self, cluster_id: str, policies: Sequence[str]
