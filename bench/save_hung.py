@@ -38,6 +38,7 @@ from bench.rounds import Limits, Sim, _default, log, warm_up
 from convergerd.core.model import ClusterId, PolicyId, PolicyRow
 from convergerd.core.removal import Current, Target
 from convergerd.core.report import Delivery
+from convergerd.core.rollout import Staged, Start
 from convergerd.delivery.fanout import Saver, fanout_env
 from convergerd.kube.registry import ClusterRegistry
 from convergerd.leader.elector import NoElection
@@ -77,6 +78,13 @@ class MemoryStore:
 
     async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]:
         return {}
+
+    async def start_rollout(self, policy_id: str, revision: int, *, by: str,
+                            already_delivered: bool, now: bool = False) -> Start:
+        return Start()  # no rollout strategies here: every save goes everywhere at once
+
+    async def staged_rollout(self, policy_id: str, /) -> Staged | None:
+        return None
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -134,7 +134,7 @@ def report_json(report: FanoutReport) -> dict[str, Any]:
         "revision": report.revision,
         "clusters": [r.as_json() for r in report.results],
         "skipped_reason": report.skipped_reason,
-    }
+    } | ({"rollout": report.rollout} if report.rollout is not None else {})
 
 
 def asked_enforcement(fields: Mapping[str, Any]) -> Enforcement | None:

@@ -5,9 +5,11 @@ token).
 
 A rollback writes the content of an old revision as the policy's new revision (in the database,
 recorded as saved by who asked), then saves it like any save (`fanout.Saver`: every cluster
-in scope at once), and answers the save's report. `{"to": REV}`; `now` is accepted for
-scripts written for rollouts (without rollout strategies every save already goes everywhere
-at once, so it changes nothing yet); `by` says who asks (default: the token's name).
+in scope at once, or through the policy's rollout strategy when it has one: the first wave at
+once, the others as the rollout goes), and answers the save's report. `{"to": REV}`; `now:
+true` skips the waves (an emergency: every cluster in scope at once, a rollout in progress
+ended, recorded in its events);
+`by` says who asks (default: the token's name).
 
 | operation | answer |
 |---|---|
@@ -182,7 +184,7 @@ class RevisionHandlers:
         if isinstance(done, web.Response):
             return done
         try:
-            report = await self._saver.save(pid)
+            report = await self._saver.save(pid, now=now)
         except DatabaseUnavailable as exc:
             return error_response(
                 503, f"policy {pid!r} was rolled back to revision {to}'s content (revision "

@@ -11,7 +11,8 @@ its read token). The token: `--token-file`, else the admin token (`CONVERGERD_AP
 daemon sets CONVERGERD_FLEET_READS_NEED_TOKEN).
 
 `rollback` writes the content of revision REV as the policy's new revision (a deleted policy is
-created again) and saves it to every cluster in scope at once, like `policy apply`
+created again) and saves it like `policy apply`: through the policy's rollout strategy when it
+has one, else (or with `--now`) to every cluster in scope at once
 (`POST /v1/policies/{id}/rollback`, the admin token); who asked is recorded as `--by` (default
 user@host). Refused, writing nothing: a revision not kept, one that is a deletion, one whose
 content is not a valid policy now, a policy whose deletion has begun.
@@ -72,9 +73,8 @@ def add_arguments(sub: Any) -> None:
     rollback.add_argument("--to", type=int, required=True, metavar="REV",
                           help="the revision whose content to restore (`policy history`)")
     rollback.add_argument("--now", action="store_true",
-                          help="skip a rollout's waves: accepted for scripts; today every "
-                               "save already reaches every cluster at once, so it changes "
-                               "nothing (rollout strategies will use it)")
+                          help="skip the policy's rollout strategy: every cluster at once "
+                               "(an emergency; a rollout in progress is ended)")
     rollback.add_argument("--by", help="who asks, recorded with the revision (default: "
                           "user@host)")
     rollback.add_argument("--api-token-file", type=Path, metavar="PATH",

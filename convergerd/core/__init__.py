@@ -4,5 +4,5 @@ error classes, decoding of what comes from outside, row types. Imports no I/O li
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
 __all__ = [
     "decode", "errors", "facts", "gates", "model", "plan", "removal", "render", "report",
-    "revisions", "rows", "save", "shards", "shown", "spread", "tokens",
+    "revisions", "rollout", "rows", "save", "shards", "shown", "spread", "tokens",
 ]

@@ -322,16 +322,27 @@ class Fleet:
     boundaries: Mapping[BoundaryId, Boundary]
     policies: Sequence[Policy]
     invalid: Sequence[InvalidPolicy]
+    # The policies delivered per cluster (a rollout, `core.rollout`): each cluster's due Policy,
+    # None (or no entry) where nothing is written this round. Every other policy goes
+    # everywhere in its scope, as it is.
+    staged: Mapping[PolicyId, Mapping[ClusterId, Policy | None]] = field(default_factory=dict)
 
     def desired_by_cluster(self) -> dict[ClusterId, list[Policy]]:
         """Per known cluster, the delivered policies its boundaries cover (control-plane rules
-        never leave: they are not in the result)."""
+        never leave: they are not in the result), each as `staged` says for that cluster."""
         result: dict[ClusterId, list[Policy]] = {c.id: [] for c in self.clusters}
         for policy in self.policies:
             if not policy.rule.delivered:
                 continue
             boundary = self.boundaries.get(policy.boundary)
             if boundary is None:
+                continue
+            due = self.staged.get(policy.id)
+            if due is not None:
+                for cluster_id in boundary.clusters:
+                    found = due.get(cluster_id)
+                    if found is not None and cluster_id in result:
+                        result[cluster_id].append(found)
                 continue
             for cluster_id in boundary.clusters:
                 if cluster_id in result:

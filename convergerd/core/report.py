@@ -615,6 +615,9 @@ class FanoutReport:
     results: list[ClusterResult] = field(default_factory=list)
     skipped_reason: str | None = None
     error: str | None = None  # why INVALID / DELETING / NOT_FOUND
+    # A save that follows a rollout: its id, state and wave, and how many clusters of the scope
+    # keep another revision for now (None: the revision went to every cluster at once).
+    rollout: dict[str, Any] | None = None
 
     @property
     def failed(self) -> list[ClusterResult]:

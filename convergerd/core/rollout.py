@@ -42,16 +42,19 @@ from enum import StrEnum
 from typing import Any
 
 from convergerd.core.model import (
+    BoundaryId,
     ClusterId,
     Enforcement,
     Policy,
     PolicyId,
+    PolicyRow,
     RuleError,
     check_policy_id,
     field_names,
     is_label_value,
     label_key_problem,
 )
+from convergerd.core.render import validate_policy
 from convergerd.core.shown import shown
 
 # Bounds on a strategy, so a row or a file cannot make the per-cluster work grow without limit.
@@ -513,3 +516,80 @@ def due_policies(rollout: Rollout, dues: Mapping[ClusterId, Due],
             by_due[d] = content(d)
         out[cluster] = by_due[d]
     return out
+
+
+def policy_of_content(policy: PolicyId, revision: int, content: object, boundary: BoundaryId
+                      ) -> Policy | None:
+    """The Policy a kept revision's content (`policy_revisions.content`: the row's columns by
+    name) was, if it is deliverable now in `boundary`, the policy's boundary now; else None. A
+    revision from another boundary is not delivered: its object would select another boundary's
+    namespaces."""
+    if not isinstance(content, Mapping) or content.get("boundary_id") != boundary:
+        return None
+    enabled, enforcement = content.get("enabled"), content.get("enforcement", "Deny")
+    rule = content.get("rule")
+    if not isinstance(enabled, bool) or not isinstance(enforcement, str) or \
+            not isinstance(rule, Mapping):
+        return None
+    found = validate_policy(PolicyRow(policy, boundary, rule, enabled, revision, enforcement))
+    return found if isinstance(found, Policy) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A rollout rounds and saves deliver per cluster: the rollout, every cluster's placement
+    (those that joined the scope since it started placed by `wave_of` with `from_revision`),
+    and the contents of the revisions they may be due (revision -> Policy, None: not
+    deliverable)."""
+
+    rollout: Rollout
+    placements: Mapping[ClusterId, Placement]
+    contents: Mapping[int, Policy | None]
+
+    def dues(self) -> dict[ClusterId, Due]:
+        return due_by_cluster(self.rollout, self.placements)
+
+    def policies(self) -> dict[ClusterId, Policy | None]:
+        """Each cluster's due Policy (`due_policies`)."""
+        return due_policies(self.rollout, self.dues(), self.contents)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """What a save delivers: `staged` (per cluster, its rollout: started now, or the one this
+    revision already has) or, None, the revision everywhere as without rollouts; `refused`:
+    the policy's strategy cannot be used (nothing written); `overtaken`: a newer revision is
+    stored (save that one)."""
+
+    staged: Staged | None = None
+    started: bool = False
+    refused: str | None = None
+    overtaken: bool = False
+    why_not: str | None = None  # why a policy with a strategy is delivered at once
+
+
+class Follow(StrEnum):
+    """What rounds deliver of a policy, given its revision, whether it has a strategy, and its
+    newest rollout (`follow`)."""
+
+    NEWEST = "newest"  # its revision everywhere, as without rollouts
+    ROLLOUT = "rollout"  # each cluster its due revision under the newest rollout
+    HOLD = "hold"  # nothing this round: its save has not started its rollout yet
+
+
+def follow(revision: int, has_strategy: bool, newest: Rollout | None) -> Follow:
+    """The rule rounds keep (docs/design.md, "Rollouts"): a rollout in force is followed; a
+    policy with a strategy whose revision has no rollout yet (its save is on its way: a round
+    read it between the write and the save) keeps what its newest rollout gave each cluster,
+    or, with none to follow, is left alone for the round: a round never delivers a revision
+    its save has not staged."""
+    if newest is not None and newest.in_force:
+        return Follow.ROLLOUT
+    if newest is not None and newest.to_revision == revision:
+        return Follow.NEWEST if newest.state is State.COMPLETED or not has_strategy \
+            else Follow.HOLD
+    if not has_strategy:
+        return Follow.NEWEST
+    if newest is not None and newest.state is State.COMPLETED:
+        return Follow.ROLLOUT  # every cluster keeps that rollout's revision until the save
+    return Follow.HOLD

@@ -103,6 +103,10 @@ class Round:
     slots: asyncio.Semaphore | None = None
     # How the slots treat clusters that hear nothing (`config.SlotTuning`).
     tuning: SlotTuning = DEFAULT_SLOTS
+    # The revision the round read of each policy it delivers per cluster (`Fleet.staged`): a
+    # cluster may be due an older one, so the write-time check compares the database with
+    # this, not with the revision written. Set by `run_round` from the fleet.
+    staged_revisions: Mapping[PolicyId, int] = dataclasses.field(default_factory=dict)
 
 
 async def run_round(
@@ -120,6 +124,9 @@ async def run_round(
     report.invalid = list(fleet.invalid)
     deadline = env.calls.clock() + env.limits.deadline_s
     desired = fleet.desired_by_cluster()
+    if fleet.staged:
+        env = dataclasses.replace(env, staged_revisions={
+            p.id: p.revision for p in fleet.policies if p.id in fleet.staged})
     outcomes = {c: ClusterOutcome(cluster=c, desired=len(p)) for c, p in desired.items()}
     # The suspects in their lane, the others patient (`slots.Lanes`): a suspect whose lane is
     # full waits behind every healthy cluster (made last), so once the healthy part is done
@@ -261,7 +268,8 @@ async def _guard_creates(
         return list(actions)
     kept = []
     for action in actions:
-        if action.why is Why.MISSING and _stale(action.policy, current.get(action.policy.id)):
+        if action.why is Why.MISSING and _stale(action.policy, current.get(action.policy.id),
+                                                env.staged_revisions):
             outcome.superseded += 1
             outcome.in_sync += 1
             continue
@@ -282,8 +290,12 @@ async def _ask(
         return None
 
 
-def _stale(policy: Policy, now: Current | None) -> bool:
-    return now is None or now.deleting or now.revision != policy.revision
+def _stale(policy: Policy, now: Current | None, staged: Mapping[PolicyId, int]) -> bool:
+    """Whether the database moved on from what the round read: the policy is gone or being
+    deleted, or holds another revision than the one read (for a policy delivered per cluster,
+    the revision read, not the one due here)."""
+    return (now is None or now.deleting
+            or now.revision != staged.get(policy.id, policy.revision))
 
 
 @dataclass(slots=True)
@@ -369,12 +381,14 @@ async def _settle_creates(done: list[_Done], writer: Writer, env: Round) -> None
         return
     for pid, item in created.items():
         now = current.get(pid)
-        if not _stale(item.action.policy, now):
+        if not _stale(item.action.policy, now, env.staged_revisions):
             continue
         assert item.applied is not None
         item.delivery = None  # superseded: the newer writer's record stands
         if now is None or now.deleting:
             await _undo_create(writer, item.action)
+        elif pid in env.staged_revisions:
+            continue  # a newer save started a rollout: it and the next round say what is due
         elif now.revision > item.action.policy.revision and now.policy is not None:
             item.delivery = await _repair(writer, now.policy, item.applied)
 

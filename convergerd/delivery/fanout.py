@@ -51,6 +51,7 @@ from convergerd.core.report import (
     FanoutStatus,
     named_clusters,
 )
+from convergerd.core.rollout import Staged, Start
 from convergerd.core.save import Operation, SaveAction, Work
 from convergerd.core.spread import Spread
 from convergerd.delivery.apply import (
@@ -98,6 +99,9 @@ class SaveStore(Protocol):
     async def record_deliveries(self, deliveries: Sequence[Delivery], /) -> None: ...
     async def forget_deliveries(self, policy_id: str, clusters: Sequence[str], /) -> None: ...
     async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]: ...
+    async def start_rollout(self, policy_id: str, revision: int, *, by: str,
+                            already_delivered: bool, now: bool = False) -> Start: ...
+    async def staged_rollout(self, policy_id: str, /) -> Staged | None: ...
 
 
 class SavePeers(Protocol):
@@ -395,16 +399,21 @@ class Saver:
         self._late: dict[str, asyncio.Task[None]] = {}
 
     async def save(
-        self, policy_id: str, *, allow_mass_removal: bool = False, trigger: str = "api"
+        self, policy_id: str, *, allow_mass_removal: bool = False, trigger: str = "api",
+        now: bool = False,
     ) -> FanoutReport:
-        """Raises `DatabaseUnavailable` when the policy cannot be read."""
+        """Raises `DatabaseUnavailable` when the policy cannot be read. A policy with a rollout
+        strategy starts a rollout and is written to its first wave's clusters only (the others
+        keep their revision: rounds keep them there); `now` skips the waves (a rollback's
+        `--now`): every cluster at once."""
         started = time.monotonic()
-        report = await self._save(policy_id, allow_mass_removal, trigger)
+        report = await self._save(policy_id, allow_mass_removal, trigger, now=now)
         self._observe(report, trigger, started)
         return report
 
     async def _save(
-        self, policy_id: str, allow_mass_removal: bool, trigger: str, *, read_all: bool = False
+        self, policy_id: str, allow_mass_removal: bool, trigger: str, *, read_all: bool = False,
+        now: bool = False,
     ) -> FanoutReport:
         await self._stop_late(policy_id)
         target = await self._store.save_target(policy_id)
@@ -421,15 +430,26 @@ class Saver:
                                 error=policy.reason)
         plan = plan_save(target, delivered=policy.rule.delivered,
                          guard_share=self._guard_share, allow_mass_removal=allow_mass_removal)
+        start = await self._start(target, trigger, allow_mass_removal, now=now)
+        if isinstance(start, FanoutReport):
+            return start
+        groups = due_groups(policy, plan.apply_to, start.staged)
         read = plan.apply_to if read_all else plan.read_first
         env = self._env()
-        work = [Work(c, SaveAction.APPLY, c in read) for c in sorted(plan.apply_to)] + [
-            Work(c, SaveAction.REMOVE) for c in sorted(plan.remove_from)]
-        spread = await self._peers.fan_out(policy, work, env) if self._peers else None
+        removals = [Work(c, SaveAction.REMOVE) for c in sorted(plan.remove_from)]
+        spread = None
+        if start.staged is None:
+            work = [Work(c, SaveAction.APPLY, c in read) for c in sorted(plan.apply_to)]
+            spread = (await self._peers.fan_out(policy, work + removals, env) if self._peers
+                      else None)
         if spread is not None:
             fan = FanOut(spread.results)
         else:
-            fan = await _fan_out(save_jobs(policy, work, env), env, answer_early=True)
+            jobs = save_jobs(policy, removals, env)
+            for due_policy, clusters in groups:
+                jobs += save_jobs(due_policy, [Work(c, SaveAction.APPLY, c in read)
+                                               for c in clusters], env)
+            fan = await _fan_out(jobs, env, answer_early=True)
         if fan.rest is not None:
             self._finish_later(policy_id, f"revision {revision}", fan, trigger,
                                functools.partial(self._record, policy_id, revision, env=env))
@@ -448,15 +468,81 @@ class Saver:
                                   plan.skipped_reason) for c in sorted(plan.skipped)]
         await self._record(policy_id, revision, results, env=env)
         report = FanoutReport(Operation.SAVE, policy_id, FanoutStatus.OK, revision, results,
-                        skipped_reason=plan.skipped_reason)
+                        skipped_reason=plan.skipped_reason,
+                        rollout=rollout_note(start, plan.apply_to, groups))
         if report.failed or fan.pending:
             report.status = FanoutStatus.PARTIAL
         by_peers = spread.by_peers if spread is not None else 0
-        log.info("policy %s revision %d saved (%s): %s%s", policy_id, revision, trigger,
+        log.info("policy %s revision %d saved (%s): %s%s%s", policy_id, revision, trigger,
                  summary(results),
                  f" ({by_peers} done by the other shard holders)" if spread else "",
+                 _rollout_line(report.rollout),
                  extra={"policy": policy_id, "trigger": trigger,
                         "fanout_counts": counts(results), "fanout_by_peers": by_peers})
+        return report
+
+    async def _start(self, target: Target, trigger: str, allow_mass_removal: bool, *,
+                     now: bool) -> Start | FanoutReport:
+        """The save's rollout (`Store.start_rollout`), or its answer: refused (the strategy
+        cannot be used), or the save of the newer revision stored meanwhile."""
+        policy_id, revision = target.row.id, target.row.revision
+        start = await self._store.start_rollout(
+            policy_id, revision, by=f"save ({trigger})", now=now,
+            already_delivered=any(r >= revision for r in target.delivered.values()))
+        if start.refused is not None:
+            return FanoutReport(Operation.SAVE, policy_id, FanoutStatus.INVALID, revision,
+                                error=start.refused)
+        if start.overtaken:  # a newer revision is stored: its save is the one to make
+            return await self._save(policy_id, allow_mass_removal, trigger, now=now)
+        return start
+
+    async def deliver_due(
+        self, policy_id: str, clusters: Collection[ClusterId] | None = None, *,
+        trigger: str = "rollout",
+    ) -> FanoutReport:
+        """Write each of `clusters` (None: every cluster of the policy's scope) what the
+        policy's rollout in force makes it due now, at once, and record it: after a transition
+        (the next wave, the end of a Warn step, a revert, an abort; `core.rollout.newly_due`
+        says which clusters). A revision older than the cluster's is written over it (no read
+        first: going back is the point); a cluster due no copy has the one it holds removed
+        (a new policy's rollout sent back). Written here under this replica's fence, never by
+        the other shard holders (they write only the policy's newest revision). `NOT_FOUND`
+        when the policy has no rollout in force. Raises `DatabaseUnavailable`."""
+        started = time.monotonic()
+        await self._stop_late(policy_id)
+        staged = await self._store.staged_rollout(policy_id)
+        if staged is None:
+            return FanoutReport(Operation.SAVE, policy_id, FanoutStatus.NOT_FOUND,
+                                error="no rollout in force")
+        dues = staged.policies()
+        chosen = sorted(dues if clusters is None else [c for c in clusters if c in dues])
+        env = self._env()
+        by_revision: dict[int, list[ClusterResult]] = {}
+        jobs: list[Job] = []
+        for due_policy, group in _grouped((c, dues[c]) for c in chosen):
+            if due_policy is None:
+                jobs += [(c, SaveAction.REMOVE, functools.partial(_remove_from, c, policy_id,
+                                                                  env)) for c in group]
+            else:
+                jobs += save_jobs(due_policy, [Work(c, SaveAction.APPLY) for c in group], env)
+        results = (await _fan_out(jobs, env)).results
+        revision_of = {c: p.revision for c, p in dues.items() if p is not None}
+        for r in results:
+            by_revision.setdefault(revision_of.get(r.cluster, staged.rollout.to_revision),
+                                   []).append(r)
+        for revision, done in by_revision.items():
+            await self._record(policy_id, revision, done, env)
+        report = FanoutReport(Operation.SAVE, policy_id, FanoutStatus.OK,
+                              staged.rollout.to_revision, results,
+                              rollout=rollout_note_of(staged, len(dues), len(chosen)))
+        if report.failed:
+            report.status = FanoutStatus.PARTIAL
+        log.info("policy %s: rollout %d (%s, wave %d): due revisions written (%s): %s",
+                 policy_id, staged.rollout.id, staged.rollout.state, staged.rollout.wave,
+                 trigger, summary(results),
+                 extra={"policy": policy_id, "trigger": trigger,
+                        "fanout_counts": counts(results)})
+        self._observe(report, trigger, started)
         return report
 
     def _finish_later(
@@ -631,6 +717,54 @@ class Saver:
         if self._observer is not None:
             self._observer.fanout_done(report.operation, trigger, report.status.value,
                                        time.monotonic() - started)
+
+
+def _grouped(pairs: Iterable[tuple[ClusterId, Policy | None]]
+             ) -> list[tuple[Policy | None, list[ClusterId]]]:
+    groups: dict[Policy | None, list[ClusterId]] = {}
+    for cluster, policy in pairs:
+        groups.setdefault(policy, []).append(cluster)
+    return list(groups.items())
+
+
+def due_groups(policy: Policy, clusters: Collection[ClusterId], staged: Staged | None
+               ) -> list[tuple[Policy, list[ClusterId]]]:
+    """What a save writes where: without a rollout, `policy` to every cluster of `clusters`;
+    with one, only the clusters its rollout makes due the saved revision (in the Warn step, in
+    Warn), grouped by content; the others keep what they have (rounds keep them there)."""
+    if staged is None:
+        return [(policy, sorted(clusters))]
+    dues = staged.policies()
+    revision = staged.rollout.to_revision
+    return [(p, group) for p, group in _grouped(
+                (c, dues.get(c)) for c in sorted(clusters))
+            if p is not None and p.revision == revision]
+
+
+def rollout_note_of(staged: Staged, scope: int, now: int, *, started: bool = False
+                    ) -> dict[str, Any]:
+    rollout = staged.rollout
+    return {"id": rollout.id, "state": rollout.state.value, "wave": rollout.wave,
+            "wave_name": rollout.strategy.waves[rollout.wave].name, "started": started,
+            "strategy": rollout.strategy.id, "clusters_written": now,
+            "clusters_in_scope": scope}
+
+
+def rollout_note(start: Start, scope: Collection[ClusterId],
+                 groups: Sequence[tuple[Policy, list[ClusterId]]]) -> dict[str, Any] | None:
+    """What a save's answer says of its rollout (None: no rollout, every cluster at once)."""
+    if start.staged is None:
+        return None
+    return rollout_note_of(start.staged, len(scope), sum(len(g) for _, g in groups),
+                           started=start.started)
+
+
+def _rollout_line(note: Mapping[str, Any] | None) -> str:
+    if note is None:
+        return ""
+    return (f"; rollout {note['id']} ({note['strategy']}, {note['state']}, wave {note['wave']} "
+            f"{note['wave_name']}): {note['clusters_written']} of {note['clusters_in_scope']} "
+            "clusters due this revision, the others keep theirs")
 
 
 def counts(results: Iterable[ClusterResult]) -> dict[str, int]:

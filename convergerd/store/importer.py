@@ -1,13 +1,21 @@
 """`convergerd import FILE`: upsert clusters, boundaries and policies from YAML.
 
-    clusters:   [{id: c0001}, {id: c0002}]
+    clusters:   [{id: c0001, labels: {ring: canary}}, {id: c0002}]   # or plain ids: [c0001]
     boundaries: [{id: team-a, clusters: [c0001, c0002]}]
+    rolloutStrategies:
+      - {id: careful, waves: [{name: canary, selector: {ring: canary}},
+                              {name: half, fraction: 0.5}, {name: rest, fraction: 1.0}]}
     policies:
       - {id: p-latest, boundary: team-a, enabled: true, rule: {type: ForbidLatestTag}}
       - {id: p-regs, boundary: team-a, enforcement: Warn,
          rule: {type: AllowedRegistries, registries: [registry.example.com]}}
 
 A policy's `enforcement` is `Deny` (the default), `Warn` or `Audit` (docs/design.md, "Modes").
+A policy's or a boundary's `rolloutStrategy` names a strategy of the file or the database
+(`core.rollout.parse_strategy` checks each; docs/design.md, "Rollouts"); a cluster's `labels`
+choose its wave. What the file says replaces what was stored: a cluster listed without labels
+has none, a policy or boundary without `rolloutStrategy` has none (its saves go everywhere at
+once). Strategies are only added or changed, never deleted, by a file.
 
 The file is read with bounds (size, UTF-8, one YAML document, nesting, alias expansion: see
 `yamlfile`). Validation is pure (`parse_import`, `check_references`), applies the same rules
@@ -44,17 +52,26 @@ from convergerd.core.model import (
     parse_rule,
 )
 from convergerd.core.render import validate_policy
+from convergerd.core.rollout import (
+    STRATEGY_FIELDS,
+    Strategy,
+    StrategyError,
+    check_labels,
+    check_strategy_id,
+    parse_strategy,
+)
 from convergerd.core.shown import shown
 from convergerd.files import read_bounded
+from convergerd.store import rollouts
 from convergerd.store.errors import database_errors
 from convergerd.store.revisions import set_actor
 from convergerd.store.schema import check_schema
 from convergerd.store.yamlfile import load_yaml
 
-TOP_LEVEL_KEYS = ("clusters", "boundaries", "policies")
-CLUSTER_FIELDS = ("id",)
-BOUNDARY_FIELDS = ("id", "clusters")
-POLICY_FIELDS = ("id", "boundary", "enabled", "rule", "enforcement")
+TOP_LEVEL_KEYS = ("clusters", "boundaries", "rolloutStrategies", "policies")
+CLUSTER_FIELDS = ("id", "labels")
+BOUNDARY_FIELDS = ("id", "clusters", "rolloutStrategy")
+POLICY_FIELDS = ("id", "boundary", "enabled", "rule", "enforcement", "rolloutStrategy")
 # pg_advisory_xact_lock key serialising concurrent imports ("convergerd import").
 IMPORT_LOCK_KEY = 0x636F6E76_696D7072
 # A file with thousands of bad entries is reported by its first ones and a count.
@@ -91,6 +108,7 @@ class ImportFileError(ConvergerdError):
 class ImportedBoundary:
     id: str
     clusters: tuple[str, ...]
+    rollout_strategy: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +118,7 @@ class ImportedPolicy:
     rule: Mapping[str, Any]  # normalised by model.parse_rule
     enabled: bool
     enforcement: Enforcement = DEFAULT_ENFORCEMENT
+    rollout_strategy: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +126,8 @@ class ImportPlan:
     clusters: tuple[str, ...] = ()
     boundaries: tuple[ImportedBoundary, ...] = ()
     policies: tuple[ImportedPolicy, ...] = ()
+    labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # by cluster
+    strategies: tuple[Strategy, ...] = ()
 
 
 @dataclass(slots=True)
@@ -124,11 +145,14 @@ class ImportSummary:
     clusters: Counts = field(default_factory=Counts)
     boundaries: Counts = field(default_factory=Counts)
     policies: Counts = field(default_factory=Counts)
+    strategies: Counts = field(default_factory=Counts)  # `updated`: written (new or changed)
 
     def __str__(self) -> str:
-        return "\n".join(
-            f"{kind}: {getattr(self, kind)}" for kind in ("clusters", "boundaries", "policies")
-        )
+        lines = [f"{kind}: {getattr(self, kind)}" for kind in ("clusters", "boundaries",
+                                                              "policies")]
+        if self.strategies.updated:
+            lines.append(f"rollout strategies: {self.strategies.updated} written")
+        return "\n".join(lines)
 
 
 # ---- pure validation ---------------------------------------------------------------------------
@@ -218,15 +242,53 @@ def _entries_with_valid_id(
         yield label, ident, entry
 
 
-def _parse_clusters(data: Mapping[str, Any], problems: _Problems) -> list[str]:
+def _parse_clusters(data: Mapping[str, Any], problems: _Problems,
+                    labels: dict[str, Mapping[str, str]]) -> list[str]:
+    """The clusters' ids; their labels into `labels`. An entry may be a plain id."""
+    if isinstance(data.get("clusters"), list):
+        data = {**data, "clusters": [{"id": e} if isinstance(e, str) else e
+                                     for e in data["clusters"]]}
     clusters: list[str] = []
     seen: set[str] = set()
-    for label, ident, _ in _entries_with_valid_id(
+    for label, ident, entry in _entries_with_valid_id(
         data, "clusters", CLUSTER_FIELDS, check_cluster_id, problems
     ):
+        try:
+            labels[ident] = check_labels(entry.get("labels", {}), "labels")
+        except StrategyError as exc:
+            problems.add(label, str(exc))
         if _check_duplicate(label, "cluster", ident, seen, problems):
             clusters.append(ident)
     return clusters
+
+
+def _strategy_name(label: str, entry: Mapping[str, Any], p: _Problems) -> str | None:
+    """An entry's `rolloutStrategy` (None: none); a bad one reported."""
+    value = entry.get("rolloutStrategy")
+    if value is None:
+        return None
+    try:
+        return check_strategy_id(value, "rolloutStrategy")
+    except StrategyError as exc:
+        p.add(label, str(exc))
+        return None
+
+
+def _parse_strategies(data: Mapping[str, Any], problems: _Problems) -> list[Strategy]:
+    strategies: list[Strategy] = []
+    seen: set[str] = set()
+    for where, entry in _entries(data, "rolloutStrategies", problems):
+        label, ident = _entry_id(where, entry, STRATEGY_FIELDS, problems)
+        if ident is None:
+            continue
+        try:
+            strategy = parse_strategy(entry)
+        except StrategyError as exc:
+            problems.add(label, str(exc).removeprefix("strategy: "))
+            continue
+        if _check_duplicate(label, "strategy", ident, seen, problems):
+            strategies.append(strategy)
+    return strategies
 
 
 def _parse_member_list(label: str, raw: Any, problems: _Problems) -> tuple[str, ...] | None:
@@ -259,8 +321,9 @@ def _parse_boundaries(data: Mapping[str, Any], problems: _Problems) -> list[Impo
         data, "boundaries", BOUNDARY_FIELDS, check_boundary_id, problems
     ):
         members = _parse_member_list(label, entry.get("clusters"), problems)
+        strategy = _strategy_name(label, entry, problems)
         if _check_duplicate(label, "boundary", ident, seen, problems) and members is not None:
-            boundaries.append(ImportedBoundary(ident, members))
+            boundaries.append(ImportedBoundary(ident, members, strategy))
     return boundaries
 
 
@@ -293,6 +356,9 @@ def _parse_policy(label: str, ident: str, entry: Mapping[str, Any], p: _Problems
     except RuleError as exc:
         p.add(label, str(exc))
         ok = False
+    strategy = _strategy_name(label, entry, p)
+    if "rolloutStrategy" in entry and strategy is None:
+        ok = False
     if "rule" not in entry:
         p.add(label, "rule: required")
         return None
@@ -309,7 +375,7 @@ def _parse_policy(label: str, ident: str, entry: Mapping[str, Any], p: _Problems
     if isinstance(result, InvalidPolicy):
         p.add(label, result.reason)
         return None
-    return ImportedPolicy(ident, boundary, result.rule.as_dict(), enabled, enforcement)
+    return ImportedPolicy(ident, boundary, result.rule.as_dict(), enabled, enforcement, strategy)
 
 
 def parse_import(data: Any) -> ImportPlan:
@@ -326,8 +392,10 @@ def parse_import(data: Any) -> ImportPlan:
         problems.add(
             "file", f"unknown key(s) {field_names(unknown)}; known: {', '.join(TOP_LEVEL_KEYS)}"
         )
-    clusters = _parse_clusters(data, problems)
+    labels: dict[str, Mapping[str, str]] = {}
+    clusters = _parse_clusters(data, problems, labels)
     boundaries = _parse_boundaries(data, problems)
+    strategies = _parse_strategies(data, problems)
     policies: list[ImportedPolicy] = []
     seen: set[str] = set()
     for where, entry in _entries(data, "policies", problems):
@@ -338,15 +406,26 @@ def parse_import(data: Any) -> ImportPlan:
         if _check_duplicate(label, "policy", ident, seen, problems) and policy is not None:
             policies.append(policy)
     problems.raise_any()
-    return ImportPlan(tuple(clusters), tuple(boundaries), tuple(policies))
+    return ImportPlan(tuple(clusters), tuple(boundaries), tuple(policies), labels,
+                      tuple(strategies))
 
 
 def check_references(
-    plan: ImportPlan, *, known_clusters: Set[str], known_boundaries: Set[str]
+    plan: ImportPlan, *, known_clusters: Set[str], known_boundaries: Set[str],
+    known_strategies: Set[str] = frozenset(),
 ) -> None:
-    """Every boundary's clusters and every policy's boundary must exist, in the file or in the
-    database (`known_*`)."""
+    """Every boundary's clusters, every policy's boundary and every named rollout strategy
+    must exist, in the file or in the database (`known_*`)."""
     problems = _Problems()
+    strategies = {s.id for s in plan.strategies} | set(known_strategies)
+    named = [(f"boundaries[{i}] (id {shown(b.id)})", b.rollout_strategy)
+             for i, b in enumerate(plan.boundaries)]
+    named += [(f"policies[{i}] (id {shown(p.id)})", p.rollout_strategy)
+              for i, p in enumerate(plan.policies)]
+    for label, strategy in named:
+        if strategy is not None and strategy not in strategies:
+            problems.add(label, f"rolloutStrategy: unknown strategy {shown(strategy)} (not in "
+                         "the file nor the database)")
     clusters = set(plan.clusters) | set(known_clusters)
     boundaries = {b.id for b in plan.boundaries} | set(known_boundaries)
     for i, boundary in enumerate(plan.boundaries):
@@ -478,9 +557,17 @@ async def apply_plan(conn: asyncpg.Connection, plan: ImportPlan) -> ImportSummar
         await set_actor(conn, "convergerd import")  # the revisions' `saved_by`
         known_clusters = {r["id"] for r in await conn.fetch("SELECT id FROM clusters")}
         known_boundaries = {r["id"] for r in await conn.fetch("SELECT id FROM boundaries")}
-        check_references(plan, known_clusters=known_clusters, known_boundaries=known_boundaries)
+        check_references(plan, known_clusters=known_clusters, known_boundaries=known_boundaries,
+                         known_strategies=await rollouts.strategy_ids(conn))
         await _apply_clusters(conn, plan, summary.clusters)
         await _apply_boundaries(conn, plan, summary.boundaries)
+        # Before the policies: a policy's save (on its notification) finds its strategy.
+        summary.strategies.updated = await rollouts.upsert_strategies(conn, plan.strategies)
+        await rollouts.set_cluster_labels(conn, plan.labels)
+        await rollouts.set_strategies(conn, "boundaries",
+                                      {b.id: b.rollout_strategy for b in plan.boundaries})
+        await rollouts.set_strategies(conn, "policies",
+                                      {p.id: p.rollout_strategy for p in plan.policies})
         await _apply_policies(conn, plan, summary.policies)
     return summary
 

@@ -164,17 +164,25 @@ class Pruned:
     more: bool = False
 
 
+# The revisions a rollout in force refers to (its new one, the one before, and each cluster's
+# previous): rounds deliver them, so neither pruning deletes them, whatever their age or rank.
+_IN_USE = """
+    NOT EXISTS (SELECT 1 FROM rollouts o WHERE o.policy_id = {t}.policy_id
+                AND o.state NOT IN ('completed', 'superseded')
+                AND ({t}.revision IN (o.to_revision, o.from_revision)
+                     OR EXISTS (SELECT 1 FROM rollout_clusters oc WHERE oc.rollout_id = o.id
+                                AND oc.previous_revision = {t}.revision)))"""
 _PRUNE_BY_COUNT = """
 WITH doomed AS (
     SELECT policy_id, revision FROM (
         SELECT policy_id, revision,
                row_number() OVER (PARTITION BY policy_id ORDER BY revision DESC) AS newer
         FROM policy_revisions) AS ranked
-    WHERE newer > $1 LIMIT $2)
+    WHERE newer > $1 AND""" + _IN_USE.format(t="ranked") + """ LIMIT $2)
 DELETE FROM policy_revisions r USING doomed d
 WHERE r.policy_id = d.policy_id AND r.revision = d.revision
 RETURNING r.policy_id
-"""
+"""  # noqa: S608 (no value is formatted in: a constant clause)
 # Older than the age, except a policy's newest revision while its row exists (what it holds
 # now stays kept: the next revision is compared with it).
 _PRUNE_BY_AGE = """
@@ -184,11 +192,12 @@ WITH doomed AS (
       AND NOT (EXISTS (SELECT 1 FROM policies p WHERE p.id = r.policy_id)
                AND r.revision = (SELECT max(m.revision) FROM policy_revisions m
                                  WHERE m.policy_id = r.policy_id))
+      AND""" + _IN_USE.format(t="r") + """
     LIMIT $2)
 DELETE FROM policy_revisions r USING doomed d
 WHERE r.policy_id = d.policy_id AND r.revision = d.revision
 RETURNING r.policy_id
-"""
+"""  # noqa: S608 (no value is formatted in: a constant clause)
 
 
 async def prune(conn: asyncpg.Connection, *, keep_last: int, max_age_days: float,

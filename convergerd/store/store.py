@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 import asyncpg
@@ -46,6 +46,7 @@ from convergerd.core.report import (
     RoundResult,
 )
 from convergerd.core.revisions import History, Rollback
+from convergerd.core.rollout import Rollout, Staged, Start
 from convergerd.core.rows import (
     BoundaryPolicy,
     BoundaryRows,
@@ -59,7 +60,7 @@ from convergerd.core.rows import (
 )
 from convergerd.core.spread import Claimed, Part
 from convergerd.core.tokens import TokenRecord
-from convergerd.store import parts, revisions, tenants
+from convergerd.store import parts, revisions, rollouts, tenants
 from convergerd.store.errors import (
     database_errors,
     is_transient,
@@ -214,6 +215,7 @@ class Store:
         self._pool = pool
         self._dsn = dsn
         self._observer = observer
+        self._rollouts = rollouts.FleetRollouts()  # its caches live as long as the store
 
     @property
     def dsn(self) -> str:
@@ -290,24 +292,32 @@ class Store:
                 f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement
                     FROM policies WHERE deleted_at IS NULL ORDER BY id"""  # noqa: S608
             )
-        boundaries = {
-            BoundaryId(r["id"]): Boundary(
-                BoundaryId(r["id"]), frozenset(ClusterId(c) for c in r["clusters"])
-            )
-            for r in boundary_rows
-        }
-        policies: list[Policy] = []
-        invalid: list[InvalidPolicy] = []
-        for result in _validate_all([_policy_row(r) for r in policy_rows], boundaries):
-            if isinstance(result, Policy):
-                policies.append(result)
-            else:
-                invalid.append(result)
+            boundaries = {
+                BoundaryId(r["id"]): Boundary(
+                    BoundaryId(r["id"]), frozenset(ClusterId(c) for c in r["clusters"])
+                )
+                for r in boundary_rows
+            }
+            policies: list[Policy] = []
+            invalid: list[InvalidPolicy] = []
+            for result in _validate_all([_policy_row(r) for r in policy_rows], boundaries):
+                if isinstance(result, Policy):
+                    policies.append(result)
+                else:
+                    invalid.append(result)
+            staging = await self._rollouts.read(
+                conn, policies, {b.id: b.clusters for b in boundaries.values()})
+        if staging.invalid:  # a strategy that cannot be used: not delivered, reported
+            invalid += [InvalidPolicy(p.id, p.boundary, p.revision, staging.invalid[p.id])
+                        for p in policies if p.id in staging.invalid]
+            invalid.sort(key=lambda bad: bad.id)
+            policies = [p for p in policies if p.id not in staging.invalid]
         return Fleet(
             clusters=[Cluster(ClusterId(r["id"])) for r in cluster_rows],
             boundaries=boundaries,
             policies=policies,
             invalid=invalid,
+            staged=staging.staged,
         )
 
     async def get_policy(self, policy_id: str) -> PolicyRow | None:
@@ -442,6 +452,48 @@ class Store:
         async with self._acquire() as conn:
             return await revisions.prune(conn, keep_last=keep_last, max_age_days=max_age_days,
                                          batches=batches)
+
+    # ---- rollouts (`store.rollouts`) ---------------------------------------------------------
+
+    async def start_rollout(self, policy_id: str, revision: int, *, by: str,
+                            already_delivered: bool, now: bool = False) -> Start:
+        """What a save of `revision` delivers, its rollout started if it has a strategy (see
+        `rollouts.start`)."""
+        async with self._acquire() as conn:
+            return await rollouts.start(conn, policy_id, revision, by=by,
+                                        already_delivered=already_delivered, now=now)
+
+    async def staged_rollout(self, policy_id: str) -> Staged | None:
+        async with self._acquire() as conn:
+            return await rollouts.staged_of(conn, policy_id)
+
+    async def live_rollouts(self) -> list[Rollout]:
+        async with self._acquire() as conn:
+            return await rollouts.live(conn)
+
+    async def rollout_of(self, policy_id: str) -> Rollout | None:
+        """The policy's newest rollout, whatever its state."""
+        async with self._acquire() as conn:
+            return await rollouts.newest_of(conn, policy_id)
+
+    async def rollout_events(self, rollout_id: int, limit: int) -> list[rollouts.Event]:
+        async with self._acquire() as conn:
+            return await rollouts.events(conn, rollout_id, limit)
+
+    async def transition_rollout(self, before: Rollout, after: Rollout, *, by: str, what: str,
+                                 detail: str | None = None,
+                                 remaining_s: Callable[[], float]) -> Rollout | None:
+        """`after` written with a compare-and-set on `before` under the fence (see
+        `rollouts.transition`); None when another writer moved the row on first."""
+        async with self._acquire() as conn:
+            return await rollouts.transition(conn, before, after, by=by, what=what,
+                                             detail=detail, remaining_s=remaining_s)
+
+    async def record_rollout_event(self, rollout_id: int, *, by: str, what: str,
+                                   wave: int | None = None, detail: str | None = None) -> None:
+        async with self._acquire() as conn:
+            await rollouts.record_event(conn, rollout_id, by=by, what=what, wave=wave,
+                                        detail=detail)
 
     async def pending_deletions(self) -> PendingDeletions:
         """Policies whose deletion began and has not finished: how many, and the oldest
@@ -622,6 +674,9 @@ class Store:
                    WHERE id = $1 RETURNING id""",
                 policy_id,
             )
+            if marked is not None:
+                await rollouts.abort_for_deletion(conn, policy_id, by="convergerd (DELETE "
+                                                  "/v1/policies/{id})")
             target = await _target(conn, policy_id) if marked is not None else None
         return target  # noqa: RET504 - see save_target
 

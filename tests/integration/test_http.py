@@ -28,7 +28,6 @@ from convergerd.config import Settings, StatusReadTuning, load_settings
 from convergerd.core.errors import DatabaseUnavailable
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId, PolicyRow
 from convergerd.core.removal import Current, Target
-from convergerd.core.rollout import Rollout
 from convergerd.core.report import (
     ApplyResult,
     ClusterOutcome,
@@ -38,6 +37,7 @@ from convergerd.core.report import (
     RoundReport,
     RoundResult,
 )
+from convergerd.core.rollout import Rollout, Staged, Start
 from convergerd.core.rows import (
     ClusterStateRow,
     ClusterStatusRows,
@@ -89,6 +89,13 @@ class NoPolicies:
 
     async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]:
         raise AssertionError("nothing is saved here")
+
+    async def start_rollout(self, policy_id: str, revision: int, *, by: str,
+                            already_delivered: bool, now: bool = False) -> Start:
+        return Start()  # no rollout strategies here: every save goes everywhere at once
+
+    async def staged_rollout(self, policy_id: str, /) -> Staged | None:
+        return None
 
 
 def _no_clusters() -> FanoutEnv:

@@ -19,6 +19,7 @@ from convergerd.core.errors import ClusterUnreachable
 from convergerd.core.model import ClusterId, PolicyId, PolicyRow
 from convergerd.core.removal import Current, Target
 from convergerd.core.report import ApplyResult, Delivery, FanoutResult, FanoutStatus
+from convergerd.core.rollout import Staged, Start
 from convergerd.delivery.apply import ClusterCalls, Unfenced
 from convergerd.delivery.fanout import FanoutEnv, Saver
 from convergerd.kube.api import Applied, KubeObject, ObjectList
@@ -113,6 +114,13 @@ class FakeStore:
 
     async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]:
         return {}
+
+    async def start_rollout(self, policy_id: str, revision: int, *, by: str,
+                            already_delivered: bool, now: bool = False) -> Start:
+        return Start()  # no rollout strategies here: every save goes everywhere at once
+
+    async def staged_rollout(self, policy_id: str, /) -> Staged | None:
+        return None
 
 
 async def once(fn: Callable[[], Awaitable[T]], *, cluster: str, deadline: float) -> T:

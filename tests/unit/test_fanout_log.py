@@ -17,6 +17,7 @@ from convergerd.core.errors import ClusterUnreachable
 from convergerd.core.model import ClusterId, PolicyId, PolicyRow
 from convergerd.core.removal import Current, Target
 from convergerd.core.report import MAX_NAMED_CLUSTERS, Delivery, FanoutStatus
+from convergerd.core.rollout import Staged, Start
 from convergerd.delivery.apply import ClusterCalls, Unfenced
 from convergerd.delivery.fanout import FanoutEnv, Saver
 from convergerd.kube.api import Applied, KubeObject, ObjectList
@@ -101,6 +102,13 @@ class FakeStore:
 
     async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]:
         return {}  # never a newer revision here
+
+    async def start_rollout(self, policy_id: str, revision: int, *, by: str,
+                            already_delivered: bool, now: bool = False) -> Start:
+        return Start()  # no rollout strategies here: every save goes everywhere at once
+
+    async def staged_rollout(self, policy_id: str, /) -> Staged | None:
+        return None
 
 
 async def once(fn: Callable[[], Awaitable[T]], *, cluster: str, deadline: float) -> T:

@@ -40,6 +40,9 @@ policies:
 """
 
 
+KEYS = "clusters, boundaries, rolloutStrategies, policies"
+
+
 def problems(data: Any) -> list[str]:
     with pytest.raises(ImportFileError) as caught:
         parse_import(data)
@@ -60,7 +63,25 @@ def test_the_example_file_parses() -> None:
                 True,  # enabled defaults to true
             ),
         ),
+        labels={"c0001": {}, "c0002": {}},
     )
+
+
+def test_clusters_may_be_plain_ids_or_carry_labels_and_strategies_are_named() -> None:
+    plan = parse_import(yaml.safe_load("""
+clusters: [c0001, {id: c0002, labels: {ring: canary}}]
+boundaries: [{id: team-a, clusters: [c0001, c0002], rolloutStrategy: careful}]
+rolloutStrategies:
+  - id: careful
+    waves: [{name: canary, selector: {ring: canary}}, {name: rest, fraction: 1.0}]
+policies:
+  - {id: p, boundary: team-a, rolloutStrategy: careful, rule: {type: ForbidLatestTag}}
+"""))
+    assert plan.clusters == ("c0001", "c0002")
+    assert plan.labels == {"c0001": {}, "c0002": {"ring": "canary"}}
+    assert [s.id for s in plan.strategies] == ["careful"]
+    assert plan.boundaries[0].rollout_strategy == "careful"
+    assert plan.policies[0].rollout_strategy == "careful"
 
 
 def test_every_section_is_optional() -> None:
@@ -76,11 +97,18 @@ def test_a_boundary_without_clusters_covers_none() -> None:
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        (None, "file: must be a mapping with clusters, boundaries, policies, got an empty file"),
-        ([1], "file: must be a mapping with clusters, boundaries, policies, got list"),
-        ({"tenants": []}, "file: unknown key(s) tenants; known: clusters, boundaries, policies"),
+        (None, f"file: must be a mapping with {KEYS}, got an empty file"),
+        ([1], f"file: must be a mapping with {KEYS}, got list"),
+        ({"tenants": []}, f"file: unknown key(s) tenants; known: {KEYS}"),
         ({"clusters": {"id": "c1"}}, "clusters: must be a list, got dict"),
-        ({"clusters": ["c1"]}, "clusters[0]: must be a mapping with id, got 'c1'"),
+        ({"clusters": [5]}, "clusters[0]: must be a mapping with id, labels, got 5"),
+        ({"clusters": [{"id": "c1", "labels": {"ring": "a b"}}]},
+         "clusters[0] (id 'c1'): labels.ring: 'a b' is not a label value"),
+        ({"rolloutStrategies": [{"id": "s", "waves": [{"name": "a", "fraction": 0.5}]}]},
+         "rolloutStrategies[0] (id 's'): waves: the last fraction wave must reach 1.0"),
+        ({"policies": [{"id": "p", "boundary": "b", "rule": {"type": "ForbidLatestTag"},
+                        "rolloutStrategy": "Not-A-Name"}]},
+         "policies[0] (id 'p'): rolloutStrategy: 'Not-A-Name' is not a DNS label"),
         ({"clusters": [{}]}, "clusters[0]: id: required"),
         ({"clusters": [{"id": 7}]}, "clusters[0] (id 7): id: must be a string, got 7"),
         (
@@ -89,7 +117,7 @@ def test_a_boundary_without_clusters_covers_none() -> None:
         ),
         (
             {"clusters": [{"id": "c1", "kubeconfig": "x"}]},
-            "clusters[0] (id 'c1'): unknown field(s) kubeconfig; known: id",
+            "clusters[0] (id 'c1'): unknown field(s) kubeconfig; known: id, labels",
         ),
         (
             {"clusters": [{"id": "c1"}, {"id": "c1"}]},
@@ -277,9 +305,9 @@ def test_nesting_up_to_the_limit_is_parsed() -> None:
         (b"\x7fELF\x02\x01\x01\x00\x00", "character #x007f at line 1, column 1"),
         (b"clusters: []\n---\nclusters: []\n", "more than one YAML document (the second "
                                               "starts at line 2, column 1); put everything in one"),
-        (b"- {id: c1}\n", "file: must be a mapping with clusters, boundaries, policies, got list"),
-        (b"just text\n", "file: must be a mapping with clusters, boundaries, policies, got str"),
-        (b"", "file: must be a mapping with clusters, boundaries, policies, got an empty file"),
+        (b"- {id: c1}\n", f"file: must be a mapping with {KEYS}, got list"),
+        (b"just text\n", f"file: must be a mapping with {KEYS}, got str"),
+        (b"", f"file: must be a mapping with {KEYS}, got an empty file"),
         (b"clusters: [{id: c1}\n", "not valid YAML at line 2, column 1: expected ',' or ']', "
                                    "but got '<stream end>'"),
         (b"a: !!python/object:os.system x\n", "not valid YAML at line 1, column 4: could not "
