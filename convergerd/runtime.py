@@ -1,8 +1,8 @@
 """The one place that wires the components and supervises their tasks.
 
 Tasks: the shard set (the Leases; one, the configured Lease, by default), a round loop per
-shard, the reachability prober, the health heartbeat, the HTTP server and the database
-notification listener. A crash in any supervised task stops
+shard, the reachability prober, the health heartbeat, the HTTP server, the database
+notification listener, and on the leader the revision retention and the rollouts' gate job. A crash in any supervised task stops
 the process (Kubernetes restarts it); SIGTERM/SIGINT only set a flag: no new round starts, the
 running one gets the grace period, the Lease is released so a standby takes over at once, pools
 close, exit 0. A second signal exits at once. The Lease is released on every way out (a crashed
@@ -43,6 +43,7 @@ from convergerd.core.shown import describe
 from convergerd.delivery.apply import StopFence, Unfenced
 from convergerd.delivery.fanout import FanoutEnv, Saver, fanout_env
 from convergerd.delivery.listener import Listener
+from convergerd.delivery.rollouts import RolloutGates
 from convergerd.delivery.rounds import RoundLoop, database_retrying
 from convergerd.delivery.spread import Peers
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
@@ -82,7 +83,8 @@ class Daemon:
             keep=[e.home_context or HOME_IN_CLUSTER] if e.enabled else [],
         )
         # Counters and histograms; every gauge is read from the state when scraped.
-        self.metrics = Metrics(state=self.state)
+        self.metrics = Metrics(state=self.state,
+                               approval_alert_s=settings.rollouts.approval_alert_s)
         self.health = HealthCheck(on_lag=self.metrics.set_loop_lag)
         self.fanout_metrics = FanoutMetrics()
         self.metrics.register(self.fanout_metrics)
@@ -213,6 +215,11 @@ class Daemon:
                     supervised.append(tg.create_task(Pruner(
                         store, s.revisions, leading=shardset.leader.elector.is_leader,
                         observer=self.metrics).run(), name="revision retention"))
+                    supervised.append(tg.create_task(RolloutGates(
+                        store=store, state=self.state, saver=saver,
+                        leader=shardset.leader.elector, period_s=s.rollouts.gate_period_s,
+                        identity=self.identity, observer=self.metrics).run(),
+                        name="rollout gates"))
                     if peers is not None:
                         supervised.append(tg.create_task(peers.run(), name="save parts"))
                 self.health.watch(supervised)
@@ -361,7 +368,7 @@ class Daemon:
         s = self.settings
         app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
                        health=self.health, saver=saver, tenants=store, book=book,
-                       modes=store, revisions=store)
+                       modes=store, revisions=store, rollouts=store)
         runner = await serve(app, s.http_host, s.http_port, s.http, observer=self.metrics)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",

@@ -6,7 +6,7 @@ clusters hold which revision, what holds it now, its events), and `POST
 A command is a transition like the gate job's (`core.gates.commanded`, written by
 `Store.transition_rollout` with a compare-and-set on where the rollout was read), recorded
 with who asked (`by` in the body, default the token's name); then the clusters it makes due
-something else are written at once (`fanout.Saver.deliver`: an approved wave gets the new
+something else are written at once (`fanout.Saver.deliver_due`: an approved wave gets the new
 revision, an abort sends every cluster back to its previous one), and the answer lists them.
 
 | operation | answer |
@@ -39,7 +39,7 @@ from convergerd.core.rollout import Rollout, Staged, State
 from convergerd.core.shown import shown
 from convergerd.core.tokens import check_by
 from convergerd.delivery.fanout import Saver
-from convergerd.delivery.rollouts import due_contents, gate_view, revisions_held
+from convergerd.delivery.rollouts import gate_view, newly_due_clusters, revisions_held
 from convergerd.status.reader import StatusReader
 from convergerd.status.rollouts import gate_of
 from convergerd.status.views import iso
@@ -223,10 +223,11 @@ class RolloutHandlers:
         log.info("rollout %d of policy %s: %s by %s (now %s, wave %d)", before.id, pid,
                  what.value, shown(by, style="text"), written.state.value, written.wave,
                  extra={"policy": pid, "rollout": before.id, "rollout_step": what.value})
-        due = due_contents(before, written, staged)
+        due = newly_due_clusters(before, written, staged)
         results: list[ClusterResult] = []
         if due:
-            results = await self._saver.deliver(pid, due, trigger=f"rollout {what.value}")
+            report = await self._saver.deliver_due(pid, due, trigger=f"rollout {what.value}")
+            results = report.results
         doc = rollout_json(written)
         doc["clusters_written"] = [r.as_json() for r in results]
         return web.json_response(doc)

@@ -193,13 +193,11 @@ def _writer(cluster: ClusterId, api: SaveApi, env: FanoutEnv, deadline: float) -
 
 async def _apply_to(
     cluster: ClusterId, policy: Policy, body: dict[str, Any], env: FanoutEnv, deadline: float,
-    *, read: bool, due: bool = False,
+    *, read: bool,
 ) -> ClusterResult:
     """Write `body` (the rendered `policy`) to one cluster: at once (`read` False: one request,
     the usual case), or after reading the live object (`read` True: the cluster is recorded
-    with this revision or a newer one, see `removal.read_first`). `due`: the revision a
-    rollout makes the cluster's due one (`Saver.deliver`), written over a newer one too (a
-    revert sends a wave back)."""
+    with this revision or a newer one, see `removal.read_first`)."""
     api = env.clusters.get(cluster)
     writer = _writer(cluster, api, env, deadline)
     if not read:
@@ -214,7 +212,7 @@ async def _apply_to(
         if live is not None:
             observed = ListedPolicy.from_object(live)
             revision = cluster_revision(observed)
-            if not due and revision is not None and revision > policy.revision:
+            if revision is not None and revision > policy.revision:
                 return ClusterResult(cluster, SaveAction.APPLY, FanoutResult.SUPERSEDED, None,
                                      f"the cluster holds revision {revision}")
             if not differs(body, observed):
@@ -451,8 +449,7 @@ class Saver:
                                                for c in clusters], env)
             fan = await _fan_out(jobs, env, answer_early=True)
         if fan.rest is not None:
-            self._finish_later(policy_id, f"revision {revision}", fan, trigger,
-                               functools.partial(self._record, policy_id, revision, env=env))
+            self._finish_later(policy_id, revision, fan, env, trigger)
         results = fan.results
         if plan.apply_to - read and await self._overtaken(policy_id, revision):
             # A newer revision was saved while this one was written without reading first:
@@ -466,7 +463,7 @@ class Saver:
             return await self._save(policy_id, allow_mass_removal, trigger, read_all=True)
         results += [ClusterResult(c, SaveAction.REMOVE, FanoutResult.SKIPPED, "guard",
                                   plan.skipped_reason) for c in sorted(plan.skipped)]
-        await self._record(policy_id, revision, results, env=env)
+        await self._record(policy_id, revision, results, env)
         report = FanoutReport(Operation.SAVE, policy_id, FanoutStatus.OK, revision, results,
                         skipped_reason=plan.skipped_reason,
                         rollout=rollout_note(start, plan.apply_to, groups))
@@ -546,12 +543,10 @@ class Saver:
         return report
 
     def _finish_later(
-        self, policy_id: str, what: str, fan: FanOut, trigger: str,
-        record: Callable[[Sequence[ClusterResult]], Awaitable[None]],
+        self, policy_id: str, revision: int, fan: FanOut, env: FanoutEnv, trigger: str
     ) -> None:
-        """Record (`record`) the pending clusters' results when their writes end (by the
-        save's deadline): what they did is recorded as if the save had waited for them.
-        `what`: the revision(s) written, for the log."""
+        """Record the pending clusters' results when their writes end (by the save's
+        deadline): what they did is recorded as if the save had waited for them."""
         assert fan.rest is not None
         rest, pending = fan.rest, {_key(r) for r in fan.pending}
 
@@ -562,13 +557,13 @@ class Saver:
                 # A newer save or the deletion of the policy: it writes those clusters itself.
                 rest.cancel()
                 await asyncio.gather(rest, return_exceptions=True)
-                log.info("policy %s %s: the writes to its %d pending cluster(s) stopped: the "
-                         "policy is saved or deleted again", policy_id, what, len(pending),
-                         extra={"policy": policy_id})
+                log.info("policy %s revision %d: the writes to its %d pending cluster(s) "
+                         "stopped: the policy is saved or deleted again", policy_id, revision,
+                         len(pending), extra={"policy": policy_id})
                 raise
-            await record(done)
-            log.info("policy %s %s (%s): the %d cluster(s) pending when it answered: %s",
-                     policy_id, what, trigger, len(done), summary(done),
+            await self._record(policy_id, revision, done, env)
+            log.info("policy %s revision %d (%s): the %d cluster(s) pending when it answered: "
+                     "%s", policy_id, revision, trigger, len(done), summary(done),
                      extra={"policy": policy_id, "trigger": trigger,
                             "fanout_counts": counts(done)})
 
@@ -588,59 +583,6 @@ class Saver:
         save's deadline, so a stopping daemon waits at most that)."""
         while self._late:
             await asyncio.gather(*self._late.values(), return_exceptions=True)
-
-    async def deliver(self, policy_id: str, due: Mapping[ClusterId, Policy | None], *,
-                      trigger: str = "rollout") -> list[ClusterResult]:
-        """Write to each cluster of `due` the content a rollout makes its due one (a wave
-        advanced, reverted or aborted: `delivery.rollouts`), at once, each cluster read first
-        (`unchanged` is not written; a write carries the live resourceVersion), even where it
-        holds a newer revision; None: the cluster is due no copy, the one it holds is
-        removed. Recorded like a save; the hung clusters' writes go on until the save
-        deadline, recorded then. Every result, sorted."""
-        await self._stop_late(policy_id)  # an older write of the policy must not land after
-        if not due:
-            return []
-        env = self._env()
-        bodies: dict[int, tuple[Policy, dict[str, Any]]] = {}
-        jobs: list[Job] = []
-        revisions: dict[ClusterId, int] = {}
-        for cluster in sorted(due):
-            policy = due[cluster]
-            if policy is None:
-                jobs.append((cluster, SaveAction.REMOVE, functools.partial(
-                    _remove_from, cluster, policy_id, env)))
-                continue
-            # Most clusters are due the same content: rendered once per content.
-            policy, body = bodies.setdefault(id(policy), (policy, render_policy(policy)))
-            revisions[cluster] = policy.revision
-            jobs.append((cluster, SaveAction.APPLY, functools.partial(
-                _apply_to, cluster, policy, body, env, read=True, due=True)))
-        fan = await _fan_out(jobs, env, answer_early=True)
-        record = functools.partial(self._record_due, policy_id, revisions, env=env)
-        await record(fan.results)
-        if fan.rest is not None:
-            self._finish_later(policy_id, "due revisions", fan, trigger, record)
-        log.info("policy %s: %d cluster(s) given their due revision (%s): %s", policy_id,
-                 len(due), trigger, summary(fan.results),
-                 extra={"policy": policy_id, "trigger": trigger,
-                        "fanout_counts": counts(fan.results)})
-        return fan.results
-
-    async def _record_due(self, policy_id: str, revisions: Mapping[ClusterId, int],
-                          results: Sequence[ClusterResult], *, env: FanoutEnv) -> None:
-        """`deliver`'s results recorded, each cluster with the revision it was due (a removal
-        is forgotten, a failed one recorded with the policy's newest revision there: the
-        cluster still holds a copy)."""
-        by_revision: dict[int, list[ClusterResult]] = {}
-        for r in results:
-            revision = revisions.get(r.cluster)
-            by_revision.setdefault(revision if revision is not None else -1, []).append(r)
-        removals = by_revision.pop(-1, [])
-        for revision, part in sorted(by_revision.items()):
-            await self._record(policy_id, revision, part, env=env)
-        if removals:
-            newest = max(revisions.values(), default=0)
-            await self._record(policy_id, newest, removals, env=env)
 
     async def _overtaken(self, policy_id: str, revision: int) -> bool:
         """Whether the database holds a newer revision than `revision` now. Every writer
@@ -678,7 +620,7 @@ class Saver:
                               results)
         if report.failed:
             report.status = FanoutStatus.REFUSED
-            await self._record(policy_id, target.row.revision, results, env=env)
+            await self._record(policy_id, target.row.revision, results, env)
             log.warning("policy %s not deleted: %d cluster(s) still hold it: %s", policy_id,
                         len(report.failed), named_failures(report.failed),
                         extra={"policy": policy_id, "fanout_counts": counts(results)})
@@ -691,7 +633,7 @@ class Saver:
             # clusters that did remove it are forgotten still.
             log.warning("policy %s: removed from %d cluster(s), but the database keeps the row:"
                         " %s", policy_id, len(results), exc, extra={"policy": policy_id})
-            await self._record(policy_id, target.row.revision, results, env=env)
+            await self._record(policy_id, target.row.revision, results, env)
             report.status = FanoutStatus.REFUSED
             report.error = str(exc)
             return report
@@ -700,8 +642,7 @@ class Saver:
         return report
 
     async def _record(
-        self, policy_id: str, revision: int, results: Sequence[ClusterResult], *,
-        env: FanoutEnv,
+        self, policy_id: str, revision: int, results: Sequence[ClusterResult], env: FanoutEnv
     ) -> None:
         try:
             await self._store.record_deliveries(

@@ -2,7 +2,7 @@
 with one shard, of the Lease), each rollout in progress is judged (`core.gates.decide`) from
 what the status state knows of its current wave's clusters, and what the decision moves is
 written with a compare-and-set under the leader's fence, then fanned out at once: the clusters
-whose due revision the move changed get it (`fanout.Saver.deliver`).
+whose due revision the move changed get it (`fanout.Saver.deliver_due`).
 
 Why a failover neither repeats nor skips a wave: the rollout's state, wave and step are in
 PostgreSQL, and a transition is written only where the row still is as it was read (id,
@@ -19,21 +19,15 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from convergerd.core.errors import ConvergerdError, Fenced
 from convergerd.core.gates import ClusterGate, Decision, GateView, Step, decide, moved
-from convergerd.core.model import ClusterId, Policy, PolicyId
-from convergerd.core.report import ClusterResult, utc_now
-from convergerd.core.rollout import (
-    Rollout,
-    Staged,
-    State,
-    due_policies,
-    newly_due,
-)
+from convergerd.core.model import ClusterId, PolicyId
+from convergerd.core.report import FanoutReport, utc_now
+from convergerd.core.rollout import Rollout, Staged, State, newly_due
 from convergerd.leader.elector import Leadership
 from convergerd.status.reader import StatusReader
 
@@ -57,8 +51,12 @@ class GateStore(Protocol):
 class DueSaver(Protocol):
     """Writes clusters their due revision (`convergerd.delivery.fanout.Saver`)."""
 
-    async def deliver(self, policy_id: str, due: Mapping[ClusterId, Policy | None], *,
-                      trigger: str = ...) -> list[ClusterResult]: ...
+    async def deliver_due(self, policy_id: str, clusters: Collection[ClusterId] | None = None,
+                          *, trigger: str = ...) -> FanoutReport: ...
+
+
+class HaltObserver(Protocol):
+    def rollout_halted(self, on_halt: str) -> None: ...
 
 
 def cluster_gate(state: StatusReader, policy: PolicyId, cluster: ClusterId) -> ClusterGate:
@@ -98,21 +96,10 @@ def gate_view(state: StatusReader, staged: Staged) -> GateView:
         mode=policy.enforcement.value if policy is not None else "Deny")
 
 
-def due_contents(before: Rollout, after: Rollout,
-                 staged: Staged) -> dict[ClusterId, Policy | None]:
-    """The clusters a move from `before` to `after` makes due something else, with what: a
-    Policy, or None where the cluster is due no copy (the one it got is removed). A cluster due
-    a revision that cannot be delivered now (not kept, or of another boundary) is left out:
-    it keeps what it holds."""
-    dues = newly_due(before, after, staged.placements)
-    policies = due_policies(after, dues, staged.contents)
-    out: dict[ClusterId, Policy | None] = {}
-    for cluster, d in dues.items():
-        if d.revision is None:
-            out[cluster] = None
-        elif policies[cluster] is not None:
-            out[cluster] = policies[cluster]
-    return out
+def newly_due_clusters(before: Rollout, after: Rollout, staged: Staged) -> list[ClusterId]:
+    """The clusters a move from `before` to `after` makes due something else (written at
+    once: `Saver.deliver_due`)."""
+    return sorted(newly_due(before, after, staged.placements))
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +116,11 @@ class RolloutGates:
 
     def __init__(self, *, store: GateStore, state: StatusReader, saver: DueSaver,
                  leader: Leadership, period_s: float, identity: str,
+                 observer: HaltObserver | None = None,
                  clock: Callable[[], dt.datetime] = utc_now) -> None:
+        """`observer` counts the halts (`status.metrics.Metrics`)."""
         self._store = store
+        self._observer = observer
         self._state = state
         self._saver = saver
         self._leader = leader
@@ -206,6 +196,8 @@ class RolloutGates:
                      "again next pass", before.id, before.policy)
             self._staged.pop(before.policy, None)
             return None
+        if decision.step is Step.HALT and self._observer is not None:
+            self._observer.rollout_halted(before.strategy.on_halt.value)
         if decision.step is not Step.WAIT:
             log.info("rollout %d of policy %s (revision %d): %s at wave %d -> %s, wave %d%s: "
                      "%s", before.id, before.policy, before.to_revision, decision.step.value,
@@ -213,20 +205,20 @@ class RolloutGates:
                      " (warn step)" if written.warn_step else "", decision.detail,
                      extra={"policy": before.policy, "rollout": before.id,
                             "rollout_step": decision.step.value})
-        due = due_contents(before, written, staged)
+        due = newly_due_clusters(before, written, staged)
         if due:
             await self.deliver(before.policy, due, f"rollout {decision.step.value}")
         return written
 
-    async def deliver(self, policy: PolicyId, due: Mapping[ClusterId, Policy | None],
+    async def deliver(self, policy: PolicyId, clusters: Sequence[ClusterId],
                       trigger: str) -> None:
         """The newly due clusters written at once; a failure is logged (rounds deliver what
         is due within an interval)."""
         try:
-            await self._saver.deliver(policy, due, trigger=trigger)
+            await self._saver.deliver_due(policy, clusters, trigger=trigger)
         except ConvergerdError as exc:
             log.warning("policy %s: %d newly due cluster(s) not written now (%s); the next "
-                        "round delivers them", policy, len(due), exc)
+                        "round delivers them", policy, len(clusters), exc)
 
 
 def revisions_held(state: StatusReader, policy: PolicyId,

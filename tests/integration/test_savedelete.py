@@ -4,11 +4,8 @@ the policy, and the races between a round and a save or a delete."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from convergerd.core.model import ClusterId
 from convergerd.core.report import FanoutResult, FanoutStatus, RoundReport
 from convergerd.delivery.apply import ClusterSource, Unfenced
 from convergerd.delivery.converge import run_round
@@ -334,25 +331,3 @@ async def test_the_prober_is_told_which_clusters_a_save_is_about_to_reach(
     await saver.save("p-regs")
     assert seen == {C1: True, C2: True, C3: True, "c0004": False}
     assert not any(answers.expected_within(c, 60.0) for c in (C1, C2, C3))
-
-
-async def test_a_rollouts_delivery_writes_each_cluster_its_due_revision_even_an_older_one(
-    fleet: Fleet, rounds: Rounds, saver: Saver, store: Store, database_url: str
-) -> None:
-    await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")  # rev 2
-    await saver.save("p-regs")  # revision 2 everywhere, recorded
-    newest = (await store.load_fleet()).policies
-    rev2 = next(p for p in newest if p.id == "p-regs")
-    rev1 = dataclasses.replace(rev2, enabled=True, revision=1)
-    # c0001 sent back to revision 1 (a revert), c0002 due revision 2 (it holds it), c0003 not
-    # asked at all.
-    fleet.accounting.reset()
-    found = await saver.deliver("p-regs", {ClusterId(C1): rev1, ClusterId(C2): rev2})
-    assert {(r.cluster, r.result) for r in found} == {
-        (C1, FanoutResult.UPDATED), (C2, FanoutResult.UNCHANGED)}
-    assert objects(fleet, C1)[REGS]["spec"]["revision"] == 1
-    assert objects(fleet, C1)[REGS]["spec"]["enabled"] is True
-    assert objects(fleet, C2)[REGS]["spec"]["revision"] == 2
-    assert requests(fleet, "patch") == {C1: 1, C2: 0, C3: 0}
-    recorded = await deliveries(database_url, "p-regs")
-    assert {c: revision for c, (revision, _result) in recorded.items()} == {C1: 1, C2: 2, C3: 2}
