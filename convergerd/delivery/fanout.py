@@ -662,10 +662,12 @@ class Saver:
 
 def _grouped(pairs: Iterable[tuple[ClusterId, Policy | None]]
              ) -> list[tuple[Policy | None, list[ClusterId]]]:
-    groups: dict[Policy | None, list[ClusterId]] = {}
+    """Clusters by the Policy object they are due (one object per content: `Staged.policies`
+    shares them; a Policy is not hashable)."""
+    groups: dict[int, tuple[Policy | None, list[ClusterId]]] = {}
     for cluster, policy in pairs:
-        groups.setdefault(policy, []).append(cluster)
-    return list(groups.items())
+        groups.setdefault(id(policy), (policy, []))[1].append(cluster)
+    return list(groups.values())
 
 
 def due_groups(policy: Policy, clusters: Collection[ClusterId], staged: Staged | None

@@ -27,6 +27,7 @@ For the gate job and the commands (wt/rollops), on `Store`:
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,14 +104,15 @@ def _labels(value: object) -> dict[str, str]:
 
 
 async def upsert_strategies(conn: asyncpg.Connection, strategies: Sequence[Strategy]) -> int:
-    """Write each strategy (its normalised document); how many were new or changed."""
+    """Write each strategy (its normalised document); how many were new or changed. JSON is
+    sent as text: the import's connection has no JSON codec."""
     rows = await conn.fetch(
         """INSERT INTO rollout_strategies AS s (id, spec)
-           SELECT * FROM unnest($1::text[], $2::jsonb[])
+           SELECT u.id, u.spec::jsonb FROM unnest($1::text[], $2::text[]) AS u(id, spec)
            ON CONFLICT (id) DO UPDATE SET spec = EXCLUDED.spec, updated_at = now()
            WHERE s.spec IS DISTINCT FROM EXCLUDED.spec
            RETURNING id""",
-        [s.id for s in strategies], [strategy_doc(s) for s in strategies])
+        [s.id for s in strategies], [json.dumps(strategy_doc(s)) for s in strategies])
     return len(rows)
 
 
@@ -121,10 +123,10 @@ async def strategy_ids(conn: asyncpg.Connection) -> set[str]:
 async def set_cluster_labels(conn: asyncpg.Connection,
                              labels: Mapping[str, Mapping[str, str]]) -> None:
     await conn.execute(
-        """UPDATE clusters c SET labels = u.labels
-           FROM unnest($1::text[], $2::jsonb[]) AS u(id, labels)
-           WHERE c.id = u.id AND c.labels IS DISTINCT FROM u.labels""",
-        list(labels), [dict(v) for v in labels.values()])
+        """UPDATE clusters c SET labels = u.labels::jsonb
+           FROM unnest($1::text[], $2::text[]) AS u(id, labels)
+           WHERE c.id = u.id AND c.labels IS DISTINCT FROM u.labels::jsonb""",
+        list(labels), [json.dumps(dict(v)) for v in labels.values()])
 
 
 async def set_strategies(conn: asyncpg.Connection, table: str,
@@ -403,6 +405,10 @@ async def start(conn: asyncpg.Connection, policy_id: str, revision: int, *, by: 
         if newest is not None and newest.to_revision == revision and not now and \
                 newest.state is not State.SUPERSEDED:
             return Start(await staged(conn, newest, boundary, scope))
+        strategy = await _strategy(conn, strategy_id) if strategy_id is not None else None
+        if isinstance(strategy, str):  # as rounds find it: invalid, delivered nowhere
+            field = "rollout_strategy" if policy["own"] else "boundary rollout_strategy"
+            return Start(refused=f"{field}: {strategy}")
         why_not = await _at_once(conn, policy_id, revision, boundary, strategy_id,
                                  already_delivered=already_delivered, now=now)
         if why_not is not None:
@@ -415,11 +421,7 @@ async def start(conn: asyncpg.Connection, policy_id: str, revision: int, *, by: 
                 await _completed(conn, policy_id, revision, strategy_id, by=by,
                                  detail=why_not or "")
             return Start(why_not=why_not)
-        assert strategy_id is not None  # else `_at_once` said why not
-        strategy = await _strategy(conn, strategy_id)
-        if not isinstance(strategy, Strategy):
-            field = "rollout_strategy" if policy["own"] else "boundary rollout_strategy"
-            return Start(refused=f"{field}: {strategy}")
+        assert strategy is not None  # else `_at_once` said why not
         previous = await _previous(conn, policy_id, revision)
         saved = _Saved(PolicyId(policy_id), revision, boundary, scope)
         return Start(await _begin(conn, saved, previous=previous, strategy=strategy,
