@@ -29,6 +29,7 @@ from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import FanoutReport, utc_now
 from convergerd.core.rollout import Rollout, Staged, State, newly_due
 from convergerd.leader.elector import Leadership
+from convergerd.leader.lease import Fence
 from convergerd.status.reader import StatusReader
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 # A rollout's placements and revision contents are read again at most this often (clusters
 # that joined its scope since are placed then); always after a transition.
 STAGED_REFRESH_S = 60.0
+# The longest a transition's write may take (its statement timeout, below the fence's bound).
+WRITE_BOUND_S = 10.0
 
 
 class GateStore(Protocol):
@@ -53,6 +56,12 @@ class DueSaver(Protocol):
 
     async def deliver_due(self, policy_id: str, clusters: Collection[ClusterId] | None = None,
                           *, trigger: str = ...) -> FanoutReport: ...
+
+
+def bounded(fence: Fence) -> Callable[[], float]:
+    """What a transition's write may take: what `fence` allows, at most `WRITE_BOUND_S` (the
+    open fence of a single replica allows forever)."""
+    return lambda: min(fence.remaining_s(), WRITE_BOUND_S)
 
 
 class HaltObserver(Protocol):
@@ -139,7 +148,7 @@ class RolloutGates:
                 self._staged.clear()  # a later term reads everything again
                 continue
             try:
-                await self.once(self._leader.fence(epoch).remaining_s)
+                await self.once(bounded(self._leader.fence(epoch)))
             except Fenced as exc:
                 log.info("rollout gates: no longer leading, pass stopped (%s)", exc)
             except ConvergerdError as exc:
