@@ -3,10 +3,10 @@
 Tasks: the shard set (the Leases; one, the configured Lease, by default), a round loop per
 shard, the reachability prober, the health heartbeat, the HTTP server, the database
 notification listener, and on the leader the revision retention and the rollouts' gate job. A
-crash in any supervised task stops the process (Kubernetes restarts it); SIGTERM/SIGINT only set a flag: no new round starts, the
-running one gets the grace period, the Lease is released so a standby takes over at once, pools
-close, exit 0. A second signal exits at once. The Lease is released on every way out (a crashed
-task, an unexpected error too), within a bounded time.
+crash in any supervised task stops the process (Kubernetes restarts it); SIGTERM/SIGINT only
+set a flag: no new round starts, the running one gets the grace period, the Lease is released
+so a standby takes over at once, pools close, exit 0. A second signal exits at once. The Lease
+is released on every way out (a crashed task, an unexpected error too), within a bounded time.
 
 No database error ends the process: "unavailable" is waited out and retried; a permanent
 refusal (`DatabaseRejected`) drops that one write or read, is logged and counted
