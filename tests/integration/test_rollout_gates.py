@@ -8,7 +8,9 @@ rollback goes through the waves."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from convergerd.cli.main import main
 from convergerd.core.model import ClusterId
 from convergerd.core.rollout import assign, parse_strategy
 from convergerd.demo.operators import running_operators
@@ -114,6 +117,21 @@ class Daemon:
         return (status == 200 and body["to_revision"] == to and body["state"] == state
                 and body["wave"]["index"] == wave)
 
+    async def cli(self, *args: str) -> str:
+        """`convergerd ARGS --addr URL` (in a thread: it blocks), with the admin token; its
+        output (it must exit 0)."""
+        out = io.StringIO()
+
+        def run() -> int:
+            with contextlib.redirect_stdout(out):
+                return main([*args, "--addr", self.url])
+
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("CONVERGERD_API_TOKEN", TOKEN)
+            code = await asyncio.to_thread(run)
+        assert code == 0, out.getvalue()
+        return out.getvalue()
+
     async def events(self) -> list[str]:
         rows = await sql(self.database_url, "SELECT what FROM rollout_events e JOIN rollouts r "
                          "ON r.id = e.rollout_id WHERE r.policy_id = 'p-regs' ORDER BY e.at")
@@ -181,10 +199,18 @@ async def test_three_waves_each_after_its_gates_and_an_approval_wave_waits(
     await wait_for(lambda: daemon.at("waiting_approval", 2, to=2), what="still waiting")
     assert revisions(twelve) == by_wave(2, 2, 1)
 
-    status, done = await daemon.post("/v1/policies/p-regs/rollout/approve", {"by": "alice"})
-    assert status == 200, done
-    assert (done["state"], done["wave"]["index"]) == ("progressing", 2)
-    assert sorted(c["cluster"] for c in done["clusters_written"]) == REST
+    shown = await daemon.cli("rollout", "status")
+    assert shown.split("\n")[1].split()[:6] == ["p-regs", "1", "->", "2", "waiting_approval",
+                                                 "3/3"]
+    shown = (await daemon.cli("rollout", "status", "p-regs")).splitlines()
+    assert shown[1] == "reason: approval: wave rest waits for approval"
+    assert shown[2] == (f"clusters: {1 + len(HALF)} report the new revision, {len(REST)} "
+                        "another, 0 none")
+    assert shown[7].split() == ["2", "rest", "fraction", "1.0", str(len(REST)), "1:",
+                                str(len(REST)), "yes"]
+    approved = await daemon.cli("rollout", "approve", "p-regs", "--by", "alice")
+    assert approved.startswith("policy p-regs: rollout 1 is progressing at wave 3/3 rest; "
+                               f"{len(REST)} cluster(s) written"), approved
     assert revisions(twelve) == dict.fromkeys(CLUSTERS, 2)  # at once, by the approval
     assert writes(twelve, REST[0]) == seen + 1
     await wait_for(lambda: daemon.at("completed", 2, to=2), timeout_s=60, what="completed")
