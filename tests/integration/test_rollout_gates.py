@@ -199,9 +199,8 @@ async def test_three_waves_each_after_its_gates_and_an_approval_wave_waits(
     await wait_for(lambda: daemon.at("waiting_approval", 2, to=2), what="still waiting")
     assert revisions(twelve) == by_wave(2, 2, 1)
 
-    shown = await daemon.cli("rollout", "status")
-    assert shown.split("\n")[1].split()[:6] == ["p-regs", "1", "->", "2", "waiting_approval",
-                                                 "3/3"]
+    listed = (await daemon.cli("rollout", "status")).splitlines()
+    assert listed[1].split()[:6] == ["p-regs", "1", "->", "2", "waiting_approval", "3/3"]
     shown = (await daemon.cli("rollout", "status", "p-regs")).splitlines()
     assert shown[1] == "reason: approval: wave rest waits for approval"
     assert shown[2] == (f"clusters: {1 + len(HALF)} report the new revision, {len(REST)} "
@@ -217,8 +216,8 @@ async def test_three_waves_each_after_its_gates_and_an_approval_wave_waits(
     # Every transition once, in order (a change of what holds a wave is a `wait` event).
     assert [e for e in await daemon.events() if e != "wait"] == [
         "started", "ready", "advance", "ready", "advance", "approve", "ready", "complete"]
-    approved = await sql(database_url, "SELECT by FROM rollout_events WHERE what = 'approve'")
-    assert [r["by"] for r in approved] == ["alice"]
+    rows = await sql(database_url, "SELECT by FROM rollout_events WHERE what = 'approve'")
+    assert [r["by"] for r in rows] == ["alice"]
     status, body = await daemon.get("/v1/rollouts")
     assert (status, body) == (200, {"rollouts": []})
 
