@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import dataclasses
 import datetime as dt
 import gc
 import json
@@ -76,6 +77,7 @@ from convergerd.core.render import (
     render_policy,
 )
 from convergerd.core.report import RoundReport
+from convergerd.core.rollout import Rollout, Staged, State, parse_strategy, placements_for
 from convergerd.delivery.converge import run_round
 from convergerd.delivery.rounds import round_env
 from convergerd.kube.client import APPLY_CONTENT_TYPE
@@ -299,6 +301,36 @@ def build_fleet(clusters: int, policies: int) -> Fleet:
     )
 
 
+# Three waves by fraction; the bench's rollouts are in the second, so a cluster is due the new
+# revision (10% + 40% of them) or the one before.
+_BENCH_STRATEGY = parse_strategy({"id": "bench", "waves": [
+    {"name": "canary", "fraction": 0.1}, {"name": "half", "fraction": 0.5},
+    {"name": "rest", "fraction": 1.0}]})
+
+
+def with_rollouts(fleet: Fleet, count: int) -> Fleet:
+    """`fleet` with its first `count` delivered policies at revision 2 under a rollout in its
+    second wave (`core.rollout`, as `store.rollouts` builds it for a round): each cluster due
+    revision 2 or revision 1."""
+    if count <= 0:
+        return fleet
+    delivered = [p for p in fleet.policies if p.rule.delivered]
+    chosen = {p.id for p in delivered[:count]}
+    policies = [dataclasses.replace(p, revision=2) if p.id in chosen else p
+                for p in fleet.policies]
+    staged: dict[PolicyId, dict[ClusterId, Policy | None]] = {}
+    ids = [c.id for c in fleet.clusters]
+    for policy in policies:
+        if policy.id not in chosen:
+            continue
+        rollout = Rollout(id=len(staged) + 1, policy=policy.id, to_revision=2, from_revision=1,
+                          strategy=_BENCH_STRATEGY, state=State.PROGRESSING, wave=1)
+        placements = placements_for(_BENCH_STRATEGY, ids, lambda _c: {}, lambda _c: 1)
+        contents = {1: dataclasses.replace(policy, revision=1), 2: policy}
+        staged[policy.id] = Staged(rollout, placements, contents).policies()
+    return dataclasses.replace(fleet, policies=policies, staged=staged)
+
+
 # --- the product's round, wired like the daemon ------------------------------------------------
 
 
@@ -312,6 +344,7 @@ class Limits:
     burst: int
     interval_minutes: float
     fault_rounds: bool = True  # the down/hang rounds and the bare-aiohttp ceiling after in-sync
+    rollouts: int = 0  # policies delivered per cluster by a rollout (`with_rollouts`)
 
     def settings(self, kubeconfig: Path, *, request_timeout_s: float | None = None) -> Settings:
         flags = {
@@ -569,7 +602,7 @@ async def _bench_point(
     sim: Sim, clusters: int, policies: int, *, limits: Limits, out: list[Measurement],
     profile_dir: Path | None,
 ) -> None:
-    fleet = build_fleet(clusters, policies)
+    fleet = with_rollouts(build_fleet(clusters, policies), limits.rollouts)
     ids = [c.id for c in fleet.clusters]
     settings = limits.settings(sim.kubeconfig)
     state = StatusState(identity="bench", interval_s=settings.rounds.interval_s)
@@ -749,7 +782,10 @@ def header(limits: Limits) -> str:
         f"cluster concurrency {limits.cluster_concurrency}, apply concurrency "
         f"{limits.apply_concurrency}, QPS {limits.qps:g}/burst {limits.burst} per cluster, "
         f"request timeout {limits.request_timeout_s:g} s ({limits.fault_timeout_s:g} s in the "
-        f"fault rounds). Simulator and bench are separate processes on the same machine."
+        f"fault rounds)"
+        + (f"; {limits.rollouts} policies under a rollout (each cluster due revision 1 or 2)"
+           if limits.rollouts else "")
+        + ". Simulator and bench are separate processes on the same machine."
     )
 
 
@@ -801,6 +837,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-faults", action="store_true",
                         help="only the create and in-sync rounds (no down/hang rounds, no "
                              "bare-aiohttp ceiling)")
+    parser.add_argument("--rollouts", type=int, default=0, metavar="N",
+                        help="the first N policies delivered per cluster by a rollout in its "
+                             "second wave (rounds with rollouts in force)")
     parser.add_argument("--markdown-out", type=Path, default=None,
                         help="also write the table (with a header line) to this file")
     args = parser.parse_args(argv)
@@ -819,6 +858,7 @@ async def main_async(args: argparse.Namespace) -> list[Measurement]:
         burst=args.burst,
         interval_minutes=args.interval_minutes,
         fault_rounds=not args.no_faults,
+        rollouts=args.rollouts,
     )
     results: list[Measurement] = []
     if args.gc_threshold is not None:

@@ -355,6 +355,19 @@ _SCHEMAS: dict[str, Any] = {
             "enforcement": {**_ENFORCEMENT,
                             "description": "the mode this save stored (present when the "
                                            "request asked for one)"},
+            "rollout": {
+                "type": "object",
+                "description": "present when the policy has a rollout strategy: the rollout "
+                               "this save started or follows; only its due clusters were "
+                               "written, the others keep their revision",
+                "properties": {
+                    "id": {"type": "integer"}, "state": {"type": "string"},
+                    "wave": {"type": "integer"}, "wave_name": {"type": "string"},
+                    "started": {"type": "boolean"}, "strategy": {"type": "string"},
+                    "clusters_written": {"type": "integer"},
+                    "clusters_in_scope": {"type": "integer"},
+                },
+            },
         },
     },
     "DeleteRequest": {
@@ -707,8 +720,8 @@ _SCHEMAS.update({
             "to": {"type": "integer", "minimum": 1,
                    "description": "the revision whose content becomes the new revision"},
             "now": {"type": "boolean", "default": False,
-                    "description": "skip a rollout's waves; today every save reaches every "
-                                   "cluster at once, so it changes nothing"},
+                    "description": "skip the policy's rollout strategy: every cluster at "
+                                   "once, a rollout in progress ended"},
             "by": {"type": "string", "maxLength": BY_MAX_CHARS,
                    "description": "who asks, recorded with the revision (default: "
                                   "`admin token`)"}},

@@ -172,12 +172,17 @@ WHERE p.deleted_at IS NULL
 
 class FleetRollouts:
     """The rollouts part of the fleet read, with its caches: a rollout's placements (fixed at
-    start) by rollout id, and a revision's content by (policy, revision) (immutable), each
-    kept only while a read still needs it."""
+    start) by rollout id, a revision's content by (policy, revision) (immutable), and each
+    policy's due Policies per cluster by what they depend on (the rollout's state, wave and
+    Warn step, the policy's revision and boundary, the scope), each kept only while a read
+    still needs it: a round with rollouts in force whose state has not moved costs the query
+    and a comparison of scopes."""
 
     def __init__(self) -> None:
         self._placements: dict[int, dict[ClusterId, Placement]] = {}
         self._contents: dict[tuple[PolicyId, int], Policy | None] = {}
+        self._built: dict[PolicyId, tuple[tuple[object, ...], frozenset[ClusterId],
+                                          dict[ClusterId, Policy | None]]] = {}
 
     async def read(self, conn: asyncpg.Connection, policies: Sequence[Policy],
                    scopes: Mapping[BoundaryId, frozenset[ClusterId]]) -> RoundRollouts:
@@ -186,7 +191,7 @@ class FleetRollouts:
         what rounds deliver where (`core.rollout.follow`)."""
         rows = await conn.fetch(_ROUND_POLICIES)
         if not rows:
-            self._placements, self._contents = {}, {}
+            self._placements, self._contents, self._built = {}, {}, {}
             return RoundRollouts({}, {})
         by_id = {p.id: p for p in policies}
         newest_ids = [r["newest"] for r in rows if r["newest"] is not None]
@@ -195,7 +200,9 @@ class FleetRollouts:
             newest_ids))} if newest_ids else {}
         invalid: dict[PolicyId, str] = {}
         staged: dict[PolicyId, dict[ClusterId, Policy | None]] = {}
-        followed: list[tuple[Policy, Rollout]] = []
+        built: dict[PolicyId, tuple[tuple[object, ...], frozenset[ClusterId],
+                                    dict[ClusterId, Policy | None]]] = {}
+        followed: list[tuple[Policy, Rollout, frozenset[ClusterId]]] = []
         for r in rows:
             pid = PolicyId(r["id"])
             policy = by_id.get(pid)
@@ -213,54 +220,63 @@ class FleetRollouts:
             if how is Follow.HOLD:
                 staged[pid] = {}  # no cluster gets anything this round
             elif how is Follow.ROLLOUT and rollout is not None:
-                followed.append((policy, rollout))
-        scope_all = {c for p, _ in followed for c in scopes.get(p.boundary, frozenset())}
-        placements, contents = await self._fill(conn, followed, scope_all)
-        for policy, rollout in followed:
+                scope = scopes.get(policy.boundary, frozenset())
+                key = _key(policy, rollout)
+                hit = self._built.get(pid)
+                if hit is not None and hit[0] == key and hit[1] == scope:
+                    staged[pid], built[pid] = hit[2], hit
+                else:
+                    followed.append((policy, rollout, scope))
+        placements, contents = await self._fill(conn, followed)
+        for policy, rollout, scope in followed:
             placed = placements.get(rollout.id, {})
-            found = Staged(rollout, {c: placed.get(c, _COMPLETED)
-                                     for c in scopes.get(policy.boundary, frozenset())},
+            found = Staged(rollout, {c: placed.get(c, _COMPLETED) for c in scope},
                            {rev: contents.get((policy.id, rev))
-                            for rev in _revisions_of(rollout, placed.values())})
+                            for rev in _revisions_of(rollout, set(placed.values()))})
             staged[policy.id] = found.policies()
+            built[policy.id] = (_key(policy, rollout), scope, staged[policy.id])
+        self._built = built
         return RoundRollouts(staged, invalid)
 
-    async def _fill(self, conn: asyncpg.Connection, followed: Sequence[tuple[Policy, Rollout]],
-                    scope: Collection[ClusterId]
+    async def _fill(self, conn: asyncpg.Connection,
+                    followed: Sequence[tuple[Policy, Rollout, frozenset[ClusterId]]]
                     ) -> tuple[dict[int, dict[ClusterId, Placement]],
                                dict[tuple[PolicyId, int], Policy | None]]:
-        """The placements of the rollouts in force (joining clusters placed by their labels
-        now) and the contents of the revisions they may make due: from the caches, what they
-        lack read. Built apart and then kept, so reads that overlap (shards) never see a
-        cache half made."""
-        wanted = {r.id for _, r in followed if r.in_force}
+        """The placements of the rollouts in force (clusters that joined the scope placed by
+        their labels now) and the contents of the revisions they may make due: from the
+        caches, what they lack read. Built apart and then kept, so reads that overlap
+        (shards) never see a cache half made."""
+        wanted = {r.id for _, r, _ in followed if r.in_force}
         placements = {k: v for k, v in self._placements.items() if k in wanted}
         missing = [i for i in wanted if i not in placements]
         if missing:
             placements.update(await read_placements(conn, missing))
-        self._placements = dict(placements)  # as stored: joining clusters are placed anew
-        joining = {c for _, r in followed if r.in_force for c in scope
-                   if c not in placements[r.id]}
-        labels = await cluster_labels(conn, joining) if joining else {}
-        for _, rollout in followed:
-            if rollout.in_force:
-                placed = placements[rollout.id]
-                extra = placements_for(rollout.strategy, [c for c in scope if c in labels
-                                                          and c not in placed],
-                                       labels.__getitem__,
-                                       _constant(rollout.from_revision))
-                if extra:
-                    placements[rollout.id] = {**placed, **extra}
-        needed = {(p.id, rev) for p, r in followed
-                  for rev in _revisions_of(r, placements.get(r.id, {}).values())}
+        joining = {r.id: [c for c in scope if c not in placements[r.id]]
+                   for _, r, scope in followed if r.in_force}
+        labels = await cluster_labels(conn, {c for cs in joining.values() for c in cs}) \
+            if any(joining.values()) else {}
+        for _, rollout, _ in followed:
+            if joining.get(rollout.id):
+                placements[rollout.id] = {**placements[rollout.id], **placements_for(
+                    rollout.strategy, joining[rollout.id], lambda c: labels.get(c, {}),
+                    _constant(rollout.from_revision))}
+        self._placements = placements
+        needed = {(p.id, rev) for p, r, _ in followed
+                  for rev in _revisions_of(r, set(placements.get(r.id, {}).values()))}
         contents = {k: v for k, v in self._contents.items() if k in needed}
         lacking = [k for k in needed if k not in contents]
         if lacking:
-            boundary = {p.id: p.boundary for p, _ in followed}
+            boundary = {p.id: p.boundary for p, _, _ in followed}
             for (pid, rev), content in (await read_contents(conn, lacking)).items():
                 contents[pid, rev] = policy_of_content(pid, rev, content, boundary[pid])
-        self._contents = dict(contents)
+        self._contents = contents
         return placements, contents
+
+
+def _key(policy: Policy, rollout: Rollout) -> tuple[object, ...]:
+    """What a policy's due Policies per cluster depend on, besides the scope."""
+    return (rollout.id, rollout.state, rollout.wave, rollout.warn_step, policy.revision,
+            policy.boundary)
 
 
 def _constant(revision: int | None) -> Callable[[ClusterId], int | None]:
@@ -512,8 +528,11 @@ async def _begin(conn: asyncpg.Connection, saved: _Saved, *, previous: int | Non
         saved.scope
     labels = await cluster_labels(conn, scope)
     before: Staged | None = None
-    if in_force is not None:
+    if in_force is not None and previous is not None:
+        # (A policy created again after its deletion starts from nothing: what the rollout
+        # of its former life left in force says nothing of the clusters now.)
         before = await staged(conn, in_force, boundary, scope)
+    if in_force is not None:
         await _end(conn, in_force, State.SUPERSEDED, by=by, what="superseded",
                    detail=f"revision {revision} saved: a new rollout starts from where each "
                           "cluster is")
