@@ -6,14 +6,16 @@ A wave's clusters, each judged from its Policy's status as the last round read i
 
 - **failing gates, judged at every look** (a halt comes within one gate period, bake or not):
   more clusters in `Error` at the new revision than `maxErrorClusters`; on any cluster, more
-  audit violations reported at the new revision than `maxNewViolations`, more admission
-  denials since the new revision was installed than `maxDenials`, and in a warn step more
-  warnings than `maxWarnings` (when set). A failed gate halts the rollout: `reverted` (the
+  audit violations reported at the new revision than `maxNewViolations` (a count `settled`:
+  seen again in a later reading, as the audit of a new revision may lag its phase), more
+  admission denials since the new revision was installed than `maxDenials`, and in a warn
+  step more warnings than `maxWarnings` (when set). A failed gate halts the rollout: `reverted` (the
   wave's clusters sent back) or `halted` (left as they are), as the strategy's `onHalt` says.
 - **reported**: the cluster's operator reports the new revision, in the phase its enabled
   state asks (`Enforcing`; `Inert` when disabled; `Unsupported` counts too: that cluster
-  cannot enforce any revision), `Verified` True when enabled and supported, and, when the
-  mode in force is read back, in the mode of the step (`Warn` in a warn step).
+  cannot enforce any revision), `Verified` True when enabled and supported, its audit count
+  settled, and, when the mode in force is read back, in the mode of the step (`Warn` in a
+  warn step).
 - **in `Error`** within `maxErrorClusters`: tolerated, as the strategy says.
 - **unreached**: not reached (or unable to take the policy: a cluster-level failure); up to
   `maxUnreachedShare` of the wave's clusters they do not hold it (rounds deliver to them
@@ -23,7 +25,7 @@ A wave's clusters, each judged from its Policy's status as the last round read i
   policy's own mode (same wave, a new bake), else the rollout **advances** to the next wave
   (waiting for approval first if the strategy names it), or **completes** after the last.
 
-What a gate cannot see is said in docs/design.md ("Rollouts").
+What a gate cannot see is said in docs/design.md ("Rollouts: the state machine").
 """
 
 from __future__ import annotations
@@ -82,11 +84,16 @@ class ClusterGate:
     cluster: ClusterId
     # Answered its last round or probe and took the policy (no cluster-level failure).
     reached: bool = True
+    seen_at: dt.datetime | None = None  # when the round read its Policy back (None: never)
     revision: int | None = None  # the revision its operator reports (the phase's)
     phase: str | None = None
     verified: str | None = None  # the Verified condition's status ("True", "False", ...)
     mode: str | None = None  # the mode of the binding in force, when read back
     violations: int | None = None  # the audit's, as the Policy at `revision` carries it
+    # Whether `violations` is known to be the new revision's audit: the operator writes the
+    # phase of a new revision before its audit of it, so a count read with the new phase may
+    # still be the old revision's; the gate job trusts one that a later reading shows too.
+    settled: bool = True
     # The API server's admission counts since `admission_revision` was installed (None: not
     # read back).
     denied: int | None = None
@@ -151,8 +158,8 @@ def failed_gate(position: Rollout, view: GateView) -> tuple[Gate, str] | None:
         return Gate.ERROR_PHASES, (f"{len(errors)} cluster(s) in Error at revision {to} "
                                    f"(at most {g.max_error_clusters}): {_named(errors)}")
     checks: list[tuple[Gate, str, int, Sequence[ClusterGate], str]] = [
-        (Gate.NEW_VIOLATIONS, "violations", g.max_new_violations, current,
-         "audit violation(s)"),
+        (Gate.NEW_VIOLATIONS, "violations", g.max_new_violations,
+         [c for c in current if c.settled], "audit violation(s)"),
         (Gate.DENIALS, "denied", g.max_denials,
          [c for c in view.clusters if c.admission_revision == to], "denial(s)"),
     ]
@@ -172,7 +179,7 @@ def failed_gate(position: Rollout, view: GateView) -> tuple[Gate, str] | None:
 
 def reported(c: ClusterGate, to: int, view: GateView, *, warn_step: bool) -> bool:
     """Whether `c` reports the new revision as the step asks (see the module's doc)."""
-    if not c.reached or c.revision != to:
+    if not c.reached or c.revision != to or not c.settled:
         return False
     if c.phase == UNSUPPORTED:
         return True

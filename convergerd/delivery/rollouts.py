@@ -16,18 +16,21 @@ between) is delivered by the next round, which keeps every cluster at its due re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from convergerd.core.errors import ConvergerdError, Fenced
+from convergerd.core.facts import RECORD_ROW
 from convergerd.core.gates import ClusterGate, Decision, GateView, Step, decide, moved
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import FanoutReport, utc_now
 from convergerd.core.rollout import Rollout, Staged, State, newly_due
+from convergerd.eventloop import Pacer
 from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
 from convergerd.status.reader import StatusReader
@@ -37,6 +40,8 @@ log = logging.getLogger(__name__)
 # A rollout's placements and revision contents are read again at most this often (clusters
 # that joined its scope since are placed then); always after a transition.
 STAGED_REFRESH_S = 60.0
+# Clusters read between two looks at the clock (`eventloop.Pacer`).
+_PACED_EVERY = 64
 # The longest a transition's write may take (its statement timeout, below the fence's bound).
 WRITE_BOUND_S = 10.0
 
@@ -68,41 +73,69 @@ class HaltObserver(Protocol):
     def rollout_halted(self, on_halt: str) -> None: ...
 
 
+# What a gate reads of a (policy, cluster) record, by name in `core.facts.RECORD_ROW`. HOOK
+# (wt/readback): the mode in force and the admission counts are read once their reading
+# fields (`enforcement_action`, `admission_*`) are in the table; until then they read as not
+# known, and the denial and warning gates see nothing.
+_GATE_FIELDS = ("seen_at", "last_result", "revision", "phase", "verified_status",
+                "audit_violations", "enforcement_action", "admission_denied", "admission_warned",
+                "admission_revision")
+_READ = tuple(f for f in _GATE_FIELDS if f in RECORD_ROW)
+_POSITIONS = tuple(RECORD_ROW.index(f) for f in _READ)
+_NOT_READ = (None,) * len(_READ)
+
+
+def _at(name: str) -> Callable[[tuple[Any, ...]], Any]:
+    """How a gate field is taken from `record_values`' answer (None when not in the table)."""
+    if name not in _READ:
+        return lambda _values: None
+    i = _READ.index(name)
+    return lambda values: values[i]
+
+
+_SEEN_AT, _LAST_RESULT, _REVISION, _PHASE, _VERIFIED, _VIOLATIONS, _MODE, _DENIED, _WARNED, \
+    _ADMISSION_REVISION = (_at(f) for f in _GATE_FIELDS)
+
+
 def cluster_gate(state: StatusReader, policy: PolicyId, cluster: ClusterId) -> ClusterGate:
     """One cluster of a wave as the status state knows it: reached (its last round or probe
     answered, no cluster-level error, its last delivery of the policy not refused), and what
     its operator reported of the policy with the phase (revision, phase, Verified, the
-    audit's violations; the mode in force and the admission counts when read back)."""
+    audit's violations; the mode in force and the admission counts when read back). Reads a
+    few fields of the packed record, builds none (thousands per look)."""
     facts = state.clusters.get(cluster)
     if facts is None:
         return ClusterGate(cluster, reached=False)
-    record = facts.policies.get(policy)
-    reached = facts.reachable is not False and facts.last_error is None and not (
-        record is not None and record.last_result == "failed")
-    reading = record.phase if record is not None else None
-    if reading is None:
+    values = facts.record_values(policy, _POSITIONS) or _NOT_READ
+    reached = (facts.reachable is not False and facts.last_error is None
+               and _LAST_RESULT(values) != "failed")
+    if _SEEN_AT(values) is None:  # no reading: nothing reported yet
         return ClusterGate(cluster, reached=reached)
-    # HOOK (wt/readback): the mode in force and the admission counts are reading fields once
-    # `enforcement_action` and `admission_*` are on main; until then they read as not known,
-    # and the denial and warning gates see nothing.
     return ClusterGate(
-        cluster, reached=reached, revision=reading.revision, phase=reading.phase,
-        verified=reading.verified_status, violations=reading.audit_violations,
-        mode=getattr(reading, "enforcement_action", None),
-        denied=getattr(reading, "admission_denied", None),
-        warned=getattr(reading, "admission_warned", None),
-        admission_revision=getattr(reading, "admission_revision", None))
+        cluster, reached=reached, seen_at=_SEEN_AT(values), revision=_REVISION(values),
+        phase=_PHASE(values),
+        verified=_VERIFIED(values), violations=_VIOLATIONS(values), mode=_MODE(values),
+        denied=_DENIED(values), warned=_WARNED(values),
+        admission_revision=_ADMISSION_REVISION(values))
 
 
 def gate_view(state: StatusReader, staged: Staged) -> GateView:
     """The rollout's current wave, cluster by cluster, and what its new revision asks."""
-    rollout = staged.rollout
-    wave = [c for c, p in staged.placements.items() if p.wave == rollout.wave]
-    policy = staged.contents.get(rollout.to_revision)
-    return GateView(
-        [cluster_gate(state, rollout.policy, c) for c in sorted(wave)],
-        enabled=policy.enabled if policy is not None else True,
-        mode=policy.enforcement.value if policy is not None else "Deny")
+    return view_of(staged, [cluster_gate(state, staged.rollout.policy, c)
+                            for c in wave_clusters(staged)])
+
+
+def wave_clusters(staged: Staged) -> list[ClusterId]:
+    """The clusters of the rollout's current wave, in id order."""
+    wave = staged.rollout.wave
+    return sorted(c for c, p in staged.placements.items() if p.wave == wave)
+
+
+def view_of(staged: Staged, clusters: Sequence[ClusterGate]) -> GateView:
+    """`clusters` (the current wave's) with what the rollout's new revision asks of them."""
+    policy = staged.contents.get(staged.rollout.to_revision)
+    return GateView(clusters, enabled=policy.enabled if policy is not None else True,
+                    mode=policy.enforcement.value if policy is not None else "Deny")
 
 
 def newly_due_clusters(before: Rollout, after: Rollout, staged: Staged) -> list[ClusterId]:
@@ -138,7 +171,9 @@ class RolloutGates:
         self._clock = clock
         # Per policy: its rollout's placements and contents, and when they were read.
         self._staged: dict[PolicyId, tuple[Staged, float]] = {}
-        self.cpu_s = 0.0  # CPU time spent judging (the benchmark reads it)
+        # Per (rollout, cluster): a count of violations at the new revision and the time of
+        # the reading that first showed it (`_settled`); only for live rollouts' clusters.
+        self._counted: dict[tuple[int, ClusterId], tuple[int | None, dt.datetime | None]] = {}
 
     async def run(self) -> None:
         while True:
@@ -146,6 +181,7 @@ class RolloutGates:
             epoch = self._leader.epoch
             if epoch is None or not self._leader.is_leader():
                 self._staged.clear()  # a later term reads everything again
+                self._counted.clear()
                 continue
             try:
                 await self.once(bounded(self._leader.fence(epoch)))
@@ -163,15 +199,17 @@ class RolloutGates:
         live = {r.policy for r in rollouts}
         for gone in [p for p in self._staged if p not in live]:
             del self._staged[gone]
+        ids = {r.id for r in rollouts}
+        for key in [k for k in self._counted if k[0] not in ids]:
+            del self._counted[key]
         for rollout in rollouts:
             if rollout.state is not State.PROGRESSING:
                 continue  # held by a command or a halt: only a command moves it
             staged = await self._staged_of(rollout)
             if staged is None:
                 continue
-            started = time.process_time()
-            decision = decide(rollout, gate_view(self._state, staged), self._clock())
-            self.cpu_s += time.process_time() - started
+            view = await self._view(staged)
+            decision = decide(rollout, view, self._clock())
             after = moved(rollout, decision, self._clock())
             look = Look(rollout, decision)
             if after is not None:
@@ -179,6 +217,32 @@ class RolloutGates:
                                                                 remaining_s))
             looks.append(look)
         return looks
+
+    async def _view(self, staged: Staged) -> GateView:
+        """`gate_view`, giving the loop back every slice (`eventloop.Pacer`: a wave of 5,000
+        clusters is some 20 ms of reading), with each audit count `settled` (`_settled`)."""
+        pacer = Pacer()
+        rollout = staged.rollout
+        clusters = []
+        for i, cluster in enumerate(wave_clusters(staged)):
+            gate = cluster_gate(self._state, rollout.policy, cluster)
+            if gate.violations and gate.revision == rollout.to_revision:
+                gate = dataclasses.replace(gate, settled=self._settled(rollout, gate))
+            clusters.append(gate)
+            if not i % _PACED_EVERY:
+                await pacer.pause()
+        return view_of(staged, clusters)
+
+    def _settled(self, rollout: Rollout, gate: ClusterGate) -> bool:
+        """Whether a count of violations at the new revision was read by an earlier round too
+        (the reading's time moved on): the operator writes a new revision's phase before its
+        audit of it, so the first reading may carry the old revision's count."""
+        key = (rollout.id, gate.cluster)
+        first = self._counted.setdefault(key, (gate.violations, gate.seen_at))
+        if first[0] != gate.violations:
+            self._counted[key] = (gate.violations, gate.seen_at)
+            return False
+        return gate.seen_at is not None and first[1] is not None and gate.seen_at > first[1]
 
     async def _staged_of(self, rollout: Rollout) -> Staged | None:
         """The rollout's placements and contents (cached, see `STAGED_REFRESH_S`), with the

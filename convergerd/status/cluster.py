@@ -7,9 +7,9 @@ field or changes a record. Pure: time is passed in.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import PhaseReading
@@ -72,6 +72,10 @@ class ClusterFacts(Protocol):
     def since_round_s(self, now: dt.datetime) -> float: ...
     def readings(self) -> list[PhaseReading]: ...
     def counts(self, now: float, interval_s: float, verified_stale_s: float) -> TallyCounts: ...
+    def record_values(self, policy: PolicyId,
+                      positions: Sequence[int]) -> tuple[Any, ...] | None:
+        """The fields at `positions` (in `core.facts.RECORD_ROW`) of `policy`'s record (None:
+        no record), without building it."""
 
 
 @dataclass(slots=True)
@@ -143,6 +147,10 @@ class ClusterState:
 
     def readings(self) -> list[PhaseReading]:
         return self.policies.readings()
+
+    def record_values(self, policy: PolicyId,
+                      positions: Sequence[int]) -> tuple[Any, ...] | None:
+        return self.policies.fields_of(policy, positions)
 
     def counts(self, now: float, interval_s: float, verified_stale_s: float) -> TallyCounts:
         """The readings' counts at `now` (`phases.tally_counts`), counted again only when the

@@ -165,7 +165,8 @@ async def daemon(twelve: Fleet, database_url: str) -> AsyncIterator[Daemon]:
     settings = settings_for(
         twelve.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN,
         CONVERGERD_HTTP_ADDR=f"127.0.0.1:{port}", CONVERGERD_ROLLOUT_GATE_SECONDS=str(GATE_S),
-        Policies__ConvergeIntervalMinutes="0.01", CONVERGERD_PROBE_PERIOD_SECONDS="1")
+        Policies__ConvergeIntervalMinutes="0.01", CONVERGERD_PROBE_PERIOD_SECONDS="1",
+        CONVERGERD_STATUS_READS_PER_SECOND="1000", CONVERGERD_TOKEN_READS_PER_SECOND="1000")
     env = {"CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS": "0.1"}
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(running_operators(

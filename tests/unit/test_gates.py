@@ -85,6 +85,10 @@ BAKING = pos(wave_ready_at=NOW - dt.timedelta(seconds=10))
      Step.WAIT, Gate.BAKE),
     ([*fleet(2), ok("old", phase="Error", revision=TO - 1)], pos(), strat(),
      Step.WAIT, Gate.DELIVERING),
+    # a count read with the new phase but not seen again yet may be the old revision's
+    # audit: it neither halts nor lets the wave pass
+    ([*fleet(2), ok("v", violations=1, settled=False)], BAKING, strat(), Step.WAIT,
+     Gate.DELIVERING),
     # new violations: the audit at the new revision; the old revision's do not count
     ([*fleet(2), ok("v", violations=1)], pos(), strat(), Step.HALT, Gate.NEW_VIOLATIONS),
     ([*fleet(2), ok("v", violations=3)], BAKED, strat(gates=Gates(max_new_violations=3)),
