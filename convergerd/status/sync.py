@@ -22,6 +22,7 @@ from convergerd.core.model import InvalidPolicy
 from convergerd.core.rollout import Rollout
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 from convergerd.core.shown import describe
+from convergerd.eventloop import Pacer
 from convergerd.status.state import StatusState
 
 log = logging.getLogger(__name__)
@@ -98,5 +99,8 @@ class StatusSync:
                 by_cluster.setdefault(record.cluster, []).append(record)
             for cluster, found in by_cluster.items():
                 self.state.absorb_delivery_rows(found, cluster=cluster)
-        # After the records: the rollouts' clusters per revision are counted on them.
-        self.state.absorb_rollouts(await self.store.live_rollouts())
+        # After the records: the rollouts' clusters per revision are counted on them, the
+        # loop given back between rollouts.
+        pacer = Pacer()
+        for _ in self.state.absorbing_rollouts(await self.store.live_rollouts()):
+            await pacer.pause()
