@@ -35,9 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.status_memory import round_of
-from convergerd.core.model import BoundaryId, ClusterId, Policy, PolicyId
+from convergerd.core.model import ClusterId, Policy, PolicyId, PolicyRow
 from convergerd.core.render import deliverable_policy
-from convergerd.core.model import PolicyRow
 from convergerd.core.rollout import (
     Placement,
     Rollout,
