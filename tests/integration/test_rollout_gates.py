@@ -275,3 +275,26 @@ async def test_abort_sends_every_cluster_back_and_a_rollback_goes_through_the_wa
     assert status == 200
     await wait_for(lambda: daemon.at("completed", 2, to=3), timeout_s=60, what="completed")
     assert revisions(twelve) == dict.fromkeys(CLUSTERS, 3)
+
+
+async def test_a_warn_first_wave_runs_in_warn_then_in_the_policys_mode(
+    twelve: Fleet, daemon: Daemon, database_url: str
+) -> None:
+    strategy = {**STRATEGY, "waves": [STRATEGY["waves"][0],
+                                      {**STRATEGY["waves"][1], "warnFirst": True},
+                                      STRATEGY["waves"][2]]}
+    await import_doc(database_url, doc([*OK_REGISTRIES, "mirror.example.com"], strategy))
+    await wait_for(lambda: daemon.at("progressing", 1, to=2), timeout_s=60,
+                   what="the half's wave")
+    view = await daemon.rollout()
+    assert view["wave"]["warn_step"] is True
+    await wait_for(lambda: all(objects(twelve, c)[NAME]["spec"].get("enforcement") == "Warn"
+                               for c in HALF), what="the half in Warn")
+    assert all("enforcement" not in objects(twelve, c)[NAME]["spec"] for c in REST)
+    await wait_for(lambda: daemon.at("completed", 2, to=2), timeout_s=90, what="completed")
+    # Every cluster in the policy's own mode (Deny: no `enforcement` in the object).
+    assert revisions(twelve) == dict.fromkeys(CLUSTERS, 2)
+    assert all("enforcement" not in objects(twelve, c)[NAME]["spec"] for c in CLUSTERS)
+    assert [e for e in await daemon.events() if e != "wait"] == [
+        "started", "ready", "advance", "ready", "enforce", "ready", "advance", "ready",
+        "complete"]
