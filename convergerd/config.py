@@ -360,6 +360,16 @@ SETTINGS: tuple[Setting, ...] = (
             _exception_days, "90",
             "the furthest an exception to a policy may expire, in days from its grant (API and "
             "import refuse a later expiresAt; 1 to 366)"),
+    Setting("rollout_gate_s", "CONVERGERD_ROLLOUT_GATE_SECONDS", "--rollout-gate-seconds",
+            _positive_float, "10",
+            "seconds between two looks of the gate job (on the leader) at every rollout in "
+            "progress: a failed gate halts (and reverts) within this much of the round that "
+            "read it back"),
+    Setting("rollout_approval_alert_minutes", "CONVERGERD_ROLLOUT_APPROVAL_ALERT_MINUTES",
+            "--rollout-approval-alert-minutes", _positive_float, "60",
+            "a rollout waiting for `convergerd rollout approve` longer than this many minutes "
+            "is overdue (convergerd_rollout_approval_overdue 1, the alert "
+            "ConvergerdRolloutWaitingForApproval)"),
     Setting("import_max_bytes", "CONVERGERD_IMPORT_MAX_BYTES", "--import-max-bytes",
             _positive_int, str(IMPORT_MAX_BYTES_DEFAULT),
             "largest file `convergerd import` reads, in bytes (checked before parsing)"),
@@ -486,6 +496,15 @@ class RevisionRetention:
 
 
 @dataclass(frozen=True, slots=True)
+class RolloutSettings:
+    """The rollouts' gate job and their alert (`convergerd.delivery.rollouts`,
+    `convergerd.status.metrics`)."""
+
+    gate_period_s: float = default_of("rollout_gate_s")
+    approval_alert_s: float = default_of("rollout_approval_alert_minutes") * 60.0
+
+
+@dataclass(frozen=True, slots=True)
 class HttpLimits:
     """What one HTTP client may hold of the server (convergerd.api.server.serve)."""
 
@@ -526,6 +545,7 @@ class Settings:
     operator_probe_period_s: float = default_of("operator_probe_minutes") * 60.0
     http: HttpLimits = field(default_factory=HttpLimits)
     revisions: RevisionRetention = field(default_factory=RevisionRetention)
+    rollouts: RolloutSettings = field(default_factory=RolloutSettings)
     # What shapes the scheduling at scale; defined at the end of the file, so looked up late.
     tuning: Tuning = field(default_factory=lambda: Tuning())  # noqa: PLW0108
 
@@ -657,6 +677,8 @@ def load_settings(
         http=_http_limits(v),
         revisions=RevisionRetention(keep_last=v["revision_retention"],
                                     max_age_days=v["revision_retention_days"]),
+        rollouts=RolloutSettings(gate_period_s=v["rollout_gate_s"],
+                                 approval_alert_s=v["rollout_approval_alert_minutes"] * 60.0),
     )
     check_settings(settings)
     return settings

@@ -1,12 +1,12 @@
 """The one place that wires the components and supervises their tasks.
 
 Tasks: the shard set (the Leases; one, the configured Lease, by default), a round loop per
-shard, the reachability prober, the health heartbeat, the HTTP server and the database
-notification listener. A crash in any supervised task stops
-the process (Kubernetes restarts it); SIGTERM/SIGINT only set a flag: no new round starts, the
-running one gets the grace period, the Lease is released so a standby takes over at once, pools
-close, exit 0. A second signal exits at once. The Lease is released on every way out (a crashed
-task, an unexpected error too), within a bounded time.
+shard, the reachability prober, the health heartbeat, the HTTP server, the database
+notification listener, and on the leader the revision retention and the rollouts' gate job. A
+crash in any supervised task stops the process (Kubernetes restarts it); SIGTERM/SIGINT only
+set a flag: no new round starts, the running one gets the grace period, the Lease is released
+so a standby takes over at once, pools close, exit 0. A second signal exits at once. The Lease
+is released on every way out (a crashed task, an unexpected error too), within a bounded time.
 
 No database error ends the process: "unavailable" is waited out and retried; a permanent
 refusal (`DatabaseRejected`) drops that one write or read, is logged and counted
@@ -44,6 +44,7 @@ from convergerd.delivery.apply import StopFence, Unfenced
 from convergerd.delivery.fanout import FanoutEnv, Saver, fanout_env
 from convergerd.delivery.lapse import Lapses
 from convergerd.delivery.listener import Listener
+from convergerd.delivery.rollouts import RolloutGates
 from convergerd.delivery.rounds import RoundLoop, database_retrying
 from convergerd.delivery.spread import Peers
 from convergerd.kube.registry import HOME_IN_CLUSTER, ClusterRegistry
@@ -83,7 +84,8 @@ class Daemon:
             keep=[e.home_context or HOME_IN_CLUSTER] if e.enabled else [],
         )
         # Counters and histograms; every gauge is read from the state when scraped.
-        self.metrics = Metrics(state=self.state)
+        self.metrics = Metrics(state=self.state,
+                               approval_alert_s=settings.rollouts.approval_alert_s)
         self.health = HealthCheck(on_lag=self.metrics.set_loop_lag)
         self.fanout_metrics = FanoutMetrics()
         self.metrics.register(self.fanout_metrics)
@@ -216,6 +218,11 @@ class Daemon:
                         observer=self.metrics).run(), name="revision retention"))
                     supervised.append(tg.create_task(
                         Lapses(store, self.state).run(), name="exception lapses"))
+                    supervised.append(tg.create_task(RolloutGates(
+                        store=store, state=self.state, saver=saver,
+                        leader=shardset.leader.elector, period_s=s.rollouts.gate_period_s,
+                        identity=self.identity, observer=self.metrics).run(),
+                        name="rollout gates"))
                     if peers is not None:
                         supervised.append(tg.create_task(peers.run(), name="save parts"))
                 self.health.watch(supervised)
@@ -365,7 +372,7 @@ class Daemon:
         app = make_app(metrics=self.metrics, state=self.state, store=store, settings=s,
                        health=self.health, saver=saver, tenants=store, book=book,
                        modes=store, revisions=store,
-                       exceptions=store)
+                       exceptions=store, rollouts=store)
         runner = await serve(app, s.http_host, s.http_port, s.http, observer=self.metrics)
         log.info(
             "convergerd %s (%s) serving health, metrics and status on %s:%d",

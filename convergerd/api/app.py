@@ -14,6 +14,9 @@ passes `auth.Guard` first: its route's scope (`scopes.ROUTE_SCOPES`) says which 
 | `GET /v1/policies/{id}/status` | that policy per cluster: revisions, error, phase; its deletion |
 | `GET /v1/policies/{id}/revisions` | its kept revisions, newest first, with what each changed |
 | `POST /v1/policies/{id}/rollback` | an old revision's content as a new one, saved: admin token |
+| `GET /v1/rollouts` | every live rollout: its wave, state and the gate that holds it |
+| `GET /v1/policies/{id}/rollout` | its rollout: waves, clusters per revision, the gate, events |
+| `POST /v1/policies/{id}/rollout/{pause,resume,approve,abort}` | operate it: the admin token |
 | `POST /v1/policies/{id}/apply` | save (a new `enforcement` if asked): the admin token |
 | `DELETE /v1/policies/{id}` | delete: the admin token |
 | `POST /v1/tokens` | a boundary's read token, created (shown once): the admin token |
@@ -40,6 +43,7 @@ from convergerd.api.boundaries import BoundarySource, BoundaryViews
 from convergerd.api.exceptions import ExceptionHandlers, ExceptionSource
 from convergerd.api.mutations import ModeStore, SaveHandlers
 from convergerd.api.revisions import RevisionHandlers, RevisionSource
+from convergerd.api.rollouts import RolloutHandlers, RolloutSource
 from convergerd.api.server import (
     STATUS_VIEWS,
     Health,
@@ -50,6 +54,7 @@ from convergerd.api.server import (
 from convergerd.api.tokens import TokenHandlers, TokenStore
 from convergerd.api.ui import UiPages
 from convergerd.config import Settings
+from convergerd.core.gates import Command
 from convergerd.delivery.fanout import Saver
 from convergerd.status.metrics import Metrics
 from convergerd.status.reader import StatusReader
@@ -74,6 +79,7 @@ def make_app(
     book: TokenBook | None = None,
     revisions: RevisionSource | None = None,
     exceptions: ExceptionSource | None = None,
+    rollouts: RolloutSource | None = None,
 ) -> web.Application:
     """The aiohttp application. `saver` does the saves and deletions (`mutations.SaveHandlers`),
     `modes` stores the enforcement a save asks for (the daemon's `Store`);
@@ -83,7 +89,7 @@ def make_app(
     follow the database; by default one read only when a token is created or revoked here);
     `revisions`: the policies' kept revisions (None: those endpoints answer 503);
     `exceptions`: where the exception endpoints keep them (the daemon's `Store`; None: they
-    answer 503)."""
+    answer 503); `rollouts`: the rollouts (None: those endpoints answer 503)."""
     views = Views(metrics=metrics, state=state, store=store, settings=settings, health=health)
     if status_db_timeout_s is not None:
         views.db_timeout_s = status_db_timeout_s
@@ -100,12 +106,14 @@ def make_app(
     ui = UiPages(guard, views, boundaries, body_timeout_s=body_timeout_s)
     history = RevisionHandlers(views, revisions, saver, retention=settings.revisions,
                                body_timeout_s=body_timeout_s)
+    waves = RolloutHandlers(views, rollouts, saver, body_timeout_s=body_timeout_s)
     app = web.Application(middlewares=[*middlewares(settings), guard.middleware()])
     # `Expect: 100-continue` is answered by each route's expect handler before any
     # middleware: the guard checks the route's scope first, none quotes the header.
     checked = guard.expect
     status_views = (views.status, views.cluster, views.policy, boundaries.boundary,
-                    boundaries.policy, history.history, history.boundary_history)
+                    boundaries.policy, history.history, history.boundary_history, waves.list,
+                    waves.policy)
     app.add_routes([
         web.get("/healthz", views.healthz, expect_handler=checked),
         web.get("/readyz", views.readyz, expect_handler=checked),
@@ -115,6 +123,8 @@ def make_app(
         web.post("/v1/policies/{id}/apply", saves.apply, expect_handler=checked),
         web.delete("/v1/policies/{id}", saves.delete, expect_handler=checked),
         web.post("/v1/policies/{id}/rollback", history.rollback, expect_handler=checked),
+        *(web.post(f"/v1/policies/{{id}}/rollout/{command.value}", waves.command(command),
+                   expect_handler=checked) for command in Command),
         web.post("/v1/tokens", tokens.create, expect_handler=checked),
         web.get("/v1/tokens", tokens.list, expect_handler=checked),
         web.delete("/v1/tokens/{name}", tokens.revoke, expect_handler=checked),

@@ -10,10 +10,12 @@ from typing import Any
 
 from convergerd import __version__
 from convergerd.api.scopes import ROUTE_SCOPES, Scope
+from convergerd.core.gates import Command, Gate
 from convergerd.core.model import ENFORCEMENTS, POLICY_ID_MAX_LEN
 from convergerd.core.report import FanoutResult, FanoutStatus
 from convergerd.core.revisions import KEYS_LISTED, PAGE_DEFAULT, PAGE_MAX, Kind
 from convergerd.core.revisions import Operation as RevisionOperation
+from convergerd.core.rollout import State
 from convergerd.core.rows import BOUNDARY_POLICIES_LISTED
 from convergerd.core.save import Operation, SaveAction
 from convergerd.core.tokens import BY_MAX_CHARS, NAME_MAX_CHARS
@@ -240,6 +242,22 @@ _SCHEMAS: dict[str, Any] = {
             "invalid_policies": {"type": "array", "items": {
                 "type": "object", "properties": {"id": {"type": "string"},
                                                  "reason": {"type": "string"}}}},
+            "rollouts": {
+                "type": "array", "description": "each live rollout, as of the last database "
+                "sync: its wave, state, the gate that holds it, clusters reporting its new "
+                "revision and another one (`GET /v1/policies/{id}/rollout` for more)",
+                "items": {"type": "object", "properties": {
+                    "policy": {"type": "string"}, "id": {"type": "integer"},
+                    "to_revision": {"type": "integer"},
+                    "from_revision": {"type": "integer", "nullable": True},
+                    "strategy": {"type": "string"}, "state": {"type": "string"},
+                    "wave": {"type": "object", "properties": {
+                        "index": {"type": "integer"}, "name": {"type": "string"},
+                        "of": {"type": "integer"}, "warn_step": {"type": "boolean"}}},
+                    "gate": _NULLABLE_STRING, "reason": _NULLABLE_STRING,
+                    "since": _NULLABLE_TIME,
+                    "clusters": {"type": "object", "properties": {
+                        "new": {"type": "integer"}, "old": {"type": "integer"}}}}}},
             "pending_deletions": {
                 "type": "object",
                 "description": "deletions some cluster did not confirm (oldest first, at most "
@@ -954,6 +972,110 @@ _PATHS.update({
             "503": _NO_TOKEN_OR_DB}}},
 })
 
+_SCHEMAS.update({
+    "Rollout": {
+        "type": "object",
+        "required": ["id", "policy", "to_revision", "from_revision", "strategy", "state",
+                     "wave", "gate", "reason", "created_at", "updated_at", "updated_by"],
+        "properties": {
+            "id": {"type": "integer"},
+            "policy": {"type": "string"},
+            "to_revision": {"type": "integer", "description": "the revision it rolls out"},
+            "from_revision": {"type": "integer", "nullable": True,
+                              "description": "the policy's revision before (null: new)"},
+            "strategy": {"type": "string"},
+            "state": {"type": "string", "enum": [s.value for s in State]},
+            "wave": {"type": "object", "required": ["index", "name", "of", "warn_step"],
+                     "properties": {
+                         "index": {"type": "integer"}, "name": {"type": "string"},
+                         "of": {"type": "integer", "description": "waves in the strategy"},
+                         "warn_step": {"type": "boolean",
+                                       "description": "the wave runs the revision in Warn"},
+                         "started_at": {**_NULLABLE_STRING, "format": "date-time"},
+                         "ready_at": {**_NULLABLE_STRING, "format": "date-time",
+                                      "description": "every cluster reported: the bake "
+                                                     "started"}}},
+            "gate": {"type": "string", "nullable": True, "enum": [*(g.value for g in Gate), None],
+                     "description": "what holds it (or failed), as last written"},
+            "reason": {**_NULLABLE_STRING, "description": "`gate: detail`, or a command's "
+                       "`<what> by <who>`"},
+            "created_at": {"type": "string", "format": "date-time"},
+            "updated_at": {"type": "string", "format": "date-time"},
+            "updated_by": {"type": "string"},
+            "clusters_written": {"type": "array", "items": {"type": "object"},
+                                 "description": "a command's answer: the clusters it made "
+                                                "due something else, written at once"}},
+    },
+    "RolloutList": {"type": "object", "required": ["rollouts"], "properties": {
+        "rollouts": {"type": "array", "items": _ref("Rollout")}}},
+    "RolloutView": {"allOf": [_ref("Rollout"), {
+        "type": "object", "required": ["in_force", "events"],
+        "properties": {
+            "in_force": {"type": "boolean", "description": "false: its latest rollout, ended"},
+            "waves": {"type": "array", "items": {"type": "object", "properties": {
+                "index": {"type": "integer"}, "name": {"type": "string"},
+                "selector": {"type": "object", "nullable": True,
+                             "additionalProperties": {"type": "string"}},
+                "fraction": {"type": "number", "nullable": True},
+                "warn_first": {"type": "boolean"}, "approval": {"type": "boolean"},
+                "clusters": {"type": "integer"},
+                "revisions": {"type": "array", "items": {"type": "object", "properties": {
+                    "revision": {"type": "integer", "nullable": True},
+                    "clusters": {"type": "integer"}}}}}}},
+            "clusters": {"type": "object", "description": "its clusters reporting the new "
+                         "revision, another one, none", "properties": {
+                             "new": {"type": "integer"}, "old": {"type": "integer"},
+                             "none": {"type": "integer"}}},
+            "now": {"type": "object", "description": "in progress: what holds it at this "
+                    "moment, with counts, as the gate job would find it", "properties": {
+                        "gate": {"type": "string", "enum": [g.value for g in Gate]},
+                        "detail": {"type": "string"}}},
+            "events": {"type": "array", "items": {"type": "object", "properties": {
+                "at": {"type": "string", "format": "date-time"}, "by": {"type": "string"},
+                "what": {"type": "string"}, "wave": {"type": "integer", "nullable": True},
+                "detail": _NULLABLE_STRING}}}}}]},
+    "RolloutCommand": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"by": {"type": "string", "maxLength": BY_MAX_CHARS,
+                              "description": "who asks, recorded with the event (default: "
+                                             "`admin token`)"}}},
+})
+_COMMANDS = {
+    Command.PAUSE: "pause a rollout in progress (its clusters keep what they hold)",
+    Command.RESUME: "resume a paused or halted rollout where it stopped (a gate that still "
+                    "fails halts it again)",
+    Command.APPROVE: "approve the wave a rollout waits at: its clusters get the revision now",
+    Command.ABORT: "abort: every cluster back to the revision it had before",
+}
+_PATHS.update({
+    "/v1/rollouts": {"get": {
+        "summary": "every live rollout: its wave, state and the gate that holds it",
+        "responses": {"200": _answer("the live rollouts", "RolloutList"), "429": _SHED,
+                      "503": _DB_DOWN}}},
+    "/v1/policies/{id}/rollout": {"get": {
+        "summary": "the policy's rollout in force (else its latest): its waves, which "
+                   "clusters report which revision, what holds it now, its events",
+        "parameters": [_POLICY_ID],
+        "responses": {"200": _answer("the rollout", "RolloutView"), "400": _BAD_ID,
+                      "404": _answer("the policy never had a rollout"), "429": _SHED,
+                      "503": _DB_DOWN}}},
+    **{f"/v1/policies/{{id}}/rollout/{command.value}": {"post": {
+        "summary": summary,
+        "parameters": [_POLICY_ID], "security": [{"bearerAuth": []}],
+        "requestBody": {"required": False,
+                        "content": {JSON: {"schema": _ref("RolloutCommand")}}},
+        "responses": {
+            "200": _answer("done: the rollout as it is now, with the clusters written",
+                           "Rollout"),
+            "400": _answer("a bad id, a body that is not a JSON object, an unknown field"),
+            "404": _answer("the policy has no rollout in force"),
+            "408": _BODY_LATE,
+            "409": _answer("the rollout is not in a state this applies to, or it moved "
+                           "meanwhile: nothing written"),
+            "413": _TOO_BIG, "503": _NO_TOKEN_OR_DB}}}
+       for command, summary in _COMMANDS.items()},
+})
+
 # Each route's answers to its token, from its scope (`scopes.ROUTE_SCOPES`).
 _SCOPE_ANSWERS: dict[Scope, dict[str, Any]] = {
     Scope.PUBLIC: {},
@@ -1017,7 +1139,8 @@ def document() -> dict[str, Any]:
             "title": "convergerd",
             "version": __version__,
             "description": "Health, metrics, status, saving and deleting policies, their "
-                           "revisions and rollback, read tokens and what one boundary's "
+                           "revisions and rollback, rollouts, read tokens and what one "
+                           "boundary's "
                            "token may read. "
                            + _SERVER_ANSWERS,
         },

@@ -137,7 +137,8 @@ DB_TIMEOUT_S = 5.0
 # view costs: `StatusReadTuning`). The paths, as the shed counter labels them:
 STATUS_VIEWS = ("/status", "/v1/clusters/{id}", "/v1/policies/{id}/status",
                 "/v1/boundaries/{boundary}", "/v1/boundaries/{boundary}/policies/{id}",
-                "/v1/policies/{id}/revisions", "/v1/boundaries/{boundary}/policies/{id}/revisions")
+                "/v1/policies/{id}/revisions", "/v1/boundaries/{boundary}/policies/{id}/revisions",
+                "/v1/rollouts", "/v1/policies/{id}/rollout")
 
 # The server's parser limits: a longer request line (the URL) or header line is refused (400).
 MAX_LINE_BYTES = 8190

@@ -199,6 +199,16 @@ def build_parser() -> argparse.ArgumentParser:
     tokencli.add_arguments(token.add_subparsers(dest="token_command", required=True,
                                                 metavar="COMMAND"))
 
+    from convergerd.cli import rollout as rolloutcli
+
+    rollout = sub.add_parser(
+        "rollout", help="rollouts in waves: status, pause, resume, approve, abort (through a "
+        "running daemon)", description=rolloutcli.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rolloutcli.add_arguments(rollout.add_subparsers(dest="rollout_command", required=True,
+                                                    metavar="COMMAND"))
+
     operator = sub.add_parser(
         "operator", help="the in-cluster operator (Policy -> ValidatingAdmissionPolicy)",
         description=_OPERATOR_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -244,6 +254,8 @@ def _command_name(args: argparse.Namespace) -> str:
     command: str = args.command
     if command == "policy":
         return f"{command} {args.policy_command}"
+    if command == "rollout":
+        return f"{command} {args.rollout_command}"
     return f"{command} {args.token_command}" if command == "token" else command
 
 
@@ -252,7 +264,9 @@ _TOOLS = {"status": "cli.status", "policy eval": "cli.policyeval",
           "policy apply": "cli.policy", "policy delete": "cli.policy",
           "policy history": "cli.revisions", "policy rollback": "cli.revisions",
           "policy except": "cli.exceptions", "policy exceptions": "cli.exceptions",
-          "token create": "cli.token", "token list": "cli.token", "token revoke": "cli.token"}
+          "token create": "cli.token", "token list": "cli.token", "token revoke": "cli.token",
+          **{f"rollout {c}": "cli.rollout"
+             for c in ("status", "pause", "resume", "approve", "abort")}}
 
 
 def _run(args: argparse.Namespace) -> int:  # noqa: PLR0911 - one branch per command

@@ -52,6 +52,7 @@ DEFAULT_ADDR = "http://127.0.0.1:8080"
 EXIT_OK = 0
 EXIT_UNREACHABLE = 2
 _MAX_ERROR = 60
+_MAX_REASON = 200  # a rollout's reason names its gate and the worst clusters
 # The status of 10,000 clusters is a few MB; an answer over this is not a status (a wrong
 # --addr, or a peer that never stops sending) and is not read further.
 MAX_STATUS_BYTES = 64 * 2**20
@@ -427,6 +428,7 @@ def _header(doc: Mapping[str, Any], addr: str | None) -> list[str]:
         lines.extend(f"  {shown(p.get('id'), style='text')}: "
                      f"{shown(p.get('reason') or '', style='prose')}" for p in invalid)
     lines.extend(_pending_lines(doc.get("pending_deletions")))
+    lines.extend(_rollout_lines(doc.get("rollouts")))
     unsupported = doc.get("unsupported_by_version") or {}
     if unsupported:
         lines.append("Unsupported (no ValidatingAdmissionPolicy, nothing enforced):")
@@ -480,6 +482,38 @@ def _pending_lines(pending: object) -> list[str]:
         lines.append(f"  {p.get('id')}: pending {format_duration(p.get('pending_seconds'))}, "
                      f"held by {held or 'no recorded cluster'}"
                      + (f" and {more} more" if more > 0 else ""))
+    return lines
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _rollout_lines(rollouts: object) -> list[str]:
+    """Each live rollout: its wave, state, clusters per revision and the gate that holds it
+    (`convergerd rollout status ID` for one in detail)."""
+    listed = ([r for r in rollouts if isinstance(r, Mapping)]
+              if isinstance(rollouts, list) else [])
+    if not listed:
+        return []
+    lines = [f"rollouts in progress ({len(listed)}; `convergerd rollout status ID` for one):"]
+    rows = [["POLICY", "REVISION", "STATE", "WAVE", "NEW", "OLD", "HELD BY"]]
+    for r in listed:
+        wave = _mapping(r.get("wave"))
+        index = wave.get("index")
+        position = (f"{index + 1}/{wave.get('of', '?')} "
+                    f"{shown(wave.get('name'), 40, style='text')}"
+                    if isinstance(index, int) else "?")
+        if wave.get("warn_step"):
+            position += " (warn)"
+        clusters = _mapping(r.get("clusters"))
+        rows.append([shown(r.get("policy"), 50, style="text"),
+                     f"{r.get('from_revision') or '-'} -> {r.get('to_revision', '?')}",
+                     shown(r.get("state"), 20, style="text"), position,
+                     str(clusters.get("new", "?")), str(clusters.get("old", "?")),
+                     shown(r.get("reason") or r.get("gate") or "-", _MAX_REASON,
+                           style="prose")])
+    lines.extend(f"  {line}" for line in _table(rows))
     return lines
 
 
@@ -610,10 +644,6 @@ def _admission_lines(admission: object) -> list[str]:
         lines.append(f"  and {total - min(len(listed), _POLICIES_SHOWN)} more policies "
                      "(convergerd status --policy ID for one)")
     return lines
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def render_policy(doc: Mapping[str, Any], *, addr: str | None = None) -> str:

@@ -2,4 +2,4 @@
 saves), the round loop, saves on database notifications."""
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
-__all__ = ["apply", "fanout", "lapse", "listener", "rounds", "spread"]
+__all__ = ["apply", "fanout", "lapse", "listener", "rollouts", "rounds", "spread"]

@@ -9,10 +9,13 @@ server up: `/status` shows the phases the operators report (Enforcing, Inert, Un
 the 1.29 cluster) and whether their enforcement probes verified the policies. Some workloads
 are created before the policies are delivered (`convergerd.demo.operators.LEGACY_WORKLOADS`):
 the operators' audit counts those the policies would deny, and `convergerd status` shows them
-(VIOLATIONS). The sample tenants get one exception at import, expiring 30 days later
-(`sample_exception`): `convergerd status` shows it with its expiry. The banner prints a
-record/replay pair of `convergerd policy eval` commands against one of the simulated clusters
-(a policy file for them is written to the workdir).
+(VIOLATIONS). Once the fleet converged, the demo tells a rollout story
+(`convergerd.demo.rollout`): a policy saved with a three-wave strategy halts at its canary and
+is sent back, then a fixed revision rolls through. The sample tenants get one exception at
+import, expiring 30 days later (`sample_exception`): `convergerd status` shows it with its
+expiry. The banner prints a record/replay pair of
+`convergerd policy eval` commands against one of the simulated clusters (a policy file for
+them is written to the workdir).
 
 The demo listens on 127.0.0.1 (unless CONVERGERD_HTTP_ADDR / --http-addr says otherwise) and,
 unless an API token is given, makes a random one and prints it once, with how to use it. It
@@ -24,6 +27,7 @@ tenant may see.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import datetime as dt
 import importlib.resources
@@ -154,6 +158,7 @@ def _prepare(workdir: Path) -> Path:
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
+    from convergerd.demo import rollout
     from convergerd.demo.operators import (
         create_boundary_namespaces,
         create_legacy_workloads,
@@ -208,7 +213,14 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             flush=True,
         )
         async with running_operators(operators, kubeconfig=fleet.kubeconfig_path, env=env):
-            return await Daemon(daemon_settings).main()
+            story = (asyncio.create_task(rollout.tell(dsn), name="rollout story")
+                     if rollout.POLICY in {p.id for p in plan.policies} else None)
+            try:
+                return await Daemon(daemon_settings).main()
+            finally:
+                if story is not None:
+                    story.cancel()
+                    await asyncio.gather(story, return_exceptions=True)
 
 
 async def _tenant_token(dsn: str, boundary: str) -> tuple[str, str] | None:
@@ -305,6 +317,12 @@ convergerd demo is running ({clusters} simulated clusters; Ctrl-C to stop)
                  (the operator's watch sees it at once, probes first: Verified False
                  Admitted; then it re-creates the binding within a second, verifies it again
                  and counts the repair in convergerd_operator_repairs_total)
+  rollout:       once the fleet converged, the demo saves team-c-registries with the
+                 three-wave strategy `careful` (canary c0009, half, the rest) as a revision
+                 without the mirror the canary's web-0 runs from: the canary's audit finds it,
+                 the rollout halts and the canary is sent back; then a fixed revision rolls
+                 through every wave. Watch: convergerd rollout status team-c-registries \\
+                   --addr {http}   (and `convergerd status`: rollouts in progress)
   API token:     {token_line}
                  the save/delete API (POST /v1/policies/ID/apply, DELETE /v1/policies/ID)
                  needs it: curl -X DELETE -H "Authorization: Bearer $TOKEN" {http}/v1/policies/ID

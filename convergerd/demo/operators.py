@@ -106,6 +106,9 @@ LEGACY_WORKLOADS: tuple[tuple[str, str, ResourceType, dict[str, Any]], ...] = (
     ("c0008", "team-b", DEPLOYMENTS, _deployment("reports",
                                                  "registry.team-b.example.com/reports:1.0",
                                                  owner="team-b")),
+    # team-c-registries allows it, until the demo's rollout story saves a revision without
+    # the mirror: then the canary's audit finds it and the rollout is sent back.
+    ("c0009", "team-c", PODS, _pod("web-0", "mirror.example.com/team-c/web:2.0")),
 )
 
 

@@ -4,4 +4,4 @@ Prometheus views of it."""
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
 __all__ = ["admissions", "document", "listing", "metrics", "phases", "probe", "reader",
-           "records", "state", "sync", "views"]
+           "records", "rollouts", "state", "sync", "views"]

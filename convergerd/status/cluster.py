@@ -7,9 +7,9 @@ field or changes a record. Pure: time is passed in.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from convergerd.core.model import ClusterId, PolicyId
 from convergerd.core.report import PhaseReading
@@ -78,6 +78,10 @@ class ClusterFacts(Protocol):
         """`PolicyRecords.record_rows`: each of `policies`' record as its row, None where
         none."""
     def counts(self, now: float, interval_s: float, verified_stale_s: float) -> TallyCounts: ...
+    def record_values(self, policy: PolicyId,
+                      positions: Sequence[int]) -> tuple[Any, ...] | None:
+        """The fields at `positions` (in `core.facts.RECORD_ROW`) of `policy`'s record (None:
+        no record), without building it."""
 
 
 @dataclass(slots=True)
@@ -153,6 +157,10 @@ class ClusterState:
 
     def record_rows(self, policies: Iterable[PolicyId]) -> list[RecordRow | None]:
         return self.policies.record_rows(policies)
+
+    def record_values(self, policy: PolicyId,
+                      positions: Sequence[int]) -> tuple[Any, ...] | None:
+        return self.policies.fields_of(policy, positions)
 
     def counts(self, now: float, interval_s: float, verified_stale_s: float) -> TallyCounts:
         """The readings' counts at `now` (`phases.tally_counts`), counted again only when the

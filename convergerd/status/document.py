@@ -1,8 +1,9 @@
 """The `/status` document, built from the state's read-only face (`StatusReader`): the head
 (`snapshot_head`: identity, leader, round, invalid policies, pending deletions, shards, the
-Unsupported roll-up, the fleet's audits), one summary per cluster (`cluster_summary`), worst
-first (`sorted_clusters`), and the whole of it (`snapshot`; `convergerd.api.server` builds the
-same document in slices, and past `Settings.status_max_clusters` a summary of it). Also what
+Unsupported roll-up, the fleet's audits, the live rollouts), one summary per cluster
+(`cluster_summary`), worst first (`sorted_clusters`), and the whole of it (`snapshot`;
+`convergerd.api.server` builds the same document in slices, and past
+`Settings.status_max_clusters` a summary of it). Also what
 the per-cluster and per-policy views take from the state (`merged_policies`,
 `audit_sample_view`). Pure: the state and `now` in, plain JSON out.
 """
@@ -73,7 +74,21 @@ def snapshot_head(state: StatusReader, now: dt.datetime,
         "unsupported_by_version": unsupported_rollup(unsupported),
         "audit": audit_fleet_view(state, now),
         "admission": admission_fleet_view(state),
+        "rollouts": rollouts_view(state),
     }
+
+
+def rollouts_view(state: StatusReader) -> list[dict[str, Any]]:
+    """Each live rollout: its wave and state, the gate that holds it, and how many clusters
+    report its new revision and how many another (as of the last database sync)."""
+    return [{
+        "policy": r.policy, "id": r.id, "to_revision": r.to_revision,
+        "from_revision": r.from_revision, "strategy": r.strategy, "state": r.state.value,
+        "wave": {"index": r.wave, "name": r.wave_name, "of": r.waves, "warn_step": r.warn_step},
+        "gate": r.gate.value if r.gate is not None else None, "reason": r.reason,
+        "since": iso(r.since),
+        "clusters": {"new": r.clusters_new, "old": r.clusters_old},
+    } for r in state.rollouts]
 
 
 def sorted_clusters(state: StatusReader, now: dt.datetime) -> list[ClusterFacts]:

@@ -87,9 +87,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from convergerd import __version__
+from convergerd.config import RolloutSettings
 from convergerd.core.exceptions import ExceptionTally
 from convergerd.core.model import PolicyId
 from convergerd.core.report import ApplyResult, ClusterOutcome, RoundReport, RoundResult
+from convergerd.core.rollout import LIVE_STATES, OnHalt, State
 from convergerd.status.admissions import ENFORCEMENT_ACTIONS, PolicyTotals
 from convergerd.status.cluster import ClusterFacts
 from convergerd.status.phases import (
@@ -100,6 +102,7 @@ from convergerd.status.phases import (
     verified_stale_after_s,
 )
 from convergerd.status.reader import StatusReader
+from convergerd.status.rollouts import RolloutFacts
 from convergerd.status.shards import last_rounds, orphans
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -127,6 +130,8 @@ ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 300.0, 450
 APPLY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 Labels = tuple[str, ...]
+# A live rollout's states, in this order in `convergerd_rollout_state`.
+ROLLOUT_STATES = tuple(s.value for s in State if s in LIVE_STATES)
 
 
 class _Histogram:
@@ -164,6 +169,7 @@ class Metrics:
         state: StatusReader,
         version: str = __version__,
         process_collectors: bool = True,
+        approval_alert_s: float = RolloutSettings().approval_alert_s,
     ) -> None:
         """Counters exist at zero for `state`'s clusters from the start; clusters that join
         later get theirs from `follow_clusters`. Counters exist only for the clusters `state`
@@ -172,6 +178,10 @@ class Metrics:
         when it was deleted) is dropped instead of bringing its series back for good."""
         self.state = state
         self.version = version
+        # A rollout waiting for approval longer is overdue (CONVERGERD_ROLLOUT_APPROVAL_ALERT_
+        # MINUTES): `convergerd_rollout_approval_overdue`.
+        self.approval_alert_s = approval_alert_s
+        self._rollout_halts: dict[Labels, float] = {(h.value,): 0.0 for h in OnHalt}
         self.registry = CollectorRegistry(auto_describe=False)
         self._applies: dict[Labels, float] = {}
         self._failures: dict[Labels, float] = {}
@@ -290,6 +300,10 @@ class Metrics:
     def revisions_pruned(self, revisions: int) -> None:
         """Kept policy revisions the retention deleted (`store.revisions.Pruner`)."""
         self._revisions_pruned += revisions
+
+    def rollout_halted(self, on_halt: str) -> None:
+        """A rollout the gate job halted (`delivery.rollouts`): `revert` or `pause`."""
+        self._rollout_halts[(on_halt,)] = self._rollout_halts.get((on_halt,), 0.0) + 1
 
     def set_loop_lag(self, seconds: float) -> None:
         self._loop_lag_s = max(0.0, seconds)
@@ -498,6 +512,25 @@ class Metrics:
         family.add(kept[1])
         return family
 
+    def _rollout_families(self, now: float) -> Iterator[_Family]:
+        waves, states, clusters, overdue = rollout_rows(self.state.rollouts, now,
+                                                        self.approval_alert_s)
+        for name, doc, labels, rows in (
+            ("convergerd_rollout_wave", "The current wave (0 first) of each live rollout",
+             ("policy",), waves),
+            ("convergerd_rollout_state", "Each live rollout's state: 1 for the one it is in "
+             "(progressing, waiting_approval, paused, halted)", ("policy", "state"), states),
+            ("convergerd_rollout_clusters", "Clusters reporting a live rollout's new revision "
+             "(new) or another one (old), as of the last database sync",
+             ("policy", "revision_kind"), clusters),
+            ("convergerd_rollout_approval_overdue", "1 when a rollout has waited for "
+             "approval longer than CONVERGERD_ROLLOUT_APPROVAL_ALERT_MINUTES",
+             ("policy",), overdue),
+        ):
+            family = _Family(name, doc, labels=labels)
+            family.add_rows(rows)
+            yield family
+
     def _fleet_families(self, now: float, *, keep: bool) -> Iterator[_Family]:
         state = self.state
         leader = state.leader()
@@ -526,6 +559,12 @@ class Metrics:
                        "the retention (CONVERGERD_REVISION_RETENTION, "
                        "CONVERGERD_REVISION_RETENTION_DAYS)", (),
                        {(): self._revisions_pruned})
+
+        yield _counter("convergerd_rollout_halts", "Rollouts a failed gate halted, by what "
+                       "the strategy did (revert: the wave's clusters sent back; pause: left "
+                       "halted), on the leader that judged them", ("on_halt",),
+                       self._rollout_halts)
+        yield from self._rollout_families(now)
 
         yield _histograms("convergerd_apply_duration_seconds",
                           "Latency of apply requests per cluster", ("cluster",),
@@ -594,6 +633,27 @@ def _admission_families(totals: Mapping[PolicyId, PolicyTotals]) -> Iterator[_Fa
     for family, family_rows in zip((admissions, last_hour, modes, excepted), rows, strict=True):
         family.add_rows(family_rows)
         yield family
+
+
+def rollout_rows(rollouts: Sequence[RolloutFacts], now: float, approval_alert_s: float
+                 ) -> tuple[list[Row], list[Row], list[Row], list[Row]]:
+    """The live rollouts' rows: wave, state (one series per live state, 1 for its own),
+    clusters per revision kind (new, old), approval overdue. Per-policy labels only for a
+    rollout in progress: a policy whose rollout ended has none."""
+    waves: list[Row] = []
+    states: list[Row] = []
+    clusters: list[Row] = []
+    overdue: list[Row] = []
+    for r in rollouts:
+        policy = str(r.policy)
+        waves.append(((policy,), float(r.wave)))
+        states.extend(((policy, s), 1.0 if r.state == s else 0.0) for s in ROLLOUT_STATES)
+        clusters.append(((policy, "new"), float(r.clusters_new)))
+        clusters.append(((policy, "old"), float(r.clusters_old)))
+        waited = now - r.since.timestamp() if r.since is not None else 0.0
+        late = r.state is State.WAITING_APPROVAL and waited > approval_alert_s
+        overdue.append(((policy,), 1.0 if late else 0.0))
+    return waves, states, clusters, overdue
 
 
 def pending_deletion_values(

@@ -17,6 +17,7 @@ from convergerd.core.report import AuditSample, Epoch, RoundReport
 from convergerd.core.rows import PendingDeletions, RoundRow
 from convergerd.status.admissions import PolicyTotals
 from convergerd.status.cluster import ClusterFacts
+from convergerd.status.rollouts import RolloutFacts
 from convergerd.status.shards import ShardsSeen
 
 # Readers type a cluster's facts by `ClusterFacts`, from here (its module is the state's own).
@@ -102,6 +103,9 @@ class StatusReader(Protocol):
     @property
     def admission_totals(self) -> Mapping[PolicyId, PolicyTotals]:
         """Per policy, what admission did over the fleet (`status.admissions`)."""
+    @property
+    def rollouts(self) -> tuple[RolloutFacts, ...]:
+        """The live rollouts, as the last database sync found them."""
 
     def leader(self) -> LeaderInfo: ...
     def cluster_ids(self) -> list[ClusterId]: ...

@@ -40,6 +40,8 @@ from convergerd.core.report import ApplyResult, AuditSample, Deliveries, PhaseRe
 from convergerd.core.rows import DeliveryRow
 from convergerd.status.phases import known_violations
 
+_ROW_REVISION = RECORD_ROW.index("revision")  # the reading's (the operator's) revision
+
 
 @dataclass(slots=True)
 class PolicyRecord:
@@ -365,6 +367,27 @@ class PolicyRecords(Mapping[PolicyId, PolicyRecord]):
         if not mask & bit:
             return self._summary[i]
         return entry[(mask & (bit - 1)).bit_count() + 1]
+
+    def fields_of(self, policy: PolicyId, positions: Sequence[int]) -> tuple[Any, ...] | None:
+        """The fields at `positions` (in `facts.RECORD_ROW`) of `policy`'s record, unpacking
+        nothing else (a rollout's gates read a few fields of thousands of records); None
+        without a record."""
+        entry = self._entries.get(policy)
+        if entry is None:
+            return None
+        mask, summary = entry[0], self._summary
+        return tuple(entry[(mask & ((1 << i) - 1)).bit_count() + 1] if mask >> i & 1
+                     else summary[i] for i in positions)
+
+    def revision_held(self, policy: PolicyId) -> int | None:
+        """The revision the cluster holds of `policy` as last known: the one its operator
+        reported, else the one last delivered (None: neither), unpacking nothing else (a
+        rollout's clusters per revision, counted over the fleet)."""
+        if self._field(policy, ROW_SEEN_AT) is not None:
+            revision: int | None = self._field(policy, _ROW_REVISION)
+            return revision
+        delivered: int | None = self._field(policy, ROW_DELIVERED_REVISION)
+        return delivered
 
     def take_round(self, deliveries: Deliveries, read: Mapping[PolicyId, ReadBack] | None) -> None:
         """A round's deliveries noted (the newer one wins; a failure keeps the last success's

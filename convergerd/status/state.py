@@ -3,8 +3,8 @@ database knows, each with its live facts (`convergerd.status.cluster.ClusterStat
 last error, last success, counts, Kubernetes version, and the per-policy records with the
 phases read back); which are reached insecurely; the last round; the leader (and how often it
 changed); the shards as the shard set last told; the invalid policies; the pending deletions;
-whether the database answered the last sync; the audit samples. Pure: no I/O, time is passed
-in.
+whether the database answered the last sync; the audit samples; the live rollouts. Pure: no
+I/O, time is passed in.
 
 Closed: only the feeders' methods below write it: the round loop (`observing`, `observe_round`,
 `set_next_round`), the reachability prober (`observe_probe`), the shard set and its electors
@@ -46,6 +46,7 @@ from convergerd.core.report import (
     RoundReport,
     utc_now,
 )
+from convergerd.core.rollout import Rollout
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 from convergerd.status.admissions import (
     NO_ADMISSIONS,
@@ -68,6 +69,7 @@ from convergerd.status.records import (
     newer,
     reading_part,
 )
+from convergerd.status.rollouts import RolloutFacts, rollout_facts
 from convergerd.status.samples import AuditSamples
 from convergerd.status.shards import ShardsSeen
 from convergerd.status.views import DEFAULT_PROBE_PERIOD_S
@@ -116,6 +118,8 @@ class StatusState:
         # Per policy, its clusters' admission tallies summed (`status.admissions`), kept up
         # to date wherever a cluster's tally is replaced (`_retally`).
         self._admissions = PolicyAdmissions()
+        # The live rollouts as the last sync read them, with their clusters per revision.
+        self._rollouts: tuple[RolloutFacts, ...] = ()
 
     # -- what readers see (`StatusReader`) -------------------------------------------------
 
@@ -151,6 +155,11 @@ class StatusState:
     @property
     def last_round(self) -> RoundSummary | None:
         return self._last_round
+
+    @property
+    def rollouts(self) -> tuple[RolloutFacts, ...]:
+        """The live rollouts, by policy, as the last database sync found them."""
+        return self._rollouts
 
     @property
     def next_round_at(self) -> dt.datetime | None:
@@ -431,6 +440,29 @@ class StatusState:
         if last_round is not None and (mine is None or last_round.started_at >= mine.started_at):
             self._invalid = MappingProxyType({p.id: p.reason for p in invalid})
         self.absorb_round_row(last_round)
+
+    def absorb_rollouts(self, rollouts: Iterable[Rollout]) -> None:
+        """`absorbing_rollouts` at once."""
+        for _ in self.absorbing_rollouts(rollouts):
+            pass
+
+    def absorbing_rollouts(self, rollouts: Iterable[Rollout]) -> Iterator[None]:
+        """The live rollouts a database sync read, each with how many clusters report its new
+        revision and how many another (counted here, once per sync, on the packed records: a
+        scrape or a view only reads the counts), one rollout a step (at 10,000 clusters some
+        15 ms: the sync gives the loop back between); what readers see changes at the end."""
+        clusters = list(self._clusters.values())
+
+        def held(policy: PolicyId) -> Iterator[int | None]:
+            for state in clusters:
+                yield state.policies.revision_held(policy)
+
+        facts = []
+        for rollout in rollouts:
+            facts.append(rollout_facts(rollout, held))
+            yield
+        self._version += 1  # what status shows may have changed
+        self._rollouts = tuple(sorted(facts, key=lambda f: f.policy))
 
     def note_sync(self, error: str | None) -> None:
         """The outcome of a database sync: None when it answered, else why not."""

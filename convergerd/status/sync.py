@@ -4,7 +4,8 @@ status when scraped).
 
 One pass: the clusters the database knows with their recorded outcomes, the last recorded round
 and the invalid policies it recorded, the deletions still pending, then the per-policy records
-(phases) of the clusters another replica worked on since the last pass, in one query. A few
+(phases) of the clusters another replica worked on since the last pass, in one query, and the
+live rollouts. A few
 queries per pass whatever the number of status requests; the HTTP handlers never refresh the
 status themselves.
 """
@@ -18,8 +19,10 @@ from typing import Protocol
 
 from convergerd.core.errors import ConvergerdError
 from convergerd.core.model import InvalidPolicy
+from convergerd.core.rollout import Rollout
 from convergerd.core.rows import ClusterStateRow, DeliveryRow, PendingDeletions, RoundRow
 from convergerd.core.shown import describe
+from convergerd.eventloop import Pacer
 from convergerd.status.state import StatusState
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,7 @@ class SyncSource(Protocol):
     async def deliveries_for_clusters(
         self, cluster_ids: Sequence[str], /
     ) -> Sequence[DeliveryRow]: ...
+    async def live_rollouts(self) -> Sequence[Rollout]: ...
 
 
 class StatusSync:
@@ -95,3 +99,8 @@ class StatusSync:
                 by_cluster.setdefault(record.cluster, []).append(record)
             for cluster, found in by_cluster.items():
                 self.state.absorb_delivery_rows(found, cluster=cluster)
+        # After the records: the rollouts' clusters per revision are counted on them, the
+        # loop given back between rollouts.
+        pacer = Pacer()
+        for _ in self.state.absorbing_rollouts(await self.store.live_rollouts()):
+            await pacer.pause()

@@ -188,3 +188,45 @@ async def test_the_demo_shows_violations_of_workloads_that_predate_the_policies(
         assert "MODES" in table
         assert any(line.startswith(f"  {WARN_POLICY}: ") and "in force as" in line
                    and "Warn=" in line for line in table.splitlines()), table
+
+
+async def test_the_demo_halts_a_rollout_at_its_canary_then_rolls_a_fixed_revision_through(
+    tmp_path: Path, database_url: str
+) -> None:
+    """Issue 37, item 6: the demo's rollout story (convergerd/demo/rollout.py), seen through the
+    rollouts' API and `convergerd rollout status`."""
+    port = free_port()
+    env = clean_env(CONVERGERD_DATABASE_URL=database_url,
+                     Policies__ConvergeIntervalMinutes="0.05",
+                     CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS="1",
+                     CONVERGERD_ROLLOUT_GATE_SECONDS="1")
+    base = f"http://127.0.0.1:{port}"
+    async with run_demo(tmp_path, env, "--http-addr", f"127.0.0.1:{port}") as (_proc, banner):
+        text = "\n".join(banner)
+        assert f"convergerd rollout status team-c-registries \\\n                   --addr {base}" \
+            in text, text
+        seen: dict[str, Any] = {}
+
+        async def completed() -> bool:
+            doc = await asyncio.to_thread(_get, f"{base}/v1/policies/team-c-registries/rollout")
+            seen.update(doc or {})
+            return bool(doc) and doc["state"] == "completed" and doc["id"] > 1
+
+        await wait_for(completed, timeout_s=4 * SEEN_S,
+                       what=f"the fixed revision rolled through ({seen.get('state')})")
+        assert seen["to_revision"] == 3
+        assert seen["waves"][0]["revisions"] == [{"revision": 3, "clusters": 1}]  # the canary
+        shown = await asyncio.to_thread(
+            subprocess.run, [*CONVERGERD, "rollout", "status", "team-c-registries", "--addr",
+                             base], capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith(
+            f"policy team-c-registries: rollout {seen['id']} of revision 3 (from 2), strategy "
+            "careful: completed (ended), wave 3/3 rest"), shown.stdout
+        # The first rollout: halted at the canary by its audit, the canary sent back.
+        log = (tmp_path / "demo.log").read_text()
+        reverted = re.search(r"rollout story: rollout 1 of revision 2 is (\w+): (.*)", log)
+        assert reverted, log[-3000:]
+        assert reverted[1] == "reverted"
+        assert reverted[2].startswith("new_violations: 1 cluster(s) with more than 0 audit "
+                                      "violation(s) at revision 2: c0009 (1)"), reverted[2]

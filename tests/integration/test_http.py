@@ -37,7 +37,7 @@ from convergerd.core.report import (
     RoundReport,
     RoundResult,
 )
-from convergerd.core.rollout import Staged, Start
+from convergerd.core.rollout import Rollout, Staged, Start
 from convergerd.core.rows import (
     ClusterStateRow,
     ClusterStatusRows,
@@ -165,6 +165,10 @@ class FakeStore:
     async def recorded_invalid(self) -> list[InvalidPolicy]:
         self._check("recorded_invalid")
         return [InvalidPolicy("Bad", "team-a", 1, "id: 'Bad' is not a DNS label")]
+
+    async def live_rollouts(self) -> list[Rollout]:
+        self._check("live_rollouts")
+        return []
 
     async def cluster_status(
         self, cluster_id: str, policies: Sequence[str]

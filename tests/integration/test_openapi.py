@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -111,7 +112,7 @@ async def world(fleet: Fleet, database_url: str) -> AsyncIterator[World]:
                    store=store, settings=settings, health=health,
                    saver=make_saver(rounds, store), status_db_timeout_s=2,
                    tenants=store, book=book, revisions=store,
-                   exceptions=store)
+                   exceptions=store, rollouts=store)
     seen: set[Answer] = set()
 
     async def record(request: web.Request, response: web.StreamResponse) -> None:
@@ -208,6 +209,7 @@ async def test_every_documented_answer_is_produced(
         assert await w.call(method, path) == 401, path
     await _tokens_and_boundaries(w)
     await _revisions(w, database_url)
+    await _rollouts(w, database_url)
 
     ended = asyncio.create_task(asyncio.sleep(0))
     await ended
@@ -225,7 +227,9 @@ async def test_every_documented_answer_is_produced(
                          ("GET", "/v1/boundaries/team-a/policies/p-regs"),
                          ("GET", "/v1/policies/p-regs/revisions"),
                          ("GET", "/v1/boundaries/team-a/policies/p-regs/revisions"),
-                         ("GET", "/v1/exceptions")):
+                         ("GET", "/v1/exceptions"),
+                         ("GET", "/v1/rollouts"), ("GET", "/v1/policies/p-wave/rollout"),
+                         *(("POST", f"/v1/policies/p-wave/rollout/{c}") for c in COMMANDS)):
         assert await w.call(method, path, headers=AUTH) == 503, path
     assert await w.call("POST", "/v1/policies/p-regs/rollback", headers=AUTH,
                         json={"to": 1}) == 503
@@ -240,6 +244,7 @@ async def test_every_documented_answer_is_produced(
                           ("/v1/boundaries/team-a/policies/p-regs", READ),
                           ("/v1/policies/p-regs/revisions", {}),
                           ("/v1/boundaries/team-a/policies/p-regs/revisions", READ),
+                          ("/v1/rollouts", {}), ("/v1/policies/p-wave/rollout", {}),
                           # Past this token's reads (100 at 50/s).
                           ("/metrics", AUTH), ("/v1/tokens", AUTH)):
         for method in ("GET", "HEAD"):
@@ -312,3 +317,43 @@ async def _revisions(w: World, database_url: str) -> None:
     assert await w.call("POST", rollback.format("p-regs"), headers=READ, json={"to": 1}) == 403
     assert await w.call("POST", rollback.format("p-regs"), headers=AUTH, data=BIG) == 413
     assert await w.late_body("POST", rollback.format("p-regs")) == 408
+
+
+COMMANDS = ("pause", "resume", "approve", "abort")
+
+
+async def _rollouts(w: World, database_url: str) -> None:
+    """The rollouts' answers (the database up): p-wave, saved with a strategy, is rolling out
+    (no gate job runs here: it stays where the commands put it)."""
+    strategy = {"id": "careful", "waves": [{"name": "canary", "selector": {"ring": "canary"}},
+                                           {"name": "rest", "fraction": 1.0}]}
+    await sql(database_url, "INSERT INTO rollout_strategies (id, spec) VALUES ($1, $2::jsonb)",
+              "careful", json.dumps(strategy))
+    await sql(database_url, """INSERT INTO policies (id, boundary_id, rule, rollout_strategy)
+              VALUES ('p-wave', 'team-a', '{"type": "ForbidLatestTag"}', 'careful')""")
+    assert await w.call("POST", "/v1/policies/p-wave/apply", headers=AUTH) == 200
+    assert await w.call("GET", "/v1/rollouts") == 200
+    for path, status in (("/v1/policies/p-wave/rollout", 200),
+                         ("/v1/policies/Bad_Id/rollout", 400),
+                         ("/v1/policies/p-regs/rollout", 404)):
+        assert await w.call("GET", path) == status, path
+    for path in ("/v1/rollouts", "/v1/policies/p-wave/rollout"):
+        assert await w.call("GET", path, headers=NOBODY) == 401, path
+        assert await w.call("GET", path, headers=READ) == 403, path
+    command = "/v1/policies/{}/rollout/{}"
+    for what in COMMANDS:
+        assert await w.call("POST", command.format("Bad_Id", what), headers=AUTH) == 400
+        assert await w.call("POST", command.format("p-regs", what), headers=AUTH) == 404
+        assert await w.call("POST", command.format("p-wave", what)) == 401
+        assert await w.call("POST", command.format("p-wave", what), headers=READ) == 403
+        assert await w.call("POST", command.format("p-wave", what), headers=AUTH,
+                            data=BIG) == 413
+        assert await w.late_body("POST", command.format("p-wave", what)) == 408
+    for what, status in (("pause", 200), ("pause", 409), ("approve", 409), ("resume", 200)):
+        assert await w.call("POST", command.format("p-wave", what), headers=AUTH,
+                            json={"by": "ci"}) == status, what
+    await sql(database_url, "UPDATE rollouts SET state = 'waiting_approval' "
+              "WHERE policy_id = 'p-wave'")  # as the gate job leaves it at an approval wave
+    for what, status in (("approve", 200), ("abort", 200), ("abort", 409), ("resume", 409)):
+        assert await w.call("POST", command.format("p-wave", what), headers=AUTH) == status, \
+            what

@@ -27,6 +27,7 @@ from convergerd.core.report import (
     RoundReport,
     audit_fields,
 )
+from convergerd.core.rollout import Rollout, State, parse_strategy
 from convergerd.operator.metrics import OperatorMetrics
 from convergerd.status.metrics import Metrics, ReadinessMetrics
 from convergerd.status.state import StatusState
@@ -95,7 +96,7 @@ def names_in(exprs: list[str]) -> set[str]:
 
 def exported_series() -> set[str]:
     """Sample names of a daemon that has seen one of everything: a round over a cluster with
-    deliveries, phases and a failure, probes, requests, retries and leadership."""
+    deliveries, phases and a failure, probes, requests, retries, leadership and a rollout."""
     t0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
     state = StatusState(identity="convergerd-a", interval_s=300.0,
                         clock=lambda: t0 + dt.timedelta(seconds=60))
@@ -126,6 +127,9 @@ def exported_series() -> set[str]:
     metrics.observe_round(report)  # as the round loop does: counted, and into the status
     state.observe_round(report)
     state.set_exception_tally([ExceptionTally("p-regs", 2, 1, 1)])
+    strategy = parse_strategy({"id": "careful", "waves": [{"name": "all", "fraction": 1.0}]})
+    state.absorb_rollouts([Rollout(1, pid, 4, 3, strategy, State.WAITING_APPROVAL,
+                                   updated_at=t0)])  # a live rollout, as the sync reads it
     text = metrics.render().decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 

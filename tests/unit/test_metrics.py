@@ -22,6 +22,7 @@ from convergerd.core.report import (
     Verification,
     verified_fields,
 )
+from convergerd.core.rollout import Rollout, State, parse_strategy
 from convergerd.core.rows import ClusterStateRow, DeliveryRow
 from convergerd.status.document import snapshot
 from convergerd.status.metrics import FanoutMetrics, Metrics, ReadinessMetrics
@@ -603,3 +604,39 @@ def test_unready_gauge_follows_the_readiness_checks_and_the_database_sync(clock:
     problem["lease_unreachable"] = "leader election blocked: ..."
     replica.state.note_sync(None)
     assert unready() == {"lease_unreachable": 1, "lease_stalled": 0, "database": 0}
+
+
+def test_live_rollouts_carry_their_policy_and_nothing_else_does(
+    metrics: Replica, clock: WallClock
+) -> None:
+    """Per-policy labels only while a policy has a rollout in progress: its wave, its state
+    (one series per live state), its clusters per revision kind, and approval overdue after
+    CONVERGERD_ROLLOUT_APPROVAL_ALERT_MINUTES."""
+    strategy = parse_strategy({"id": "careful", "waves": [
+        {"name": "canary", "selector": {"ring": "canary"}}, {"name": "rest", "fraction": 1.0}]})
+    # c1 reports revision 1 of p1 (the fixture's round): "old" for a rollout of revision 2.
+    waiting = Rollout(1, PolicyId("p1"), 2, 1, strategy, State.WAITING_APPROVAL, wave=1,
+                      updated_at=T0)
+    metrics.state.absorb_rollouts([waiting])
+    assert value(metrics, "convergerd_rollout_wave", policy="p1") == 1
+    assert {s: value(metrics, "convergerd_rollout_state", policy="p1", state=s)
+            for s in ("progressing", "waiting_approval", "paused", "halted")} == {
+        "progressing": 0, "waiting_approval": 1, "paused": 0, "halted": 0}
+    assert value(metrics, "convergerd_rollout_clusters", policy="p1", revision_kind="new") == 0
+    assert value(metrics, "convergerd_rollout_clusters", policy="p1", revision_kind="old") == 1
+    assert value(metrics, "convergerd_rollout_approval_overdue", policy="p1") == 0
+    clock.now += 3601  # past the default 60 minutes
+    assert value(metrics, "convergerd_rollout_approval_overdue", policy="p1") == 1
+    # /status shows it the same way.
+    assert snapshot(metrics.state)["rollouts"] == [{
+        "policy": "p1", "id": 1, "to_revision": 2, "from_revision": 1, "strategy": "careful",
+        "state": "waiting_approval",
+        "wave": {"index": 1, "name": "rest", "of": 2, "warn_step": False},
+        "gate": "approval", "reason": None, "since": "2026-01-01T12:00:00Z",
+        "clusters": {"new": 0, "old": 1}}]
+    # The rollout ends: the policy's series go.
+    metrics.state.absorb_rollouts([])
+    test_no_per_policy_label_but_fleet_totals_and_never_policy_by_cluster(metrics)
+    assert value(metrics, "convergerd_rollout_halts_total", on_halt="revert") == 0
+    metrics.metrics.rollout_halted("revert")
+    assert value(metrics, "convergerd_rollout_halts_total", on_halt="revert") == 1

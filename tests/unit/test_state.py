@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from convergerd.core.facts import RECORD_ROW
 from convergerd.core.model import ClusterId, InvalidPolicy, PolicyId
 from convergerd.core.report import (
     ApplyResult,
@@ -481,3 +482,29 @@ def test_an_operator_that_probes_but_writes_only_its_heartbeat_is_never_stale(
                      **audit_fields(Audit(0, written, True)))
     assert verification_of(r, 0.0, interval, now=dead, probe_period_s=probe_period) == "stale"
     assert audit_state(r, dead, interval, probe_period_s=probe_period) == "stale"
+
+
+def test_a_records_fields_read_alone_are_the_records_and_the_held_revision() -> None:
+    """`ClusterFacts.record_values` (what a rollout's gates read, a few fields of thousands of
+    records) gives what the whole record holds; `revision_held` the reported revision, else
+    the delivered one."""
+    state = StatusState(identity="r", interval_s=INTERVAL, clock=Clock())
+    state.observe_round(report(T0, outcome(
+        "c1", desired=3, in_sync=3,
+        phases=[reading("c1", "p1", "Enforcing", T0, revision=4),
+                reading("c1", "p2", "Error", T0, revision=2)],
+        deliveries=[Delivery(ClusterId("c1"), PolicyId(p), 4, ApplyResult.UNCHANGED, T0)
+                    for p in ("p1", "p2", "p3")])))
+    facts = state.clusters[ClusterId("c1")]
+    names = ("phase", "revision", "seen_at", "last_result", "delivered_revision")
+    positions = [RECORD_ROW.index(n) for n in names]
+    for pid in ("p1", "p2", "p3"):
+        record = facts.policies[PolicyId(pid)]
+        phase = record.phase
+        assert facts.record_values(PolicyId(pid), positions) == (
+            phase.phase if phase else None, phase.revision if phase else None,
+            phase.seen_at if phase else None, record.last_result, record.delivered_revision)
+    assert facts.record_values(PolicyId("p9"), positions) is None
+    packed = state._clusters[ClusterId("c1")].policies  # the owner's packed records
+    assert [packed.revision_held(PolicyId(p)) for p in ("p1", "p2", "p3", "p9")] == [
+        4, 2, 4, None]

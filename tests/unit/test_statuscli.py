@@ -134,6 +134,28 @@ def test_exceptions_in_force_are_a_line_per_policy_with_the_first_to_expire() ->
         "exceptions: not read (http://x/v1/exceptions answered 503)")
 
 
+def test_live_rollouts_are_listed_with_their_wave_clusters_and_what_holds_them() -> None:
+    doc = {**STATUS, "rollouts": [
+        {"policy": "regs", "id": 3, "to_revision": 7, "from_revision": 6, "state": "halted",
+         "wave": {"index": 0, "name": "canary", "of": 3, "warn_step": False}, "gate": "halted",
+         "reason": "new_violations: 1 cluster(s) with more than 0 audit violation(s) at "
+                   "revision 7: c0001 (4)", "clusters": {"new": 1, "old": 11}},
+        {"policy": "labels", "id": 4, "to_revision": 2, "from_revision": None,
+         "state": "waiting_approval", "wave": {"index": 2, "name": "rest", "of": 3,
+                                               "warn_step": True},
+         "gate": "approval", "reason": None, "clusters": {"new": 7, "old": 0}}]}
+    lines = render_status(doc).splitlines()
+    start = lines.index("rollouts in progress (2; `convergerd rollout status ID` for one):")
+    assert lines[start + 1].split() == ["POLICY", "REVISION", "STATE", "WAVE", "NEW", "OLD",
+                                        "HELD", "BY"]
+    assert lines[start + 2].split()[:8] == ["regs", "6", "->", "7", "halted", "1/3", "canary",
+                                            "1"]
+    assert lines[start + 2].endswith("at revision 7: c0001 (4)")
+    assert lines[start + 3].split() == ["labels", "-", "->", "2", "waiting_approval", "3/3",
+                                        "rest", "(warn)", "7", "0", "approval"]
+    assert "rollouts" not in render_status(STATUS)  # none: no line
+
+
 def test_durations() -> None:
     assert [format_duration(s) for s in (None, 5, 119, 125, 7300, 200000)] == [
         "-", "5s", "119s", "2m05s", "2h01m", "2d07h"]
