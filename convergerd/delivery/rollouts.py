@@ -73,22 +73,21 @@ class HaltObserver(Protocol):
     def rollout_halted(self, on_halt: str) -> None: ...
 
 
-# What a gate reads of a (policy, cluster) record, by name in `core.facts.RECORD_ROW`. HOOK
-# (wt/readback): the mode in force and the admission counts are read once their reading
-# fields (`enforcement_action`, `admission_*`) are in the table; until then they read as not
-# known, and the denial and warning gates see nothing.
+# What a gate reads of a (policy, cluster) record, by name in `core.facts.RECORD_ROW` (the
+# mode in force and the admission counts among them: the denial and warning gates).
 _GATE_FIELDS = ("seen_at", "last_result", "revision", "phase", "verified_status",
                 "audit_violations", "enforcement_action", "admission_denied", "admission_warned",
                 "admission_revision")
-_READ = tuple(f for f in _GATE_FIELDS if f in RECORD_ROW)
+_MISSING = tuple(f for f in _GATE_FIELDS if f not in RECORD_ROW)
+if _MISSING:  # a field renamed in core.facts must be renamed here too
+    raise RuntimeError(f"delivery.rollouts: gate fields {_MISSING} are not in the record row")
+_READ = _GATE_FIELDS
 _POSITIONS = tuple(RECORD_ROW.index(f) for f in _READ)
 _NOT_READ = (None,) * len(_READ)
 
 
 def _at(name: str) -> Callable[[tuple[Any, ...]], Any]:
-    """How a gate field is taken from `record_values`' answer (None when not in the table)."""
-    if name not in _READ:
-        return lambda _values: None
+    """How a gate field is taken from `record_values`' answer."""
     i = _READ.index(name)
     return lambda values: values[i]
 
