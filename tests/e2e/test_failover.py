@@ -133,9 +133,11 @@ def test_sigterm_hands_over_at_once(world: World) -> None:
         wait_for(lambda: _writes_by(world, old.identity), 20, "the leader writing")
         before = world.lease()
         assert before is not None
-        old.proc.send_signal(signal.SIGTERM)
+        # Taken before the signal: the old leader may release the Lease before this thread
+        # runs again.
         termed = time.monotonic()
         termed_wall = time.time()
+        old.proc.send_signal(signal.SIGTERM)
         new = wait_for(lambda: _new_leader(world, old), LEASE_S + 10, "a standby leading")
         handover_s = time.monotonic() - termed
         assert old.proc.wait(10) == 0
