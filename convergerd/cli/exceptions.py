@@ -41,8 +41,8 @@ from convergerd.cli.policy import (
     daemon_answered,
     exit_code,
     render,
-    table,
 )
+from convergerd.cli.status import table
 from convergerd.config import SETTINGS_BY_KEY
 from convergerd.core.exceptions import parse_exception, parse_expiry, selector_from_text
 from convergerd.core.model import RuleError, check_policy_id

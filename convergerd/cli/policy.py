@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from convergerd.cli.status import DEFAULT_ADDR, NoRedirects
+from convergerd.cli.status import DEFAULT_ADDR, NoRedirects, table
 from convergerd.config import SETTINGS_BY_KEY, read_secret_file
 from convergerd.core.decode import bounded_json
 from convergerd.core.errors import ConfigError, NotJSON
@@ -161,12 +161,6 @@ def cell(value: object, limit: int = _MAX_CELL) -> str:
     if value is None or value == "":
         return "-"
     return shown(value, limit, style="prose")
-
-
-def table(rows: list[list[str]]) -> list[str]:
-    """`rows` (the first one the header) as lines of left-aligned columns two spaces apart."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
 def daemon_answered(answer: Answer) -> str:

@@ -42,8 +42,8 @@ from convergerd.cli.policy import (
     daemon_answered,
     exit_code,
     render,
-    table,
 )
+from convergerd.cli.status import table
 from convergerd.cli.token import who
 from convergerd.config import read_secret_file
 from convergerd.core.errors import ConfigError

@@ -25,12 +25,20 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from convergerd.cli.policy import Answer, Failed, api_token, call, cell
-from convergerd.cli.status import DEFAULT_ADDR
+from convergerd.cli.policy import (
+    Answer,
+    Failed,
+    add_daemon_arguments,
+    api_token,
+    call,
+    cell,
+    daemon_answered,
+)
+from convergerd.cli.status import table
 from convergerd.cli.token import who
 from convergerd.core.model import RuleError, check_policy_id
 
@@ -57,21 +65,10 @@ def add_arguments(sub: Any) -> None:
                             "(default: user@host)")
         actions.append(action)
     for action in actions:
-        action.add_argument("--addr", default=DEFAULT_ADDR,
-                            help=f"the daemon's HTTP address (default {DEFAULT_ADDR})")
+        add_daemon_arguments(action)
         action.add_argument("--api-token-file", type=Path, metavar="PATH",
                             help="file holding the admin token [default: CONVERGERD_API_TOKEN,"
                                  " else the file in CONVERGERD_API_TOKEN_FILE]")
-        action.add_argument("--timeout", type=float, default=60.0,
-                            help="seconds to wait for the answer (default 60)")
-        action.add_argument("--json", action="store_true",
-                            help="print the daemon's JSON answer as is")
-
-
-def _table(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-            for row in rows]
 
 
 def _wave(doc: Mapping[str, Any]) -> str:
@@ -94,7 +91,7 @@ def render_list(body: Mapping[str, Any]) -> str:
     rows.extend([cell(r.get("policy")), f"{cell(r.get('from_revision'))} -> "
                  f"{cell(r.get('to_revision'))}", cell(r.get("state")), _wave(r),
                  cell(r.get("gate")), cell(r.get("reason"), 100)] for r in found)
-    return "\n".join(_table(rows)) + "\n"
+    return "\n".join(table(rows)) + "\n"
 
 
 def render_one(body: Mapping[str, Any]) -> str:
@@ -130,14 +127,14 @@ def render_one(body: Mapping[str, Any]) -> str:
                          + (" (warn first)" if w.get("warn_first") else ""),
                          cell(chosen, 60), cell(w.get("clusters")), reported or "-",
                          "yes" if w.get("approval") else "-"])
-        lines += ["", *_table(rows)]
+        lines += ["", *table(rows)]
     events = body.get("events")
     if isinstance(events, list) and events:
         rows = [["AT", "BY", "WHAT", "WAVE", "DETAIL"]]
         rows.extend([cell(e.get("at")), cell(e.get("by"), 60), cell(e.get("what")),
                      cell(e.get("wave")), cell(e.get("detail"), 120)]
                     for e in events if isinstance(e, Mapping))
-        lines += ["", *_table(rows)]
+        lines += ["", *table(rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -191,8 +188,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     if args.json:
         out.write(json.dumps(answer.body, indent=2) + "\n")
     if answer.status != 200:
-        err.write(f"convergerd rollout {command}: the daemon answered {answer.status}: "
-                  f"{cell(answer.body.get('error'), 400)}\n")
+        err.write(f"convergerd rollout {command}: {daemon_answered(answer)}\n")
         return EXIT_REFUSED if answer.status in _REFUSED else EXIT_USAGE
     if not args.json:
         if command == "status":

@@ -378,7 +378,8 @@ def sort_clusters(clusters: Sequence[Mapping[str, Any]]) -> list[Mapping[str, An
     ))
 
 
-def _table(rows: list[list[str]]) -> list[str]:
+def table(rows: list[list[str]]) -> list[str]:
+    """`rows` (the first one the header) as lines of left-aligned columns two spaces apart."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
             for r in rows]
@@ -465,7 +466,7 @@ def _shard_lines(shards: object) -> list[str]:
     rows.extend([str(k.get("shard", "?")), shown(k.get("holder") or "-", 40, style="text"),
                  str(k.get("clusters", 0)), str(k.get("orphan_clusters", 0)),
                  _when(k.get("last_round_at"))] for k in listed)
-    lines.extend(f"  {line}" for line in _table(rows))
+    lines.extend(f"  {line}" for line in table(rows))
     return lines
 
 
@@ -513,7 +514,7 @@ def _rollout_lines(rollouts: object) -> list[str]:
                      str(clusters.get("new", "?")), str(clusters.get("old", "?")),
                      shown(r.get("reason") or r.get("gate") or "-", _MAX_REASON,
                            style="prose")])
-    lines.extend(f"  {line}" for line in _table(rows))
+    lines.extend(f"  {line}" for line in table(rows))
     return lines
 
 
@@ -551,7 +552,7 @@ def render_status(doc: Mapping[str, Any], *, addr: str | None = None,
         ]
         for c in clusters
     )
-    lines.extend(_table(rows))
+    lines.extend(table(rows))
     lines.append("")
     lines.extend(_fleet_lines(doc, clusters))
     lines.extend(_audit_lines(doc.get("audit")))
@@ -700,7 +701,7 @@ def render_policy(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
             str(audit_c.get("violations")) if _is_count(audit_c.get("violations")) else "-",
             shown(c.get("last_error") or "", _MAX_ERROR, style="prose"),
         ])
-    lines.extend(_table(rows))
+    lines.extend(table(rows))
     return "\n".join(lines) + "\n"
 
 
@@ -721,7 +722,7 @@ def render_boundary(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
                      str(p.get("violations", 0)),
                      shown(p.get("invalid") or "", _MAX_ERROR, style="prose")]
                     for p in policies)
-        lines.extend(_table(rows))
+        lines.extend(table(rows))
     else:
         lines.append("no policies")
     total = doc.get("policies_total")
@@ -756,7 +757,7 @@ def render_boundary(doc: Mapping[str, Any], *, addr: str | None = None) -> str:
                  shown(c.get("server_version") or "-", 40, style="text"),
                  shown(c.get("failure") or "", _MAX_ERROR, style="prose")]
                 for c in clusters)
-    lines.extend(_table(rows))
+    lines.extend(table(rows))
     down = sum(c.get("reachable") is False for c in clusters)
     lines.append("")
     lines.append(f"{len(clusters)} clusters: {down} unreached")

@@ -32,8 +32,8 @@ from convergerd.cli.policy import (
     call,
     cell,
     daemon_answered,
-    table,
 )
+from convergerd.cli.status import table
 from convergerd.core.model import RuleError
 from convergerd.core.report import utc_now
 from convergerd.core.tokens import check_boundary, check_token_name, parse_time
