@@ -40,10 +40,10 @@ from convergerd.cli.policy import (
     cell,
     daemon_answered,
     exit_code,
+    optional_api_token,
     render,
 )
 from convergerd.cli.status import table
-from convergerd.config import SETTINGS_BY_KEY
 from convergerd.core.exceptions import parse_exception, parse_expiry, selector_from_text
 from convergerd.core.model import RuleError, check_policy_id
 
@@ -75,14 +75,6 @@ def add_arguments(sub: Any) -> None:
                                  "else the file in CONVERGERD_API_TOKEN_FILE; for the list, "
                                  "none when neither is set]")
         add_daemon_arguments(action)
-
-
-def _fleet_token(flag_file: Path | None, env: Mapping[str, str]) -> str | None:
-    """The API token when one is given (a fleet view needs it when the daemon sets
-    CONVERGERD_FLEET_READS_NEED_TOKEN), else None: the list is asked without one."""
-    given = flag_file is not None or any(
-        env.get(SETTINGS_BY_KEY[key].env) for key in ("api_token", "api_token_file"))
-    return api_token(flag_file, env) if given else None
 
 
 def _user(env: Mapping[str, str]) -> str:
@@ -167,7 +159,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
         else:
             query = f"?{urllib.parse.urlencode({'policy': args.id})}" if args.id else ""
             answer = call(args.addr, "GET", f"/v1/exceptions{query}",
-                          token=_fleet_token(args.api_token_file, env), body=None,
+                          token=optional_api_token(args.api_token_file, env), body=None,
                           timeout_s=float(args.timeout))
     except Failed as exc:
         err.write(f"convergerd policy {action}: {exc}\n")

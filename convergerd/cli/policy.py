@@ -106,6 +106,15 @@ def api_token(flag_file: Path | None, env: Mapping[str, str]) -> str:
     raise Failed(f"no API token: set {token_env} or {file_env}, or give --api-token-file")
 
 
+def optional_api_token(flag_file: Path | None, env: Mapping[str, str]) -> str | None:
+    """For a read the daemon may serve without a token: None when no token is given at all
+    (flag or either variable), else `api_token`'s — and a given token that cannot be read
+    stops the command, never silently sends nothing."""
+    given = flag_file is not None or any(
+        env.get(SETTINGS_BY_KEY[key].env) for key in ("api_token", "api_token_file"))
+    return api_token(flag_file, env) if given else None
+
+
 def _base(addr: str) -> str:
     base = addr.rstrip("/")
     if "://" not in base:

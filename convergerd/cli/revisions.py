@@ -41,6 +41,7 @@ from convergerd.cli.policy import (
     cell,
     daemon_answered,
     exit_code,
+    optional_api_token,
     render,
 )
 from convergerd.cli.status import table
@@ -93,10 +94,7 @@ def _read_token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
             return read_secret_file("--token-file", args.token_file)
         except ConfigError as exc:
             raise Failed(str(exc)) from None
-    try:
-        return api_token(None, env)
-    except Failed:
-        return None  # no token: the fleet views are open by default
+    return optional_api_token(None, env)
 
 
 def history_path(args: argparse.Namespace) -> str:

@@ -37,6 +37,7 @@ from convergerd.cli.policy import (
     call,
     cell,
     daemon_answered,
+    optional_api_token,
 )
 from convergerd.cli.status import table
 from convergerd.cli.token import who
@@ -150,25 +151,15 @@ def render_command(body: Mapping[str, Any]) -> str:
     return line + "\n"
 
 
-def _fleet_token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
-    try:
-        return api_token(args.api_token_file, env)
-    except Failed:
-        if args.api_token_file is not None:
-            raise
-        return None  # no token: the fleet views are open by default
-
-
 def _request(args: argparse.Namespace, env: Mapping[str, str]) -> Answer:
     timeout_s = float(args.timeout)
     command: str = args.rollout_command
     if command == "status":
-        if args.id is None:
-            return call(args.addr, "GET", "/v1/rollouts", token=_fleet_token(args, env),
-                        body=None, timeout_s=timeout_s)
-        check_policy_id(args.id)
-        return call(args.addr, "GET", f"/v1/policies/{args.id}/rollout",
-                    token=_fleet_token(args, env), body=None, timeout_s=timeout_s)
+        path = "/v1/rollouts" if args.id is None else f"/v1/policies/{args.id}/rollout"
+        if args.id is not None:
+            check_policy_id(args.id)
+        return call(args.addr, "GET", path, token=optional_api_token(args.api_token_file, env),
+                    body=None, timeout_s=timeout_s)
     check_policy_id(args.id)
     return call(args.addr, "POST", f"/v1/policies/{args.id}/rollout/{command}",
                 token=api_token(args.api_token_file, env), body={"by": who(args.by)},

@@ -3,6 +3,8 @@ answers come from a daemon, but over a network: every value is shown bounded, on
 
 from __future__ import annotations
 
+import io
+
 from convergerd.cli.main import build_parser
 from convergerd.cli.rollout import render_command, render_list, render_one
 
@@ -63,3 +65,30 @@ def test_the_commands_parse() -> None:
     args = parser.parse_args(["rollout", "approve", "regs", "--by", "alice"])
     assert (args.rollout_command, args.id, args.by) == ("approve", "regs", "alice")
     assert parser.parse_args(["rollout", "status"]).id is None
+
+
+def test_a_read_with_a_token_given_that_cannot_be_read_stops_and_says_which() -> None:
+    """Every command that may read without a token (rollout status, policy history, policy
+    exceptions) follows one rule: no token given, none sent; a token given but unreadable is
+    an error naming where it was given — never a silent request without it."""
+    from convergerd.cli import exceptions, revisions, rollout
+
+    parser = build_parser()
+    missing = "/nonexistent/convergerd-token"
+    commands = [(rollout.run, ["rollout", "status"]),
+                (revisions.run, ["policy", "history", "regs"]),
+                (exceptions.run, ["policy", "exceptions"])]
+    for run, argv in commands:
+        for env, flag, named in (({"CONVERGERD_API_TOKEN_FILE": missing}, [],
+                                  "CONVERGERD_API_TOKEN_FILE"),
+                                 ({}, ["--api-token-file", missing], "--api-token-file")):
+            if run is revisions.run and flag:
+                continue  # history's own flag is --token-file (a boundary's token too)
+            err = io.StringIO()
+            # A closed port: had the command gone on without its token, it would have
+            # failed on the connection instead, with another message.
+            code = run(parser.parse_args([*argv, *flag, "--addr", "127.0.0.1:9"]), env=env,
+                       out=io.StringIO(), err=err)
+            assert code == 2, (argv, env, flag, err.getvalue())
+            assert named in err.getvalue(), err.getvalue()
+            assert missing in err.getvalue(), err.getvalue()
