@@ -387,6 +387,71 @@ async def read_capped(
     return b"".join(chunks), True
 
 
+@dataclass(frozen=True, slots=True)
+class KeptLines:
+    """A text answer read for a few of its lines (`/metrics`: two metric names of the hundreds
+    a kube-apiserver exports, often many MB in all): streamed, and only the lines that start
+    with one of `prefixes` kept, so a body far over the response cap is read without holding
+    it. The lines kept are bounded by the response cap, the body by `max_scanned_bytes` (and
+    its time by the request timeout); a kept line over `max_line_bytes` is skipped."""
+
+    prefixes: tuple[bytes, ...]
+    max_scanned_bytes: int = 256 * 2**20
+    max_line_bytes: int = 64 * 2**10
+
+    @property
+    def pattern(self) -> re.Pattern[bytes]:
+        names = b"|".join(re.escape(p) for p in self.prefixes)
+        return re.compile(rb"^(?:" + names + rb")[^\n]*", re.M)
+
+
+async def read_kept_lines(content: aiohttp.StreamReader, keep: KeptLines, max_kept: int,
+                          *, verb: str) -> bytes:
+    """The lines of a streamed body that `keep` keeps, newline-terminated, joined; `TooLarge`
+    when the body passes `keep.max_scanned_bytes` or the kept lines `max_kept` (the caller
+    closes the connection). Memory: the kept lines, a chunk and at most one line."""
+    pattern = keep.pattern
+    kept = bytearray()
+    buffer = bytearray()
+    scanned = 0
+    skipping = False  # inside a line already longer than max_line_bytes: to its newline
+
+    def take(text: bytearray | bytes, start: int, end: int) -> None:
+        for match in pattern.finditer(text, start, end):
+            line = match.group()
+            if len(line) <= keep.max_line_bytes:
+                kept.extend(line)
+                kept.extend(b"\n")
+        if len(kept) > max_kept:
+            raise TooLarge(f"{verb} answer: the lines kept of it ({b' '.join(keep.prefixes)!r}) "
+                           f"are larger than {max_kept} bytes (CONVERGERD_MAX_RESPONSE_BYTES)")
+
+    async for chunk in content.iter_any():
+        scanned += len(chunk)
+        if scanned > keep.max_scanned_bytes:
+            raise TooLarge(f"{verb} answer larger than {keep.max_scanned_bytes} bytes (the "
+                           f"most read of a {verb} answer for a few of its lines)")
+        buffer += chunk
+        end = buffer.rfind(b"\n")
+        if end < 0:
+            if len(buffer) > keep.max_line_bytes:
+                buffer.clear()
+                skipping = True
+            continue
+        start = 0
+        if skipping:
+            start = buffer.find(b"\n") + 1
+            skipping = False
+        take(buffer, start, end)
+        del buffer[: end + 1]
+        if len(buffer) > keep.max_line_bytes:
+            buffer.clear()
+            skipping = True
+    if buffer and not skipping:
+        take(buffer, 0, len(buffer))  # a last line without its newline
+    return bytes(kept)
+
+
 async def read_lines_capped(content: aiohttp.StreamReader, limit: int) -> AsyncIterator[bytes]:
     """The newline-terminated lines of a streamed body (a watch: one JSON event per line), each
     at most `limit` bytes: a longer one raises `TooLarge` (its first bytes kept: an event's
@@ -688,12 +753,14 @@ class ClusterClient:
         return Reply(answer.status, answer.json(), answer.warnings)
 
     async def text(self, path: str, *, verb: str, timeout_s: float,
-                   cost: Cost = ANSWER_COST) -> bytes:
+                   cost: Cost = ANSWER_COST, keep: KeptLines | None = None) -> bytes:
         """A GET of a non-JSON answer (`/metrics`: Prometheus text), its body as read: within
-        `cost.max_bytes` and the response cap (over it: `TooLarge`), with the same pool,
-        rate limit and error classes as `call`."""
+        `cost.max_bytes` and the response cap (over it: `TooLarge`), or with `keep` only the
+        lines it keeps (`read_kept_lines`), with the same pool, rate limit and error classes
+        as `call`."""
         send = self._http("GET", path, accept=TEXT_CONTENT_TYPE)
-        answer = await self._request(verb, send, deadline=self._clock() + timeout_s, cost=cost)
+        answer = await self._request(verb, send, deadline=self._clock() + timeout_s, cost=cost,
+                                     keep=keep)
         return answer.body
 
     async def stream(
@@ -748,7 +815,7 @@ class ClusterClient:
     # --- one request ------------------------------------------------------------------------
 
     async def _read(self, verb: str, response: aiohttp.ClientResponse,
-                    cost: Cost = ANSWER_COST) -> _Answer:
+                    cost: Cost = ANSWER_COST, keep: KeptLines | None = None) -> _Answer:
         """The answer, its body read up to the cap: the request's `cost.max_bytes` within
         `max_response_bytes` for a success (over it: `BadResponse`), `ERROR_BODY_MAX_BYTES`
         for an error or a redirect (over it: cut). What is left unread stays unread: the
@@ -758,6 +825,13 @@ class ClusterClient:
         cap = self._max_response_bytes
         limit = (ERROR_BODY_MAX_BYTES if error
                  else cap if cost.max_bytes is None else min(cost.max_bytes, cap))
+        if keep is not None and not error:
+            try:
+                kept = await read_kept_lines(response.content, keep, limit, verb=verb)
+            except TooLarge:
+                response.close()
+                raise
+            return _Answer(status, response.reason, response.headers, kept, verb)
         declared = response.content_length
         if not error and declared is not None and declared > limit:
             head, _ = await read_capped(response.content, min(limit, TOO_LARGE_HEAD_BYTES))
@@ -844,6 +918,7 @@ class ClusterClient:
         deadline: float,
         not_found: str | None = None,
         cost: Cost = ANSWER_COST,
+        keep: KeptLines | None = None,
     ) -> _Answer:
         """One HTTP request, bounded by `deadline` (clock time) including the rate limiter's
         wait, over the warm session when no other request holds it, else the burst one.
@@ -875,7 +950,7 @@ class ClusterClient:
                                   await self._auth.headers())
             async with response:
                 status = response.status
-                answer = await self._read(verb, response, cost)
+                answer = await self._read(verb, response, cost, keep)
         except ClusterError:
             raise
         except aiohttp.ClientResponseError as exc:

@@ -26,6 +26,7 @@ from convergerd.kube.client import (
     APPLY_CONTENT_TYPE,
     LIST_PAGE_SIZE,
     ClusterClient,
+    KeptLines,
 )
 from convergerd.kube.listhead import list_head
 
@@ -190,10 +191,14 @@ class ObjectClient:
         assert reply is not None
         return Admitted(reply.object, reply.warnings)
 
-    async def metrics(self, *, timeout_s: float) -> bytes:
-        """The API server's `/metrics` (Prometheus text), within the response cap; reading
-        it needs RBAC `nonResourceURLs: ["/metrics"], verbs: ["get"]` (403 without)."""
-        return await self._client.text("/metrics", verb="metrics", timeout_s=timeout_s)
+    async def metrics(self, *, names: tuple[str, ...], timeout_s: float) -> bytes:
+        """The lines of the API server's `/metrics` (Prometheus text) that start with one of
+        `names`: a kube-apiserver's whole answer is often many MB, far over the response cap,
+        so it is streamed and only those lines kept (`client.KeptLines`). Reading it needs
+        RBAC `nonResourceURLs: ["/metrics"], verbs: ["get"]` (403 without)."""
+        keep = KeptLines(tuple(name.encode() for name in names))
+        return await self._client.text("/metrics", verb="metrics", timeout_s=timeout_s,
+                                       keep=keep)
 
     async def served_resources(self, group: str, version: str, *,
                                timeout_s: float) -> frozenset[str] | None:

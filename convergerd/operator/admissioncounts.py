@@ -52,6 +52,8 @@ from convergerd.core.decode import rfc3339
 from convergerd.operator.reconcile import timestamp
 
 CHECK_TOTAL = "apiserver_validating_admission_policy_check_total"
+START_TIME = "process_start_time_seconds"
+METRIC_NAMES = (CHECK_TOTAL, START_TIME)  # the only lines of an answer kept
 POLICY_PREFIX = "stackship-"
 ACTIONS = ("deny", "warn", "audit")  # the counter's enforcement_action values we report
 WINDOW_S = 3600.0

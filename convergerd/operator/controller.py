@@ -113,6 +113,7 @@ from convergerd.leader.elector import Leadership
 from convergerd.leader.lease import Fence
 from convergerd.logthrottle import LogThrottle
 from convergerd.operator.admissioncounts import (
+    METRIC_NAMES,
     AdmissionCounts,
     MetricsError,
     admission_differs,
@@ -209,7 +210,7 @@ class OperatorApi(WatchApi, Protocol):
                              namespace: str | None = None) -> Admitted: ...
     async def served_resources(self, group: str, version: str, *,
                                timeout_s: float) -> frozenset[str] | None: ...
-    async def metrics(self, *, timeout_s: float) -> bytes: ...
+    async def metrics(self, *, names: tuple[str, ...], timeout_s: float) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -715,7 +716,8 @@ class Operator:
         for _ in range(ADMISSION_READ_TRIES):
             await self._probes.idle.wait()
             finished = self._probes.finished
-            body = await self._api.metrics(timeout_s=self._t.request_timeout_s)
+            body = await self._api.metrics(names=METRIC_NAMES,
+                                           timeout_s=self._t.request_timeout_s)
             if self._probes.none_since(finished):
                 return body
         log.debug("cluster %s: /metrics read while probes ran, %d times: read again later",

@@ -19,14 +19,15 @@ from aiohttp import web
 
 import convergerd
 from convergerd.config import ClusterAccess
-from convergerd.core.errors import BadResponse, ClusterError, ClusterLevelError
+from convergerd.core.errors import BadResponse, ClusterError, ClusterLevelError, TooLarge
 from convergerd.core.model import ClusterId
 from convergerd.core.render import API_VERSION, MANAGED_SELECTOR
 from convergerd.kube.api import Resource
-from convergerd.kube.client import ClusterClient
+from convergerd.kube.client import ClusterClient, KeptLines
 from convergerd.kube.kubeconfig import Credentials
 from convergerd.kube.objects import ObjectClient
 from convergerd.kube.tlsctx import TlsContexts
+from convergerd.operator.admissioncounts import METRIC_NAMES, parse_metrics
 from convergerd.sim.scripted import Handler, ScriptedCluster, Seen
 
 CLUSTER = ClusterId("c0001")
@@ -130,6 +131,7 @@ async def _every_call(client: ClusterClient) -> dict[str, Callable[[], Awaitable
         "lease update": lambda: client.replace_lease(lease(), timeout_s=5),
         "object list": lambda: objects.list_objects(pods, label_selector=None, timeout_s=5),
         "watch": lambda: _first_event(objects, pods),
+        "metrics": lambda: objects.metrics(names=METRIC_NAMES, timeout_s=5),
     }
 
 
@@ -319,3 +321,73 @@ async def test_oversized_answer_headers_are_a_bad_answer_not_an_outage(
         await cluster.client.server_version(timeout_s=5)
     assert isinstance(info.value, BadResponse)
     assert "y" * 50 not in str(info.value)
+
+
+# --- /metrics: a few lines of an answer far over the cap ------------------------------------
+
+
+def _apiserver_metrics(filler_bytes: int) -> tuple[bytes, bytes]:
+    """A kube-apiserver-like `/metrics` with `filler_bytes` of other series around ours, and
+    our lines alone (what must come back)."""
+    ours = [b'apiserver_validating_admission_policy_check_total{enforcement_action="deny",'
+            b'error_type="no_error",policy="stackship-regs",policy_binding="stackship-regs"} 7',
+            b"process_start_time_seconds 1.7e+09"]
+    filler = (b'apiserver_request_duration_seconds_bucket{component="apiserver",le="0.05",'
+              b'resource="pods",verb="LIST"} 12345\n')
+    block = filler * (filler_bytes // (2 * len(filler)))
+    body = (b"# HELP apiserver_validating_admission_policy_check_total x\n" + block
+            + ours[0] + b"\n" + block + ours[1] + b"\n")
+    return body, b"\n".join(ours) + b"\n"
+
+
+def text_answer(body: bytes, *, chunk: int = 65_521) -> Handler:
+    """Streamed in odd-sized chunks, so lines are cut across reads."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        for at in range(0, len(body), chunk):
+            await response.write(body[at:at + chunk])
+        await response.write_eof()
+        return response
+    return handler
+
+
+async def test_metrics_far_over_the_response_cap_still_give_the_counts(
+        cluster: Scripted) -> None:
+    """A large cluster's apiserver exports tens of MB of `/metrics`: over the 8 MiB cap the
+    whole answer used to be refused, and no admission counts were ever read. Only the two
+    series read are kept now, whatever the rest weighs."""
+    body, ours = _apiserver_metrics(24 * 2**20)
+    cluster.answer = text_answer(body)
+    tracemalloc.start()
+    try:
+        kept = await ObjectClient(cluster.client).metrics(names=METRIC_NAMES, timeout_s=30)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept == ours
+    scrape = parse_metrics(kept)
+    assert scrape.start_time == 1.7e9
+    assert scrape.counts["stackship-regs"].get("deny") == 7
+    assert peak < 4 * 2**20  # a chunk and a line at a time, never the 24 MB
+
+
+async def test_metrics_lines_are_bounded_too(cluster: Scripted) -> None:
+    """What is kept is bounded by the cap, a kept line by its own cap, the whole read by
+    its own budget: each past its bound is refused or skipped, never held."""
+    line = (b'apiserver_validating_admission_policy_check_total{policy="stackship-a",'
+            b'enforcement_action="deny"} 1\n')
+    cluster.answer = text_answer(line * (9 * 2**20 // len(line)))  # over the 8 MiB cap kept
+    with pytest.raises(TooLarge):
+        await ObjectClient(cluster.client).metrics(names=METRIC_NAMES, timeout_s=30)
+
+    huge = b"process_start_time_seconds " + b"9" * (200 * 2**10) + b"\n"
+    cluster.answer = text_answer(huge + line[:-1])  # no newline after the last line
+    kept = await ObjectClient(cluster.client).metrics(names=METRIC_NAMES, timeout_s=30)
+    assert kept == line  # the 200 KiB line skipped, the unterminated last one kept
+
+    body, _ = _apiserver_metrics(4 * 2**20)
+    cluster.answer = text_answer(body)
+    keep = KeptLines(tuple(n.encode() for n in METRIC_NAMES), max_scanned_bytes=2**20)
+    with pytest.raises(TooLarge, match="larger than 1048576 bytes"):
+        await cluster.client.text("/metrics", verb="metrics", timeout_s=30, keep=keep)

@@ -80,7 +80,7 @@ class RecordingCluster:
         self._sent(resource, namespace=namespace)
         return Admitted(body)
 
-    async def metrics(self, *, timeout_s: float) -> bytes:
+    async def metrics(self, *, names: tuple[str, ...], timeout_s: float) -> bytes:
         return b""
 
     async def served_resources(self, group: str, version: str, *,
