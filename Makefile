@@ -35,7 +35,7 @@ test: install  ## lint, types, then the whole suite (real PostgreSQL, simulator,
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n 2 --dist worksteal
+	$(BIN)/pytest -q -n 2 --dist worksteal --durations=30
 
 unit: install  ## the fast part: pure code only
 	$(BIN)/pytest -q tests/unit
