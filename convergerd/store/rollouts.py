@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,8 @@ BY_MAX_CHARS = 200
 WHAT_MAX_CHARS = 100
 DETAIL_MAX_CHARS = 1000
 EVENTS_LISTED_MAX = 500
+# A transition's statement timeout at most (the fence may allow forever: `statement_timeout_ms`).
+TRANSITION_TIMEOUT_MAX_S = 60.0
 
 _ROLLOUT_COLUMNS = """id, policy_id, to_revision, from_revision, strategy, state, wave,
     warn_step, wave_started_at, wave_ready_at, reason, created_at, updated_at, updated_by"""
@@ -629,19 +632,28 @@ async def events(conn: asyncpg.Connection, rollout_id: int, limit: int) -> list[
             for r in rows]
 
 
+def statement_timeout_ms(allowed_s: float) -> int:
+    """A transition's statement timeout, in whole milliseconds from 1 to
+    `TRANSITION_TIMEOUT_MAX_S`: what the writer's fence allows (`allowed_s`), the cap when it
+    allows more, or forever (the open fence of a replica without leader election, a command's
+    writer: `float("inf")`)."""
+    capped = allowed_s if allowed_s < TRANSITION_TIMEOUT_MAX_S else TRANSITION_TIMEOUT_MAX_S
+    return max(1, math.ceil(capped * 1000))
+
+
 async def transition(conn: asyncpg.Connection, before: Rollout, after: Rollout, *, by: str,
                      what: str, detail: str | None, remaining_s: Callable[[], float]
                      ) -> Rollout | None:
     """Write `after` if the row still is `before` (id, state, wave, warn_step), with its event,
     in one transaction under the writer's fence (`remaining_s` raises `Fenced`): asked before
-    writing and again before committing, the statement timeout capped by what it allowed. A
-    new wave restarts its clock (`wave_started_at`). None: the row had moved on, nothing
-    written."""
+    writing and again before committing, the statement timeout capped by what it allowed
+    (`statement_timeout_ms`: an open fence, which allows forever, gets the cap). A new wave
+    restarts its clock (`wave_started_at`). None: the row had moved on, nothing written."""
     if before.id != after.id:
         raise ValueError(f"rollouts {before.id} and {after.id}: a transition is of one rollout")
     async with conn.transaction():
-        allowed_ms = max(1, int(remaining_s() * 1000))
-        await conn.execute(f"SET LOCAL statement_timeout = {min(allowed_ms, 60_000)}")
+        timeout_ms = statement_timeout_ms(remaining_s())
+        await conn.execute(f"SET LOCAL statement_timeout = {timeout_ms}")
         row = await conn.fetchrow(
             f"""UPDATE rollouts SET state = $5, wave = $6, warn_step = $7,
                        wave_ready_at = $8, reason = $9, updated_at = now(), updated_by = $10,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,12 +19,15 @@ import pytest
 
 from convergerd.core.errors import Fenced
 from convergerd.core.model import ClusterId
-from convergerd.core.report import ApplyResult, FanoutStatus
+from convergerd.core.report import ApplyResult, FanoutResult, FanoutStatus
 from convergerd.core.rollout import Due, State, assign, newly_due, parse_strategy
-from convergerd.delivery.fanout import Saver
+from convergerd.delivery.apply import Unfenced
+from convergerd.delivery.fanout import UNDELIVERABLE, Saver
+from convergerd.leader.elector import NoElection
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.store.importer import ImportFileError
+from convergerd.store.rollouts import TRANSITION_TIMEOUT_MAX_S, statement_timeout_ms
 from convergerd.store.store import Store
 from tests.integration.rounds_helpers import (
     Rounds,
@@ -338,3 +342,78 @@ async def test_a_cluster_joining_mid_rollout_is_placed_by_its_labels(
     joined = next(o for o in report.clusters if o.cluster == REST[-1])
     assert [(d.revision, d.result) for d in joined.deliveries] == [(1, ApplyResult.CREATED)]
     assert revisions(twelve) == expect({0: 2, 1: 1, 2: 1})
+
+
+async def test_a_transition_under_an_open_fence_is_written_with_a_bounded_timeout(
+    rounds: Rounds, saver: Saver, store: Store, database_url: str
+) -> None:
+    """A replica without leader election (its fence allows forever) and a command's writer
+    call `transition_rollout` with the fence as it is: the statement timeout is capped."""
+    await import_doc(database_url, doc("two.example.com"))
+    await saver.save("p-regs")
+    staged = await store.staged_rollout("p-regs")
+    assert staged is not None
+    before = staged.rollout
+    paused = dataclasses.replace(before, state=State.PAUSED, reason="paused by test")
+    written = await store.transition_rollout(
+        before, paused, by="test", what="pause",
+        remaining_s=NoElection(identity="test").fence().remaining_s)
+    assert written is not None
+    assert written.state is State.PAUSED
+    resumed = await store.transition_rollout(
+        written, dataclasses.replace(written, state=State.PROGRESSING), by="test",
+        what="resume", remaining_s=Unfenced().remaining_s)
+    assert resumed is not None
+    assert resumed.state is State.PROGRESSING
+    assert await events(database_url) == ["started", "pause", "resume"]
+    cap_ms = int(TRANSITION_TIMEOUT_MAX_S * 1000)
+    assert [statement_timeout_ms(s) for s in (math.inf, math.nan, 1e9, 2.5, 0.0001, 0.0)] == [
+        cap_ms, cap_ms, cap_ms, 2500, 1, 1]
+
+
+async def test_a_due_revision_that_cannot_be_delivered_is_left_and_no_copy_is_removed(
+    rounds: Rounds, twelve: Fleet, saver: Saver, store: Store, database_url: str
+) -> None:
+    """`deliver_due` after a revert: a cluster due a revision whose content cannot be
+    delivered keeps what it holds (reported `skipped`); a cluster due no copy (a new policy
+    sent back) has its copy removed."""
+    new_policy = {"id": "p-new", "boundary": "team-a", "rolloutStrategy": "careful",
+                  "rule": {"type": "AllowedRegistries", "registries": ["new.example.com"]}}
+    two = doc("two.example.com")
+    await import_doc(database_url, {**two, "policies": [*two["policies"], new_policy]})
+    for policy in ("p-regs", "p-new"):
+        saved = await saver.save(policy)
+        assert saved.status is FanoutStatus.OK
+    assert revisions(twelve) == expect({0: 2, 1: 1, 2: 1})
+    assert sorted(c for c in CLUSTERS if "policy-p-new" in objects(twelve, c)) == [CANARY]
+    # Revision 1 of p-regs is no longer kept (deleted by SQL): the canary's previous revision
+    # cannot be delivered.
+    await sql(database_url, "DELETE FROM policy_revisions "
+                            "WHERE policy_id = 'p-regs' AND revision = 1")
+
+    async def revert(policy: str) -> list[ClusterId]:
+        staged = await store.staged_rollout(policy)
+        assert staged is not None
+        before = staged.rollout
+        after = await store.transition_rollout(
+            before, dataclasses.replace(before, state=State.REVERTED), by="gate",
+            what="halt", remaining_s=lambda: 5.0)
+        assert after is not None
+        return list(newly_due(before, after, staged.placements))
+
+    due = await revert("p-regs")
+    assert due == [ClusterId(CANARY)]
+    twelve.accounting.reset()
+    report = await saver.deliver_due("p-regs", due)
+    assert report.status is FanoutStatus.PARTIAL
+    assert [(r.cluster, r.action.value, r.result, r.reason) for r in report.results] == [
+        (CANARY, "apply", FanoutResult.SKIPPED, UNDELIVERABLE)]
+    assert "revision 1 cannot be delivered" in (report.results[0].error or "")
+    assert revisions(twelve) == expect({0: 2, 1: 1, 2: 1})  # left as it was, not removed
+    assert writes(twelve, CANARY) == 0
+
+    due = await revert("p-new")
+    report = await saver.deliver_due("p-new", due)
+    assert report.status is FanoutStatus.OK
+    assert [(r.cluster, r.result) for r in report.results] == [(CANARY, FanoutResult.REMOVED)]
+    assert all("policy-p-new" not in objects(twelve, c) for c in CLUSTERS)
