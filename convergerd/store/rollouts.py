@@ -22,6 +22,8 @@ For the gate job and the commands (wt/rollops), on `Store`:
   row had moved on (another replica made this transition): nothing written.
 - `Store.record_rollout_event(rollout_id, *, by, what, wave=None, detail=None)`: a command that
   changes nothing (refused, say) recorded all the same.
+- `Store.unsaved_revisions(*, older_than_s, limit) -> list[(policy, revision)]` (`unsaved`):
+  revisions of policies with a strategy whose save never ran; the gate job saves them.
 """
 
 from __future__ import annotations
@@ -609,6 +611,32 @@ async def staged_of(conn: asyncpg.Connection, policy_id: str) -> Staged | None:
             """SELECT bc.cluster_id FROM boundary_clusters bc JOIN clusters c
                ON c.id = bc.cluster_id WHERE bc.boundary_id = $1""", boundary)]
         return await staged(conn, rollout_of_row(row), boundary, scope)
+
+
+_UNSAVED = """
+SELECT p.id, p.revision FROM policies p
+LEFT JOIN boundaries b ON b.id = p.boundary_id
+JOIN rollout_strategies s ON s.id = COALESCE(p.rollout_strategy, b.rollout_strategy)
+LEFT JOIN policy_revisions v ON v.policy_id = p.id AND v.revision = p.revision
+WHERE p.deleted_at IS NULL
+  AND COALESCE(v.saved_at, p.updated_at) < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM rollouts r WHERE r.policy_id = p.id
+                  AND r.to_revision = p.revision AND r.state <> 'superseded')
+ORDER BY COALESCE(v.saved_at, p.updated_at), p.id
+LIMIT $2
+"""
+
+
+async def unsaved(conn: asyncpg.Connection, *, older_than_s: float, limit: int
+                  ) -> list[tuple[PolicyId, int]]:
+    """The policies (id, revision) whose newest revision has a rollout strategy (a known one,
+    its own or its boundary's) and no rollout (none of that revision, a superseded one aside),
+    written more than `older_than_s` ago: a save that never ran (its notification lost, the
+    replica that wrote it died before its fan-out). Every save of a policy with a strategy
+    leaves a row for its revision (`start`: a rollout, or a completed one when delivered at
+    once), so a revision without one was never saved. The oldest first, at most `limit`."""
+    rows = await conn.fetch(_UNSAVED, older_than_s, limit)
+    return [(PolicyId(r["id"]), r["revision"]) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)

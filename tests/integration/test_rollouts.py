@@ -7,6 +7,7 @@ is saved exactly as before."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -23,6 +24,7 @@ from convergerd.core.report import ApplyResult, FanoutResult, FanoutStatus
 from convergerd.core.rollout import Due, State, assign, newly_due, parse_strategy
 from convergerd.delivery.apply import Unfenced
 from convergerd.delivery.fanout import UNDELIVERABLE, Saver
+from convergerd.delivery.rollouts import RolloutGates
 from convergerd.leader.elector import NoElection
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
@@ -35,6 +37,7 @@ from tests.integration.rounds_helpers import (
     objects,
     settings_for,
     sql,
+    wait_for,
     writes,
 )
 from tests.integration.savedelete_helpers import make_saver
@@ -417,3 +420,60 @@ async def test_a_due_revision_that_cannot_be_delivered_is_left_and_no_copy_is_re
     assert report.status is FanoutStatus.OK
     assert [(r.cluster, r.result) for r in report.results] == [(CANARY, FanoutResult.REMOVED)]
     assert all("policy-p-new" not in objects(twelve, c) for c in CLUSTERS)
+
+
+async def test_a_revision_whose_save_never_ran_is_saved_by_the_gate_job(
+    rounds: Rounds, twelve: Fleet, saver: Saver, store: Store, database_url: str
+) -> None:
+    """A revision written by SQL, as a writer outside convergerd writes one: its notification
+    goes nowhere (no listener here, as when it is lost). Rounds keep every cluster at what it
+    was due; the leader's gate job notices the revision has a strategy and no rollout and
+    saves it: its rollout starts, its first wave is written, once even if two leaders do it."""
+    await import_doc(database_url, doc("one.example.com"))  # the strategy named: no revision
+    await saver.save("p-regs")  # revision 1 is out already: a completed row records it
+    await sql(database_url, """UPDATE policies SET rule = '{"type": "AllowedRegistries",
+              "registries": ["two.example.com"]}' WHERE id = 'p-regs'""")
+    twelve.accounting.reset()
+    await rounds.run()
+    assert revisions(twelve) == dict.fromkeys(CLUSTERS, 1)  # not the newest, anywhere
+    assert sum(writes(twelve, c) for c in CLUSTERS) == 0
+
+    def gate_job(identity: str, unsaved_after_s: float) -> RolloutGates:
+        return RolloutGates(store=store, state=rounds.state, saver=saver,
+                            leader=NoElection(identity=identity), period_s=0.05,
+                            identity=identity, unsaved_after_s=unsaved_after_s)
+
+    # A revision written moments ago is left to its own save.
+    assert await gate_job("leader", 60.0).start_unsaved() == []
+    # Two gate jobs at once (an old leader's pass and the new one's): one rollout starts.
+    first, second = gate_job("old-leader", 0.0), gate_job("new-leader", 0.0)
+    reports = [r for done in await asyncio.gather(first.start_unsaved(),
+                                                  second.start_unsaved()) for r in done]
+    assert [r.policy for r in reports if r.rollout and r.rollout["started"]] == ["p-regs"]
+    assert revisions(twelve) == expect({0: 2, 1: 1, 2: 1})
+    rows = await sql(database_url, "SELECT to_revision, state FROM rollouts ORDER BY id")
+    assert [(r["to_revision"], r["state"]) for r in rows] == [(1, "completed"),
+                                                              (2, "progressing")]
+    assert await first.start_unsaved() == []  # it has its rollout now
+    await rounds.run()
+    assert revisions(twelve) == expect({0: 2, 1: 1, 2: 1})  # rounds follow it
+
+    # A new policy created by SQL with a strategy, its save never run: rounds write it
+    # nowhere; the gate job's run (its loop, as the daemon runs it) starts it at the canary.
+    await sql(database_url, """INSERT INTO policies (id, boundary_id, rule, rollout_strategy)
+              VALUES ('p-new', 'team-a', '{"type": "AllowedRegistries",
+              "registries": ["new.example.com"]}', 'careful')""")
+    await rounds.run()
+    assert all("policy-p-new" not in objects(twelve, c) for c in CLUSTERS)
+    job = asyncio.create_task(gate_job("leader", 0.0).run())
+    try:
+        await wait_for(lambda: "policy-p-new" in objects(twelve, CANARY),
+                       what="the gate job saved p-new")
+    finally:
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+    await rounds.run()
+    assert sorted(c for c in CLUSTERS if "policy-p-new" in objects(twelve, c)) == [CANARY]
+    rows = await sql(database_url, "SELECT e.by FROM rollout_events e JOIN rollouts r "
+                                   "ON r.id = e.rollout_id WHERE r.policy_id = 'p-new'")
+    assert [r["by"] for r in rows] == ["save (unsaved)"]
