@@ -583,7 +583,7 @@ class FanoutResult(StrEnum):
     UNCHANGED = ApplyResult.UNCHANGED.value
     SUPERSEDED = "superseded"  # the cluster holds a newer revision than this save read
     REMOVED = "removed"  # gone from the cluster (404 included)
-    SKIPPED = "skipped"  # a removal the mass-removal guard refused
+    SKIPPED = "skipped"  # a removal the guard refused; a due revision that cannot be delivered
     PENDING = "pending"  # still being written when the save answered (hung): recorded when done
     FAILED = ApplyResult.FAILED.value
 

@@ -582,7 +582,8 @@ def follow(revision: int, has_strategy: bool, newest: Rollout | None) -> Follow:
     policy with a strategy whose revision has no rollout yet (its save is on its way: a round
     read it between the write and the save) keeps what its newest rollout gave each cluster,
     or, with none to follow, is left alone for the round: a round never delivers a revision
-    its save has not staged."""
+    its save has not staged (a save that never ran is made by the leader's gate job:
+    `delivery.rollouts.RolloutGates.start_unsaved`)."""
     if newest is not None and newest.in_force:
         return Follow.ROLLOUT
     if newest is not None and newest.to_revision == revision:

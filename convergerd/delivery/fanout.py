@@ -68,6 +68,10 @@ from convergerd.slots import DEFAULT_SLOTS, Lanes
 
 log = logging.getLogger(__name__)
 
+# Why a cluster was left as it is by `Saver.deliver_due` (`skipped`): the content it is due
+# cannot be delivered.
+UNDELIVERABLE = "undeliverable"
+
 # A save re-reads and re-applies when the object changed between its read and its write; a
 # cluster where it keeps changing after this many tries is reported as failed (conflict).
 _SAVE_ATTEMPTS = 3
@@ -503,36 +507,53 @@ class Saver:
         says which clusters). A revision older than the cluster's is written over it (no read
         first: going back is the point); a cluster due no copy has the one it holds removed
         (a new policy's rollout sent back). Written here under this replica's fence, never by
-        the other shard holders (they write only the policy's newest revision). `NOT_FOUND`
-        when the policy has no rollout in force. Raises `DatabaseUnavailable`."""
+        the other shard holders (they write only the policy's newest revision). A cluster due
+        a revision that cannot be delivered (its content not kept, or not a valid policy in
+        its boundary now) is left as it is, reported `skipped` (reason `undeliverable`) and the
+        report `partial`. `NOT_FOUND` when the policy has no rollout in force. Raises
+        `DatabaseUnavailable`."""
         started = time.monotonic()
         await self._stop_late(policy_id)
         staged = await self._store.staged_rollout(policy_id)
         if staged is None:
             return FanoutReport(Operation.SAVE, policy_id, FanoutStatus.NOT_FOUND,
                                 error="no rollout in force")
-        dues = staged.policies()
+        dues, contents = staged.dues(), staged.policies()
         chosen = sorted(dues if clusters is None else [c for c in clusters if c in dues])
         env = self._env()
         by_revision: dict[int, list[ClusterResult]] = {}
         jobs: list[Job] = []
-        for due_policy, group in _grouped((c, dues[c]) for c in chosen):
+        # A cluster due a revision whose content cannot be delivered (not kept, or not a valid
+        # policy in its boundary now) keeps what it holds: only one due no copy has it removed.
+        undeliverable = [c for c in chosen if dues[c].revision is not None and contents[c] is None]
+        writable = [c for c in chosen if contents[c] is not None or dues[c].revision is None]
+        for due_policy, group in _grouped((c, contents[c]) for c in writable):
             if due_policy is None:
                 jobs += [(c, SaveAction.REMOVE, functools.partial(_remove_from, c, policy_id,
                                                                   env)) for c in group]
             else:
                 jobs += save_jobs(due_policy, [Work(c, SaveAction.APPLY) for c in group], env)
         results = (await _fan_out(jobs, env)).results
-        revision_of = {c: p.revision for c, p in dues.items() if p is not None}
+        revision_of = {c: p.revision for c, p in contents.items() if p is not None}
         for r in results:
             by_revision.setdefault(revision_of.get(r.cluster, staged.rollout.to_revision),
                                    []).append(r)
         for revision, done in by_revision.items():
             await self._record(policy_id, revision, done, env)
+        left = [ClusterResult(c, SaveAction.APPLY, FanoutResult.SKIPPED, UNDELIVERABLE,
+                              f"revision {dues[c].revision} cannot be delivered (not kept, or "
+                              "not a valid policy in its boundary now): the cluster keeps what "
+                              "it holds") for c in undeliverable]
+        if left:
+            log.warning("policy %s: rollout %d: %d cluster(s) due a revision that cannot be "
+                        "delivered were left as they are: %s", policy_id, staged.rollout.id,
+                        len(left), named_clusters([r.cluster for r in left], len(left)),
+                        extra={"policy": policy_id})
+        results = sorted([*results, *left], key=_key)
         report = FanoutReport(Operation.SAVE, policy_id, FanoutStatus.OK,
                               staged.rollout.to_revision, results,
                               rollout=rollout_note_of(staged, len(dues), len(chosen)))
-        if report.failed:
+        if report.failed or left:
             report.status = FanoutStatus.PARTIAL
         log.info("policy %s: rollout %d (%s, wave %d): due revisions written (%s): %s",
                  policy_id, staged.rollout.id, staged.rollout.state, staged.rollout.wave,

@@ -11,6 +11,14 @@ committing (`Store.transition_rollout`). An old leader that lost its Lease canno
 new leader reads the wave the last commit left and judges it from there, so each wave is
 entered exactly once. A transition committed whose fan-out did not happen (the leader died in
 between) is delivered by the next round, which keeps every cluster at its due revision.
+
+A lost save (`start_unsaved`, every pass too): a revision of a policy with a strategy whose
+save never ran (its notification lost while the listener reconnected or the leader changed,
+or the replica that wrote it died before its fan-out) has no rollout, and rounds do not deliver
+it (`core.rollout.follow`); the gate job saves it (`Saver.save`, trigger `unsaved`) once it is
+`UNSAVED_AFTER_S` old, as its own save would have: its rollout starts (a compare-and-set in
+PostgreSQL: the policy's row locked, a revision that has its rollout already is followed, so
+two leaders saving it start one rollout) and its first wave is written.
 """
 
 from __future__ import annotations
@@ -44,6 +52,11 @@ STAGED_REFRESH_S = 60.0
 _PACED_EVERY = 64
 # The longest a transition's write may take (its statement timeout, below the fence's bound).
 WRITE_BOUND_S = 10.0
+# A revision with a strategy and no rollout is saved by the gate job once it is this old (its
+# own save, on the notification, comes within moments of the commit), at most this many a pass.
+UNSAVED_AFTER_S = 10.0
+UNSAVED_PER_PASS = 20
+UNSAVED_TRIGGER = "unsaved"  # the save's trigger (`convergerd_saves_total`, the log)
 
 
 class GateStore(Protocol):
@@ -51,13 +64,17 @@ class GateStore(Protocol):
 
     async def live_rollouts(self) -> list[Rollout]: ...
     async def staged_rollout(self, policy_id: str, /) -> Staged | None: ...
+    async def unsaved_revisions(self, *, older_than_s: float, limit: int
+                                ) -> list[tuple[PolicyId, int]]: ...
     async def transition_rollout(self, before: Rollout, after: Rollout, *, by: str, what: str,
                                  detail: str | None = None,
                                  remaining_s: Callable[[], float]) -> Rollout | None: ...
 
 
 class DueSaver(Protocol):
-    """Writes clusters their due revision (`convergerd.delivery.fanout.Saver`)."""
+    """Writes clusters their due revision, and saves (`convergerd.delivery.fanout.Saver`)."""
+
+    async def save(self, policy_id: str, *, trigger: str = ...) -> FanoutReport: ...
 
     async def deliver_due(self, policy_id: str, clusters: Collection[ClusterId] | None = None,
                           *, trigger: str = ...) -> FanoutReport: ...
@@ -158,8 +175,10 @@ class RolloutGates:
     def __init__(self, *, store: GateStore, state: StatusReader, saver: DueSaver,
                  leader: Leadership, period_s: float, identity: str,
                  observer: HaltObserver | None = None,
-                 clock: Callable[[], dt.datetime] = utc_now) -> None:
-        """`observer` counts the halts (`status.metrics.Metrics`)."""
+                 clock: Callable[[], dt.datetime] = utc_now,
+                 unsaved_after_s: float = UNSAVED_AFTER_S) -> None:
+        """`observer` counts the halts (`status.metrics.Metrics`); `unsaved_after_s`: how
+        old a revision with no rollout is before the job saves it (`start_unsaved`)."""
         self._store = store
         self._observer = observer
         self._state = state
@@ -173,6 +192,10 @@ class RolloutGates:
         # Per (rollout, cluster): a count of violations at the new revision and the time of
         # the reading that first showed it (`_settled`); only for live rollouts' clusters.
         self._counted: dict[tuple[int, ClusterId], tuple[int | None, dt.datetime | None]] = {}
+        self._unsaved_after_s = unsaved_after_s
+        # Per policy: the unsaved revision this term saved already (a save that did not start
+        # a rollout, an invalid policy say, is not tried again every pass).
+        self._tried: dict[PolicyId, int] = {}
 
     async def run(self) -> None:
         while True:
@@ -181,9 +204,12 @@ class RolloutGates:
             if epoch is None or not self._leader.is_leader():
                 self._staged.clear()  # a later term reads everything again
                 self._counted.clear()
+                self._tried.clear()
                 continue
             try:
                 await self.once(bounded(self._leader.fence(epoch)))
+                self._leader.fence(epoch).remaining_s()  # still leading (raises Fenced)
+                await self.start_unsaved()
             except Fenced as exc:
                 log.info("rollout gates: no longer leading, pass stopped (%s)", exc)
             except ConvergerdError as exc:
@@ -216,6 +242,28 @@ class RolloutGates:
                                                                 remaining_s))
             looks.append(look)
         return looks
+
+    async def start_unsaved(self) -> list[FanoutReport]:
+        """Save each revision of a policy with a strategy whose save never ran (see the
+        module's doc): its rollout starts as its save would have started it. Each revision is
+        tried once a term (a save that fails to reach the database is tried next pass)."""
+        found = await self._store.unsaved_revisions(older_than_s=self._unsaved_after_s,
+                                                    limit=UNSAVED_PER_PASS)
+        listed = dict(found)
+        for gone in [p for p in self._tried if listed.get(p) != self._tried[p]]:
+            del self._tried[gone]
+        reports = []
+        for policy, revision in found:
+            if self._tried.get(policy) == revision:
+                continue
+            log.warning("policy %s: revision %d has a rollout strategy and no rollout: its save "
+                        "never ran, or did not start one (a lost notification?); saving it now",
+                        policy, revision,
+                        extra={"policy": policy, "revision": revision})
+            report = await self._saver.save(policy, trigger=UNSAVED_TRIGGER)
+            self._tried[policy] = revision
+            reports.append(report)
+        return reports
 
     async def _view(self, staged: Staged) -> GateView:
         """`gate_view`, giving the loop back every slice (`eventloop.Pacer`: a wave of 5,000

@@ -834,7 +834,8 @@ class FanoutMetrics:
     """Saves and deletions (`convergerd.delivery.fanout`) and the NOTIFY listener; register with
     `metrics.registry.register(...)`. No per-policy label:
 
-    - `convergerd_saves_total{trigger,result}` (trigger `api` or `notify`; result `ok`,
+    - `convergerd_saves_total{trigger,result}` (trigger `api`, `notify`, `unsaved` (the gate
+      job's save of a revision whose save never ran) or `rollout <step>`; result `ok`,
       `partial`, `not_found`, `invalid`, `deleting`), `convergerd_deletes_total{result}`
       (`ok`, `refused`, `not_found`);
     - `convergerd_fanout_duration_seconds{operation}` (histogram, `save` or `delete`);

@@ -532,10 +532,10 @@ def load_file(path: Path, *, max_bytes: int = IMPORT_MAX_BYTES_DEFAULT,
 # ---- the database part -------------------------------------------------------------------------
 
 _UPSERT_POLICIES = """
-INSERT INTO policies AS p (id, boundary_id, rule, enabled, enforcement)
-SELECT u.id, u.boundary_id, u.rule::jsonb, u.enabled, u.enforcement
-FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::text[])
-     AS u(id, boundary_id, rule, enabled, enforcement)
+INSERT INTO policies AS p (id, boundary_id, rule, enabled, enforcement, rollout_strategy)
+SELECT u.id, u.boundary_id, u.rule::jsonb, u.enabled, u.enforcement, u.rollout_strategy
+FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::text[], $6::text[])
+     AS u(id, boundary_id, rule, enabled, enforcement, rollout_strategy)
 ON CONFLICT (id) DO UPDATE SET
     boundary_id = EXCLUDED.boundary_id,
     rule = EXCLUDED.rule,
@@ -606,6 +606,8 @@ async def _apply_policies(conn: asyncpg.Connection, plan: ImportPlan, counts: Co
         [json.dumps(p.rule) for p in plan.policies],
         [p.enabled for p in plan.policies],
         [p.enforcement.value for p in plan.policies],
+        # A new policy's strategy (an existing one's was set before: `set_strategies`).
+        [p.rollout_strategy for p in plan.policies],
     )
     counts.created = sum(1 for r in rows if r["inserted"])
     counts.updated = len(rows) - counts.created

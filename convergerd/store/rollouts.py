@@ -22,12 +22,15 @@ For the gate job and the commands (wt/rollops), on `Store`:
   row had moved on (another replica made this transition): nothing written.
 - `Store.record_rollout_event(rollout_id, *, by, what, wave=None, detail=None)`: a command that
   changes nothing (refused, say) recorded all the same.
+- `Store.unsaved_revisions(*, older_than_s, limit) -> list[(policy, revision)]` (`unsaved`):
+  revisions of policies with a strategy whose save never ran; the gate job saves them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +66,8 @@ BY_MAX_CHARS = 200
 WHAT_MAX_CHARS = 100
 DETAIL_MAX_CHARS = 1000
 EVENTS_LISTED_MAX = 500
+# A transition's statement timeout at most (the fence may allow forever: `statement_timeout_ms`).
+TRANSITION_TIMEOUT_MAX_S = 60.0
 
 _ROLLOUT_COLUMNS = """id, policy_id, to_revision, from_revision, strategy, state, wave,
     warn_step, wave_started_at, wave_ready_at, reason, created_at, updated_at, updated_by"""
@@ -608,6 +613,32 @@ async def staged_of(conn: asyncpg.Connection, policy_id: str) -> Staged | None:
         return await staged(conn, rollout_of_row(row), boundary, scope)
 
 
+_UNSAVED = """
+SELECT p.id, p.revision FROM policies p
+LEFT JOIN boundaries b ON b.id = p.boundary_id
+JOIN rollout_strategies s ON s.id = COALESCE(p.rollout_strategy, b.rollout_strategy)
+LEFT JOIN policy_revisions v ON v.policy_id = p.id AND v.revision = p.revision
+WHERE p.deleted_at IS NULL
+  AND COALESCE(v.saved_at, p.updated_at) < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM rollouts r WHERE r.policy_id = p.id
+                  AND r.to_revision = p.revision AND r.state <> 'superseded')
+ORDER BY COALESCE(v.saved_at, p.updated_at), p.id
+LIMIT $2
+"""
+
+
+async def unsaved(conn: asyncpg.Connection, *, older_than_s: float, limit: int
+                  ) -> list[tuple[PolicyId, int]]:
+    """The policies (id, revision) whose newest revision has a rollout strategy (a known one,
+    its own or its boundary's) and no rollout (none of that revision, a superseded one aside),
+    written more than `older_than_s` ago: a save that never ran (its notification lost, the
+    replica that wrote it died before its fan-out). Every save of a policy with a strategy
+    leaves a row for its revision (`start`: a rollout, or a completed one when delivered at
+    once), so a revision without one was never saved. The oldest first, at most `limit`."""
+    rows = await conn.fetch(_UNSAVED, older_than_s, limit)
+    return [(PolicyId(r["id"]), r["revision"]) for r in rows]
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     rollout: int
@@ -629,19 +660,28 @@ async def events(conn: asyncpg.Connection, rollout_id: int, limit: int) -> list[
             for r in rows]
 
 
+def statement_timeout_ms(allowed_s: float) -> int:
+    """A transition's statement timeout, in whole milliseconds from 1 to
+    `TRANSITION_TIMEOUT_MAX_S`: what the writer's fence allows (`allowed_s`), the cap when it
+    allows more, or forever (the open fence of a replica without leader election, a command's
+    writer: `float("inf")`)."""
+    capped = allowed_s if allowed_s < TRANSITION_TIMEOUT_MAX_S else TRANSITION_TIMEOUT_MAX_S
+    return max(1, math.ceil(capped * 1000))
+
+
 async def transition(conn: asyncpg.Connection, before: Rollout, after: Rollout, *, by: str,
                      what: str, detail: str | None, remaining_s: Callable[[], float]
                      ) -> Rollout | None:
     """Write `after` if the row still is `before` (id, state, wave, warn_step), with its event,
     in one transaction under the writer's fence (`remaining_s` raises `Fenced`): asked before
-    writing and again before committing, the statement timeout capped by what it allowed. A
-    new wave restarts its clock (`wave_started_at`). None: the row had moved on, nothing
-    written."""
+    writing and again before committing, the statement timeout capped by what it allowed
+    (`statement_timeout_ms`: an open fence, which allows forever, gets the cap). A new wave
+    restarts its clock (`wave_started_at`). None: the row had moved on, nothing written."""
     if before.id != after.id:
         raise ValueError(f"rollouts {before.id} and {after.id}: a transition is of one rollout")
     async with conn.transaction():
-        allowed_ms = max(1, int(remaining_s() * 1000))
-        await conn.execute(f"SET LOCAL statement_timeout = {min(allowed_ms, 60_000)}")
+        timeout_ms = statement_timeout_ms(remaining_s())
+        await conn.execute(f"SET LOCAL statement_timeout = {timeout_ms}")
         row = await conn.fetchrow(
             f"""UPDATE rollouts SET state = $5, wave = $6, warn_step = $7,
                        wave_ready_at = $8, reason = $9, updated_at = now(), updated_by = $10,

@@ -478,6 +478,13 @@ class Store:
         async with self._acquire() as conn:
             return await rollouts.live(conn)
 
+    async def unsaved_revisions(self, *, older_than_s: float, limit: int
+                                ) -> list[tuple[PolicyId, int]]:
+        """Policies whose newest revision has a strategy and no rollout: its save never ran
+        (`rollouts.unsaved`)."""
+        async with self._acquire() as conn:
+            return await rollouts.unsaved(conn, older_than_s=older_than_s, limit=limit)
+
     async def rollout_of(self, policy_id: str) -> Rollout | None:
         """The policy's newest rollout, whatever its state."""
         async with self._acquire() as conn:

@@ -145,37 +145,45 @@ async def twelve(tmp_path: Path) -> AsyncIterator[Fleet]:
         yield f
 
 
-@pytest.fixture
-async def daemon(twelve: Fleet, database_url: str) -> AsyncIterator[Daemon]:
+@contextlib.asynccontextmanager
+async def rollout_daemon(fleet: Fleet, database_url: str, *,
+                         operator_env: dict[str, str] | None = None) -> AsyncIterator[Daemon]:
     """Revision 1 of p-regs, without a strategy, everywhere; the team-a namespace in every
     cluster (the probe's), and in the canary a running pod from docker.io; an operator per
-    cluster and the daemon running."""
+    cluster (`operator_env` added to its settings) and the daemon running."""
     assert HALF, WAVES  # the hash puts clusters in both fraction waves
     assert REST, WAVES
     for c in CLUSTERS:
-        twelve.store(c).create(NAMESPACES, None, {"metadata": {
+        fleet.store(c).create(NAMESPACES, None, {"metadata": {
             "name": "team-a", "labels": {"platform.stackship.se/boundary": "team-a"}}},
             manager="test")
-    twelve.store(CANARY).create(PODS, "team-a", {
+    fleet.store(CANARY).create(PODS, "team-a", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
         "spec": {"containers": [{"name": "web", "image": "docker.io/library/nginx:1.27"}]}},
         manager="test")
     await import_doc(database_url, doc(OK_REGISTRIES, None))
     port = free_port()
     settings = settings_for(
-        twelve.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN,
+        fleet.kubeconfig_path, database_url, CONVERGERD_API_TOKEN=TOKEN,
         CONVERGERD_HTTP_ADDR=f"127.0.0.1:{port}", CONVERGERD_ROLLOUT_GATE_SECONDS=str(GATE_S),
         Policies__ConvergeIntervalMinutes="0.01", CONVERGERD_PROBE_PERIOD_SECONDS="1",
         CONVERGERD_STATUS_READS_PER_SECOND="1000", CONVERGERD_TOKEN_READS_PER_SECOND="1000")
-    env = {"CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS": "0.1"}
+    env = {"CONVERGERD_OPERATOR_PROBE_DELAY_SECONDS": "0.1", **(operator_env or {})}
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(running_operators(
-            CLUSTERS, kubeconfig=twelve.kubeconfig_path, env=env))
+            CLUSTERS, kubeconfig=fleet.kubeconfig_path, env=env))
         await stack.enter_async_context(running_daemon(settings))
         http = await stack.enter_async_context(aiohttp.ClientSession())
-        await wait_for(lambda: revisions(twelve) == dict.fromkeys(CLUSTERS, 1),
+        await wait_for(lambda: revisions(fleet) == dict.fromkeys(CLUSTERS, 1),
                        timeout_s=60, what="revision 1 everywhere")
         yield Daemon(f"http://127.0.0.1:{port}", http, database_url)
+
+
+@pytest.fixture
+async def daemon(twelve: Fleet, database_url: str) -> AsyncIterator[Daemon]:
+    """`rollout_daemon` on the twelve clusters."""
+    async with rollout_daemon(twelve, database_url) as running:
+        yield running
 
 
 async def test_three_waves_each_after_its_gates_and_an_approval_wave_waits(

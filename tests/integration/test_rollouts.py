@@ -7,8 +7,10 @@ is saved exactly as before."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import math
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,12 +20,16 @@ import pytest
 
 from convergerd.core.errors import Fenced
 from convergerd.core.model import ClusterId
-from convergerd.core.report import ApplyResult, FanoutStatus
+from convergerd.core.report import ApplyResult, FanoutResult, FanoutStatus
 from convergerd.core.rollout import Due, State, assign, newly_due, parse_strategy
-from convergerd.delivery.fanout import Saver
+from convergerd.delivery.apply import Unfenced
+from convergerd.delivery.fanout import UNDELIVERABLE, Saver
+from convergerd.delivery.rollouts import RolloutGates
+from convergerd.leader.elector import NoElection
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.store.importer import ImportFileError
+from convergerd.store.rollouts import TRANSITION_TIMEOUT_MAX_S, statement_timeout_ms
 from convergerd.store.store import Store
 from tests.integration.rounds_helpers import (
     Rounds,
@@ -31,6 +37,7 @@ from tests.integration.rounds_helpers import (
     objects,
     settings_for,
     sql,
+    wait_for,
     writes,
 )
 from tests.integration.savedelete_helpers import make_saver
@@ -338,3 +345,135 @@ async def test_a_cluster_joining_mid_rollout_is_placed_by_its_labels(
     joined = next(o for o in report.clusters if o.cluster == REST[-1])
     assert [(d.revision, d.result) for d in joined.deliveries] == [(1, ApplyResult.CREATED)]
     assert revisions(twelve) == expect({0: 2, 1: 1, 2: 1})
+
+
+async def test_a_transition_under_an_open_fence_is_written_with_a_bounded_timeout(
+    rounds: Rounds, saver: Saver, store: Store, database_url: str
+) -> None:
+    """A replica without leader election (its fence allows forever) and a command's writer
+    call `transition_rollout` with the fence as it is: the statement timeout is capped."""
+    await import_doc(database_url, doc("two.example.com"))
+    await saver.save("p-regs")
+    staged = await store.staged_rollout("p-regs")
+    assert staged is not None
+    before = staged.rollout
+    paused = dataclasses.replace(before, state=State.PAUSED, reason="paused by test")
+    written = await store.transition_rollout(
+        before, paused, by="test", what="pause",
+        remaining_s=NoElection(identity="test").fence().remaining_s)
+    assert written is not None
+    assert written.state is State.PAUSED
+    resumed = await store.transition_rollout(
+        written, dataclasses.replace(written, state=State.PROGRESSING), by="test",
+        what="resume", remaining_s=Unfenced().remaining_s)
+    assert resumed is not None
+    assert resumed.state is State.PROGRESSING
+    assert await events(database_url) == ["started", "pause", "resume"]
+    cap_ms = int(TRANSITION_TIMEOUT_MAX_S * 1000)
+    assert [statement_timeout_ms(s) for s in (math.inf, math.nan, 1e9, 2.5, 0.0001, 0.0)] == [
+        cap_ms, cap_ms, cap_ms, 2500, 1, 1]
+
+
+async def test_a_due_revision_that_cannot_be_delivered_is_left_and_no_copy_is_removed(
+    rounds: Rounds, twelve: Fleet, saver: Saver, store: Store, database_url: str
+) -> None:
+    """`deliver_due` after a revert: a cluster due a revision whose content cannot be
+    delivered keeps what it holds (reported `skipped`); a cluster due no copy (a new policy
+    sent back) has its copy removed."""
+    new_policy = {"id": "p-new", "boundary": "team-a", "rolloutStrategy": "careful",
+                  "rule": {"type": "AllowedRegistries", "registries": ["new.example.com"]}}
+    two = doc("two.example.com")
+    await import_doc(database_url, {**two, "policies": [*two["policies"], new_policy]})
+    for policy in ("p-regs", "p-new"):
+        saved = await saver.save(policy)
+        assert saved.status is FanoutStatus.OK
+    assert revisions(twelve) == expect({0: 2, 1: 1, 2: 1})
+    assert sorted(c for c in CLUSTERS if "policy-p-new" in objects(twelve, c)) == [CANARY]
+    # Revision 1 of p-regs is no longer kept (deleted by SQL): the canary's previous revision
+    # cannot be delivered.
+    await sql(database_url, "DELETE FROM policy_revisions "
+                            "WHERE policy_id = 'p-regs' AND revision = 1")
+
+    async def revert(policy: str) -> list[ClusterId]:
+        staged = await store.staged_rollout(policy)
+        assert staged is not None
+        before = staged.rollout
+        after = await store.transition_rollout(
+            before, dataclasses.replace(before, state=State.REVERTED), by="gate",
+            what="halt", remaining_s=lambda: 5.0)
+        assert after is not None
+        return list(newly_due(before, after, staged.placements))
+
+    due = await revert("p-regs")
+    assert due == [ClusterId(CANARY)]
+    twelve.accounting.reset()
+    report = await saver.deliver_due("p-regs", due)
+    assert report.status is FanoutStatus.PARTIAL
+    assert [(r.cluster, r.action.value, r.result, r.reason) for r in report.results] == [
+        (CANARY, "apply", FanoutResult.SKIPPED, UNDELIVERABLE)]
+    assert "revision 1 cannot be delivered" in (report.results[0].error or "")
+    assert revisions(twelve) == expect({0: 2, 1: 1, 2: 1})  # left as it was, not removed
+    assert writes(twelve, CANARY) == 0
+
+    due = await revert("p-new")
+    report = await saver.deliver_due("p-new", due)
+    assert report.status is FanoutStatus.OK
+    assert [(r.cluster, r.result) for r in report.results] == [(CANARY, FanoutResult.REMOVED)]
+    assert all("policy-p-new" not in objects(twelve, c) for c in CLUSTERS)
+
+
+async def test_a_revision_whose_save_never_ran_is_saved_by_the_gate_job(
+    rounds: Rounds, twelve: Fleet, saver: Saver, store: Store, database_url: str
+) -> None:
+    """A revision written by SQL, as a writer outside convergerd writes one: its notification
+    goes nowhere (no listener here, as when it is lost). Rounds keep every cluster at what it
+    was due; the leader's gate job notices the revision has a strategy and no rollout and
+    saves it: its rollout starts, its first wave is written, once even if two leaders do it."""
+    await import_doc(database_url, doc("one.example.com"))  # the strategy named: no revision
+    await saver.save("p-regs")  # revision 1 is out already: a completed row records it
+    await sql(database_url, """UPDATE policies SET rule = '{"type": "AllowedRegistries",
+              "registries": ["two.example.com"]}' WHERE id = 'p-regs'""")
+    twelve.accounting.reset()
+    await rounds.run()
+    assert revisions(twelve) == dict.fromkeys(CLUSTERS, 1)  # not the newest, anywhere
+    assert sum(writes(twelve, c) for c in CLUSTERS) == 0
+
+    def gate_job(identity: str, unsaved_after_s: float) -> RolloutGates:
+        return RolloutGates(store=store, state=rounds.state, saver=saver,
+                            leader=NoElection(identity=identity), period_s=0.05,
+                            identity=identity, unsaved_after_s=unsaved_after_s)
+
+    # A revision written moments ago is left to its own save.
+    assert await gate_job("leader", 60.0).start_unsaved() == []
+    # Two gate jobs at once (an old leader's pass and the new one's): one rollout starts.
+    first, second = gate_job("old-leader", 0.0), gate_job("new-leader", 0.0)
+    reports = [r for done in await asyncio.gather(first.start_unsaved(),
+                                                  second.start_unsaved()) for r in done]
+    assert [r.policy for r in reports if r.rollout and r.rollout["started"]] == ["p-regs"]
+    assert revisions(twelve) == expect({0: 2, 1: 1, 2: 1})
+    rows = await sql(database_url, "SELECT to_revision, state FROM rollouts ORDER BY id")
+    assert [(r["to_revision"], r["state"]) for r in rows] == [(1, "completed"),
+                                                              (2, "progressing")]
+    assert await first.start_unsaved() == []  # it has its rollout now
+    await rounds.run()
+    assert revisions(twelve) == expect({0: 2, 1: 1, 2: 1})  # rounds follow it
+
+    # A new policy created by SQL with a strategy, its save never run: rounds write it
+    # nowhere; the gate job's run (its loop, as the daemon runs it) starts it at the canary.
+    await sql(database_url, """INSERT INTO policies (id, boundary_id, rule, rollout_strategy)
+              VALUES ('p-new', 'team-a', '{"type": "AllowedRegistries",
+              "registries": ["new.example.com"]}', 'careful')""")
+    await rounds.run()
+    assert all("policy-p-new" not in objects(twelve, c) for c in CLUSTERS)
+    job = asyncio.create_task(gate_job("leader", 0.0).run())
+    try:
+        await wait_for(lambda: "policy-p-new" in objects(twelve, CANARY),
+                       what="the gate job saved p-new")
+    finally:
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+    await rounds.run()
+    assert sorted(c for c in CLUSTERS if "policy-p-new" in objects(twelve, c)) == [CANARY]
+    rows = await sql(database_url, "SELECT e.by FROM rollout_events e JOIN rollouts r "
+                                   "ON r.id = e.rollout_id WHERE r.policy_id = 'p-new'")
+    assert [r["by"] for r in rows] == ["save (unsaved)"]
