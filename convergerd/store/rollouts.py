@@ -13,7 +13,9 @@ For the gate job and the commands (wt/rollops), on `Store`:
 
 - `Store.live_rollouts() -> list[Rollout]`, `Store.rollout_of(policy_id) -> Rollout | None`
   (the newest, any state), `Store.staged_rollout(policy_id) -> Staged | None` (the one in force
-  with its placements and contents), `Store.rollout_events(rollout_id, limit)`.
+  with its placements and contents), `Store.rollout_events(rollout_id, limit)`; for a
+  boundary's views, `Store.boundary_rollouts(boundary)` and the `boundary=` of `rollout_of` and
+  `staged_rollout` (nothing of a policy while it is in another boundary).
 - `Store.transition_rollout(before, after, *, by, what, detail=None, remaining_s) -> Rollout |
   None`: `after` written with a compare-and-set on `before`'s (id, state, wave, warn_step), in a
   transaction that records the event and asks `remaining_s` (the writer's fence,
@@ -579,19 +581,56 @@ async def abort_for_deletion(conn: asyncpg.Connection, policy_id: str, *, by: st
 # ---- the gate job and the commands ---------------------------------------------------------------
 
 
-async def live(conn: asyncpg.Connection) -> list[Rollout]:
+async def live(conn: asyncpg.Connection, boundary: str | None = None) -> list[Rollout]:
+    """The live rollouts; with `boundary`, those of its policies only."""
     rows = await conn.fetch(
-        f"""SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE state = ANY($1::text[])
-            ORDER BY id""", _LIVE)  # noqa: S608
+        f"""SELECT {_ROLLOUT_COLUMNS} FROM rollouts r WHERE state = ANY($1::text[])
+            AND ($2::text IS NULL OR EXISTS (SELECT 1 FROM policies p
+                                             WHERE p.id = r.policy_id AND p.boundary_id = $2))
+            ORDER BY id""", _LIVE, boundary)  # noqa: S608
     return [rollout_of_row(r) for r in rows]
 
 
-async def newest_of(conn: asyncpg.Connection, policy_id: str) -> Rollout | None:
-    return await _newest(conn, policy_id)
+async def live_ids(conn: asyncpg.Connection, boundary: str) -> frozenset[int]:
+    """The ids of the live rollouts of `boundary`'s policies (no row read further)."""
+    return frozenset(await conn.fetchval(
+        """SELECT coalesce(array_agg(r.id), '{}') FROM rollouts r JOIN policies p
+           ON p.id = r.policy_id WHERE r.state = ANY($1::text[]) AND p.boundary_id = $2""",
+        _LIVE, boundary))
 
 
-async def staged_of(conn: asyncpg.Connection, policy_id: str) -> Staged | None:
-    """The policy's rollout in force with its placements over its scope now; None: none."""
+async def live_in(conn: asyncpg.Connection, boundary: str) -> list[Rollout] | None:
+    """The live rollouts of `boundary`'s policies; None: there is no such boundary."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        if not await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM boundaries WHERE id = $1)", boundary):
+            return None
+        return await live(conn, boundary)
+
+
+async def newest_of(conn: asyncpg.Connection, policy_id: str,
+                    boundary: str | None = None) -> Rollout | None:
+    """The policy's newest rollout, whatever its state. With `boundary`, only while the policy
+    is in it and the rollout was of a revision in it (its kept content names it): a rollout
+    from before the policy moved in, or whose revision is no longer kept, is not shown."""
+    if boundary is None:
+        return await _newest(conn, policy_id)
+    row = await conn.fetchrow(
+        f"""SELECT * FROM (SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE policy_id = $1
+                           ORDER BY id DESC LIMIT 1) r
+            WHERE EXISTS (SELECT 1 FROM policies p
+                          WHERE p.id = r.policy_id AND p.boundary_id = $2)
+              AND EXISTS (SELECT 1 FROM policy_revisions v
+                          WHERE v.policy_id = r.policy_id AND v.revision = r.to_revision
+                            AND v.content->>'boundary_id' = $2)""",  # noqa: S608
+        policy_id, boundary)
+    return rollout_of_row(row) if row is not None else None
+
+
+async def staged_of(conn: asyncpg.Connection, policy_id: str,
+                    boundary: str | None = None) -> Staged | None:
+    """The policy's rollout in force with its placements over its scope now; None: none (with
+    `boundary`, also when the policy is not in it)."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         row = await conn.fetchrow(
             f"""SELECT {_ROLLOUT_COLUMNS} FROM rollouts
@@ -599,13 +638,13 @@ async def staged_of(conn: asyncpg.Connection, policy_id: str) -> Staged | None:
             policy_id, _IN_FORCE)
         policy = await conn.fetchrow(
             "SELECT boundary_id FROM policies WHERE id = $1 AND deleted_at IS NULL", policy_id)
-        if row is None or policy is None:
+        if row is None or policy is None or boundary not in (None, policy["boundary_id"]):
             return None
-        boundary = BoundaryId(policy["boundary_id"])
+        found = BoundaryId(policy["boundary_id"])
         scope = [ClusterId(r["cluster_id"]) for r in await conn.fetch(
             """SELECT bc.cluster_id FROM boundary_clusters bc JOIN clusters c
-               ON c.id = bc.cluster_id WHERE bc.boundary_id = $1""", boundary)]
-        return await staged(conn, rollout_of_row(row), boundary, scope)
+               ON c.id = bc.cluster_id WHERE bc.boundary_id = $1""", found)]
+        return await staged(conn, rollout_of_row(row), found, scope)
 
 
 @dataclass(frozen=True, slots=True)
