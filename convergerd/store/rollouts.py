@@ -581,26 +581,33 @@ async def abort_for_deletion(conn: asyncpg.Connection, policy_id: str, *, by: st
 # ---- the gate job and the commands ---------------------------------------------------------------
 
 
+# Whether rollout `r` is boundary `$2`'s: its policy is in it now, and the revision it rolls
+# out was (its kept content names it). A rollout from before the policy moved in, or whose
+# revision is no longer kept, is no boundary's.
+_OF_BOUNDARY = """EXISTS (SELECT 1 FROM policies p WHERE p.id = r.policy_id AND p.boundary_id = $2)
+    AND EXISTS (SELECT 1 FROM policy_revisions v WHERE v.policy_id = r.policy_id
+                AND v.revision = r.to_revision AND v.content->>'boundary_id' = $2)"""
+
+
 async def live(conn: asyncpg.Connection, boundary: str | None = None) -> list[Rollout]:
-    """The live rollouts; with `boundary`, those of its policies only."""
+    """The live rollouts; with `boundary`, its (`_OF_BOUNDARY`)."""
     rows = await conn.fetch(
         f"""SELECT {_ROLLOUT_COLUMNS} FROM rollouts r WHERE state = ANY($1::text[])
-            AND ($2::text IS NULL OR EXISTS (SELECT 1 FROM policies p
-                                             WHERE p.id = r.policy_id AND p.boundary_id = $2))
-            ORDER BY id""", _LIVE, boundary)  # noqa: S608
+            AND ($2::text IS NULL OR ({_OF_BOUNDARY})) ORDER BY id""",  # noqa: S608
+        _LIVE, boundary)
     return [rollout_of_row(r) for r in rows]
 
 
 async def live_ids(conn: asyncpg.Connection, boundary: str) -> frozenset[int]:
-    """The ids of the live rollouts of `boundary`'s policies (no row read further)."""
+    """The ids of `boundary`'s live rollouts (`_OF_BOUNDARY`; no row read further)."""
     return frozenset(await conn.fetchval(
-        """SELECT coalesce(array_agg(r.id), '{}') FROM rollouts r JOIN policies p
-           ON p.id = r.policy_id WHERE r.state = ANY($1::text[]) AND p.boundary_id = $2""",
+        f"""SELECT coalesce(array_agg(r.id), '{{}}') FROM rollouts r
+            WHERE r.state = ANY($1::text[]) AND {_OF_BOUNDARY}""",  # noqa: S608
         _LIVE, boundary))
 
 
 async def live_in(conn: asyncpg.Connection, boundary: str) -> list[Rollout] | None:
-    """The live rollouts of `boundary`'s policies; None: there is no such boundary."""
+    """`boundary`'s live rollouts (`_OF_BOUNDARY`); None: there is no such boundary."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         if not await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM boundaries WHERE id = $1)", boundary):
@@ -610,19 +617,12 @@ async def live_in(conn: asyncpg.Connection, boundary: str) -> list[Rollout] | No
 
 async def newest_of(conn: asyncpg.Connection, policy_id: str,
                     boundary: str | None = None) -> Rollout | None:
-    """The policy's newest rollout, whatever its state. With `boundary`, only while the policy
-    is in it and the rollout was of a revision in it (its kept content names it): a rollout
-    from before the policy moved in, or whose revision is no longer kept, is not shown."""
-    if boundary is None:
-        return await _newest(conn, policy_id)
+    """The policy's newest rollout, whatever its state; with `boundary`, only if it is that
+    boundary's (`_OF_BOUNDARY`: never an older one instead)."""
     row = await conn.fetchrow(
         f"""SELECT * FROM (SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE policy_id = $1
                            ORDER BY id DESC LIMIT 1) r
-            WHERE EXISTS (SELECT 1 FROM policies p
-                          WHERE p.id = r.policy_id AND p.boundary_id = $2)
-              AND EXISTS (SELECT 1 FROM policy_revisions v
-                          WHERE v.policy_id = r.policy_id AND v.revision = r.to_revision
-                            AND v.content->>'boundary_id' = $2)""",  # noqa: S608
+            WHERE $2::text IS NULL OR ({_OF_BOUNDARY})""",  # noqa: S608
         policy_id, boundary)
     return rollout_of_row(row) if row is not None else None
 
@@ -630,7 +630,7 @@ async def newest_of(conn: asyncpg.Connection, policy_id: str,
 async def staged_of(conn: asyncpg.Connection, policy_id: str,
                     boundary: str | None = None) -> Staged | None:
     """The policy's rollout in force with its placements over its scope now; None: none (with
-    `boundary`, also when the policy is not in it)."""
+    `boundary`, also when it is not that boundary's: `_OF_BOUNDARY`)."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         row = await conn.fetchrow(
             f"""SELECT {_ROLLOUT_COLUMNS} FROM rollouts
@@ -638,7 +638,11 @@ async def staged_of(conn: asyncpg.Connection, policy_id: str,
             policy_id, _IN_FORCE)
         policy = await conn.fetchrow(
             "SELECT boundary_id FROM policies WHERE id = $1 AND deleted_at IS NULL", policy_id)
-        if row is None or policy is None or boundary not in (None, policy["boundary_id"]):
+        if row is None or policy is None:
+            return None
+        if boundary is not None and not await conn.fetchval(
+                f"SELECT {_OF_BOUNDARY} FROM rollouts r WHERE r.id = $1",  # noqa: S608
+                row["id"], boundary):
             return None
         found = BoundaryId(policy["boundary_id"])
         scope = [ClusterId(r["cluster_id"]) for r in await conn.fetch(
