@@ -480,9 +480,10 @@ def _gate_text(gate: str | None, reason: str | None) -> str:
     """The gate that holds a rollout in words, and its reason (`gate: detail`) under it."""
     if gate is None and not reason:
         return "-"
-    words = h(GATE_WORDS.get(gate, gate) if gate is not None else "")
-    return (f'<span class="gate">{h(gate)}</span> {words}'
-            + (f'<br><span class="detail">{h(reason)}</span>' if reason else ""))
+    head = (f'<span class="gate">{h(gate)}</span>: {h(GATE_WORDS.get(gate, gate))}'
+            if gate is not None else "")
+    tail = f'<span class="detail">{h(reason)}</span>' if reason else ""
+    return head + ("<br>" if head and tail else "") + tail
 
 
 def _rollout_link(pid: str, rollout: Mapping[str, Any] | None) -> str:
