@@ -1,5 +1,6 @@
 """What the web page (`/ui/`) costs at fleet scale (figures, not a test): the admin's fleet page,
-one boundary's page and one policy's page, rendered by the daemon's handlers
+one boundary's page, one policy's page and that policy's rollout page (a three-wave rollout
+over every cluster, `bench/rollout_gates.py`'s), rendered by the daemon's handlers
 (`convergerd.api.ui.UiPages`) over a `StatusState` fed one in-sync round of CLUSTERS x
 POLICIES (`bench/serving.py`'s state) and a stand-in database that answers at once (the
 boundary covers every cluster and holds every policy: the worst case of one tenant); and the
@@ -24,21 +25,27 @@ import statistics
 import sys
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.rollout_gates import NoSaves, staged_rollouts
 from bench.serving import NoDatabase, fed
 from convergerd.api.auth import Guard, TokenBook
 from convergerd.api.boundaries import BoundaryViews
+from convergerd.api.rollouts import RolloutHandlers
 from convergerd.api.server import Views
 from convergerd.api.ui import COOKIE, UiPages
 from convergerd.config import load_settings
-from convergerd.core.model import ClusterId, PolicyRow
+from convergerd.core.model import ClusterId, PolicyId, PolicyRow
+from convergerd.core.report import utc_now
+from convergerd.core.rollout import Rollout, Staged
 from convergerd.core.rows import BoundaryPolicy, BoundaryRows, PolicyStatusRows
+from convergerd.delivery.fanout import Saver
 from convergerd.status.state import StatusState
 from convergerd.supervise import HealthCheck
 
@@ -52,6 +59,31 @@ class Rows(NoDatabase):
         self.clusters = tuple(sorted(clusters))
         self.rows = [PolicyRow(f"p{j:03d}", "team-a", {"type": "ForbidLatestTag"}, True, 1)
                      for j in range(policies)]
+        # One rollout (p000's), at its last wave: every cluster in one of its three waves.
+        self.staged = staged_rollouts(list(clusters), policies, 1, 2, utc_now())
+
+    async def staged_rollout(self, policy_id: str, /, *,
+                             boundary: str | None = None) -> Staged | None:
+        return self.staged.get(PolicyId(policy_id))
+
+    async def rollout_of(self, policy_id: str, /, *,
+                         boundary: str | None = None) -> Rollout | None:
+        found = self.staged.get(PolicyId(policy_id))
+        return found.rollout if found is not None else None
+
+    async def rollout_events(self, rollout_id: int, limit: int, /) -> list[Any]:
+        return []
+
+    async def live_rollouts(self) -> list[Rollout]:
+        return [s.rollout for s in self.staged.values()]
+
+    async def boundary_rollouts(self, boundary: str, /) -> list[Rollout] | None:
+        return [s.rollout for s in self.staged.values()]
+
+    async def transition_rollout(self, before: Rollout, after: Rollout, *, by: str, what: str,
+                                 detail: str | None = None,
+                                 remaining_s: Callable[[], float]) -> Rollout | None:
+        raise AssertionError("no transition here")
 
     async def policy_status(self, policy_id: str, /) -> PolicyStatusRows | None:
         row = next((r for r in self.rows if r.id == policy_id), None)
@@ -65,7 +97,9 @@ class Rows(NoDatabase):
 
 def pages_of(state: StatusState, views: Views, rows: Rows) -> UiPages:
     guard = Guard(admin_token=ADMIN, book=TokenBook(None), fleet_open=True, reads_per_s=1e6)
-    return UiPages(guard, views, BoundaryViews(views, rows), body_timeout_s=5)
+    # (The rollout commands are not asked here: no saves.)
+    waves = RolloutHandlers(views, rows, cast(Saver, NoSaves()), body_timeout_s=5)
+    return UiPages(guard, views, BoundaryViews(views, rows), waves, body_timeout_s=5)
 
 
 async def render(handler: Any, path: str, match: dict[str, str], renders: int
@@ -111,6 +145,8 @@ async def main_async(args: argparse.Namespace) -> None:
                                  {"boundary": "team-a"}, args.renders),
         "policy": await render(pages.policy, "/ui/policies/p007", {"id": "p007"},
                                args.renders),
+        "rollout": await render(pages.rollout, "/ui/policies/p000/rollout", {"id": "p000"},
+                                args.renders),
     }), flush=True)
 
 

@@ -25,11 +25,13 @@ passes `auth.Guard` first: its route's scope (`scopes.ROUTE_SCOPES`) says which 
 | `GET /v1/boundaries/{boundary}` | one boundary's clusters and policies: admin or its token |
 | `GET /v1/boundaries/{boundary}/policies/{id}` | one of its policies per cluster: likewise |
 | `GET /v1/boundaries/{boundary}/policies/{id}/revisions` | its revisions here: likewise |
+| `GET /v1/boundaries/{boundary}/rollouts` | its policies' live rollouts: likewise |
+| `GET /v1/boundaries/{boundary}/policies/{id}/rollout` | one of its policies' rollout: likewise |
 | `GET /v1/exceptions` | every exception to a policy, soonest expiry first (`api.exceptions`) |
 | `POST /v1/policies/{id}/exceptions` | grant one, then save: the admin token |
 | `DELETE /v1/policies/{id}/exceptions/{eid}` | withdraw one, then save: the admin token |
 | `GET /openapi.json` | this API as an OpenAPI 3 document (`convergerd.api.openapi`) |
-| `/ui/...` | the web page (`ui.UiPages`): sign in with a token, the fleet or a boundary, a policy |
+| `/ui/...` | the web page (`ui.UiPages`): sign in, the fleet or a boundary, a policy, its rollout |
 """
 
 from __future__ import annotations
@@ -103,17 +105,17 @@ def make_app(
     boundaries = BoundaryViews(views, tenants)
     granting = ExceptionHandlers(exceptions, saver, body_timeout_s=body_timeout_s,
                                  max_days=settings.exception_max_days)
-    ui = UiPages(guard, views, boundaries, body_timeout_s=body_timeout_s)
     history = RevisionHandlers(views, revisions, saver, retention=settings.revisions,
                                body_timeout_s=body_timeout_s)
     waves = RolloutHandlers(views, rollouts, saver, body_timeout_s=body_timeout_s)
+    ui = UiPages(guard, views, boundaries, waves, body_timeout_s=body_timeout_s)
     app = web.Application(middlewares=[*middlewares(settings), guard.middleware()])
     # `Expect: 100-continue` is answered by each route's expect handler before any
     # middleware: the guard checks the route's scope first, none quotes the header.
     checked = guard.expect
     status_views = (views.status, views.cluster, views.policy, boundaries.boundary,
                     boundaries.policy, history.history, history.boundary_history, waves.list,
-                    waves.policy)
+                    waves.policy, waves.boundary_list, waves.boundary_policy)
     app.add_routes([
         web.get("/healthz", views.healthz, expect_handler=checked),
         web.get("/readyz", views.readyz, expect_handler=checked),
@@ -140,6 +142,7 @@ def make_app(
         web.post("/ui/logout", ui.logout, expect_handler=checked),
         web.get("/ui/boundaries/{boundary}", ui.boundary, expect_handler=checked),
         web.get("/ui/policies/{id}", ui.policy, expect_handler=checked),
+        web.get("/ui/policies/{id}/rollout", ui.rollout, expect_handler=checked),
         web.get("/ui/static/{name}", ui.static, expect_handler=checked),
     ])
     return app

@@ -4,11 +4,12 @@ boundary's read token): `GET /v1/boundaries/{boundary}` and
 
 Built from the same state and views as `/status` and `/v1/policies/{id}/status`, restricted to
 the boundary: its clusters (reached, lag, Kubernetes version, a cluster-level failure as its
-reason slug only) with the phases, verification and violations of *its* policies there, and its
+reason slug only) with the phases, verification and violations of *its* policies there, its
 policies with their roll-up over its clusters (phases, `Verified`, violations and the kept
-samples). Never another boundary's policy, nor a count or an error message that includes one:
-a cluster's counts and messages in `/status` cover every tenant's policies, so a cluster here
-shows only what its records of this boundary's policies say.
+samples), and its policies' live rollouts as `/status` shows them. Never another boundary's
+policy, nor a count or an error message that includes one: a cluster's counts and messages in
+`/status` cover every tenant's policies, so a cluster here shows only what its records of this
+boundary's policies say.
 
 Bounded like `/status`: up to `CONVERGERD_STATUS_MAX_CLUSTERS` clusters listed, past it pages
 in id order (`?limit=&after=`, `listing.next`); at most `rows.BOUNDARY_POLICIES_LISTED` policies
@@ -44,7 +45,7 @@ from convergerd.core.model import ClusterId, PolicyId, RuleError, check_boundary
 from convergerd.core.rows import BOUNDARY_POLICIES_LISTED, BoundaryPolicy, BoundaryRows
 from convergerd.core.shown import shown
 from convergerd.status.admissions import enforcement_label, known_admissions
-from convergerd.status.document import audit_sample_view
+from convergerd.status.document import audit_sample_view, rollouts_view
 from convergerd.status.listing import Page, listing, page_ids, page_request
 from convergerd.status.phases import (
     STALE,
@@ -395,6 +396,7 @@ class BoundaryViews:
                                          audit_sample_view(state, bp.policy.id), len(rows.clusters))
                          for i, bp in enumerate(policies)],
             "unsupported_by_version": unsupported_rollup(unsupported),
+            "rollouts": rollouts_view(state, rows.rollouts),
             "listing": listing(order="id", listed=len(clusters), after=None, complete=True,
                                following=None),
             "clusters": clusters,

@@ -15,11 +15,12 @@ from convergerd.core.model import ENFORCEMENTS, POLICY_ID_MAX_LEN
 from convergerd.core.report import FanoutResult, FanoutStatus
 from convergerd.core.revisions import KEYS_LISTED, PAGE_DEFAULT, PAGE_MAX, Kind
 from convergerd.core.revisions import Operation as RevisionOperation
-from convergerd.core.rollout import State
+from convergerd.core.rollout import OnHalt, State
 from convergerd.core.rows import BOUNDARY_POLICIES_LISTED
 from convergerd.core.save import Operation, SaveAction
 from convergerd.core.tokens import BY_MAX_CHARS, NAME_MAX_CHARS
 from convergerd.status.listing import FLEET_COUNTS, UNSUPPORTED_LISTED, WORST_LISTED
+from convergerd.status.rollouts import CLUSTERS_NAMED
 
 JSON = "application/json"
 # The id patterns the handlers check (`model.check_policy_id`, `model.check_cluster_id`).
@@ -127,6 +128,18 @@ _ADMISSION_SCHEMAS: dict[str, Any] = {
 }
 
 _SCHEMAS: dict[str, Any] = {
+    "LiveRollout": {"type": "object", "properties": {
+        "policy": {"type": "string"}, "id": {"type": "integer"},
+        "to_revision": {"type": "integer"},
+        "from_revision": {"type": "integer", "nullable": True},
+        "strategy": {"type": "string"}, "state": {"type": "string"},
+        "wave": {"type": "object", "properties": {
+            "index": {"type": "integer"}, "name": {"type": "string"},
+            "of": {"type": "integer"}, "warn_step": {"type": "boolean"}}},
+        "gate": _NULLABLE_STRING, "reason": _NULLABLE_STRING,
+        "since": _NULLABLE_TIME,
+        "clusters": {"type": "object", "properties": {
+            "new": {"type": "integer"}, "old": {"type": "integer"}}}}},
     "Error": {
         "type": "object", "required": ["error"], "additionalProperties": True,
         "properties": {"error": {"type": "string", "description": "what went wrong"},
@@ -246,18 +259,7 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "array", "description": "each live rollout, as of the last database "
                 "sync: its wave, state, the gate that holds it, clusters reporting its new "
                 "revision and another one (`GET /v1/policies/{id}/rollout` for more)",
-                "items": {"type": "object", "properties": {
-                    "policy": {"type": "string"}, "id": {"type": "integer"},
-                    "to_revision": {"type": "integer"},
-                    "from_revision": {"type": "integer", "nullable": True},
-                    "strategy": {"type": "string"}, "state": {"type": "string"},
-                    "wave": {"type": "object", "properties": {
-                        "index": {"type": "integer"}, "name": {"type": "string"},
-                        "of": {"type": "integer"}, "warn_step": {"type": "boolean"}}},
-                    "gate": _NULLABLE_STRING, "reason": _NULLABLE_STRING,
-                    "since": _NULLABLE_TIME,
-                    "clusters": {"type": "object", "properties": {
-                        "new": {"type": "integer"}, "old": {"type": "integer"}}}}}},
+                "items": _ref("LiveRollout")},
             "pending_deletions": {
                 "type": "object",
                 "description": "deletions some cluster did not confirm (oldest first, at most "
@@ -620,6 +622,9 @@ _SCHEMAS.update({
                          "maxItems": BOUNDARY_POLICIES_LISTED},
             "unsupported_by_version": {"type": "object", "additionalProperties": {
                 "type": "array", "items": {"type": "string"}}},
+            "rollouts": {"type": "array", "items": _ref("LiveRollout"),
+                         "description": "the live rollouts of its policies, as of the last "
+                                        "database sync (as in `/status`)"},
             "listing": {"type": "object"},
             "clusters": {"type": "array", "items": _ref("BoundaryCluster")}},
     },
@@ -1007,21 +1012,32 @@ _SCHEMAS.update({
                                                 "due something else, written at once"}},
     },
     "RolloutList": {"type": "object", "required": ["rollouts"], "properties": {
+        "boundary": {"type": "string", "description": "a boundary's list: its policies' only"},
         "rollouts": {"type": "array", "items": _ref("Rollout")}}},
     "RolloutView": {"allOf": [_ref("Rollout"), {
         "type": "object", "required": ["in_force", "events"],
         "properties": {
             "in_force": {"type": "boolean", "description": "false: its latest rollout, ended"},
-            "waves": {"type": "array", "items": {"type": "object", "properties": {
+            "boundary": {"type": "string", "description": "a boundary's view"},
+            "bake_seconds": {"type": "number", "description": "in force: the strategy's bake "
+                             "per wave (twice for a wave in Warn first)"},
+            "on_halt": {"type": "string", "enum": [o.value for o in OnHalt]},
+            "waves": {"type": "array", "description": "in force: each wave of its strategy",
+                      "items": {"type": "object", "properties": {
                 "index": {"type": "integer"}, "name": {"type": "string"},
                 "selector": {"type": "object", "nullable": True,
                              "additionalProperties": {"type": "string"}},
                 "fraction": {"type": "number", "nullable": True},
                 "warn_first": {"type": "boolean"}, "approval": {"type": "boolean"},
+                "progress": {"type": "string", "enum": [
+                    "done", "current", "waiting", "sent_back", "not_reached"]},
                 "clusters": {"type": "integer"},
                 "revisions": {"type": "array", "items": {"type": "object", "properties": {
                     "revision": {"type": "integer", "nullable": True},
-                    "clusters": {"type": "integer"}}}}}}},
+                    "clusters": {"type": "integer"},
+                    "named": {"type": "array", "items": {"type": "string"},
+                              "maxItems": CLUSTERS_NAMED,
+                              "description": "the first of these clusters by id"}}}}}}},
             "clusters": {"type": "object", "description": "its clusters reporting the new "
                          "revision, another one, none", "properties": {
                              "new": {"type": "integer"}, "old": {"type": "integer"},
@@ -1059,6 +1075,22 @@ _PATHS.update({
         "responses": {"200": _answer("the rollout", "RolloutView"), "400": _BAD_ID,
                       "404": _answer("the policy never had a rollout"), "429": _SHED,
                       "503": _DB_DOWN}}},
+    "/v1/boundaries/{boundary}/rollouts": {"get": {
+        "summary": "the live rollouts of the boundary's policies",
+        "parameters": [_BOUNDARY],
+        "responses": {"200": _answer("the live rollouts", "RolloutList"),
+                      "400": _answer("a bad boundary id"),
+                      "404": _answer("no such boundary (also what a read token of another "
+                                     "boundary gets)"),
+                      "429": _SHED, "503": _DB_DOWN}}},
+    "/v1/boundaries/{boundary}/policies/{id}/rollout": {"get": {
+        "summary": "one of the boundary's policies' rollout, as `/v1/policies/{id}/rollout` "
+                   "shows it (its clusters are the boundary's)",
+        "parameters": [_BOUNDARY, _POLICY_ID],
+        "responses": {"200": _answer("the rollout", "RolloutView"), "400": _BAD_ID,
+                      "404": _answer("no such policy in the boundary, or it never had a "
+                                     "rollout there (one answer for both)"),
+                      "429": _SHED, "503": _DB_DOWN}}},
     **{f"/v1/policies/{{id}}/rollout/{command.value}": {"post": {
         "summary": summary,
         "parameters": [_POLICY_ID], "security": [{"bearerAuth": []}],

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from convergerd.core.gates import Gate
 from convergerd.status.phases import (
     ADMITTED,
     NOT_VERIFIED,
@@ -50,6 +51,30 @@ VERIFICATION_SIGNS: Mapping[str, tuple[str, str]] = {
 }
 VIOLATIONS_SIGN = "⚠"
 STYLESHEET = "/ui/static/ui.css"
+# What holds a rollout (`core.gates.Gate`), in words.
+GATE_WORDS: Mapping[str, str] = {
+    Gate.DELIVERING.value: "some of the wave's clusters have not reported the new revision yet",
+    Gate.UNREACHED.value: "more of the wave's clusters are unreached than the strategy "
+                          "tolerates",
+    Gate.BAKE.value: "every cluster of the wave reported: the bake time runs",
+    Gate.ERROR_PHASES.value: "clusters of the wave report Error at the new revision",
+    Gate.NEW_VIOLATIONS.value: "the new revision would deny objects already running",
+    Gate.DENIALS.value: "admission denied requests under the new revision",
+    Gate.WARNINGS.value: "admission warned about requests under the new revision",
+    Gate.APPROVAL.value: "the wave waits for an approval (convergerd rollout approve)",
+    Gate.PAUSED.value: "paused by a command (convergerd rollout resume)",
+    Gate.HALTED.value: "a gate failed and the strategy says pause (convergerd rollout resume "
+                       "or abort)",
+    Gate.DONE.value: "done",
+}
+# Where a wave of a rollout in force is (`api.rollouts.wave_progress`), in words.
+PROGRESS_WORDS: Mapping[str, str] = {
+    "done": "done", "current": "current", "waiting": "waiting",
+    "sent_back": "sent back (its clusters returned to their previous revision)",
+    "not_reached": "not reached (the rollout ended before it)",
+}
+# The live rollouts a page lists (the others counted).
+ROLLOUTS_LISTED = 100
 
 
 def h(value: object) -> str:
@@ -198,6 +223,13 @@ def not_found_policy(pid: str, viewer: Viewer | None) -> str:
     return message_page("Not found", f"There is no policy {pid!r} that you can see.", viewer)
 
 
+def not_found_rollout(pid: str, viewer: Viewer | None) -> str:
+    """The one answer for a policy without a rollout, one that does not exist and another
+    boundary's: the same."""
+    return message_page("Not found", f"There is no rollout of policy {pid!r} that you can "
+                                     "see.", viewer)
+
+
 def not_found_boundary(boundary: str, viewer: Viewer | None) -> str:
     return message_page("Not found", f"There is no boundary {boundary!r} that you can see.",
                         viewer)
@@ -322,7 +354,8 @@ def fleet_page(viewer: Viewer, head: Mapping[str, Any], g: Grid,
     body = (facts + unreached_table(unreached, int(fleet.get("unreached", len(unreached))))
             + unsupported_table(head.get("unsupported_by_version", {}),
                                 fleet.get("unsupported"))
-            + invalid + "<h2>Policies by cluster</h2>" + grid(g, hrefs))
+            + invalid + rollouts_table(head.get("rollouts", []))
+            + "<h2>Policies by cluster</h2>" + grid(g, hrefs))
     return document("Fleet", body, viewer=viewer, read_at=read_at)
 
 
@@ -348,7 +381,8 @@ def boundary_page(viewer: Viewer, doc: Mapping[str, Any], *,
                                "Verified (clusters)", "Revision delivered", "Violations"),
                      rows)
     hrefs = {p: url(f"/ui/policies/{seg(p)}") for p in g.policies}
-    body = (summary + unreached_table(unreached, total_unreached)
+    body = (summary + rollouts_table(doc.get("rollouts", []))
+            + unreached_table(unreached, total_unreached)
             + unsupported_table(doc["unsupported_by_version"])
             + "<h2>Policies by cluster</h2>" + grid(g, hrefs))
     return document(f"Boundary {doc['boundary']}", body, viewer=viewer, read_at=doc["now"])
@@ -357,10 +391,12 @@ def boundary_page(viewer: Viewer, doc: Mapping[str, Any], *,
 def policy_page(viewer: Viewer, view: Mapping[str, Any], *,
                 clusters: Sequence[Mapping[str, Any]], counts: Mapping[str, Mapping[str, int]],
                 unsupported: Mapping[str, Sequence[str]], pager: Pager,
-                boundary_href: str | None, read_at: str | None) -> str:
+                boundary_href: str | None, read_at: str | None,
+                rollout: Mapping[str, Any] | None = None) -> str:
     """One policy: what it is, its phases and verdicts counted over every cluster, the audit
     and its sample, the Unsupported clusters by version, then per cluster (this page of
-    them): revisions, phase, Verified, audit, the last error in plain words."""
+    them): revisions, phase, Verified, audit, the last error in plain words; `rollout`: its
+    live rollout as `/status` lists it (None: none live)."""
     p = view["policy"]
     boundary = (f'<a href="{h(boundary_href)}">{h(p["boundary"])}</a>' if boundary_href
                 else h(p["boundary"]))
@@ -373,6 +409,7 @@ def policy_page(viewer: Viewer, view: Mapping[str, Any], *,
         ["Written to clusters", h("yes" if p["delivered_to_clusters"] else "no")],
         ["Invalid", h(p["invalid"] or "no")],
         ["Deletion", h(f"pending since {deletion['requested_at']}" if deletion else "no")],
+        ["Rollout", _rollout_link(p["id"], rollout)],
     ])
     tallies = _table("Over all its clusters", ("Counted", "Clusters"),
                      ([h(name), h(_counts(c))] for name, c in counts.items()))
@@ -420,3 +457,140 @@ def _cluster_row(c: Mapping[str, Any]) -> list[str]:
     return [h(c["cluster"]), h(revision),
             f'<span class="ph {h(css)}">{h(phase)}</span>{ready}',
             f"{h(sign)} {h(words)}{probe}", h(violations), error]
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollouts
+
+
+def rollout_href(pid: str) -> str:
+    return url(f"/ui/policies/{seg(pid)}/rollout")
+
+
+def _wave_at(wave: Mapping[str, Any]) -> str:
+    return f"{int(wave['index']) + 1} of {wave['of']}: {wave['name']}" + (
+        " (Warn step)" if wave.get("warn_step") else "")
+
+
+def _state_text(state: str) -> str:
+    return state.replace("_", " ")
+
+
+def _gate_text(gate: str | None, reason: str | None) -> str:
+    """The gate that holds a rollout in words, and its reason (`gate: detail`) under it."""
+    if gate is None and not reason:
+        return "-"
+    head = (f'<span class="gate">{h(gate)}</span>: {h(GATE_WORDS.get(gate, gate))}'
+            if gate is not None else "")
+    tail = f'<span class="detail">{h(reason)}</span>' if reason else ""
+    return head + ("<br>" if head and tail else "") + tail
+
+
+def _rollout_link(pid: str, rollout: Mapping[str, Any] | None) -> str:
+    if rollout is None:
+        return (f'none in progress (<a href="{rollout_href(pid)}">its latest rollout</a>, if it '
+                "had one)")
+    return (f'<a href="{rollout_href(pid)}">{h(_state_text(rollout["state"]))}, wave '
+            f"{h(_wave_at(rollout['wave']))}</a>")
+
+
+def rollouts_table(rollouts: Sequence[Mapping[str, Any]]) -> str:
+    """The live rollouts (as `/status` lists them: as of the last database sync), at most
+    `ROLLOUTS_LISTED`, each linking to its page."""
+    listed = rollouts[:ROLLOUTS_LISTED]
+    shown = (f"{len(listed)} of {len(rollouts)}" if len(rollouts) > len(listed)
+             else f"{len(rollouts)}")
+    rows = ([f'<a href="{rollout_href(r["policy"])}">{h(r["policy"])}</a>',
+             h(f"{r['from_revision'] if r['from_revision'] is not None else 'none'} → "
+               f"{r['to_revision']}"),
+             h(_state_text(r["state"])), h(_wave_at(r["wave"])),
+             h(f"{r['clusters']['new']} new, {r['clusters']['old']} old"),
+             _gate_text(r.get("gate"), r.get("reason"))] for r in listed)
+    return ("<h2>Rollouts</h2>"
+            + _table(f"Live rollouts ({shown}), as of the last database sync",
+                     ("Policy", "Revision", "State", "Wave", "Clusters", "Held by"), rows,
+                     css="rollouts"))
+
+
+def _chosen(wave: Mapping[str, Any]) -> str:
+    selector = wave.get("selector")
+    if selector:
+        return "labels " + ", ".join(f"{k}={v}" for k, v in selector.items())
+    return (f"by share: {float(wave['fraction']):.0%} of the clusters no selector chose, "
+            "by the end of this wave")
+
+
+def _bake(wave: Mapping[str, Any], bake_s: float) -> str:
+    bake = lag_text(bake_s)
+    return f"{bake} in Warn, then {bake}" if wave.get("warn_first") else bake
+
+
+def _held(revisions: Sequence[Mapping[str, Any]], to_revision: int) -> str:
+    """Which clusters of a wave hold which revision: counts, the first names, the rest
+    counted."""
+    items = []
+    for r in revisions:
+        revision = r["revision"]
+        what = ("no copy" if revision is None
+                else f"revision {revision}" + (" (new)" if revision == to_revision else ""))
+        named: Sequence[str] = r.get("named") or []
+        more = int(r["clusters"]) - len(named)
+        names = ", ".join(named) + (f" and {more} more" if more > 0 else "")
+        items.append(f'<li><b>{h(what)}</b>: {h(r["clusters"])} '
+                     f'<span class="detail">({h(names)})</span></li>')
+    return f'<ul class="held">{"".join(items)}</ul>' if items else "none"
+
+
+def rollout_page(viewer: Viewer, doc: Mapping[str, Any], *, read_at: str | None) -> str:
+    """A policy's rollout (`RolloutHandlers.document`): where it is and what holds it, each
+    wave (how its clusters are chosen, the bake, approval, done/current/waiting, which of its
+    clusters hold which revision, bounded), and its events."""
+    pid = doc["policy"]
+    wave = doc["wave"]
+    now = doc.get("now")
+    clusters = doc.get("clusters")
+    rows = [
+        ["Policy", f'<a href="{url("/ui/policies/" + seg(pid))}">{h(pid)}</a>'],
+        ["Revision", h(f"{doc['from_revision'] if doc['from_revision'] is not None else 'none'}"
+                       f" → {doc['to_revision']}")],
+        ["Strategy", h(doc["strategy"])],
+        ["State", h(_state_text(doc["state"]) + ("" if doc["in_force"] else
+                                                 " (ended: later saves decide what each "
+                                                 "cluster holds)"))],
+        ["Wave", h(_wave_at(wave))],
+        ["Held by", _gate_text(doc.get("gate"), doc.get("reason"))],
+    ]
+    if isinstance(now, Mapping):
+        rows.append(["Now", _gate_text(now.get("gate"), now.get("detail"))])
+    if isinstance(clusters, Mapping):
+        rows.append(["Clusters", h(f"{clusters['new']} report the new revision, "
+                                   f"{clusters['old']} another, {clusters['none']} none")])
+    if "bake_seconds" in doc:
+        rows.append(["Bake, on a halt", h(f"{lag_text(doc['bake_seconds'])} per wave; "
+                                          f"{doc['on_halt']}")])
+    rows.append(["Last change", h(f"{doc['updated_at']} by {doc['updated_by']}")])
+    facts = _table("The rollout", ("What", "Value"), rows)
+    waves = doc.get("waves")
+    body = facts
+    if isinstance(waves, list):
+        to = doc["to_revision"]
+        body += "<h2>Waves</h2>" + _table(
+            "Waves: how each chooses its clusters, and which revision they hold",
+            ("Wave", "Clusters chosen by", "Bake", "Approval", "State", "Clusters",
+             "Revisions held"),
+            ([h(f"{int(w['index']) + 1} {w['name']}"), h(_chosen(w)),
+              h(_bake(w, float(doc["bake_seconds"]))),
+              h("needed" if w["approval"] else "-"),
+              h(PROGRESS_WORDS.get(w["progress"], w["progress"])
+                + (f": {_state_text(doc['state'])}" if w["progress"] == "current" else "")),
+              h(w["clusters"]), _held(w["revisions"], to)] for w in waves),
+            css="waves")
+    else:
+        body += ("<p>This rollout has ended: its waves no longer decide what each cluster "
+                 "holds (the policy's page shows what each holds).</p>")
+    events = _table("Events (the latest)", ("At", "By", "What", "Wave", "Detail"),
+                    ([h(e["at"]), h(e["by"]), h(e["what"]),
+                      h(int(e["wave"]) + 1 if e["wave"] is not None else "-"), h(e["detail"])]
+                     for e in doc.get("events", [])), css="events")
+    return document(f"Rollout of policy {pid}", body + "<h2>Events</h2>" + events,
+                    viewer=viewer, read_at=read_at)

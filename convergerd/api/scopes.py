@@ -76,6 +76,9 @@ ROUTE_SCOPES: Mapping[tuple[str, str], Scope] = {
     ("GET", "/v1/policies/{id}/revisions"): Scope.FLEET,
     ("POST", "/v1/policies/{id}/rollback"): Scope.ADMIN,
     ("GET", "/v1/boundaries/{boundary}/policies/{id}/revisions"): Scope.BOUNDARY,
+    ("GET", "/v1/boundaries/{boundary}/rollouts"): Scope.BOUNDARY,
+    ("GET", "/v1/boundaries/{boundary}/policies/{id}/rollout"): Scope.BOUNDARY,
+    ("GET", "/ui/policies/{id}/rollout"): Scope.PAGE,
 }
 
 

@@ -138,7 +138,8 @@ DB_TIMEOUT_S = 5.0
 STATUS_VIEWS = ("/status", "/v1/clusters/{id}", "/v1/policies/{id}/status",
                 "/v1/boundaries/{boundary}", "/v1/boundaries/{boundary}/policies/{id}",
                 "/v1/policies/{id}/revisions", "/v1/boundaries/{boundary}/policies/{id}/revisions",
-                "/v1/rollouts", "/v1/policies/{id}/rollout")
+                "/v1/rollouts", "/v1/policies/{id}/rollout", "/v1/boundaries/{boundary}/rollouts",
+                "/v1/boundaries/{boundary}/policies/{id}/rollout")
 
 # The server's parser limits: a longer request line (the URL) or header line is refused (400).
 MAX_LINE_BYTES = 8190

@@ -1,10 +1,13 @@
 """The web page (`/ui/`, the API's port): a sign-in form taking a token, then the fleet for the
 admin token and one boundary for its read token: a policies-by-clusters grid coloured by phase
-with `Verified` and violations, a page per policy, the unreached and Unsupported clusters, and
-when the data was read. Server-rendered (`convergerd.api.pages`) from the JSON views' own
-documents: `/status`'s (`server.Views.status_built`), a boundary's
-(`boundaries.BoundaryViews.whole`), a policy's (`server.Views.policy_view`) and
-`status.views.record_view` per cell; nothing is read another way.
+with `Verified` and violations, the live rollouts, a page per policy and one per policy's
+rollout, the unreached and Unsupported clusters, and when the data was read. Server-rendered
+(`convergerd.api.pages`) from the JSON views' own documents: `/status`'s
+(`server.Views.status_built`: the fleet and its live rollouts), a boundary's
+(`boundaries.BoundaryViews.whole`: its policies' live rollouts too), a policy's
+(`server.Views.policy_view`), a policy's rollout (`rollouts.RolloutHandlers.document`, within
+the read token's boundary) and `status.views.record_view` per cell; nothing is read another
+way.
 
 Who: the routes are `scopes.Scope.PAGE` (no `Authorization` header read); the page asks
 `auth.Guard.principal_of` about the token kept in its cookie, and applies the same rules as
@@ -22,7 +25,9 @@ that allows nothing but this server's stylesheet (`CSP`), and is never cached.
 Bounded like the views it shows: at most `CLUSTERS_PER_PAGE` clusters and
 `POLICIES_PER_PAGE` policies on a grid (worst clusters first, like `/status`; links to the
 next pages), at most `CLUSTERS_PER_PAGE` clusters on a policy's page (those that need a look
-first), `UNREACHED_LISTED` unreached clusters named.
+first), `UNREACHED_LISTED` unreached clusters named, `pages.ROLLOUTS_LISTED` live rollouts; a
+rollout's page names per wave and revision at most `status.rollouts.CLUSTERS_NAMED` clusters and
+counts the rest (the policy's page lists every cluster, page by page, with its revision).
 """
 
 from __future__ import annotations
@@ -52,11 +57,14 @@ from convergerd.api.pages import (
     message_page,
     not_found_boundary,
     not_found_policy,
+    not_found_rollout,
     plain_reason,
     policy_page,
+    rollout_page,
     seg,
     url,
 )
+from convergerd.api.rollouts import RolloutHandlers
 from convergerd.api.scopes import ANONYMOUS, Kind, Principal
 from convergerd.api.server import Views
 from convergerd.core.errors import ConvergerdError
@@ -67,7 +75,7 @@ from convergerd.core.model import (
     check_boundary_id,
     check_policy_id,
 )
-from convergerd.status.document import cluster_summary
+from convergerd.status.document import cluster_summary, rollouts_view
 from convergerd.status.listing import (
     UNSUPPORTED_LISTED,
     bounded_unsupported,
@@ -166,12 +174,14 @@ class UiPages:
     """The page's handlers, over the JSON views (`views`, `boundaries`) and the scope check of
     the API (`guard`, asked about the cookie's token)."""
 
-    def __init__(self, guard: Guard, views: Views, boundaries: BoundaryViews, *,
-                 body_timeout_s: float, clusters_per_page: int = CLUSTERS_PER_PAGE,
+    def __init__(self, guard: Guard, views: Views, boundaries: BoundaryViews,
+                 rollouts: RolloutHandlers, *, body_timeout_s: float,
+                 clusters_per_page: int = CLUSTERS_PER_PAGE,
                  policies_per_page: int = POLICIES_PER_PAGE) -> None:
         self._guard = guard
         self._views = views
         self._boundaries = boundaries
+        self._rollouts = rollouts
         self._body_timeout_s = body_timeout_s
         self._clusters = clusters_per_page
         self._policies = policies_per_page
@@ -443,10 +453,29 @@ class UiPages:
             UNSUPPORTED_LISTED)
         pager = self._pager(request, page, len(clusters), "those that need a look first")
         boundary = view["policy"]["boundary"]
+        pid = view["policy"]["id"]
+        live = next((r for r in rollouts_view(state) if r["policy"] == pid), None)
         return policy_page(viewer, view, clusters=listed, counts=counts,
                            unsupported=unsupported, pager=pager,
                            boundary_href=f"/ui/boundaries/{seg(boundary)}",
-                           read_at=iso(state.clock()))
+                           read_at=iso(state.clock()), rollout=live)
+
+    async def rollout(self, request: web.Request) -> web.StreamResponse:
+        asked = self._asked(request, "id", check_policy_id, not_found_rollout)
+        if isinstance(asked, web.Response):
+            return asked
+        who, viewer, value = asked
+        pid = PolicyId(value)
+        # A read token asks within its boundary: another boundary's policy is the same 404
+        # as a policy without a rollout, or one that does not exist.
+        found = await self._rollouts.document(
+            pid, None if who.kind is Kind.ADMIN else who.boundary)
+        if isinstance(found, web.Response):
+            if found.status == 404:
+                return html_response(not_found_rollout(pid, viewer), 404)
+            return _unavailable(viewer, found.status)
+        return html_response(rollout_page(viewer, found,
+                                          read_at=iso(self._views.state.clock())))
 
 
 def _version(cluster: ClusterFacts | None) -> str | None:

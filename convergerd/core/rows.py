@@ -129,12 +129,14 @@ class BoundaryPolicy:
 @dataclass(frozen=True, slots=True)
 class BoundaryRows:
     """One boundary as `/v1/boundaries/{boundary}` reads it (`Store.boundary_status()`): the
-    known clusters it covers (by id), its policies (by id, at most the view's limit), and how
-    many policies it has in all."""
+    known clusters it covers (by id), its policies (by id, at most the view's limit), how
+    many policies it has in all, and the ids of its policies' live rollouts (any number: at
+    most one per policy)."""
 
     clusters: tuple[ClusterId, ...]
     policies: tuple[BoundaryPolicy, ...]
     policies_total: int
+    rollouts: frozenset[int] = frozenset()
 
 
 # A boundary's view reads at most this many of its policies (by id).

@@ -28,7 +28,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -344,7 +344,14 @@ class RolloutGates:
 def revisions_held(state: StatusReader, policy: PolicyId,
                    clusters: Collection[ClusterId]) -> dict[int | None, int]:
     """How many of `clusters` report each revision of `policy` (None: none read)."""
-    held: dict[int | None, int] = {}
+    return {r: len(cs) for r, cs in clusters_by_revision(state, policy, clusters).items()}
+
+
+def clusters_by_revision(state: StatusReader, policy: PolicyId, clusters: Iterable[ClusterId],
+                         ) -> dict[int | None, list[ClusterId]]:
+    """`clusters` (in their order) by the revision of `policy` each reports, else was last
+    delivered (None: neither)."""
+    held: dict[int | None, list[ClusterId]] = {}
     for c in clusters:
         facts = state.clusters.get(c)
         record = facts.policies.get(policy) if facts is not None else None
@@ -352,5 +359,5 @@ def revisions_held(state: StatusReader, policy: PolicyId,
         if record is not None:
             revision = (record.phase.revision if record.phase is not None
                         else record.delivered_revision)
-        held[revision] = held.get(revision, 0) + 1
+        held.setdefault(revision, []).append(c)
     return held

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from convergerd.core.model import ClusterId, PolicyId
@@ -78,9 +78,11 @@ def snapshot_head(state: StatusReader, now: dt.datetime,
     }
 
 
-def rollouts_view(state: StatusReader) -> list[dict[str, Any]]:
-    """Each live rollout: its wave and state, the gate that holds it, and how many clusters
-    report its new revision and how many another (as of the last database sync)."""
+def rollouts_view(state: StatusReader,
+                  only: Collection[int] | None = None) -> list[dict[str, Any]]:
+    """Each live rollout (with `only`, those of these ids: a boundary's): its wave and state,
+    the gate that holds it, and how many clusters report its new revision and how many
+    another (as of the last database sync)."""
     return [{
         "policy": r.policy, "id": r.id, "to_revision": r.to_revision,
         "from_revision": r.from_revision, "strategy": r.strategy, "state": r.state.value,
@@ -88,7 +90,7 @@ def rollouts_view(state: StatusReader) -> list[dict[str, Any]]:
         "gate": r.gate.value if r.gate is not None else None, "reason": r.reason,
         "since": iso(r.since),
         "clusters": {"new": r.clusters_new, "old": r.clusters_old},
-    } for r in state.rollouts]
+    } for r in state.rollouts if only is None or r.id in only]
 
 
 def sorted_clusters(state: StatusReader, now: dt.datetime) -> list[ClusterFacts]:

@@ -13,6 +13,9 @@ from convergerd.core.gates import Gate, held_by
 from convergerd.core.model import PolicyId
 from convergerd.core.rollout import Rollout, State
 
+# A rollout's view names per wave and revision at most this many clusters (the first by id;
+# the others counted), so the view and the web page stay small at 10,000 clusters.
+CLUSTERS_NAMED = 20
 # What holds a rollout its reason does not name (a command's reason): said by its state.
 _STATE_GATES = {State.PAUSED: Gate.PAUSED, State.HALTED: Gate.HALTED,
                 State.WAITING_APPROVAL: Gate.APPROVAL}

@@ -13,7 +13,9 @@ For the gate job and the commands (wt/rollops), on `Store`:
 
 - `Store.live_rollouts() -> list[Rollout]`, `Store.rollout_of(policy_id) -> Rollout | None`
   (the newest, any state), `Store.staged_rollout(policy_id) -> Staged | None` (the one in force
-  with its placements and contents), `Store.rollout_events(rollout_id, limit)`.
+  with its placements and contents), `Store.rollout_events(rollout_id, limit)`; for a
+  boundary's views, `Store.boundary_rollouts(boundary)` and the `boundary=` of `rollout_of` and
+  `staged_rollout` (nothing of a policy while it is in another boundary).
 - `Store.transition_rollout(before, after, *, by, what, detail=None, remaining_s) -> Rollout |
   None`: `after` written with a compare-and-set on `before`'s (id, state, wave, warn_step), in a
   transaction that records the event and asks `remaining_s` (the writer's fence,
@@ -584,19 +586,56 @@ async def abort_for_deletion(conn: asyncpg.Connection, policy_id: str, *, by: st
 # ---- the gate job and the commands ---------------------------------------------------------------
 
 
-async def live(conn: asyncpg.Connection) -> list[Rollout]:
+# Whether rollout `r` is boundary `$2`'s: its policy is in it now, and the revision it rolls
+# out was (its kept content names it). A rollout from before the policy moved in, or whose
+# revision is no longer kept, is no boundary's.
+_OF_BOUNDARY = """EXISTS (SELECT 1 FROM policies p WHERE p.id = r.policy_id AND p.boundary_id = $2)
+    AND EXISTS (SELECT 1 FROM policy_revisions v WHERE v.policy_id = r.policy_id
+                AND v.revision = r.to_revision AND v.content->>'boundary_id' = $2)"""
+
+
+async def live(conn: asyncpg.Connection, boundary: str | None = None) -> list[Rollout]:
+    """The live rollouts; with `boundary`, its (`_OF_BOUNDARY`)."""
     rows = await conn.fetch(
-        f"""SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE state = ANY($1::text[])
-            ORDER BY id""", _LIVE)  # noqa: S608
+        f"""SELECT {_ROLLOUT_COLUMNS} FROM rollouts r WHERE state = ANY($1::text[])
+            AND ($2::text IS NULL OR ({_OF_BOUNDARY})) ORDER BY id""",  # noqa: S608
+        _LIVE, boundary)
     return [rollout_of_row(r) for r in rows]
 
 
-async def newest_of(conn: asyncpg.Connection, policy_id: str) -> Rollout | None:
-    return await _newest(conn, policy_id)
+async def live_ids(conn: asyncpg.Connection, boundary: str) -> frozenset[int]:
+    """The ids of `boundary`'s live rollouts (`_OF_BOUNDARY`; no row read further)."""
+    return frozenset(await conn.fetchval(
+        f"""SELECT coalesce(array_agg(r.id), '{{}}') FROM rollouts r
+            WHERE r.state = ANY($1::text[]) AND {_OF_BOUNDARY}""",  # noqa: S608
+        _LIVE, boundary))
 
 
-async def staged_of(conn: asyncpg.Connection, policy_id: str) -> Staged | None:
-    """The policy's rollout in force with its placements over its scope now; None: none."""
+async def live_in(conn: asyncpg.Connection, boundary: str) -> list[Rollout] | None:
+    """`boundary`'s live rollouts (`_OF_BOUNDARY`); None: there is no such boundary."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        if not await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM boundaries WHERE id = $1)", boundary):
+            return None
+        return await live(conn, boundary)
+
+
+async def newest_of(conn: asyncpg.Connection, policy_id: str,
+                    boundary: str | None = None) -> Rollout | None:
+    """The policy's newest rollout, whatever its state; with `boundary`, only if it is that
+    boundary's (`_OF_BOUNDARY`: never an older one instead)."""
+    row = await conn.fetchrow(
+        f"""SELECT * FROM (SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE policy_id = $1
+                           ORDER BY id DESC LIMIT 1) r
+            WHERE $2::text IS NULL OR ({_OF_BOUNDARY})""",  # noqa: S608
+        policy_id, boundary)
+    return rollout_of_row(row) if row is not None else None
+
+
+async def staged_of(conn: asyncpg.Connection, policy_id: str,
+                    boundary: str | None = None) -> Staged | None:
+    """The policy's rollout in force with its placements over its scope now; None: none (with
+    `boundary`, also when it is not that boundary's: `_OF_BOUNDARY`)."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         row = await conn.fetchrow(
             f"""SELECT {_ROLLOUT_COLUMNS} FROM rollouts
@@ -606,11 +645,15 @@ async def staged_of(conn: asyncpg.Connection, policy_id: str) -> Staged | None:
             "SELECT boundary_id FROM policies WHERE id = $1 AND deleted_at IS NULL", policy_id)
         if row is None or policy is None:
             return None
-        boundary = BoundaryId(policy["boundary_id"])
+        if boundary is not None and not await conn.fetchval(
+                f"SELECT {_OF_BOUNDARY} FROM rollouts r WHERE r.id = $1",  # noqa: S608
+                row["id"], boundary):
+            return None
+        found = BoundaryId(policy["boundary_id"])
         scope = [ClusterId(r["cluster_id"]) for r in await conn.fetch(
             """SELECT bc.cluster_id FROM boundary_clusters bc JOIN clusters c
-               ON c.id = bc.cluster_id WHERE bc.boundary_id = $1""", boundary)]
-        return await staged(conn, rollout_of_row(row), boundary, scope)
+               ON c.id = bc.cluster_id WHERE bc.boundary_id = $1""", found)]
+        return await staged(conn, rollout_of_row(row), found, scope)
 
 
 _UNSAVED = """

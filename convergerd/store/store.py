@@ -384,8 +384,8 @@ class Store:
 
     async def boundary_status(self, boundary: str, most: int) -> BoundaryRows | None:
         """Everything `/v1/boundaries/{boundary}` reads of one boundary, in one snapshot: the
-        known clusters it covers, its first `most` policies by id (each validated now) and how
-        many it has; None when there is no such boundary."""
+        known clusters it covers, its first `most` policies by id (each validated now), how
+        many it has and its live rollouts; None when there is no such boundary."""
         async with self._acquire() as conn, conn.transaction(
             isolation="repeatable_read", readonly=True
         ):
@@ -401,6 +401,7 @@ class Store:
                            deleted_at, count(*) OVER () AS total, {exceptions_column("policies")}
                     FROM policies WHERE boundary_id = $1 ORDER BY id LIMIT $2""",  # noqa: S608
                 boundary, most)
+            live = await rollouts.live_ids(conn, boundary)
         policies = []
         for r in rows:
             row = _policy_row(r)
@@ -410,7 +411,8 @@ class Store:
                 r["deleted_at"]))
         return BoundaryRows(clusters=tuple(ClusterId(r["cluster_id"]) for r in clusters),
                             policies=tuple(policies),
-                            policies_total=rows[0]["total"] if rows else 0)
+                            policies_total=rows[0]["total"] if rows else 0,
+                            rollouts=live)
 
     # ---- read tokens (`store.tenants`) -------------------------------------------------------
 
@@ -470,9 +472,11 @@ class Store:
             return await rollouts.start(conn, policy_id, revision, by=by,
                                         already_delivered=already_delivered, now=now)
 
-    async def staged_rollout(self, policy_id: str) -> Staged | None:
+    async def staged_rollout(self, policy_id: str, *,
+                             boundary: str | None = None) -> Staged | None:
+        """The policy's rollout in force; with `boundary`, only while the policy is in it."""
         async with self._acquire() as conn:
-            return await rollouts.staged_of(conn, policy_id)
+            return await rollouts.staged_of(conn, policy_id, boundary)
 
     async def live_rollouts(self) -> list[Rollout]:
         async with self._acquire() as conn:
@@ -485,10 +489,16 @@ class Store:
         async with self._acquire() as conn:
             return await rollouts.unsaved(conn, older_than_s=older_than_s, limit=limit)
 
-    async def rollout_of(self, policy_id: str) -> Rollout | None:
-        """The policy's newest rollout, whatever its state."""
+    async def boundary_rollouts(self, boundary: str) -> list[Rollout] | None:
+        """The live rollouts of `boundary`'s policies; None: no such boundary."""
         async with self._acquire() as conn:
-            return await rollouts.newest_of(conn, policy_id)
+            return await rollouts.live_in(conn, boundary)
+
+    async def rollout_of(self, policy_id: str, *, boundary: str | None = None) -> Rollout | None:
+        """The policy's newest rollout, whatever its state; with `boundary`, only one of its
+        revisions in that boundary while the policy is there (`rollouts.newest_of`)."""
+        async with self._acquire() as conn:
+            return await rollouts.newest_of(conn, policy_id, boundary)
 
     async def rollout_events(self, rollout_id: int, limit: int) -> list[rollouts.Event]:
         async with self._acquire() as conn:

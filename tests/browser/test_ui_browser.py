@@ -27,7 +27,7 @@ from convergerd.eventloop import EventLoop
 from convergerd.sim.fleet import Fleet
 from convergerd.store.store import Store
 from tests.fixtures.postgres import _admin, _create, run_async, with_database
-from tests.integration.ui_helpers import XSS, ui_world
+from tests.integration.ui_helpers import ROLLOUT_REASON, XSS, ui_world
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).parents[2]
@@ -188,12 +188,16 @@ def test_a_payload_stored_in_a_cluster_shows_as_text_and_runs_nothing(
     context = browser.new_context()
     page = context.new_page()
     sign_in(page, served, served.tokens["team-a"])
-    for policy in ("p-regs", "p-latest"):  # an Error's Ready message, an audit sample
-        page.goto(f"{served.base}/ui/policies/{policy}")
-        shot(page, f"payload-{policy}")
+    # An Error's Ready message, an audit sample; a rollout's gate reason (the boundary's list
+    # and the rollout's page) and event detail. (Policy ids and wave names are checked where
+    # they are read: a payload cannot be one.)
+    for path in ("policies/p-regs", "policies/p-latest", "boundaries/team-a",
+                 "policies/p-regs/rollout"):
+        page.goto(f"{served.base}/ui/{path}")
+        shot(page, "payload-" + path.replace("/", "-"))
         assert page.evaluate("() => window.__xss") is None
-        assert page.locator("main script, main img").count() == 0
-        assert page.get_by_text(XSS).first.is_visible(), policy
+        assert page.locator("main script, main img, main b:text('bold')").count() == 0
+        assert page.get_by_text(XSS).first.is_visible(), path
     context.close()
 
 
@@ -206,4 +210,77 @@ def test_the_admin_sees_the_fleet(served: Served, browser: Browser) -> None:
     columns = page.locator("table.grid thead th").all_inner_texts()
     assert "p-labels" in columns
     assert "p-latest" in columns
+    context.close()
+
+
+def rollout_rows(page: Page) -> list[list[str]]:
+    """The live rollouts table's rows, cell by cell."""
+    rows = page.locator("table.rollouts tbody tr")
+    return [rows.nth(i).locator("th, td").all_inner_texts() for i in range(rows.count())]
+
+
+def check_rollout_page(page: Page) -> None:
+    """p-regs' rollout: its waves (how chosen, bake, approval, where each is, which clusters
+    hold which revision) and the gate that holds it."""
+    assert page.locator("h1").inner_text() == "Rollout of policy p-regs"
+    waves = page.locator("table.waves tbody tr")
+    assert waves.locator("th").all_inner_texts() == ["1 canary", "2 rest"]
+    canary = waves.nth(0).locator("td").all_inner_texts()
+    rest = waves.nth(1).locator("td").all_inner_texts()
+    assert canary[:5] == ["labels ring=canary", "60 s", "-", "done", "1"]
+    assert canary[5] == "revision 2 (new): 1 (c0001)"
+    assert rest[:5] == ["by share: 100% of the clusters no selector chose, by the end of "
+                        "this wave", "60 s", "needed", "current: waiting approval", "2"]
+    assert rest[5] == "revision 1: 2 (c0002, c0003)"
+    held_by = page.locator("table tr", has=page.locator("th", has_text="Held by"))
+    assert "the wave waits for an approval" in held_by.inner_text()
+    assert ROLLOUT_REASON in held_by.inner_text()
+
+
+def test_the_admin_sees_a_rollout_its_waves_and_the_gate_that_holds_it(
+    served: Served, browser: Browser,
+) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    sign_in(page, served, served.tokens["admin"])
+    (row,) = rollout_rows(page)
+    assert row[:5] == ["p-regs", "1 → 2", "waiting approval", "2 of 2: rest", "1 new, 2 old"]
+    assert row[5].startswith("approval: the wave waits for an approval")
+    page.locator("table.rollouts").get_by_role("link", name="p-regs").click()
+    page.wait_for_load_state()
+    assert page.url == f"{served.base}/ui/policies/p-regs/rollout"
+    shot(page, "rollout-p-regs-admin")
+    check_rollout_page(page)
+    assert page.evaluate("() => window.__xss") is None
+    context.close()
+
+
+def test_the_tenant_of_the_policy_sees_its_rollout_and_another_tenant_does_not(
+    served: Served, browser: Browser,
+) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    sign_in(page, served, served.tokens["team-a"])
+    assert page.url == f"{served.base}/ui/boundaries/team-a"
+    (row,) = rollout_rows(page)
+    assert row[:5] == ["p-regs", "1 → 2", "waiting approval", "2 of 2: rest", "1 new, 2 old"]
+    page.locator("table.rollouts").get_by_role("link", name="p-regs").click()
+    page.wait_for_load_state()
+    assert page.url == f"{served.base}/ui/policies/p-regs/rollout"
+    shot(page, "rollout-p-regs-team-a")
+    check_rollout_page(page)
+    context.close()
+
+    context = browser.new_context()
+    page = context.new_page()
+    sign_in(page, served, served.tokens["team-b"])
+    assert page.url == f"{served.base}/ui/boundaries/team-b"
+    assert rollout_rows(page) == [["none"]]
+    assert "p-regs" not in page.locator("main").inner_text()
+    response = page.goto(f"{served.base}/ui/policies/p-regs/rollout")
+    assert response is not None
+    assert response.status == 404
+    shot(page, "rollout-p-regs-team-b")
+    assert ("There is no rollout of policy 'p-regs' that you can see."
+            in page.inner_text("main"))
     context.close()

@@ -229,6 +229,8 @@ async def test_every_documented_answer_is_produced(
                          ("GET", "/v1/boundaries/team-a/policies/p-regs/revisions"),
                          ("GET", "/v1/exceptions"),
                          ("GET", "/v1/rollouts"), ("GET", "/v1/policies/p-wave/rollout"),
+                         ("GET", "/v1/boundaries/team-a/rollouts"),
+                         ("GET", "/v1/boundaries/team-a/policies/p-wave/rollout"),
                          *(("POST", f"/v1/policies/p-wave/rollout/{c}") for c in COMMANDS)):
         assert await w.call(method, path, headers=AUTH) == 503, path
     assert await w.call("POST", "/v1/policies/p-regs/rollback", headers=AUTH,
@@ -245,6 +247,8 @@ async def test_every_documented_answer_is_produced(
                           ("/v1/policies/p-regs/revisions", {}),
                           ("/v1/boundaries/team-a/policies/p-regs/revisions", READ),
                           ("/v1/rollouts", {}), ("/v1/policies/p-wave/rollout", {}),
+                          ("/v1/boundaries/team-a/rollouts", READ),
+                          ("/v1/boundaries/team-a/policies/p-wave/rollout", READ),
                           # Past this token's reads (100 at 50/s).
                           ("/metrics", AUTH), ("/v1/tokens", AUTH)):
         for method in ("GET", "HEAD"):
@@ -340,6 +344,16 @@ async def _rollouts(w: World, database_url: str) -> None:
     for path in ("/v1/rollouts", "/v1/policies/p-wave/rollout"):
         assert await w.call("GET", path, headers=NOBODY) == 401, path
         assert await w.call("GET", path, headers=READ) == 403, path
+    # A boundary's (the read token's, team-a's): the same documents, of its policies only.
+    for path, status in (("/v1/boundaries/team-a/rollouts", 200),
+                         ("/v1/boundaries/team-a/policies/p-wave/rollout", 200),
+                         ("/v1/boundaries/team-a/policies/p-regs/rollout", 404),
+                         ("/v1/boundaries/team-b/rollouts", 404),
+                         ("/v1/boundaries/team-a/policies/Bad_Id/rollout", 400)):
+        assert await w.call("GET", path, headers=READ) == status, path
+        assert await w.call("GET", path) == 401, path
+    assert await w.call("GET", "/v1/boundaries/team-zz/rollouts", headers=AUTH) == 404
+    assert await w.call("GET", "/v1/boundaries/-bad-/rollouts", headers=AUTH) == 400
     command = "/v1/policies/{}/rollout/{}"
     for what in COMMANDS:
         assert await w.call("POST", command.format("Bad_Id", what), headers=AUTH) == 400

@@ -12,11 +12,12 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
+from convergerd.api.pages import GATE_WORDS
 from convergerd.api.server import server_options
 from convergerd.api.ui import COOKIE, CSP
 from convergerd.sim.fleet import Fleet
 from convergerd.store.store import Store
-from tests.integration.ui_helpers import XSS, UiWorld, ui_world
+from tests.integration.ui_helpers import ROLLOUT_REASON, XSS, UiWorld, ui_world
 
 Client = TestClient[web.Request, web.Application]
 
@@ -163,13 +164,53 @@ async def test_every_value_from_a_cluster_is_shown_as_text(
     world: UiWorld, client: Client,
 ) -> None:
     await sign_in(client, world.tokens["team-a"])
-    for path in ("/ui/policies/p-regs", "/ui/policies/p-latest"):
+    for path in ("/ui/policies/p-regs", "/ui/policies/p-latest", "/ui/policies/p-regs/rollout",
+                 "/ui/boundaries/team-a"):
         status, text = await page(client, path)
         assert status == 200
         assert html.escape(XSS) in text, path
         assert "<script>" not in text
         assert "<img" not in text
         assert "<b>bold" not in text
+
+
+async def test_a_rollout_shows_its_waves_revisions_and_gate_to_the_admin_and_its_tenant(
+    world: UiWorld, client: Client,
+) -> None:
+    for who, home in (("admin", "/ui/"), ("team-a", "/ui/boundaries/team-a")):
+        await sign_in(client, world.tokens[who])
+        status, text = await page(client, home)
+        assert status == 200
+        assert '<table class="rollouts">' in text, who
+        assert 'href="/ui/policies/p-regs/rollout"' in text, who
+        assert "waiting approval" in text
+        assert "2 of 2: rest" in text
+        assert "1 new, 2 old" in text
+        status, text = await page(client, "/ui/policies/p-regs/rollout")
+        assert status == 200, who
+        for seen in ("Rollout of policy p-regs", "1 → 2", "careful", "labels ring=canary",
+                     "by share: 100% of the clusters no selector chose", "60 s", "needed",
+                     "c0001", "c0002, c0003", "revision 2 (new)", "done",
+                     "current: waiting approval", GATE_WORDS["approval"]):
+            assert seen in text, (who, seen)
+        assert html.escape(ROLLOUT_REASON) in text
+        status, text = await page(client, "/ui/policies/p-regs")
+        assert 'href="/ui/policies/p-regs/rollout">waiting approval, wave 2 of 2: rest' in text
+
+
+async def test_another_boundarys_tenant_sees_no_rollout_of_it(
+    world: UiWorld, client: Client,
+) -> None:
+    await sign_in(client, world.tokens["team-b"])
+    status, text = await page(client, "/ui/boundaries/team-b")
+    assert status == 200
+    assert "p-regs" not in text
+    assert "Live rollouts (0)" in text
+    # Another boundary's, its own without a rollout, none at all: the same page.
+    answers = {pid: await page(client, f"/ui/policies/{pid}/rollout")
+               for pid in ("p-regs", "p-labels", "p-none")}
+    assert {pid: status for pid, (status, _) in answers.items()} == dict.fromkeys(answers, 404)
+    assert len({text.replace(pid, "P") for pid, (_, text) in answers.items()}) == 1
 
 
 async def test_the_stylesheet_comes_from_the_package(client: Client) -> None:

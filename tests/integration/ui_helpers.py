@@ -1,10 +1,14 @@
 """A world for the web page's tests (`test_ui.py`, `tests/browser/`): `FLEET_DOC` delivered by a
 real round to the simulator, Policy statuses written there as an operator writes them (phases,
 Verified, an audit with a sample, an Error whose message is an XSS payload), read back by a
-second round, and a read token per boundary in the database."""
+second round, a read token per boundary in the database, and a rollout of team-a's p-regs
+(revision 2 saved with a two-wave strategy: the canary c0001 has it, the rest waits for an
+approval, the reason and an event carrying the XSS payload) as the status state's last sync
+saw it."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +17,9 @@ from aiohttp import web
 
 from convergerd.api.app import make_app
 from convergerd.api.auth import TokenBook
+from convergerd.core.rollout import State
 from convergerd.core.tokens import new_token, token_digest
+from convergerd.delivery.fanout import Saver
 from convergerd.sim.fleet import Fleet
 from convergerd.store.store import Store
 from convergerd.supervise import HealthCheck
@@ -27,6 +33,26 @@ ADMIN = "ui-test-admin-token"
 XSS = ('<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
        "\"'><b>bold</b>")
 POLICIES = "/apis/platform.stackship.se/v1alpha1/policies"
+STRATEGY: dict[str, Any] = {
+    "id": "careful", "bakeSeconds": 60, "approval": ["rest"],
+    "waves": [{"name": "canary", "selector": {"ring": "canary"}},
+              {"name": "rest", "fraction": 1.0}],
+}
+# The gate that holds p-regs' rollout, as the gate job writes it (`gate: detail`), with a
+# payload in its detail.
+ROLLOUT_REASON = f"approval: wave rest waits for approval {XSS}"
+
+
+def rollout_doc() -> dict[str, Any]:
+    """`FLEET_DOC` with c0001 labelled the canary and p-regs' revision 2 under `STRATEGY`."""
+    policies = [({**p, "rolloutStrategy": "careful",
+                  "rule": {"type": "AllowedRegistries",
+                           "registries": ["registry.example.com", "mirror.example.com"]}}
+                 if p["id"] == "p-regs" else p) for p in FLEET_DOC["policies"]]
+    clusters = [{**c, "labels": {"ring": "canary"}} if c["id"] == "c0001" else c
+                for c in FLEET_DOC["clusters"]]
+    return {**FLEET_DOC, "clusters": clusters, "policies": policies,
+            "rolloutStrategies": [STRATEGY]}
 
 
 @dataclass
@@ -87,6 +113,8 @@ async def ui_world(fleet: Fleet, database_url: str, store: Store) -> UiWorld:
                                body=body, content_type="application/merge-patch+json")
         assert resp.status == 200, resp.body
     rounds.state.observe_round(await rounds.run())
+    saver = make_saver(rounds, store)
+    await _rollout(database_url, store, saver, rounds)
     tokens = {"admin": ADMIN}
     for boundary in ("team-a", "team-b"):
         token = new_token()
@@ -98,6 +126,27 @@ async def ui_world(fleet: Fleet, database_url: str, store: Store) -> UiWorld:
     book = TokenBook(store)
     await book.reload()
     app = make_app(metrics=rounds.metrics, state=rounds.state, store=store, settings=settings,
-                   health=HealthCheck(), saver=make_saver(rounds, store), tenants=store,
-                   book=book)
+                   health=HealthCheck(), saver=saver, tenants=store, book=book,
+                   revisions=store, rollouts=store)
     return UiWorld(app, rounds, tokens)
+
+
+async def _rollout(database_url: str, store: Store, saver: Saver, rounds: Rounds) -> None:
+    """p-regs' revision 2 saved with `STRATEGY` (the canary's wave written), then moved on as
+    the gate job moves it (the canary passed, the rest waits for approval), a round that reads
+    it back, and the live rollouts read into the status state as its database sync reads
+    them."""
+    await import_doc(database_url, rollout_doc())
+    report = await saver.save("p-regs")
+    assert report.rollout is not None, report
+    assert report.rollout["started"], report
+    staged = await store.staged_rollout("p-regs")
+    assert staged is not None
+    before = staged.rollout
+    moved = await store.transition_rollout(
+        before, dataclasses.replace(before, state=State.WAITING_APPROVAL, wave=1,
+                                    reason=ROLLOUT_REASON),
+        by="convergerd gate job (test)", what="advance", detail=XSS, remaining_s=lambda: 10.0)
+    assert moved is not None
+    rounds.state.observe_round(await rounds.run())  # reads the canary's revision 2 back
+    rounds.state.absorb_rollouts(await store.live_rollouts())
