@@ -1,11 +1,12 @@
 """`convergerd rollout status [ID]`, `pause ID`, `resume ID`, `approve ID`, `abort ID`: see and
 operate rollouts through a running daemon's API.
 
-`status` without an id lists every live rollout (`GET /v1/rollouts`): the policy, the revision
-it rolls out, its state, its wave (`2/3 half`) and the gate that holds it. With an id
-(`GET /v1/policies/{id}/rollout`): the policy's rollout in force, else its latest, wave by wave
-(which clusters are in it, which revisions they report, which waves wait for an approval),
-what holds it now, and its events (who, when, what).
+`status` without an id lists every live rollout (`GET /v1/rollouts`; with `--boundary B`,
+that boundary's, `GET /v1/boundaries/{b}/rollouts`, which its read token may ask): the
+policy, the revision it rolls out, its state, its wave (`2/3 half`) and the gate that holds
+it. With an id (`GET /v1/policies/{id}/rollout`): the policy's rollout in force, else its
+latest, wave by wave (which clusters are in it, which revisions they report, which waves wait
+for an approval), what holds it now, and its events (who, when, what).
 
 `pause` keeps a rollout in progress where it is; `resume` goes on from where a paused or halted
 one stopped (a gate that still fails halts it again); `approve` lets the wave a rollout waits
@@ -41,7 +42,7 @@ from convergerd.cli.policy import (
 )
 from convergerd.cli.status import table
 from convergerd.cli.token import who
-from convergerd.core.model import RuleError, check_policy_id
+from convergerd.core.model import RuleError, check_boundary_id, check_policy_id
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -54,6 +55,9 @@ def add_arguments(sub: Any) -> None:
     """The `rollout` command's subcommands (`sub`)."""
     status = sub.add_parser("status", help="every live rollout, or one policy's wave by wave")
     status.add_argument("id", nargs="?", help="a policy id: its rollout in detail")
+    status.add_argument("--boundary", metavar="B",
+                        help="that boundary's view (its policies' rollouts), which its read "
+                             "token may ask (give it with --api-token-file)")
     helps = {"pause": "keep a rollout in progress where it is",
              "resume": "go on from where a paused or halted rollout stopped",
              "approve": "let the wave a rollout waits at have the new revision now",
@@ -68,8 +72,10 @@ def add_arguments(sub: Any) -> None:
     for action in actions:
         add_daemon_arguments(action)
         action.add_argument("--api-token-file", type=Path, metavar="PATH",
-                            help="file holding the admin token [default: CONVERGERD_API_TOKEN,"
-                                 " else the file in CONVERGERD_API_TOKEN_FILE]")
+                            help="file holding the admin token (for status with --boundary, "
+                                 "that boundary's read token serves too) [default: "
+                                 "CONVERGERD_API_TOKEN, else the file in "
+                                 "CONVERGERD_API_TOKEN_FILE]")
 
 
 def _wave(doc: Mapping[str, Any]) -> str:
@@ -155,7 +161,10 @@ def _request(args: argparse.Namespace, env: Mapping[str, str]) -> Answer:
     timeout_s = float(args.timeout)
     command: str = args.rollout_command
     if command == "status":
-        path = "/v1/rollouts" if args.id is None else f"/v1/policies/{args.id}/rollout"
+        base = "/v1" if args.boundary is None else f"/v1/boundaries/{args.boundary}"
+        if args.boundary is not None:
+            check_boundary_id(args.boundary)
+        path = f"{base}/rollouts" if args.id is None else f"{base}/policies/{args.id}/rollout"
         if args.id is not None:
             check_policy_id(args.id)
         return call(args.addr, "GET", path, token=optional_api_token(args.api_token_file, env),

@@ -6,8 +6,11 @@ the tenant the admin's document, and another boundary's token learns nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +18,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from convergerd.api.server import server_options
+from convergerd.cli import rollout
+from convergerd.cli.main import build_parser
 from convergerd.sim.fleet import Fleet
 from convergerd.store.store import Store
 from tests.integration.rounds_helpers import import_doc
@@ -124,3 +129,32 @@ async def test_a_rollout_from_before_the_policy_moved_in_is_not_the_new_boundary
         assert (status, listed["rollouts"]) == (200, []), boundary
     status, fleet = await get(client, world, "/v1/policies/p-regs/rollout", "admin")
     assert (status, fleet["state"]) == (200, "waiting_approval")
+
+
+async def test_the_tenant_asks_with_the_cli_and_its_token(
+    world: UiWorld, client: Client, tmp_path: Path,
+) -> None:
+    """`convergerd rollout status --boundary team-a` with team-a's read token: its rollouts and
+    its policy's in detail; with team-b's, refused as the API refuses."""
+    addr = f"http://127.0.0.1:{client.port}"
+    parser = build_parser()
+
+    async def status(who: str, *argv: str) -> tuple[int, str, str]:
+        token = tmp_path / f"{who}.token"
+        token.write_text(world.tokens[who])
+        args = parser.parse_args(["rollout", "status", *argv, "--addr", addr,
+                                  "--api-token-file", str(token)])
+        out, err = io.StringIO(), io.StringIO()
+        code = await asyncio.to_thread(rollout.run, args, env={}, out=out, err=err)
+        return code, out.getvalue(), err.getvalue()
+
+    code, out, err = await status("team-a", "--boundary", "team-a")
+    assert code == 0, err
+    assert out.splitlines()[1].split()[:5] == ["p-regs", "1", "->", "2", "waiting_approval"]
+    code, out, err = await status("team-a", "p-regs", "--boundary", "team-a")
+    assert code == 0, err
+    assert out.startswith("policy p-regs: rollout 1 of revision 2 (from 1)")
+    assert "reason: approval" in out
+    code, out, err = await status("team-b", "p-regs", "--boundary", "team-a")
+    assert code != 0
+    assert out == ""
