@@ -98,7 +98,13 @@ from convergerd.admission.render import (
 )
 from convergerd.admission.verdict import Judge
 from convergerd.config import DEFAULT_OPERATOR_CACHE_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
-from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
+from convergerd.core.errors import (
+    BadResponse,
+    ClusterApiError,
+    ClusterError,
+    ClusterLevelError,
+    Fenced,
+)
 from convergerd.core.exceptions import covers
 from convergerd.core.model import (
     Enforcement,
@@ -1100,7 +1106,7 @@ class Operator:
                        namespace: str | None, enforcement: Enforcement) -> Condition:
         """The Verified condition from a dry-run create of `pod` in `namespace` (none: the
         boundary has no namespace to probe in)."""
-        admitted, status, message = False, None, ""
+        admitted, status, message, unread = False, None, "", False
         warnings: Sequence[str] = ()
         installed: Enforcement | None = None
         if pod is not None and namespace is not None:
@@ -1111,7 +1117,7 @@ class Operator:
             except ClusterApiError as exc:
                 status, message = exc.status, str(exc)
             except ClusterError as exc:
-                message = f"{exc.reason}: {exc}"
+                message, unread = f"{exc.reason}: {exc}", isinstance(exc, BadResponse)
             if admitted and enforcement is Enforcement.AUDIT:
                 # Admitted with no word is also what no binding at all does: read back that
                 # ours is there with [Audit], over an admission policy still there.
@@ -1123,7 +1129,8 @@ class Operator:
         if self._admission is not None and pod is not None and namespace is not None:
             # The API server counted our probe (a denial, a warning, an audit): not a tenant's.
             self._admission.expect_own(name, probe_counted(
-                result, enforcement, name=name, message=message, warnings=warnings),
+                result, enforcement, name=name, message=message, warnings=warnings,
+                unread=unread),
                 now=self._wall())
         return result
 
