@@ -681,7 +681,7 @@ class Operator:
             body = await self._metrics_between_probes()
             if body is None:
                 return  # probes kept overlapping: the next read adds what this one would have
-            scrape = parse_metrics(body)
+            scrape = parse_metrics(body, names=counted.keys())
         except (ClusterError, MetricsError) as exc:
             hint = (" (the operator's ClusterRole needs nonResourceURLs [\"/metrics\"], verbs "
                     "[\"get\"])" if isinstance(exc, ClusterApiError) and exc.status == 403
