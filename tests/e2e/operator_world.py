@@ -55,8 +55,8 @@ BOUNDARY = "b1"
 NAMESPACE = "team-a"
 POLICY_IDS = ("p1", "w1")  # p1: Deny, w1: Warn
 MAX_COUNT = 2**53  # admissioncounts.MAX_VALUE: no count is beyond what a float holds exactly
-# RSS budget of the operator (VmHWM, reset before every case): at rest it measures ~75 MB
-# (2026-12-07); what is above it is an answer held whole that should have been streamed.
+# RSS budget of the operator (VmHWM, reset before every case): at rest it measures ~86 MB
+# (2026-12-06); what is above it is an answer held whole that should have been streamed.
 RSS_BUDGET_MB = 160.0
 # How long the operator's own /healthz may take to answer: longer is its loop blocked.
 LOOP_BUDGET_S = 1.0
@@ -106,6 +106,10 @@ _USES = {"huge": ("bytes",), "longLine": ("bytes",), "repeated": ("count",),
 # /metrics shapes that carry the real counters among the garbage: the operator must still
 # read them (a new revision's figures are written during the case).
 READABLE = ("huge", "longLine", "labelEscapes")
+# /metrics shapes no API server sends (a series twice, values that are not counts, a body
+# that never ends in time, an HTML page): nothing is taken from them, so nothing is written
+# for the new revision during the case.
+REFUSED = ("repeated", "badValues", "trickle", "notText")
 # Shapes that lie about the counters in a way no reader can tell from the truth (a restart
 # at every read; a reset at every read): the figures may move, but only marked (`resets`,
 # `note`: a lower bound).
@@ -388,6 +392,9 @@ class World:
             if not fresh and found != before:
                 out.violations.append(f"admission: {pid}: changed but not for revision "
                                       f"{self.revision}: {json.dumps(found)[:300]}")
+            if case.mode == "hostileMetrics" and shape in REFUSED and fresh:
+                out.violations.append(f"admission: {pid}: written from answers that are not "
+                                      f"an API server's counters: {json.dumps(found)[:300]}")
             if case.mode == "hostileMetrics" and shape in READABLE and not fresh:
                 out.violations.append(f"admission: {pid}: revision {self.revision} not "
                                       f"counted through garbage that carries the counters")
@@ -431,12 +438,27 @@ class World:
             found = [self.admission(pid) or {} for pid in POLICY_IDS]
             if all(f.get("revision") == self.revision and str(f.get("readAt")) >= cleared[:19]
                    for f in found):
+                self._check_recovered(out, found)
                 return
             if time.monotonic() > deadline or not self.alive():
                 out.violations.append(f"recover: status.admission not read again "
                                       f"{RECOVER_S:g} s after the fault cleared: {found}")
                 return
             await asyncio.sleep(POLL_S)
+
+
+    def _check_recovered(self, out: Outcome, found: list[dict[str, Any]]) -> None:
+        """Read again from an honest server, the figures are still what the tenants did (no
+        count, no reset), unless the case lied: what a garbage read left behind (a series
+        missing, read as a reset; a value read as another) shows here as counts again."""
+        shape = dict(out.case.params).get("shape", HEALTHY)
+        for pid, figures_now in zip(POLICY_IDS, found, strict=True):
+            out.violations.extend(f"recover: {pid}: {p}"
+                                  for p in admission_problems(figures_now))
+            if shape not in LIES and (any(figures(figures_now)) or figures_now.get("resets")
+                                      or figures_now.get("note")):
+                out.violations.append(f"recover: {pid}: counts no tenant made once read "
+                                      f"again: {json.dumps(figures_now)[:300]}")
 
 
 @contextlib.asynccontextmanager
