@@ -132,7 +132,7 @@ def warnings_readable(case: Case) -> bool:
     shape = case.param("shape")
     params = dict(case.params)
     if shape == "many":
-        return params["count"] < 100 and params["bytes"] < 8000
+        return bool(params["count"] < 100 and params["bytes"] < 8000)
     return shape in ("malformed", "controlChars", "invalidUtf8")
 
 
