@@ -65,7 +65,8 @@ counting paused goes out with its next figures). Its own probes are taken out of
 under the actions their verdict shows (`reconcile.probe_counted`: a Warn probe is a warning
 and an audit); a read answered while a probe ran is not used (`_Probes`), since the probe is
 counted before its verdict is known. A read that fails (403: the RBAC rule for `/metrics` is
-missing) is logged, throttled, and writes nothing.
+missing), or is not an API server's answer (`parse_metrics`), is logged, throttled, and
+writes nothing.
 
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
