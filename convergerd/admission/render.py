@@ -376,10 +376,11 @@ def _under(image: str, prefixes: tuple[str, ...] | list[str]) -> bool:
     return any(image.startswith(p + "/") for p in prefixes)
 
 
-def _others(parsed: _Parsed, others: Iterable[Mapping[str, Any]]) -> list[_Parsed]:
+def _others(parsed: _Parsed, others: Iterable[Mapping[str, Any]], *,
+            every_mode: bool = False) -> list[_Parsed]:
     """The other policies that deny in this boundary: enabled, renderable, delivered, mode
-    Deny, same boundary, not this policy. Anything else cannot deny the probe (a Warn or Audit
-    policy admits what it fails)."""
+    Deny (`every_mode`: any mode), same boundary, not this policy. Anything else cannot deny
+    the probe (a Warn or Audit policy admits what it fails)."""
     found = []
     for other in others:
         try:
@@ -388,7 +389,8 @@ def _others(parsed: _Parsed, others: Iterable[Mapping[str, Any]]) -> list[_Parse
         except RenderError:
             continue
         if (other.get("enabled", True) is not False and o.boundary == parsed.boundary
-                and o.enforcement is Enforcement.DENY and o.policy_id != parsed.policy_id):
+                and (every_mode or o.enforcement is Enforcement.DENY)
+                and o.policy_id != parsed.policy_id):
             found.append(o)
     return found
 
@@ -452,8 +454,10 @@ def violating_pod(spec: Mapping[str, Any], *, namespace: str, name: str,
     """A valid Pod that this policy's rule fails and every other denying policy of its boundary
     admits: for the enforcement probe's dry-run create in a boundary namespace, so a denial
     (or, in mode Warn, a warning) can only be this policy's. `others` are the specs of the
-    other enabled Policies of the boundary (anything else in it, a spec that cannot be
-    enforced, or one in mode Warn or Audit, which admits what it fails, is ignored).
+    other enabled Policies of the boundary (anything else in it, or a spec that cannot be
+    enforced, is ignored). One in mode Warn or Audit admits what it fails, but the API server
+    counts the failure (its `status.admission`) and warns: the Pod passes those too when a
+    Pod can, and is not made unsatisfiable by them when none can.
 
     The Pod breaks only this policy's rule: it carries every label the others require (leaving
     out one this policy requires, when it is RequiredLabels), its image is pinned (tag `1`;
@@ -466,7 +470,18 @@ def violating_pod(spec: Mapping[str, Any], *, namespace: str, name: str,
     forbids), `RenderError` for a spec that cannot be enforced."""
     parsed = _parse(spec)
     _validations(parsed.rule)  # control-plane rules have no violating pod either
-    enforced = _others(parsed, others)
+    others = list(others)
+    try:
+        # Passing the Warn and Audit policies too, when a pod can: the API server counts
+        # (and warns of) what fails them, and a probe of this policy is not theirs to count.
+        return _violating_pod(parsed, _others(parsed, others, every_mode=True), namespace,
+                              name)
+    except ProbeUnsatisfiable:
+        return _violating_pod(parsed, _others(parsed, others), namespace, name)
+
+
+def _violating_pod(parsed: _Parsed, enforced: list[_Parsed], namespace: str,
+                   name: str) -> dict[str, Any]:
     if parsed.rule.type == "ForbidLatestTag":
         same = [o for o in enforced if o.rule.type == "ForbidLatestTag"]
         if same:

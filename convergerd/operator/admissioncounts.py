@@ -9,8 +9,12 @@ validation that passes is never counted; `allow` counts evaluation errors ignore
 start (`process_start_time_seconds`), and behind one Service several answer in turn.
 
 `parse_metrics` reads one answer (untrusted: a bounded body, only the lines of those two
-names, our `stackship-*` policies only, at most `MAX_POLICIES`), summing each policy's series
-over bindings and error types into `Counts`. `AdmissionCounts` keeps, per API server process
+names, our `stackship-*` policies only, those counted only, at most `MAX_POLICIES`), summing
+each policy's series over bindings and error types into `Counts`. What no API server sends is
+refused whole (`MetricsError`: nothing is written): a value that is not a whole count up to
+`MAX_VALUE`, a series given twice (summed, a line repeated was a multiplied count), an answer
+without `process_start_time_seconds` (an HTML page read as zero counts, with a fresh `readAt`).
+Figures stop at `MAX_VALUE`. `AdmissionCounts` keeps, per API server process
 (told apart by its start time), the values last read, so each read adds only what that process
 counted since its previous read:
 
@@ -44,7 +48,7 @@ import datetime as dt
 import math
 import re
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,8 +98,11 @@ class Counts:
         return (self.denied, self.warned, self.audited)[ACTIONS.index(action)]
 
     def plus(self, other: Counts) -> Counts:
-        return Counts(self.denied + other.denied, self.warned + other.warned,
-                      self.audited + other.audited)
+        """The sum, each count at most `MAX_VALUE` (a counter that resets at every read far up
+        would otherwise grow the figures past what a JSON reader or the API's int64 holds)."""
+        return Counts(min(self.denied + other.denied, MAX_VALUE),
+                      min(self.warned + other.warned, MAX_VALUE),
+                      min(self.audited + other.audited, MAX_VALUE))
 
     @classmethod
     def of(cls, values: Mapping[str, int]) -> Counts:
@@ -118,12 +125,14 @@ class Scrape:
     truncated: bool = False  # more than MAX_POLICIES policies: the rest were not read
 
 
-def _number(text: bytes, what: str) -> float:
+def _number(text: bytes, what: str, *, whole: bool = True) -> float:
+    """A count (`whole`: an integer, as every counter of ours is) or a start time."""
     try:
         value = float(text)
     except ValueError:
         raise MetricsError(f"{what}: not a number: {text[:64]!r}") from None
-    if not math.isfinite(value) or value < 0 or value > MAX_VALUE:
+    if (not math.isfinite(value) or value < 0 or value > MAX_VALUE
+            or (whole and not value.is_integer())):
         raise MetricsError(f"{what}: {value!r} is not a count")
     return value
 
@@ -132,26 +141,40 @@ def _unescape(value: str) -> str:
     return _ESCAPE.sub(lambda m: _ESCAPES[m.group(0)], value)
 
 
-def parse_metrics(body: bytes, *, prefix: str = POLICY_PREFIX) -> Scrape:
-    """Our policies' counters and the start time in a Prometheus text answer (the caller
-    bounds its size); `MetricsError` for a value that is not a count."""
+def parse_metrics(body: bytes, *, prefix: str = POLICY_PREFIX,
+                  names: Collection[str] | None = None) -> Scrape:
+    """Our policies' counters (`names`: only these policies) and the start time in a
+    Prometheus text answer (the caller bounds its size); `MetricsError` for a value that is
+    not a count, a series given twice, or an answer without `process_start_time_seconds`
+    (kube-apiserver always exports it: an HTML page or another server's metrics are not read
+    as zero counts)."""
     totals: dict[str, dict[str, int]] = {}
+    seen: set[tuple[str, str, str, str]] = set()
     truncated = False
     for match in _CHECK_LINE.finditer(body):
         labels = {k.decode(): v.decode("utf-8", "replace")
                   for k, v in _LABELS.findall(match.group(1))}
         policy = _unescape(labels.get("policy", ""))
         action = labels.get("enforcement_action", "")
-        if not policy.startswith(prefix) or len(policy) > 253 or action not in ACTIONS:
+        if (not policy.startswith(prefix) or len(policy) > 253 or action not in ACTIONS
+                or (names is not None and policy not in names)):
             continue
         if policy not in totals and len(totals) >= MAX_POLICIES:
             truncated = True
             continue
-        value = int(_number(match.group(2), f"{CHECK_TOTAL}{{policy={policy!r}}}"))
+        what = f"{CHECK_TOTAL}{{policy={policy!r}}}"
+        series = (policy, labels.get("policy_binding", ""), labels.get("error_type", ""), action)
+        if series in seen:
+            # Summed, one line repeated N times was N times the count.
+            raise MetricsError(f"{what}: the same series twice: not an API server's answer")
+        seen.add(series)
+        value = int(_number(match.group(2), what))
         per = totals.setdefault(policy, {})
         per[action] = min(per.get(action, 0) + value, MAX_VALUE)
     start = _START_LINE.search(body)
-    start_time = _number(start.group(1), "process_start_time_seconds") if start else None
+    if start is None:
+        raise MetricsError("no process_start_time_seconds: not an API server's metrics")
+    start_time = _number(start.group(1), "process_start_time_seconds", whole=False)
     return Scrape(start_time, {p: Counts.of(v) for p, v in totals.items()}, truncated)
 
 

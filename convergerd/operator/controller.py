@@ -65,7 +65,8 @@ counting paused goes out with its next figures). Its own probes are taken out of
 under the actions their verdict shows (`reconcile.probe_counted`: a Warn probe is a warning
 and an audit); a read answered while a probe ran is not used (`_Probes`), since the probe is
 counted before its verdict is known. A read that fails (403: the RBAC rule for `/metrics` is
-missing) is logged, throttled, and writes nothing.
+missing), or is not an API server's answer (`parse_metrics`), is logged, throttled, and
+writes nothing.
 
 Discovery (does the cluster serve ValidatingAdmissionPolicy?) is asked at start and every
 `recheck_s`; a change reconciles every Policy, so Unsupported turns Enforcing by itself after
@@ -98,7 +99,13 @@ from convergerd.admission.render import (
 )
 from convergerd.admission.verdict import Judge
 from convergerd.config import DEFAULT_OPERATOR_CACHE_MAX_BYTES as DEFAULT_CACHE_MAX_BYTES
-from convergerd.core.errors import ClusterApiError, ClusterError, ClusterLevelError, Fenced
+from convergerd.core.errors import (
+    BadResponse,
+    ClusterApiError,
+    ClusterError,
+    ClusterLevelError,
+    Fenced,
+)
 from convergerd.core.exceptions import covers
 from convergerd.core.model import (
     Enforcement,
@@ -675,7 +682,7 @@ class Operator:
             body = await self._metrics_between_probes()
             if body is None:
                 return  # probes kept overlapping: the next read adds what this one would have
-            scrape = parse_metrics(body)
+            scrape = parse_metrics(body, names=counted.keys())
         except (ClusterError, MetricsError) as exc:
             hint = (" (the operator's ClusterRole needs nonResourceURLs [\"/metrics\"], verbs "
                     "[\"get\"])" if isinstance(exc, ClusterApiError) and exc.status == 403
@@ -1100,7 +1107,7 @@ class Operator:
                        namespace: str | None, enforcement: Enforcement) -> Condition:
         """The Verified condition from a dry-run create of `pod` in `namespace` (none: the
         boundary has no namespace to probe in)."""
-        admitted, status, message = False, None, ""
+        admitted, status, message, unread = False, None, "", False
         warnings: Sequence[str] = ()
         installed: Enforcement | None = None
         if pod is not None and namespace is not None:
@@ -1111,7 +1118,7 @@ class Operator:
             except ClusterApiError as exc:
                 status, message = exc.status, str(exc)
             except ClusterError as exc:
-                message = f"{exc.reason}: {exc}"
+                message, unread = f"{exc.reason}: {exc}", isinstance(exc, BadResponse)
             if admitted and enforcement is Enforcement.AUDIT:
                 # Admitted with no word is also what no binding at all does: read back that
                 # ours is there with [Audit], over an admission policy still there.
@@ -1123,7 +1130,8 @@ class Operator:
         if self._admission is not None and pod is not None and namespace is not None:
             # The API server counted our probe (a denial, a warning, an audit): not a tenant's.
             self._admission.expect_own(name, probe_counted(
-                result, enforcement, name=name, message=message, warnings=warnings),
+                result, enforcement, name=name, message=message, warnings=warnings,
+                unread=unread),
                 now=self._wall())
         return result
 

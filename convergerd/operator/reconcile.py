@@ -545,15 +545,18 @@ def _judged(name: str, namespace: str, enforcement: Enforcement, *, denied: bool
 
 
 def probe_counted(verified: Condition, enforcement: Enforcement, *, name: str, message: str,
-                  warnings: Sequence[str]) -> tuple[str, ...]:
+                  warnings: Sequence[str], unread: bool = False) -> tuple[str, ...]:
     """The `enforcement_action`s under which kube-apiserver's check_total counted one probe of
     ValidatingAdmissionPolicy `name` (its answer: the refusal's `message`, the `warnings`).
 
     A probe that proved its mode (`Denied`, `Warned`, `AuditOnly`) failed the binding as it is
     rendered for `enforcement`, once under each of its validationActions (Warn comes with
     Audit). Any other verdict proves only what the answer shows: a denial by `name` was counted
-    `deny`, its warning `warn`; an `audit` no client sees is not known, so not taken out."""
-    if verified.status == TRUE and verified.reason in (DENIED, WARNED, AUDIT_ONLY):
+    `deny`, its warning `warn`; an `audit` no client sees is not known, so not taken out.
+    An answer that came but could not be read (`unread`: garbage headers or body, past a
+    client's limits) was judged by admission all the same: counted as the binding would, or
+    its count would be reported as a tenant's."""
+    if unread or (verified.status == TRUE and verified.reason in (DENIED, WARNED, AUDIT_ONLY)):
         return tuple(action.lower() for action in VALIDATION_ACTIONS[enforcement])
     return (*(("deny",) if denied_by(message, name) else ()),
             *(("warn",) if warned_by(warnings, name) is not None else ()))

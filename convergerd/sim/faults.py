@@ -39,13 +39,22 @@ _JSON_FIELDS = {
 # Fault `hostile` (convergerd.sim.hostile): its modes and, per mode, its parameters.
 HOSTILE_MODES = ("controlChars", "wrongTypes", "invalidJson", "oversized", "trickle",
                  "amplification", "deepNesting", "endlessContinue", "overLimit", "redirect",
-                 "wrongObject", "wrongList", "hugeVersion", "hugeHeaders", "hugeValues")
+                 "wrongObject", "wrongList", "hugeVersion", "hugeHeaders", "hugeValues",
+                 "hostileMetrics", "hostileWarnings")
 WRONG_TYPE_FIELDS = ("status.phase", "status.conditions", "metadata.labels",
                      "metadata.generation", "spec", "items", "message", "gitVersion")
 HUGE_VALUE_FIELDS = ("metadata.labels", "metadata.annotations", "spec.holderIdentity",
                      "status.conditions")
 WRONG_OBJECT_CHANGES = ("kind", "name", "revision")
 WRONG_LIST_SHAPES = ("noItems", "otherKind")
+# hostileMetrics (what `/metrics` answers) and hostileWarnings (the `Warning` headers of
+# dry-run answers): the operator's reads of its own cluster (convergerd.sim.hostile).
+METRICS_SHAPES = ("huge", "repeated", "longLine", "badValues", "manyPolicies", "trickle",
+                  "notText", "restarts", "backwards", "labelEscapes")
+WARNING_SHAPES = ("many", "huge", "malformed", "controlChars", "rawControls", "invalidUtf8")
+BAD_METRIC_VALUES = ("NaN", "-1", "1e308", "+Inf", "1.5", "0x10", "one", "9007199254740993")
+SHAPES = {"wrongList": WRONG_LIST_SHAPES, "hostileMetrics": METRICS_SHAPES,
+          "hostileWarnings": WARNING_SHAPES}
 HUGE_VERSION_FIELDS = ("gitVersion", "extra")
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 MiB = 2**20
@@ -60,7 +69,13 @@ DEFAULT_BYTES = {
     "hugeVersion": 15 * MiB,
     "hugeHeaders": 1 * MiB,
     "hugeValues": 1 * MiB,
+    "hostileMetrics": 48 * MiB,  # huge: the other series; longLine: the one line
+    "hostileWarnings": 4096,  # each Warning's text
 }
+# `count`: hostileMetrics repeated (times each of our lines) and manyPolicies (fake policies);
+# hostileWarnings: the Warning headers added.
+DEFAULT_COUNT = {"hostileMetrics": 100_000, "hostileWarnings": 50}
+MAX_COUNT = 10_000_000
 DEFAULT_DEPTH = 100_000  # deepNesting: 200 KB of brackets, far past any parser's limit
 MAX_DEPTH = 8 * MiB
 DEFAULT_HEADER_BYTES = 4096  # hugeHeaders: each header's value (aiohttp reads up to 8190)
@@ -114,12 +129,22 @@ class Hostile:
     cluster: str | None = None  # redirect: same origin, this cluster's path (default: home)
     location: str | None = None  # redirect: this URL (http or https) + the request's path
     change: str = "revision"  # wrongObject
-    shape: str = "noItems"  # wrongList
+    shape: str | None = None  # wrongList, hostileMetrics, hostileWarnings (None: the first)
     field: str = "gitVersion"  # hugeVersion: where the padding goes
+    count: int | None = None  # hostileMetrics, hostileWarnings (None: `DEFAULT_COUNT`)
+    value: str = "NaN"  # hostileMetrics badValues: what every counter value becomes
 
     @property
     def size(self) -> int:
         return self.bytes if self.bytes is not None else DEFAULT_BYTES.get(self.mode, MiB)
+
+    @property
+    def chosen_shape(self) -> str:
+        return self.shape if self.shape is not None else SHAPES.get(self.mode, ("",))[0]
+
+    @property
+    def times(self) -> int:
+        return self.count if self.count is not None else DEFAULT_COUNT.get(self.mode, 1)
 
     @property
     def chosen_fields(self) -> frozenset[str]:
@@ -143,8 +168,8 @@ class Hostile:
             "bytesPerSecond": self.bytes_per_second,
             "fields": [f for f in order if f in self.chosen_fields],
             "depth": self.depth, "headerBytes": self.header_bytes, "factor": self.factor,
-            "status": self.status, "change": self.change, "shape": self.shape,
-            "field": self.field,
+            "status": self.status, "change": self.change, "shape": self.chosen_shape,
+            "field": self.field, "count": self.times, "value": self.value,
         }
         for key in known:
             if key in values:
@@ -295,6 +320,8 @@ _HOSTILE_PARAMS: dict[str, tuple[str, ...]] = {
     "hugeVersion": ("bytes", "field"),
     "hugeHeaders": ("bytes", "headerBytes"),
     "hugeValues": ("bytes", "fields"),
+    "hostileMetrics": ("shape", "bytes", "count", "bytesPerSecond", "value"),
+    "hostileWarnings": ("shape", "bytes", "count"),
 }
 
 
@@ -323,9 +350,10 @@ _HOSTILE_INTS = {
     "depth": ("depth", 1, MAX_DEPTH),
     "headerBytes": ("header_bytes", 1, MAX_OVERSIZED_BYTES),
     "factor": ("factor", 2, MAX_OVER_LIMIT_FACTOR),
+    "count": ("count", 1, MAX_COUNT),
 }
 _HOSTILE_CHOICES = {"status": REDIRECT_STATUSES, "change": WRONG_OBJECT_CHANGES,
-                    "shape": WRONG_LIST_SHAPES, "field": HUGE_VERSION_FIELDS}
+                    "field": HUGE_VERSION_FIELDS, "value": BAD_METRIC_VALUES}
 
 
 def _hostile_params(key: str, mode: str, value: Mapping[str, Any]) -> dict[str, Any]:
@@ -336,6 +364,8 @@ def _hostile_params(key: str, mode: str, value: Mapping[str, Any]) -> dict[str, 
     for name, choices in _HOSTILE_CHOICES.items():
         if name in value:
             params[name] = _choice(f"{key}.{name}", value[name], choices)
+    if "shape" in value:
+        params["shape"] = _choice(f"{key}.shape", value["shape"], SHAPES[mode])
     if "fields" in value:
         allowed = WRONG_TYPE_FIELDS if mode == "wrongTypes" else HUGE_VALUE_FIELDS
         params["fields"] = _fields(f"{key}.fields", value["fields"], allowed)

@@ -44,19 +44,46 @@ What an attacker who owns a cluster's apiserver (or the path to it) tries next:
 - `hugeValues`: every object carries values of `bytes` (default 1 MiB) in the `fields` named
   (default all): a label and an annotation, a Lease's `spec.holderIdentity`, a Policy's
   Ready condition message.
+
+What only the in-cluster operator reads of its own cluster, broken so (every other answer is
+served as it is):
+
+- `hostileMetrics`: `/metrics` (the admission counters, `convergerd.sim.apimetrics`), by
+  `shape`: `huge` (`bytes`, default 48 MiB, of other series around ours, as a big
+  kube-apiserver has), `repeated` (each of our lines `count` times, default 100,000),
+  `longLine` (one line of `bytes` before ours, starting as our counter does), `badValues`
+  (every counter's value is `value`: `NaN` (default), `-1`, `1e308`, `+Inf`, `1.5`, `0x10`,
+  `one`, `9007199254740993`), `manyPolicies` (`count` made-up `stackship-fake-N` policies
+  before ours), `trickle` (sent at `bytesPerSecond`, default 10), `notText` (an HTML page, as
+  a proxy's sign-in page), `restarts` (`process_start_time_seconds` is the time of the read:
+  a restart at every read, the counters unchanged), `backwards` (every counter is far above
+  what was counted and goes down at every read, the start time unchanged), `labelEscapes`
+  (our lines again with escaped quotes, backslashes and line breaks, control characters and
+  invalid UTF-8 in label values, and made-up policies whose names differ from ours only so).
+- `hostileWarnings`: the `Warning` headers of every dry-run answer, by `shape`: `many` (the
+  real ones, then `count` more, default 50, of `bytes` each, default 4096), `huge` (the real
+  ones, then `count` of `bytes` each past what a client reads in one header), `malformed`
+  (the real ones, then `count` that are not `299 - "text"`), `controlChars`, `rawControls`
+  and `invalidUtf8` (the real ones with a C1 CSI, bidi controls and a tab; an ANSI escape,
+  NUL, BEL and DEL, which an HTTP parser refuses; or bytes that are not UTF-8, in their text:
+  sent as raw bytes, as aiohttp refuses to).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
+import re
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
+from convergerd.sim.apimetrics import CHECK_TOTAL
 from convergerd.sim.faults import Hostile
 
 # What controlChars appends: NUL, BEL, an ANSI colour, CR LF, C1 CSI, RLO, a lone surrogate.
@@ -246,11 +273,14 @@ async def answer(
     if not isinstance(response, web.Response) or not isinstance(response.body, bytes):
         return response
     body = response.body
-    if hostile.mode == "oversized":
-        return await _stream(request, response, lambda out: _pad(out, body, hostile.size))
-    if hostile.mode == "trickle":
-        return await _stream(request, response,
-                             lambda out: _trickle(out, body, hostile.bytes_per_second))
+    if hostile.mode in ("hostileMetrics", "hostileWarnings"):
+        return await _operator_read(hostile, request, response, body)
+    streamed: dict[str, Callable[[web.StreamResponse], Any]] = {
+        "oversized": lambda out: _pad(out, body, hostile.size),
+        "trickle": lambda out: _trickle(out, body, hostile.bytes_per_second),
+    }
+    if hostile.mode in streamed:
+        return await _stream(request, response, streamed[hostile.mode])
     if hostile.mode == "hugeHeaders":
         return _with_headers(response, huge_headers(hostile.size, hostile.header_bytes))
     doc = _json_doc(response)
@@ -266,7 +296,8 @@ async def answer(
         "endlessContinue": lambda d: _encode(endless(d)) if _list_kind(d) else None,
         "overLimit": lambda d: (over_limit(d, int(limit) if limit.isdigit() else 0,
                                            hostile.factor) if _list_kind(d) else None),
-        "wrongList": lambda d: _encode(wrong_list(d, hostile.shape)) if _list_kind(d) else None,
+        "wrongList": lambda d: (_encode(wrong_list(d, hostile.chosen_shape))
+                                if _list_kind(d) else None),
         "hugeVersion": lambda d: (huge_version(d, hostile.size, hostile.field)
                                   if isinstance(d.get("gitVersion"), str) else None),
         "hugeValues": lambda d: _encode(huge_values(d, hostile.size, hostile.chosen_fields)),
@@ -401,3 +432,208 @@ async def _trickle(out: web.StreamResponse, body: bytes, per_second: int) -> Non
     for start in range(0, len(body), step):
         await out.write(body[start : start + step])
         await asyncio.sleep(step / per_second)
+
+
+# -- hostileMetrics -------------------------------------------------------------------------
+
+_VALUE = re.compile(rb"^(" + CHECK_TOTAL.encode() + rb"\{[^\n]*\}) (\S+)$", re.M)
+_START_VALUE = re.compile(rb"^process_start_time_seconds (\S+)$", re.M)
+_BACKWARDS_FROM = 2**52  # backwards: counters start here and fall by one a microsecond
+_HTML = (b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head>\n<body><form method=post>"
+         b"<input name=user><input name=password type=password></form></body></html>\n")
+
+
+def _ours(body: bytes) -> list[bytes]:
+    """Our counter's lines of an exposition (`convergerd.sim.apimetrics`), with newlines."""
+    return [m.group(0) + b"\n" for m in _VALUE.finditer(body)]
+
+
+@functools.cache
+def _filler_block() -> bytes:
+    """About 1 MiB of other series, as a kube-apiserver exports hundreds of them."""
+    lines = [b"# HELP apiserver_request_duration_seconds [STABLE] Response latency.",
+             b"# TYPE apiserver_request_duration_seconds histogram"]
+    n = 0
+    while sum(map(len, lines)) < 2**20:
+        lines.append(b'apiserver_request_duration_seconds_bucket{component="apiserver",'
+                     b'group="",resource="pods",scope="namespace",verb="LIST",version="v1",'
+                     b'le="%d"} %d' % (n % 40, n * 7))
+        n += 1
+    return b"\n".join(lines) + b"\n"
+
+
+async def _filler(out: web.StreamResponse, total: int) -> None:
+    block = _filler_block()
+    while total > 0:
+        await out.write(block[:total])
+        total -= len(block)
+
+
+async def _lines(out: web.StreamResponse, lines: list[bytes], count: int) -> None:
+    """`lines`, each `count` times, in writes of about 1 MiB."""
+    unit = b"".join(lines)
+    per = max(1, 2**20 // max(1, len(unit)))
+    left = count
+    while left > 0:
+        await out.write(unit * min(per, left))
+        left -= per
+
+
+def _values(body: bytes, value: Callable[[bytes], bytes]) -> bytes:
+    return _VALUE.sub(lambda m: m.group(1) + b" " + value(m.group(2)), body)
+
+
+# labelEscapes: what follows our policy's name in a made-up policy's label (escaped quote,
+# line break and backslash; invalid UTF-8; an ANSI escape; NUL), and a value with our label
+# inside it.
+_TWINS = (rb"\"", rb"\n", rb"\\", b"\xc3\x28", b"\x1b[0m", b"\x00", b"\xff")
+_POLICY_LABEL = re.compile(rb'policy="([^"\\]*)"')
+
+
+def _escaped_lines(body: bytes) -> bytes:
+    """`body` after lines of made-up policies named like ours but not ours (module
+    docstring), each counting a million."""
+    out: list[bytes] = []
+    for match in _VALUE.finditer(body):
+        labels = match.group(1)
+        out.extend(_POLICY_LABEL.sub(lambda m, t=twin: b'policy="' + m.group(1) + t + b'"',
+                                     labels, count=1) + b" 1e+06\n" for twin in _TWINS)
+        out.append(_POLICY_LABEL.sub(lambda m: b'policy="x\\",policy=\\"' + m.group(1) + b'"',
+                                     labels, count=1) + b" 1e+06\n")
+    return b"".join(out) + body
+
+
+async def _operator_read(hostile: Hostile, request: web.BaseRequest, response: web.Response,
+                         body: bytes) -> web.StreamResponse:
+    """hostileMetrics and hostileWarnings: only `/metrics` and dry-run answers are changed."""
+    if hostile.mode == "hostileWarnings":
+        return (warnings_answer(hostile, response) if request.query.get("dryRun") == "All"
+                else response)
+    if not request.path.endswith("/metrics") or response.status != 200:
+        return response
+    return await metrics_answer(hostile, request, response, body)
+
+
+async def metrics_answer(hostile: Hostile, request: web.BaseRequest, response: web.Response,
+                         body: bytes) -> web.StreamResponse:
+    """The `/metrics` answer `body` broken as `hostile.chosen_shape` says (module docstring)."""
+    shape, size, count = hostile.chosen_shape, hostile.size, hostile.times
+    streamed: dict[str, Callable[[web.StreamResponse], Any]] = {
+        "huge": lambda out: _huge(out, body, size),
+        "repeated": lambda out: _repeated(out, body, count),
+        "longLine": lambda out: _long_line(out, body, size),
+        "manyPolicies": lambda out: _many_policies(out, body, count),
+        "trickle": lambda out: _trickle(out, body, hostile.bytes_per_second),
+    }
+    if shape in streamed:
+        return await _stream(request, response, streamed[shape])
+    if shape == "notText":
+        headers = {k: v for k, v in response.headers.items()
+                   if k.lower() not in ("content-length", "content-type")}
+        return web.Response(body=_HTML, status=200, headers={
+            **headers, "Content-Type": "text/html; charset=utf-8"})
+    fall = int(time.time() * 1_000_000) % _BACKWARDS_FROM
+    rewrite: dict[str, Callable[[], bytes]] = {
+        "badValues": lambda: _values(body, lambda _: hostile.value.encode()),
+        "restarts": lambda: _START_VALUE.sub(
+            b"process_start_time_seconds %.3f" % time.time(), body),
+        "backwards": lambda: _values(
+            body, lambda v: b"%d" % (_BACKWARDS_FROM + int(float(v)) - fall)),
+        "labelEscapes": lambda: _escaped_lines(body),
+    }
+    return _with_body(response, rewrite[shape]())
+
+
+async def _huge(out: web.StreamResponse, body: bytes, size: int) -> None:
+    await _filler(out, size // 2)
+    await out.write(body)
+    await _filler(out, size - size // 2)
+
+
+async def _long_line(out: web.StreamResponse, body: bytes, size: int) -> None:
+    await out.write(CHECK_TOTAL.encode() + b'{policy="stackship-')
+    await _xs(out, size)
+    await out.write(b'"} 1\n' + body)
+
+
+async def _many_policies(out: web.StreamResponse, body: bytes, count: int) -> None:
+    for start in range(0, count, 5000):
+        await out.write(b"".join(
+            b'%s{enforcement_action="deny",error_type="no_error",policy="stackship-fake-%07d",'
+            b'policy_binding="stackship-fake-%07d"} 1\n' % (CHECK_TOTAL.encode(), n, n)
+            for n in range(start, min(count, start + 5000))))
+    await out.write(body)
+
+
+async def _xs(out: web.StreamResponse, total: int) -> None:
+    chunk = b"x" * _PAD_CHUNK
+    while total > 0:
+        await out.write(chunk[:total])
+        total -= _PAD_CHUNK
+
+
+async def _repeated(out: web.StreamResponse, body: bytes, count: int) -> None:
+    start = [m.group(0) + b"\n" for m in _START_VALUE.finditer(body)]
+    await _lines(out, _ours(body) or start, count)
+    await out.write(body)
+
+
+# -- hostileWarnings ------------------------------------------------------------------------
+
+# What controlChars, rawControls and invalidUtf8 put in a warning's text (raw bytes on the
+# wire): a C1 CSI, bidi overrides and a tab (what an HTTP parser passes on); an ANSI escape,
+# NUL, BEL and DEL (what it refuses: the whole answer is unreadable); bytes that are not UTF-8.
+WARNING_BYTES = {
+    "controlChars": b"\xc2\x9b31m\xe2\x80\xae\xe2\x81\xa6\t",
+    "rawControls": b"\x1b[31m\x00\x07\x7f",
+    "invalidUtf8": b"\xff\xfe\xc3\x28\xed\xa0\x80",
+}
+_MALFORMED = ("299 - unquoted text", "299", '"only text"', "abc def", '299 - "unterminated',
+              '199 - "not code 299"', '299 - "' + "\\" * 100 + '"', "299 -", ",,,,",
+              '299 - "a" "not a date" trailing')
+
+
+def warnings_answer(hostile: Hostile, response: web.Response) -> web.Response:
+    """A dry-run answer with its `Warning` headers broken as `hostile.chosen_shape` says."""
+    real = response.headers.getall("Warning", [])
+    headers = [(k, v) for k, v in response.headers.items()
+               if k.lower() not in ("content-length", "warning")]
+    shape = hostile.chosen_shape
+    if shape in WARNING_BYTES:
+        extra = WARNING_BYTES[shape]
+        raw = [_inserted(w.encode(), extra) for w in real] or [b'299 - "' + extra + b'"']
+        return _RawWarnings(raw, body=response.body, status=response.status, headers=headers)
+    added = (_MALFORMED[n % len(_MALFORMED)] if shape == "malformed"
+             else f'299 - "{n}:{"w" * hostile.size}"' for n in range(hostile.times))
+    out = web.Response(body=response.body, status=response.status, headers=headers)
+    for value in (*real, *added):
+        out.headers.add("Warning", value)
+    return out
+
+
+def _inserted(warning: bytes, extra: bytes) -> bytes:
+    """`extra` in a `299 - "text"` warning's text, after its first 60 bytes (the prefix the
+    operator matches stays whole) and at its end."""
+    head, quote, tail = warning.partition(b' "')
+    if not quote:
+        return warning + extra
+    text = tail[:-1] if tail.endswith(b'"') else tail
+    cut = min(len(text), 60 + text[60:].find(b": ") + 2) if b": " in text[60:] else len(text)
+    return head + quote + text[:cut] + extra + text[cut:] + extra + b'"'
+
+
+class _RawWarnings(web.Response):
+    """An answer whose `Warning` headers are raw bytes aiohttp would refuse to send (control
+    characters, invalid UTF-8): added to the header block once aiohttp has built it."""
+
+    def __init__(self, raw: list[bytes], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._raw = b"".join(b"Warning: " + w + b"\r\n" for w in raw)
+
+    async def _write_headers(self) -> None:
+        await super()._write_headers()
+        writer = self._payload_writer
+        block = getattr(writer, "_headers_buf", None)
+        if not isinstance(block, bytes) or not block.endswith(b"\r\n\r\n"):
+            raise RuntimeError("aiohttp's header block is not where hostileWarnings expects it")
+        writer._headers_buf = block[:-2] + self._raw + b"\r\n"  # type: ignore[union-attr]

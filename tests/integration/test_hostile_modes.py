@@ -5,17 +5,20 @@ client would. How the daemon survives them is tests/e2e/test_hostile_grammar.py.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
+from convergerd.admission.evaluate import Check
 from convergerd.sim.faults import HOSTILE_MODES, Faults, FaultsError
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.hostile import CONTINUE_PREFIX, NESTED_KEY
 from convergerd.sim.tls import client_ssl_context
 from tests.e2e.hostile_world import GRAMMAR
+from tests.e2e.operator_world import GRAMMAR as OPERATOR_GRAMMAR
 
 C1, C2 = "c0001", "c0002"
 POLICIES = "/apis/platform.stackship.se/v1alpha1/policies"
@@ -218,6 +221,9 @@ async def test_huge_holder_identity_in_leases(fleet: Fleet) -> None:
                                          "in [2, 10000]"),
     ({"mode": "hugeValues", "fields": ["spec"]}, 'hostile.fields: invalid value ["spec"]: '
                                                  "must be a non-empty list of metadata.labels"),
+    ({"mode": "hostileMetrics", "shape": "noItems"}, 'hostile.shape: invalid value "noItems"'),
+    ({"mode": "hostileMetrics", "value": "7"}, 'hostile.value: invalid value "7"'),
+    ({"mode": "hostileWarnings", "count": 0}, "hostile.count: invalid value 0"),
     ({"mode": "deepNesting", "bytes": 3}, "hostile: unknown field(s) for mode deepNesting: "
                                           "bytes (known: mode, depth)"),
 ])
@@ -241,6 +247,9 @@ def test_bad_parameters_are_refused_naming_the_field(doc: dict[str, Any], messag
     {"mode": "hugeValues", "bytes": MiB, "fields": ["metadata.labels", "metadata.annotations",
                                                      "spec.holderIdentity",
                                                      "status.conditions"]},
+    {"mode": "hostileMetrics", "shape": "huge", "bytes": 48 * MiB, "count": 100_000,
+     "bytesPerSecond": 10, "value": "NaN"},
+    {"mode": "hostileWarnings", "shape": "many", "bytes": 4096, "count": 50},
 ])
 def test_each_mode_reads_back_as_written(doc: dict[str, Any]) -> None:
     assert Faults.from_mapping({"hostile": doc}).to_json()["hostile"] == doc
@@ -249,8 +258,121 @@ def test_each_mode_reads_back_as_written(doc: dict[str, Any]) -> None:
 
 
 def test_the_grammar_of_the_hostile_cluster_test_has_every_mode() -> None:
-    """A new mode belongs in tests/e2e/test_hostile_grammar.py's grammar too."""
-    assert set(GRAMMAR) - {"garbageLeases"} == set(HOSTILE_MODES)
-    for mode, params in GRAMMAR.items():
+    """A new mode belongs in tests/e2e/test_hostile_grammar.py's grammar too (or, for what
+    only the operator reads, tests/e2e/test_operator_hostile_grammar.py's)."""
+    assert set(GRAMMAR) - {"garbageLeases"} | set(OPERATOR_GRAMMAR) == set(HOSTILE_MODES)
+    assert not set(GRAMMAR) & set(OPERATOR_GRAMMAR)
+    for mode, params in (*GRAMMAR.items(), *OPERATOR_GRAMMAR.items()):
         for name, values in params.items():
             assert values, (mode, name)
+
+
+# -- what only the operator reads: /metrics and the Warning headers of dry-run answers ------
+
+CHECK = "apiserver_validating_admission_policy_check_total"
+OUR_LINE = (f'{CHECK}{{enforcement_action="deny",error_type="no_error",policy="stackship-p1",'
+            'policy_binding="stackship-p1"}')
+
+
+def counted(fleet: Fleet, times: int = 3) -> None:
+    for _ in range(times):
+        fleet.cluster(C1).apiservers.record([Check("stackship-p1", "stackship-p1", "no_error",
+                                                   "deny")])
+
+
+async def metrics(fleet: Fleet, **params: Any) -> tuple[Any, bytes]:
+    counted(fleet)
+    hostile(fleet, "hostileMetrics", **params)
+    status, headers, body = await call(fleet, "GET", "/metrics")
+    assert status == 200
+    return headers, body
+
+
+@pytest.mark.parametrize(("shape", "at_least"), [("huge", 2 * MiB), ("longLine", 3 * MiB)])
+async def test_huge_metrics_and_a_long_line_still_carry_ours(fleet: Fleet, shape: str,
+                                                           at_least: int) -> None:
+    _, body = await metrics(fleet, shape=shape, bytes=3 * MiB)
+    assert len(body) >= at_least
+    assert f"{OUR_LINE} 3\n".encode() in body
+    assert b"\nprocess_start_time_seconds " in body
+
+
+async def test_metrics_repeated_many_policies_and_escapes(fleet: Fleet) -> None:
+    _, body = await metrics(fleet, shape="repeated", count=1000)
+    assert body.count(f"{OUR_LINE} 3\n".encode()) == 1001
+    _, body = await metrics(fleet, shape="manyPolicies", count=20_000)
+    assert body.count(b'policy="stackship-fake-') == 20_000
+    assert f"{OUR_LINE} 6\n".encode() in body
+    _, body = await metrics(fleet, shape="labelEscapes")
+    assert f"{OUR_LINE} 9\n".encode() in body
+    assert b'policy="stackship-p1\\""} 1e+06' not in body  # the quote is inside the value
+    assert b'policy="stackship-p1\\"",policy_binding' in body
+    assert b'policy="stackship-p1\x1b[0m"' in body
+
+
+@pytest.mark.parametrize("value", ["NaN", "-1", "1.5"])
+async def test_metrics_bad_values(fleet: Fleet, value: str) -> None:
+    _, body = await metrics(fleet, shape="badValues", value=value)
+    assert f"{OUR_LINE} {value}\n".encode() in body
+
+
+async def test_metrics_restarts_backwards_and_not_text(fleet: Fleet) -> None:
+    _, first = await metrics(fleet, shape="restarts")
+    _, second = await metrics(fleet, shape="restarts")
+    start = re.compile(rb"^process_start_time_seconds (\S+)$", re.M)
+    assert start.findall(first) != start.findall(second)
+    value = re.compile(re.escape(OUR_LINE.encode()) + rb" (\d+)$", re.M)
+    _, first = await metrics(fleet, shape="backwards")
+    _, second = await metrics(fleet, shape="backwards")
+    assert int(value.findall(first)[0]) > int(value.findall(second)[0]) > 2**50
+    headers, body = await metrics(fleet, shape="notText")
+    assert headers["Content-Type"].startswith("text/html")
+    assert CHECK.encode() not in body
+
+
+async def test_hostile_metrics_leaves_every_other_answer_alone(seeded: Fleet) -> None:
+    hostile(seeded, "hostileMetrics", shape="badValues")
+    status, _, body = await call(seeded, "GET", POLICIES)
+    assert status == 200
+    assert len(orjson.loads(body)["items"]) == 3
+
+
+async def dry_run(fleet: Fleet, **params: Any) -> tuple[int, list[str]]:
+    """A dry-run create answered with a hostile set of Warning headers: its status and the
+    Warning header values as a tolerant client reads them."""
+    hostile(fleet, "hostileWarnings", **params)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+           "spec": {"containers": [{"name": "c", "image": "nginx"}]}}
+    status, headers, _ = await call(fleet, "POST", "/api/v1/namespaces/default/pods?dryRun=All",
+                                    body=pod)
+    return status, headers.getall("Warning", [])
+
+
+async def test_hostile_warnings_many_huge_and_malformed(fleet: Fleet) -> None:
+    status, found = await dry_run(fleet, shape="many", count=20, bytes=100)
+    assert status == 201
+    assert len(found) == 20
+    assert found[0] == f'299 - "0:{"w" * 100}"'
+    _, found = await dry_run(fleet, shape="huge", count=2, bytes=20_000)
+    assert [len(v) for v in found] == [len('299 - "0:"') + 20_000] * 2
+    _, found = await dry_run(fleet, shape="malformed", count=10)
+    assert "299 - unquoted text" in found
+    assert '199 - "not code 299"' in found
+    # Not a dry run: served as it is.
+    status, _, _ = await call(fleet, "GET", "/api/v1/namespaces/default/pods")
+    assert status == 200
+
+
+@pytest.mark.parametrize(("shape", "raw"), [("controlChars", b"\xc2\x9b31m\xe2\x80\xae"),
+                                            ("invalidUtf8", b"\xff\xfe")])
+async def test_hostile_warnings_with_bytes_aiohttp_refuses(fleet: Fleet, shape: str,
+                                                           raw: bytes) -> None:
+    status, found = await dry_run(fleet, shape=shape)
+    assert status == 201
+    assert len(found) == 1
+    assert raw in found[0].encode("utf-8", "surrogateescape")
+
+
+async def test_hostile_warnings_an_http_parser_refuses(fleet: Fleet) -> None:
+    with pytest.raises(aiohttp.ClientResponseError, match="Invalid HTTP header"):
+        await dry_run(fleet, shape="rawControls")

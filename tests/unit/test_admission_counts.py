@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from convergerd.operator.admissioncounts import (
+    MAX_VALUE,
     AdmissionCounts,
     Counts,
     MetricsError,
@@ -59,6 +60,54 @@ def test_a_value_that_is_not_a_count_is_refused(value: bytes) -> None:
             b'policy="stackship-p1"} ' + value + b"\n")
     with pytest.raises(MetricsError):
         parse_metrics(line)
+
+
+def with_start(*lines: str) -> bytes:
+    return "\n".join([*lines, "process_start_time_seconds 1.7e+09", ""]).encode()
+
+
+def test_the_same_series_twice_is_not_an_api_server_s_answer() -> None:
+    """Summed, our line repeated a thousand times was a thousand times the count."""
+    with pytest.raises(MetricsError, match="twice"):
+        parse_metrics(with_start(*[series("deny", "invalid_error", P, P, "3")] * 1000))
+
+
+@pytest.mark.parametrize("value", [b"1.5", b"0.001"])
+def test_a_counter_that_is_not_whole_is_refused(value: bytes) -> None:
+    with pytest.raises(MetricsError):
+        parse_metrics(with_start(series("deny", "invalid_error", P, P, value.decode())))
+
+
+def test_an_answer_without_a_start_time_is_not_an_api_server_s_metrics() -> None:
+    """An HTML page (a proxy's sign-in page) was a read of zero counts, and readAt moved."""
+    with pytest.raises(MetricsError, match="process_start_time_seconds"):
+        parse_metrics(b"<!DOCTYPE html>\n<html><body>Sign in</body></html>\n")
+
+
+def test_only_the_policies_asked_for_are_read_so_made_up_ones_do_not_push_ours_out() -> None:
+    fakes = [series("deny", "no_error", f"stackship-fake-{n:06d}", "x", "1")
+             for n in range(20_000)]
+    scrape = parse_metrics(with_start(*fakes, series("deny", "invalid_error", P, P, "3"),
+                                      series("deny", "invalid_error", "stackship-q", P, "NaN")),
+                           names={P})
+    assert scrape.counts == {P: Counts(denied=3)}
+    assert not scrape.truncated
+
+
+def test_figures_never_pass_the_largest_count() -> None:
+    """A counter far up that falls at every read is a reset at every read: the figures add
+    its value each time, and stop at MAX_VALUE instead of growing past what JSON readers
+    and the API's int64 hold."""
+    tracker = AdmissionCounts()
+    for n in range(6):
+        value = MAX_VALUE - n
+        tracker.observe(Scrape(START, {P: Counts(value, 0, 0)}),
+                        now=EPOCH + dt.timedelta(seconds=n), revisions={P: "1"})
+    report = tracker.report(P, now=EPOCH + dt.timedelta(seconds=6))
+    assert report is not None
+    assert report.totals.denied == MAX_VALUE
+    assert report.last_hour.denied == MAX_VALUE
+    assert report.resets == 5
 
 
 @given(st.binary(max_size=2000))

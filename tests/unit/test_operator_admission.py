@@ -285,6 +285,23 @@ def test_without_others_the_image_is_from_a_reserved_never_resolving_host() -> N
         assert image.split("/", 1)[0].endswith(".invalid"), image
 
 
+@pytest.mark.parametrize("mode", ["Warn", "Audit"])
+def test_the_probe_pod_passes_warn_and_audit_policies_too_when_it_can(mode: str) -> None:
+    """A Warn or Audit policy admits what it fails, but the API server counts the failure
+    (`status.admission`) and warns: another policy's probe failing it was counted on it as a
+    tenant's admission at every probe. The probe pod passes them when a pod can; one it
+    cannot pass (it forbids what this policy's probe must do) is failed, never unsatisfiable."""
+    own = spec(LATEST, policyId="own")
+    for rule in (LABELS, REGISTRIES):
+        pod = violating_pod(own, namespace="n", name="p",
+                            others=[spec(rule, policyId="other", enforcement=mode)])
+        assert _denied_by(own, pod)
+        assert not _denied_by(spec(rule, policyId="other"), pod), (rule, pod)
+    pod = violating_pod(own, namespace="n", name="p",
+                        others=[spec(LATEST, policyId="other", enforcement=mode)])
+    assert _denied_by(own, pod)
+
+
 def test_others_that_are_not_enforced_in_the_boundary_are_ignored() -> None:
     """Disabled, another boundary, unrenderable or control-plane-only, or this policy itself:
     none of them can deny the probe, so none of them can make it unsatisfiable."""

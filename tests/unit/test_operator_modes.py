@@ -206,6 +206,23 @@ def test_a_probe_is_taken_out_of_the_admission_counts_under_what_counted_it(
                          warnings=warnings) == counted
 
 
+@pytest.mark.parametrize(("mode", "counted"), [
+    ("Deny", ("deny",)), ("Warn", ("warn", "audit")), ("Audit", ("audit",))])
+def test_a_probe_answered_but_unreadable_was_counted_all_the_same(
+        mode: str, counted: tuple[str, ...]) -> None:
+    """Admission judged it (the API server answered): garbage in the answer's headers must not
+    leave the probe's count in the Policy's figures as a tenant's."""
+    message = ("bad_response: create answer: its status line or headers are malformed or "
+               "longer than 8,190 bytes")
+    found = probe_outcome(name=NAME, boundary="b1", namespace="team-a", admitted=False,
+                          status=None, message=message, now=T0, enforcement=Enforcement(mode))
+    assert found.status == "False"
+    assert probe_counted(found, Enforcement(mode), name=NAME, message=message, warnings=(),
+                         unread=True) == counted
+    assert probe_counted(found, Enforcement(mode), name=NAME, message=message,
+                         warnings=()) == ()
+
+
 def test_a_warned_probe_says_what_the_warning_said() -> None:
     found = probe_outcome(name=NAME, boundary="b1", namespace="team-a", admitted=True,
                           status=None, message="", now=T0, enforcement=Enforcement.WARN,
