@@ -3,6 +3,7 @@
     .venv/bin/python bench/daemon.py --points 200x20 --in-sync-rounds 3 --interval-s 20
     .venv/bin/python bench/daemon.py --points 2000x50@45,10000x100@180 --save-points 5000,10000
     .venv/bin/python bench/daemon.py --save-points 5000,10000 --saves 10
+    .venv/bin/python bench/daemon.py --points 10000x100@180 --rollouts 20
 
 `bench/rounds.py` measures the round engine in its own process. This measures the process a
 platform team deploys, which also records every round in PostgreSQL, keeps the status, probes
@@ -32,7 +33,25 @@ interval I), each part a separate process:
    confirms `convergerd_cluster_up{cluster=...} 0`;
 6. saves: `--saves` times, a policy's rule changed in the database and
    `POST /v1/policies/{id}/apply`, timed to the 200 (the boundary covers every cluster), with
-   the daemon's and the simulator's CPU seconds meanwhile.
+   the daemon's and the simulator's CPU seconds meanwhile;
+7. rollouts (`--rollouts N`, off by default: then the fleet document has no labels and no
+   strategy): the import gave `--rollout-canary-share` of the clusters a `ring: canary` label
+   and the strategy `ROLLOUT_STRATEGY` (canary by label, half, the rest after approval, a
+   day's bake). After a round passed over (detection and saves ran meanwhile), one in-sync
+   round without rollouts (the baseline: its idle CPU is a quiet window), then the last N
+   policies (never p000) get a new rule and the strategy in the database, written as
+   module-policies writes them (triggers on: the revision is kept, the leader notified), and
+   `POST /v1/policies/{id}/apply`: N rollouts start, each writing its canary. The round after
+   the saves, then `--rollout-rounds` in-sync rounds with the rollouts in force, as every
+   round (their idle CPU includes the gate job's passes every
+   `CONVERGERD_ROLLOUT_GATE_SECONDS`, its placements re-read every minute and the status
+   sync's counts). Then `GET /v1/rollouts` (how many live, state, wave, the gate holding
+   them), the gate job's log lines (it logs no pass, no metric times one: its cost is the
+   idle CPU added), RSS and peak against the memory limit of the overlay docs/operations.md
+   sizes the fleet with (`deploy/base` up to 1,000 x 100, `deploy/large-fleet` up to
+   10,000 x 100). The simulator runs no operator, so no canary ever reports a phase: the
+   rollouts wait at their canary wave (`delivering`) and the gate job judges every canary
+   cluster at each look.
 
 `--pin` gives the daemon a core of its own (CPU 0) and the simulator(s) the other (CPU 1;
 PostgreSQL and this bench stay unpinned): with the clusters on the same cores, every figure
