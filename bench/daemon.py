@@ -1001,6 +1001,7 @@ async def _rollouts(run: Run) -> None:
     `GET /v1/rollouts` shows them, the gate job's log lines, RSS against the memory budget."""
     args, n, p = run.args, run.point.clusters, run.point.policies
     count = args.rollouts
+    policies = rollout_policies(p, count)
     await run.catch_up()
     base, _row = await run.measure_round("in-sync, no rollouts")
     log_from = run.daemon.log_path.stat().st_size
@@ -1008,7 +1009,7 @@ async def _rollouts(run: Run) -> None:
     results: Counter[str] = Counter()
     run.daemon.record_sample(run.sim)
     started = time.time()
-    for i, policy in enumerate(rollout_policies(p, count)):
+    for i, policy in enumerate(policies):
         await stage_rollout(run, policy, i)
         seconds, doc = await save(run, policy)
         took.append(seconds)
@@ -1026,7 +1027,7 @@ async def _rollouts(run: Run) -> None:
             log("warning: a round with rollouts in progress applied or did not converge: %s",
                 m.fields)
     found_rollouts = await live_rollouts(run)
-    mine = [r for r in found_rollouts if r["policy"] in set(rollout_policies(p, count))]
+    mine = [r for r in found_rollouts if r["policy"] in policies]
     rss, peak = run.daemon.rss_mb()
     budget = memory_budget(n, p)
     idle_with = [m.fields["idle_cpu_pct"] for m in rounds if m.fields["idle_cpu_pct"] is not None]
