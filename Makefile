@@ -45,8 +45,9 @@ unit: install  ## the fast part: pure code only
 BENCH_ARGS ?= --clusters 10,100,1000,10000 --policies 10,100 --interval-minutes 120
 # The whole daemon (`convergerd run`, needs PostgreSQL): 2,000 x 50 at the 45 s interval the
 # issue measured, and 10,000 x 100 at an interval its in-sync round fits in (engine: ~54 s).
-# Daemon settings are its defaults (add e.g. --env CONVERGERD_PROBE_PERIOD_SECONDS=20).
-DAEMON_BENCH_ARGS ?= --points 2000x50@45,10000x100@180 --save-points 5000,10000
+# Daemon settings are its defaults (add e.g. --env CONVERGERD_PROBE_PERIOD_SECONDS=20). Each of
+# the --points ends with 20 rollouts in progress (issue 37: gate CPU, rounds and memory with them).
+DAEMON_BENCH_ARGS ?= --points 2000x50@45,10000x100@180 --save-points 5000,10000 --rollouts 20
 bench: bench-rounds bench-daemon  ## benchmark figures (not a test): the round engine, then the whole daemon
 
 bench-rounds: install  ## the round engine: up to 10,000 clusters x 100 policies

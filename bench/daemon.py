@@ -3,6 +3,7 @@
     .venv/bin/python bench/daemon.py --points 200x20 --in-sync-rounds 3 --interval-s 20
     .venv/bin/python bench/daemon.py --points 2000x50@45,10000x100@180 --save-points 5000,10000
     .venv/bin/python bench/daemon.py --save-points 5000,10000 --saves 10
+    .venv/bin/python bench/daemon.py --points 10000x100@180 --rollouts 20
 
 `bench/rounds.py` measures the round engine in its own process. This measures the process a
 platform team deploys, which also records every round in PostgreSQL, keeps the status, probes
@@ -32,7 +33,25 @@ interval I), each part a separate process:
    confirms `convergerd_cluster_up{cluster=...} 0`;
 6. saves: `--saves` times, a policy's rule changed in the database and
    `POST /v1/policies/{id}/apply`, timed to the 200 (the boundary covers every cluster), with
-   the daemon's and the simulator's CPU seconds meanwhile.
+   the daemon's and the simulator's CPU seconds meanwhile;
+7. rollouts (`--rollouts N`, off by default: then the fleet document has no labels and no
+   strategy): the import gave `--rollout-canary-share` of the clusters a `ring: canary` label
+   and the strategy `ROLLOUT_STRATEGY` (canary by label, half, the rest after approval, a
+   day's bake). After a round passed over (detection and saves ran meanwhile), one in-sync
+   round without rollouts (the baseline: its idle CPU is a quiet window), then the last N
+   policies (never p000) get a new rule and the strategy in the database, written as
+   module-policies writes them (triggers on: the revision is kept, the leader notified), and
+   `POST /v1/policies/{id}/apply`: N rollouts start, each writing its canary. The round after
+   the saves, then `--rollout-rounds` in-sync rounds with the rollouts in force, as every
+   round (their idle CPU includes the gate job's passes every
+   `CONVERGERD_ROLLOUT_GATE_SECONDS`, its placements re-read every minute and the status
+   sync's counts). Then `GET /v1/rollouts` (how many live, state, wave, the gate holding
+   them), the gate job's log lines (it logs no pass, no metric times one: its cost is the
+   idle CPU added), RSS and peak against the memory limit of the overlay docs/operations.md
+   sizes the fleet with (`deploy/base` up to 1,000 x 100, `deploy/large-fleet` up to
+   10,000 x 100). The simulator runs no operator, so no canary ever reports a phase: the
+   rollouts wait at their canary wave (`delivering`) and the gate job judges every canary
+   cluster at each look.
 
 `--pin` gives the daemon a core of its own (CPU 0) and the simulator(s) the other (CPU 1;
 PostgreSQL and this bench stay unpinned): with the clusters on the same cores, every figure
@@ -99,6 +118,21 @@ SAVE_TIMEOUT_S = 300.0
 # A save point's round interval: no round after the create round while the saves run.
 SAVE_POINT_INTERVAL_S = 900.0
 CHANGED_RULE_PREFIX = "registry-"
+# `--rollouts`: the strategy of the rollouts (imported, set on N policies at their save). The
+# simulator runs no operator, so no cluster ever reports a phase: each rollout waits at its
+# canary wave ("delivering"), judged at every look of the gate job; the day's bake and the
+# approval before `rest` would hold it there too were its canary to report.
+ROLLOUT_STRATEGY: dict[str, Any] = {
+    "id": "bench-waves", "bakeSeconds": 86400, "approval": ["rest"],
+    "waves": [{"name": "canary", "selector": {"ring": "canary"}},
+              {"name": "half", "fraction": 0.5}, {"name": "rest", "fraction": 1.0}]}
+ROLLOUT_RULE_PREFIX = "rollout-"
+DEFAULT_GATE_PERIOD_S = 10.0  # CONVERGERD_ROLLOUT_GATE_SECONDS's default
+# The memory budget: the limit of the overlay docs/operations.md ("Sizing") gives a fleet up to
+# (clusters, policies); the limit is the peak RSS measured x 1.3, rounded up to 256 MiB.
+MEMORY_OVERLAYS = (("deploy/base", 1000, 100), ("deploy/large-fleet", 10_000, 100))
+SIZING_HEADROOM = 1.3
+ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
 # 10,000 contexts: the C parser and emitter when PyYAML has them.
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -597,6 +631,21 @@ class Run:
                 self.daemon.check_alive()
                 await asyncio.sleep(ROUND_POLL_S)
 
+    async def catch_up(self) -> None:
+        """Measure from the next round on: the rounds recorded since the last measured one
+        (they ran during detection and the saves) are passed over, their rows and WAL too.
+        Waits for one more round to be recorded, unmeasured, and takes its place: the next
+        round's idle CPU is counted from when its row appeared, as every round's."""
+        latest = int(await self.monitor.conn.fetchval("SELECT coalesce(max(id), 0) FROM rounds"))
+        self.last_round = latest
+        row, seen = await self.next_round(self.point.interval_s * 3 + 600)
+        await asyncio.sleep(self.args.settle)
+        self.snap = await self.monitor.snapshot()
+        self.last_round, self.last_seen = row["id"], seen
+        self.last_started, self.overlapped = row["started_at"].timestamp(), False
+        log("round %d passed over (the rounds since round %d are not measured)", row["id"],
+            latest)
+
     async def wait_until_next_round_near(self, lead_s: float) -> None:
         """Sleep until `lead_s` before the next round is due (one interval after the last
         one started)."""
@@ -699,7 +748,10 @@ async def bench_point(point: Point, args: argparse.Namespace, out: list[Measurem
             fresh_database(args.database_url, "convergerd_benchd", migrated=False))
         clusters = member_ids(n)
         fleet = workdir / "fleet.yaml"
-        fleet.write_text(yaml.safe_dump(fleet_doc(clusters, p)))
+        doc = fleet_doc(clusters, p)
+        if args.rollouts > 0 and not point.saves_only:
+            doc = rollout_fleet(doc, clusters, args.rollout_canary_share)
+        fleet.write_text(yaml.safe_dump(doc))
         env = {"CONVERGERD_DATABASE_URL": dsn, "CONVERGERD_IMPORT_MAX_BYTES": str(256 * MB)}
         log("migrate, import")
         await asyncio.to_thread(convergerd, "migrate", env=env)
@@ -741,6 +793,8 @@ async def _phases(run: Run) -> None:
         await _down_detection(run)
     if args.saves > 0:
         await _saves(run)
+    if args.rollouts > 0:
+        await _rollouts(run)
 
 
 async def _create(run: Run) -> None:
@@ -851,6 +905,171 @@ async def _saves(run: Run) -> None:
         "results": dict(results)}), run.out)
 
 
+# --- rollouts in progress (`--rollouts`) ----------------------------------------------------------
+
+
+def canary_of(clusters: Sequence[str], share: float) -> list[str]:
+    """Every 1/`share`-th cluster, at least one: the clusters labelled `ring: canary`."""
+    step = max(1, round(1 / share))
+    return list(clusters[step - 1::step]) or list(clusters[:1])
+
+
+def rollout_fleet(doc: dict[str, Any], clusters: Sequence[str], canary_share: float
+                  ) -> dict[str, Any]:
+    """The fleet document with a `ring: canary` label on `canary_of` the clusters and the
+    rollouts' strategy; no policy names it yet (a policy with a strategy and no rollout is left
+    alone by rounds: the create round would create nothing of it)."""
+    canary = set(canary_of(clusters, canary_share))
+    return {**doc,
+            "clusters": [{"id": c, "labels": {"ring": "canary"}} if c in canary else {"id": c}
+                         for c in clusters],
+            "rolloutStrategies": [ROLLOUT_STRATEGY]}
+
+
+def rollout_policies(policies: int, rollouts: int) -> list[str]:
+    """The policies whose saves start the rollouts: the last `rollouts` ones (never p000, whose
+    timed saves wrote its rule with triggers off, so its revisions were not kept)."""
+    return [f"p{j:03d}" for j in range(policies - rollouts, policies)]
+
+
+async def stage_rollout(run: Run, policy: str, n: int) -> None:
+    """A new rule for `policy` and the rollouts' strategy, written as module-policies writes a
+    policy (triggers on: the revision is kept, which a rollout's waves are delivered from, and
+    the leader is notified: its save and the API's meet, one starts the rollout, the other
+    follows it)."""
+    rule = {"type": "AllowedRegistries",
+            "registries": [f"{ROLLOUT_RULE_PREFIX}{n}.example.com", "ghcr.io/stackship"]}
+    await run.monitor.conn.execute(
+        """UPDATE policies SET rule = $2::jsonb, rollout_strategy = $3,
+                  revision = revision + 1, updated_at = now()
+           WHERE id = $1""", policy, json.dumps(rule), ROLLOUT_STRATEGY["id"])
+
+
+async def live_rollouts(run: Run) -> list[dict[str, Any]]:
+    """`GET /v1/rollouts` (a status view: a 429 is waited out as its Retry-After says)."""
+    headers = {"Authorization": f"Bearer {run.daemon.token}"}
+    for _ in range(10):
+        async with run.session.get(f"{run.daemon.base}/v1/rollouts", headers=headers) as resp:
+            if resp.status == 429:
+                await asyncio.sleep(min(10.0, float(resp.headers.get("Retry-After", "1"))))
+                continue
+            body = await resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"GET /v1/rollouts: {resp.status} {body[:500]!r}")
+        found: list[dict[str, Any]] = json.loads(body)["rollouts"]
+        return found
+    raise RuntimeError("GET /v1/rollouts: still 429 after 10 tries")
+
+
+def memory_budget(clusters: int, policies: int) -> tuple[str, int] | None:
+    """The overlay sized for this fleet and its memory limit in MiB (None: past 10,000 x 100,
+    not measured)."""
+    for overlay, most_clusters, most_policies in MEMORY_OVERLAYS:
+        if clusters <= most_clusters and policies <= most_policies:
+            text = (ROOT / overlay / "deployment.yaml").read_text(encoding="utf-8")
+            limits = [int(v) for v in re.findall(r"^\s*memory:\s*(\d+)Mi\s*$", text, re.M)]
+            return (overlay, max(limits)) if limits else None
+    return None
+
+
+def gate_period_s(args: argparse.Namespace) -> float:
+    for kv in args.env:
+        name, value = kv.split("=", 1)
+        if name == "CONVERGERD_ROLLOUT_GATE_SECONDS":
+            return float(value)
+    return DEFAULT_GATE_PERIOD_S
+
+
+def gate_log_lines(log_path: Path, since: int) -> Counter[str]:
+    """What the gate job logged after byte `since` of the daemon's log: transitions, waits
+    written, failed passes (it logs nothing per pass, and no metric times one)."""
+    with log_path.open("rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    return Counter({
+        "moved": len(re.findall(r"rollout \d+ of policy \S+ \(revision", text)),
+        "moved_meanwhile": text.count("moved by another writer meanwhile"),
+        "pass_failed": text.count("rollout gates: pass failed"),
+        "pass_stopped": text.count("rollout gates: no longer leading"),
+    })
+
+
+async def _rollouts(run: Run) -> None:
+    """`--rollouts N` in progress: a baseline in-sync round, then N policies saved with the
+    strategy (N rollouts start, each writing its canary wave), the round after the saves, and
+    `--rollout-rounds` in-sync rounds with the rollouts in force; then the rollouts as
+    `GET /v1/rollouts` shows them, the gate job's log lines, RSS against the memory budget."""
+    args, n, p = run.args, run.point.clusters, run.point.policies
+    count = args.rollouts
+    policies = rollout_policies(p, count)
+    await run.catch_up()
+    base, _row = await run.measure_round("in-sync, no rollouts")
+    log_from = run.daemon.log_path.stat().st_size
+    took: list[float] = []
+    results: Counter[str] = Counter()
+    run.daemon.record_sample(run.sim)
+    started = time.time()
+    for i, policy in enumerate(policies):
+        await stage_rollout(run, policy, i)
+        seconds, doc = await save(run, policy)
+        took.append(seconds)
+        found = Counter(c["result"] for c in doc["clusters"])
+        results.update(found)
+        log("rollout save of %s: %.2f s, %s, %s", policy, seconds, doc["status"], dict(found))
+    ended = time.time()
+    run.daemon.record_sample(run.sim)
+    starting, _row = await run.measure_round(f"in-sync, {count} rollouts starting")
+    rounds = []
+    for _ in range(args.rollout_rounds):
+        m, _row = await run.measure_round(f"in-sync, {count} rollouts in progress")
+        rounds.append(m)
+        if m.fields["created"] or m.fields["updated"] or m.fields["converged"] != n:
+            log("warning: a round with rollouts in progress applied or did not converge: %s",
+                m.fields)
+    found_rollouts = await live_rollouts(run)
+    mine = [r for r in found_rollouts if r["policy"] in policies]
+    rss, peak = run.daemon.rss_mb()
+    budget = memory_budget(n, p)
+    idle_with = [m.fields["idle_cpu_pct"] for m in rounds if m.fields["idle_cpu_pct"] is not None]
+    idle_without = base.fields["idle_cpu_pct"]
+    idle_with_pct = round(statistics.mean(idle_with), 1) if idle_with else None
+    with_cpu = [m.fields["daemon_cpu_s"] for m in rounds]
+    with_wall = [m.fields["wall_s"] for m in rounds]
+    fields: dict[str, Any] = {
+        "rollouts": count, "live": len(mine),
+        "states": dict(Counter(r["state"] for r in mine)),
+        "waves": dict(Counter(f"{r['wave']['index']} {r['wave']['name']}" for r in mine)),
+        "gates": dict(Counter(str(r["gate"]) for r in mine)),
+        "reason": mine[0]["reason"] if mine else None,
+        "canary_clusters": len(canary_of(run.clusters, args.rollout_canary_share)),
+        "gate_period_s": gate_period_s(args),
+        "save": {**percentiles_s(took), "results": dict(results),
+                 "daemon_cpu_s": round(run.daemon.cpu_between(started, ended), 2)},
+        "baseline_round_id": base.fields["round_id"],
+        "starting_round_id": starting.fields["round_id"],
+        "idle_cpu_pct_without": idle_without, "idle_cpu_pct_with": idle_with_pct,
+        "idle_cpu_pp_added": (None if idle_without is None or idle_with_pct is None
+                              else round(idle_with_pct - idle_without, 1)),
+        "round_daemon_cpu_s_without": base.fields["daemon_cpu_s"],
+        "round_daemon_cpu_s_with": round(statistics.mean(with_cpu), 2) if with_cpu else None,
+        "round_wall_s_without": base.fields["wall_s"],
+        "round_wall_s_with": round(statistics.mean(with_wall), 3) if with_wall else None,
+        "rows_without": base.fields["rows_written"],
+        "rows_with": [m.fields["rows_written"] for m in rounds],
+        "rss_mb_without": base.fields["rss_mb"], "rss_mb": round(rss, 1),
+        "peak_rss_mb": round(peak, 1),
+        "budget": None if budget is None else {
+            "overlay": budget[0], "limit_mib": budget[1],
+            "sized_for_peak_mib": round(budget[1] / SIZING_HEADROOM),
+            "peak_share_of_limit": round(peak / budget[1], 3)},
+        "gate_log": dict(gate_log_lines(run.daemon.log_path, log_from)),
+    }
+    if len(mine) != count:
+        log("warning: %d of %d rollouts live: %s", len(mine), count, found_rollouts)
+    emit(Measurement("rollouts", n, p, fields), run.out)
+    log("rollouts: %s", json.dumps(fields))
+
+
 def _per_write_ms(cpu_s: Sequence[float], written: Sequence[int]) -> float | None:
     return round(sum(cpu_s) / sum(written) * 1000, 3) if sum(written) else None
 
@@ -909,6 +1128,12 @@ def markdown(results: Sequence[Measurement]) -> str:
                 f"{f['round_id']}: {c.get('200', 0):,} x 200, {c.get('429', 0):,} x 429 "
                 f"(P50 {fmt(f.get('shed_p50_ms'))} ms), {c.get('error', 0)} errors, "
                 f"{fmt(f.get('requests_per_s'))} req/s |")
+        elif m.bench == "rollouts":
+            other.append(
+                f"| {m.bench}: the saves that started them | {fmt(m.clusters)} | "
+                f"{fmt(m.policies)} | {fmt(f['save']['p50_s'], 2)} s | "
+                f"{fmt(f['save']['p99_s'], 2)} s | {fmt(f['save']['max_s'], 2)} s | "
+                f"{rollout_note(f)} |")
         else:
             note = f"{f['samples']} samples"
             if m.bench == "save":
@@ -923,6 +1148,32 @@ def markdown(results: Sequence[Measurement]) -> str:
                 f"{fmt(f['p50_s'], 2)} s | {fmt(f['p99_s'], 2)} s | {fmt(f['max_s'], 2)} s | "
                 f"{note} |")
     return "\n".join(rounds) + "\n\n" + "\n".join(other)
+
+
+def rollout_note(f: dict[str, Any]) -> str:
+    """The rollouts' row's notes: where they are, what they added, memory against the budget."""
+    where = ", ".join(f"{k} {v}" for k, v in f["states"].items()) or "none"
+    added = f["idle_cpu_pp_added"]
+    notes = [
+        f"{f['live']} of {f['rollouts']} live ({where}; wave "
+        + ", ".join(f"{k}: {v}" for k, v in f["waves"].items())
+        + f"; held by {', '.join(f['gates'])}), canary {fmt(f['canary_clusters'])} clusters, "
+        f"gate every {f['gate_period_s']:g} s",
+        f"idle CPU {fmt(f['idle_cpu_pct_without'])}% without, {fmt(f['idle_cpu_pct_with'])}% "
+        f"with ({'?' if added is None else format(added, '+.1f')} points)",
+        f"in-sync round daemon CPU {fmt(f['round_daemon_cpu_s_without'], 2)} s without, "
+        f"{fmt(f['round_daemon_cpu_s_with'], 2)} s with; wall "
+        f"{fmt(f['round_wall_s_without'], 2)} s, {fmt(f['round_wall_s_with'], 2)} s",
+        f"RSS {fmt(f['rss_mb_without'])} -> {fmt(f['rss_mb'])} MB, peak {fmt(f['peak_rss_mb'])} MB",
+    ]
+    b = f["budget"]
+    if b is not None:
+        notes.append(f"budget: {b['overlay']}'s limit {b['limit_mib']:,} MiB (sized for a peak "
+                     f"of {b['sized_for_peak_mib']:,}), peak {b['peak_share_of_limit']:.0%} of it")
+    logged = {k: v for k, v in f["gate_log"].items() if v}
+    notes.append(f"gate job logged {logged or 'nothing'}")
+    notes.append(f"saves' results {f['save']['results']}, daemon CPU {f['save']['daemon_cpu_s']} s")
+    return "; ".join(notes)
 
 
 def header(args: argparse.Namespace) -> str:
@@ -995,6 +1246,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save-notify", action="store_true",
                         help="write the changed rule with the notification trigger on: the "
                              "leader fans it out too, concurrently with the API's save")
+    parser.add_argument("--rollouts", type=int, default=0, metavar="N",
+                        help="at the end of each point, N policies saved with a strategy in "
+                             "waves: N rollouts in progress, then in-sync rounds, idle CPU, "
+                             "RSS against the memory budget, the rollouts' states (0: none)")
+    parser.add_argument("--rollout-rounds", type=int, default=2, metavar="K",
+                        help="in-sync rounds measured with the rollouts in progress (default 2)")
+    parser.add_argument("--rollout-canary-share", type=float, default=0.01, metavar="SHARE",
+                        help="share of the clusters labelled ring: canary, the first wave "
+                             "the gate job judges at every look (default 0.01)")
     parser.add_argument("--settle", type=float, default=11.0, metavar="SECONDS",
                         help="wait after a round is recorded before reading the statistics "
                              "(PostgreSQL flushes them within 10 s; default 11)")
@@ -1020,6 +1280,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         bad = [kv for kv in args.env if "=" not in kv]
         if bad:
             parser.error(f"--env expects NAME=VALUE, got {bad}")
+        if args.rollouts < 0 or args.rollout_rounds < 1:
+            parser.error("--rollouts must be 0 or more, --rollout-rounds 1 or more")
+        if not 0 < args.rollout_canary_share <= 1:
+            parser.error("--rollout-canary-share must be in (0, 1]")
+        few = [pt for pt in args.point_list if not pt.saves_only and pt.policies <= args.rollouts]
+        if few:
+            parser.error(f"--rollouts {args.rollouts} needs more policies per point (p000 is "
+                         f"not one of them): {few[0].clusters}x{few[0].policies}")
     return args
 
 
