@@ -126,9 +126,10 @@ def cluster_summary(state: StatusReader, cluster: ClusterFacts,
                         else "unreachable"),
         "server_version": cluster.server_version,
         "audit": cluster_audit_view(state, cluster, now),
-        # The modes in force beside the phases, and admission's counts, over its policies.
-        "enforcement": cluster.admission_tally.mode_counts(),
-        "admission": cluster_admission_view(cluster.admission_tally),
+        # The modes in force beside the phases, and admission's counts, over its policies:
+        # made once per tally (`AdmissionTally.shown`), shared, never changed.
+        "enforcement": (admitted := cluster.admission_tally).shown(AdmissionTally.mode_counts),
+        "admission": admitted.shown(cluster_admission_view),
         "shard": (k := shards.of(cluster.id)),
         "holder": shards.holders[k] or None,
         "orphaned": orphaned(cluster.since_round_s(now), state.interval_s),
