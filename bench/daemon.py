@@ -31,7 +31,8 @@ interval I), each part a separate process:
    `reachable` is what `convergerd_cluster_up` reads: a `/metrics` page at 10,000 clusters
    is too big to poll twice a second without the polling being the load. One scrape then
    confirms `convergerd_cluster_up{cluster=...} 0`;
-6. saves: `--saves` times, a policy's rule changed in the database and
+6. saves: once `/status` counts no cluster unreached (the hung and the downed ones found
+   again by the prober), `--saves` times, a policy's rule changed in the database and
    `POST /v1/policies/{id}/apply`, timed to the 200 (the boundary covers every cluster), with
    the daemon's and the simulator's CPU seconds meanwhile;
 7. rollouts (`--rollouts N`, off by default: then the fleet document has no labels and no
@@ -114,6 +115,9 @@ SAMPLE_PERIOD_S = 0.1
 ROUND_POLL_S = 0.1
 DETECT_POLL_S = 0.5
 DOWN_DETECT_TIMEOUT_S = 120.0
+# The prober probes a cluster silent pass after pass less and less often: its recovery is seen
+# within six periods (60 s by default).
+REACHED_TIMEOUT_S = 120.0
 SAVE_TIMEOUT_S = 300.0
 # A save point's round interval: no round after the create round while the saves run.
 SAVE_POINT_INTERVAL_S = 900.0
@@ -868,9 +872,31 @@ async def _down_detection(run: Run) -> None:
         "status_s": [round(v, 2) for v in shown]}), run.out)
 
 
+async def all_reached(run: Run) -> float:
+    """Seconds until `/status` counts no cluster unreached. After the hung round and the
+    down detection, the clusters hung or set down stay unreached in the daemon's view until the
+    prober finds them again (a cluster silent pass after pass is probed less often: up to six
+    periods), and a save meanwhile writes them in the suspects' lane and answers without
+    them (`pending`): fewer clusters written for the same CPU."""
+    headers = {"Authorization": f"Bearer {run.daemon.token}"}
+    started = time.perf_counter()
+    while True:  # bounded by the deadline
+        run.daemon.check_alive()
+        async with run.session.get(run.daemon.base + "/status", headers=headers) as resp:
+            doc = await resp.json() if resp.status == 200 else {}
+        if doc.get("fleet", {}).get("unreached") == 0:
+            return time.perf_counter() - started
+        if time.perf_counter() - started > REACHED_TIMEOUT_S:
+            raise TimeoutError(f"clusters still unreached after {REACHED_TIMEOUT_S:g} s")
+        await asyncio.sleep(DETECT_POLL_S)
+
+
 async def _saves(run: Run) -> None:
     args = run.args
     policy = "p000"  # its boundary covers every cluster (fleet_doc)
+    # A save over a fleet seen healthy: its CPU per cluster written is then comparable.
+    waited = await all_reached(run)
+    log("every cluster seen reached again after %.1f s; saving", waited)
     took: list[float] = []
     daemon_cpu: list[float] = []
     sim_cpu: list[float] = []

@@ -15,9 +15,9 @@ the `/status` head costs a few operations per policy, never per policy and clust
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar, cast
 
 from convergerd.core.model import PolicyId
 from convergerd.core.report import PhaseReading
@@ -34,6 +34,8 @@ Counts = tuple[int, int, int, int, int, int]
 Figures = tuple[Counts, int | None]
 _NO_COUNTS: Counts = (0, 0, 0, 0, 0, 0)
 _ZERO: Figures = (_NO_COUNTS, None)
+
+T = TypeVar("T")
 
 
 def enforcement_label(mode: str | None) -> str | None:
@@ -77,10 +79,23 @@ class AdmissionTally:
     read: int = 0  # policies read with `status.admission`
     unknown: int = 0  # of which unreadable
     totals: Figures = _ZERO  # the figures summed over the policies
+    # Its views as made by `shown`, by the function that made them.
+    _shown: dict[Callable[..., Any], Any] = field(default_factory=dict, init=False, repr=False,
+                                                  compare=False)
 
     def mode_counts(self) -> dict[str, int]:
         """Policies per mode in force (those with one)."""
         return {mode: len(policies) for mode, policies in self.modes.items() if policies}
+
+    def shown(self, view: Callable[[AdmissionTally], T]) -> T:
+        """`view(self)`, made on the first asking and kept: the tally never changes, and a
+        cluster keeps its tally while its readings' figures do not change (most rounds), so
+        `/status` builds a cluster's admission views once, not once per build. Shared by all
+        who ask: never to be changed."""
+        shown = self._shown
+        if view not in shown:
+            shown[view] = view(self)
+        return cast(T, shown[view])
 
 
 NO_ADMISSIONS = AdmissionTally()

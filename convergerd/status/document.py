@@ -128,9 +128,10 @@ def cluster_summary(state: StatusReader, cluster: ClusterFacts,
                         else "unreachable"),
         "server_version": cluster.server_version,
         "audit": cluster_audit_view(state, cluster, now),
-        # The modes in force beside the phases, and admission's counts, over its policies.
-        "enforcement": cluster.admission_tally.mode_counts(),
-        "admission": cluster_admission_view(cluster.admission_tally),
+        # The modes in force beside the phases, and admission's counts, over its policies:
+        # made once per tally (`AdmissionTally.shown`), shared, never changed.
+        "enforcement": (admitted := cluster.admission_tally).shown(AdmissionTally.mode_counts),
+        "admission": admitted.shown(cluster_admission_view),
         "shard": (k := shards.of(cluster.id)),
         "holder": shards.holders[k] or None,
         "orphaned": orphaned(cluster.since_round_s(now), state.interval_s),
@@ -195,13 +196,14 @@ def admission_fleet_view(state: StatusReader) -> dict[str, Any]:
     are in force in a mode other than Deny somewhere; the most denied, warned and audited
     first, at most `AUDIT_POLICIES_LISTED`): cost grows with the policies, not the clusters
     (`StatusReader.admission_totals`)."""
-    totals = state.admission_totals
-    listed = [(pid, t) for pid, t in totals.items()
+    # Read once: each value is made on reading (`PolicyAdmissions`).
+    totals = list(state.admission_totals.items())
+    listed = [(pid, t) for pid, t in totals
               if t.denied or t.warned or t.audited or t.last_hour_denied
               or t.last_hour_warned or t.last_hour_audited or t.excepted
               or any(n for mode, n in t.clusters_by_enforcement.items() if mode != "Deny")]
     listed.sort(key=lambda kv: (-kv[1].denied, -kv[1].warned, -kv[1].audited, kv[0]))
-    sums = [sum(getattr(t, f) for t in totals.values()) for f in _FIGURES]
+    sums = [sum(getattr(t, f) for _, t in totals) for f in _FIGURES]
     return {"denied": sums[0], "warned": sums[1], "audited": sums[2],
             "last_hour": {"denied": sums[3], "warned": sums[4], "audited": sums[5]},
             "policies_total": len(listed),
