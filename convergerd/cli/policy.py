@@ -41,6 +41,9 @@ from convergerd.core.shown import shown
 EXIT_OK = 0
 EXIT_NOT_DONE = 1
 EXIT_USAGE = 2
+# Commands with no partial outcome (rollout, token): the daemon refused (no such object, or not
+# in a state the command applies to).
+EXIT_REFUSED = EXIT_NOT_DONE
 # Answers that say "the request was understood, the work is not (all) done".
 _REFUSED = frozenset({409, 422})
 _MAX_CELL = 80

@@ -33,6 +33,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from convergerd.cli.policy import (
+    EXIT_NOT_DONE,
+    EXIT_OK,
+    EXIT_USAGE,
     Answer,
     Failed,
     add_daemon_arguments,
@@ -50,9 +53,6 @@ from convergerd.config import read_secret_file
 from convergerd.core.errors import ConfigError
 from convergerd.core.model import RuleError, check_boundary_id, check_policy_id
 
-EXIT_OK = 0
-EXIT_NOT_DONE = 1
-EXIT_USAGE = 2
 _REFUSED = frozenset({404, 409, 422})
 _CHANGE_CELL = 120
 

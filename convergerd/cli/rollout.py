@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from convergerd.cli.policy import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
     Answer,
     Failed,
     add_daemon_arguments,
@@ -44,9 +47,6 @@ from convergerd.cli.status import table
 from convergerd.cli.token import who
 from convergerd.core.model import RuleError, check_boundary_id, check_policy_id
 
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
 _REFUSED = frozenset({404, 409})
 COMMANDS = ("pause", "resume", "approve", "abort")
 

@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from convergerd.cli.policy import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
     Answer,
     Failed,
     add_daemon_arguments,
@@ -38,9 +41,6 @@ from convergerd.core.model import RuleError
 from convergerd.core.report import utc_now
 from convergerd.core.tokens import check_boundary, check_token_name, parse_time
 
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
 _REFUSED = frozenset({404, 409, 422})
 
 
