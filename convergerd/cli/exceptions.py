@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import getpass
-import json
 import os
 import sys
 import urllib.parse
@@ -33,12 +32,11 @@ from convergerd.cli.policy import (
     EXIT_OK,
     EXIT_USAGE,
     Answer,
-    Failed,
     add_daemon_arguments,
+    answered,
     api_token,
     call,
     cell,
-    daemon_answered,
     exit_code,
     optional_api_token,
     render,
@@ -151,24 +149,21 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     except RuleError as exc:
         err.write(f"convergerd policy {action}: {exc}\n")
         return EXIT_USAGE
-    try:
+
+    def request() -> Answer:
         if action == "except":
-            answer = call(args.addr, "POST", f"/v1/policies/{args.id}/exceptions",
-                          token=api_token(args.api_token_file, env), body=body,
-                          timeout_s=float(args.timeout))
-        else:
-            query = f"?{urllib.parse.urlencode({'policy': args.id})}" if args.id else ""
-            answer = call(args.addr, "GET", f"/v1/exceptions{query}",
-                          token=optional_api_token(args.api_token_file, env), body=None,
-                          timeout_s=float(args.timeout))
-    except Failed as exc:
-        err.write(f"convergerd policy {action}: {exc}\n")
-        return EXIT_USAGE
-    if args.json:
-        out.write(json.dumps(answer.body, indent=2) + "\n")
-    if answer.status not in (200, 201):
-        err.write(f"convergerd policy {action}: {daemon_answered(answer)}\n")
-        return EXIT_USAGE
+            return call(args.addr, "POST", f"/v1/policies/{args.id}/exceptions",
+                        token=api_token(args.api_token_file, env), body=body,
+                        timeout_s=float(args.timeout))
+        query = f"?{urllib.parse.urlencode({'policy': args.id})}" if args.id else ""
+        return call(args.addr, "GET", f"/v1/exceptions{query}",
+                    token=optional_api_token(args.api_token_file, env), body=None,
+                    timeout_s=float(args.timeout))
+
+    answer = answered(f"policy {action}", request, as_json=args.json, refused=(), out=out,
+                      err=err, success=(200, 201))
+    if isinstance(answer, int):
+        return answer
     if action == "exceptions":
         if not args.json:
             out.write(render_list(answer.body, now or dt.datetime.now(dt.UTC)))

@@ -26,7 +26,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -178,6 +178,26 @@ def cell(value: object, limit: int = _MAX_CELL) -> str:
 def daemon_answered(answer: Answer) -> str:
     """The error line for an answer that is not a success: its status and the daemon's error."""
     return f"the daemon answered {answer.status}: {cell(answer.body.get('error'), 400)}"
+
+
+def answered(command: str, request: Callable[[], Answer], *, as_json: bool,
+             refused: Collection[int], out: TextIO, err: TextIO,
+             success: Collection[int] = (200,)) -> Answer | int:
+    """The daemon's answer to `request` when it is a success, else the exit code that ends
+    `convergerd <command>`, its line written: `EXIT_USAGE` for a request never answered (a bad
+    id, an unreadable token, no connection), `EXIT_REFUSED` for an answer in `refused`,
+    `EXIT_USAGE` for any other. With `as_json` the body is printed whatever it holds."""
+    try:
+        answer = request()
+    except (Failed, RuleError) as exc:
+        err.write(f"convergerd {command}: {exc}\n")
+        return EXIT_USAGE
+    if as_json:
+        out.write(json.dumps(answer.body, indent=2) + "\n")
+    if answer.status not in success:
+        err.write(f"convergerd {command}: {daemon_answered(answer)}\n")
+        return EXIT_REFUSED if answer.status in refused else EXIT_USAGE
+    return answer
 
 
 def exit_code(answer: Answer) -> int:

@@ -24,7 +24,6 @@ Exit codes: 0 done (a rollback's save `ok`); 1 a rollback refused, or its save `
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import urllib.parse
@@ -33,16 +32,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from convergerd.cli.policy import (
-    EXIT_NOT_DONE,
     EXIT_OK,
-    EXIT_USAGE,
     Answer,
     Failed,
     add_daemon_arguments,
+    answered,
     api_token,
     call,
     cell,
-    daemon_answered,
     exit_code,
     optional_api_token,
     render,
@@ -51,7 +48,7 @@ from convergerd.cli.status import table
 from convergerd.cli.token import who
 from convergerd.config import read_secret_file
 from convergerd.core.errors import ConfigError
-from convergerd.core.model import RuleError, check_boundary_id, check_policy_id
+from convergerd.core.model import check_boundary_id, check_policy_id
 
 _REFUSED = frozenset({404, 409, 422})
 _CHANGE_CELL = 120
@@ -159,16 +156,11 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     out = out or sys.stdout
     err = err or sys.stderr
     action: str = args.policy_command
-    try:
-        answer = _request(args, os.environ if env is None else env)
-    except (Failed, RuleError) as exc:
-        err.write(f"convergerd policy {action}: {exc}\n")
-        return EXIT_USAGE
-    if args.json:
-        out.write(json.dumps(answer.body, indent=2) + "\n")
-    if answer.status != 200:
-        err.write(f"convergerd policy {action}: {daemon_answered(answer)}\n")
-        return EXIT_NOT_DONE if answer.status in _REFUSED else EXIT_USAGE
+    answer = answered(f"policy {action}",
+                      lambda: _request(args, os.environ if env is None else env),
+                      as_json=args.json, refused=_REFUSED, out=out, err=err)
+    if isinstance(answer, int):
+        return answer
     if not args.json:
         out.write(render_history(answer.body) if action == "history"
                   else render_rollback(answer))

@@ -23,7 +23,6 @@ Exit codes: 0 done; 1 refused (no such rollout, or not in a state the command ap
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Mapping
@@ -32,20 +31,17 @@ from typing import Any, TextIO
 
 from convergerd.cli.policy import (
     EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_USAGE,
     Answer,
-    Failed,
     add_daemon_arguments,
+    answered,
     api_token,
     call,
     cell,
-    daemon_answered,
     optional_api_token,
 )
 from convergerd.cli.status import table
 from convergerd.cli.token import who
-from convergerd.core.model import RuleError, check_boundary_id, check_policy_id
+from convergerd.core.model import check_boundary_id, check_policy_id
 
 _REFUSED = frozenset({404, 409})
 COMMANDS = ("pause", "resume", "approve", "abort")
@@ -180,16 +176,11 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     out = out or sys.stdout
     err = err or sys.stderr
     command: str = args.rollout_command
-    try:
-        answer = _request(args, os.environ if env is None else env)
-    except (Failed, RuleError) as exc:
-        err.write(f"convergerd rollout {command}: {exc}\n")
-        return EXIT_USAGE
-    if args.json:
-        out.write(json.dumps(answer.body, indent=2) + "\n")
-    if answer.status != 200:
-        err.write(f"convergerd rollout {command}: {daemon_answered(answer)}\n")
-        return EXIT_REFUSED if answer.status in _REFUSED else EXIT_USAGE
+    answer = answered(f"rollout {command}",
+                      lambda: _request(args, os.environ if env is None else env),
+                      as_json=args.json, refused=_REFUSED, out=out, err=err)
+    if isinstance(answer, int):
+        return answer
     if not args.json:
         if command == "status":
             out.write(render_one(answer.body) if args.id else render_list(answer.body))

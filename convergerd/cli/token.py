@@ -26,18 +26,15 @@ from typing import Any, TextIO
 
 from convergerd.cli.policy import (
     EXIT_OK,
-    EXIT_REFUSED,
     EXIT_USAGE,
     Answer,
-    Failed,
     add_daemon_arguments,
+    answered,
     api_token,
     call,
     cell,
-    daemon_answered,
 )
 from convergerd.cli.status import table
-from convergerd.core.model import RuleError
 from convergerd.core.report import utc_now
 from convergerd.core.tokens import check_boundary, check_token_name, parse_time
 
@@ -123,15 +120,13 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     out = out or sys.stdout
     err = err or sys.stderr
     command: str = args.token_command
-    try:
-        token = api_token(args.api_token_file, os.environ if env is None else env)
-        answer = _request(args, token)
-    except (Failed, RuleError) as exc:
-        err.write(f"convergerd token {command}: {exc}\n")
-        return EXIT_USAGE
-    if answer.status not in (200, 201):
-        err.write(f"convergerd token {command}: {daemon_answered(answer)}\n")
-        return EXIT_REFUSED if answer.status in _REFUSED else EXIT_USAGE
+    answer = answered(
+        f"token {command}",
+        lambda: _request(args, api_token(args.api_token_file,
+                                         os.environ if env is None else env)),
+        as_json=False, refused=_REFUSED, out=out, err=err, success=(200, 201))
+    if isinstance(answer, int):
+        return answer
     body = answer.body
     if command == "create":
         secret = body.get("token")
