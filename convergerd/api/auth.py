@@ -47,7 +47,7 @@ from convergerd.api.scopes import (
 from convergerd.api.server import error_response, expect_continue
 from convergerd.core.errors import ConvergerdError
 from convergerd.core.report import utc_now
-from convergerd.core.tokens import TokenRecord, token_digest
+from convergerd.core.tokens import TokenRecord, check_by, token_digest
 from convergerd.delivery.listener import Channel, ConnectionObserver, NotifySource
 from convergerd.logthrottle import LogThrottle
 from convergerd.ratelimit import TokenBucket
@@ -261,3 +261,11 @@ def principal_of_request(request: web.Request) -> Principal:
     """The principal `Guard.check` found for the request (`ANONYMOUS` on a public route)."""
     found: Principal = request.get(PRINCIPAL, ANONYMOUS)
     return found
+
+
+def asked_by(fields: Mapping[str, Any], request: web.Request) -> str:
+    """Who asked for a change, as recorded: the body's `by` (`RuleError` unless printable ASCII
+    of at most `tokens.BY_MAX_CHARS`), else the name of the request's token."""
+    if "by" in fields:
+        return check_by(fields["by"])
+    return principal_of_request(request).label

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from convergerd.api.auth import principal_of_request
+from convergerd.api.auth import asked_by
 from convergerd.api.boundaries import boundary_of
 from convergerd.api.mutations import BadRequest, answer, read_body, refusal_of
 from convergerd.api.server import Views, error_response, policy_id_from_request
@@ -50,7 +50,6 @@ from convergerd.core.revisions import (
     in_boundary,
 )
 from convergerd.core.shown import shown
-from convergerd.core.tokens import check_by
 from convergerd.delivery.fanout import Saver
 from convergerd.status.views import iso
 
@@ -202,8 +201,7 @@ class RevisionHandlers:
         try:
             fields = await read_body(request, _ROLLBACK_FIELDS, timeout_s=self._body_timeout_s)
             to = revision_number(fields.get("to"), "body.to")
-            by = (check_by(fields["by"]) if "by" in fields
-                  else principal_of_request(request).label)
+            by = asked_by(fields, request)
         except BadRequest as exc:
             return refusal_of(exc)
         except RuleError as exc:

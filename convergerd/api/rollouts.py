@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from convergerd.api.auth import principal_of_request
+from convergerd.api.auth import asked_by
 from convergerd.api.boundaries import boundary_of
 from convergerd.api.mutations import BadRequest, read_body, refusal_of
 from convergerd.api.scopes import unknown_boundary
@@ -45,7 +45,6 @@ from convergerd.core.model import ClusterId, PolicyId, RuleError
 from convergerd.core.report import ClusterResult, utc_now
 from convergerd.core.rollout import Rollout, Staged, State
 from convergerd.core.shown import shown
-from convergerd.core.tokens import check_by
 from convergerd.delivery.fanout import Saver
 from convergerd.delivery.rollouts import clusters_by_revision, gate_view, newly_due_clusters
 from convergerd.status.reader import StatusReader
@@ -264,8 +263,7 @@ class RolloutHandlers:
             return pid
         try:
             fields = await read_body(request, _COMMAND_FIELDS, timeout_s=self._body_timeout_s)
-            by = (check_by(fields["by"]) if "by" in fields
-                  else principal_of_request(request).label)
+            by = asked_by(fields, request)
         except BadRequest as exc:
             return refusal_of(exc)
         except RuleError as exc:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from convergerd.api.auth import TokenBook, principal_of_request
+from convergerd.api.auth import TokenBook, asked_by
 from convergerd.api.mutations import BadRequest, read_body, refusal_of
 from convergerd.api.server import error_response
 from convergerd.core.errors import ConvergerdError
@@ -33,7 +33,6 @@ from convergerd.core.shown import shown
 from convergerd.core.tokens import (
     TokenRecord,
     check_boundary,
-    check_by,
     check_token_name,
     new_token,
     parse_time,
@@ -64,12 +63,6 @@ def token_view(record: TokenRecord) -> dict[str, Any]:
             "created_by": record.created_by, "created_at": iso(record.created_at),
             "expires_at": iso(record.expires_at), "expired": record.expired(utc_now()),
             "revoked_by": record.revoked_by, "revoked_at": iso(record.revoked_at)}
-
-
-def _by(fields: Mapping[str, Any], request: web.Request) -> str:
-    if "by" in fields:
-        return check_by(fields["by"])
-    return principal_of_request(request).label
 
 
 def _no_store() -> web.Response:
@@ -115,7 +108,7 @@ class TokenHandlers:
             name = check_token_name(fields.get("name"))
             expires = (parse_time(fields["expires_at"], now=utc_now())
                        if "expires_at" in fields else None)
-            by = _by(fields, request)
+            by = asked_by(fields, request)
         except BadRequest as exc:
             return refusal_of(exc)
         except RuleError as exc:
@@ -157,7 +150,7 @@ class TokenHandlers:
         try:
             name = check_token_name(raw)
             fields = await read_body(request, _REVOKE_FIELDS, timeout_s=self._body_timeout_s)
-            by = _by(fields, request)
+            by = asked_by(fields, request)
         except BadRequest as exc:
             return refusal_of(exc)
         except RuleError as exc:
