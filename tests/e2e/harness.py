@@ -90,6 +90,18 @@ def wait_for(condition: Callable[[], T | None], timeout_s: float, what: str) -> 
         time.sleep(POLL_S)
 
 
+def stop_gently(proc: subprocess.Popen[bytes] | None, grace_s: float = 15) -> None:
+    """SIGTERM (its clean shutdown: Leases released), SIGKILL if it has not exited within
+    `grace_s`."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def http_json(url: str, timeout_s: float = 2.0) -> Any:
     """The JSON at `url`; a 429 (the daemon's status budget, spent by polling) is waited out
     as its Retry-After says, a few times, as a client must."""

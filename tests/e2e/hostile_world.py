@@ -44,7 +44,7 @@ from convergerd.sim.fleet import HOME, Fleet
 from convergerd.sim.resources import LEASES, POLICIES
 from convergerd.sim.status import ApiError
 from convergerd.store.importer import apply_plan, parse_import
-from tests.e2e.harness import CONVERGERD, TIMINGS
+from tests.e2e.harness import CONVERGERD, TIMINGS, stop_gently
 from tests.fixtures.fleet import free_port
 
 MiB = 2**20
@@ -338,13 +338,7 @@ class World:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop_daemon(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_gently(self.proc)
 
     async def get(self, path: str) -> Any:
         """The daemon's JSON at `path`; None when it does not answer within the client's 5 s

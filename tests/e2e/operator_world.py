@@ -45,7 +45,7 @@ from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import NAMESPACES, POLICIES
 from convergerd.sim.status import ApiError
-from tests.e2e.harness import CONVERGERD
+from tests.e2e.harness import CONVERGERD, stop_gently
 from tests.e2e.hostile_world import Case, now_iso, proc_mb, reset_peak
 from tests.fixtures.fleet import free_port
 
@@ -213,13 +213,7 @@ class World:
                                          stdout=out, stderr=subprocess.STDOUT, env=env)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_gently(self.proc)
 
     @property
     def pid(self) -> int:
