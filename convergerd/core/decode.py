@@ -93,10 +93,8 @@ MAX_JSON_DEPTH = 100
 MAX_JSON_INT_DIGITS = 100
 
 # A JSON string (its escapes included) as one token, the loop unrolled so `re` runs the common
-# characters in its C loop; for text here and for bytes in `containers`.
-_STRING_PATTERN = r'"[^"\\]*(?:\\.[^"\\]*)*"'
-_JSON_STRING = re.compile(_STRING_PATTERN, re.DOTALL)
-_JSON_STRING_BYTES = re.compile(_STRING_PATTERN.encode(), re.DOTALL)
+# characters in its C loop: the fallback's depth check, on a text orjson refused.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _BRACKET = re.compile(r"[\[\]{}]")
 _INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
 
@@ -122,7 +120,8 @@ def _deeper_than(data: bytes | str, limit: int) -> bool:
 
 
 def _depth_within(value: Any, limit: int) -> bool:
-    """Whether a decoded value nests at most `limit` containers deep (iterative)."""
+    """Whether a decoded value nests at most `limit` containers deep (iterative). Only for an
+    outline that does not pair up, which a text orjson read cannot have: a guard."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     pop, push = stack.pop, stack.append
     while stack:
@@ -137,13 +136,68 @@ def _depth_within(value: Any, limit: int) -> bool:
     return True
 
 
-def _brackets(data: bytes | str) -> int:
-    """Opening brackets in the text, strings included: a bound on its nesting (each level
-    opens one), counted in C, so that the walk of `_depth_within` (slower, in Python) is only
-    made for a text that could nest too deep."""
-    if isinstance(data, str):
-        return data.count("[") + data.count("{")
-    return data.count(b"[") + data.count(b"{")
+# An answer's outline, made by two passes in C (`bytes.translate`), so that the checks of an
+# answer before and after orjson are searches in C, not walks in Python (a 100-Policy page:
+# bench/RESULTS.md, "The JSON checks in one outline"). First each byte to its class: digits
+# -> "1", openers -> "(", closers -> ")", quotes stay, every other byte -> "0".
+_CLASSES = bytes(
+    0x31 if 0x30 <= b <= 0x39 else 0x28 if b in b"[{" else 0x29 if b in b"]}"
+    else 0x22 if b == 0x22 else 0x30
+    for b in range(256)
+)
+# 19 digits or more may not fit in 64 bits (int64 holds 18 digits whatever their values). A
+# run inside a string only costs the slower decoder.
+_LONG_DIGITS = 19
+_DIGIT_RUN = b"1" * _LONG_DIGITS
+
+
+@dataclass(frozen=True, slots=True)
+class _Outline:
+    """What the checks need of a JSON text: whether it holds a run of `_LONG_DIGITS` ASCII
+    digits (in a string or not), and its brackets outside strings, openers as "(" and
+    closers as ")"."""
+
+    long_digits: bool
+    brackets: bytes
+
+    @classmethod
+    def of(cls, data: bytes | str) -> _Outline:
+        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+        # Escapes occur only inside strings: the two that could hide a quote (an escaped
+        # backslash, then an escaped quote) go first, so every quote left delimits a string
+        # (a UTF-8 sequence holds no ASCII byte).
+        if b"\\" in raw:
+            raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+        classes = raw.translate(_CLASSES)
+        # Two adjacent quotes removed keep every other byte on its side of them: the strings
+        # without brackets (nearly all) go in C; a bracket left in a string, by the split.
+        brackets = classes.translate(None, b"01").replace(b'""', b"")
+        if b'"' in brackets:
+            brackets = b"".join(brackets.split(b'"')[::2])
+        return cls(_DIGIT_RUN in classes, brackets)
+
+    def containers(self) -> int:
+        """The JSON objects and arrays outside strings."""
+        return self.brackets.count(b"(")
+
+    def nesting_within(self, limit: int) -> bool | None:
+        """Whether the text nests at most `limit` containers deep: the innermost pairs
+        removed once per level (a non-overlapping `replace` removes exactly one level). None
+        when the brackets do not pair up (not a text a parser accepted)."""
+        brackets = self.brackets
+        for _ in range(limit):
+            if not brackets:
+                return True
+            shorter = brackets.replace(b"()", b"")
+            if len(shorter) == len(brackets):
+                return None
+            brackets = shorter
+        return not brackets
+
+
+def _long_digits(data: bytes | str) -> bool:
+    """Whether `data` holds a run of `_LONG_DIGITS` ASCII digits (inside a string or not)."""
+    return _Outline.of(data).long_digits
 
 
 def _bounded_int(text: str) -> int:
@@ -164,24 +218,6 @@ def _no_constants(name: str) -> Any:
     raise NotJSON(f"{name} is not JSON")
 
 
-# 19 digits or more may not fit in 64 bits (int64 holds 18 digits whatever their values). A
-# run inside a string only costs the slower decoder.
-_LONG_DIGITS = 19
-_LONG_DIGITS_TEXT = re.compile(rf"\d{{{_LONG_DIGITS}}}")
-# Bytes: every ASCII digit (what `\d` matches in a bytes pattern) to b"1", the rest to b"0",
-# then a substring search, many times faster than the regex, which tries the pattern at every
-# position (bench/RESULTS.md, "Figures once quoted in the code").
-_DIGIT_MASK = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
-_DIGIT_RUN = b"1" * _LONG_DIGITS
-
-
-def _long_digits(data: bytes | str) -> bool:
-    """Whether `data` holds a run of `_LONG_DIGITS` digits (inside a string or not)."""
-    if isinstance(data, str):
-        return _LONG_DIGITS_TEXT.search(data) is not None
-    return _DIGIT_RUN in data.translate(_DIGIT_MASK)
-
-
 def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """The JSON value in `data`, or `NotJSON` saying why not: not JSON (NaN and Infinity are
     not), nested deeper than `max_depth`, an integer of more than `MAX_JSON_INT_DIGITS`
@@ -193,7 +229,11 @@ def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     text that is not UTF-8) is read again by `json`, after a recursion-free depth check, so
     such an answer reads as it always did and is cleaned later by the field decoders. Sizes
     are bounded where the bytes are read (`read_capped`, the HTTP server, file readers)."""
-    if _long_digits(data):
+    return _decoded(data, max_depth, _Outline.of(data))
+
+
+def _decoded(data: bytes | str, max_depth: int, outline: _Outline) -> Any:
+    if outline.long_digits:
         # orjson reads an integer past 64 bits as a float; `json` keeps it exact (and bounded).
         return _fallback(data, max_depth)
     try:
@@ -201,9 +241,12 @@ def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     except orjson.JSONDecodeError:
         value = _fallback(data, max_depth)
     else:
-        if (isinstance(value, dict | list) and _brackets(data) > max_depth
-                and not _depth_within(value, max_depth)):
-            raise NotJSON(f"nested deeper than {max_depth} levels")
+        if isinstance(value, dict | list):
+            within = outline.nesting_within(max_depth)
+            if within is None:
+                within = _depth_within(value, max_depth)
+            if not within:
+                raise NotJSON(f"nested deeper than {max_depth} levels")
     return value
 
 
@@ -243,26 +286,22 @@ class Cost:
     max_containers: int = ANSWER_MAX_CONTAINERS
 
 
-def containers(body: bytes, limit: int) -> int:
-    """The JSON objects and arrays in `body`, exactly when that is over `limit` (brackets in
-    strings are not counted), else an upper bound (brackets counted wherever they are: two
-    passes in C). The strings are stripped only on that slow path."""
-    rough = _brackets(body)
-    if rough <= limit:
-        return rough
-    return _brackets(_JSON_STRING_BYTES.sub(b"", body))
+def containers(body: bytes) -> int:
+    """The JSON objects and arrays in `body` (brackets in strings are not counted)."""
+    return _Outline.of(body).containers()
 
 
 def parse_json(body: bytes, what: str, *, max_containers: int = ANSWER_MAX_CONTAINERS) -> Any:
     """The JSON document in a cluster's `body`; `BadResponse` naming `what` when it holds
     more than `max_containers` objects and arrays (counted before anything is decoded) or
-    when `bounded_json` will not read it."""
-    count = containers(body, max_containers)
+    when `bounded_json` will not read it. One outline serves both checks."""
+    outline = _Outline.of(body)
+    count = outline.containers()
     if count > max_containers:
         raise BadResponse(f"{what} holds {count:,} JSON objects and arrays, more than the "
                           f"{max_containers:,} it may cost")
     try:
-        return bounded_json(body)
+        return _decoded(body, MAX_JSON_DEPTH, outline)
     except NotJSON as exc:
         raise BadResponse(f"{what} is not JSON: {exc}") from None
 
