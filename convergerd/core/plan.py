@@ -22,6 +22,7 @@ from convergerd.core.decode import (
     FieldReader,
     expected,
 )
+from convergerd.core.frozen import frozen
 from convergerd.core.model import Policy
 from convergerd.core.render import object_name, render_policy
 from convergerd.core.report import Audit, AuditSample, Verification
@@ -44,7 +45,7 @@ class Why(StrEnum):
     DRIFT = "drift"  # in the cluster, but its spec or our labels differ from the database
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ListedPolicy:
     """A Policy object as listed from a cluster: only what the round and the status API read."""
 
