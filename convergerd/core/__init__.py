@@ -3,7 +3,6 @@ error classes, decoding of what comes from outside, row types. Imports no I/O li
 
 # The public face (docs/design.md, "Modules"): the modules other parts of convergerd may import.
 __all__ = [
-    "decode", "errors", "exceptions", "facts", "frozen", "gates", "model", "plan", "removal", "render",
-    "report",
-    "revisions", "rollout", "rows", "save", "shards", "shown", "spread", "tokens",
+    "decode", "errors", "exceptions", "facts", "gates", "model", "plan", "removal", "render",
+    "report", "revisions", "rollout", "rows", "save", "shards", "shown", "spread", "tokens",
 ]

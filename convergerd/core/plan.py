@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
@@ -328,11 +328,34 @@ def with_precondition(body: dict[str, Any], resource_version: str) -> dict[str, 
     return {**body, "metadata": {**body["metadata"], "resourceVersion": resource_version}}
 
 
-def plan_cluster(desired: Iterable[Policy], observed: Mapping[str, ListedPolicy]) -> list[Apply]:
-    """The applies that bring one cluster in line; empty when it is in sync."""
+class Bodies:
+    """Each Policy's apply body (`render_policy`), made once however many clusters it is
+    planned for: a round plans every desired policy on every cluster, 1,000,000 renders at
+    10,000 x 100 for 100 distinct bodies. Keyed by the object (kept, so its id stays its
+    own): a saved policy is a new object. The bodies are shared: never modified
+    (`with_precondition` copies)."""
+
+    __slots__ = ("_made",)
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[Policy, dict[str, Any]]] = {}
+
+    def __call__(self, policy: Policy) -> dict[str, Any]:
+        made = self._made.get(id(policy))
+        if made is not None and made[0] is policy:
+            return made[1]
+        body = render_policy(policy)
+        self._made[id(policy)] = (policy, body)
+        return body
+
+
+def plan_cluster(desired: Iterable[Policy], observed: Mapping[str, ListedPolicy],
+                 bodies: Callable[[Policy], dict[str, Any]] = render_policy) -> list[Apply]:
+    """The applies that bring one cluster in line; empty when it is in sync. `bodies`
+    renders a policy (a round's `Bodies` renders each once)."""
     actions: list[Apply] = []
     for policy in desired:
-        body = render_policy(policy)
+        body = bodies(policy)
         found = observed.get(object_name(policy.id))
         if found is None:
             actions.append(Apply(policy, body, Why.MISSING))

@@ -288,6 +288,21 @@ class Deliveries(_Packed[Delivery]):
         self._kinds.append(self._shared.setdefault(kind, kind))
         self._tally[d.result] = self._tally.get(d.result, 0) + 1
 
+    def extend_alike(self, stand_in: Delivery,
+                     others: Sequence[tuple[PolicyId, int]]) -> None:
+        """Deliveries that agree with `stand_in` on all but their policy and revision (a
+        cluster's unchanged ones in a round: 100 of 100 in sync), appended without making a
+        `Delivery` for each: `others` are their (policy, revision)."""
+        if not others:
+            return
+        self._counted = None
+        kind: _DeliveryKind = _delivery_kind(stand_in)
+        kind = self._shared.setdefault(kind, kind)
+        self._policies.extend([PolicyId(sys.intern(policy)) for policy, _ in others])
+        self._revisions.extend([revision for _, revision in others])
+        self._kinds.extend([kind] * len(others))
+        self._tally[stand_in.result] = self._tally.get(stand_in.result, 0) + len(others)
+
     def __len__(self) -> int:
         return len(self._policies)
 

@@ -30,7 +30,14 @@ from convergerd.config import SlotTuning
 from convergerd.core.errors import ClusterError, DatabaseUnavailable, Fenced
 from convergerd.core.facts import READING_NAMES, reorder
 from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId
-from convergerd.core.plan import Apply, ListedPolicy, Why, plan_cluster, with_precondition
+from convergerd.core.plan import (
+    Apply,
+    Bodies,
+    ListedPolicy,
+    Why,
+    plan_cluster,
+    with_precondition,
+)
 from convergerd.core.removal import Current
 from convergerd.core.render import MANAGED_SELECTOR, object_name, policy_id_from_name, render_policy
 from convergerd.core.report import (
@@ -107,6 +114,8 @@ class Round:
     # cluster may be due an older one, so the write-time check compares the database with
     # this, not with the revision written. Set by `run_round` from the fleet.
     staged_revisions: Mapping[PolicyId, int] = dataclasses.field(default_factory=dict)
+    # Each desired Policy's apply body, made once for the round's every cluster.
+    bodies: Bodies = dataclasses.field(default_factory=Bodies)
 
 
 async def run_round(
@@ -239,14 +248,13 @@ async def _converge(
     by_name = {o.name: o for o in observed}
     outcome.phases = _phases(outcome.cluster, by_name, env.calls.wall())
 
-    actions = plan_cluster(desired, by_name)
-    now = env.calls.wall()
+    actions = plan_cluster(desired, by_name, env.bodies)
     pending = {a.policy.id for a in actions}
-    for policy in desired:
-        if policy.id not in pending:
-            outcome.deliveries.append(
-                Delivery(outcome.cluster, policy.id, policy.revision, ApplyResult.UNCHANGED, now)
-            )
+    unchanged = [(p.id, p.revision) for p in desired if p.id not in pending]
+    if unchanged:
+        outcome.deliveries.extend_alike(
+            Delivery(outcome.cluster, *unchanged[0], ApplyResult.UNCHANGED, env.calls.wall()),
+            unchanged)
     outcome.in_sync = len(desired) - len(actions)
     if actions:
         actions = await _guard_creates(outcome, actions, env)

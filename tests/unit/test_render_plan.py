@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from convergerd.core.model import BoundaryId, Policy, PolicyId, PolicyRow
-from convergerd.core.plan import ListedPolicy, Why, plan_cluster
+from convergerd.core.plan import Bodies, ListedPolicy, Why, plan_cluster
 from convergerd.core.render import render_policy, validate_policy
 
 
@@ -249,3 +249,19 @@ def test_observed_without_status_has_no_phase() -> None:
     del obj["status"]
     o = ListedPolicy.from_object(obj)
     assert (o.phase, o.ready_status, o.ready_reason) == (None, None, None)
+
+
+def test_a_round_renders_each_policy_once_and_a_saved_policy_again() -> None:
+    """The round's `Bodies` gives every cluster the same body of a policy, made once; a save
+    (a new `Policy`, the same id) is rendered anew, and the plan is what rendering gives."""
+    bodies = Bodies()
+    p = make_policy()
+    assert bodies(p) is bodies(p)
+    assert bodies(p) == render_policy(p)
+    saved = make_policy(revision=4)
+    assert bodies(saved)["spec"]["revision"] == 4
+    assert bodies(p)["spec"]["revision"] == 3
+    assert plan_cluster([p], observed(in_cluster(p)), bodies) == []
+    [action] = plan_cluster([saved], observed(in_cluster(p)), bodies)
+    assert action.why is Why.DRIFT
+    assert action.body["spec"]["revision"] == 4

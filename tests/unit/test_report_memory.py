@@ -72,6 +72,21 @@ def test_deliveries_read_back_as_told_in_order() -> None:
     assert len(packed) == len(DELIVERIES) + 1
 
 
+def test_deliveries_extended_alike_read_back_as_appended_one_by_one() -> None:
+    """A cluster's unchanged deliveries, appended in one step without a `Delivery` each,
+    read back, count and tally as the same deliveries appended one at a time."""
+    one_by_one = Deliveries(DELIVERIES[:1])
+    at_once = Deliveries(DELIVERIES[:1])
+    alike = [(PolicyId(f"p{i}"), i) for i in range(5, 9)]
+    for policy, revision in alike:
+        one_by_one.append(Delivery(C1, policy, revision, ApplyResult.UNCHANGED, LATER))
+    at_once.extend_alike(Delivery(C1, *alike[0], ApplyResult.UNCHANGED, LATER), alike)
+    at_once.extend_alike(Delivery(C1, *alike[0], ApplyResult.UNCHANGED, LATER), [])
+    assert at_once == list(one_by_one)
+    assert at_once.tally() == one_by_one.tally() == {ApplyResult.UNCHANGED: 5}
+    assert at_once.counted() == one_by_one.counted()
+
+
 def test_readings_read_back_as_told_in_order() -> None:
     packed = Readings(READINGS)
     assert list(packed) == READINGS
