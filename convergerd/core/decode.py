@@ -151,40 +151,58 @@ _LONG_DIGITS = 19
 _DIGIT_RUN = b"1" * _LONG_DIGITS
 
 
-@dataclass(frozen=True, slots=True)
+# Under this many bytes, the brackets are counted first (wherever they are: a bound, in C) and
+# the strings dropped only when there are more than a bound allows: a single object's answer
+# (a save's, a probe's) pays two short passes. A longer text (a list page) has more anyway.
+_COUNT_FIRST_BYTES = 16_384
+
+
 class _Outline:
     """What the checks need of a JSON text: whether it holds a run of `_LONG_DIGITS` ASCII
-    digits (in a string or not), and its brackets outside strings, openers as "(" and
-    closers as ")"."""
+    digits (in a string or not), its containers and its nesting, from its brackets outside
+    strings (openers as "(", closers as ")")."""
 
-    long_digits: bool
-    brackets: bytes
+    __slots__ = ("_brackets", "_classes", "_openers", "long_digits")
 
-    @classmethod
-    def of(cls, data: bytes | str) -> _Outline:
+    def __init__(self, data: bytes | str) -> None:
         raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
         # Escapes occur only inside strings: the two that could hide a quote (an escaped
         # backslash, then an escaped quote) go first, so every quote left delimits a string
         # (a UTF-8 sequence holds no ASCII byte).
         if b"\\" in raw:
             raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
-        classes = raw.translate(_CLASSES)
-        # Two adjacent quotes removed keep every other byte on its side of them: the strings
-        # without brackets (nearly all) go in C; a bracket left in a string, by the split.
-        brackets = classes.translate(None, b"01").replace(b'""', b"")
-        if b'"' in brackets:
-            brackets = b"".join(brackets.split(b'"')[::2])
-        return cls(_DIGIT_RUN in classes, brackets)
+        self._classes = raw.translate(_CLASSES)
+        self.long_digits = _DIGIT_RUN in self._classes
+        # Brackets in strings too: a bound on the containers and the nesting.
+        self._openers = (self._classes.count(b"(") if len(raw) < _COUNT_FIRST_BYTES
+                         else None)
+        self._brackets: bytes | None = None
 
-    def containers(self) -> int:
-        """The JSON objects and arrays outside strings."""
-        return self.brackets.count(b"(")
+    def _outside_strings(self) -> bytes:
+        if self._brackets is None:
+            # Two adjacent quotes removed keep every other byte on its side of them: the
+            # strings without brackets (nearly all) go in C; a bracket left in a string, by
+            # the split.
+            brackets = self._classes.translate(None, b"01").replace(b'""', b"")
+            if b'"' in brackets:
+                brackets = b"".join(brackets.split(b'"')[::2])
+            self._brackets = brackets
+        return self._brackets
+
+    def containers(self, limit: int) -> int:
+        """The JSON objects and arrays outside strings, exactly when over `limit`, else an
+        upper bound."""
+        if self._openers is not None and self._openers <= limit:
+            return self._openers
+        return self._outside_strings().count(b"(")
 
     def nesting_within(self, limit: int) -> bool | None:
         """Whether the text nests at most `limit` containers deep: the innermost pairs
         removed once per level (a non-overlapping `replace` removes exactly one level). None
         when the brackets do not pair up (not a text a parser accepted)."""
-        brackets = self.brackets
+        if self._openers is not None and self._openers <= limit:
+            return True
+        brackets = self._outside_strings()
         for _ in range(limit):
             if not brackets:
                 return True
@@ -197,7 +215,7 @@ class _Outline:
 
 def _long_digits(data: bytes | str) -> bool:
     """Whether `data` holds a run of `_LONG_DIGITS` ASCII digits (inside a string or not)."""
-    return _Outline.of(data).long_digits
+    return _Outline(data).long_digits
 
 
 def _bounded_int(text: str) -> int:
@@ -229,7 +247,7 @@ def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     text that is not UTF-8) is read again by `json`, after a recursion-free depth check, so
     such an answer reads as it always did and is cleaned later by the field decoders. Sizes
     are bounded where the bytes are read (`read_capped`, the HTTP server, file readers)."""
-    return _decoded(data, max_depth, _Outline.of(data))
+    return _decoded(data, max_depth, _Outline(data))
 
 
 def _decoded(data: bytes | str, max_depth: int, outline: _Outline) -> Any:
@@ -286,17 +304,18 @@ class Cost:
     max_containers: int = ANSWER_MAX_CONTAINERS
 
 
-def containers(body: bytes) -> int:
-    """The JSON objects and arrays in `body` (brackets in strings are not counted)."""
-    return _Outline.of(body).containers()
+def containers(body: bytes, limit: int) -> int:
+    """The JSON objects and arrays in `body`, exactly when over `limit` (brackets in strings
+    are not counted), else an upper bound (brackets counted wherever they are)."""
+    return _Outline(body).containers(limit)
 
 
 def parse_json(body: bytes, what: str, *, max_containers: int = ANSWER_MAX_CONTAINERS) -> Any:
     """The JSON document in a cluster's `body`; `BadResponse` naming `what` when it holds
     more than `max_containers` objects and arrays (counted before anything is decoded) or
     when `bounded_json` will not read it. One outline serves both checks."""
-    outline = _Outline.of(body)
-    count = outline.containers()
+    outline = _Outline(body)
+    count = outline.containers(max_containers)
     if count > max_containers:
         raise BadResponse(f"{what} holds {count:,} JSON objects and arrays, more than the "
                           f"{max_containers:,} it may cost")

@@ -143,12 +143,16 @@ _TRICKY_VALUES: st.SearchStrategy[Any] = st.recursive(
 )
 
 
-@given(_TRICKY_VALUES, st.integers(1, 12), st.booleans())
+@given(_TRICKY_VALUES, st.integers(1, 12), st.booleans(), st.booleans())
 def test_the_outline_measures_nesting_and_containers_exactly(value: Any, limit: int,
-                                                             ascii_only: bool) -> None:
+                                                             ascii_only: bool,
+                                                             long: bool) -> None:
     """The checks made on the text's outline, never on the decoded value, see exactly its
-    nesting and its containers, whatever its strings hold."""
-    text = json.dumps(value, ensure_ascii=ascii_only)
+    nesting and its containers, whatever its strings hold; a short text (brackets counted
+    first) and a long one (trailing blanks: a list page's path) alike."""
+    text = json.dumps(value, ensure_ascii=ascii_only) + (" " * 20_000 if long else "")
     data = text.encode("utf-8", "surrogatepass")
-    assert _Outline.of(data).nesting_within(limit) is (_depth(value) <= limit)
-    assert containers(data) == _containers(value)
+    assert _Outline(data).nesting_within(limit) is (_depth(value) <= limit)
+    real = _containers(value)
+    assert containers(data, real - 1) == real
+    assert containers(data, real) >= real
