@@ -116,6 +116,7 @@ def attacks(cap: int, elsewhere: str) -> dict[str, tuple[Handler, Call]]:
         "amplification (list of {} items)": (raw(fill(cap - 1, b"{}")), listing),
         "deep nesting under the cap (list)": (raw(b"[" * (cap // 2 - 1) + b"]" * (cap // 2 - 1)),
                                               listing),
+        "strings of brackets in lists (list)": (raw(fill(cap - 1, b'["["]')), listing),
         "/version of {} items": (raw(fill(cap - 1, b"{}")),
                                  lambda c: c.server_version(timeout_s=30)),
         "endless continue (list)": (endless(), listing),

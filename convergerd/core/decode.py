@@ -151,6 +151,8 @@ _LONG_DIGITS = 19
 _DIGIT_RUN = b"1" * _LONG_DIGITS
 
 
+# A string of the outline once the strings without brackets are gone: its brackets.
+_QUOTED = re.compile(b'"[^"]*"')
 # Under this many bytes, the brackets are counted first (wherever they are: a bound, in C) and
 # the strings dropped only when there are more than a bound allows: a single object's answer
 # (a save's, a probe's) pays two short passes. A longer text (a list page) has more anyway.
@@ -181,11 +183,11 @@ class _Outline:
     def _outside_strings(self) -> bytes:
         if self._brackets is None:
             # Two adjacent quotes removed keep every other byte on its side of them: the
-            # strings without brackets (nearly all) go in C; a bracket left in a string, by
-            # the split.
+            # strings without brackets (nearly all) go in C; the strings left, which hold
+            # brackets, by a regex (no list of pieces, however many a hostile answer has).
             brackets = self._classes.translate(None, b"01").replace(b'""', b"")
             if b'"' in brackets:
-                brackets = b"".join(brackets.split(b'"')[::2])
+                brackets = _QUOTED.sub(b"", brackets)
             self._brackets = brackets
         return self._brackets
 
