@@ -92,33 +92,6 @@ MAX_JSON_DEPTH = 100
 # (4,300 digits) raises ValueError, and converting even that many is quadratic.
 MAX_JSON_INT_DIGITS = 100
 
-# A JSON string (its escapes included) as one token, the loop unrolled so `re` runs the common
-# characters in its C loop: the fallback's depth check, on a text orjson refused.
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKET = re.compile(r"[\[\]{}]")
-_INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
-
-
-def _deeper_than(data: bytes | str, limit: int) -> bool:
-    """Whether the JSON text nests containers more than `limit` deep, without recursion:
-    strings dropped, only brackets kept, innermost pairs removed once per level (a
-    non-overlapping `re.sub` removes exactly one level). Only the slow path uses it."""
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    if text.count("[") + text.count("{") <= limit:
-        return False
-    brackets = "".join(_BRACKET.findall(_JSON_STRING.sub("", text)))
-    for _ in range(limit):
-        if not brackets:
-            return False
-        shorter = _INNERMOST_PAIR.sub("", brackets)
-        if len(shorter) == len(brackets):
-            # Brackets outside strings that never pair up: not JSON. Refused here, since the
-            # parser would recurse into every unclosed one first.
-            raise NotJSON("not JSON (unbalanced brackets)")
-        brackets = shorter
-    return bool(brackets)
-
-
 def _depth_within(value: Any, limit: int) -> bool:
     """Whether a decoded value nests at most `limit` containers deep (iterative). Only for an
     outline that does not pair up, which a text orjson read cannot have: a guard."""
@@ -215,11 +188,6 @@ class _Outline:
         return not brackets
 
 
-def _long_digits(data: bytes | str) -> bool:
-    """Whether `data` holds a run of `_LONG_DIGITS` ASCII digits (inside a string or not)."""
-    return _Outline(data).long_digits
-
-
 def _bounded_int(text: str) -> int:
     digits = len(text.lstrip("-"))
     if digits > MAX_JSON_INT_DIGITS:
@@ -255,11 +223,11 @@ def bounded_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
 def _decoded(data: bytes | str, max_depth: int, outline: _Outline) -> Any:
     if outline.long_digits:
         # orjson reads an integer past 64 bits as a float; `json` keeps it exact (and bounded).
-        return _fallback(data, max_depth)
+        return _fallback(data, max_depth, outline)
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
-        value = _fallback(data, max_depth)
+        value = _fallback(data, max_depth, outline)
     else:
         if isinstance(value, dict | list):
             within = outline.nesting_within(max_depth)
@@ -270,8 +238,13 @@ def _decoded(data: bytes | str, max_depth: int, outline: _Outline) -> Any:
     return value
 
 
-def _fallback(data: bytes | str, max_depth: int) -> Any:
-    if _deeper_than(data, max_depth):
+def _fallback(data: bytes | str, max_depth: int, outline: _Outline) -> Any:
+    within = outline.nesting_within(max_depth)
+    if within is None:
+        # Brackets outside strings that never pair up: not JSON. Refused here, since the
+        # parser would recurse into every unclosed one first.
+        raise NotJSON("not JSON (unbalanced brackets)")
+    if not within:
         raise NotJSON(f"nested deeper than {max_depth} levels")
     try:
         return json.loads(data, parse_constant=_no_constants, parse_int=_bounded_int,
@@ -304,12 +277,6 @@ class Cost:
 
     max_bytes: int | None = None
     max_containers: int = ANSWER_MAX_CONTAINERS
-
-
-def containers(body: bytes, limit: int) -> int:
-    """The JSON objects and arrays in `body`, exactly when over `limit` (brackets in strings
-    are not counted), else an upper bound (brackets counted wherever they are)."""
-    return _Outline(body).containers(limit)
 
 
 def parse_json(body: bytes, what: str, *, max_containers: int = ANSWER_MAX_CONTAINERS) -> Any:

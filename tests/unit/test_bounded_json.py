@@ -14,10 +14,8 @@ from hypothesis import strategies as st
 from convergerd.core.decode import (
     MAX_JSON_DEPTH,
     MAX_JSON_INT_DIGITS,
-    _long_digits,
     _Outline,
     bounded_json,
-    containers,
 )
 from convergerd.core.errors import NotJSON
 from tests.strategies import JSON_VALUES
@@ -120,9 +118,9 @@ def test_the_long_digit_check_on_bytes_finds_what_the_regex_finds(data: bytes) -
     may join two runs in a string: never fewer found, at worst the slower decoder."""
     found = re.search(rb"\d{19}", data) is not None
     if b"\\" in data:
-        assert _long_digits(data) >= found
+        assert _Outline(data).long_digits >= found
     else:
-        assert _long_digits(data) == found
+        assert _Outline(data).long_digits == found
 
 
 def _containers(value: Any) -> int:
@@ -154,5 +152,5 @@ def test_the_outline_measures_nesting_and_containers_exactly(value: Any, limit: 
     data = text.encode("utf-8", "surrogatepass")
     assert _Outline(data).nesting_within(limit) is (_depth(value) <= limit)
     real = _containers(value)
-    assert containers(data, real - 1) == real
-    assert containers(data, real) >= real
+    assert _Outline(data).containers(real - 1) == real
+    assert _Outline(data).containers(real) >= real
