@@ -24,13 +24,14 @@ above, and a small lane for the clusters last seen unreachable (the suspects).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Generic, TypeVar
 
 from convergerd.config import SlotTuning
 
 K = TypeVar("K", bound=str)  # a cluster id
+T = TypeVar("T")  # what a cluster's work takes
 
 DEFAULT_SLOTS = SlotTuning()  # what a fan-out built without its tuning gets
 
@@ -142,29 +143,6 @@ class Held:
             gate.release()
 
 
-@contextlib.asynccontextmanager
-async def patient_slots(
-    gates: Sequence[asyncio.Semaphore], *, patience: Patience, aside: Aside,
-    on_aside: Callable[[], None] | None = None,
-) -> AsyncIterator[Held]:
-    """Acquire `gates` in order and lend them to the block (`Held`); `on_aside` is called if
-    it steps aside."""
-    acquired: list[asyncio.Semaphore] = []
-    try:
-        for gate in gates:
-            await gate.acquire()
-            acquired.append(gate)
-    except BaseException:
-        for gate in reversed(acquired):
-            gate.release()
-        raise
-    held = Held(acquired, patience=patience, aside=aside, on_aside=on_aside)
-    try:
-        yield held
-    finally:
-        held.release()
-
-
 def suspect_slots(concurrency: int, share: int = DEFAULT_SLOTS.suspect_slot_share,
                   ) -> tuple[int, int]:
     """(healthy slots, suspect slots) out of `concurrency`, one in `share` (at least one each)
@@ -177,17 +155,20 @@ def _nothing() -> None:
     return None
 
 
-class Lanes(Generic[K]):
-    """The slots of one fan-out over clusters (a round's or a save's), `concurrency` at once.
+class Lanes(Generic[K, T]):
+    """The slots of one fan-out over clusters (a round's or a save's), `concurrency` at once:
+    `run` takes each cluster's work in turn on one task per slot, not one task per cluster
+    queued on a semaphore (at 10,000 clusters that is 10,000 tasks with their waiters alive for
+    the whole fan-out, for 64 doing anything: bench/RESULTS.md, "A save on workers again").
 
     The `suspects` (last seen unreachable) run in a small lane of their own while it has room,
-    the others of them behind every healthy cluster (the caller starts them last: the gates
-    are FIFO), so while they hang they hold none of the slots the healthy clusters wait for.
-    The healthy lane is patient (`patient_slots`): a holder that hears nothing within the
-    patience gives its slots back and waits aside. One seen unreachable since the fan-out
-    began (`suspected`, asked when its turn comes) gives its slot back and waits behind the
-    others. `shared`, if given, bounds several fan-outs at once (the rounds of the shards a
-    process holds)."""
+    the others of them behind every healthy cluster, so while they hang they hold none of the
+    slots the healthy clusters wait for. The healthy lane is patient: a cluster that hears
+    nothing within the patience (`Held`) gives its slot back (another worker takes the next
+    cluster) and finishes aside. One seen unreachable since the fan-out began (`suspected`,
+    asked when its turn comes) goes behind the others. `shared`, if given, bounds several
+    fan-outs at once (the rounds of the shards a process holds): each cluster's work holds
+    one of its slots too."""
 
     def __init__(
         self, concurrency: int, *, suspects: Collection[K], ceiling_s: float,
@@ -196,38 +177,123 @@ class Lanes(Generic[K]):
     ) -> None:
         self.suspects: frozenset[K] = frozenset(suspects)
         if self.suspects:
-            healthy, lane = suspect_slots(concurrency, tuning.suspect_slot_share)
-            self._healthy, self._lane = asyncio.Semaphore(healthy), asyncio.Semaphore(lane)
+            self.healthy_slots, self.lane_slots = suspect_slots(
+                concurrency, tuning.suspect_slot_share)
         else:
-            self._healthy = self._lane = asyncio.Semaphore(concurrency)
-        self._shared = [shared] if shared is not None else []
-        self._suspected = suspected
+            self.healthy_slots, self.lane_slots = concurrency, 0
+        self.shared = [shared] if shared is not None else []
+        self.suspected = suspected
         # One patience for the whole fan-out: it learns how long this fleet takes to answer.
         self.patience = Patience(ceiling_s=ceiling_s, tuning=tuning)
         self.aside = Aside(concurrency * tuning.aside_per_slot)
 
-    @contextlib.asynccontextmanager
-    async def slot(
-        self, cluster: K, *, on_aside: Callable[[], None] | None = None
-    ) -> AsyncIterator[Callable[[], None]]:
-        """A slot for `cluster`'s work; the block calls what it is given on the cluster's
-        first answer. `on_aside` is called when the cluster stops holding the healthy lane
-        (it heard nothing within the patience, or it was seen unreachable when its turn
-        came); a suspect is aside from the start (the caller knows: `suspects`)."""
-        if cluster in self.suspects and not self._lane.locked():
-            # Expected silent: their own small lane, held for their timeouts.
-            async with self._lane, self._shared[0] if self._shared else contextlib.nullcontext():
-                yield _nothing
-            return
-        gates = [self._healthy, *self._shared]
-        async with patient_slots(gates, patience=self.patience, aside=self.aside,
-                                 on_aside=on_aside) as held:
-            if (cluster in self.suspects or self._suspected is None
-                    or not self._suspected(cluster)):
-                yield held.heard
-                return
-        # Seen unreachable since the fan-out began: behind every cluster waiting now.
-        if on_aside is not None:
-            on_aside()
-        async with patient_slots(gates, patience=self.patience, aside=self.aside) as held:
-            yield held.heard
+    async def run(
+        self, todo: Iterable[tuple[K, T]],
+        work: Callable[[K, T, Callable[[], None]], Awaitable[object]], *,
+        on_aside: Callable[[K, T], None] | None = None,
+    ) -> None:
+        """`work(cluster, item, heard)` for each of `todo`, in its order (the suspects after
+        the rest); the work calls `heard` on the cluster's first answer. `on_aside(cluster,
+        item)` is called when a cluster stops holding the healthy lane (it heard nothing
+        within the patience, or it was seen unreachable when its turn came); a suspect is
+        aside from the start (the caller knows: `suspects`). An exception from any work
+        cancels the rest (a TaskGroup's)."""
+        await _Run(self, todo, work, on_aside).run()
+
+
+class _Turn(Generic[K, T]):
+    """One cluster's turn on a patient worker; `step_aside` is its `Held`'s `on_aside`."""
+
+    __slots__ = ("aside", "cluster", "item", "patient", "run")
+
+    def __init__(self, run: _Run[K, T], cluster: K, item: T, *, patient: bool) -> None:
+        self.run, self.cluster, self.item, self.patient = run, cluster, item, patient
+        self.aside = False
+
+    def step_aside(self) -> None:
+        self.aside = True
+        self.run.worker_for_slot_given_back()
+        if self.patient and self.run.on_aside is not None:
+            self.run.on_aside(self.cluster, self.item)
+
+
+class _Run(Generic[K, T]):
+    """One `Lanes.run`: the clusters waiting for their turn, and the workers that take them."""
+
+    def __init__(
+        self, lanes: Lanes[K, T], todo: Iterable[tuple[K, T]],
+        work: Callable[[K, T, Callable[[], None]], Awaitable[object]],
+        on_aside: Callable[[K, T], None] | None,
+    ) -> None:
+        self.lanes, self.work, self.on_aside = lanes, work, on_aside
+        self.healthy: deque[tuple[K, T]] = deque()
+        self.suspects: deque[tuple[K, T]] = deque()
+        for entry in todo:
+            (self.suspects if entry[0] in lanes.suspects else self.healthy).append(entry)
+        self.later: deque[tuple[K, T]] = deque()  # seen unreachable when their turn came
+        self._tg = asyncio.TaskGroup()
+
+    async def run(self) -> None:
+        lanes = self.lanes
+        async with self._tg:
+            for _ in range(min(lanes.lane_slots, len(self.suspects))):
+                self._tg.create_task(self._lane_worker())
+            for _ in range(min(lanes.healthy_slots, len(self.healthy) + len(self.suspects))):
+                self._tg.create_task(self._patient_worker())
+
+    def worker_for_slot_given_back(self) -> None:
+        self._tg.create_task(self._patient_worker())
+
+    def _next_turn(self) -> _Turn[K, T] | None:
+        suspected = self.lanes.suspected
+        while self.healthy:
+            cluster, item = self.healthy.popleft()
+            if suspected is not None and suspected(cluster):
+                if self.on_aside is not None:
+                    self.on_aside(cluster, item)
+                self.later.append((cluster, item))
+                continue
+            return _Turn(self, cluster, item, patient=True)
+        for rest in (self.suspects, self.later):
+            if rest:
+                cluster, item = rest.popleft()
+                return _Turn(self, cluster, item, patient=False)
+        return None
+
+    async def _patient_worker(self) -> None:
+        lanes = self.lanes
+        while (turn := self._next_turn()) is not None:
+            gates = await _acquired(lanes.shared)
+            held = Held(gates, patience=lanes.patience, aside=lanes.aside,
+                        on_aside=turn.step_aside)
+            try:
+                await self.work(turn.cluster, turn.item, held.heard)
+            finally:
+                held.release()
+            if turn.aside:
+                return  # its slot went to another worker
+
+    async def _lane_worker(self) -> None:
+        # Expected silent: held for their timeouts, in their own small lane.
+        while self.suspects:
+            cluster, item = self.suspects.popleft()
+            gates = await _acquired(self.lanes.shared)
+            try:
+                await self.work(cluster, item, _nothing)
+            finally:
+                for gate in gates:
+                    gate.release()
+
+
+async def _acquired(gates: Sequence[asyncio.Semaphore]) -> list[asyncio.Semaphore]:
+    """`gates` acquired in order; if cancelled meanwhile, those taken given back."""
+    acquired: list[asyncio.Semaphore] = []
+    try:
+        for gate in gates:
+            await gate.acquire()
+            acquired.append(gate)
+    except BaseException:
+        for gate in reversed(acquired):
+            gate.release()
+        raise
+    return acquired

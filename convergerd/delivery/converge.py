@@ -141,31 +141,28 @@ async def run_round(
     # full waits behind every healthy cluster (made last), so once the healthy part is done
     # the suspects left take all the slots instead of waiting out their timeouts eight at a
     # time until the round's deadline.
-    lanes = Lanes(env.limits.cluster_concurrency, suspects=env.suspects.intersection(desired),
-                  ceiling_s=env.calls.request_timeout_s, suspected=env.suspected,
-                  shared=env.slots, tuning=env.tuning)
-    suspects = lanes.suspects
+    lanes: Lanes[ClusterId, Sequence[Policy]] = Lanes(
+        env.limits.cluster_concurrency, suspects=env.suspects.intersection(desired),
+        ceiling_s=env.calls.request_timeout_s, suspected=env.suspected, shared=env.slots,
+        tuning=env.tuning)
 
-    async def one(cluster: ClusterId, policies: Sequence[Policy]) -> ClusterOutcome:
-        async with lanes.slot(cluster) as heard:
-            return await converge_cluster(cluster, policies, env, deadline,
-                                          outcome=outcomes[cluster], heard=heard)
+    finished: set[ClusterId] = set()
 
-    # TaskGroup: a Fenced from any cluster cancels all the others at once.
-    tasks: dict[ClusterId, asyncio.Task[ClusterOutcome]] = {}
+    async def one(cluster: ClusterId, policies: Sequence[Policy],
+                  heard: Callable[[], None]) -> None:
+        await converge_cluster(cluster, policies, env, deadline, outcome=outcomes[cluster],
+                               heard=heard)
+        finished.add(cluster)
+
+    # Clusters take the slots in this order: the clusters the last round left in sync after
+    # the others, the suspects last (`Lanes.run`). A Fenced from any cluster cancels all the
+    # others at once.
     try:
-        async with asyncio.TaskGroup() as tg:
-            # Tasks take the slots in the order they are made (the semaphores are FIFO): the
-            # suspects last, and the clusters the last round left in sync before them.
-            for c, p in sorted(desired.items(),
-                               key=lambda cp: (cp[0] in suspects, cp[0] in env.caught_up)):
-                tasks[c] = tg.create_task(one(c, p), name=f"converge {c}")
+        await lanes.run(sorted(desired.items(), key=lambda cp: cp[0] in env.caught_up), one)
     except* Fenced as group:
         raise group.exceptions[0] from None
     finally:
-        # Every task is done here (the TaskGroup waits for its cancelled tasks too).
-        finished = {c for c, t in tasks.items()
-                    if t.done() and not t.cancelled() and t.exception() is None}
+        # Every cluster's work is done or cancelled here.
         report.clusters = [o for c, o in outcomes.items() if c in finished]
         report.cut_short = [o for c, o in outcomes.items()
                             if c not in finished and (o.deliveries or o.phases)]

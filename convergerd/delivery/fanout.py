@@ -271,7 +271,7 @@ async def _fan_out(
     if deadline is None:
         deadline = env.calls.clock() + env.deadline_s
     suspected = env.suspected
-    lanes: Lanes[ClusterId] = Lanes(
+    lanes: Lanes[ClusterId, tuple[SaveAction, Step]] = Lanes(
         env.concurrency, ceiling_s=env.calls.request_timeout_s, suspected=suspected,
         suspects=[c for c, _, _ in jobs if suspected is not None and suspected(c)],
         tuning=env.tuning)
@@ -284,21 +284,21 @@ async def _fan_out(
         if not holding:
             answer.set()
 
-    async def one(cluster: ClusterId, action: SaveAction, step: Step) -> None:
+    def aside(cluster: ClusterId, job: tuple[SaveAction, Step]) -> None:
+        let_go((cluster, job[0]))
+
+    async def one(cluster: ClusterId, job: tuple[SaveAction, Step],
+                  heard: Callable[[], None]) -> None:
+        action, step = job
         key = (cluster, action)
-        async with lanes.slot(cluster, on_aside=lambda: let_go(key)) as heard:
-            results[key] = await _guarded(cluster, action, step, env, deadline,
-                                           heard=heard)
+        results[key] = await _guarded(cluster, action, step, env, deadline, heard=heard)
         let_go(key)
 
     async def run_all() -> list[ClusterResult]:
         expecting = (env.expected.expecting([c for c, _, _ in jobs])
                      if env.expected is not None else contextlib.nullcontext())
         with expecting:
-            async with asyncio.TaskGroup() as tg:
-                # The gates are FIFO: the suspects last, behind every other cluster.
-                for cluster, action, step in sorted(jobs, key=lambda j: j[0] in lanes.suspects):
-                    tg.create_task(one(cluster, action, step), name=f"save {cluster}")
+            await lanes.run(((c, (a, s)) for c, a, s in jobs), one, on_aside=aside)
         return sorted(results.values(), key=_key)
 
     if not holding:
