@@ -70,9 +70,11 @@ async def test_save_with_a_cluster_down_succeeds_records_it_and_a_round_catches_
     fleet.set_faults(C2, Faults(down=True))
     report = await saver.save("p-regs")
     assert report.status is FanoutStatus.PARTIAL
-    # Retried past the patience: the save answered without it, its writes go on.
+    # Its retries outlast the patience, so the save answers without it (pending: its writes
+    # go on) unless the healthy clusters' answers came after the retries ended (failed; a
+    # loaded machine). Answering without a hung cluster, on fake time: test_fanout_hung.py.
     down = next(r for r in report.results if r.cluster == C2)
-    assert down.result is FanoutResult.PENDING
+    assert down.result in (FanoutResult.PENDING, FanoutResult.FAILED)
     assert REGS in objects(fleet, C1)
     assert C2 not in await deliveries(database_url, "p-regs")
     await saver.drain()  # its retries end (the save's deadline at the latest): recorded
