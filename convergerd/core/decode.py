@@ -132,12 +132,20 @@ _QUOTED = re.compile(b'"[^"]*"')
 _COUNT_FIRST_BYTES = 16_384
 
 
+class _StringsOverLimit(Exception):
+    """More strings holding brackets than an answer's containers may number."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.count = count
+
+
 class _Outline:
     """What the checks need of a JSON text: whether it holds a run of `_LONG_DIGITS` ASCII
     digits (in a string or not), its containers and its nesting, from its brackets outside
     strings (openers as "(", closers as ")")."""
 
-    __slots__ = ("_brackets", "_classes", "_openers", "long_digits")
+    __slots__ = ("_brackets", "_classes", "_openers", "_quoted", "long_digits")
 
     def __init__(self, data: bytes | str) -> None:
         raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
@@ -152,23 +160,39 @@ class _Outline:
         self._openers = (self._classes.count(b"(") if len(raw) < _COUNT_FIRST_BYTES
                          else None)
         self._brackets: bytes | None = None
+        self._quoted = False  # whether `_brackets` still holds strings
+
+    def _bracketed(self) -> bytes:
+        """The brackets, and the strings that hold brackets (their quotes and brackets only):
+        two adjacent quotes removed keep every other byte on its side of them, so the
+        strings without brackets (nearly all) go in C."""
+        if self._brackets is None:
+            self._brackets = self._classes.translate(None, b"01").replace(b'""', b"")
+            self._quoted = b'"' in self._brackets
+        return self._brackets
 
     def _outside_strings(self) -> bytes:
-        if self._brackets is None:
-            # Two adjacent quotes removed keep every other byte on its side of them: the
-            # strings without brackets (nearly all) go in C; the strings left, which hold
-            # brackets, by a regex (no list of pieces, however many a hostile answer has).
-            brackets = self._classes.translate(None, b"01").replace(b'""', b"")
-            if b'"' in brackets:
-                brackets = _QUOTED.sub(b"", brackets)
-            self._brackets = brackets
-        return self._brackets
+        brackets = self._bracketed()
+        if self._quoted:
+            # The strings left, which hold brackets, go by a regex: one pass, but one piece
+            # per string inside it, which `containers` bounds.
+            self._brackets = brackets = _QUOTED.sub(b"", brackets)
+            self._quoted = False
+        return brackets
 
     def containers(self, limit: int) -> int:
         """The JSON objects and arrays outside strings, exactly when over `limit`, else an
-        upper bound."""
+        upper bound. `_StringsOverLimit` when the strings holding brackets alone are over
+        `limit`: each decodes into an object too, and telling their brackets from the
+        containers' costs memory per string (a page of `["["]` items under the size cap:
+        bench/RESULTS.md, "Strings of brackets bounded")."""
         if self._openers is not None and self._openers <= limit:
             return self._openers
+        brackets = self._bracketed()
+        if self._quoted:
+            strings = brackets.count(b'"') // 2  # strings next to each other count as one
+            if strings > limit:
+                raise _StringsOverLimit(strings)
         return self._outside_strings().count(b"(")
 
     def nesting_within(self, limit: int) -> bool | None:
@@ -284,7 +308,12 @@ def parse_json(body: bytes, what: str, *, max_containers: int = ANSWER_MAX_CONTA
     more than `max_containers` objects and arrays (counted before anything is decoded) or
     when `bounded_json` will not read it. One outline serves both checks."""
     outline = _Outline(body)
-    count = outline.containers(max_containers)
+    try:
+        count = outline.containers(max_containers)
+    except _StringsOverLimit as over:
+        raise BadResponse(f"{what} holds at least {over.count:,} strings with brackets in "
+                          f"them, more than the {max_containers:,} JSON objects and arrays "
+                          "it may cost") from None
     if count > max_containers:
         raise BadResponse(f"{what} holds {count:,} JSON objects and arrays, more than the "
                           f"{max_containers:,} it may cost")

@@ -15,9 +15,11 @@ from convergerd.core.decode import (
     MAX_JSON_DEPTH,
     MAX_JSON_INT_DIGITS,
     _Outline,
+    _StringsOverLimit,
     bounded_json,
+    parse_json,
 )
-from convergerd.core.errors import NotJSON
+from convergerd.core.errors import BadResponse, NotJSON
 from tests.strategies import JSON_VALUES
 
 
@@ -131,6 +133,25 @@ def _containers(value: Any) -> int:
     return 0
 
 
+def _strings_with_brackets(value: Any) -> int:
+    if isinstance(value, dict):
+        return sum(_strings_with_brackets(k) + _strings_with_brackets(v)
+                   for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_strings_with_brackets(v) for v in value)
+    return int(isinstance(value, str) and any(b in value for b in "[]{}"))
+
+
+def _counted(data: bytes, limit: int) -> int | tuple[str, int]:
+    """What the outline counts against `limit`: its containers, or ("strings", n) if the
+    strings holding brackets alone are over it (n: at least that many; strings next to each
+    other count as one)."""
+    try:
+        return _Outline(data).containers(limit)
+    except _StringsOverLimit as over:
+        return "strings", over.count
+
+
 # Strings made of what could fool a scan of the text: brackets, quotes, backslashes, escapes.
 _TRICKY_TEXT = st.text(st.sampled_from('[]{}"\\/\n\u2028a1\ud800'), max_size=12)
 _TRICKY_VALUES: st.SearchStrategy[Any] = st.recursive(
@@ -151,6 +172,24 @@ def test_the_outline_measures_nesting_and_containers_exactly(value: Any, limit: 
     text = json.dumps(value, ensure_ascii=ascii_only) + (" " * 20_000 if long else "")
     data = text.encode("utf-8", "surrogatepass")
     assert _Outline(data).nesting_within(limit) is (_depth(value) <= limit)
-    real = _containers(value)
-    assert _Outline(data).containers(real - 1) == real
-    assert _Outline(data).containers(real) >= real
+    real, strings = _containers(value), _strings_with_brackets(value)
+    for limit_, exact in ((real - 1, True), (real, False)):
+        counted = _counted(data, limit_)
+        if isinstance(counted, tuple):
+            assert strings >= counted[1] > limit_
+        else:
+            assert counted == real if exact else counted >= real
+
+
+def test_an_answer_of_strings_holding_brackets_is_refused_before_they_are_told_apart() -> None:
+    """Each item a list holding a string of one bracket: under the size cap, millions of
+    them once made the outline's regex hold the loop and the memory (one piece per string);
+    they are counted first, and more of them than the containers may number is a refusal."""
+    page = b"[" + b",".join([b'["["]'] * 5_000) + b"]"
+    with pytest.raises(BadResponse, match=r"holds at least 5,000 strings with brackets in "
+                       r"them, more than the 1,000 JSON objects and arrays it may cost"):
+        parse_json(page, "the list", max_containers=1_000)
+    fewer = b"[" + b",".join([b'["["]'] * 999) + b"]"
+    with pytest.raises(BadResponse, match="holds 1,000 JSON objects and arrays"):
+        parse_json(fewer, "the list", max_containers=999)  # each item a list, and the page
+    assert len(parse_json(fewer, "the list", max_containers=1_000)) == 999
