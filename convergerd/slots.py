@@ -242,7 +242,11 @@ class _Run(Generic[K, T]):
                 self._tg.create_task(self._patient_worker())
 
     def worker_for_slot_given_back(self) -> None:
-        self._tg.create_task(self._patient_worker())
+        worker = self._patient_worker()
+        try:
+            self._tg.create_task(worker)
+        except RuntimeError:  # the fan-out is being cancelled: no more clusters to take
+            worker.close()
 
     def _next_turn(self) -> _Turn[K, T] | None:
         suspected = self.lanes.suspected

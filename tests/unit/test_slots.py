@@ -252,3 +252,4 @@ async def free_slots(gate: asyncio.Semaphore) -> int:
     for _ in range(taken):
         gate.release()
     return taken
+
