@@ -140,7 +140,7 @@ TUNING = SlotTuning(patience_floor_s=1.0, aside_per_slot=4)
 
 def lanes(concurrency: int, *, suspects: Sequence[str] = (),
           suspected: Callable[[str], bool] | None = None,
-          shared: asyncio.Semaphore | None = None) -> Lanes[str, float]:
+          shared: asyncio.Semaphore | None = None) -> Lanes[str, float | None]:
     return Lanes(concurrency, suspects=suspects, ceiling_s=5.0, suspected=suspected,
                  shared=shared, tuning=TUNING)
 
