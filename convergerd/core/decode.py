@@ -145,7 +145,7 @@ class _Outline:
     digits (in a string or not), its containers and its nesting, from its brackets outside
     strings (openers as "(", closers as ")")."""
 
-    __slots__ = ("_brackets", "_classes", "_openers", "_quoted", "long_digits")
+    __slots__ = ("_brackets", "_classes", "_openers", "long_digits")
 
     def __init__(self, data: bytes | str) -> None:
         raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
@@ -160,7 +160,6 @@ class _Outline:
         self._openers = (self._classes.count(b"(") if len(raw) < _COUNT_FIRST_BYTES
                          else None)
         self._brackets: bytes | None = None
-        self._quoted = False  # whether `_brackets` still holds strings
 
     def _bracketed(self) -> bytes:
         """The brackets, and the strings that hold brackets (their quotes and brackets only):
@@ -168,16 +167,14 @@ class _Outline:
         strings without brackets (nearly all) go in C."""
         if self._brackets is None:
             self._brackets = self._classes.translate(None, b"01").replace(b'""', b"")
-            self._quoted = b'"' in self._brackets
         return self._brackets
 
     def _outside_strings(self) -> bytes:
         brackets = self._bracketed()
-        if self._quoted:
+        if b'"' in brackets:
             # The strings left, which hold brackets, go by a regex: one pass, but one piece
             # per string inside it, which `containers` bounds.
             self._brackets = brackets = _QUOTED.sub(b"", brackets)
-            self._quoted = False
         return brackets
 
     def containers(self, limit: int) -> int:
@@ -188,11 +185,9 @@ class _Outline:
         bench/RESULTS.md, "Strings of brackets bounded")."""
         if self._openers is not None and self._openers <= limit:
             return self._openers
-        brackets = self._bracketed()
-        if self._quoted:
-            strings = brackets.count(b'"') // 2  # strings next to each other count as one
-            if strings > limit:
-                raise _StringsOverLimit(strings)
+        strings = self._bracketed().count(b'"') // 2  # strings next to each other count as one
+        if strings > limit:
+            raise _StringsOverLimit(strings)
         return self._outside_strings().count(b"(")
 
     def nesting_within(self, limit: int) -> bool | None:
