@@ -139,8 +139,7 @@ class Held:
 
     def _give_slots_back(self) -> None:
         gates, self._gates = self._gates, None
-        for gate in reversed(gates or ()):
-            gate.release()
+        _released(gates or ())
 
 
 def suspect_slots(concurrency: int, share: int = DEFAULT_SLOTS.suspect_slot_share,
@@ -266,8 +265,14 @@ class _Run(Generic[K, T]):
 
     async def _patient_worker(self) -> None:
         lanes = self.lanes
-        while (turn := self._next_turn()) is not None:
+        while self.healthy or self.suspects or self.later:
+            # The turn is taken once the slot is held: a cluster seen unreachable while this
+            # worker waited for the process's slots still goes behind the others.
             gates = await _acquired(lanes.shared)
+            turn = self._next_turn()
+            if turn is None:
+                _released(gates)
+                return
             held = Held(gates, patience=lanes.patience, aside=lanes.aside,
                         on_aside=turn.step_aside)
             try:
@@ -285,8 +290,7 @@ class _Run(Generic[K, T]):
             try:
                 await self.work(cluster, item, _nothing)
             finally:
-                for gate in gates:
-                    gate.release()
+                _released(gates)
 
 
 async def _acquired(gates: Sequence[asyncio.Semaphore]) -> list[asyncio.Semaphore]:
@@ -297,7 +301,11 @@ async def _acquired(gates: Sequence[asyncio.Semaphore]) -> list[asyncio.Semaphor
             await gate.acquire()
             acquired.append(gate)
     except BaseException:
-        for gate in reversed(acquired):
-            gate.release()
+        _released(acquired)
         raise
     return acquired
+
+
+def _released(gates: Sequence[asyncio.Semaphore]) -> None:
+    for gate in reversed(gates):
+        gate.release()

@@ -217,6 +217,23 @@ async def test_a_cluster_seen_unreachable_when_its_turn_comes_goes_behind_the_ot
     assert asides == ["b"]
 
 
+async def test_a_cluster_seen_unreachable_while_the_process_slots_are_full_goes_behind(
+) -> None:
+    """Its turn comes when a slot is held: seen unreachable while the worker waited for the
+    process's slots (another shard's round held them), it goes behind the others."""
+    shared = asyncio.Semaphore(1)
+    await shared.acquire()  # another round holds the process's only slot
+    seen = Clusters()
+    down: set[str] = set()
+    fan_out = asyncio.create_task(lanes(1, suspected=down.__contains__, shared=shared).run(
+        [("a", 0.1), ("b", 0.1)], seen.work))
+    await asyncio.sleep(1.0)
+    down.add("a")
+    shared.release()
+    await fan_out
+    assert list(seen.started) == ["b", "a"]
+
+
 async def test_a_shared_gate_bounds_two_fan_outs_at_once() -> None:
     shared = asyncio.Semaphore(3)
     seen = Clusters()
