@@ -47,13 +47,17 @@ HUGE_VALUE_FIELDS = ("metadata.labels", "metadata.annotations", "spec.holderIden
                      "status.conditions")
 WRONG_OBJECT_CHANGES = ("kind", "name", "revision")
 WRONG_LIST_SHAPES = ("noItems", "otherKind")
+# amplification: what fills `items`: empty objects, or lists holding a string of one bracket
+# (each item costs a container and a string the client must tell from one).
+AMPLIFICATION_SHAPES = ("objects", "bracketStrings")
 # hostileMetrics (what `/metrics` answers) and hostileWarnings (the `Warning` headers of
 # dry-run answers): the operator's reads of its own cluster (convergerd.sim.hostile).
 METRICS_SHAPES = ("huge", "repeated", "longLine", "badValues", "manyPolicies", "trickle",
                   "notText", "restarts", "backwards", "labelEscapes")
 WARNING_SHAPES = ("many", "huge", "malformed", "controlChars", "rawControls", "invalidUtf8")
 BAD_METRIC_VALUES = ("NaN", "-1", "1e308", "+Inf", "1.5", "0x10", "one", "9007199254740993")
-SHAPES = {"wrongList": WRONG_LIST_SHAPES, "hostileMetrics": METRICS_SHAPES,
+SHAPES = {"wrongList": WRONG_LIST_SHAPES, "amplification": AMPLIFICATION_SHAPES,
+          "hostileMetrics": METRICS_SHAPES,
           "hostileWarnings": WARNING_SHAPES}
 HUGE_VERSION_FIELDS = ("gitVersion", "extra")
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
@@ -129,7 +133,8 @@ class Hostile:
     cluster: str | None = None  # redirect: same origin, this cluster's path (default: home)
     location: str | None = None  # redirect: this URL (http or https) + the request's path
     change: str = "revision"  # wrongObject
-    shape: str | None = None  # wrongList, hostileMetrics, hostileWarnings (None: the first)
+    # amplification, wrongList, hostileMetrics, hostileWarnings (None: the first)
+    shape: str | None = None
     field: str = "gitVersion"  # hugeVersion: where the padding goes
     count: int | None = None  # hostileMetrics, hostileWarnings (None: `DEFAULT_COUNT`)
     value: str = "NaN"  # hostileMetrics badValues: what every counter value becomes
@@ -310,7 +315,7 @@ _HOSTILE_PARAMS: dict[str, tuple[str, ...]] = {
     "invalidJson": (),
     "oversized": ("bytes",),
     "trickle": ("bytesPerSecond",),
-    "amplification": ("bytes",),
+    "amplification": ("bytes", "shape"),
     "deepNesting": ("depth",),
     "endlessContinue": (),
     "overLimit": ("factor",),

@@ -21,7 +21,8 @@ streams are left alone). The modes, as the admin API and the config file spell t
 What an attacker who owns a cluster's apiserver (or the path to it) tries next:
 
 - `amplification`: a list answer's `items` become `{}`, `{}`, ... up to `bytes` (default
-  15 MiB, under the daemon's 16 MiB cap): five million objects from 15 MB of JSON.
+  15 MiB, under the daemon's 16 MiB cap): five million objects from 15 MB of JSON; with
+  `shape` `bracketStrings`, `["["]`, ...: a list and a string holding a bracket each.
 - `deepNesting`: every JSON answer gains a value nested `depth` arrays deep (default 100,000;
   two bytes a level, so far under the cap).
 - `endlessContinue`: every list page carries a fresh `metadata.continue`, forever (the tokens
@@ -291,7 +292,8 @@ async def answer(
         "controlChars": lambda d: _encode(control_chars(d)),
         "wrongTypes": lambda d: _encode(wrong_types(d, hostile.chosen_fields)),
         "invalidJson": _cut,
-        "amplification": lambda d: amplified(d, hostile.size) if _list_kind(d) else None,
+        "amplification": lambda d: (amplified(d, hostile.size, hostile.chosen_shape)
+                                    if _list_kind(d) else None),
         "deepNesting": lambda d: nested(d, hostile.depth),
         "endlessContinue": lambda d: _encode(endless(d)) if _list_kind(d) else None,
         "overLimit": lambda d: (over_limit(d, int(limit) if limit.isdigit() else 0,
@@ -306,11 +308,17 @@ async def answer(
     return response if new is None else _with_body(response, new)
 
 
-def amplified(doc: dict[str, Any], total: int) -> bytes:
-    """`doc` with `items` as many `{}` as fit in `total` bytes (at least one)."""
+# What each amplification shape fills `items` with.
+_AMPLIFYING_ITEMS = {"objects": b"{}", "bracketStrings": b'["["]'}
+
+
+def amplified(doc: dict[str, Any], total: int, shape: str = "objects") -> bytes:
+    """`doc` with `items` as many copies of the shape's item (`{}`, or `["["]`) as fit in
+    `total` bytes (at least one)."""
+    item = _AMPLIFYING_ITEMS[shape]
     head, _, tail = _encode({**doc, "items": []}).partition(_ITEMS)
-    count = max(1, (total - len(head) - len(tail) - len(_ITEMS)) // 3)
-    return b"".join((head, b'"items":[', b"{}," * (count - 1), b"{}]", tail))
+    count = max(1, (total - len(head) - len(tail) - len(_ITEMS)) // (len(item) + 1))
+    return b"".join((head, b'"items":[', (item + b",") * (count - 1), item + b"]", tail))
 
 
 def nested(doc: dict[str, Any], depth: int) -> bytes:

@@ -75,6 +75,17 @@ async def test_amplification_fills_items_with_empty_objects_up_to_the_size(
     assert orjson.loads(one)["metadata"]["name"] == "p1"
 
 
+async def test_amplification_of_bracket_strings_fills_items_with_lists_of_one(
+        seeded: Fleet) -> None:
+    hostile(seeded, "amplification", bytes=MiB, shape="bracketStrings")
+    status, _, body = await call(seeded, "GET", POLICIES + "?limit=2")
+    doc = orjson.loads(body)
+    assert status == 200
+    assert MiB - 6 <= len(body) <= MiB
+    assert len(doc["items"]) > MiB // 6 - 100  # six bytes each: `["["],`
+    assert doc["items"][:2] == [["["], ["["]]
+
+
 async def test_deep_nesting_is_past_every_parser_limit(seeded: Fleet) -> None:
     hostile(seeded, "deepNesting", depth=5000)
     _, _, body = await call(seeded, "GET", "/version")
@@ -234,7 +245,8 @@ def test_bad_parameters_are_refused_naming_the_field(doc: dict[str, Any], messag
 
 
 @pytest.mark.parametrize("doc", [
-    {"mode": "amplification", "bytes": 15 * MiB},
+    {"mode": "amplification", "bytes": 15 * MiB, "shape": "objects"},
+    {"mode": "amplification", "bytes": 15 * MiB, "shape": "bracketStrings"},
     {"mode": "deepNesting", "depth": 100_000},
     {"mode": "endlessContinue"},
     {"mode": "overLimit", "factor": 10},
@@ -253,7 +265,9 @@ def test_bad_parameters_are_refused_naming_the_field(doc: dict[str, Any], messag
 ])
 def test_each_mode_reads_back_as_written(doc: dict[str, Any]) -> None:
     assert Faults.from_mapping({"hostile": doc}).to_json()["hostile"] == doc
-    if doc.get("location") is None and doc.get("status") != 302:  # the others are defaults
+    # The others are defaults.
+    if (doc.get("location") is None and doc.get("status") != 302
+            and doc.get("shape") != "bracketStrings"):
         assert Faults.from_mapping({"hostile": {"mode": doc["mode"]}}).to_json()["hostile"] == doc
 
 
