@@ -336,6 +336,18 @@ def parse_rule(raw: Any) -> Rule:
 
 
 @dataclass(frozen=True, slots=True)
+class Position:
+    """Where a policy's rollout stands: with the policy's revision and the scope, what decides
+    each cluster's due revision and mode (`core.rollout`). A round's write checks it again at
+    write time: a rollout that moved on since the round read it makes the write stale."""
+
+    rollout: int
+    state: str
+    wave: int
+    warn_step: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Fleet:
     """What the database says should exist: the input of a round."""
 
@@ -347,6 +359,8 @@ class Fleet:
     # None (or no entry) where nothing is written this round. Every other policy goes
     # everywhere in its scope, as it is.
     staged: Mapping[PolicyId, Mapping[ClusterId, Policy | None]] = field(default_factory=dict)
+    # Of the staged policies that follow a rollout, where it stood when it was read.
+    positions: Mapping[PolicyId, Position] = field(default_factory=dict)
 
     def desired_by_cluster(self) -> dict[ClusterId, list[Policy]]:
         """Per known cluster, the delivered policies its boundaries cover (control-plane rules

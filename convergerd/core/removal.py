@@ -12,17 +12,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from convergerd.core.model import ClusterId, Policy, PolicyRow
+from convergerd.core.model import ClusterId, Policy, PolicyRow, Position
 
 
 @dataclass(frozen=True, slots=True)
 class Current:
     """A policy as the database holds it at write time: its revision, whether its deletion has
-    begun, and the validated policy (None when the row is invalid now)."""
+    begun, the validated policy (None when the row is invalid now) and where its newest rollout
+    stands (None: it has none)."""
 
     revision: int
     deleting: bool
     policy: Policy | None
+    rollout: Position | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from convergerd.core.model import (
     Policy,
     PolicyId,
     PolicyRow,
+    Position,
     RuleError,
     check_policy_id,
     field_names,
@@ -405,6 +406,10 @@ class Rollout:
     @property
     def last_wave(self) -> int:
         return len(self.strategy.waves) - 1
+
+    @property
+    def position(self) -> Position:
+        return Position(self.id, self.state.value, self.wave, self.warn_step)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from typing import Protocol
 from convergerd.config import SlotTuning
 from convergerd.core.errors import ClusterError, DatabaseUnavailable, Fenced
 from convergerd.core.facts import READING_NAMES, reorder
-from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId
+from convergerd.core.model import ClusterId, Fleet, Policy, PolicyId, Position
 from convergerd.core.plan import (
     Apply,
     Bodies,
@@ -90,7 +90,7 @@ class Round:
     calls: ClusterCalls  # retries, request timeout, loop and wall clocks (as saves have)
     fence: Fence
     limits: RoundLimits
-    # Checks creates against the database at write time (see `_guard_creates`); None: no check.
+    # Checks writes against the database at write time (see `_guard_writes`); None: no check.
     guard: WriteGuard | None = None
     # Clusters last seen unreachable (by a round or the prober): they run in a lane of their
     # own (`slots.suspect_slots`), the rest of them behind every healthy cluster, so while they hang
@@ -114,6 +114,9 @@ class Round:
     # cluster may be due an older one, so the write-time check compares the database with
     # this, not with the revision written. Set by `run_round` from the fleet.
     staged_revisions: Mapping[PolicyId, int] = dataclasses.field(default_factory=dict)
+    # Where the rollout each of them follows stood when the round read it (`Fleet.positions`):
+    # one that moved on since (the next wave, a halt) makes the write stale.
+    staged_positions: Mapping[PolicyId, Position] = dataclasses.field(default_factory=dict)
     # Each desired Policy's apply body, made once for the round's every cluster.
     bodies: Bodies = dataclasses.field(default_factory=Bodies)
 
@@ -135,7 +138,8 @@ async def run_round(
     desired = fleet.desired_by_cluster()
     if fleet.staged:
         env = dataclasses.replace(env, staged_revisions={
-            p.id: p.revision for p in fleet.policies if p.id in fleet.staged})
+            p.id: p.revision for p in fleet.policies if p.id in fleet.staged},
+            staged_positions=fleet.positions)
     outcomes = {c: ClusterOutcome(cluster=c, desired=len(p)) for c, p in desired.items()}
     # The suspects in their lane, the others patient (`slots.Lanes`): a suspect whose lane is
     # full waits behind every healthy cluster (made last), so once the healthy part is done
@@ -254,27 +258,29 @@ async def _converge(
             unchanged)
     outcome.in_sync = len(desired) - len(actions)
     if actions:
-        actions = await _guard_creates(outcome, actions, env)
+        actions = await _guard_writes(outcome, actions, env)
         await _apply_all(outcome, actions, writer, env)
 
 
-async def _guard_creates(
+async def _guard_writes(
     outcome: ClusterOutcome, actions: Sequence[Apply], env: Round
 ) -> list[Apply]:
-    """Before creating what the list did not have, ask the database again: a policy whose
-    deletion began, or that a save moved to a newer revision, since the round read the fleet is
-    not written (superseded). What lands between this check and the write is settled after it
+    """After the list, before writing, ask the database again: a policy whose deletion began,
+    that a save moved to another revision, or whose rollout moved on since the round read the
+    fleet is not written (superseded). A save can land between the round's read and its list
+    (at fleet scale, during any round, on every cluster not listed yet): the list then shows
+    the save's revision, and without this check the round would write its older one over it.
+    What is saved after this check writes the cluster after it: an update carries the
+    resourceVersion listed, so the save's write wins either way; a create is settled after it
     (`_settle_creates`)."""
-    creates = [a.policy.id for a in actions if a.why is Why.MISSING]
-    if env.guard is None or not creates:
+    if env.guard is None or not actions:
         return list(actions)
-    current = await _ask(env.guard, creates, outcome.cluster)
+    current = await _ask(env.guard, [a.policy.id for a in actions], outcome.cluster)
     if current is None:
         return list(actions)
     kept = []
     for action in actions:
-        if action.why is Why.MISSING and _stale(action.policy, current.get(action.policy.id),
-                                                env.staged_revisions):
+        if _stale(action.policy, current.get(action.policy.id), env):
             outcome.superseded += 1
             outcome.in_sync += 1
             continue
@@ -295,12 +301,16 @@ async def _ask(
         return None
 
 
-def _stale(policy: Policy, now: Current | None, staged: Mapping[PolicyId, int]) -> bool:
+def _stale(policy: Policy, now: Current | None, env: Round) -> bool:
     """Whether the database moved on from what the round read: the policy is gone or being
     deleted, or holds another revision than the one read (for a policy delivered per cluster,
-    the revision read, not the one due here)."""
-    return (now is None or now.deleting
-            or now.revision != staged.get(policy.id, policy.revision))
+    the revision read, not the one due here), or its rollout stands elsewhere."""
+    if now is None or now.deleting:
+        return True
+    staged = env.staged_revisions.get(policy.id)
+    if staged is None:
+        return now.revision != policy.revision
+    return now.revision != staged or now.rollout != env.staged_positions.get(policy.id)
 
 
 @dataclass(slots=True)
@@ -386,7 +396,7 @@ async def _settle_creates(done: list[_Done], writer: Writer, env: Round) -> None
         return
     for pid, item in created.items():
         now = current.get(pid)
-        if not _stale(item.action.policy, now, env.staged_revisions):
+        if not _stale(item.action.policy, now, env):
             continue
         assert item.applied is not None
         item.delivery = None  # superseded: the newer writer's record stands

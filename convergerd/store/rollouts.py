@@ -40,7 +40,7 @@ from typing import Any
 import asyncpg
 
 from convergerd.core.decode import clean_text
-from convergerd.core.model import BoundaryId, ClusterId, Policy, PolicyId
+from convergerd.core.model import BoundaryId, ClusterId, Policy, PolicyId, Position
 from convergerd.core.rollout import (
     IN_FORCE_STATES,
     LIVE_STATES,
@@ -155,10 +155,12 @@ async def set_strategies(conn: asyncpg.Connection, table: str,
 class RoundRollouts:
     """What a round reads of rollouts: per policy delivered per cluster, each cluster's due
     Policy (None: nothing written there); the policies held out of this round (`Follow.HOLD`);
-    the policies whose strategy cannot be used, with the reason (invalid)."""
+    the policies whose strategy cannot be used, with the reason (invalid); where each followed
+    rollout stood (`positions`: a round's write checks it again)."""
 
     staged: dict[PolicyId, dict[ClusterId, Policy | None]]
     invalid: dict[PolicyId, str]
+    positions: dict[PolicyId, Position]
 
 
 _ROUND_POLICIES = """
@@ -199,7 +201,7 @@ class FleetRollouts:
         rows = await conn.fetch(_ROUND_POLICIES)
         if not rows:
             self._placements, self._contents, self._built = {}, {}, {}
-            return RoundRollouts({}, {})
+            return RoundRollouts({}, {}, {})
         by_id = {p.id: p for p in policies}
         newest_ids = [r["newest"] for r in rows if r["newest"] is not None]
         newest = {x.policy: x for x in map(rollout_of_row, await conn.fetch(
@@ -207,6 +209,7 @@ class FleetRollouts:
             newest_ids))} if newest_ids else {}
         invalid: dict[PolicyId, str] = {}
         staged: dict[PolicyId, dict[ClusterId, Policy | None]] = {}
+        positions: dict[PolicyId, Position] = {}
         built: dict[PolicyId, tuple[tuple[object, ...], frozenset[ClusterId],
                                     dict[ClusterId, Policy | None]]] = {}
         followed: list[tuple[Policy, Rollout, frozenset[ClusterId]]] = []
@@ -227,6 +230,7 @@ class FleetRollouts:
             if how is Follow.HOLD:
                 staged[pid] = {}  # no cluster gets anything this round
             elif how is Follow.ROLLOUT and rollout is not None:
+                positions[pid] = rollout.position
                 scope = scopes.get(policy.boundary, frozenset())
                 key = _key(policy, rollout)
                 hit = self._built.get(pid)
@@ -243,7 +247,7 @@ class FleetRollouts:
             staged[policy.id] = found.policies()
             built[policy.id] = (_key(policy, rollout), scope, staged[policy.id])
         self._built = built
-        return RoundRollouts(staged, invalid)
+        return RoundRollouts(staged, invalid, positions)
 
     async def _fill(self, conn: asyncpg.Connection,
                     followed: Sequence[tuple[Policy, Rollout, frozenset[ClusterId]]]
@@ -282,8 +286,7 @@ class FleetRollouts:
 
 def _key(policy: Policy, rollout: Rollout) -> tuple[object, ...]:
     """What a policy's due Policies per cluster depend on, besides the scope."""
-    return (rollout.id, rollout.state, rollout.wave, rollout.warn_step, policy.revision,
-            policy.boundary)
+    return (rollout.position, policy.revision, policy.boundary)
 
 
 def _constant(revision: int | None) -> Callable[[ClusterId], int | None]:

@@ -34,6 +34,7 @@ from convergerd.core.model import (
     PolicyException,
     PolicyId,
     PolicyRow,
+    Position,
     UnreadableJson,
 )
 from convergerd.core.removal import Current, Target
@@ -324,6 +325,7 @@ class Store:
             policies=policies,
             invalid=invalid,
             staged=staging.staged,
+            positions=staging.positions,
         )
 
     async def get_policy(self, policy_id: str) -> PolicyRow | None:
@@ -734,13 +736,17 @@ class Store:
             )
 
     async def current(self, policy_ids: Sequence[PolicyId]) -> dict[PolicyId, Current]:
-        """Revision, deletion mark and validated policy of each row that still exists (the
-        round's write-time check)."""
+        """Revision, deletion mark, validated policy and newest rollout's position of each row
+        that still exists (the round's write-time check)."""
         async with self._acquire() as conn:
             rows = await conn.fetch(
                 f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
-                           deleted_at IS NOT NULL AS deleting, {exceptions_column("policies")}
-                    FROM policies WHERE id = ANY($1::text[])""",  # noqa: S608
+                           deleted_at IS NOT NULL AS deleting, {exceptions_column("policies")},
+                           r.rollout_id, r.state, r.wave, r.warn_step
+                    FROM policies LEFT JOIN LATERAL (
+                        SELECT r.id AS rollout_id, r.state, r.wave, r.warn_step FROM rollouts r
+                        WHERE r.policy_id = policies.id ORDER BY r.id DESC LIMIT 1) r ON true
+                    WHERE id = ANY($1::text[])""",  # noqa: S608
                 list(policy_ids),
             )
         found: dict[PolicyId, Current] = {}
@@ -749,6 +755,8 @@ class Store:
             found[PolicyId(r["id"])] = Current(
                 revision=r["revision"], deleting=r["deleting"],
                 policy=valid if isinstance(valid, Policy) else None,
+                rollout=None if r["rollout_id"] is None else Position(
+                    r["rollout_id"], r["state"], r["wave"], r["warn_step"]),
             )
         return found
 

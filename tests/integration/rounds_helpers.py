@@ -16,6 +16,7 @@ import asyncpg
 
 from convergerd.config import Settings, load_settings
 from convergerd.core.report import RoundReport
+from convergerd.delivery.apply import ClusterSource
 from convergerd.delivery.converge import run_round
 from convergerd.delivery.rounds import round_env
 from convergerd.kube.registry import ClusterRegistry
@@ -96,8 +97,8 @@ async def sql(database_url: str, statement: str, *args: Any) -> list[asyncpg.Rec
 @dataclass
 class Rounds:
     """Runs converge rounds the daemon's way: fleet from the store, `round_env` (registry on the
-    fleet's kubeconfig, `call_with_retries`, the open fence of `NoElection`), `run_round`, then
-    `store.record_round`."""
+    fleet's kubeconfig, `call_with_retries`, the open fence of `NoElection`, the store as the
+    write-time check), `run_round`, then `store.record_round`."""
 
     sim: Fleet
     store: Store
@@ -114,11 +115,13 @@ class Rounds:
             identity=IDENTITY, observer=self.metrics, on_insecure=self.state.set_insecure,
         )
 
-    async def run(self, *, record: bool = True) -> RoundReport:
+    async def run(self, *, record: bool = True,
+                  clusters: ClusterSource | None = None) -> RoundReport:
+        """`clusters`: where the round reaches the clusters (the registry by default)."""
         fleet = await self.store.load_fleet()
         fence = NoElection(identity=IDENTITY).fence()
-        env = round_env(self.settings, self.registry, fence, self.metrics,
-                        deadline_s=self.settings.rounds.deadline_s)
+        env = round_env(self.settings, clusters or self.registry, fence, self.metrics,
+                        deadline_s=self.settings.rounds.deadline_s, guard=self.store)
         report = await run_round(fleet, env)
         if record:
             await self.store.record_round(report, identity=IDENTITY)

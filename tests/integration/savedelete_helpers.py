@@ -1,7 +1,7 @@
 """Shared pieces of the save/delete tests: a `Saver` wired as the daemon wires it (the real
 registry on the simulator's kubeconfig, `fanout.fanout_env`, the store), the daemon's app over
-it served to a test client, and a cluster source that runs a hook between a round's list and
-its writes (to inject a save or a delete there)."""
+it served to a test client, and a cluster source that runs a hook before a round's list, after
+it or before a write (to inject a save or a delete there)."""
 
 from __future__ import annotations
 
@@ -62,9 +62,11 @@ async def daemon_client(fleet: Fleet, database_url: str, store: Store, env: dict
 
 @dataclass
 class HookedApi:
-    """A cluster's real client; `after_list` / `before_apply` run once, at that point."""
+    """A cluster's real client; `before_list` / `after_list` / `before_apply` run once, at
+    that point."""
 
     inner: PolicyApi
+    before_list: Hook | None = None
     after_list: Hook | None = None
     before_apply: Hook | None = None
 
@@ -73,6 +75,9 @@ class HookedApi:
         return self.inner.cluster
 
     async def list_policies(self, *, label_selector: str, timeout_s: float) -> ObjectList:
+        hook, self.before_list = self.before_list, None
+        if hook is not None:
+            await hook()
         listed = await self.inner.list_policies(label_selector=label_selector,
                                                 timeout_s=timeout_s)
         hook, self.after_list = self.after_list, None

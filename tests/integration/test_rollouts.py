@@ -40,7 +40,7 @@ from tests.integration.rounds_helpers import (
     wait_for,
     writes,
 )
-from tests.integration.savedelete_helpers import make_saver
+from tests.integration.savedelete_helpers import HookedClusters, make_saver
 
 MERGE_PATCH = "application/merge-patch+json"
 N = 12
@@ -259,6 +259,20 @@ async def test_a_round_before_the_save_writes_nothing_new(
     report = await rounds.run()
     assert revisions(twelve) == dict.fromkeys(CLUSTERS, 1)
     assert all(o.desired == 0 for o in report.clusters)
+
+
+async def test_a_round_that_read_the_wave_before_it_moved_on_sends_no_cluster_back(
+    rounds: Rounds, twelve: Fleet, saver: Saver, store: Store, database_url: str
+) -> None:
+    """The round read the canary's wave; the next wave was made due and written before the
+    round listed a cluster of it: the round leaves that cluster at the new revision."""
+    await import_doc(database_url, doc("two.example.com"))
+    await saver.save("p-regs")
+    clusters = HookedClusters(rounds.registry)
+    clusters.hook(HALF[0], before_list=lambda: advance(store, saver))
+    report = await rounds.run(clusters=clusters)
+    assert revisions(twelve) == expect({0: 2, 1: 2, 2: 1})
+    assert next(o for o in report.clusters if o.cluster == HALF[0]).superseded == 1
 
 
 async def test_transitions_are_compare_and_set_under_the_fence(

@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from convergerd.core.report import FanoutResult, FanoutStatus, RoundReport
-from convergerd.delivery.apply import ClusterSource, Unfenced
-from convergerd.delivery.converge import run_round
+from convergerd.core.report import FanoutResult, FanoutStatus
+from convergerd.delivery.apply import Unfenced
 from convergerd.delivery.fanout import Saver, fanout_env
-from convergerd.delivery.rounds import round_env
-from convergerd.leader.elector import NoElection
 from convergerd.sim.faults import Faults
 from convergerd.sim.fleet import Fleet
 from convergerd.sim.resources import POLICIES
 from convergerd.status.metrics import FanoutMetrics, Metrics
 from convergerd.status.probe import Answers
 from convergerd.store.store import Store
-from tests.integration.rounds_helpers import IDENTITY, Rounds, objects, sql
+from tests.integration.rounds_helpers import Rounds, objects, sql
 from tests.integration.savedelete_helpers import HookedClusters, make_saver
 
 C1, C2, C3 = "c0001", "c0002", "c0003"
@@ -38,16 +35,6 @@ async def deliveries(database_url: str, policy: str) -> dict[str, tuple[int | No
     rows = await sql(database_url, "SELECT cluster_id, delivered_revision, last_result "
                      "FROM deliveries WHERE policy_id = $1", policy)
     return {r["cluster_id"]: (r["delivered_revision"], r["last_result"]) for r in rows}
-
-
-async def guarded_round(rounds: Rounds, clusters: ClusterSource, store: Store) -> RoundReport:
-    """A round as the daemon runs it (write-time check on the store), on `clusters`."""
-    fleet = await store.load_fleet()
-    env = round_env(rounds.settings, clusters, NoElection(identity=IDENTITY).fence(),
-                    rounds.metrics, deadline_s=rounds.settings.rounds.deadline_s, guard=store)
-    report = await run_round(fleet, env)
-    await store.record_round(report, identity=IDENTITY)
-    return report
 
 
 async def test_save_reaches_every_cluster_in_scope_at_once(
@@ -210,7 +197,7 @@ async def test_a_save_between_a_rounds_list_and_its_apply_is_not_reverted(
     # The round has read revision 2 and listed.
     clusters.hook(C1, after_list=lambda: save_revision_3(database_url, saver))
     metrics = Metrics(state=rounds.state)
-    report = await guarded_round(rounds, clusters, store)
+    report = await rounds.run(clusters=clusters)
     metrics.observe_round(report)  # the counters, as the round loop does
     c1 = next(c for c in report.clusters if c.cluster == C1)
     assert c1.superseded == 1
@@ -223,6 +210,27 @@ async def test_a_save_between_a_rounds_list_and_its_apply_is_not_reverted(
     assert (await deliveries(database_url, "p-regs"))[C1][0] == 3
 
 
+async def test_a_save_between_a_rounds_read_and_its_list_is_not_reverted(
+    fleet: Fleet, rounds: Rounds, saver: Saver, store: Store, database_url: str
+) -> None:
+    await rounds.run()  # revision 1 everywhere
+
+    async def save_revision_2() -> None:
+        await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")
+        assert (await saver.save("p-regs")).status is FanoutStatus.OK
+
+    clusters = HookedClusters(rounds.registry)
+    # The round has read revision 1; the save lands before it lists c0001 (a save during a
+    # round at fleet scale: every cluster the round has not listed yet).
+    clusters.hook(C1, before_list=save_revision_2)
+    report = await rounds.run(clusters=clusters)
+    c1 = next(c for c in report.clusters if c.cluster == C1)
+    assert c1.superseded == 1
+    assert c1.failed == 0
+    assert objects(fleet, C1)[REGS]["spec"]["revision"] == 2
+    assert (await deliveries(database_url, "p-regs"))[C1][0] == 2
+
+
 async def test_a_save_between_a_rounds_check_and_its_create_is_repaired(
     fleet: Fleet, rounds: Rounds, saver: Saver, store: Store, database_url: str
 ) -> None:
@@ -233,7 +241,7 @@ async def test_a_save_between_a_rounds_check_and_its_create_is_repaired(
     clusters = HookedClusters(rounds.registry)
     # c0003 holds two policies; the hook runs before its first create lands.
     clusters.hook(C3, before_apply=save_revision_2)
-    report = await guarded_round(rounds, clusters, store)
+    report = await rounds.run(clusters=clusters)
     assert next(c for c in report.clusters if c.cluster == C3).failed == 0
     assert objects(fleet, C3)[REGS]["spec"]["revision"] == 2
     assert objects(fleet, C3)[REGS]["spec"]["enabled"] is False
@@ -254,7 +262,7 @@ async def test_a_round_concurrent_with_a_delete_does_not_recreate_the_policy(  #
 
     clusters = HookedClusters(rounds.registry)
     clusters.hook(C1, **{when: delete_it})
-    report = await guarded_round(rounds, clusters, store)
+    report = await rounds.run(clusters=clusters)
     c1 = next(c for c in report.clusters if c.cluster == C1)
     assert c1.failed == 0
     assert c1.error is None
