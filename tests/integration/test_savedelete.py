@@ -180,6 +180,12 @@ def _render(metrics: FanoutMetrics) -> str:
 # --- races: a round and a save or a delete ------------------------------------------------
 
 
+async def save_revision_2(database_url: str, saver: Saver) -> None:
+    """p-regs disabled (revision 2) and saved everywhere."""
+    await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")
+    assert (await saver.save("p-regs")).status is FanoutStatus.OK
+
+
 async def save_revision_3(database_url: str, saver: Saver) -> None:
     """p-regs edited to revision 3 and saved everywhere (the racing save of these tests)."""
     await sql(database_url, "UPDATE policies SET rule = $1::jsonb WHERE id = 'p-regs'",
@@ -215,14 +221,10 @@ async def test_a_save_between_a_rounds_read_and_its_list_is_not_reverted(
 ) -> None:
     await rounds.run()  # revision 1 everywhere
 
-    async def save_revision_2() -> None:
-        await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")
-        assert (await saver.save("p-regs")).status is FanoutStatus.OK
-
     clusters = HookedClusters(rounds.registry)
     # The round has read revision 1; the save lands before it lists c0001 (a save during a
     # round at fleet scale: every cluster the round has not listed yet).
-    clusters.hook(C1, before_list=save_revision_2)
+    clusters.hook(C1, before_list=lambda: save_revision_2(database_url, saver))
     report = await rounds.run(clusters=clusters)
     c1 = next(c for c in report.clusters if c.cluster == C1)
     assert c1.superseded == 1
@@ -234,13 +236,9 @@ async def test_a_save_between_a_rounds_read_and_its_list_is_not_reverted(
 async def test_a_save_between_a_rounds_check_and_its_create_is_repaired(
     fleet: Fleet, rounds: Rounds, saver: Saver, store: Store, database_url: str
 ) -> None:
-    async def save_revision_2() -> None:
-        await sql(database_url, "UPDATE policies SET enabled = false WHERE id = 'p-regs'")
-        assert (await saver.save("p-regs")).status is FanoutStatus.OK
-
     clusters = HookedClusters(rounds.registry)
     # c0003 holds two policies; the hook runs before its first create lands.
-    clusters.hook(C3, before_apply=save_revision_2)
+    clusters.hook(C3, before_apply=lambda: save_revision_2(database_url, saver))
     report = await rounds.run(clusters=clusters)
     assert next(c for c in report.clusters if c.cluster == C3).failed == 0
     assert objects(fleet, C3)[REGS]["spec"]["revision"] == 2
