@@ -74,6 +74,11 @@ class WriteGuard(Protocol):
         more. Raises `DatabaseUnavailable`."""
         ...
 
+    async def current_policy(self, policy_id: PolicyId) -> Policy | None:
+        """The policy as the database holds it now (None: gone, being deleted or invalid).
+        Raises `DatabaseUnavailable`."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class RoundLimits:
@@ -404,8 +409,10 @@ async def _settle_creates(done: list[_Done], writer: Writer, env: Round) -> None
             await _undo_create(writer, item.action)
         elif pid in env.staged_revisions:
             continue  # a newer save started a rollout: it and the next round say what is due
-        elif now.revision > item.action.policy.revision and now.policy is not None:
-            item.delivery = await _repair(writer, now.policy, item.applied)
+        elif now.revision > item.action.policy.revision:
+            saved = await _saved_policy(env.guard, pid, writer.cluster)
+            if saved is not None and saved.revision > item.action.policy.revision:
+                item.delivery = await _repair(writer, saved, item.applied)
 
 
 async def _undo_create(writer: Writer, action: Apply) -> None:
@@ -419,6 +426,19 @@ async def _undo_create(writer: Writer, action: Apply) -> None:
         return
     log.info("cluster %s: %s was deleted while this round created it: creation undone",
              cluster, name, extra={"cluster": cluster})
+
+
+async def _saved_policy(guard: WriteGuard, policy_id: PolicyId,
+                        cluster: ClusterId) -> Policy | None:
+    """The newer revision a create was overtaken by, or None when the database cannot say (the
+    next round applies it)."""
+    try:
+        return await guard.current_policy(policy_id)
+    except DatabaseUnavailable as exc:
+        log.warning("cluster %s: policy %s was saved while this round created it; its saved "
+                    "revision could not be read (database unavailable: %s): the next round "
+                    "applies it", cluster, policy_id, exc, extra={"cluster": cluster})
+        return None
 
 
 async def _repair(writer: Writer, policy: Policy, applied: Applied) -> Delivery | None:

@@ -39,7 +39,6 @@ from typing import Protocol
 from convergerd.config import SpreadTuning
 from convergerd.core.errors import DatabaseRejected, DatabaseUnavailable
 from convergerd.core.model import ClusterId, Policy, PolicyId, RuleError, check_policy_id
-from convergerd.core.removal import Current
 from convergerd.core.report import ClusterResult
 from convergerd.core.save import Work
 from convergerd.core.shards import shard_of
@@ -82,7 +81,7 @@ class PartStore(Protocol):
                               ) -> list[tuple[object, object, object]]: ...
     async def finish_save_part(self, identity: str, request_id: int, shard: int,
                                done: Sequence[ClusterResult], /) -> None: ...
-    async def current(self, policy_ids: Sequence[PolicyId], /) -> dict[PolicyId, Current]: ...
+    async def current_policy(self, policy_id: PolicyId, /) -> Policy | None: ...
 
 
 class Holding(Protocol):
@@ -282,12 +281,12 @@ class Peers:
                         shown(part.policy_id))
             return []
         policy_id = PolicyId(part.policy_id)
-        current = (await self._store.current([policy_id])).get(policy_id)
-        if (current is None or current.deleting or current.policy is None
-                or current.revision != part.revision):
+        policy = await self._store.current_policy(policy_id)
+        if policy is None or policy.revision != part.revision:
             log.info("policy %s: declined shard %d's part of the save of revision %d: the "
                      "database holds %s", policy_id, part.shard, part.revision,
-                     "no such policy" if current is None else f"revision {current.revision}",
+                     "no deliverable revision of it (gone, being deleted or invalid)"
+                     if policy is None else f"revision {policy.revision}",
                      extra={"policy": policy_id, "shard": part.shard})
             return []
         rows = await self._store.save_part_items(part.request_id, part.shard,
@@ -297,7 +296,7 @@ class Peers:
                 if (w := work_item(*row, shard=part.shard, shards=shards)) is not None]
         env = dataclasses.replace(self._env(), fence=self._fence(part.shard))
         deadline = min(until, env.calls.clock() + env.deadline_s)
-        results = await save_work(current.policy, work, env, deadline=deadline)
+        results = await save_work(policy, work, env, deadline=deadline)
         log.info("policy %s revision %d: wrote shard %d's part of a save: %s", policy_id,
                  part.revision, part.shard, summary(results),
                  extra={"policy": policy_id, "shard": part.shard})

@@ -736,29 +736,38 @@ class Store:
             )
 
     async def current(self, policy_ids: Sequence[PolicyId]) -> dict[PolicyId, Current]:
-        """Revision, deletion mark, validated policy and newest rollout's position of each row
-        that still exists (the round's write-time check)."""
+        """Revision, deletion mark and newest rollout's position of each row that still exists
+        (the round's write-time check: no rule is read)."""
         async with self._acquire() as conn:
             rows = await conn.fetch(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
-                           deleted_at IS NOT NULL AS deleting, {exceptions_column("policies")},
-                           r.rollout_id, r.state, r.wave, r.warn_step
-                    FROM policies LEFT JOIN LATERAL (
-                        SELECT r.id AS rollout_id, r.state, r.wave, r.warn_step FROM rollouts r
-                        WHERE r.policy_id = policies.id ORDER BY r.id DESC LIMIT 1) r ON true
-                    WHERE id = ANY($1::text[])""",  # noqa: S608
+                """SELECT id, revision, deleted_at IS NOT NULL AS deleting,
+                          r.rollout_id, r.state, r.wave, r.warn_step
+                   FROM policies LEFT JOIN LATERAL (
+                       SELECT r.id AS rollout_id, r.state, r.wave, r.warn_step FROM rollouts r
+                       WHERE r.policy_id = policies.id ORDER BY r.id DESC LIMIT 1) r ON true
+                   WHERE id = ANY($1::text[])""",
                 list(policy_ids),
             )
-        found: dict[PolicyId, Current] = {}
-        for r in rows:
-            valid = validate_policy(_policy_row(r))
-            found[PolicyId(r["id"])] = Current(
-                revision=r["revision"], deleting=r["deleting"],
-                policy=valid if isinstance(valid, Policy) else None,
-                rollout=None if r["rollout_id"] is None else Position(
-                    r["rollout_id"], r["state"], r["wave"], r["warn_step"]),
+        return {PolicyId(r["id"]): Current(
+            revision=r["revision"], deleting=r["deleting"],
+            rollout=None if r["rollout_id"] is None else Position(
+                r["rollout_id"], r["state"], r["wave"], r["warn_step"]),
+        ) for r in rows}
+
+    async def current_policy(self, policy_id: PolicyId) -> Policy | None:
+        """The policy as its row is now, validated; None when there is no row, its deletion
+        has begun, or the row is not a deliverable policy now."""
+        async with self._acquire() as conn:
+            r = await conn.fetchrow(
+                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
+                           {exceptions_column("policies")}
+                    FROM policies WHERE id = $1 AND deleted_at IS NULL""",  # noqa: S608
+                policy_id,
             )
-        return found
+        if r is None:
+            return None
+        valid = validate_policy(_policy_row(r))
+        return valid if isinstance(valid, Policy) else None
 
     # ---- exceptions (`convergerd.store.exceptions`) -------------------------------------------
 

@@ -96,7 +96,6 @@ async def test_set_enforcement_stores_a_new_mode_as_a_new_revision(
     await store.set_enforcement("nope", Enforcement.AUDIT)  # no such policy: nothing
     assert await modes(store) == {"p-latest": (Enforcement.WARN, 2),
                                   "p-warn": (Enforcement.WARN, 1)}
-    current = await store.current([PolicyId("p-latest")])
-    found = current[PolicyId("p-latest")].policy
+    found = await store.current_policy(PolicyId("p-latest"))
     assert isinstance(found, Policy)
     assert (found.enforcement, found.revision) == (Enforcement.WARN, 2)

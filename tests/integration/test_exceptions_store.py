@@ -76,8 +76,7 @@ async def test_a_grant_is_a_new_revision_carrying_it_and_a_withdrawal_another(
     target = await store.save_target("regs")
     assert target is not None
     assert target.row.exceptions == spec
-    current = await store.current([after.id])
-    assert current[after.id].policy == after
+    assert await store.current_policy(after.id) == after
 
     with pytest.raises(Refused, match="already has an exception 'web-fix'"):
         await store.grant_exception("regs", granted)
