@@ -757,16 +757,10 @@ class Store:
     async def current_policy(self, policy_id: PolicyId) -> Policy | None:
         """The policy as its row is now, validated; None when there is no row, its deletion
         has begun, or the row is not a deliverable policy now."""
-        async with self._acquire() as conn:
-            r = await conn.fetchrow(
-                f"""SELECT id, boundary_id, {_rule_column()}, enabled, revision, enforcement,
-                           {exceptions_column("policies")}
-                    FROM policies WHERE id = $1 AND deleted_at IS NULL""",  # noqa: S608
-                policy_id,
-            )
-        if r is None:
+        row = await self.get_policy(policy_id)
+        if row is None:
             return None
-        valid = validate_policy(_policy_row(r))
+        valid = validate_policy(row)
         return valid if isinstance(valid, Policy) else None
 
     # ---- exceptions (`convergerd.store.exceptions`) -------------------------------------------
